@@ -1,0 +1,86 @@
+"""Cluster topology: which node a process is on and the process groups that follow from it.
+
+A node is ``rank // gpus_per_node`` (torchrun numbers ranks node by node). Every rank creates every group, in
+the same order, because ``new_group`` is collective over the whole world even for ranks outside the group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Topology:
+    rank: int
+    world_size: int
+    gpus_per_node: int  # processes per node (m)
+    # Groups are None where they would hold this process alone: there is nothing to communicate in them.
+    intra_group: Optional[dist.ProcessGroup] = None  # the m processes of this node
+    inter_group: Optional[dist.ProcessGroup] = None  # the n processes with this local rank, one per node
+
+    @property
+    def nodes(self) -> int:
+        return self.world_size // self.gpus_per_node
+
+    @property
+    def node_rank(self) -> int:
+        return self.rank // self.gpus_per_node
+
+    @property
+    def local_rank(self) -> int:
+        return self.rank % self.gpus_per_node
+
+    def same_node(self, other_rank: int) -> bool:
+        return other_rank // self.gpus_per_node == self.node_rank
+
+
+def layout_groups(world_size: int, gpus_per_node: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Rank lists of the intra-node groups (one per node) and inter-node groups (one per local rank)."""
+    if gpus_per_node < 1 or world_size % gpus_per_node:
+        raise ValueError(
+            f"world size {world_size} is not a whole number of nodes of {gpus_per_node} processes; "
+            "set gpus_per_node to a divisor of the number of processes"
+        )
+    m, n = gpus_per_node, world_size // gpus_per_node
+    intra = [[k * m + r for r in range(m)] for k in range(n)]
+    inter = [[k * m + r for k in range(n)] for r in range(m)]
+    return intra, inter
+
+
+def build_topology(gpus_per_node: int, group: Optional[dist.ProcessGroup] = None) -> Topology:
+    """Create the intra- and inter-node groups. Collective: every rank of the default group must call it."""
+    if not dist.is_initialized():
+        return Topology(rank=0, world_size=1, gpus_per_node=1)
+    if group is not None and group is not dist.group.WORLD:
+        raise NotImplementedError("topologies are built over the default (world) process group")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    intra_ranks, inter_ranks = layout_groups(world, gpus_per_node)
+    intra = _my_group(intra_ranks, rank)
+    inter = _my_group(inter_ranks, rank)
+    return Topology(rank=rank, world_size=world, gpus_per_node=gpus_per_node, intra_group=intra, inter_group=inter)
+
+
+def flat_topology() -> Topology:
+    """Every process its own node: what 'flat' schemes (and 1-bit Adam's compressed all-reduce) use."""
+    if not dist.is_initialized():
+        return Topology(rank=0, world_size=1, gpus_per_node=1)
+    world = dist.get_world_size()
+    return Topology(rank=dist.get_rank(), world_size=world, gpus_per_node=1,
+                    inter_group=dist.group.WORLD if world > 1 else None)
+
+
+def _my_group(rank_lists: list[list[int]], rank: int) -> Optional[dist.ProcessGroup]:
+    mine = None
+    for ranks in rank_lists:
+        if len(ranks) == 1:  # single-process groups are never created: nothing to communicate
+            continue
+        if len(ranks) == dist.get_world_size():
+            g = dist.group.WORLD
+        else:
+            g = dist.new_group(ranks)  # collective: every rank creates every group, in this order
+        if rank in ranks:
+            mine = g
+    return mine

@@ -1,0 +1,66 @@
+"""The shape every task module has. A reader who knows one task knows them all.
+
+A task module (``tasks/<name>.py``, installed as ``birder_repro.tasks.<name>``) defines a subclass of
+:class:`Task` and registers one instance. The training loop only ever talks to this interface.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+import torch
+from torch import nn
+
+
+@dataclass
+class TaskData:
+    """What ``build_data`` returns for one process.
+
+    ``train`` is re-iterated every epoch (a DataLoader with a DistributedSampler whose epoch the loop sets via
+    ``set_epoch`` when present); ``eval`` is this process's shard of the evaluation set; ``train_size`` the
+    number of training samples in one epoch over all processes; ``description`` says what the data is, real or
+    synthetic, and is printed at the start of every run.
+    """
+
+    train: Iterable
+    eval: Optional[Iterable]
+    train_size: int
+    description: str
+    sampler: Any = None  # the train sampler, for set_epoch
+
+
+class DatasetNotFound(FileNotFoundError):
+    """A real dataset is missing: the message names the path and the setting to change."""
+
+    def __init__(self, what: str, path: str, hint: str = ""):
+        msg = (f"{what} not found at {path!r}. Point data.root=<dir> at a copy"
+               f"{' (' + hint + ')' if hint else ''}, or run on synthetic data with data.source=synthetic.")
+        super().__init__(msg)
+
+
+class Task:
+    """Model, data, loss and metric of one experiment of the paper."""
+
+    name: str = ""
+    baseline: str = "sgdm"  # the optimizer every table compares against
+    metrics: tuple[str, ...] = ()
+
+    def build_model(self, cfg) -> nn.Module:
+        raise NotImplementedError
+
+    def build_data(self, cfg, rank: int, world_size: int) -> TaskData:
+        raise NotImplementedError
+
+    def loss(self, model: nn.Module, batch, device: torch.device) -> tuple[torch.Tensor, int]:
+        """Training loss of one batch and the number of samples it holds."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, loader: Iterable, device: torch.device) -> dict[str, tuple[float, float]]:
+        """Per metric, (sum, count) over this process's shard; the loop sums them over processes."""
+        raise NotImplementedError
+
+    def finalize(self, means: dict[str, float]) -> dict[str, float]:
+        """Turn the averaged sums into the reported metrics (perplexity = exp(mean loss), percentages)."""
+        return means
