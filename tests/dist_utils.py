@@ -1,0 +1,57 @@
+"""Run a function on several gloo processes (torch.multiprocessing spawn) and collect what each returns."""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank: int, world: int, port: int, fn, args, queue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
+    import torch
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        queue.put((rank, fn(rank, world, *args), None))
+    except BaseException:
+        queue.put((rank, None, traceback.format_exc()))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_distributed(fn, world: int, *args, timeout: float = 240.0) -> list:
+    """``fn(rank, world, *args)`` on ``world`` gloo processes; returns the results by rank, raising any failure.
+
+    ``fn`` must be a module-level function (it is pickled); results travel through a queue, so keep them small
+    or CPU tensors.
+    """
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    port = free_port()  # every process of this call rendezvous on the same port
+    procs = [ctx.Process(target=_entry, args=(r, world, port, fn, args, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results, errors = [None] * world, []
+    for _ in range(world):
+        rank, value, err = queue.get()
+        results[rank] = value
+        if err:
+            errors.append(f"rank {rank}:\n{err}")
+    for p in procs:
+        p.join(timeout)
+    if errors:
+        raise AssertionError("\n".join(errors))
+    return results
+
