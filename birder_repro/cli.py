@@ -1,0 +1,154 @@
+"""``birder-repro``: compose the config with Hydra, write the run directory, launch the workers.
+
+    birder-repro task=resnet20 optim=birder nodes=2              # one run
+    birder-repro -m optim=sgdm,birder nodes=1,2                  # a sweep: one run directory per cell
+    birder-repro ... dry_run=true                                # print the torchrun command(s), start nothing
+    birder-repro --help | --cfg job
+
+The Hydra app runs once per run, in this one process; the workers read the resolved ``config.yaml`` it writes
+and never compose a config again. :func:`run` is what the decorated entry point calls, and what tests call.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import traceback
+from pathlib import Path
+from typing import Optional
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from birder_repro import config as layout
+from birder_repro import record
+
+__all__ = ["CONF_DIR", "run", "main"]
+
+# conf/ sits beside the package in the repository (installed editable, or run from a checkout). A wheel would
+# have to ship it as the package birder_repro.conf (pyproject package-dir + package-data), read as pkg://.
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_PACKAGE = "birder_repro.conf"
+INTERRUPTED = 130  # the shell's exit code for a command stopped by Ctrl-C
+
+
+def config_path() -> Optional[str]:
+    """Where Hydra finds the config tree: the checkout's conf/, else a packaged copy, else None."""
+    if (CONF_DIR / "config.yaml").is_file():
+        return str(CONF_DIR)
+    try:
+        if importlib.util.find_spec(CONF_PACKAGE) is not None:
+            return f"pkg://{CONF_PACKAGE}"
+    except ModuleNotFoundError:
+        pass
+    return None
+
+
+def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
+    """One run: resolve and check the config, write the run directory, launch; return the exit code.
+
+    Never raises for a failed run: the failure is printed and written to ``record.json`` (except in a dry run,
+    which writes no record), so that one failed cell of a sweep does not stop the others.
+    """
+    run_dir = Path(run_dir) if run_dir is not None else _job_dir(cfg)
+    started = record.now()
+    try:
+        resolved = layout.resolve(cfg)
+        record.write_run_files(run_dir, resolved, _command_line(cfg))
+        from birder_repro.launch import launch  # after resolving: a config error needs no launcher imports
+
+        code = launch(resolved, run_dir)
+    except layout.ConfigError as err:
+        return _fail(cfg, run_dir, f"config error: {err}", started, code=2)
+    except Exception:  # noqa: BLE001 - a bug must not stop the other cells of a sweep either
+        return _fail(cfg, run_dir, traceback.format_exc(), started, code=1)
+    if cfg.dry_run:
+        return code
+    return _finish(resolved, run_dir, code, started)
+
+
+def _job_dir(cfg: DictConfig) -> Path:
+    """Hydra's directory for this job (run.dir, or sweep.dir/subdir in a sweep); a fresh one outside Hydra."""
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.output_dir)
+    return record.new_run_dir(cfg)
+
+
+def _command_line(cfg: DictConfig) -> str:
+    """The command that reproduces this run: ``birder-repro`` and this job's overrides (a sweep's cell alone)."""
+    if HydraConfig.initialized():
+        overrides = list(HydraConfig.get().overrides.task)
+    elif "hydra" in cfg:  # composed with return_hydra_config=True (tests)
+        overrides = list(cfg.hydra.overrides.task)
+    else:
+        return "birder-repro  # run(cfg) called with a config composed elsewhere: its overrides are unknown"
+    return record.format_command(["birder-repro", *overrides])
+
+
+def _fail(cfg: DictConfig, run_dir: Path, error: str, started: str, code: int) -> int:
+    """Report a run that could not be launched; its record says why (a dry run writes none)."""
+    print(f"[birder-repro] {error.rstrip()}", file=sys.stderr, flush=True)
+    if not cfg.get("dry_run"):
+        record.write_failed_record(run_dir, cfg, error, started=started)
+        print(f"[birder-repro] failed; record: {run_dir / record.RECORD_FILE}", file=sys.stderr, flush=True)
+    return code
+
+
+def _finish(cfg: DictConfig, run_dir: Path, code: int, started: str) -> int:
+    """After the workers: make sure a failed run has its record, then summarise a completed one."""
+    rec = record.read_record(run_dir)
+    if code != 0 and (rec is None or rec.get("status") != "completed"):
+        if rec is None:  # the workers died before rank 0 could write (killed, crashed, interrupted)
+            tail = _log_tail(run_dir)
+            rec = record.write_failed_record(run_dir, cfg, f"workers exited with code {code}\n{tail}",
+                                             started=started)
+        print(f"[birder-repro] run failed (exit code {code}); record: {run_dir / record.RECORD_FILE}",
+              file=sys.stderr, flush=True)
+        return code
+    if rec is None:  # on a multi-node run, rank 0 writes the record into its own node's run directory
+        print(f"[birder-repro] the workers finished; no {record.RECORD_FILE} in {run_dir}: rank 0 writes it, "
+              "on its own node's run directory", flush=True)
+        return code
+    _print_summary(rec)
+    print(f"[birder-repro] record: {run_dir / record.RECORD_FILE}", flush=True)
+    return code
+
+
+def _print_summary(rec: dict) -> None:
+    from birder_repro.summary import format_summary
+
+    try:
+        print(format_summary(rec), flush=True)
+    except Exception:  # noqa: BLE001 - the run is done and recorded; a summary bug must not stop a sweep
+        print(f"[birder-repro] could not summarise the record:\n{traceback.format_exc()}", file=sys.stderr)
+
+
+def _log_tail(run_dir: Path) -> str:
+    from birder_repro.launch import log_tail
+
+    return log_tail(run_dir / record.LOG_FILE)
+
+
+@hydra.main(config_path=config_path() or str(CONF_DIR), config_name="config", version_base="1.3")
+def _hydra_main(cfg: DictConfig) -> int:
+    code = run(cfg)
+    # A single run exits with its code; in a sweep every cell runs and keeps its own record, but Ctrl-C stops
+    # the sweep rather than only its current cell.
+    if code != 0 and (code == INTERRUPTED or HydraConfig.get().mode != RunMode.MULTIRUN):
+        sys.exit(code)
+    return code
+
+
+def main() -> None:
+    """The ``birder-repro`` console script."""
+    if config_path() is None:
+        sys.exit(f"birder-repro: the config tree is not at {CONF_DIR} and no {CONF_PACKAGE} package is installed. "
+                 "Install the project from its repository checkout (pip install -e .), which keeps conf/ beside "
+                 "the package.")
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()

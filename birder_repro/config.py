@@ -1,0 +1,159 @@
+"""The cluster layout and learning rate a composed config stands for, as small pure functions.
+
+The Hydra app composes the config; these functions turn its shorthands into numbers (``gpus_per_node=auto``,
+the world size, the global batch, the learning rate scaled by the batch) and check the values no YAML type
+can check. Every error names the setting to change. Workers read the resolved config the CLI writes, so they
+see the same numbers.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+__all__ = ["ConfigError", "resolve_gpus_per_node", "world_size", "global_batch", "effective_lr",
+           "resolve_device", "resolve_backend", "cpu_count", "validate", "resolve"]
+
+# Values a setting may take, where the YAML type alone does not say (a typo in a value fails early, here,
+# rather than minutes later in a worker).
+CHOICES = {
+    "device": ("auto", "cpu", "cuda"),
+    "cluster.backend": ("auto", "gloo", "nccl"),
+    "launcher.name": ("auto", "local", "torchrun"),
+    "launcher.rdzv_backend": ("c10d", "static"),
+    "data.source": ("real", "synthetic"),
+    "model.size": ("full", "tiny"),
+    # Birder's variants (DESIGN.md "Birder inside DDP"): they share one implementation in birder_repro.comm.
+    "optim.comm.scheme": ("hierarchical", "flat", "allgather"),
+}
+
+
+class ConfigError(ValueError):
+    """A setting has a value the runner cannot use; the message names the setting and what to do."""
+
+
+def cpu_count() -> int:
+    """CPU cores this process may run on (the affinity mask under SLURM or taskset, not the whole machine)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not available on macOS
+        return os.cpu_count() or 1
+
+
+def _cuda_count() -> int:
+    import torch  # imported here: composing and validating a config should not need torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def resolve_gpus_per_node(value: Any, gpu_count: Optional[int] = None) -> int:
+    """``gpus_per_node`` as a number: ``auto`` is the GPUs present, or 1 process per node on CPU."""
+    if value == "auto":
+        count = _cuda_count() if gpu_count is None else gpu_count
+        return max(count, 1)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"gpus_per_node={value!r}: use a whole number of processes per node (>= 1) or auto")
+    return value
+
+
+def world_size(cfg: DictConfig) -> int:
+    """Processes in the layout: nodes x processes per node (``gpus_per_node`` already a number or auto)."""
+    return int(cfg.nodes) * resolve_gpus_per_node(cfg.gpus_per_node)
+
+
+def global_batch(cfg: DictConfig) -> int:
+    """Samples per optimizer step over all processes (``train.batch_size`` is per process)."""
+    return int(cfg.train.batch_size) * world_size(cfg)
+
+
+def effective_lr(cfg: DictConfig) -> float:
+    """The learning rate the optimizer gets.
+
+    With ``optim.lr_batch_scaling`` set to a reference batch B, the rate scales linearly with the global
+    batch: lr x global_batch / B (papers/birder.txt section 5.1: "0.1 x batch size/256" for SGDM on
+    ImageNet, after Goyal et al. 2017). Without it, ``optim.lr`` is used as given.
+    """
+    lr = float(cfg.optim.lr)
+    scaling = cfg.optim.get("lr_batch_scaling")
+    return lr * global_batch(cfg) / float(scaling) if scaling else lr
+
+
+def resolve_device(cfg: DictConfig, local_processes: int, gpu_count: Optional[int] = None) -> str:
+    """``cuda`` when every process on this machine can have a GPU of its own (or asked for), else ``cpu``."""
+    gpus = _cuda_count() if gpu_count is None else gpu_count
+    if cfg.device == "cpu":
+        return "cpu"
+    enough = gpus >= local_processes
+    if cfg.device == "cuda" and not enough:
+        raise ConfigError(
+            f"device=cuda needs a GPU for each of the {local_processes} processes on this machine, and "
+            f"{gpus} are present: lower gpus_per_node (or nodes, with launcher=local), or set device=cpu")
+    return "cuda" if enough else "cpu"
+
+
+def resolve_backend(cfg: DictConfig, device: str) -> str:
+    """The torch.distributed backend: ``cluster.backend``, or for ``auto`` nccl on GPUs and gloo on CPU."""
+    backend = cfg.cluster.backend
+    if backend == "auto":
+        return "nccl" if device == "cuda" else "gloo"
+    if backend == "nccl" and device != "cuda":
+        raise ConfigError("cluster.backend=nccl needs a GPU per process; this run is on the CPU: "
+                          "set cluster.backend=gloo (or auto)")
+    return backend
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check the values a run needs before anything is started; raise :class:`ConfigError` naming the key."""
+    _check_positive_int(cfg, "nodes")
+    _check_positive_int(cfg, "train.batch_size")
+    if cfg.train.get("steps") is not None:
+        _check_positive_int(cfg, "train.steps")
+    resolve_gpus_per_node(cfg.gpus_per_node, gpu_count=0)  # type check only; auto is always fine
+    for key, allowed in CHOICES.items():
+        value = OmegaConf.select(cfg, key, default=None)
+        if value is not None and value not in allowed:
+            raise ConfigError(f"{key}={value!r} is not one of: {', '.join(allowed)}")
+    if not float(cfg.optim.lr) > 0:
+        raise ConfigError(f"optim.lr={cfg.optim.lr!r}: the learning rate must be > 0")
+    scaling = cfg.optim.get("lr_batch_scaling")
+    if scaling is not None and not (isinstance(scaling, (int, float)) and scaling > 0):
+        raise ConfigError(f"optim.lr_batch_scaling={scaling!r}: give a reference batch size > 0, or null")
+    _check_registered(cfg)
+
+
+def _check_positive_int(cfg: DictConfig, key: str) -> None:
+    value = OmegaConf.select(cfg, key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{key}={value!r}: use a whole number >= 1")
+
+
+def _check_registered(cfg: DictConfig) -> None:
+    """The task and optimizer named in the config have code behind them (configs may come before code)."""
+    from birder_repro.optim import list_optimizers
+    from birder_repro.tasks import list_tasks
+
+    if cfg.optim.name not in list_optimizers():
+        raise ConfigError(f"optim={cfg.optim.name!r} has a config but no registered optimizer; "
+                          f"registered: {', '.join(list_optimizers())}")
+    if cfg.task.name not in list_tasks():
+        raise ConfigError(f"task={cfg.task.name!r} has a config but no registered task; "
+                          f"registered: {', '.join(list_tasks())}")
+
+
+def resolve(cfg: DictConfig, gpu_count: Optional[int] = None) -> DictConfig:
+    """A validated copy of ``cfg`` with every interpolation resolved, as the workers will read it.
+
+    ``gpus_per_node`` becomes a number and ``optim.effective_lr`` records the learning rate the optimizer
+    gets. The ``hydra`` node, where present, is left out: it is Hydra's, not the run's.
+    """
+    validate(cfg)
+    # Key by key, leaving "hydra" out before resolving: its run-time fields resolve only inside a Hydra job.
+    out = OmegaConf.create({key: OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key])
+                            else cfg[key] for key in cfg if key != "hydra"})
+    out.gpus_per_node = resolve_gpus_per_node(cfg.gpus_per_node, gpu_count)
+    with open_dict(out):
+        out.optim.effective_lr = effective_lr(out)
+    OmegaConf.set_struct(out, True)
+    return out

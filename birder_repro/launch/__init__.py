@@ -1,0 +1,66 @@
+"""Launchers: start the workers of a run whose directory holds the resolved config.
+
+``launch(cfg, run_dir)`` picks the launcher (``launcher.name``; ``auto`` is torchrun inside a multi-node SLURM
+allocation, local elsewhere), prints the command(s) when ``dry_run`` is set and starts nothing, or runs this
+machine's command with its output streamed into ``output.log`` and returns its exit code.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping
+
+from omegaconf import DictConfig
+
+from birder_repro import record
+from birder_repro.launch import local, slurm_env, torchrun
+from birder_repro.launch.process import Command, log_tail, run_streaming
+
+__all__ = ["choose_launcher", "plan", "launch", "format_dry_run", "Command", "log_tail"]
+
+
+def choose_launcher(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> str:
+    """``launcher.name``; for ``auto``: torchrun (this node's share) when SLURM gave this job step more than
+    one node, local otherwise (on a single SLURM node the whole layout fits as local processes)."""
+    name = cfg.launcher.name
+    if name != "auto":
+        return name
+    return "torchrun" if slurm_env.allocation_nodes(env) > 1 else "local"
+
+
+def plan(cfg: DictConfig, run_dir: Path, env: Mapping[str, str] = os.environ) -> tuple[str, list[Command], int]:
+    """(launcher, every command of the layout, index of the one this machine runs)."""
+    name = choose_launcher(cfg, env)
+    if name == "local":
+        return name, [local.command(cfg, run_dir, env)], 0
+    torchrun.check_slurm_layout(cfg, env)
+    return name, torchrun.commands(cfg, run_dir, env), torchrun.node_rank(cfg, env)
+
+
+def format_dry_run(cfg: DictConfig, run_dir: Path, name: str, commands: list[Command]) -> str:
+    """What a dry run prints: a header, then one shell line per command."""
+    head = [f"# dry run (launcher={name}): {cfg.nodes} nodes x {cfg.gpus_per_node} processes per node; "
+            f"nothing was started. Run directory with the resolved config: {Path(run_dir).resolve()}"]
+    if name == "torchrun":
+        head.append("# run each line on its node (same rendezvous endpoint and id on all); with the c10d "
+                    "rendezvous the lines are the same and torchrun numbers the nodes as they join")
+        if int(cfg.nodes) > 1 and torchrun.master_addr(cfg) == torchrun.DEFAULT_ADDR:
+            head.append(f"# the rendezvous is at {torchrun.DEFAULT_ADDR}: on a real cluster set "
+                        "launcher.master_addr=<node 0's address> (SLURM's first node is used inside SLURM)")
+    return "\n".join(head + [c.shell() for c in commands])
+
+
+def launch(cfg: DictConfig, run_dir: Path, env: Mapping[str, str] = os.environ) -> int:
+    """Start this machine's workers (or, with ``dry_run``, print every command); return the exit code."""
+    name, commands, mine = plan(cfg, run_dir, env)
+    if cfg.dry_run:
+        print(format_dry_run(cfg, run_dir, name, commands), flush=True)
+        return 0
+    command = commands[mine]
+    if name == "torchrun" and int(cfg.nodes) > 1:
+        endpoint = f"{torchrun.master_addr(cfg, env)}:{cfg.launcher.master_port}"
+        print(f"[birder-repro] node {mine} of {cfg.nodes}: the other nodes must start at the same rendezvous "
+              f"({endpoint}); inside SLURM: srun --ntasks-per-node=1 birder-repro ...", flush=True)
+    print(f"[birder-repro] {command.shell()}", flush=True)
+    return run_streaming(command, Path(run_dir) / record.LOG_FILE)

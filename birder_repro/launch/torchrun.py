@@ -1,0 +1,89 @@
+"""``launcher=torchrun``: this node's share of a multi-node layout, one torchrun per node.
+
+Every node runs ``torchrun --nnodes=N --nproc-per-node=M`` with the same rendezvous (endpoint and id).
+
+How ranks come out (torch/distributed/run.py and elastic/agent/server/api.py, torch 2.14): with the ``c10d``
+rendezvous, ``--node-rank`` is ignored (torchrun warns so); the rendezvous numbers the nodes ("group rank")
+in its own order, and each node's agent gives its M workers the contiguous global ranks
+group_rank x M + local_rank. So rank // gpus_per_node is always the node a worker runs on, as the topology
+assumes, though node 0 need not be the host listed first. With ``launcher.rdzv_backend=static`` the group
+rank is ``--node-rank`` itself; then each node must be given its own rank (``launcher.node_rank`` or
+``SLURM_NODEID``), and the commands differ by it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Mapping
+
+from omegaconf import DictConfig
+
+from birder_repro import config as layout
+from birder_repro.launch import slurm_env
+from birder_repro.launch.process import Command
+
+__all__ = ["node_rank", "master_addr", "rdzv_id", "check_slurm_layout", "node_command", "commands"]
+
+WORKER = ["-m", "birder_repro.worker"]
+DEFAULT_ADDR = "127.0.0.1"
+
+
+def node_rank(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> int:
+    """This node's rank: ``launcher.node_rank``, else SLURM's node id, else 0."""
+    value = cfg.launcher.get("node_rank")
+    rank = int(value) if value is not None else slurm_env.node_id(env) or 0
+    if not 0 <= rank < int(cfg.nodes):
+        raise layout.ConfigError(f"launcher.node_rank={rank} is outside the layout's nodes 0..{cfg.nodes - 1}: "
+                                 "set launcher.node_rank (or nodes) so that it is")
+    return rank
+
+
+def master_addr(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> str:
+    """Node 0's address: ``launcher.master_addr``, else MASTER_ADDR, else SLURM's first node, else 127.0.0.1."""
+    return (cfg.launcher.get("master_addr") or env.get("MASTER_ADDR") or slurm_env.first_host(env)
+            or DEFAULT_ADDR)
+
+
+def rdzv_id(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> str:
+    """The rendezvous id, which must be the same on every node.
+
+    ``launcher.rdzv_id``, else the SLURM job (and step), which every node of the job shares, else a name made
+    of the layout: each node may compose its own run directory (with its own time stamp), so nothing
+    node-specific can go into it. Two jobs cannot meet by mistake: each rendezvous lives in the store its own
+    node 0 serves on the endpoint's port.
+    """
+    if cfg.launcher.get("rdzv_id"):
+        return str(cfg.launcher.rdzv_id)
+    if slurm_env.in_allocation(env):
+        step = env.get("SLURM_STEP_ID")
+        return f"slurm-{env['SLURM_JOB_ID']}" + (f".{step}" if step else "")
+    return f"birder-{cfg.task.name}-{cfg.optim.name}-{cfg.nodes}x{cfg.gpus_per_node}"
+
+
+def check_slurm_layout(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> None:
+    """Inside a SLURM step, the layout's node count must be the step's: otherwise the rendezvous waits forever."""
+    nodes = slurm_env.allocation_nodes(env)
+    if nodes and nodes != int(cfg.nodes):
+        raise layout.ConfigError(
+            f"nodes={cfg.nodes} but this SLURM job step runs on {nodes} nodes: set nodes={nodes}, or start the "
+            f"step on {cfg.nodes} nodes (srun --nodes={cfg.nodes} --ntasks-per-node=1 birder-repro ...)")
+
+
+def node_command(cfg: DictConfig, run_dir: Path, rank: int, env: Mapping[str, str] = os.environ) -> Command:
+    """The torchrun command node ``rank`` runs."""
+    backend = cfg.launcher.get("rdzv_backend", "c10d")
+    endpoint = f"{master_addr(cfg, env)}:{cfg.launcher.master_port}"
+    argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={cfg.nodes}",
+            f"--nproc-per-node={cfg.gpus_per_node}", f"--rdzv-backend={backend}", f"--rdzv-endpoint={endpoint}",
+            f"--rdzv-id={rdzv_id(cfg, env)}"]
+    if backend == "static":  # the only rendezvous that reads it (see the module docstring)
+        argv.append(f"--node-rank={rank}")
+    argv += [*WORKER, "--run-dir", str(Path(run_dir).resolve())]
+    return Command(argv=argv, note=f"node {rank} of {cfg.nodes}")
+
+
+def commands(cfg: DictConfig, run_dir: Path, env: Mapping[str, str] = os.environ) -> list[Command]:
+    """One command per node, node ranks 0..nodes-1 (what a dry run prints)."""
+    return [node_command(cfg, run_dir, k, env) for k in range(int(cfg.nodes))]

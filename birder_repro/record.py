@@ -1,0 +1,217 @@
+"""The run directory and its ``record.json``: what every run leaves behind, completed or failed.
+
+A run directory holds ``config.yaml`` (the resolved config the workers read), ``command.txt`` (the command
+that reproduces the run), ``output.log`` (what the processes printed) and ``record.json``. The record's keys
+are fixed by DESIGN.md ("Run records and tables") so that reports and outside scripts can rely on them; a
+failed run has the same keys, with ``status: failed``, the ``error`` and null measurements.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import shlex
+import subprocess
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+__all__ = ["CONFIG_FILE", "COMMAND_FILE", "RECORD_FILE", "LOG_FILE", "runs_root", "new_run_dir",
+           "write_run_files", "load_run_config", "read_command", "format_command", "now", "versions", "git_sha",
+           "base_record", "completed_record", "failed_record", "write_record", "read_record",
+           "write_failed_record"]
+
+CONFIG_FILE = "config.yaml"
+COMMAND_FILE = "command.txt"
+RECORD_FILE = "record.json"
+LOG_FILE = "output.log"
+
+# Measurements a completed run fills in from the training loop; a failed run has them as null.
+MEASURED = ("steps", "samples", "throughput_samples_per_s", "throughput_by_stage", "step_time_s",
+            "intra_node_bytes_per_step", "inter_node_bytes_per_step", "fp32_allreduce_bytes_per_step",
+            "final_loss", "timing_warmup_steps")
+
+
+def runs_root() -> Path:
+    """Where runs go: ``$BIRDER_RUNS``, else ``runs/`` (the same rule as ``hydra.run.dir`` in conf/config.yaml)."""
+    return Path(os.environ.get("BIRDER_RUNS", "runs"))
+
+
+def new_run_dir(cfg: DictConfig, root: Optional[Path] = None) -> Path:
+    """A fresh, sub-second unique run directory for callers outside a Hydra job (tests, scripts)."""
+    stamp = _dt.datetime.now()
+    name = f"{stamp:%H-%M-%S-%f}_{cfg.task.name}_{cfg.optim.name}_n{cfg.nodes}"
+    path = (root or runs_root()) / f"{stamp:%Y-%m-%d}" / name
+    path.mkdir(parents=True, exist_ok=False)  # never reuse another run's directory
+    return path
+
+
+def write_run_files(run_dir: Path, cfg: DictConfig, command: str) -> None:
+    """Write the resolved config and the command line: all a worker, on any node, needs to start."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _atomic_write(run_dir / CONFIG_FILE, OmegaConf.to_yaml(cfg))
+    _atomic_write(run_dir / COMMAND_FILE, command + "\n")
+
+
+def load_run_config(run_dir: Path) -> DictConfig:
+    """The resolved config of a run, in struct mode as Hydra gave it (a misspelt key in code is an error)."""
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: start runs with birder-repro, which writes it")
+    cfg = OmegaConf.load(path)
+    OmegaConf.set_struct(cfg, True)
+    return cfg
+
+
+def read_command(run_dir: Path) -> Optional[str]:
+    path = Path(run_dir) / COMMAND_FILE
+    return path.read_text().strip() if path.is_file() else None
+
+
+def format_command(args: Sequence[str]) -> str:
+    """A command line a shell runs as it was given (arguments quoted where needed)."""
+    return shlex.join(list(args))
+
+
+def now() -> str:
+    """A local timestamp with its UTC offset, to the second."""
+    return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def versions() -> dict[str, Optional[str]]:
+    """Python and the versions of the packages a result depends on (None where one is not installed)."""
+    out: dict[str, Optional[str]] = {"python": platform.python_version()}
+    for package in ("torch", "torchvision", "birder-repro", "hydra-core", "omegaconf", "numpy", "wandb"):
+        try:
+            out[package.replace("-", "_")] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            out[package.replace("-", "_")] = None
+    return out
+
+
+def git_sha() -> Optional[str]:
+    """The commit of the checkout this package runs from, or None where it is not a git checkout."""
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def base_record(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """The keys every record has, taken from the config and the environment; measurements are null."""
+    from birder_repro import config as layout
+
+    record: dict[str, Any] = {
+        "status": None, "error": None, "task": cfg.task.name, "optim": cfg.optim.name,
+        "cluster": _cluster(cfg), "world_size": _try(lambda: layout.world_size(cfg)),
+        "batch_size": cfg.train.batch_size, "global_batch_size": _try(lambda: layout.global_batch(cfg)),
+        "lr": _try(lambda: layout.effective_lr(cfg)),
+    }
+    record.update({key: None for key in MEASURED})
+    record.update({"metrics": {}, "link_bytes_per_step": None, "device": None, "backend": None,
+                   "versions": versions(), "git_sha": git_sha(), "started": None, "ended": None,
+                   "run_dir": str(run_dir), "command": read_command(run_dir), "config": _plain(cfg)})
+    return record
+
+
+def _cluster(cfg: DictConfig) -> dict[str, Any]:
+    from birder_repro import config as layout
+
+    return {"name": cfg.cluster.name, "nodes": cfg.nodes,
+            "gpus_per_node": _try(lambda: layout.resolve_gpus_per_node(cfg.gpus_per_node)),
+            "interconnect": cfg.cluster.get("interconnect"), "link_mbit": cfg.cluster.get("link_mbit")}
+
+
+def completed_record(cfg: DictConfig, run_dir: Path, result: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
+    """The record of a run that finished: the training loop's ``result`` merged over the base keys.
+
+    ``fields`` adds what the worker knows (``started``, ``ended``, ``device``, ``backend``).
+    """
+    record = base_record(cfg, run_dir)
+    record.update({key: value for key, value in result.items()})
+    record.update(fields)
+    record["status"] = "completed"
+    return record
+
+
+def failed_record(cfg: DictConfig, run_dir: Path, error: str, **fields: Any) -> dict[str, Any]:
+    record = base_record(cfg, run_dir)
+    record.update(fields)
+    record.update({"status": "failed", "error": error})
+    record["ended"] = record.get("ended") or now()
+    return record
+
+
+def write_failed_record(run_dir: Path, cfg: DictConfig, error: str, **fields: Any) -> dict[str, Any]:
+    """Write ``record.json`` for a run that failed (``error``: the traceback or the reason) and return it."""
+    record = failed_record(cfg, Path(run_dir), error, **fields)
+    write_record(Path(run_dir), record)
+    return record
+
+
+def write_record(run_dir: Path, record: Mapping[str, Any]) -> Path:
+    """Write ``record.json`` atomically: a reader sees the old record or the new one, never half of one."""
+    path = Path(run_dir) / RECORD_FILE
+    _atomic_write(path, json.dumps(record, indent=2, default=_json_default) + "\n")
+    return path
+
+
+def read_record(run_dir: Path) -> Optional[dict[str, Any]]:
+    path = Path(run_dir) / RECORD_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    # A temporary file in the same directory, then rename: os.replace is atomic within one file system.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes it private; a record is for everyone who reads runs/
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # the only way to read it is to set it; put it straight back
+    os.umask(mask)
+    return mask
+
+
+def _plain(cfg: DictConfig) -> Any:
+    """The run's config as plain data, Hydra's own node left out; where an interpolation cannot be resolved
+    the config is kept as written rather than keeping a failed run's record from being written."""
+    data = OmegaConf.to_container(cfg, resolve=False)
+    data.pop("hydra", None)
+    try:
+        return OmegaConf.to_container(OmegaConf.create(data), resolve=True)
+    except Exception:  # noqa: BLE001
+        return data
+
+
+def _try(compute) -> Any:
+    """A derived value, or None when the config cannot give it (a failed run's record is written anyway)."""
+    try:
+        return compute()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):  # numpy and torch scalars
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    if OmegaConf.is_config(value):
+        return OmegaConf.to_container(value, resolve=True)
+    raise TypeError(f"record value of type {type(value).__name__} is not JSON serializable")

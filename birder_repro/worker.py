@@ -1,0 +1,165 @@
+"""One worker process of a run: ``python -m birder_repro.worker --run-dir DIR``, started by torchrun.
+
+It reads the resolved config the CLI wrote into the run directory (it never composes one: Hydra runs once, in
+the CLI), joins the process group, builds the topology, task, DDP model, optimizer and communication hook,
+trains, and on rank 0 writes ``record.json``, completed or failed. Only rank 0 prints and writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+
+from birder_repro import config as layout
+from birder_repro import record
+
+__all__ = ["DistEnv", "read_dist_env", "check_layout", "init_process_group", "seed_everything", "optim_config",
+           "build_and_train", "main"]
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """The distributed environment torchrun gives this process, read once (torchrun sets every variable)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    rendezvous: bool = True  # MASTER_ADDR / MASTER_PORT set: join through env:// (torchrun always sets them)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def read_dist_env(env=os.environ) -> DistEnv:
+    """RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE; a lone process (started without torchrun) is rank 0 of 1."""
+    world = int(env.get("WORLD_SIZE", 1))
+    return DistEnv(rank=int(env.get("RANK", 0)), world_size=world, local_rank=int(env.get("LOCAL_RANK", 0)),
+                   local_world_size=int(env.get("LOCAL_WORLD_SIZE", world)), rendezvous="MASTER_ADDR" in env)
+
+
+def check_layout(cfg: DictConfig, env: DistEnv) -> None:
+    """The processes torchrun started must be the layout's, with every node's ranks on one machine.
+
+    The topology takes node = rank // gpus_per_node; that is a real node only if each machine's processes
+    (one torchrun agent, contiguous ranks) hold whole nodes.
+    """
+    m, world = int(cfg.gpus_per_node), layout.world_size(cfg)
+    if env.world_size != world:
+        raise RuntimeError(f"the run's layout is nodes={cfg.nodes} x gpus_per_node={m} = {world} processes, "
+                           f"but torchrun started {env.world_size}: start workers with birder-repro")
+    base = env.rank - env.local_rank  # this machine's first rank
+    if env.local_world_size % m or base % m:
+        raise RuntimeError(f"this machine runs ranks {base}..{base + env.local_world_size - 1}, which splits "
+                           f"nodes of {m} processes across machines: use --nproc-per-node={m} on every node")
+
+
+def init_process_group(backend: str, env: DistEnv, device: torch.device) -> None:
+    """Join the default group (torchrun's env:// rendezvous; an in-memory store for a lone process)."""
+    kwargs: dict[str, Any] = {"device_id": device} if backend == "nccl" else {}
+    if env.rendezvous:
+        dist.init_process_group(backend, rank=env.rank, world_size=env.world_size, **kwargs)
+    elif env.world_size == 1:  # started by hand, without torchrun: a world of one needs no rendezvous
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
+    else:
+        raise RuntimeError(f"WORLD_SIZE={env.world_size} without MASTER_ADDR: start workers with torchrun "
+                           "(birder-repro does)")
+
+
+def pick_device(cfg: DictConfig, env: DistEnv) -> torch.device:
+    """This process's device: its own GPU (LOCAL_RANK) when every local process can have one, else the CPU."""
+    if layout.resolve_device(cfg, env.local_world_size) == "cuda":
+        torch.cuda.set_device(env.local_rank)
+        return torch.device("cuda", env.local_rank)
+    return torch.device("cpu")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def optim_config(cfg: DictConfig) -> DictConfig:
+    """The ``optim`` node with the learning rate the optimizer gets (scaled by the global batch, if set)."""
+    node = OmegaConf.create(OmegaConf.to_container(cfg.optim, resolve=True))
+    node.lr = layout.effective_lr(cfg)
+    return node
+
+
+def build_and_train(cfg: DictConfig, env: DistEnv, device: torch.device, run_dir: Path) -> dict:
+    """Topology, task, data, DDP model, optimizer and hook, then the training loop; returns its figures."""
+    # Imported here: a worker whose layout check fails reports it without loading models and hooks.
+    from birder_repro import comm, optim, tasks, train
+
+    topology = comm.build_topology(int(cfg.gpus_per_node))
+    task = tasks.get_task(cfg.task.name)
+    data = task.build_data(cfg, env.rank, env.world_size)
+    if env.is_main:
+        print(f"[birder-repro] data: {data.description}", flush=True)
+    seed_everything(int(cfg.seed))  # the same initial weights on every rank (DDP also broadcasts rank 0's)
+    model = task.build_model(cfg).to(device)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
+                                                    else None)
+    seed_everything(int(cfg.seed) + env.rank)  # from here on, randomness (augmentation, dropout) differs per rank
+    ocfg = optim_config(cfg)
+    opt = optim.build_optimizer(ddp.parameters(), ocfg)
+    hook = comm.attach_comm(optim.get_optim_info(cfg.optim.name).comm, ddp, opt, ocfg, topology)
+    return train.train(cfg, task=task, data=data, model=ddp, optimizer=opt, comm=hook, topology=topology,
+                       device=device, run_dir=run_dir)
+
+
+def describe_device(device: torch.device) -> str:
+    return f"cuda ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "cpu"
+
+
+def run_worker(run_dir: Path, env: Optional[DistEnv] = None) -> int:
+    """The whole life of one worker; rank 0 writes the record. Returns the process's exit code."""
+    env = env or read_dist_env()
+    cfg = record.load_run_config(run_dir)
+    fields: dict[str, Any] = {"started": record.now()}
+    joined = False
+    try:
+        check_layout(cfg, env)
+        device = pick_device(cfg, env)
+        fields.update(device=describe_device(device), backend=layout.resolve_backend(cfg, device.type))
+        init_process_group(fields["backend"], env, device)
+        joined = True
+        result = build_and_train(cfg, env, device, run_dir)
+        if env.is_main:
+            done = record.completed_record(cfg, run_dir, result, ended=record.now(), **fields)
+            record.write_record(run_dir, done)
+        return 0
+    except Exception:  # noqa: BLE001 - every failure ends in a record, then a non-zero exit
+        text = traceback.format_exc()
+        print(f"[birder-repro] rank {env.rank} failed:\n{text}", file=sys.stderr, flush=True)
+        if env.is_main:
+            record.write_failed_record(run_dir, cfg, text, **fields)
+        return 1
+    finally:
+        if joined and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m birder_repro.worker",
+                                     description="One worker of a birder-repro run (started by torchrun).")
+    parser.add_argument("--run-dir", required=True, type=Path, help="run directory holding config.yaml")
+    args = parser.parse_args(argv)
+    return run_worker(args.run_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

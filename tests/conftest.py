@@ -1,0 +1,33 @@
+"""Fixtures every test file may use: composing the project's config, and a private runs directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import pytest
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from omegaconf import DictConfig
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+def compose_config(overrides: Sequence[str] = (), hydra_config: bool = False) -> DictConfig:
+    """The config ``birder-repro <overrides>`` would run with (struct mode on, as in the app)."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra_config)
+
+
+@pytest.fixture
+def compose():
+    """``compose(["task=resnet20", "nodes=2"])`` -> the composed config."""
+    return compose_config
+
+
+@pytest.fixture(autouse=True)
+def runs_dir(tmp_path, monkeypatch) -> Path:
+    """Every test's runs go to its own temporary directory (BIRDER_RUNS), never into the checkout's runs/."""
+    path = tmp_path / "runs"
+    monkeypatch.setenv("BIRDER_RUNS", str(path))
+    return path

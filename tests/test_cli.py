@@ -1,0 +1,285 @@
+"""The birder-repro command: dry runs, Hydra's flags, launcher choices, the worker, and the record of a failure.
+
+Subprocess tests run ``python -m birder_repro.cli`` as a user would; the rest call :func:`birder_repro.cli.run`
+and the launcher and worker functions directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+import yaml
+
+from birder_repro import cli, record, worker
+from birder_repro.launch import choose_launcher, local, slurm_env, torchrun
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = ["experiment=quickstart", "logger=none", "model.size=tiny", "train.batch_size=8",
+        "data.synthetic_train_size=64", "data.synthetic_eval_size=16", "train.eval_max_batches=1"]
+
+
+def birder_repro(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``birder-repro ARGS`` in a fresh interpreter (the BIRDER_RUNS of the test's environment applies)."""
+    return subprocess.run([sys.executable, "-m", "birder_repro.cli", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def run_dirs(runs: Path) -> list[Path]:
+    return sorted(p.parent for p in runs.rglob("config.yaml") if p.parent.name != ".hydra")
+
+
+# ------------------------------------------------------------------------------------ as a user runs it
+def test_dry_run_prints_one_torchrun_per_node_and_starts_nothing(runs_dir):
+    out = birder_repro("task=resnet50", "optim=birder", "nodes=8", "gpus_per_node=8", "launcher=torchrun",
+                       "dry_run=true")
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if "torch.distributed.run" in line]
+    assert len(lines) == 8
+    assert all("--nnodes=8" in line and "--nproc-per-node=8" in line for line in lines)
+    assert all("--rdzv-backend=c10d" in line and "--rdzv-endpoint=" in line for line in lines)
+    assert [int(re.search(r"# node (\d+) of 8", line).group(1)) for line in lines] == list(range(8))
+    assert len({re.search(r"--rdzv-id=(\S+)", line).group(1) for line in lines}) == 1
+    (run_dir,) = run_dirs(runs_dir)
+    assert f"--run-dir {run_dir}" in lines[0]
+    # Nothing started: no record, no output log, just the files a node needs to start its workers.
+    assert not (run_dir / record.RECORD_FILE).exists() and not (run_dir / "output.log").exists()
+    assert (run_dir / "command.txt").read_text().startswith("birder-repro task=resnet50 optim=birder nodes=8")
+
+
+def test_help_lists_the_config_groups():
+    out = birder_repro("--help")
+    assert out.returncode == 0, out.stderr
+    assert "Configuration groups" in out.stdout
+    assert re.search(r"optim: .*birder.*sgdm", out.stdout) and "launcher: " in out.stdout
+
+
+def test_cfg_job_prints_the_config_and_runs_nothing(runs_dir):
+    out = birder_repro("--cfg", "job", "optim=sgdm", "nodes=3")
+    assert out.returncode == 0, out.stderr
+    printed = yaml.safe_load(out.stdout)
+    assert printed["optim"]["name"] == "sgdm" and printed["nodes"] == 3
+    assert not runs_dir.exists()
+
+
+def test_a_typo_names_the_key():
+    out = birder_repro("train.stepz=3")
+    assert out.returncode != 0
+    assert "train.stepz" in out.stderr
+
+
+def test_a_failed_cell_of_a_sweep_does_not_stop_the_others(runs_dir):
+    # Both cells are refused (more processes than allowed here): each must still get its failed record.
+    out = birder_repro("-m", "launcher=local", "launcher.max_local_processes=1", "gpus_per_node=1", "nodes=2,3")
+    assert out.returncode == 0, out.stderr
+    records = [record.read_record(d) for d in run_dirs(runs_dir)]
+    assert [r["cluster"]["nodes"] for r in records] == [2, 3]
+    assert all(r["status"] == "failed" and "max_local_processes" in r["error"] for r in records)
+    assert all(d.parent.parent.name == "multirun" for d in run_dirs(runs_dir))
+
+
+# ------------------------------------------------------------------------------------ run() in-process
+def test_local_layout_too_large_is_refused_with_what_to_do(compose, capsys):
+    cfg = compose(["nodes=8", "gpus_per_node=8", "launcher=local", "launcher.max_local_processes=8"])
+    code = cli.run(cfg)
+    assert code != 0
+    err = capsys.readouterr().err
+    assert "64 processes" in err and "launcher=torchrun" in err and "launcher.max_local_processes" in err
+    (run_dir,) = run_dirs(Path(os.environ["BIRDER_RUNS"]))
+    rec = record.read_record(run_dir)
+    assert rec["status"] == "failed" and "launcher=torchrun" in rec["error"]
+
+
+def test_dry_run_refusal_writes_no_record(compose, runs_dir):
+    cfg = compose(["nodes=8", "gpus_per_node=8", "launcher=local", "launcher.max_local_processes=8",
+                   "dry_run=true"])
+    assert cli.run(cfg) != 0
+    assert not list(runs_dir.rglob(record.RECORD_FILE))
+
+
+def test_workers_that_die_without_a_record_get_a_failed_one(compose, monkeypatch, tmp_path):
+    def dying_launch(cfg, run_dir):
+        (run_dir / "output.log").write_text("Killed: out of memory\n")
+        return 137
+
+    monkeypatch.setattr("birder_repro.launch.launch", dying_launch)
+    cfg = compose(TINY, hydra_config=True)
+    assert cli.run(cfg, run_dir=tmp_path / "run") == 137
+    rec = record.read_record(tmp_path / "run")
+    assert rec["status"] == "failed" and "code 137" in rec["error"] and "out of memory" in rec["error"]
+    assert rec["command"] == "birder-repro " + " ".join(TINY)
+    assert rec["world_size"] == 2 and rec["lr"] == pytest.approx(0.005)
+
+
+def test_write_failed_record_has_every_key_and_is_atomic(compose, tmp_path):
+    cfg = compose(["nodes=2", "gpus_per_node=1"])
+    rec = record.write_failed_record(tmp_path, cfg, "Traceback: boom")
+    on_disk = json.loads((tmp_path / record.RECORD_FILE).read_text())
+    assert on_disk == json.loads(json.dumps(rec))
+    for key in ("status", "error", "task", "optim", "cluster", "world_size", "batch_size", "global_batch_size",
+                "steps", "throughput_samples_per_s", "throughput_by_stage", "step_time_s",
+                "intra_node_bytes_per_step", "inter_node_bytes_per_step", "fp32_allreduce_bytes_per_step",
+                "link_bytes_per_step", "metrics", "versions", "device", "git_sha", "started", "ended", "lr",
+                "command", "config"):
+        assert key in on_disk, key
+    assert on_disk["status"] == "failed" and on_disk["error"] == "Traceback: boom"
+    assert set(on_disk["cluster"]) == {"name", "nodes", "gpus_per_node", "interconnect", "link_mbit"}
+    assert on_disk["versions"]["torch"] and on_disk["config"]["nodes"] == 2
+    assert [p.name for p in tmp_path.iterdir()] == [record.RECORD_FILE]  # no temporary file left behind
+
+
+# ------------------------------------------------------------------------------------ launchers
+def test_local_command_runs_the_whole_layout_with_shared_out_threads(compose, tmp_path):
+    cfg = _resolved(compose, ["nodes=2", "gpus_per_node=2", "launcher=local"])
+    cmd = local.command(cfg, tmp_path, env={})
+    assert cmd.argv[1:4] == ["-m", "torch.distributed.run", "--standalone"]
+    assert "--nproc-per-node=4" in cmd.argv and cmd.argv[-2:] == ["--run-dir", str(tmp_path.resolve())]
+    assert cmd.env["OMP_NUM_THREADS"] == str(max(1, local.layout.cpu_count() // 4))
+    assert "OMP_NUM_THREADS" not in local.command(cfg, tmp_path, env={"OMP_NUM_THREADS": "3"}).env
+
+
+SLURM = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_NODEID": "3", "SLURM_STEP_NUM_NODES": "4",
+         "SLURM_STEP_NODELIST": "gpu[07-09,12]"}
+
+
+def test_auto_is_torchrun_inside_a_multi_node_slurm_step_and_local_elsewhere(compose):
+    cfg = compose(["launcher=auto", "nodes=4"])
+    assert choose_launcher(cfg, env={}) == "local"
+    assert choose_launcher(cfg, env=SLURM) == "torchrun"
+    assert choose_launcher(cfg, env={**SLURM, "SLURM_STEP_NUM_NODES": "1"}) == "local"
+    assert choose_launcher(compose(["launcher=torchrun"]), env={}) == "torchrun"
+
+
+def test_torchrun_takes_node_rank_and_rendezvous_from_slurm(compose, tmp_path):
+    cfg = _resolved(compose, ["launcher=torchrun", "nodes=4", "gpus_per_node=8"])
+    assert torchrun.node_rank(cfg, SLURM) == 3
+    assert torchrun.master_addr(cfg, SLURM) == "gpu07"
+    argv = torchrun.node_command(cfg, tmp_path, 3, SLURM).argv
+    assert "--rdzv-endpoint=gpu07:29500" in argv and "--rdzv-id=slurm-4242.0" in argv
+    assert not any(a.startswith("--node-rank") for a in argv)  # c10d ignores it (torch/distributed/run.py)
+    assert torchrun.master_addr(cfg, {**SLURM, "MASTER_ADDR": "10.0.0.1"}) == "10.0.0.1"
+    with pytest.raises(torchrun.layout.ConfigError, match="nodes=2"):
+        torchrun.check_slurm_layout(_resolved(compose, ["launcher=torchrun", "nodes=2"]), SLURM)
+
+
+def test_settings_win_over_slurm_and_static_rendezvous_passes_the_node_rank(compose, tmp_path):
+    cfg = _resolved(compose, ["launcher=torchrun", "nodes=4", "gpus_per_node=2", "launcher.node_rank=1",
+                              "launcher.master_addr=head", "launcher.rdzv_backend=static", "launcher.master_port=1234"])
+    assert torchrun.node_rank(cfg, SLURM) == 1
+    argv = torchrun.node_command(cfg, tmp_path, 2, SLURM).argv
+    assert "--node-rank=2" in argv and "--rdzv-endpoint=head:1234" in argv
+    with pytest.raises(torchrun.layout.ConfigError, match="launcher.node_rank=5"):
+        torchrun.node_rank(_resolved(compose, ["launcher=torchrun", "nodes=4", "launcher.node_rank=5"]), {})
+
+
+@pytest.mark.parametrize("hostlist,hosts", [
+    ("node01", ["node01"]),
+    ("node[01-03,07]", ["node01", "node02", "node03", "node07"]),
+    ("a[9-11],b", ["a9", "a10", "a11", "b"]),
+    ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
+    ("gpu-a,gpu-b", ["gpu-a", "gpu-b"]),
+])
+def test_slurm_host_lists_expand(hostlist, hosts):
+    assert slurm_env.expand_hostlist(hostlist) == hosts
+
+
+# ------------------------------------------------------------------------------------ the worker
+def test_worker_writes_a_completed_record_from_the_training_result(compose, tmp_path, monkeypatch):
+    run_dir = _run_dir(compose, tmp_path, ["nodes=1", "gpus_per_node=1"])
+    seen = {}
+
+    def fake_train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir):
+        seen.update(lr=optimizer.param_groups[0]["lr"], world=topology.world_size, ddp=type(model).__name__)
+        return {"steps": 3, "samples": 24, "throughput_samples_per_s": 10.0, "throughput_by_stage": {},
+                "step_time_s": {"total": 1.0, "compute": 0.5, "communication": 0.3, "compression": 0.2},
+                "intra_node_bytes_per_step": 0.0, "inter_node_bytes_per_step": 0.0,
+                "fp32_allreduce_bytes_per_step": 0.0, "metrics": {"top1": 1.0}, "final_loss": 4.6,
+                "timing_warmup_steps": 1}
+
+    monkeypatch.setattr("birder_repro.train.train", fake_train)
+    assert worker.run_worker(run_dir, _lone_process()) == 0
+    assert not dist.is_initialized()  # the process group is destroyed at the end
+    rec = record.read_record(run_dir)
+    assert rec["status"] == "completed" and rec["steps"] == 3 and rec["metrics"] == {"top1": 1.0}
+    assert rec["device"] == "cpu" and rec["backend"] == "gloo" and rec["started"] and rec["ended"]
+    assert seen == {"lr": pytest.approx(0.005), "world": 1, "ddp": "DistributedDataParallel"}
+
+
+def test_worker_failure_writes_the_traceback_and_exits_non_zero(compose, tmp_path, monkeypatch):
+    run_dir = _run_dir(compose, tmp_path, ["nodes=1", "gpus_per_node=1", "data.source=real",
+                                           f"data.root={tmp_path / 'no-such-dataset'}"])
+    assert worker.run_worker(run_dir, _lone_process()) == 1
+    assert not dist.is_initialized()
+    rec = record.read_record(run_dir)
+    assert rec["status"] == "failed" and "Traceback" in rec["error"] and "data.root" in rec["error"]
+
+
+def test_worker_refuses_a_world_that_is_not_the_layout(compose, tmp_path):
+    run_dir = _run_dir(compose, tmp_path, ["nodes=2", "gpus_per_node=2"])
+    # Rank 0 on a machine that runs 3 processes: nodes of 2 would straddle machines.
+    split_node = worker.DistEnv(rank=0, world_size=4, local_rank=0, local_world_size=3, rendezvous=False)
+    assert worker.run_worker(run_dir, split_node) == 1
+    assert "splits nodes" in record.read_record(run_dir)["error"]
+    wrong_world = worker.DistEnv(rank=0, world_size=2, local_rank=0, local_world_size=2, rendezvous=False)
+    assert worker.run_worker(run_dir, wrong_world) == 1
+    assert "torchrun started 2" in record.read_record(run_dir)["error"]
+
+
+# ------------------------------------------------------------------------------------ end to end
+def test_a_tiny_run_through_the_cli_completes_and_summarises(runs_dir):
+    out = birder_repro(*TINY, "train.steps=3", timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "SYNTHETIC" in out.stdout  # synthetic data is always said
+    (run_dir,) = run_dirs(runs_dir)
+    rec = record.read_record(run_dir)
+    assert rec["status"] == "completed" and rec["steps"] == 3 and rec["world_size"] == 2
+    assert rec["global_batch_size"] == 16 and rec["inter_node_bytes_per_step"] > 0
+    assert str(run_dir / record.RECORD_FILE) in out.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rdzv", ["c10d", "static"])
+def test_two_torchrun_agents_form_one_run_of_two_nodes(compose, tmp_path, rdzv):
+    """The multi-node path on one machine: the per-node commands a dry run prints, started side by side."""
+    port = _free_port()
+    cfg = _resolved(compose, TINY + ["train.steps=3", "launcher=torchrun", "gpus_per_node=2",
+                                     f"launcher.rdzv_backend={rdzv}", f"launcher.master_port={port}"])
+    run_dir = tmp_path / "run"
+    record.write_run_files(run_dir, cfg, "birder-repro (test)")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen(c.argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for c in torchrun.commands(cfg, run_dir, env={})]
+    errors = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors[0][-3000:] + errors[1][-3000:]
+    rec = record.read_record(run_dir)
+    assert rec["status"] == "completed" and rec["world_size"] == 4
+    assert rec["intra_node_bytes_per_step"] > 0 and rec["inter_node_bytes_per_step"] > 0
+
+
+# ------------------------------------------------------------------------------------ helpers
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _resolved(compose, overrides):
+    return cli.layout.resolve(compose(overrides), gpu_count=0)
+
+
+def _run_dir(compose, tmp_path, overrides) -> Path:
+    """A run directory as the CLI leaves it for the workers (tiny synthetic quickstart plus ``overrides``)."""
+    run_dir = tmp_path / "run"
+    record.write_run_files(run_dir, _resolved(compose, TINY + overrides), "birder-repro (test)")
+    return run_dir
+
+
+def _lone_process() -> worker.DistEnv:
+    return worker.DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, rendezvous=False)

@@ -1,0 +1,155 @@
+"""The config tree composes in every combination, rejects typos by name, and resolves to the right layout."""
+
+from __future__ import annotations
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from birder_repro import config as layout
+from conftest import CONF_DIR, compose_config
+
+# Groups whose options are chosen on the command line (recipe/ is chosen by the task x optim pair).
+GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "recipe")
+OPTIONS = [(group, path.stem) for group in GROUPS for path in sorted((CONF_DIR / group).glob("*.yaml"))]
+RECIPES = sorted((p.parent.name, p.stem) for p in (CONF_DIR / "recipe").glob("*/*.yaml"))
+TASKS = sorted(p.stem for p in (CONF_DIR / "task").glob("*.yaml"))
+OPTIMS = sorted(p.stem for p in (CONF_DIR / "optim").glob("*.yaml"))
+
+
+def leaf_keys(node, prefix=""):
+    """Dotted paths of every value in the config (lists count as values)."""
+    for key, value in node.items():
+        path = f"{prefix}{key}"
+        if OmegaConf.is_dict(value):
+            yield from leaf_keys(value, path + ".")
+        else:
+            yield path
+
+
+DEFAULT_KEYS = sorted(leaf_keys(compose_config()))
+
+
+def test_the_tree_has_what_the_design_names():
+    assert {"task", "optim", "cluster", "launcher", "logger", "experiment"} <= set(GROUPS)
+    assert RECIPES, "no recipes found under conf/recipe/<task>/<optim>.yaml"
+
+
+@pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_option_composes_with_the_defaults_and_validates(compose, group, option):
+    cfg = compose([f"{group}={option}"])
+    assert OmegaConf.is_struct(cfg)
+    layout.validate(cfg)
+    if group in ("task", "optim", "cluster", "launcher", "logger"):
+        selected = cfg[group].name
+        assert selected == option, f"conf/{group}/{option}.yaml sets {group}.name={selected!r}"
+
+
+@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("optim", OPTIMS)
+def test_every_task_optimizer_pair_composes(compose, task, optim):
+    cfg = compose([f"task={task}", f"optim={optim}"])
+    layout.validate(cfg)
+    assert (cfg.task.name, cfg.optim.name) == (task, optim)
+
+
+@pytest.mark.parametrize("task,optim", RECIPES, ids=[f"{t}-{o}" for t, o in RECIPES])
+def test_each_recipe_is_applied_to_its_pair(compose, task, optim):
+    cfg = compose([f"task={task}", f"optim={optim}"])
+    recipe = OmegaConf.load(CONF_DIR / "recipe" / task / f"{optim}.yaml")
+    for key in leaf_keys(recipe):
+        assert OmegaConf.select(cfg, key) == OmegaConf.select(recipe, key), f"{key} of recipe {task}/{optim}"
+
+
+def test_task_settings_win_over_the_top_level_defaults(compose):
+    """conf/task/*.yaml sets the paper's epochs, batch and schedule; config.yaml's generic values must not
+    replace them (its ``_self_`` has to come before the groups in the defaults list)."""
+    lost = []
+    for task in TASKS:
+        cfg = compose([f"task={task}"])
+        own = OmegaConf.load(CONF_DIR / "task" / f"{task}.yaml")
+        for key in leaf_keys(own.get("train", {}), "train."):
+            got, want = OmegaConf.select(cfg, key), OmegaConf.select(own, key)
+            if got != want:
+                lost.append(f"task={task}: {key} is {got!r}, conf/task/{task}.yaml says {want!r}")
+    assert not lost, "\n".join(lost)
+
+
+def test_quickstart_experiment_composes(compose):
+    cfg = compose(["experiment=quickstart"])
+    layout.validate(cfg)
+    assert (cfg.task.name, cfg.optim.name, cfg.nodes, cfg.gpus_per_node) == ("resnet20", "birder", 2, 1)
+    assert cfg.data.source == "synthetic"
+
+
+@pytest.mark.parametrize("key", DEFAULT_KEYS)
+def test_a_typo_in_any_key_is_an_error_naming_it(key):
+    typo = key + "x"
+    with pytest.raises(ConfigCompositionException, match=typo.replace(".", r"\.")):
+        compose_config([f"{typo}=1"])
+
+
+def test_a_typo_in_a_group_option_lists_the_options():
+    with pytest.raises(ConfigCompositionException, match="birdr") as err:
+        compose_config(["optim=birdr"])
+    assert "sgdm" in str(err.value.__cause__ or err.value) or "sgdm" in str(err.value)
+
+
+# ------------------------------------------------------------------------------------ layout resolution
+def test_gpus_per_node_auto_is_the_gpus_present_or_one():
+    assert layout.resolve_gpus_per_node("auto", gpu_count=0) == 1
+    assert layout.resolve_gpus_per_node("auto", gpu_count=8) == 8
+    assert layout.resolve_gpus_per_node(4, gpu_count=8) == 4
+    for bad in (0, -1, "two", True, 1.5):
+        with pytest.raises(layout.ConfigError, match="gpus_per_node"):
+            layout.resolve_gpus_per_node(bad)
+
+
+def test_world_size_global_batch_and_scaled_lr(compose):
+    # papers/birder.txt section 5.1: SGDM lr 0.1 x batch/256; 8 nodes x 8 GPUs x 32 per GPU = 2048.
+    cfg = compose(["task=resnet50", "optim=sgdm", "nodes=8", "gpus_per_node=8", "train.batch_size=32"])
+    assert layout.world_size(cfg) == 64
+    assert layout.global_batch(cfg) == 2048
+    assert layout.effective_lr(cfg) == pytest.approx(0.1 * 2048 / 256)
+
+
+def test_lr_is_as_given_without_batch_scaling(compose):
+    cfg = compose(["task=resnet20", "optim=birder", "nodes=4", "gpus_per_node=2"])
+    assert cfg.optim.lr_batch_scaling is None
+    assert layout.effective_lr(cfg) == cfg.optim.lr == 0.005  # appendix B.1
+
+
+def test_device_and_backend(compose):
+    cfg = compose([])
+    assert layout.resolve_device(cfg, local_processes=4, gpu_count=2) == "cpu"
+    assert layout.resolve_device(cfg, local_processes=8, gpu_count=8) == "cuda"
+    assert layout.resolve_backend(cfg, "cuda") == "nccl"
+    assert layout.resolve_backend(cfg, "cpu") == "gloo"
+    with pytest.raises(layout.ConfigError, match="device=cuda"):
+        layout.resolve_device(compose(["device=cuda"]), local_processes=4, gpu_count=2)
+    assert layout.resolve_device(compose(["device=cpu"]), local_processes=1, gpu_count=8) == "cpu"
+    with pytest.raises(layout.ConfigError, match="cluster.backend=nccl"):
+        layout.resolve_backend(compose(["cluster.backend=nccl"]), "cpu")
+
+
+@pytest.mark.parametrize("override,named", [
+    ("nodes=0", "nodes"), ("train.batch_size=0", "train.batch_size"), ("train.steps=0", "train.steps"),
+    ("optim.comm.scheme=ring", "optim.comm.scheme"), ("data.source=fake", "data.source"),
+    ("cluster.backend=mpi", "cluster.backend"), ("gpus_per_node=0", "gpus_per_node"), ("optim.lr=0", "optim.lr"),
+    ("optim.lr_batch_scaling=-256", "optim.lr_batch_scaling"), ("launcher.rdzv_backend=etcd", "rdzv_backend"),
+])
+def test_invalid_values_are_errors_naming_the_setting(compose, override, named):
+    with pytest.raises(layout.ConfigError, match=named.replace(".", r"\.")):
+        layout.validate(compose([override]))
+
+
+def test_resolve_gives_what_workers_read(compose):
+    cfg = compose(["task=resnet50", "optim=birder", "nodes=2", "gpus_per_node=4", "train.batch_size=32"],
+                  hydra_config=True)
+    out = layout.resolve(cfg, gpu_count=0)
+    assert "hydra" not in out and OmegaConf.is_struct(out)
+    assert out.gpus_per_node == 4 and isinstance(out.gpus_per_node, int)
+    assert out.optim.effective_lr == pytest.approx(0.001 * 256 / 256)
+    assert out.optim.seed == out.seed  # interpolations are resolved, not kept as ${...}
+    assert "${" not in OmegaConf.to_yaml(out)
+    assert layout.resolve(compose(["gpus_per_node=auto"]), gpu_count=0).gpus_per_node == 1
