@@ -1,0 +1,113 @@
+"""``python -m birder_repro.report`` (what ``make tables`` runs): run records -> tables/*.md|csv|tex, figures.
+
+    python -m birder_repro.report [--runs DIR] [--out DIR] [--figures DIR] [--throughput whole|stage]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+import pandas as pd
+
+from . import figures, paper, tables
+from .records import load_frame, runs_root
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m birder_repro.report",
+        description="Tables in the paper's shape (markdown, CSV, LaTeX) and throughput figures from every run "
+                    "record (record.json) under the runs directory; `make tables ARGS=...` passes options.")
+    p.add_argument("--runs", metavar="DIR",
+                   help="searched for record.json at any depth (default: $BIRDER_RUNS, else runs/)")
+    p.add_argument("--out", metavar="DIR", default="tables", help="where the tables go (default: tables/)")
+    p.add_argument("--figures", metavar="DIR", default="figures",
+                   help="where the figures go (default: figures/)")
+    p.add_argument("--paper", metavar="DIR",
+                   help="the paper's CSVs (default: tables/paper of this checkout)")
+    p.add_argument("--throughput", choices=tables.THROUGHPUT_MODES, default="whole",
+                   help="1-bit Adam / LAMB throughput over the whole run or its compression stage")
+    return p.parse_args(argv)
+
+
+def file_stem(task: str) -> str:
+    """A task name as a file name; "summary" and "paper_comparison" are taken by the overview files."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", str(task))
+    return f"task_{stem}" if stem in ("summary", "paper_comparison") else stem
+
+
+def _write(path: Path, text: str, written: list[Path]) -> None:
+    path.write_text(text)
+    written.append(path)
+
+
+def write_task_files(out: Path, frame: pd.DataFrame, cells: pd.DataFrame, mode: str) -> list[Path]:
+    """tables/<task>.md, .csv (the numbers) and .tex for every task that has any record."""
+    written: list[Path] = []
+    _, others = tables.split_by_status(frame)
+    for task in sorted(frame["task"].astype("object").fillna("unknown").unique()):
+        task_cells = cells[cells["task"] == task]
+        task_others = others[others["task"].astype("object").fillna("unknown") == task]
+        stem = out / file_stem(task)
+        _write(stem.with_suffix(".md"), tables.task_markdown(task, task_cells, task_others, mode), written)
+        _write(stem.with_suffix(".csv"), task_cells[list(tables.CSV_COLUMNS)].to_csv(index=False), written)
+        latex = tables.to_latex(tables.display_frame(task_cells, mode, with_setting=True))
+        if latex is not None and not task_cells.empty:
+            _write(stem.with_suffix(".tex"), latex, written)
+    return written
+
+
+def write_overview(out: Path, frame: pd.DataFrame, cells: pd.DataFrame, mode: str, task_files: list[Path],
+                   paper_dir: Optional[str]) -> list[Path]:
+    """tables/summary.md|csv and tables/paper_comparison.md|csv."""
+    written: list[Path] = []
+    _, others = tables.split_by_status(frame)
+    md_names = [p.name for p in task_files if p.suffix == ".md"]
+    _write(out / "summary.md", tables.summary_markdown(frame, cells, others, mode, md_names), written)
+    _write(out / "summary.csv", cells[list(tables.CSV_COLUMNS)].to_csv(index=False), written)
+    if not others.empty:
+        _write(out / "not_completed.csv", tables.not_completed_table(others).to_csv(index=False), written)
+    paper_rows = paper.load_paper_tables(Path(paper_dir) if paper_dir else None)
+    _write(out / "paper_comparison.md", paper.comparison_markdown(cells, paper_rows), written)
+    joined = paper.comparison_frame(cells, paper_rows)
+    if not joined.empty:
+        _write(out / "paper_comparison.csv", joined.to_csv(index=False), written)
+    return written
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    root = runs_root(args.runs)
+    frame = load_frame(root)
+    if frame.empty:
+        # Writing empty tables would look like a result; say what is missing instead.
+        print(f"no run records (record.json) under {root}/: nothing written. Run an experiment first "
+              f"(birder-repro ...), or point --runs / BIRDER_RUNS at the runs.")
+        return 0
+    n_done = int((frame["status"] == "completed").sum())
+    print(f"read {len(frame)} run record(s) under {root}/: {n_done} completed, "
+          f"{len(frame) - n_done} not completed")
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cells = tables.cell_table(frame, args.throughput)
+    written = write_task_files(out, frame, cells, args.throughput)
+    written += write_overview(out, frame, cells, args.throughput, written, args.paper)
+    if cells.empty:
+        print("figures: no completed run to plot")
+    elif figures.have_matplotlib():
+        written += figures.throughput_figures(cells, Path(args.figures), args.throughput)
+    else:
+        print("figures: matplotlib is not installed; skipped (pip install matplotlib to draw them)")
+    print("wrote:")
+    for path in written:
+        print(f"  {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
