@@ -1,0 +1,137 @@
+"""Rank-0 logging: ``metrics.jsonl`` in the run directory always, Weights & Biases when configured.
+
+Only rank 0 builds a :class:`RunLogger` that writes (the others get a disabled one), so there is one
+``metrics.jsonl`` per run. W&B is best effort: an import error, a failed ``wandb.init`` or a failed ``log``
+prints one warning and the run goes on with ``metrics.jsonl`` alone. A run never fails because of W&B.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def wandb_mode(configured: Optional[str], environ: Mapping[str, str] = os.environ) -> str:
+    """The W&B mode to run in: the configured one; else $WANDB_MODE; else online with an API key, offline without.
+
+    Offline runs are kept under the run directory and can be uploaded later with ``wandb sync``.
+    """
+    if configured:
+        return str(configured)
+    if environ.get("WANDB_MODE"):
+        return environ["WANDB_MODE"]
+    return "online" if environ.get("WANDB_API_KEY") else "offline"
+
+
+def _json_value(value: Any) -> Any:
+    """JSON has no NaN or infinity: write them as null so that every line stays parseable."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _plain_config(cfg) -> dict:
+    """The config as plain containers for W&B: resolved where every interpolation resolves, else as written."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.is_config(cfg):
+        return dict(cfg)
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)
+    except Exception:  # e.g. a Hydra-only resolver outside Hydra: better unresolved than no W&B run
+        return OmegaConf.to_container(cfg, resolve=False)
+
+
+class RunLogger:
+    """One JSON line per logged step in ``run_dir/metrics.jsonl``, mirrored to W&B when it is on.
+
+    Args:
+        cfg: the resolved run config; ``cfg.logger`` picks ``none`` or ``wandb`` and holds W&B's settings.
+        run_dir: the run directory (shared by all processes; only the enabled logger writes to it).
+        enabled: True on rank 0 only.
+    """
+
+    def __init__(self, cfg, run_dir: str | os.PathLike, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.run_dir = Path(run_dir)
+        self._file = None
+        self._wandb_run = None
+        if not enabled:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        # Append: a resumed run in the same directory continues the file.
+        self._file = open(self.run_dir / METRICS_FILE, "a", encoding="utf-8")
+        logger_cfg = cfg.get("logger") if hasattr(cfg, "get") else None
+        if logger_cfg is not None and logger_cfg.get("name") == "wandb":
+            self._wandb_run = self._start_wandb(cfg, logger_cfg)
+
+    def _start_wandb(self, cfg, logger_cfg):
+        try:
+            import wandb
+
+            config = _plain_config(cfg)
+            return wandb.init(
+                project=logger_cfg.get("project") or "birder-repro",
+                entity=logger_cfg.get("entity"),
+                dir=str(self.run_dir),
+                name=self.run_dir.name,
+                config=config,
+                tags=list(logger_cfg.get("tags") or []),
+                mode=wandb_mode(logger_cfg.get("mode")),
+                # Console capture would wrap the worker's stdout; the progress bar and summary stay ours.
+                settings=wandb.Settings(console="off"),
+            )
+        except Exception as err:  # ImportError, wandb.Error, network and permission errors alike
+            self._warn(f"W&B is off for this run ({type(err).__name__}: {err}); metrics go to {METRICS_FILE} only")
+            return None
+
+    @staticmethod
+    def _warn(message: str) -> None:
+        print(f"warning: {message}", file=sys.stderr, flush=True)
+
+    def log(self, step: int, values: Mapping[str, Any]) -> None:
+        """Write ``values`` for ``step`` (the number of optimizer steps completed)."""
+        if not self.enabled:
+            return
+        row = {"step": int(step), **{k: _json_value(v) for k, v in values.items()}}
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+        if self._wandb_run is not None:
+            try:
+                self._wandb_run.log({k: v for k, v in values.items() if v is not None}, step=int(step))
+            except Exception as err:
+                self._warn(f"W&B logging failed and is off from now on ({type(err).__name__}: {err})")
+                self._wandb_run = None
+
+    def summary(self, values: Mapping[str, Any]) -> None:
+        """Final figures (throughput, metrics) into the W&B run's summary; metrics.jsonl has them per step."""
+        if self._wandb_run is None:
+            return
+        try:
+            self._wandb_run.summary.update(dict(values))
+        except Exception as err:
+            self._warn(f"W&B summary failed ({type(err).__name__}: {err})")
+
+    def finish(self, exit_code: int = 0) -> None:
+        """Close metrics.jsonl and the W&B run (marked failed with a non-zero ``exit_code``)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._wandb_run is not None:
+            run, self._wandb_run = self._wandb_run, None
+            try:
+                run.finish(exit_code=exit_code)
+            except Exception as err:
+                self._warn(f"W&B finish failed ({type(err).__name__}: {err})")
+
+    def __enter__(self) -> "RunLogger":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.finish(exit_code=0 if exc_type is None else 1)

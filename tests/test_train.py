@@ -1,0 +1,376 @@
+"""The training loop for real: a tiny task on 2 gloo processes (a few seconds), and its pieces in-process.
+
+The two-process run uses an fp16 all-reduce hook written here (a minimal CommStats subclass with two labelled
+stages), so the loop is tested against byte counts we know exactly: one bucket of P fp16 elements over 2
+processes is 2(2-1)/2 x 2P = 2P bytes per step per process, all inter-node (2 nodes x 1 process).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+from birder_repro.comm.accounting import CommStats, allreduce_bytes
+from birder_repro.comm.topology import Topology, build_topology
+from birder_repro.logger import METRICS_FILE, RunLogger, wandb_mode
+from birder_repro.summary import format_summary, human_bytes
+from birder_repro.tasks.base import Task, TaskData
+from birder_repro.train import split_step_time, stage_of, total_steps, train
+
+sys.path.insert(0, str(Path(__file__).parent))
+from dist_utils import run_distributed  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+FREEZE_STEP = 6  # the test hook's stage switch: "warmup" before, "compression" from this step
+
+
+# ------------------------------------------------------------------------------------------ a tiny task
+class BlobsTask(Task):
+    """Four Gaussian blobs in 8 dimensions: learnable in a few steps."""
+
+    name = "blobs"
+    metrics = ("top1",)
+
+    def loss(self, model, batch, device):
+        x, y = batch
+        return F.cross_entropy(model(x.to(device)), y.to(device)), len(y)
+
+    @torch.no_grad()
+    def evaluate(self, model, loader, device):
+        correct = loss = n = 0.0
+        for x, y in loader:
+            out = model(x.to(device))
+            correct += (out.argmax(1) == y).sum().item()
+            loss += F.cross_entropy(out, y, reduction="sum").item()
+            n += len(y)
+        return {"top1": (100.0 * correct, n), "loss": (loss, n)}
+
+
+def blobs(size: int, seed: int) -> TensorDataset:
+    centers = torch.randn(4, 8, generator=torch.Generator().manual_seed(0)) * 2
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 4, (size,), generator=g)
+    return TensorDataset(centers[y] + 0.5 * torch.randn(size, 8, generator=g), y)
+
+
+def blobs_data(rank: int, world: int, batch_size: int, train_size: int = 80) -> TaskData:
+    sampler = DistributedSampler(blobs(train_size, 1), world, rank, shuffle=True, seed=0)
+    eval_set = blobs(64, 2)
+    return TaskData(
+        train=DataLoader(sampler.dataset, batch_size=batch_size, sampler=sampler),
+        eval=DataLoader(eval_set, batch_size=16, sampler=DistributedSampler(eval_set, world, rank, shuffle=False)),
+        train_size=train_size, description="synthetic: 4 Gaussian blobs (test data)", sampler=sampler)
+
+
+def tiny_model() -> nn.Module:
+    # BatchNorm and Dropout: the compute calibration must leave their buffers and RNG as it found them.
+    return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 4))
+
+
+# ------------------------------------------------------------------------- a counted fp16 all-reduce
+class CountingComm(CommStats):
+    """fp16 all-reduce with counted bytes and timed casts; two stages by name only, as 1-bit Adam has."""
+
+    __slots__ = ()
+
+    def stage(self, step: int) -> str:
+        return "warmup" if step < FREEZE_STEP else "compression"
+
+    def state_dict(self):
+        return {"stats": self.snapshot()}
+
+    def load_state_dict(self, sd):
+        for k, v in sd["stats"].items():
+            setattr(self, k, type(getattr(self, k))(v))
+
+
+def fp16_counting_hook(state: CountingComm, bucket):
+    buffer, world = bucket.buffer(), dist.get_world_size()
+    with state.timing("compress"):
+        half = buffer.to(torch.float16).div_(world)
+    state.inter_node_bytes += allreduce_bytes(half.numel() * half.element_size(), world)  # 1 process a node
+    state.calls += 1
+
+    def decompress(fut):
+        with state.timing("compress"):
+            buffer.copy_(fut.value()[0])
+        return buffer
+
+    return dist.all_reduce(half, async_op=True).get_future().then(decompress)
+
+
+# ------------------------------------------------------------------------------------------ the config
+def make_config(run_dir: Path, logger: str = "none", **train) -> OmegaConf:
+    """The real ``train:`` and ``logger`` nodes of conf/, struct mode on, with the test's values."""
+    base = OmegaConf.load(ROOT / "conf" / "config.yaml")
+    cfg = OmegaConf.create({
+        "train": base.train, "logger": OmegaConf.load(ROOT / "conf" / "logger" / f"{logger}.yaml"),
+        "task": {"name": "blobs"}, "optim": {"name": "sgdm", "lr": 0.2}, "nodes": 2, "gpus_per_node": 1,
+        "seed": 0,
+    })
+    cfg.train.merge_with({"batch_size": 8, "timing_warmup_steps": 2, "log_every": 2, "eval_max_batches": 2,
+                          **train})
+    if logger == "wandb":
+        cfg.logger.mode = "offline"
+    OmegaConf.set_struct(cfg, True)
+    return cfg
+
+
+def _train_worker(rank: int, world: int, runs: list[tuple[str, str]], env: dict):
+    """Each (config, run directory) of ``runs`` in turn, in the same processes: DDP's first construction
+    imports torch._dynamo (seconds), which is paid once this way."""
+    os.environ.update(env)
+    results = []
+    for cfg_yaml, run_dir in runs:
+        torch.manual_seed(0)
+        cfg = OmegaConf.create(cfg_yaml)
+        OmegaConf.set_struct(cfg, True)
+        topology = build_topology(gpus_per_node=1)
+        model = nn.parallel.DistributedDataParallel(tiny_model())
+        optimizer = torch.optim.SGD(model.parameters(), lr=cfg.optim.lr, momentum=0.9)
+        comm = CountingComm()
+        model.register_comm_hook(comm, fp16_counting_hook)
+        record = train(cfg, task=BlobsTask(), data=blobs_data(rank, world, cfg.train.batch_size), model=model,
+                       optimizer=optimizer, comm=comm, topology=topology, device=torch.device("cpu"),
+                       run_dir=run_dir)
+        # numpy arrays travel by value; tensors would be shared through file descriptors of exited processes.
+        results.append((record, {k: v.detach().numpy().copy() for k, v in model.module.state_dict().items()}))
+    return results
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """On 2 processes: 12 steps with W&B offline, the lr divided by 10 halfway and a checkpoint at step 8;
+    then, with logger none, the same run resumed from that checkpoint (mid-epoch: 5 steps an epoch)."""
+    tmp = tmp_path_factory.mktemp("train")
+    full_dir, resumed_dir = tmp / "full", tmp / "resumed"
+    env = {"WANDB_DIR": str(tmp), "WANDB_CACHE_DIR": str(tmp / "cache"), "WANDB_CONFIG_DIR": str(tmp / "cfg"),
+           "WANDB_SILENT": "true"}
+    schedule = {"name": "multistep", "milestones": [0.5], "gamma": 0.1}  # lr / 10 from step 6 on
+    full = make_config(full_dir, logger="wandb", steps=12, checkpoint_every=8, schedule=schedule)
+    resumed = make_config(resumed_dir, logger="none", steps=12, resume=str(full_dir / "checkpoint.pt"),
+                          schedule=schedule)
+    by_rank = run_distributed(_train_worker, 2, [(OmegaConf.to_yaml(c), str(d)) for c, d in
+                                                 ((full, full_dir), (resumed, resumed_dir))], env)
+    return {"full": (full_dir, [r[0] for r in by_rank]), "resumed": (resumed_dir, [r[1] for r in by_rank])}
+
+
+@pytest.fixture
+def full_run(runs):
+    return runs["full"]
+
+
+# ------------------------------------------------------------------------------------- two processes
+def test_record_has_every_key_and_parts_sum_to_the_step(full_run):
+    _, [(record, _), _] = full_run
+    for key in ("steps", "samples", "throughput_samples_per_s", "throughput_by_stage", "step_time_s",
+                "intra_node_bytes_per_step", "inter_node_bytes_per_step", "fp32_allreduce_bytes_per_step",
+                "metrics", "final_loss", "timing_warmup_steps"):
+        assert key in record, key
+    assert "loss_history" not in record
+    assert record["steps"] == 12 and record["samples"] == 12 * 16 and record["timing_warmup_steps"] == 2
+    st = record["step_time_s"]
+    assert st["total"] > 0 and min(st["compute"], st["communication"], st["compression"]) >= 0
+    assert st["compute"] + st["communication"] + st["compression"] == pytest.approx(st["total"], rel=1e-9)
+    assert st["compression"] > 0  # the hook's timed fp16 casts
+    assert record["compute_calibration_passes"] == 3 and record["timed_steps"] == 10
+    assert record["throughput_samples_per_s"] == pytest.approx(16 / st["total"], rel=1e-6)
+    assert set(record["throughput_by_stage"]) == {"warmup", "compression"}
+    assert all(v > 0 for v in record["throughput_by_stage"].values())
+
+
+def test_bytes_per_step_are_the_hooks_count_and_fp32_is_twice_fp16(full_run):
+    _, [(record, params), _] = full_run
+    p = sum(v.size for k, v in params.items() if "running" not in k and "num_batches" not in k)
+    assert record["inter_node_bytes_per_step"] == pytest.approx(2 * p)  # 2(n-1)/n x 2 bytes x P with n = 2
+    assert record["intra_node_bytes_per_step"] == 0
+    assert record["fp32_allreduce_bytes_per_step"] == pytest.approx(4 * p)
+    assert record["fp32_allreduce_inter_node_bytes_per_step"] == pytest.approx(4 * p)
+
+
+def test_loss_falls_and_metrics_are_reduced_over_processes(full_run):
+    run_dir, [(record, params0), (record1, params1)] = full_run
+    lines = [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
+    losses = [row["loss"] for row in lines if "loss" in row]
+    assert record["final_loss"] < 0.7 * losses[0], losses
+    assert record["metrics"]["loss"] == record["final_loss"]
+    assert 0 <= record["metrics"]["top1"] <= 100 and "eval_loss" in record["metrics"]
+    assert record1["metrics"] == record["metrics"]  # every rank gets the same all-reduced figures
+    for k in params0:  # parameters agree; BatchNorm's running statistics are each rank's own
+        if "running" not in k and "num_batches" not in k:
+            assert np.array_equal(params0[k], params1[k]), k
+
+
+def test_only_rank0_writes_metrics_jsonl_and_wandb_offline_runs(full_run):
+    run_dir, _ = full_run
+    rows = [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
+    logged = [r["step"] for r in rows if "loss" in r]
+    assert logged == [2, 4, 6, 8, 10, 12]  # one line per log step: a second writer would repeat them
+    # The lr of the last step of each window: step index 5 still at the peak, index 7 on divided by 10.
+    assert [r["lr"] for r in rows if "loss" in r] == pytest.approx([0.2, 0.2, 0.2, 0.02, 0.02, 0.02])
+    assert {r["stage"] for r in rows if "loss" in r} == {"warmup", "compression"}
+    assert any("final/top1" in r for r in rows)
+    assert list((run_dir / "wandb").glob("offline-run-*")), "W&B offline run directory missing"
+    assert sorted(p.name for p in run_dir.glob("checkpoint*")) == [
+        "checkpoint.pt", "checkpoint_rank0.pt", "checkpoint_rank1.pt"]
+
+
+def test_resume_from_checkpoint_continues_as_if_uninterrupted(runs):
+    _, [(record, final0), (_, final1)] = runs["full"]
+    resumed_dir, [(resumed, params0), (_, params1)] = runs["resumed"]
+    assert resumed["resumed_from_step"] == 8 and resumed["samples"] == record["samples"]
+    # Same data position, optimizer, hook counters, BatchNorm statistics and dropout RNG: identical results.
+    for k in final0:
+        assert np.array_equal(params0[k], final0[k]), k
+        assert np.array_equal(params1[k], final1[k]), k
+    rows = [json.loads(line) for line in (resumed_dir / METRICS_FILE).read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [10, 12]  # logger none: metrics.jsonl all the same
+    assert [r["lr"] for r in rows if "loss" in r] == pytest.approx([0.02, 0.02])  # the peak lr x 0.1, not x 0.01
+    assert not (resumed_dir / "wandb").exists()
+
+
+# ------------------------------------------------------------------------------------------- in-process
+def _single_process_run(run_dir, **train_cfg) -> dict:
+    torch.manual_seed(0)
+    model = tiny_model()
+    return train(make_config(run_dir, **train_cfg), task=BlobsTask(), data=blobs_data(0, 1, 16), model=model,
+                 optimizer=torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9), comm=None,
+                 topology=Topology(rank=0, world_size=1, gpus_per_node=1), device=torch.device("cpu"),
+                 run_dir=run_dir)
+
+
+def test_single_process_run_without_ddp_recalibrates_compute(tmp_path):
+    record = _single_process_run(tmp_path, steps=30, compute_calibration_every=10, eval=False)
+    assert record["compute_calibration_passes"] == 3 + 1 + 1  # 3 after warm-up, 1 at 10 and 20 timed steps
+    assert record["throughput_by_stage"] == {} and record["inter_node_bytes_per_step"] == 0
+    assert record["fp32_allreduce_bytes_per_step"] == 0  # one process sends nothing
+    assert set(record["metrics"]) == {"loss"} and record["final_loss"] < 1.0
+    st = record["step_time_s"]
+    assert st["compute"] + st["communication"] + st["compression"] == pytest.approx(st["total"], rel=1e-9)
+
+
+def test_a_short_run_keeps_one_timed_step(tmp_path):
+    record = _single_process_run(tmp_path, steps=3, timing_warmup_steps=50, eval=False)
+    assert record["timing_warmup_steps"] == 2 and record["timed_steps"] == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_single_process_run_on_cuda(tmp_path):
+    """The CUDA path: synchronized timings, device RNG state, a checkpoint and its resume."""
+    device = torch.device("cuda")
+    results = []
+    for resume in (None, str(tmp_path / "a" / "checkpoint.pt")):
+        torch.manual_seed(0)
+        model = tiny_model().to(device)
+        run_dir = tmp_path / ("b" if resume else "a")
+        record = train(make_config(run_dir, steps=10, checkpoint_every=6, resume=resume), task=BlobsTask(),
+                       data=blobs_data(0, 1, 16), model=model,
+                       optimizer=torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9), comm=None,
+                       topology=Topology(rank=0, world_size=1, gpus_per_node=1), device=device, run_dir=run_dir)
+        results.append((record, {k: v.cpu() for k, v in model.state_dict().items()}))
+    (full, params), (resumed, params_resumed) = results
+    assert resumed["resumed_from_step"] == 6 and full["step_time_s"]["total"] > 0
+    for k in params:
+        assert torch.equal(params[k], params_resumed[k]), k
+
+
+def test_split_step_time_sums_and_compute_absorbs_a_negative_rest():
+    assert split_step_time(1.0, 0.5, 0.2) == pytest.approx((0.5, 0.3, 0.2))
+    compute, comm, compress = split_step_time(1.0, 0.9, 0.2)  # calibration noise: 0.9 + 0.2 > 1
+    assert (comm, compress) == (0.0, 0.2) and compute == pytest.approx(0.8)
+    assert sum(split_step_time(0.1, 0.0, 0.5)) == pytest.approx(0.1)  # compression capped at the step
+
+
+def test_total_steps_from_epochs_or_steps():
+    assert total_steps(50, 1, 1000, 64) == 50
+    assert total_steps(None, 2, 1000, 64) == 2 * 16  # ceil(1000 / 64) = 16 steps an epoch
+    with pytest.raises(ValueError):
+        total_steps(0, 1, 1000, 64)
+
+
+def test_stage_of_method_attribute_or_none():
+    assert stage_of(CountingComm(), 0) == "warmup" and stage_of(CountingComm(), FREEZE_STEP) == "compression"
+    assert stage_of(types.SimpleNamespace(stage="compression"), 3) == "compression"
+    assert stage_of(CommStats(), 3) is None
+
+
+def test_wandb_mode_follows_key_and_environment():
+    assert wandb_mode(None, {}) == "offline"
+    assert wandb_mode(None, {"WANDB_API_KEY": "x"}) == "online"
+    assert wandb_mode(None, {"WANDB_MODE": "disabled", "WANDB_API_KEY": "x"}) == "disabled"
+    assert wandb_mode("offline", {"WANDB_API_KEY": "x"}) == "offline"
+
+
+@pytest.mark.parametrize("broken", ["missing", "init_fails"])
+def test_a_broken_wandb_warns_once_and_metrics_jsonl_goes_on(broken, tmp_path, monkeypatch, capsys):
+    if broken == "missing":
+        monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
+    else:
+        def init(**kwargs):
+            raise RuntimeError("no network")
+        monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init, Settings=dict))
+    with RunLogger(make_config(tmp_path, logger="wandb"), tmp_path) as logger:
+        logger.log(1, {"loss": 2.0})
+        logger.log(2, {"loss": float("nan")})
+    assert capsys.readouterr().err.count("warning: W&B is off") == 1
+    rows = [json.loads(line) for line in (tmp_path / METRICS_FILE).read_text().splitlines()]
+    assert rows == [{"step": 1, "loss": 2.0}, {"step": 2, "loss": None}]
+
+
+def test_disabled_logger_writes_nothing(tmp_path):
+    with RunLogger(make_config(tmp_path), tmp_path / "run", enabled=False) as logger:
+        logger.log(1, {"loss": 1.0})
+    assert not (tmp_path / "run").exists()
+
+
+SAMPLE_RECORD = {
+    "status": "completed", "task": "resnet20", "optim": "birder", "world_size": 2,
+    "cluster": {"nodes": 2, "gpus_per_node": 1, "interconnect": "loopback"},
+    "data": "synthetic CIFAR-100-shaped images (class-conditional)", "steps": 150, "samples": 19200,
+    "global_batch_size": 128, "throughput_samples_per_s": 512.34, "timing_warmup_steps": 5,
+    "throughput_by_stage": {}, "step_time_s": {"total": 0.25, "compute": 0.2, "communication": 0.035,
+                                               "compression": 0.015},
+    "intra_node_bytes_per_step": 0.0, "inter_node_bytes_per_step": 34_000.0,
+    "fp32_allreduce_bytes_per_step": 1_088_000.0, "fp32_allreduce_inter_node_bytes_per_step": 1_088_000.0,
+    "final_loss": 2.5, "loss_definition": "mean training loss over the last 15 steps, all processes",
+    "metrics": {"loss": 2.5, "top5": 40.0, "top1": 12.5},
+}
+
+
+def test_format_summary_of_a_completed_run():
+    text = format_summary(SAMPLE_RECORD)
+    assert "resnet20 with birder on 2 nodes x 1 process (loopback)" in text
+    assert "synthetic CIFAR-100-shaped" in text and "150 steps" in text
+    assert "512.3 samples/s (first 5 steps left out)" in text
+    assert "loss 2.5" in text and text.index("top1 12.5") < text.index("top5 40")
+    assert "250.0 ms = compute 200.0 + communication 35.0 + compression 15.0 ms" in text
+    assert "intra-node 0 B, inter-node 33.2 KiB" in text
+    assert "1.04 MiB" in text and "32x less inter-node" in text
+
+
+def test_format_summary_by_stage_and_of_a_failed_run():
+    staged = dict(SAMPLE_RECORD, throughput_by_stage={"warmup": 100.0, "compression": 300.0})
+    assert "by stage: warmup 100.0, compression 300.0" in format_summary(staged)
+    failed = {"status": "failed", "task": "resnet20", "optim": "sgdm", "world_size": 4,
+              "error": "Traceback ...\nValueError: boom"}
+    text = format_summary(failed)
+    assert "failed" in text and "ValueError: boom" in text and "throughput" not in text
+
+
+def test_human_bytes():
+    assert [human_bytes(v) for v in (0, 1023, 1024, 1536 * 1024, None)] == ["0 B", "1023 B", "1 KiB", "1.5 MiB",
+                                                                             "n/a"]
