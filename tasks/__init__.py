@@ -13,6 +13,11 @@ __all__ = ["Task", "TaskData", "DatasetNotFound", "get_task", "list_tasks"]
 _MODULES = {
     "resnet20": "resnet20",
     "resnet50": "resnet50",
+    "digits": "digits",
+    "bert_squad": "bert_squad",
+    "bert_pretrain": "bert_pretrain",
+    "lstm_ptb": "lstm_ptb",
+    "vit": "vit",
 }
 
 
