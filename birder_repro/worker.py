@@ -115,10 +115,24 @@ def build_and_train(cfg: DictConfig, env: DistEnv, device: torch.device, run_dir
                                                     else None)
     seed_everything(int(cfg.seed) + env.rank)  # from here on, randomness (augmentation, dropout) differs per rank
     ocfg = optim_config(cfg)
+    if "total_steps" in ocfg:  # optimizers whose schedule is a fraction of the run (1-bit Adam's freeze step)
+        ocfg.total_steps = train.total_steps(cfg.train.steps, float(cfg.train.epochs), data.train_size,
+                                             layout.global_batch(cfg))
     opt = optim.build_optimizer(ddp.parameters(), ocfg)
     hook = comm.attach_comm(optim.get_optim_info(cfg.optim.name).comm, ddp, opt, ocfg, topology)
+    # Emulated clusters (issue 5): each node's kernel link counters over the timed steps. Passed only when
+    # present, so that train() stand-ins in tests need not know the argument.
+    probes = _window_probes(topology)
     return train.train(cfg, task=task, data=data, model=ddp, optimizer=opt, comm=hook, topology=topology,
-                       device=device, run_dir=run_dir)
+                       device=device, run_dir=run_dir, **({"probes": probes} if probes else {}))
+
+
+def _window_probes(topology) -> list:
+    """Probes of the timed steps this worker's launcher asked for (``BIRDER_LINK_IFACE``: a link to count)."""
+    from birder_repro.launch.emulated import link_probe
+
+    probe = link_probe(topology)
+    return [probe] if probe is not None else []
 
 
 def describe_device(device: torch.device) -> str:

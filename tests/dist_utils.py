@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import os
 import socket
 import traceback
 
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
@@ -19,12 +21,14 @@ def free_port() -> int:
 def _entry(rank: int, world: int, port: int, fn, args, queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
-    import torch
-
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        queue.put((rank, fn(rank, world, *args), None))
+        # As bytes: tensors passed through the queue as they are live in this process's shared memory,
+        # which is gone once the process exits.
+        buf = io.BytesIO()
+        torch.save(fn(rank, world, *args), buf)
+        queue.put((rank, buf.getvalue(), None))
     except BaseException:
         queue.put((rank, None, traceback.format_exc()))
     finally:
@@ -46,7 +50,7 @@ def run_distributed(fn, world: int, *args, timeout: float = 240.0) -> list:
     results, errors = [None] * world, []
     for _ in range(world):
         rank, value, err = queue.get()
-        results[rank] = value
+        results[rank] = None if value is None else torch.load(io.BytesIO(value), weights_only=False)
         if err:
             errors.append(f"rank {rank}:\n{err}")
     for p in procs:

@@ -80,17 +80,28 @@ def _run_core(state: BirderState, rank: int, world: int, steps) -> list:
     return out
 
 
-def _core_worker(rank, world, scheme):
-    state = BirderState(build_topology(GPUS), scheme=scheme, beta=0.9, eps=1e-8, seed=7)
-    results = _run_core(state, rank, world, range(4))
-    shards = {bi: {k: getattr(b, k).clone() for k in ("m", "b", "e")} for bi, b in state.buckets.items()}
-    return results, shards, state.snapshot(), state.worker_rank, {bi: b.shard for bi, b in state.buckets.items()}
+def _core_worker(rank, world):
+    """Four steps of two buckets under every scheme, and a save / resume, in one set of processes."""
+    out = {}
+    for scheme in ("hierarchical", "flat", "allgather"):
+        state = BirderState(build_topology(GPUS), scheme=scheme, beta=0.9, eps=1e-8, seed=7)
+        results = _run_core(state, rank, world, range(4))
+        shards = {bi: {k: getattr(b, k).clone() for k in ("m", "b", "e")} for bi, b in state.buckets.items()}
+        out[scheme] = (results, shards, state.snapshot(), state.worker_rank,
+                       {bi: b.shard for bi, b in state.buckets.items()})
+    out["resume"] = _resume_worker(rank, world)
+    return out
+
+
+@pytest.fixture(scope="module")
+def core_runs():
+    return run_distributed(_core_worker, NODES * GPUS)
 
 
 @pytest.mark.parametrize("scheme", ["hierarchical", "flat", "allgather"])
-def test_hook_equals_reference(scheme):
+def test_hook_equals_reference(scheme, core_runs):
     world = NODES * GPUS
-    per_rank = run_distributed(_core_worker, world, scheme)
+    per_rank = [r[scheme] for r in core_runs]
     ref = ReferenceBirder(NODES, GPUS, scheme, beta=0.9, eps=1e-8, seed=7)
     expected = []
     for t in range(4):
@@ -111,10 +122,10 @@ def test_hook_equals_reference(scheme):
                 assert torch.equal(shards[bi][key][: hi - lo], want), (rank, bi, key)
 
 
-def test_byte_counts_match_formula():
-    per_rank = run_distributed(_core_worker, NODES * GPUS, "hierarchical")
+def test_byte_counts_match_formula(core_runs):
     n, m = NODES, GPUS
-    for _, _, counters, _, _ in per_rank:
+    for run in core_runs:
+        counters = run["hierarchical"][2]
         per_step_inter = counters["inter_node_bytes"] / 4
         formula = sum(2 * (n - 1) / n * padded_size(p, 8 * m * n) / (8 * m) for p in SIZES)
         assert per_step_inter == formula
@@ -135,8 +146,9 @@ def _resume_worker(rank, world):
     return full[len(SIZES) * 3:], _run_core(resumed, rank, world, range(3, 6))
 
 
-def test_state_dict_round_trip_continues_identically():
-    for full_tail, resumed in run_distributed(_resume_worker, NODES * GPUS):
+def test_state_dict_round_trip_continues_identically(core_runs):
+    for run in core_runs:
+        full_tail, resumed = run["resume"]
         assert all(torch.equal(a, b) for a, b in zip(full_tail, resumed))
 
 
