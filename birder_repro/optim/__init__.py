@@ -13,7 +13,8 @@ import torch
 
 from birder_repro.optim.birder import Birder
 
-__all__ = ["Birder", "OptimInfo", "register", "get_optim_info", "list_optimizers", "build_optimizer"]
+__all__ = ["Birder", "OneBitAdam", "OneBitLamb", "BertAdam", "SoftSignSGD", "OptimInfo", "register",
+           "get_optim_info", "list_optimizers", "build_optimizer"]
 
 
 @dataclass(frozen=True)
@@ -55,17 +56,17 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: Mapping[str, Any]
     return get_optim_info(cfg["name"]).build(params, cfg)
 
 
-def _sgd(momentum: float) -> Callable:
-    def build(params, cfg):
-        return torch.optim.SGD(params, lr=cfg["lr"], momentum=cfg.get("momentum", momentum),
-                               weight_decay=cfg.get("weight_decay", 0.0), nesterov=cfg.get("nesterov", False))
-    return build
-
-
 def _birder(params, cfg):
     return Birder(params, lr=cfg["lr"], beta=cfg["beta"], weight_decay=cfg.get("weight_decay", 0.0),
                   eps=cfg.get("eps", 1e-8), amsgrad_after=cfg.get("amsgrad_after"), seed=cfg.get("seed", 0))
 
 
-register(OptimInfo("sgdm", _sgd(0.9), "allreduce", "SGD with momentum and DDP's fp32 all-reduce (the CNN baseline)"))
 register(OptimInfo("birder", _birder, "birder", "Birder with the Hierarchical-1-bit-All-Reduce hook"))
+
+# Optimizers that register themselves at import: imported once the registry above exists (each module calls
+# register() from here, which a top-of-file import would find undefined).
+from birder_repro.optim.onebit_adam import OneBitAdam  # noqa: E402
+from birder_repro.optim.onebit_lamb import OneBitLamb  # noqa: E402
+from birder_repro.optim.bertadam import BertAdam  # noqa: E402
+from birder_repro.optim.softsignsgd import SoftSignSGD  # noqa: E402
+from birder_repro.optim import torch_optims  # noqa: E402,F401  (sgd, sgdm, adamw and their PowerSGD / fp16 peers)

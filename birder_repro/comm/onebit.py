@@ -1,0 +1,462 @@
+"""1-bit Adam's compressed all-reduce as a DDP communication hook (papers/onebit_adam.txt, Algorithm 1 and
+section 6; papers/onebit_lamb.txt section 5 and appendix A.5.2), for :class:`birder_repro.optim.OneBitAdam` and
+:class:`birder_repro.optim.OneBitLamb`.
+
+Warmup (the optimizer's first ``freeze_step`` steps): DDP's fp32 all-reduce of the bucket, averaged, left
+asynchronous as DDP's own so that it overlaps the backward pass (the warmup is "Adam's throughput").
+
+Compression (every later step), for a bucket of P elements padded to P' (a multiple of 8 N, N processes):
+
+    Step I    local momentum m_i = beta1 * m + (1-beta1) * g_i (Algorithm 1, line 6), where m is the averaged
+              momentum of the last step, read from the optimizer's ``exp_avg`` (line 13 makes it every
+              worker's momentum); 1-bit LAMB multiplies each tensor by its fixed momentum scale (A.5.2);
+    Step II   worker compression (lines 7-8): c = (m_i + e_worker) * mask; s_i = ||c|| / sqrt(#mask);
+              bits = c > 0; e_worker = (c - s_i sign(c)) * mask; one scale for the whole bucket;
+    Step III  all-to-all of the packed bits (chunk k to process k) and all-gather of the N worker scales;
+    Step IV   server k (lines 10-11) on chunk k: c = (mean_i s_i sign_i + e_server) * mask; its own scale
+              s_k = ||c|| / sqrt(#mask) over the chunk; bits; e_server = (c - s_k sign(c)) * mask;
+    Step V    all-gather of the packed chunks and of the N server scales;
+    Step VI   unpack: the bucket's averaged momentum s_k sign * mask, trimmed to P (divided by LAMB's scales),
+              returned as the "gradient"; the optimizer stores it as its momentum and steps.
+
+The mask is the paper's Sign(0) = 0, which one bit cannot say, put back where the zeros are known: the
+padding, and elements whose frozen variance is 0 (the optimizer's ``compression_inputs``; DeepSpeed's
+``exp_avg_mask``). Scales are norms over the unmasked elements only, so that C[x] = ||x|| / ||Sign(x)|| Sign(x)
+(papers/onebit_lamb.txt Algorithm 1, line 1) holds with Sign(0) = 0. Bits: LSB first, bit 1 = +1
+(:mod:`birder_repro.comm.pack`); a masked element's bit is 0 and means nothing.
+
+Bytes per process per bucket: 2 (N-1)/N * P'/8 for the bits plus 2 (N-1) * 4 for the scales, each peer's
+share counted intra- or inter-node by whether the peer is on this process's node (the compressed all-reduce
+itself is flat over all processes, as in the paper's comparison). With one process nothing is sent and the
+momentum is used as it is (DeepSpeed's OnebitAdam skips compression at world size 1 too).
+
+The compression stage runs its collectives inside the hook (the returned future is complete) so that
+``compress_seconds`` and ``comm_seconds`` are measured; DeepSpeed's runs them in the optimizer step, after the
+backward pass, so nothing is lost against the original.
+
+State: the worker error of each bucket and the server error of this process's chunk, with the bucket's layout
+(which parameters at which offsets). DDP lays its buckets out anew after the first iteration, and a resumed run
+starts from DDP's initial layout again. When a bucket's layout changes, every rank gathers the errors of the
+old layout into per-parameter form once (an all-gather of the server chunks per stored bucket, in the same
+order on every rank, since the layout is the same everywhere) and slices them into the new buckets as they
+arrive: the errors follow their elements. Padding carries no error (it is masked), so nothing is lost; only
+the scales of the step after the change see the new grouping. The optimizer holds the momentum.
+"""
+
+# No ``from __future__ import annotations`` here: DDP's register_comm_hook checks the hook's annotations
+# against dist.GradBucket and torch.futures.Future[torch.Tensor] as objects, not strings.
+import contextlib
+from typing import Any, Mapping, NamedTuple, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from birder_repro.comm.accounting import CommStats, flat_allreduce_split
+from birder_repro.comm.pack import pack_bits, padded_size, unpack_signs
+from birder_repro.comm.topology import Topology, flat_topology
+from birder_repro.optim.onebit_adam import WARMUP, OneBitOptimizer
+
+__all__ = ["OneBitState", "Exchange", "attach_onebit", "attach_from_config", "onebit_hook", "compress_",
+           "compressed_allreduce", "SCALE_BYTES"]
+
+SCALE_BYTES = 4  # one fp32 scale per worker (per bucket) and per server chunk
+
+# torch 2.14 renamed all_gather_into_tensor (now deprecated, with a warning per call) to all_gather_single.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+# ------------------------------------------------------------------------------------------- the formulas
+def masked_scale(c: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """||c|| / sqrt(#mask) for a ``c`` already zero outside ``mask``: the scale of C[x] with Sign(0) = 0.
+
+    A tensor (no host synchronisation); 0 where the mask is empty.
+    """
+    count = torch.count_nonzero(mask).clamp_(min=1).to(c.dtype)
+    return torch.linalg.vector_norm(c) / count.sqrt()
+
+
+def compress_(x: torch.Tensor, error: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Error-compensated 1-bit compression (Algorithm 1, lines 7-8 and 10-11), in place on ``error``.
+
+    c = (x + error) * mask; scale = ||c|| / sqrt(#mask); error = (c - scale * sign(c)) * mask, where
+    sign(c) = +1 for c > 0 and -1 otherwise. Returns the packed bits of c > 0 and the scale (a 1-element tensor).
+    ``mask`` may be bool or 0/1 floats; floats are several times faster here (no conversion per product).
+    """
+    c = torch.add(x, error, out=error).mul_(mask)  # c lives in the error's buffer until it becomes the error
+    scale = masked_scale(c, mask)
+    bits = c > 0
+    c.sub_(torch.where(bits, scale, -scale)).mul_(mask)
+    return pack_bits(bits), scale.reshape(1)
+
+
+def decompress(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """(k, B) packed rows with one scale each -> (k, 8B) values scale_r * (+-1)."""
+    return unpack_signs(packed).mul_(scales.reshape(-1, 1))
+
+
+class Exchange(NamedTuple):
+    """What one compressed all-reduce produced on this process (the tests compare every field)."""
+
+    result: torch.Tensor  # (P',) the averaged momentum, zero where masked
+    worker_bits: torch.Tensor  # (P'/8,) this process's packed signs
+    worker_scales: torch.Tensor  # (N,) every worker's scale
+    server_bits: torch.Tensor  # (N, P'/(8N)) every server's packed chunk
+    server_scales: torch.Tensor  # (N,) every server's scale
+
+
+def compressed_allreduce(x: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,
+                         mask: torch.Tensor, group: Optional[dist.ProcessGroup] = None,
+                         stats: Optional[CommStats] = None, topology: Optional[Topology] = None,
+                         sync_device: Optional[torch.device] = None) -> Exchange:
+    """Steps II-VI of the module doc on one padded buffer: the error-compensated 1-bit average over ``group``.
+
+    ``x``, ``worker_error``, ``mask``: (P',) with P' a multiple of 8 N; ``server_error``: (P'/N,), the chunk
+    this process serves (its rank in ``group``). Updates both errors in place. With ``stats`` the seconds are
+    timed into it and, with ``topology`` as well, the bytes sent to each peer are counted intra- or inter-node.
+    """
+    group = group if group is not None else dist.group.WORLD
+    n, me = dist.get_world_size(group), dist.get_rank(group)
+    if x.numel() % (8 * n):
+        raise ValueError(f"compressed_allreduce needs a multiple of 8 x {n} elements, got {x.numel()}: pad first")
+    chunk = x.numel() // n
+    timing = stats.timing if stats is not None else (lambda what, sync=None: contextlib.nullcontext())
+
+    # Step II: worker compression over the whole buffer: one scale per worker.
+    with timing("compress", sync_device):
+        worker_bits, worker_scale = compress_(x, worker_error, mask)
+
+    # Step III: chunk k of every worker's bits to process k; every worker's scale to everyone.
+    received = torch.empty_like(worker_bits)
+    worker_scales = torch.empty(n, device=x.device, dtype=worker_scale.dtype)
+    with timing("comm", sync_device):
+        works = [dist.all_to_all_single(received, worker_bits, group=group, async_op=True),
+                 _all_gather(worker_scales, worker_scale, group=group, async_op=True)]
+        for w in works:
+            w.wait()
+    _count(stats, topology, group, chunk // 8 + SCALE_BYTES)
+
+    # Step IV: the server's average of its chunk, error-compensated and compressed again with its own scale.
+    chunk_mask = mask[me * chunk:(me + 1) * chunk]
+    with timing("compress", sync_device):
+        mean = decompress(received.view(n, chunk // 8), worker_scales).mean(dim=0)
+        server_chunk_bits, server_scale = compress_(mean, server_error, chunk_mask)
+
+    # Step V: every server's chunk and scale to everyone.
+    server_bits = torch.empty(n, chunk // 8, device=x.device, dtype=torch.uint8)
+    server_scales = torch.empty(n, device=x.device, dtype=server_scale.dtype)
+    with timing("comm", sync_device):
+        works = [_all_gather(server_bits.view(-1), server_chunk_bits, group=group, async_op=True),
+                 _all_gather(server_scales, server_scale, group=group, async_op=True)]
+        for w in works:
+            w.wait()
+    _count(stats, topology, group, chunk // 8 + SCALE_BYTES)
+
+    # Step VI: unpack every chunk with its server's scale.
+    with timing("compress", sync_device):
+        result = decompress(server_bits, server_scales).view(-1).mul_(mask)
+    return Exchange(result, worker_bits, worker_scales, server_bits, server_scales)
+
+
+def _count(stats: Optional[CommStats], topology: Optional[Topology], group: dist.ProcessGroup,
+           nbytes_each: int) -> None:
+    """Add ``nbytes_each`` sent to every other process of ``group``, split by whether it is on this node."""
+    if stats is None or topology is None:
+        return
+    for peer in dist.get_process_group_ranks(group):
+        if peer == topology.rank:
+            continue
+        if topology.same_node(peer):
+            stats.intra_node_bytes += nbytes_each
+        else:
+            stats.inter_node_bytes += nbytes_each
+
+
+# ------------------------------------------------------------------------------------------- the state
+class _Bucket:
+    """One bucket's errors, and what the hook derives from the optimizer for it (not saved)."""
+
+    __slots__ = (
+        # saved: the layout the errors belong to, and the errors
+        "signature", "numel", "padded", "worker_error", "server_error",
+        # derived from the optimizer on first use after creation or loading
+        "params", "beta1", "mask", "scale",
+    )
+
+    def __init__(self, signature: tuple, numel: int, padded: int, chunk: int, device: torch.device):
+        self.signature = signature  # ((parameter index, offset, numel), ...)
+        self.numel, self.padded = numel, padded
+        self.worker_error = torch.zeros(padded, device=device, dtype=torch.float32)
+        self.server_error = torch.zeros(chunk, device=device, dtype=torch.float32)
+        self.params: Optional[list[torch.Tensor]] = None
+        self.beta1: float = 0.0
+        self.mask: Optional[torch.Tensor] = None
+        self.scale: Optional[torch.Tensor] = None
+
+
+_SAVED = ("signature", "numel", "padded", "worker_error", "server_error")
+
+
+class OneBitState(CommStats):
+    """State of the 1-bit Adam / 1-bit LAMB hook on one rank. Counters (bytes, seconds) come from CommStats.
+
+    ``stage`` is the stage of the next step (what the training loop is about to run), ``last_stage`` that of
+    the last bucket communicated; both follow the optimizer's step count, the same on every rank.
+    ``layout_changes`` counts the times DDP's bucket layout changed under stored errors (module doc).
+    """
+
+    __slots__ = (
+        # user settings
+        "optimizer", "process_group", "topology", "sync_timing",
+        # internal state: per-bucket errors and layouts, which bucket holds each parameter's errors, and the
+        # per-parameter errors of a layout change still to be sliced into new buckets
+        "buckets", "owner", "param_index", "_canonical",
+        # statistics
+        "last_stage", "layout_changes",
+    )
+
+    def __init__(self, optimizer: OneBitOptimizer, process_group: Optional[dist.ProcessGroup], topology: Topology,
+                 param_index: Mapping[int, int], sync_timing: bool = False):
+        super().__init__()
+        self.optimizer = optimizer
+        self.process_group = process_group
+        self.topology = topology
+        self.sync_timing = sync_timing
+        self.buckets: dict[int, _Bucket] = {}
+        self.owner: dict[int, int] = {}  # parameter index -> index of the bucket holding its errors
+        self.param_index = dict(param_index)  # id(parameter) -> its index in the model's parameters()
+        # parameter index -> (worker error, full server error) of its elements, between a layout change and the
+        # arrival of the new bucket that holds the parameter
+        self._canonical: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.last_stage: Optional[str] = None
+        self.layout_changes = 0
+
+    @property
+    def group(self) -> dist.ProcessGroup:
+        return self.process_group if self.process_group is not None else dist.group.WORLD
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size(self.group)
+
+    @property
+    def stage(self) -> str:
+        return self.optimizer.stage
+
+    @property
+    def freeze_step(self) -> int:
+        return self.optimizer.freeze_step
+
+    # ------------------------------------------------------------------------------------------- warmup
+    def allreduce_average(self, buffer: torch.Tensor) -> torch.futures.Future:
+        """Warmup: the fp32 average over all processes, asynchronous like DDP's default all-reduce."""
+        n = self.world_size
+        intra, inter = flat_allreduce_split(buffer.numel() * buffer.element_size(), n,
+                                            self.topology.gpus_per_node)
+        self.intra_node_bytes += intra
+        self.inter_node_bytes += inter
+        buffer.div_(n)  # before the sum, as torch's default allreduce_hook does
+        fut = dist.all_reduce(buffer, group=self.group, async_op=True).get_future()
+
+        def result(fut: torch.futures.Future) -> torch.Tensor:
+            return fut.value()[0]
+
+        return fut.then(result)
+
+    # -------------------------------------------------------------------------------------- compression
+    def compress_bucket(self, index: int, buffer: torch.Tensor, params: Sequence[torch.Tensor],
+                        signature: tuple) -> torch.Tensor:
+        """Steps I-VI on one bucket; writes the averaged momentum into ``buffer`` and returns it."""
+        with torch.no_grad():
+            bucket = self._bucket_for(index, buffer, params, signature)
+            sync = buffer.device if self.sync_timing else None
+            with self.timing("compress", sync):
+                m = self._local_momentum(bucket, buffer)
+            if self.world_size > 1:
+                m = compressed_allreduce(m, bucket.worker_error, bucket.server_error, bucket.mask, self.group,
+                                         self, self.topology, sync).result
+            else:
+                m.mul_(bucket.mask)  # nothing to send: the exact momentum (DeepSpeed skips compression too)
+            with self.timing("compress", sync):
+                out = m[: bucket.numel]
+                if bucket.scale is not None:
+                    out = out.div_(bucket.scale[: bucket.numel])
+                buffer.copy_(out)
+            return buffer
+
+    def _local_momentum(self, bucket: _Bucket, buffer: torch.Tensor) -> torch.Tensor:
+        """Step I: beta1 * m + (1-beta1) * g over the bucket, padded with zeros (times LAMB's scales)."""
+        m = torch.zeros(bucket.padded, device=buffer.device, dtype=torch.float32)
+        for p, (_, offset, numel) in zip(bucket.params, bucket.signature):
+            prev = self.optimizer.momentum_of(p)
+            if prev is not None:
+                m[offset: offset + numel] = prev.reshape(-1)
+        m[: bucket.numel].mul_(bucket.beta1).add_(buffer.float(), alpha=1 - bucket.beta1)
+        if bucket.scale is not None:
+            m.mul_(bucket.scale)
+        return m
+
+    def _derive(self, bucket: _Bucket, params: Sequence[torch.Tensor]) -> None:
+        """Mask, beta1 and momentum scales of a bucket from the optimizer (fixed in the compression stage)."""
+        device = bucket.worker_error.device
+        # 0/1 floats rather than bools: compress_ multiplies by the mask several times per step
+        mask = torch.zeros(bucket.padded, device=device, dtype=torch.float32)  # padding stays 0
+        scale = torch.ones(bucket.padded, device=device, dtype=torch.float32)
+        betas = set()
+        for p, (_, offset, numel) in zip(params, bucket.signature):
+            inputs = self.optimizer.compression_inputs(p)
+            betas.add(inputs.beta1)
+            mask[offset: offset + numel] = inputs.mask.reshape(-1)
+            scale[offset: offset + numel] = inputs.scale
+        if len(betas) > 1:
+            raise ValueError(f"the parameters of one DDP bucket have different beta1 {sorted(betas)}: the 1-bit "
+                             "hook forms one momentum per bucket")
+        bucket.params = list(params)
+        bucket.beta1 = betas.pop() if betas else 0.0
+        bucket.mask = mask
+        bucket.scale = scale if bool((scale != 1).any()) else None
+
+    # ------------------------------------------------------------------------------ layout and migration
+    def _bucket_for(self, index: int, buffer: torch.Tensor, params: Sequence[torch.Tensor],
+                    signature: tuple) -> _Bucket:
+        bucket = self.buckets.get(index)
+        if bucket is None or bucket.signature != signature:
+            pids = [pid for pid, _, _ in signature]
+            if bucket is not None or any(pid in self.owner for pid in pids):
+                self._gather_canonical()  # collective: every rank meets the same layout change here
+            n = self.world_size
+            padded = padded_size(buffer.numel(), 8 * n)
+            bucket = _Bucket(signature, buffer.numel(), padded, padded // n, buffer.device)
+            self._fill_from_canonical(bucket)
+            self.buckets[index] = bucket
+            self.owner.update((pid, index) for pid in pids)
+        if bucket.params is None:
+            self._derive(bucket, params)
+        return bucket
+
+    def _gather_canonical(self) -> None:
+        """Every stored bucket's errors into per-parameter form, then forget the old layout. Collective."""
+        self.layout_changes += 1
+        n, group = self.world_size, self.group
+        for index in sorted(self.buckets):  # the same buckets, in the same order, on every rank
+            bucket = self.buckets[index]
+            server = bucket.server_error
+            if n > 1:
+                server = torch.empty(bucket.padded, device=server.device, dtype=server.dtype)
+                _all_gather(server, bucket.server_error, group=group)
+            for pid, offset, numel in bucket.signature:
+                self._canonical[pid] = (bucket.worker_error[offset: offset + numel].clone(),
+                                        server[offset: offset + numel].clone())
+        self.buckets.clear()
+        self.owner.clear()
+
+    def _fill_from_canonical(self, bucket: _Bucket) -> None:
+        """Slice the errors of a new bucket's parameters (the server's: of this rank's chunk) out of the
+        per-parameter form."""
+        chunk = bucket.server_error.numel()
+        lo = dist.get_rank(self.group) * chunk if self.world_size > 1 else 0
+        for pid, offset, numel in bucket.signature:
+            saved = self._canonical.pop(pid, None)
+            if saved is None:
+                continue
+            worker, server = saved
+            bucket.worker_error[offset: offset + numel] = worker
+            a, b = max(offset, lo), min(offset + numel, lo + chunk)  # this parameter's part of my chunk
+            if a < b:
+                bucket.server_error[a - lo: b - lo] = server[a - offset: b - offset]
+
+    # --------------------------------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's errors with their layouts, and the counters; process groups are not saved."""
+        return {
+            "world_size": self.world_size,
+            "buckets": {i: {k: getattr(b, k) for k in _SAVED} for i, b in self.buckets.items()},
+            "canonical": dict(self._canonical),
+            "layout_changes": self.layout_changes,
+            "last_stage": self.last_stage,
+            "counters": self.snapshot(),
+        }
+
+    def load_state_dict(self, sd: Mapping[str, Any]) -> None:
+        if sd["world_size"] != self.world_size:
+            raise ValueError(f"checkpoint of the 1-bit hook was saved on {sd['world_size']} processes, this run has "
+                             f"{self.world_size}: its server errors belong to other chunks")
+        self.buckets.clear()
+        self.owner.clear()
+        for i, fields in sd["buckets"].items():
+            bucket = _Bucket.__new__(_Bucket)
+            for k in _SAVED:
+                v = fields[k]
+                setattr(bucket, k, v.clone() if isinstance(v, torch.Tensor) else v)
+            bucket.params, bucket.beta1, bucket.mask, bucket.scale = None, 0.0, None, None
+            self.buckets[int(i)] = bucket
+            self.owner.update((pid, int(i)) for pid, _, _ in bucket.signature)
+        self._canonical = {int(k): (w.clone(), s.clone()) for k, (w, s) in sd["canonical"].items()}
+        self.layout_changes = int(sd["layout_changes"])
+        self.last_stage = sd["last_stage"]
+        for k, v in sd["counters"].items():
+            setattr(self, k, type(getattr(self, k))(v))
+
+
+def bucket_signature(state: OneBitState, bucket: dist.GradBucket) -> tuple:
+    """((parameter index, offset in the bucket, numel), ...) from the bucket's gradient views."""
+    buffer = bucket.buffer()
+    base, size = buffer.data_ptr(), buffer.element_size()
+    return tuple((state.param_index[id(p)], (g.data_ptr() - base) // size, g.numel())
+                 for p, g in zip(bucket.parameters(), bucket.gradients()))
+
+
+def onebit_hook(state: OneBitState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: fp32 average in the warmup, the compressed all-reduce of the momentum after.
+
+    The stage follows the optimizer's step count, the same on every rank. In the compression stage the
+    collectives run inside the hook and the returned future is already complete.
+    """
+    buffer = bucket.buffer()
+    stage = state.optimizer.stage
+    state.last_stage = stage
+    state.calls += 1
+    if stage == WARMUP:
+        return state.allreduce_average(buffer)
+    result = state.compress_bucket(bucket.index(), buffer, bucket.parameters(), bucket_signature(state, bucket))
+    fut: torch.futures.Future = torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None)
+    fut.set_result(result)
+    return fut
+
+
+def attach_onebit(ddp_model: torch.nn.parallel.DistributedDataParallel, optimizer: OneBitOptimizer,
+                  topology: Optional[Topology] = None, sync_timing: bool = False) -> OneBitState:
+    """Register the 1-bit hook on ``ddp_model`` and have ``optimizer`` take its averaged momentum.
+
+    Args:
+        ddp_model: the DDP-wrapped model; the compressed all-reduce runs over its process group.
+        optimizer: a :class:`~birder_repro.optim.OneBitAdam` or :class:`~birder_repro.optim.OneBitLamb`
+            (``freeze_step`` >= 2: DDP rebuilds its buckets after the first iteration, so the compression
+            stage starts on the final layout; torch's PowerSGD asks the same. Later layout changes, as in a
+            resumed run, move the errors with their elements).
+        topology: only splits the counted bytes into intra- and inter-node. None: every process its own node.
+        sync_timing: on a GPU, synchronize around timed blocks so that the seconds are the kernels'.
+    """
+    if not isinstance(optimizer, OneBitOptimizer):
+        raise TypeError(f"attach_onebit needs a OneBitAdam or OneBitLamb optimizer, got {type(optimizer).__name__}")
+    if optimizer.freeze_step < 2:
+        raise ValueError(f"attach_onebit: freeze_step must be >= 2 with DDP (got {optimizer.freeze_step}): DDP "
+                         "rebuilds its buckets after the first iteration, so at least two steps run uncompressed")
+    topology = topology if topology is not None else flat_topology()
+    process_group = getattr(ddp_model, "process_group", None)
+    world = dist.get_world_size(process_group if process_group is not None else dist.group.WORLD)
+    if topology.world_size != world:
+        raise ValueError(f"topology has {topology.world_size} processes but the DDP process group has {world}")
+    param_index = {id(p): i for i, p in enumerate(ddp_model.module.parameters())}
+    state = OneBitState(optimizer, process_group, topology, param_index, sync_timing=sync_timing)
+    ddp_model.register_comm_hook(state, onebit_hook)
+    optimizer.momentum_by_hook = True
+    return state
+
+
+def attach_from_config(ddp_model: torch.nn.parallel.DistributedDataParallel, optimizer: OneBitOptimizer,
+                       cfg: Mapping[str, Any], topology: Topology, scheme: str = "onebit") -> OneBitState:
+    """The runner's entry (birder_repro.comm.attach_comm): ``optim.comm.sync_timing`` from the config."""
+    if scheme != "onebit":
+        raise ValueError(f"birder_repro.comm.onebit handles scheme 'onebit', not {scheme!r}")
+    comm = cfg.get("comm") or {}
+    return attach_onebit(ddp_model, optimizer, topology=topology, sync_timing=bool(comm.get("sync_timing", False)))

@@ -1,0 +1,276 @@
+"""The counted all-reduce, fp16 and PowerSGD hooks on 4 gloo processes laid out as 2 nodes x 2.
+
+One spawn runs every scenario (starting 4 processes that import torch is most of the cost); each rank saves
+what it measured and the tests below compare ranks and references in this process, so that every check fails
+on its own.
+"""
+
+from __future__ import annotations
+
+import io
+import socket
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from birder_repro.comm.accounting import flat_allreduce_split
+
+WORLD, GPUS_PER_NODE = 4, 2
+STEPS = 5
+POWERSGD_START = 2  # PowerSGD compresses from the third step on (torch requires > 1 with warm start)
+SAVE_AT = 3  # the PowerSGD run stopped after one compressed step and resumed: then one fp32, one compressed
+PARAM_DTYPE_BYTES = 4
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _model() -> torch.nn.Module:
+    # Matrices large enough for PowerSGD to compress (rank 1: (n + m) * 2 < n * m), and biases it cannot.
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(24, 48), torch.nn.Tanh(), torch.nn.Linear(48, 32), torch.nn.Tanh(),
+                               torch.nn.Linear(32, 3))
+
+
+def _batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * rank + step)  # every rank its own data
+    return torch.randn(16, 24, generator=g), torch.randn(16, 3, generator=g)
+
+
+def _ddp(model: torch.nn.Module) -> torch.nn.parallel.DistributedDataParallel:
+    # Small buckets, so that each step has several of them (and bucket 0 is not the only one).
+    return torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.004)
+
+
+def _train(ddp, attach, rank: int, steps: range = range(STEPS), resume_from: dict | None = None) -> dict:
+    """SGD over ``steps``; records the averaged gradients, parameters and the hook's byte counters after every
+    step, and the model, optimizer and hook states at the end. ``resume_from``: such states to start from."""
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    state = attach(ddp, opt) if attach is not None else None
+    if resume_from is not None:
+        ddp.module.load_state_dict(resume_from["model"])
+        opt.load_state_dict(resume_from["optimizer"])
+        state.load_state_dict(resume_from["hook"])
+    out = {"grads": [], "intra": [], "inter": [], "params": [], "hook_states": [], "stages": []}
+    for step in steps:
+        out["stages"].append(getattr(state, "stage", None))
+        x, y = _batch(rank, step)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        out["grads"].append([p.grad.detach().clone() for p in ddp.parameters()])
+        if state is not None:
+            out["intra"].append(state.intra_node_bytes)
+            out["inter"].append(state.inter_node_bytes)
+            out["hook_states"].append(state.state_dict())
+        opt.step()
+        out["params"].append([p.detach().clone() for p in ddp.parameters()])
+    if state is not None:
+        out["compress_seconds"] = state.compress_seconds
+        out["state_dict"] = state.state_dict()
+    out["checkpoint"] = _through_bytes({"model": ddp.module.state_dict(), "optimizer": opt.state_dict(),
+                                        "hook": state.state_dict() if state is not None else None})
+    return out
+
+
+def _through_bytes(obj):
+    """What a checkpoint file gives back (torch.save, then torch.load as the training loop does)."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=False)
+
+
+def _powersgd_expected_numel(model: torch.nn.Module, rank: int) -> int:
+    """Elements of PowerSGD's three all-reduces per step once it compresses, from the parameter shapes alone.
+
+    Each matrix n x m with (n + m) r * min_compression_rate(2) < n m sends P (n r) and Q (m r); every other
+    tensor is all-reduced as is (torch's powerSGD_hook, Step I).
+    """
+    total = 0
+    for p in model.parameters():
+        n, m = p.shape[0], p[0].numel()
+        r = min(n, m, rank)
+        total += (n + m) * r if (n + m) * r * 2 < n * m else n * m
+    return total
+
+
+def _worker(rank: int, port: int, outdir: str) -> None:
+    torch.set_num_threads(1)  # 4 processes on a 2-core machine: more threads only contend
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    from birder_repro.comm import attach_allreduce, attach_powersgd, build_topology
+
+    topo = build_topology(GPUS_PER_NODE)
+    scenarios = {
+        "reference": None,
+        "allreduce": lambda ddp, opt: attach_allreduce(ddp, opt, topo),
+        "fp16": lambda ddp, opt: attach_allreduce(ddp, opt, topo, dtype=torch.float16),
+        "powersgd": lambda ddp, opt: attach_powersgd(ddp, opt, topo, matrix_approximation_rank=1,
+                                                     start_powerSGD_iter=POWERSGD_START),
+    }
+    results = {}
+    for name, attach in scenarios.items():
+        results[name] = _scenario(lambda: _train(_ddp(_model()), attach, rank))
+    results["powersgd_resumed"] = _scenario(lambda: _resumed(scenarios["powersgd"], rank))
+    torch.save(results, Path(outdir) / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def _resumed(attach, rank: int) -> dict:
+    """Stopped after SAVE_AT steps (PowerSGD's error, P and Q exist by then), resumed on a new DDP model."""
+    checkpoint = _train(_ddp(_model()), attach, rank, range(SAVE_AT))["checkpoint"]
+    out = _train(_ddp(_model()), attach, rank, range(SAVE_AT, STEPS), resume_from=checkpoint)
+    out["loaded"] = checkpoint["hook"]
+    return out
+
+
+def _scenario(run) -> dict:
+    try:
+        result = run()
+    except Exception:  # recorded, so that the other scenarios still run and report
+        result = {"error": traceback.format_exc()}
+    dist.barrier()
+    return result
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> list[dict]:
+    outdir = tmp_path_factory.mktemp("comm_hooks")
+    mp.spawn(_worker, args=(_free_port(), str(outdir)), nprocs=WORLD, join=True)
+    return [torch.load(outdir / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+def _run(runs: list[dict], name: str, rank: int) -> dict:
+    result = runs[rank][name]
+    if "error" in result:
+        pytest.fail(f"scenario {name} failed on rank {rank}:\n{result['error']}")
+    return result
+
+
+def _numel() -> int:
+    return sum(p.numel() for p in _model().parameters())
+
+
+def _per_step(counter: list[float]) -> list[float]:
+    return [b - a for a, b in zip([0.0] + counter[:-1], counter)]
+
+
+def test_allreduce_hook_equals_ddp_default_and_counts_flat_ring_bytes(runs):
+    intra, inter = flat_allreduce_split(_numel() * PARAM_DTYPE_BYTES, WORLD, GPUS_PER_NODE)
+    for rank in range(WORLD):
+        ref, got = _run(runs, "reference", rank), _run(runs, "allreduce", rank)
+        for step in range(STEPS):
+            for g_ref, g in zip(ref["grads"][step], got["grads"][step]):
+                # The same division and the same gloo all-reduce as DDP's built-in path: bit for bit.
+                assert torch.equal(g_ref, g), f"rank {rank} step {step}: gradient differs from DDP's default"
+        assert _per_step(got["intra"]) == pytest.approx([intra] * STEPS)
+        assert _per_step(got["inter"]) == pytest.approx([inter] * STEPS)
+    # 2 nodes x 2: of the 2 (N-1)/N B bytes each process sends, half cross nodes.
+    assert inter == pytest.approx(intra) and inter > 0
+
+
+def test_fp16_hook_is_close_and_sends_half_the_bytes(runs):
+    fp32_intra, fp32_inter = flat_allreduce_split(_numel() * PARAM_DTYPE_BYTES, WORLD, GPUS_PER_NODE)
+    for rank in range(WORLD):
+        ref, got = _run(runs, "reference", rank), _run(runs, "fp16", rank)
+        # Step 0 starts from the same parameters, so the gradients differ only by fp16 rounding: each rank's
+        # gradient / 4 is rounded to 11 significant bits, then summed in fp16 (relative error ~ 4 * 2^-11).
+        for g_ref, g in zip(ref["grads"][0], got["grads"][0]):
+            torch.testing.assert_close(g, g_ref, rtol=4e-3, atol=1e-4)
+        # fp16 really went over the wire: some element differs from the fp32 result.
+        assert any(not torch.equal(g, g_ref) for g, g_ref in zip(got["grads"][0], ref["grads"][0]))
+        assert _per_step(got["intra"]) == pytest.approx([fp32_intra / 2] * STEPS)
+        assert _per_step(got["inter"]) == pytest.approx([fp32_inter / 2] * STEPS)
+        assert got["compress_seconds"] > 0
+        assert got["state_dict"]["dtype"] == "float16"
+
+
+def test_powersgd_keeps_ranks_identical_and_sends_less_after_start(runs):
+    for step in range(STEPS):
+        ref_params = _run(runs, "powersgd", 0)["params"][step]
+        for rank in range(1, WORLD):
+            for p0, p in zip(ref_params, _run(runs, "powersgd", rank)["params"][step]):
+                assert torch.equal(p0, p), f"rank {rank} parameters differ from rank 0 after step {step}"
+
+    full_intra, full_inter = flat_allreduce_split(_numel() * PARAM_DTYPE_BYTES, WORLD, GPUS_PER_NODE)
+    compressed = _powersgd_expected_numel(_model(), rank=1) * PARAM_DTYPE_BYTES
+    low_intra, low_inter = flat_allreduce_split(compressed, WORLD, GPUS_PER_NODE)
+    for rank in range(WORLD):
+        got = _run(runs, "powersgd", rank)
+        expected_inter = [full_inter] * POWERSGD_START + [low_inter] * (STEPS - POWERSGD_START)
+        expected_intra = [full_intra] * POWERSGD_START + [low_intra] * (STEPS - POWERSGD_START)
+        assert _per_step(got["inter"]) == pytest.approx(expected_inter)
+        assert _per_step(got["intra"]) == pytest.approx(expected_intra)
+    assert low_inter < full_inter / 5, "rank-1 PowerSGD should send several times less than fp32"
+    assert _run(runs, "powersgd", 0)["stages"] == ["warmup"] * POWERSGD_START + ["compression"] * (
+        STEPS - POWERSGD_START)
+
+    # Before the start, PowerSGD is plain fp32 all-reduce: the same gradients as DDP's default.
+    for rank in range(WORLD):
+        ref, got = _run(runs, "reference", rank), _run(runs, "powersgd", rank)
+        for g_ref, g in zip(ref["grads"][0], got["grads"][0]):
+            assert torch.equal(g_ref, g)
+
+
+def _tensor_dicts_equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_powersgd_resumes_from_its_state_dict(runs):
+    full, _ = flat_allreduce_split(_numel() * PARAM_DTYPE_BYTES, WORLD, GPUS_PER_NODE)
+    low, _ = flat_allreduce_split(_powersgd_expected_numel(_model(), rank=1) * PARAM_DTYPE_BYTES, WORLD,
+                                  GPUS_PER_NODE)
+    for rank in range(WORLD):
+        got = _run(runs, "powersgd_resumed", rank)
+        loaded, after_fp32, after_compressed = (got["loaded"]["powersgd"], got["hook_states"][0]["powersgd"],
+                                                got["hook_states"][1]["powersgd"])
+        # The counters continue from the checkpoint's; the first step after the load is fp32, then PowerSGD.
+        intra = [got["loaded"]["stats"]["intra_node_bytes"]] + got["intra"]
+        assert [b - a for a, b in zip(intra, intra[1:])] == pytest.approx([full, low])
+        # The fp32 step leaves error, P and Q as loaded (DDP rebuilds its buckets meanwhile) and counts the
+        # iteration; the compressed step then uses them on buckets of the same sizes.
+        for key in ("error_dict", "p_memory_dict", "q_memory_dict"):
+            assert loaded[key], f"no {key} was saved: the checkpoint was taken before compression started"
+            assert _tensor_dicts_equal(loaded[key], after_fp32[key]), f"rank {rank}: {key} changed in fp32 step"
+            assert {k: v.shape for k, v in after_compressed[key].items()} == {k: v.shape for k, v in
+                                                                               loaded[key].items()}
+        assert not _tensor_dicts_equal(loaded["error_dict"], after_compressed["error_dict"])
+        assert after_fp32["iter"] == loaded["iter"] + 1
+        assert got["stages"] == ["warmup", "compression"]
+    for step in range(STEPS - SAVE_AT):
+        for rank in range(1, WORLD):
+            for p0, p in zip(_run(runs, "powersgd_resumed", 0)["params"][step],
+                             _run(runs, "powersgd_resumed", rank)["params"][step]):
+                assert torch.equal(p0, p), f"rank {rank} differs from rank 0 {step + 1} steps after the load"
+
+
+def test_allreduce_state_round_trip_and_dtype_check():
+    from birder_repro.comm.allreduce import AllReduceState
+    from birder_repro.comm.topology import Topology
+
+    topo = Topology(rank=0, world_size=1, gpus_per_node=1)
+    saved = AllReduceState(None, topo, torch.float16)
+    saved.inter_node_bytes, saved.calls = 1234.0, 7
+    loaded = AllReduceState(None, topo, torch.float16)
+    loaded.load_state_dict(_through_bytes(saved.state_dict()))
+    assert loaded.snapshot() == saved.snapshot()
+    with pytest.raises(ValueError, match="float16"):
+        AllReduceState(None, topo, torch.float32).load_state_dict(saved.state_dict())
+
+
+def test_schemes_from_config():
+    from birder_repro.comm import allreduce, powersgd
+
+    assert powersgd.resolve_start_iter(0.1, 110) == 11  # a fraction of the run
+    assert powersgd.resolve_start_iter(500, None) == 500  # steps
+    assert powersgd.resolve_start_iter(0.001, 100) == 2  # torch needs >= 2 with warm start
+    with pytest.raises(ValueError, match="total_steps"):
+        powersgd.resolve_start_iter(0.1, None)
+    with pytest.raises(ValueError, match="schemes"):
+        allreduce.attach_from_config(None, None, {}, None, scheme="powersgd")
