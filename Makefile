@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)  ## create .venv and install the package with its test tools
 
 run: $(STAMP)  ## the default experiment: ResNet-20, synthetic CIFAR-100, Birder, 2 nodes x 1 process (ARGS= adds overrides)
-	$(BIN)/birder-repro $(ARGS)
+	$(BIN)/birder-repro experiment=quickstart $(ARGS)
 
 test: $(STAMP)  ## the fast test suite (the one CI runs)
 	$(BIN)/python -m pytest -q $(ARGS)

@@ -76,6 +76,7 @@ class RunLogger:
             import wandb
 
             config = _plain_config(cfg)
+            mode = wandb_mode(logger_cfg.get("mode"))
             return wandb.init(
                 project=logger_cfg.get("project") or "birder-repro",
                 entity=logger_cfg.get("entity"),
@@ -83,9 +84,11 @@ class RunLogger:
                 name=self.run_dir.name,
                 config=config,
                 tags=list(logger_cfg.get("tags") or []),
-                mode=wandb_mode(logger_cfg.get("mode")),
+                mode=mode,
                 # Console capture would wrap the worker's stdout; the progress bar and summary stay ours.
-                settings=wandb.Settings(console="off"),
+                # Offline, W&B's own report (run history, sync hint) would bury the summary: keep it quiet;
+                # the run is under <run dir>/wandb for `wandb sync`.
+                settings=wandb.Settings(console="off", quiet=mode == "offline"),
             )
         except Exception as err:  # ImportError, wandb.Error, network and permission errors alike
             self._warn(f"W&B is off for this run ({type(err).__name__}: {err}); metrics go to {METRICS_FILE} only")

@@ -107,8 +107,6 @@ def build_and_train(cfg: DictConfig, env: DistEnv, device: torch.device, run_dir
     topology = comm.build_topology(int(cfg.gpus_per_node))
     task = tasks.get_task(cfg.task.name)
     data = task.build_data(cfg, env.rank, env.world_size)
-    if env.is_main:
-        print(f"[birder-repro] data: {data.description}", flush=True)
     seed_everything(int(cfg.seed))  # the same initial weights on every rank (DDP also broadcasts rank 0's)
     model = task.build_model(cfg).to(device)
     ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"

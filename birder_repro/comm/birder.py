@@ -44,7 +44,8 @@ from typing import Any, Mapping, Optional
 import torch
 import torch.distributed as dist
 
-from birder_repro.comm.accounting import CommStats, all_to_all_bytes, reduce_scatter_bytes
+from birder_repro.comm.accounting import CommStats, reduce_scatter_bytes
+from birder_repro.comm.collectives import all_gather_flat
 from birder_repro.comm.pack import pack_bits, padded_size, unpack_signs
 from birder_repro.comm.topology import Topology, build_topology
 from birder_repro.optim.birder import Birder, server_step_, worker_step_
@@ -185,7 +186,7 @@ class BirderState(CommStats):
         shard_packed = torch.empty(bucket.shard // 8, device=packed.device, dtype=torch.uint8)
         with self.timing("comm", sync):
             if self.server_group is not None:
-                dist.all_gather_into_tensor(shard_packed, chunk_packed, group=self.server_group)
+                all_gather_flat(shard_packed, chunk_packed, group=self.server_group)
             else:
                 shard_packed.copy_(chunk_packed)
         self._count_peers(self.server_peers, chunk_bytes)
@@ -196,7 +197,7 @@ class BirderState(CommStats):
         if self.worker_group is not None:
             full = torch.empty(bucket.padded // 8, device=shard_packed.device, dtype=torch.uint8)
             with self.timing("comm", sync):
-                dist.all_gather_into_tensor(full, shard_packed, group=self.worker_group)
+                all_gather_flat(full, shard_packed, group=self.worker_group)
             self._count_peers(self.worker_peers, shard_packed.numel())
         else:
             full = shard_packed
@@ -209,7 +210,7 @@ class BirderState(CommStats):
         gathered = torch.empty(n * packed.numel(), device=packed.device, dtype=torch.uint8)
         with self.timing("comm", sync):
             if self.server_group is not None:
-                dist.all_gather_into_tensor(gathered, packed, group=self.server_group)
+                all_gather_flat(gathered, packed, group=self.server_group)
             else:
                 gathered.copy_(packed)
         self._count_peers(self.server_peers, packed.numel())
@@ -276,7 +277,7 @@ class BirderState(CommStats):
         if self.worker_group is None:
             return shard
         full = torch.empty(bucket.padded, device=shard.device, dtype=shard.dtype)
-        dist.all_gather_into_tensor(full, shard.contiguous(), group=self.worker_group)
+        all_gather_flat(full, shard.contiguous(), group=self.worker_group)
         return full
 
     def _gather_server(self, bucket: _Bucket) -> torch.Tensor:
@@ -284,7 +285,7 @@ class BirderState(CommStats):
         shard = bucket.e_bar
         if self.server_group is not None:
             shard = torch.empty(bucket.shard, device=bucket.e_bar.device, dtype=torch.float32)
-            dist.all_gather_into_tensor(shard, bucket.e_bar, group=self.server_group)
+            all_gather_flat(shard, bucket.e_bar, group=self.server_group)
         return self._gather_worker(shard, bucket)
 
     def _fill_from_canonical(self, bucket: _Bucket) -> None:

@@ -51,6 +51,7 @@ from typing import Any, Mapping, NamedTuple, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from birder_repro.comm.collectives import all_gather_flat as _all_gather
 from birder_repro.comm.accounting import CommStats, flat_allreduce_split
 from birder_repro.comm.pack import pack_bits, padded_size, unpack_signs
 from birder_repro.comm.topology import Topology, flat_topology
@@ -61,8 +62,6 @@ __all__ = ["OneBitState", "Exchange", "attach_onebit", "attach_from_config", "on
 
 SCALE_BYTES = 4  # one fp32 scale per worker (per bucket) and per server chunk
 
-# torch 2.14 renamed all_gather_into_tensor (now deprecated, with a warning per call) to all_gather_single.
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 # ------------------------------------------------------------------------------------------- the formulas
