@@ -24,11 +24,11 @@ def stochastic_sign_bits(x: torch.Tensor, rand: torch.Tensor) -> torch.Tensor:
 
     For x >= 1 the threshold is >= 1 and the bit is always set; for x <= -1 never: the clip of Eq. (5).
     """
-    return rand < (x + 1) * 0.5
+    return rand < x.add(1).mul_(0.5)
 
 
 def bits_to_signs(bits: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return bits.to(dtype) * 2 - 1
+    return bits.to(dtype).mul_(2).sub_(1)
 
 
 def worker_step_(
@@ -46,16 +46,17 @@ def worker_step_(
     With ``b_hat`` given (after T0 steps, the AMSGrad-style line 6) the EMA goes to b_hat and
     b = max(b, b_hat); otherwise b is the EMA itself.
     """
-    m.mul_(beta).add_((1 - beta) * g)
-    if b_hat is None:
-        b.mul_(beta).add_((1 - beta) * g.abs())
-    else:
-        b_hat.mul_(beta).add_((1 - beta) * g.abs())
+    # Written as beta*m + (1-beta)*g term by term (the paper's rounding), in place to spare memory passes.
+    m.mul_(beta).add_(torch.mul(g, 1 - beta))
+    ema = b if b_hat is None else b_hat
+    ema.mul_(beta).add_(g.abs().mul_(1 - beta))
+    if b_hat is not None:
         torch.maximum(b, b_hat, out=b)
-    x = m / (b + eps)  # m/b in [-1, 1]; eps guards elements whose gradient has always been zero
+    x = b.add(eps)  # m/b in [-1, 1]; eps guards elements whose gradient has always been zero
+    torch.div(m, x, out=x)
     x.add_(e)
     bits = stochastic_sign_bits(x, rand)
-    e.copy_(x.sub_(bits_to_signs(bits, x.dtype)))  # e + m/b - u
+    torch.sub(x, bits_to_signs(bits, x.dtype), out=e)  # e + m/b - u
     return bits
 
 
@@ -63,7 +64,7 @@ def server_step_(mean: torch.Tensor, e_bar: torch.Tensor, rand: torch.Tensor) ->
     """Algorithm 1, lines 11-12: u_bar = Q(mean + e_bar), e_bar = e_bar + mean - u_bar. Returns u_bar's bits."""
     x = mean + e_bar
     bits = stochastic_sign_bits(x, rand)
-    e_bar.copy_(x.sub_(bits_to_signs(bits, x.dtype)))
+    torch.sub(x, bits_to_signs(bits, x.dtype), out=e_bar)
     return bits
 
 
