@@ -80,7 +80,7 @@ def is_local_path(name: str) -> bool:
     ``google/bert_uncased_L-2_H-128_A-2`` is a hub id; ``./bert`` and ``/data/bert`` are paths, and a path that
     does not exist is an error here, never a hub lookup.
     """
-    return os.path.exists(os.path.expanduser(name)) or name.startswith(("/", "./", "../", "~", "."))
+    return os.path.exists(os.path.expanduser(name)) or name.startswith(("/", ".", "~"))
 
 
 def _local_dir(name: str, setting: str, holds: str) -> str:

@@ -212,9 +212,10 @@ def documents_from_hf(name: str, config: Optional[str]) -> Iterator[list[str]]:
 
 
 def _source_fingerprint(cfg) -> dict:
-    if cfg.data.get("hf_name"):
+    if cfg.data.get("hf_name"):  # a datasets corpus is named by its version (hf_config): names suffice
         return {"hf_name": str(cfg.data.hf_name), "hf_config": cfg.data.get("hf_config")}
-    return {"files": [(os.path.basename(p), os.path.getsize(p), os.stat(p).st_mtime_ns) for p in text_files(cfg)]}
+    return {"root": os.path.abspath(str(cfg.data.root)),
+            "files": [(os.path.basename(p), os.path.getsize(p), os.stat(p).st_mtime_ns) for p in text_files(cfg)]}
 
 
 def cache_key(cfg, tokenizer) -> str:
@@ -226,50 +227,67 @@ def cache_key(cfg, tokenizer) -> str:
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
-def write_corpus(documents: Iterable[list[str]], tokenizer, out_dir: str, batch_sentences: int = 10_000) -> None:
-    """Tokenize documents into ``tokens.bin`` (all sentences back to back), ``sentences.bin`` (each sentence's
-    first token, then the end) and ``documents.bin`` (each document's first sentence, then the end).
+class CorpusWriter:
+    """Writes the token cache: ``tokens.bin`` (every sentence's tokens back to back), ``sentences.bin`` (each
+    sentence's first token offset, then the token count) and ``documents.bin`` (each document's first sentence,
+    then the sentence count), with ``meta.json`` saying the dtype and sizes.
 
-    Streaming, ``batch_sentences`` at a time, so a corpus of billions of tokens never sits in memory; sentences
-    that tokenize to nothing are dropped, and so are documents left without a sentence.
+    Documents are tokenized ``batch_sentences`` sentences at a time and appended to the files, so a corpus of
+    billions of tokens never sits in memory. Sentences that tokenize to nothing are dropped, and so are
+    documents left without a sentence.
     """
-    dtype = np.uint16 if len(tokenizer) <= 2**16 else np.int32
-    n_tokens, n_sentences, doc_starts = 0, 0, [0]
-    pending: list[str] = []
-    pending_docs: list[int] = []  # sentences per pending document
 
-    with open(os.path.join(out_dir, "tokens.bin"), "wb") as tok_f, \
-            open(os.path.join(out_dir, "sentences.bin"), "wb") as sent_f:
-        def flush():
-            nonlocal n_tokens, n_sentences
-            ids = tokenizer(pending, add_special_tokens=False)["input_ids"] if pending else []
-            at = 0
-            for count in pending_docs:
-                kept = [s for s in ids[at:at + count] if s]
-                at += count
-                if not kept:
-                    continue
-                lengths = np.fromiter((len(s) for s in kept), dtype=np.int64, count=len(kept))
-                np.asarray([t for s in kept for t in s], dtype=dtype).tofile(tok_f)
-                (n_tokens + np.concatenate([[0], np.cumsum(lengths)[:-1]])).tofile(sent_f)
-                n_tokens += int(lengths.sum())
-                n_sentences += len(kept)
-                doc_starts.append(n_sentences)
-            pending.clear()
-            pending_docs.clear()
+    def __init__(self, tokenizer, folder: str, batch_sentences: int = 10_000):
+        self.tokenizer, self.folder, self.batch_sentences = tokenizer, folder, batch_sentences
+        self.dtype = np.uint16 if len(tokenizer) <= 2**16 else np.int32
+        self.tokens_file = open(os.path.join(folder, "tokens.bin"), "wb")
+        self.sentences_file = open(os.path.join(folder, "sentences.bin"), "wb")
+        self.n_tokens, self.n_sentences, self.doc_starts = 0, 0, [0]
+        self.pending: list[list[str]] = []
 
-        for doc in documents:
-            pending.extend(doc)
-            pending_docs.append(len(doc))
-            if len(pending) >= batch_sentences:
-                flush()
-        flush()
-        np.asarray([n_tokens], dtype=np.int64).tofile(sent_f)
-    np.asarray(doc_starts, dtype=np.int64).tofile(os.path.join(out_dir, "documents.bin"))
-    meta = {"version": CACHE_VERSION, "dtype": np.dtype(dtype).name, "tokens": n_tokens, "sentences": n_sentences,
-            "documents": len(doc_starts) - 1}
-    with open(os.path.join(out_dir, "meta.json"), "w") as f:
-        json.dump(meta, f)
+    def add(self, document: list[str]) -> None:
+        self.pending.append(document)
+        if sum(len(d) for d in self.pending) >= self.batch_sentences:
+            self.flush()
+
+    def flush(self) -> None:
+        sentences = [s for doc in self.pending for s in doc]
+        ids = self.tokenizer(sentences, add_special_tokens=False)["input_ids"] if sentences else []
+        at = 0
+        for doc in self.pending:
+            kept = [t for t in ids[at:at + len(doc)] if t]
+            at += len(doc)
+            if kept:
+                self._write(kept)
+        self.pending.clear()
+
+    def _write(self, sentences: list[list[int]]) -> None:
+        lengths = np.array([len(t) for t in sentences], dtype=np.int64)
+        np.fromiter((t for s in sentences for t in s), dtype=self.dtype, count=int(lengths.sum())) \
+            .tofile(self.tokens_file)
+        (self.n_tokens + np.cumsum(lengths) - lengths).tofile(self.sentences_file)  # first token of each
+        self.n_tokens += int(lengths.sum())
+        self.n_sentences += len(sentences)
+        self.doc_starts.append(self.n_sentences)
+
+    def close(self) -> None:
+        self.flush()
+        np.array([self.n_tokens], dtype=np.int64).tofile(self.sentences_file)
+        self.tokens_file.close()
+        self.sentences_file.close()
+        np.array(self.doc_starts, dtype=np.int64).tofile(os.path.join(self.folder, "documents.bin"))
+        meta = {"version": CACHE_VERSION, "dtype": np.dtype(self.dtype).name, "tokens": self.n_tokens,
+                "sentences": self.n_sentences, "documents": len(self.doc_starts) - 1}
+        with open(os.path.join(self.folder, "meta.json"), "w") as f:
+            json.dump(meta, f)
+
+
+def write_corpus(documents: Iterable[list[str]], tokenizer, folder: str) -> None:
+    """Tokenize ``documents`` (lists of sentences) into the cache files of :class:`CorpusWriter` in ``folder``."""
+    writer = CorpusWriter(tokenizer, folder)
+    for document in documents:
+        writer.add(document)
+    writer.close()
 
 
 @dataclass

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
@@ -64,8 +64,7 @@ class Settings:
 
     @classmethod
     def of(cls, cfg) -> "Settings":
-        return cls(*(int(cfg.data[k]) for k in ("max_seq_length", "doc_stride", "max_query_length",
-                                                  "n_best_size", "max_answer_length")))
+        return cls(**{f.name: int(cfg.data[f.name]) for f in fields(cls)})
 
 
 @dataclass
