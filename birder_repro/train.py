@@ -236,12 +236,29 @@ class StepResult:
     inter_bytes: float
 
 
-def run_step(task, model, optimizer, batch, device, comm) -> StepResult:
-    """One optimizer step, timed; the counters of ``comm`` read around it (module docstring)."""
+def grads_are_gradients(optimizer) -> bool:
+    """Whether ``.grad`` holds averaged gradients after backward, so that clipping their norm means something.
+
+    Not for Birder with its hook (the +-1 of u_bar: bounded by construction) nor for 1-bit Adam / LAMB in
+    their compression stage (the averaged momentum the hook returns).
+    """
+    if getattr(optimizer, "compressed_by_hook", False):
+        return False
+    return not (getattr(optimizer, "momentum_by_hook", False) and getattr(optimizer, "stage", "") == "compression")
+
+
+def run_step(task, model, optimizer, batch, device, comm, grad_clip: Optional[float] = None) -> StepResult:
+    """One optimizer step, timed; the counters of ``comm`` read around it (module docstring).
+
+    ``grad_clip``: the global norm the averaged gradients are clipped to before the step (AWD-LSTM's 0.25,
+    torchvision's ViT recipe's 1.0), where they are gradients (:func:`grads_are_gradients`).
+    """
     before = _counters(comm)
     t0 = _now(device)
     loss, n = task.loss(model, batch, device)
     loss.backward()  # DDP's hook communicates here; backward returns when every bucket is reduced
+    if grad_clip and grads_are_gradients(optimizer):
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     t1 = _now(device)
     mid = _counters(comm)
     optimizer.step()
@@ -537,10 +554,11 @@ class _Parts:
     bar: Any = None
 
 
-def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir) -> dict:
+def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir, probes=()) -> dict:
     """Train ``model`` for the configured steps and return the run's figures (module docstring).
 
     Collective: every process calls it with the same config. Only rank 0 prints, logs and writes the model.
+    ``probes`` measure over exactly the timed steps (see :func:`_open_window`).
     """
     tc = cfg.train
     device = torch.device(device)
@@ -564,6 +582,7 @@ def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir)
     bar = tqdm(total=steps, initial=run.step, desc="train", dynamic_ncols=True, mininterval=1.0) if is_main else None
     parts = _Parts(cfg, task, data, model, optimizer, comm, topology, device, run_dir, logger, bar)
     exit_code = 1
+    window_open = False
     try:
         model.train()
         batches = _batches(data, _steps_per_epoch(data, int(data.train_size), global_batch), run.step, device)
@@ -576,12 +595,15 @@ def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir)
                                                               settings.calibration_passes_at(run.step))
             lr = _set_lr(optimizer, base_lrs, run.step, steps, tc.schedule)
             stage = stage_of(comm, run.step)
-            result = run_step(task, model, optimizer, batch, device, comm)
+            if not window_open and settings.timed(run.step):
+                window_open = _open_window(probes)
+            result = run_step(task, model, optimizer, batch, device, comm, cfg.train.get("grad_clip"))
             _record_step(run, settings, result, stage, data_wait)
             if bar is not None:
                 bar.update(1)
             _between_steps(parts, run, settings, lr, stage)
-        record = _finish(parts, run, settings, global_batch, base_lrs)
+        window = _close_window(probes, timed_steps=int(sum(t.steps for t in run.stages.values())))
+        record = {**_finish(parts, run, settings, global_batch, base_lrs), **window}
         logger.log(run.step, {f"final/{k}": v for k, v in record["metrics"].items()})
         logger.summary({"throughput_samples_per_s": record["throughput_samples_per_s"], **record["metrics"]})
         exit_code = 0
@@ -590,6 +612,25 @@ def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir)
         if bar is not None:
             bar.close()
         logger.finish(exit_code=exit_code)
+
+
+# ------------------------------------------------------------------- probes of the timed steps (issue 5)
+def _open_window(probes) -> bool:
+    """Start every probe right before the first timed step (after the timing warm-up and the compute
+    calibration, which sends nothing). A probe has ``start()`` and ``stop(timed_steps) -> dict``: the emulated
+    cluster's link counters (birder_repro.launch.emulated.LinkCounters) read the kernel's byte counts here."""
+    for probe in probes:
+        probe.start()
+    return True
+
+
+def _close_window(probes, timed_steps: int) -> dict:
+    """Stop every probe right after the last step, before evaluation; their fields go into the record.
+    Collective where a probe's ``stop`` is (every rank calls it at the same point)."""
+    fields: dict = {}
+    for probe in probes:
+        fields.update(probe.stop(timed_steps))
+    return fields
 
 
 def _record_step(run: _Run, settings: LoopSettings, result: StepResult, stage: Optional[str],

@@ -110,6 +110,33 @@ def embedding_dropout(weight: torch.Tensor, p: float, training: bool) -> torch.T
 Hidden = list[tuple[torch.Tensor, torch.Tensor]]
 
 
+class HiddenCarry:
+    """The hidden state handed from one training window to the next (truncated BPTT), kept on the model.
+
+    A window starts from the state the previous window ended with; window 0 of an epoch (and a window after a
+    gap, as on resuming mid-epoch) starts from zeros, as AWD-LSTM's ``init_hidden`` at every epoch. The same
+    window seen again (the training loop's timing calibration runs forward + backward on one batch a few times)
+    starts from the same state again, so those passes leave training as it would be without them.
+    """
+
+    def __init__(self):
+        self.index: Optional[int] = None
+        self.start: Optional[Hidden] = None
+        self.end: Optional[Hidden] = None
+
+    def start_of(self, index: int, zeros) -> Hidden:
+        if self.index is not None and index == self.index:
+            return self.start
+        if self.index is not None and index == self.index + 1:
+            return self.end
+        return zeros()
+
+    def store(self, index: int, start: Hidden, end: Hidden) -> None:
+        # Detached: back-propagation stops at the window's start.
+        self.index, self.start = index, start
+        self.end = [(h.detach(), c.detach()) for h, c in end]
+
+
 class AWDLSTM(nn.Module):
     """Embedding, a stack of one-layer LSTMs, and a decoder tied to the embedding (AWD-LSTM's RNNModel).
 
@@ -122,6 +149,7 @@ class AWDLSTM(nn.Module):
         if size.layers < 1:
             raise ValueError(f"an LSTM needs at least one layer, got {size.layers}")
         self.size, self.reg = size, reg
+        self.carry = HiddenCarry()  # training state, not a parameter or buffer: DDP neither syncs nor saves it
         self.encoder = nn.Embedding(vocab_size, size.embedding)
         self.rnns = nn.ModuleList(nn.LSTM(self._width(l - 1), self._width(l)) for l in range(size.layers))
         # The decoder's weight is the embedding matrix (tied), which is why the last layer is embedding-wide.
@@ -133,9 +161,13 @@ class AWDLSTM(nn.Module):
         return self.size.embedding if layer in (-1, self.size.layers - 1) else self.size.hidden
 
     def init_hidden(self, batch: int, device: Optional[torch.device] = None) -> Hidden:
+        """Zero (h, c) for every layer: AWD-LSTM's ``init_hidden`` at the start of each epoch and evaluation."""
         device = device or self.encoder.weight.device
-        return [tuple(torch.zeros(1, batch, self._width(l), device=device) for _ in "hc")
-                for l in range(self.size.layers)]
+
+        def zeros(width: int) -> torch.Tensor:
+            return torch.zeros(1, batch, width, device=device)
+
+        return [(zeros(self._width(l)), zeros(self._width(l))) for l in range(self.size.layers)]
 
     def _run_layer(self, rnn: nn.LSTM, x: torch.Tensor, state) -> tuple[torch.Tensor, tuple]:
         """One LSTM layer, with DropConnect on its hidden-to-hidden weights while training (AWD-LSTM's WeightDrop).
@@ -315,7 +347,7 @@ def check_vocab_fits(vocab_size: int, cfg, where: str) -> None:
 # Synthetic data: a fixed random Markov chain
 
 
-MIN_WALK = 1000
+MIN_WALK = 1000  # tokens: the shortest walk markov_stream lays down (see there)
 
 
 def markov_chain(vocab_size: int, successors: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -394,33 +426,6 @@ def build_synthetic(cfg, rank: int, world_size: int) -> TaskData:
 # Task
 
 
-class HiddenCarry:
-    """The hidden state handed from one training window to the next (truncated BPTT), kept on the model.
-
-    A window starts from the state the previous window ended with; window 0 of an epoch (and a window after a
-    gap, as on resuming mid-epoch) starts from zeros, as AWD-LSTM's ``init_hidden`` at every epoch. The same
-    window seen again (the training loop's timing calibration runs forward + backward on one batch a few times)
-    starts from the same state again, so those passes leave training as it would be without them.
-    """
-
-    def __init__(self):
-        self.index: Optional[int] = None
-        self.start: Optional[Hidden] = None
-        self.end: Optional[Hidden] = None
-
-    def start_of(self, index: int, zeros) -> Hidden:
-        if self.index is not None and index == self.index:
-            return self.start
-        if self.index is not None and index == self.index + 1:
-            return self.end
-        return zeros()
-
-    def store(self, index: int, start: Hidden, end: Hidden) -> None:
-        # Detached: back-propagation stops at the window's start.
-        self.index, self.start = index, start
-        self.end = [(h.detach(), c.detach()) for h, c in end]
-
-
 def _bare(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, DistributedDataParallel) else model
 
@@ -440,8 +445,6 @@ class LSTMPTBTask(Task):
 
     def loss(self, model: nn.Module, batch: Window, device: torch.device) -> tuple[torch.Tensor, int]:
         lm = _bare(model)
-        if not hasattr(lm, "carry"):
-            lm.carry = HiddenCarry()
         inputs, targets = batch.inputs.to(device), batch.targets.to(device)
         start = lm.carry.start_of(batch.index, lambda: lm.init_hidden(inputs.shape[1], device))
         logits, end, penalty = model(inputs, start)  # through DDP, so that its hooks reduce the gradients

@@ -374,3 +374,27 @@ def test_format_summary_by_stage_and_of_a_failed_run():
 def test_human_bytes():
     assert [human_bytes(v) for v in (0, 1023, 1024, 1536 * 1024, None)] == ["0 B", "1023 B", "1 KiB", "1.5 MiB",
                                                                              "n/a"]
+
+
+def test_grad_clip_applies_only_where_grad_holds_gradients():
+    from types import SimpleNamespace
+
+    from birder_repro.optim import Birder
+    from birder_repro.train import grads_are_gradients, run_step
+
+    class _Task:
+        def loss(self, model, batch, device):
+            return (model(batch) ** 2).sum() * 100, batch.shape[0]
+
+    model = torch.nn.Linear(4, 1)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the step leaves the parameters, we read grads
+    comm = SimpleNamespace(intra_node_bytes=0, inter_node_bytes=0, compress_seconds=0, comm_seconds=0)
+    seen = []
+    sgd.register_step_pre_hook(lambda opt, *_: seen.append(
+        torch.cat([p.grad.reshape(-1) for p in model.parameters()]).norm().item()))
+    run_step(_Task(), model, sgd, torch.ones(8, 4), torch.device("cpu"), comm, grad_clip=0.5)
+    assert seen[-1] == pytest.approx(0.5, rel=1e-5)
+    assert grads_are_gradients(sgd)
+    birder = Birder(model.parameters(), lr=0.1)
+    birder.compressed_by_hook = True
+    assert not grads_are_gradients(birder)
