@@ -153,3 +153,12 @@ def test_resolve_gives_what_workers_read(compose):
     assert out.optim.seed == out.seed  # interpolations are resolved, not kept as ${...}
     assert "${" not in OmegaConf.to_yaml(out)
     assert layout.resolve(compose(["gpus_per_node=auto"]), gpu_count=0).gpus_per_node == 1
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_the_readme_overrides_work_for_every_task(task):
+    """issue 2: train.steps, train.batch_size, data.source, data.root and model.size work as written everywhere."""
+    cfg = compose_config([f"task={task}", "train.steps=3", "train.batch_size=2", "data.source=synthetic",
+                          "data.root=/nowhere", "model.size=tiny"])
+    assert (cfg.train.steps, cfg.train.batch_size, cfg.data.source, cfg.data.root, cfg.model.size) == \
+        (3, 2, "synthetic", "/nowhere", "tiny")
