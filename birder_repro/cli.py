@@ -32,6 +32,7 @@ __all__ = ["CONF_DIR", "run", "main"]
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 CONF_PACKAGE = "birder_repro.conf"
 INTERRUPTED = 130  # the shell's exit code for a command stopped by Ctrl-C
+TERMINATED = 143  # ... and by SIGTERM (the emulated launcher returns it after removing its namespaces)
 
 
 def config_path() -> Optional[str]:
@@ -64,9 +65,16 @@ def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
         return _fail(cfg, run_dir, f"config error: {err}", started, code=2)
     except Exception:  # noqa: BLE001 - a bug must not stop the other cells of a sweep either
         return _fail(cfg, run_dir, traceback.format_exc(), started, code=1)
-    if cfg.dry_run:
+    if cfg.dry_run or (code == 0 and _submitted(resolved)):
         return code
     return _finish(resolved, run_dir, code, started)
+
+
+def _submitted(cfg: DictConfig) -> bool:
+    """launcher=slurm returns once the job is queued: its workers write the record when the job runs."""
+    from birder_repro.launch import choose_launcher
+
+    return choose_launcher(cfg) == "slurm"
 
 
 def _job_dir(cfg: DictConfig) -> Path:
@@ -135,8 +143,8 @@ def _log_tail(run_dir: Path) -> str:
 def _hydra_main(cfg: DictConfig) -> int:
     code = run(cfg)
     # A single run exits with its code; in a sweep every cell runs and keeps its own record, but Ctrl-C stops
-    # the sweep rather than only its current cell.
-    if code != 0 and (code == INTERRUPTED or HydraConfig.get().mode != RunMode.MULTIRUN):
+    # the sweep rather than only its current cell (SIGTERM too).
+    if code != 0 and (code in (INTERRUPTED, TERMINATED) or HydraConfig.get().mode != RunMode.MULTIRUN):
         sys.exit(code)
     return code
 

@@ -21,7 +21,7 @@ __all__ = ["ConfigError", "resolve_gpus_per_node", "world_size", "global_batch",
 CHOICES = {
     "device": ("auto", "cpu", "cuda"),
     "cluster.backend": ("auto", "gloo", "nccl"),
-    "launcher.name": ("auto", "local", "torchrun"),
+    "launcher.name": ("auto", "local", "torchrun", "slurm"),
     "launcher.rdzv_backend": ("c10d", "static"),
     "data.source": ("real", "synthetic"),
     "model.size": ("full", "tiny"),

@@ -2,7 +2,9 @@
 
 ``launch(cfg, run_dir)`` picks the launcher (``launcher.name``; ``auto`` is torchrun inside a multi-node SLURM
 allocation, local elsewhere), prints the command(s) when ``dry_run`` is set and starts nothing, or runs this
-machine's command with its output streamed into ``output.log`` and returns its exit code.
+machine's command with its output streamed into ``output.log`` and returns its exit code. ``cluster=emulated``
+(network namespaces on this machine, ``emulated.py``) and ``launcher=slurm`` (a batch job, ``slurm.py``) start or
+submit the whole layout themselves.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Mapping
 from omegaconf import DictConfig
 
 from birder_repro import record
-from birder_repro.launch import local, slurm_env, torchrun
+from birder_repro.launch import emulated, local, slurm, slurm_env, torchrun
 from birder_repro.launch.process import Command, log_tail, run_streaming
 
 __all__ = ["choose_launcher", "plan", "launch", "format_dry_run", "Command", "log_tail"]
@@ -24,14 +26,19 @@ def choose_launcher(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> str
     """``launcher.name``; for ``auto``: torchrun (this node's share) when SLURM gave this job step more than
     one node, local otherwise (on a single SLURM node the whole layout fits as local processes)."""
     name = cfg.launcher.name
+    if emulated.is_emulated(cfg):  # the emulated cluster starts its own nodes (issue 5); it needs launcher=auto
+        emulated.check_launcher(cfg)
+        return "emulated"
     if name != "auto":
         return name
     return "torchrun" if slurm_env.allocation_nodes(env) > 1 else "local"
 
 
 def plan(cfg: DictConfig, run_dir: Path, env: Mapping[str, str] = os.environ) -> tuple[str, list[Command], int]:
-    """(launcher, every command of the layout, index of the one this machine runs)."""
+    """(launcher, every command of the layout, index of the one this machine runs); local and torchrun only."""
     name = choose_launcher(cfg, env)
+    if name not in ("local", "torchrun"):
+        raise ValueError(f"plan() covers launcher=local and torchrun; {name} launches through launch()")
     if name == "local":
         return name, [local.command(cfg, run_dir, env)], 0
     torchrun.check_slurm_layout(cfg, env)
@@ -53,6 +60,11 @@ def format_dry_run(cfg: DictConfig, run_dir: Path, name: str, commands: list[Com
 
 def launch(cfg: DictConfig, run_dir: Path, env: Mapping[str, str] = os.environ) -> int:
     """Start this machine's workers (or, with ``dry_run``, print every command); return the exit code."""
+    # These two start (emulated: every node, in namespaces) or submit (slurm: a batch job) the whole layout
+    # themselves, and print their own dry run.
+    own = {"emulated": emulated.launch, "slurm": slurm.launch}.get(choose_launcher(cfg, env))
+    if own is not None:
+        return own(cfg, run_dir, env)
     name, commands, mine = plan(cfg, run_dir, env)
     if cfg.dry_run:
         print(format_dry_run(cfg, run_dir, name, commands), flush=True)

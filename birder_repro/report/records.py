@@ -31,6 +31,7 @@ COLUMNS = (
     "throughput", "throughput_warmup", "throughput_compression",
     "step_ms_total", "step_ms_compute", "step_ms_communication", "step_ms_compression",
     "intra_mb_per_step", "inter_mb_per_step", "fp32_mb_per_step", "fp32_inter_mb_per_step", "link_mb_per_step",
+    "per_node_link_mb",
     "intra_mb_per_step_compression", "inter_mb_per_step_compression",
     *METRICS, "device", "git_sha", "started", "ended",
 )
@@ -92,6 +93,13 @@ def _mean_over_nodes(per_node: Any) -> Optional[float]:
         return None if per_node is None else float(per_node)
     counted = [float(v) for v in per_node if v is not None]
     return sum(counted) / len(counted) if counted else None
+
+
+def _per_node_text(per_node: Any) -> Optional[str]:
+    """"0.70 / 0.66": each node's kernel-counted MB per step, in node order (emulated clusters, issue 5)."""
+    if not isinstance(per_node, (list, tuple)) or not per_node:
+        return None
+    return " / ".join("—" if v is None else f"{float(v) * 1e-6:.3g}" for v in per_node)
 
 
 def fp32_inter_node_bytes(record: dict, gpus_per_node: Any) -> Optional[float]:
@@ -167,6 +175,7 @@ def flatten_record(record: dict, run_dir: Path | str) -> dict:
         "inter_mb_per_step_compression": _scaled(
             _get(record, "inter_node_bytes_per_step_by_stage", "compression"), 1e-6),
         "link_mb_per_step": _scaled(_mean_over_nodes(record.get("link_bytes_per_step")), 1e-6),
+        "per_node_link_mb": _per_node_text(record.get("link_bytes_per_step")),
         "device": record.get("device"),
         "git_sha": record.get("git_sha"),
         "started": record.get("started"),

@@ -177,7 +177,7 @@ CSV_COLUMNS = (
     "speedup", "scale_efficiency", "scale_ref", *METRICS,
     "bytes_basis", "intra_mb_shown", "inter_mb_shown", "intra_mb_per_step", "inter_mb_per_step",
     "intra_mb_per_step_compression", "inter_mb_per_step_compression",
-    "fp32_mb_per_step", "fp32_inter_mb_per_step", "inter_vs_fp32", "link_mb_per_step",
+    "fp32_mb_per_step", "fp32_inter_mb_per_step", "inter_vs_fp32", "link_mb_per_step", "per_node_link_mb",
     "step_ms_total", "step_ms_compute", "step_ms_communication", "step_ms_compression",
     "steps", "global_batch_size", "device", "n_runs", "run_dir", "started",
 )
@@ -271,6 +271,8 @@ def display_frame(cells: pd.DataFrame, mode: str, with_setting: bool = False) ->
     out["inter / fp32 inter"] = cells["inter_vs_fp32"].map(lambda x: fmt_percent(x, 2))
     if cells["link_mb_per_step"].notna().any():  # emulated clusters: bytes the kernel counted (issue 5)
         out["link MB/step/node"] = cells["link_mb_per_step"].map(fmt_number)
+        out["link MB/step, by node"] = cells["per_node_link_mb"].astype("object").where(
+            cells["per_node_link_mb"].notna(), "—")
     for part, label in (("total", "step ms"), ("compute", "compute ms"),
                         ("communication", "comm ms"), ("compression", "compress ms")):
         out[label] = cells[f"step_ms_{part}"].map(lambda x: fmt_number(x, 3))
@@ -296,6 +298,8 @@ def to_markdown(table: pd.DataFrame) -> str:
 
 def setting_title(row) -> str:
     link = "" if is_missing(row["link_mbit"]) else f", link {fmt_number(row['link_mbit'])} Mbit/s"
+    if not link and row["cluster"] == "emulated":  # emulated with link_mbit=null: veths at the kernel's speed
+        link = ", unshaped links"
     model = "" if row["model_size"] == "unknown" else f"{row['model_size']} model, "
     return (f"cluster `{row['cluster']}` ({row['interconnect']}{link}), {row['data_source']} data, "
             f"{model}batch {fmt_number(row['batch_size'])} per process")
@@ -327,6 +331,11 @@ def notes(cells: pd.DataFrame, mode: str) -> list[str]:
         f"One run per cell and optimizer: where several completed runs exist, the newest (by `started`) is "
         f"shown; {older} older run(s) left out." ,
     ]
+    if "link_mb_per_step" in cells and cells["link_mb_per_step"].notna().any():
+        lines.append("Link MB/step: what each node's link (emulated clusters) sent per timed step, as the kernel "
+                     "counted it: the payload (the hook's bytes; from rank 0's node also DDP's broadcast of the "
+                     "model's buffers) plus 66 bytes of Ethernet/IP/TCP headers per packet, ACKs included; "
+                     "the mean over nodes, then each node.")
     if mode == "whole" and cells["throughput_compression"].notna().any():
         lines.append("Stage throughputs (warmup / compression) are shown beside; `--throughput stage` puts "
                      "the compression stage in the main column.")

@@ -1,0 +1,362 @@
+"""``cluster=emulated``: a multi-node cluster on this machine, one network namespace per node (issue 5).
+
+    birder-repro cluster=emulated nodes=4 cluster.link_mbit=200 ...      # needs root and iproute2
+    birder-repro cluster=emulated nodes=4 dry_run=true                   # prints the ip/tc commands and the nodes'
+
+The fabric (birder_repro.launch.netns) gives every node a namespace with its own loopback and one veth to a
+bridge, shaped by ``tc ... tbf`` to ``cluster.link_mbit`` in both directions. Each node runs the command a real
+node would (``torchrun --nnodes=N --nproc-per-node=M``, rendezvous on node 0's address, ``launcher.rdzv_backend``
+as on a cluster), started with ``ip netns exec``; gloo binds to the node's veth (``GLOO_SOCKET_IFNAME``), so
+every byte between nodes crosses a shaped link and intra-node traffic stays on the node's loopback.
+
+Two additions that a real cluster does not need, both torchrun options: ``--local-addr`` (the address other
+nodes reach this one at; torchrun would otherwise publish the machine's host name, which every namespace
+shares) and, with the c10d rendezvous, ``--rdzv-conf=is_host=...`` (torchrun recognises the store's host by
+its host name, which resolves to no namespace's address).
+
+Real bytes: the launcher sets ``BIRDER_LINK_IFACE`` for each node; the worker on each node's local rank 0 reads
+that interface's kernel counters at the start and the end of the timed steps (:class:`LinkCounters`, a probe
+of ``birder_repro.train.train``), and the record gets ``link_bytes_per_step``: one figure per node.
+
+The fabric is removed when the run ends, fails, or is stopped with SIGINT or SIGTERM; one left by a run killed
+with SIGKILL is removed by the next emulated run (netns.clean_stale).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+from omegaconf import DictConfig
+
+from birder_repro import config as layout
+from birder_repro import record
+from birder_repro.launch import local, netns
+from birder_repro.launch.process import Command
+
+__all__ = ["CLUSTER", "LINK_IFACE_ENV", "INFO_FILE", "is_emulated", "check_launcher", "check_config",
+           "shaping", "fabric_for", "node_command", "commands", "format_dry_run", "launch", "LinkCounters",
+           "link_probe"]
+
+CLUSTER = "emulated"
+LINK_IFACE_ENV = "BIRDER_LINK_IFACE"  # the interface whose counters a node's local rank 0 reads
+INFO_FILE = "emulated.json"  # in the run directory: the fabric, its commands and whole-run link bytes
+WORKER = ["-m", "birder_repro.worker"]
+STOP_GRACE_S = 20.0  # after one node fails, how long the others get to notice before they are stopped
+STOP_TIMEOUT_S = 30.0
+SIGNAL_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}  # the shell's codes for a command stopped by them
+
+
+# ------------------------------------------------------------------------------------------ the config
+def is_emulated(cfg: DictConfig) -> bool:
+    return cfg.cluster.name == CLUSTER
+
+
+def check_launcher(cfg: DictConfig) -> None:
+    """The emulated cluster starts its own nodes: another launcher would run the layout without its links."""
+    if cfg.launcher.name != "auto":
+        raise layout.ConfigError(
+            f"cluster=emulated starts its nodes itself (one network namespace and torchrun each); "
+            f"launcher={cfg.launcher.name} cannot run it: leave launcher=auto (the default)")
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Values the emulated cluster cannot use, refused before anything is made; each names its key."""
+    cl = cfg.cluster
+    if cl.get("latency_ms") is not None:
+        raise layout.ConfigError(f"cluster.latency_ms={cl.latency_ms}: a propagation delay needs tc netem, "
+                                 "which the emulated cluster does not use; set cluster.latency_ms=null "
+                                 "(cluster.queue_ms bounds the queueing delay of a shaped link)")
+    if cl.get("link_mbit") is not None and not float(cl.link_mbit) > 0:
+        raise layout.ConfigError(f"cluster.link_mbit={cl.link_mbit}: give a rate > 0 in Mbit/s, or null "
+                                 "for unshaped links")
+    for key in ("queue_ms", "burst_ms"):
+        if not float(cl[key]) > 0:
+            raise layout.ConfigError(f"cluster.{key}={cl[key]}: use a time > 0 in milliseconds")
+    if cl.backend == "nccl" or cfg.device == "cuda":
+        raise layout.ConfigError("cluster=emulated runs its workers on the CPU with gloo, whose TCP traffic "
+                                 "is what its links carry (NCCL would bypass them through shared memory): set "
+                                 "device=cpu (or auto) and cluster.backend=gloo")
+    if not 1 <= int(cfg.nodes) <= netns.MAX_NODES:
+        raise layout.ConfigError(f"nodes={cfg.nodes}: an emulated cluster has 1 to {netns.MAX_NODES} nodes")
+    local.check_layout(cfg)  # every process of every node runs on this machine
+
+
+def shaping(cfg: DictConfig) -> netns.Shaping:
+    rate = cfg.cluster.get("link_mbit")
+    if rate is None:
+        return netns.Shaping(rate_mbit=None, queue_ms=float(cfg.cluster.queue_ms))
+    return netns.Shaping(rate_mbit=float(rate), burst_bytes=netns.burst_bytes(float(rate), float(cfg.cluster.burst_ms)),
+                         queue_ms=float(cfg.cluster.queue_ms))
+
+
+def fabric_for(cfg: DictConfig, run_id: Optional[str] = None) -> netns.Fabric:
+    try:
+        return netns.plan_fabric(int(cfg.nodes), str(cfg.cluster.subnet), shaping(cfg), run_id)
+    except ValueError as err:  # a malformed or too small subnet
+        raise layout.ConfigError(f"cluster.subnet={cfg.cluster.subnet}: {err}; use a private IPv4 subnet with "
+                                 "room for every node, e.g. 10.77.0.0/24") from None
+
+
+# ---------------------------------------------------------------------------------------- the commands
+def node_command(cfg: DictConfig, run_dir: Path, fabric: netns.Fabric, k: int,
+                 env: Mapping[str, str] = os.environ) -> Command:
+    """What node ``k`` runs: torchrun for its processes, inside its namespace, bound to its veth."""
+    node = fabric.nodes[k]
+    backend = cfg.launcher.get("rdzv_backend") or "c10d"
+    argv = ["ip", "netns", "exec", node.netns, sys.executable, "-m", "torch.distributed.run",
+            f"--nnodes={cfg.nodes}", f"--nproc-per-node={cfg.gpus_per_node}", f"--rdzv-backend={backend}",
+            f"--rdzv-endpoint={fabric.nodes[0].address}:{cfg.launcher.master_port}",
+            f"--rdzv-id={cfg.launcher.get('rdzv_id') or 'emulated-' + fabric.run_id}",
+            f"--local-addr={node.address}"]
+    # static: node k is namespace k; c10d: ranks by join order, and node 0 must be told it hosts the store.
+    argv.append(f"--node-rank={k}" if backend == "static" else f"--rdzv-conf=is_host={int(k == 0)}")
+    argv += [*WORKER, "--run-dir", str(Path(run_dir).resolve())]
+    extra = {"GLOO_SOCKET_IFNAME": node.node_veth, LINK_IFACE_ENV: node.node_veth,
+             "CUDA_VISIBLE_DEVICES": ""}  # device=auto resolves to the CPU in every node (check_config)
+    threads = local.omp_threads(layout.world_size(cfg), env)  # every node shares this machine's cores
+    if threads is not None:
+        extra["OMP_NUM_THREADS"] = threads
+    return Command(argv=argv, env=extra, note=f"node {k} of {cfg.nodes}, namespace {node.netns} ({node.address})")
+
+
+def commands(cfg: DictConfig, run_dir: Path, fabric: netns.Fabric,
+             env: Mapping[str, str] = os.environ) -> list[Command]:
+    return [node_command(cfg, run_dir, fabric, k, env) for k in range(int(cfg.nodes))]
+
+
+def format_dry_run(cfg: DictConfig, run_dir: Path, fabric: netns.Fabric, cmds: Sequence[Command]) -> str:
+    """The fabric's setup, one line per node (all run at once), and the teardown, as a root shell would."""
+    tbf = " ".join(fabric.shaping.tbf()) or "unshaped"
+    lines = [f"# dry run (cluster=emulated): {cfg.nodes} nodes x {cfg.gpus_per_node} processes per node, "
+             f"each node a network namespace; links: {tbf}; nothing was started.",
+             f"# Run directory with the resolved config: {Path(run_dir).resolve()}",
+             "# 1. the fabric (as root), and /etc/netns/<namespace>/hosts naming every node in each namespace:"]
+    lines += [" ".join(c) for c in netns.setup_commands(fabric)]
+    lines.append("# 2. one torchrun per node, all at once:")
+    lines += [f"{Command(c.argv, c.env).shell()} &  # {c.note}" for c in cmds]
+    lines.append("wait")
+    lines.append("# 3. removal (also on failure or interruption):")
+    lines += [" ".join(c) for c in netns.teardown_commands(fabric)]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------- the launch
+def launch(cfg: DictConfig, run_dir: Path, env: Mapping[str, str] = os.environ) -> int:
+    """Build the fabric, run every node's torchrun, remove the fabric whatever happens; the exit code."""
+    check_config(cfg)
+    run_dir = Path(run_dir)
+    fabric = fabric_for(cfg)
+    cmds = commands(cfg, run_dir, fabric, env)
+    if cfg.dry_run:
+        print(format_dry_run(cfg, run_dir, fabric, cmds), flush=True)
+        return 0
+    netns.require_tools()
+    stale = netns.clean_stale()
+    if stale:
+        print(f"[birder-repro] removed the emulated cluster(s) {', '.join(stale)} left by runs that were killed",
+              flush=True)
+    info: dict[str, Any] = {**fabric.describe(), "setup": [" ".join(c) for c in netns.setup_commands(fabric)],
+                            "nodes_commands": [c.shell() for c in cmds]}
+    code = 1
+    with _signals_raise() as signals:
+        try:
+            netns.create(fabric)
+            print(f"[birder-repro] emulated cluster {fabric.run_id}: {len(fabric.nodes)} namespaces on "
+                  f"{cfg.cluster.subnet}, links {' '.join(fabric.shaping.tbf()) or 'unshaped'}", flush=True)
+            before = _whole_run_bytes(fabric)
+            code = run_nodes(cmds, run_dir / record.LOG_FILE)
+            info["link_bytes_whole_run"] = _difference(_whole_run_bytes(fabric), before)
+        except _Interrupted as stop:
+            code = SIGNAL_CODES[stop.signum]
+            print(f"[birder-repro] stopped by {signal.Signals(stop.signum).name}; removing the emulated cluster",
+                  file=sys.stderr, flush=True)
+        finally:
+            signals.disarm()  # a second Ctrl-C must not cut the removal short
+            info["left_after_removal"] = netns.destroy(fabric)
+            _write_info(run_dir, info)
+    if info["left_after_removal"]:
+        print(f"[birder-repro] could not remove {', '.join(info['left_after_removal'])}; the next emulated run "
+              "removes them (or: ip netns delete / ip link delete)", file=sys.stderr, flush=True)
+    return code
+
+
+class _Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived: unwind to the fabric's removal (BaseException: no handler swallows it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _SignalGuard:
+    """While armed, the first SIGINT or SIGTERM raises :class:`_Interrupted`; any other is ignored."""
+
+    def __init__(self) -> None:
+        self.armed = True
+
+    def disarm(self) -> None:
+        self.armed = False
+
+    def handler(self, signum, _frame) -> None:
+        if self.armed:
+            self.armed = False
+            raise _Interrupted(signum)
+
+
+@contextmanager
+def _signals_raise() -> Iterator[_SignalGuard]:
+    """Turn SIGINT and SIGTERM into :class:`_Interrupted` (Python's default for SIGTERM is to die on the
+    spot, which would leave the namespaces behind); the previous handlers come back afterwards."""
+    guard = _SignalGuard()
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
+        yield guard
+        return
+    previous = {sig: signal.signal(sig, guard.handler) for sig in SIGNAL_CODES}
+    try:
+        yield guard
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def run_nodes(cmds: Sequence[Command], log_path: Path, grace_s: float = STOP_GRACE_S) -> int:
+    """Start every node's command at once, stream their output (prefixed by node) to stdout and ``log_path``.
+
+    Returns 0, or the exit code of the first node that failed. When one fails the others may wait on it for
+    ever (gloo's timeout is 30 minutes): they get ``grace_s`` to end, then are stopped. On an exception
+    (an interruption) every node is stopped before it propagates.
+    """
+    procs = [subprocess.Popen(c.argv, env=c.full_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              preexec_fn=_die_with_parent) for c in cmds]
+    lock = threading.Lock()
+    with open(log_path, "ab") as log:
+        pumps = [threading.Thread(target=_pump, args=(p.stdout, log, f"[node {k}] ".encode(), lock), daemon=True)
+                 for k, p in enumerate(procs)]
+        for t in pumps:
+            t.start()
+        try:
+            first_failure = _wait_all(procs, grace_s)
+        except BaseException:
+            _stop_all(procs)
+            raise
+        finally:
+            for t in pumps:
+                t.join(timeout=5)
+    return first_failure
+
+
+def _wait_all(procs: Sequence[subprocess.Popen], grace_s: float) -> int:
+    first_failure, failed_at = 0, None
+    while None in [p.poll() for p in procs]:  # a list, not any(): every process must be polled
+        for p in procs:
+            if p.returncode not in (None, 0) and failed_at is None:
+                first_failure, failed_at = p.returncode, time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > grace_s:
+            _stop_all(procs)
+        time.sleep(0.1)
+    failures = [p.returncode for p in procs if p.returncode != 0]
+    return first_failure or (failures[0] if failures else 0)
+
+
+def _stop_all(procs: Sequence[subprocess.Popen]) -> None:
+    """SIGTERM (torchrun stops its workers on it), then SIGKILL what is still running."""
+    for stop in ("terminate", "kill"):
+        running = [p for p in procs if p.poll() is None]
+        for p in running:
+            getattr(p, stop)()
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while any(p.poll() is None for p in running) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def _die_with_parent() -> None:
+    # PR_SET_PDEATHSIG (1): should this launcher die without cleaning up (SIGKILL), the kernel sends each
+    # node's torchrun SIGTERM, so no worker outlives it; the next run then removes the stale namespaces.
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+
+
+def _pump(stream, log, prefix: bytes, lock: threading.Lock) -> None:
+    """Copy one node's output, prefixing every line (progress bars redraw with \\r: those are lines too)."""
+    at_line_start = True
+    while chunk := stream.read1(65536):
+        out = bytearray()
+        for piece in chunk.splitlines(keepends=True):
+            if at_line_start and piece not in (b"\r", b"\n", b"\r\n"):  # no prefix before a bare line end
+                out += prefix
+            out += piece
+            at_line_start = piece.endswith((b"\n", b"\r"))
+        with lock:
+            log.write(out)
+            log.flush()
+            sys.stdout.write(out.decode("utf-8", errors="replace"))
+            sys.stdout.flush()
+
+
+def _whole_run_bytes(fabric: netns.Fabric) -> list[Optional[int]]:
+    # The bridge end of node k's veth receives exactly what node k sends: read from the root namespace.
+    return [netns.rx_bytes(n.host_veth) for n in fabric.nodes]
+
+
+def _difference(after: list[Optional[int]], before: list[Optional[int]]) -> list[Optional[int]]:
+    return [None if a is None or b is None else a - b for a, b in zip(after, before)]
+
+
+def _write_info(run_dir: Path, info: dict) -> None:
+    try:
+        (run_dir / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    except OSError as err:  # the run's outcome must not depend on this note
+        print(f"[birder-repro] could not write {run_dir / INFO_FILE}: {err}", file=sys.stderr)
+
+
+# ------------------------------------------------------------------------ the worker's link counters
+class LinkCounters:
+    """A probe of the training loop: this node's link counters over exactly the timed steps.
+
+    The worker on each node's local rank 0 reads the kernel counters of the node's interface when the timed
+    steps begin and when they end; :meth:`stop` (collective) gathers the per-step figures of every node,
+    in node order (node = rank // gpus_per_node), for the record.
+    """
+
+    def __init__(self, iface: str, node: int, nodes: int, reader: bool) -> None:
+        self.iface, self.node, self.nodes, self.reader = iface, node, nodes, reader
+        self._start: Optional[dict[str, int]] = None
+
+    def start(self) -> None:
+        if self.reader:
+            self._start = netns.read_counters(self.iface)
+
+    def stop(self, timed_steps: int) -> dict[str, Any]:
+        import torch.distributed as dist
+
+        mine = None
+        if self.reader and self._start is not None:
+            end = netns.read_counters(self.iface)
+            mine = {"node": self.node, "iface": self.iface,
+                    **{k: (end[k] - self._start[k]) / max(timed_steps, 1) for k in end}}
+        gathered = [mine]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            gathered = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, mine)
+        per_node = {g["node"]: g for g in gathered if g is not None}
+        figure = lambda key: [per_node[k][key] if k in per_node else None for k in range(self.nodes)]  # noqa: E731
+        return {"link_bytes_per_step": figure("tx_bytes"), "link_packets_per_step": figure("tx_packets"),
+                "link_tcp_retransmits_per_step": figure("retrans_segs"), "link_interfaces": figure("iface"),
+                "link_header_bytes_per_packet": netns.FRAME_HEADER_BYTES}
+
+
+def link_probe(topology, env: Mapping[str, str] = os.environ) -> Optional[LinkCounters]:
+    """The probe for this worker when its launcher named a link to count (``BIRDER_LINK_IFACE``), else None."""
+    iface = env.get(LINK_IFACE_ENV)
+    if not iface:
+        return None
+    return LinkCounters(iface, node=topology.node_rank, nodes=topology.nodes, reader=topology.local_rank == 0)

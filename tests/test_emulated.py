@@ -1,0 +1,428 @@
+"""cluster=emulated: the fabric's plan and commands, the node commands, the link counters as a probe of the
+training loop, and (as root, with iproute2) real namespaces: shaped links, counted bytes, and nothing of ours
+left after a run that ends, fails, is stopped, or is killed with SIGKILL and followed by another run.
+
+The fast tests that make namespaces run trivial node commands in them (a Python one-liner instead of
+torchrun), so that they test the launcher's life cycle in seconds; the slow ones run real training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from birder_repro import cli, record
+from birder_repro import config as layout
+from birder_repro.comm.topology import Topology
+from birder_repro.launch import choose_launcher, emulated, netns
+from birder_repro.launch.process import Command
+from birder_repro.train import train
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_train import BlobsTask, blobs_data, make_config, tiny_model  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+CAN_NETNS = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
+needs_netns = pytest.mark.skipif(not CAN_NETNS, reason="needs root and iproute2 (ip, tc) to make network "
+                                                       "namespaces (apt-get install -y iproute2)")
+TINY = ["experiment=quickstart", "logger=none", "model.size=tiny", "train.batch_size=8",
+        "data.synthetic_train_size=64", "data.synthetic_eval_size=16", "train.eval_max_batches=1"]
+
+
+def resolved(compose, overrides):
+    return layout.resolve(compose(["cluster=emulated", *overrides]), gpu_count=0)
+
+
+def ours(run_id: str) -> set[str]:
+    """Every namespace, link, hosts directory and state file of one run that is still there."""
+    left = set(netns.list_ours().get(run_id, set()))
+    left |= {str(p) for p in netns.NETNS_ETC.glob(f"{netns.PREFIX}-{run_id}-*")} if netns.NETNS_ETC.is_dir() else set()
+    state = netns.STATE_DIR / f"{run_id}.json"
+    return left | ({str(state)} if state.exists() else set())
+
+
+# ------------------------------------------------------------------------------------------- the plan
+def test_plan_names_fit_interfaces_and_carry_the_run_id():
+    fabric = netns.plan_fabric(12, "10.77.0.0/24", netns.Shaping(200.0, 25000), run_id="a1b2c3")
+    names = [fabric.bridge] + [n for node in fabric.nodes for n in (node.host_veth, node.node_veth)]
+    assert all(len(n) <= 15 for n in names), names  # Linux's IFNAMSIZ
+    assert [n.address for n in fabric.nodes[:3]] == ["10.77.0.1", "10.77.0.2", "10.77.0.3"]
+    assert fabric.nodes[11].netns == "bdrp-a1b2c3-11"
+    assert {netns._run_id_of(n) for n in names + fabric.namespaces} == {"a1b2c3"}
+    assert netns._run_id_of("eth0") is None and netns._run_id_of("bdrpXYZ") is None
+    with pytest.raises(ValueError, match="no room"):
+        netns.plan_fabric(4, "10.77.0.0/30", netns.Shaping(None))
+
+
+def test_burst_is_a_millisecond_of_traffic_and_at_least_two_frames():
+    assert netns.burst_bytes(200, 1.0) == 25_000  # 200e6 / 8 bytes/s x 1 ms
+    assert netns.burst_bytes(10_000, 1.0) == 1_250_000
+    assert netns.burst_bytes(1, 1.0) == 2 * 1514
+
+
+def test_setup_shapes_both_directions_and_teardown_removes_everything():
+    fabric = netns.plan_fabric(2, "10.77.0.0/24", netns.Shaping(200.0, 25000, 100.0), run_id="a1b2c3")
+    setup = [" ".join(c) for c in netns.setup_commands(fabric)]
+    tbf = "root tbf rate 200mbit burst 25000 latency 100ms"
+    assert f"tc -n bdrp-a1b2c3-0 qdisc add dev bdrpa1b2c3n0 {tbf}" in setup  # node 0's uplink
+    assert f"tc qdisc add dev bdrpa1b2c3h1 {tbf}" in setup  # node 1's downlink
+    assert "ip -n bdrp-a1b2c3-1 addr add 10.77.0.2/24 dev bdrpa1b2c3n1" in setup
+    assert "ip -n bdrp-a1b2c3-0 link set lo up" in setup
+    teardown = [" ".join(c) for c in netns.teardown_commands(fabric)]
+    assert teardown[-1] == "ip link delete bdrpa1b2c3br" and "ip netns delete bdrp-a1b2c3-1" in teardown
+    unshaped = netns.plan_fabric(2, "10.77.0.0/24", netns.Shaping(None), run_id="a1b2c3")
+    assert not any(c[0] == "tc" for c in netns.setup_commands(unshaped))
+
+
+def test_node_commands_run_torchrun_in_each_namespace_bound_to_its_veth(compose, tmp_path):
+    cfg = resolved(compose, ["nodes=3", "gpus_per_node=2", "launcher.master_port=4321"])
+    fabric = emulated.fabric_for(cfg, run_id="a1b2c3")
+    cmds = emulated.commands(cfg, tmp_path, fabric, env={})
+    for k, cmd in enumerate(cmds):
+        assert cmd.argv[:4] == ["ip", "netns", "exec", f"bdrp-a1b2c3-{k}"]
+        assert cmd.argv[5:7] == ["-m", "torch.distributed.run"]
+        for arg in ("--nnodes=3", "--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=10.77.0.1:4321",
+                    "--rdzv-id=emulated-a1b2c3", f"--local-addr=10.77.0.{k + 1}", f"--rdzv-conf=is_host={int(k == 0)}"):
+            assert arg in cmd.argv, arg
+        assert cmd.env["GLOO_SOCKET_IFNAME"] == cmd.env[emulated.LINK_IFACE_ENV] == f"bdrpa1b2c3n{k}"
+        assert cmd.env["CUDA_VISIBLE_DEVICES"] == ""
+        assert cmd.argv[-2:] == ["--run-dir", str(tmp_path.resolve())]
+    static = emulated.commands(resolved(compose, ["nodes=2", "launcher.rdzv_backend=static"]), tmp_path, fabric, {})
+    assert "--node-rank=1" in static[1].argv and not any("is_host" in a for a in static[1].argv)
+
+
+def test_emulated_is_chosen_by_auto_and_refuses_other_launchers_and_netem(compose):
+    assert choose_launcher(compose(["cluster=emulated"]), env={}) == "emulated"
+    with pytest.raises(layout.ConfigError, match="launcher=auto"):
+        choose_launcher(compose(["cluster=emulated", "launcher=local"]), env={})
+    for overrides, key in ((["cluster.latency_ms=5"], "cluster.latency_ms"), (["device=cuda"], "device=cpu"),
+                           (["cluster.link_mbit=0"], "cluster.link_mbit"), (["nodes=100"], "nodes=100"),
+                           (["nodes=2", "gpus_per_node=8"], "max_local_processes")):
+        cfg = resolved(compose, overrides)
+        with pytest.raises(layout.ConfigError, match=re.escape(key)):
+            emulated.check_config(cfg)
+    with pytest.raises(layout.ConfigError, match="cluster.subnet"):
+        emulated.fabric_for(resolved(compose, ["nodes=8", "cluster.subnet=10.77.0.0/30"]))
+
+
+def test_require_tools_says_what_to_do(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(shutil, "which", lambda tool, path=None: None)
+    with pytest.raises(netns.EmulationUnavailable) as err:
+        netns.require_tools()
+    assert "root" in str(err.value) and "apt-get install -y iproute2" in str(err.value)
+
+
+def test_dry_run_prints_the_fabric_and_one_torchrun_per_namespace_and_makes_nothing(runs_dir):
+    before = set(netns.list_ours()) if CAN_NETNS else set()
+    out = subprocess.run([sys.executable, "-m", "birder_repro.cli", "cluster=emulated", "nodes=4", "dry_run=true",
+                          "cluster.link_mbit=100"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    nodes = [line for line in out.stdout.splitlines() if "torch.distributed.run" in line]
+    assert len(nodes) == 4 and all(line.startswith("GLOO_SOCKET_IFNAME=") and " &  # node " in line for line in nodes)
+    assert out.stdout.count("root tbf rate 100mbit burst 12500 latency 100ms") == 8
+    assert "ip netns delete" in out.stdout
+    assert not list(runs_dir.rglob(record.RECORD_FILE))
+    if CAN_NETNS:
+        assert set(netns.list_ours()) <= before
+
+
+# ------------------------------------------------------------------------------- the link counters
+def test_read_counters_from_sysfs_and_snmp(tmp_path):
+    stats = tmp_path / "net" / "veth0" / "statistics"
+    stats.mkdir(parents=True)
+    (stats / "tx_bytes").write_text("123456\n")
+    (stats / "tx_packets").write_text("100\n")
+    snmp = tmp_path / "snmp"
+    snmp.write_text("Ip: Forwarding\nIp: 1\nTcp: RtoAlgorithm RetransSegs InErrs\nTcp: 1 7 0\n")
+    assert netns.read_counters("veth0", tmp_path / "net", snmp) == {"tx_bytes": 123456, "tx_packets": 100,
+                                                                     "retrans_segs": 7}
+
+
+class CountingTask(BlobsTask):
+    """Counts forward passes and evaluations, so that a probe can tell where in the run it is called."""
+
+    def __init__(self):
+        self.losses = self.evaluations = 0
+
+    def loss(self, model, batch, device):
+        self.losses += 1
+        return super().loss(model, batch, device)
+
+    def evaluate(self, model, loader, device):
+        self.evaluations += 1
+        return super().evaluate(model, loader, device)
+
+
+class RecordingProbe:
+    def __init__(self, task):
+        self.task, self.calls = task, []
+
+    def start(self):
+        self.calls.append(("start", self.task.losses, self.task.evaluations))
+
+    def stop(self, timed_steps):
+        self.calls.append(("stop", self.task.losses, self.task.evaluations, timed_steps))
+        return {"link_bytes_per_step": [1.0]}
+
+
+def test_probes_cover_exactly_the_timed_steps(tmp_path):
+    torch.manual_seed(0)
+    task, model = CountingTask(), tiny_model()
+    probe = RecordingProbe(task)
+    rec = train(make_config(tmp_path, steps=7, timing_warmup_steps=2, compute_calibration_passes=3),
+                task=task, data=blobs_data(0, 1, 16), model=model,
+                optimizer=torch.optim.SGD(model.parameters(), lr=0.2), comm=None,
+                topology=Topology(rank=0, world_size=1, gpus_per_node=1), device=torch.device("cpu"),
+                run_dir=tmp_path, probes=[probe])
+    # start: after the 2 warm-up steps and the 3 calibration passes; stop: after all 7 steps, before evaluation.
+    assert probe.calls == [("start", 2 + 3, 0), ("stop", 7 + 3, 0, 5)]
+    assert task.evaluations == 1 and rec["link_bytes_per_step"] == [1.0] and rec["timed_steps"] == 5
+
+
+def test_link_counters_per_step_in_node_order(monkeypatch):
+    readings = iter([{"tx_bytes": 1000, "tx_packets": 10, "retrans_segs": 0},
+                     {"tx_bytes": 5000, "tx_packets": 30, "retrans_segs": 2}])
+    monkeypatch.setattr(netns, "read_counters", lambda iface: next(readings))
+    probe = emulated.link_probe(Topology(rank=0, world_size=1, gpus_per_node=1), {emulated.LINK_IFACE_ENV: "v0"})
+    probe.start()
+    out = probe.stop(timed_steps=4)
+    assert out["link_bytes_per_step"] == [1000.0] and out["link_packets_per_step"] == [5.0]
+    assert out["link_tcp_retransmits_per_step"] == [0.5] and out["link_interfaces"] == ["v0"]
+    assert emulated.link_probe(Topology(rank=0, world_size=1, gpus_per_node=1), {}) is None
+
+
+# ---------------------------------------------------------------------------------- running the nodes
+def test_a_failed_node_stops_the_others_and_its_code_is_returned(tmp_path, capsys):
+    py = sys.executable
+    cmds = [Command([py, "-c", "import time; print('waiting', flush=True); time.sleep(600)"]),
+            Command([py, "-c", "import sys; print('boom', flush=True); sys.exit(3)"])]
+    t0 = time.monotonic()
+    assert emulated.run_nodes(cmds, tmp_path / "output.log", grace_s=1.0) == 3
+    assert time.monotonic() - t0 < 30
+    log = (tmp_path / "output.log").read_text()
+    assert "[node 0] waiting\n" in log and "[node 1] boom\n" in log
+    assert "[node 1] boom" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ real namespaces (root, iproute2)
+LAUNCHER = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {tests!r})
+    from conftest import compose_config
+    from birder_repro import config
+    from birder_repro.launch import emulated
+    from birder_repro.launch.process import Command
+
+    node_code = {node_code!r}
+    def commands(cfg, run_dir, fabric, env):  # instead of torchrun: a one-liner in each namespace
+        return [Command(["ip", "netns", "exec", n.netns, sys.executable, "-c", node_code],
+                        {{emulated.LINK_IFACE_ENV: n.node_veth}}) for n in fabric.nodes]
+    emulated.commands = commands
+    cfg = config.resolve(compose_config(["cluster=emulated", "nodes=2"]), gpu_count=0)
+    sys.exit(emulated.launch(cfg, {run_dir!r}))
+""")
+WAIT = "import time; print('up', flush=True); time.sleep(600)"
+CHECK_LINK = ("import os; from birder_repro.launch import netns; "
+              "print('counters', netns.read_counters(os.environ['BIRDER_LINK_IFACE']), flush=True)")
+
+
+def start_launcher(tmp_path: Path, node_code: str) -> tuple[subprocess.Popen, Path]:
+    run_dir = tmp_path / f"run{len(list(tmp_path.glob('run*')))}"
+    run_dir.mkdir()
+    script = LAUNCHER.format(tests=str(TESTS), node_code=node_code, run_dir=str(run_dir))
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    return proc, run_dir
+
+
+def wait_for_fabric(before: set[str], timeout_s: float = 60) -> str:
+    """The run id of the fabric that appears, once both of its nodes run something."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        new = set(netns.list_ours()) - before
+        if new:
+            (run_id,) = new
+            spaces = [netns.netns_name(run_id, k) for k in range(2)]
+            if all(netns._pids_in(ns) for ns in spaces):
+                return run_id
+        time.sleep(0.2)
+    raise AssertionError("no fabric appeared")
+
+
+@needs_netns
+def test_links_are_shaped_and_counted_by_the_kernel():
+    """200 Mbit/s both ways; the payload of a TCP transfer is tx_bytes - 66 x tx_packets exactly."""
+    fabric = netns.plan_fabric(2, "10.77.0.0/24", netns.Shaping(200.0, netns.burst_bytes(200, 1.0), 100.0))
+    netns.clean_stale()
+    netns.create(fabric)
+    try:
+        a, b = fabric.nodes
+        server = subprocess.Popen(["ip", "netns", "exec", b.netns, sys.executable, "-c", textwrap.dedent(f"""
+            import socket
+            s = socket.create_server(("{b.address}", 5001)); c, _ = s.accept(); n = 0
+            while n < 5_000_000: n += len(c.recv(1 << 20))
+            c.sendall(b"k")""")])
+        out = subprocess.run(["ip", "netns", "exec", a.netns, sys.executable, "-c", textwrap.dedent(f"""
+            import json, socket, time
+            from birder_repro.launch import netns
+            for _ in range(100):
+                try: s = socket.create_connection(("{b.address}", 5001)); break
+                except OSError: time.sleep(0.05)
+            c0 = netns.read_counters("{a.node_veth}"); t = time.perf_counter()
+            s.sendall(b"x" * 5_000_000); s.recv(1); dt = time.perf_counter() - t
+            c1 = netns.read_counters("{a.node_veth}")
+            print(json.dumps({{"mbit": 5_000_000 * 8 / dt / 1e6, "bytes": c1["tx_bytes"] - c0["tx_bytes"],
+                              "packets": c1["tx_packets"] - c0["tx_packets"]}}))""")],
+            capture_output=True, text=True, timeout=60)
+        server.wait(timeout=30)
+        assert out.returncode == 0, out.stderr
+        got = json.loads(out.stdout)
+        assert 100 < got["mbit"] < 200 * 1.05  # TCP goodput under a 200 Mbit/s bucket (1448 of 1514 bytes)
+        assert got["bytes"] - netns.FRAME_HEADER_BYTES * got["packets"] == pytest.approx(5_000_000, rel=1e-3)
+    finally:
+        assert netns.destroy(fabric) == []
+    assert ours(fabric.run_id) == set()
+
+
+@needs_netns
+def test_a_run_that_ends_leaves_nothing_and_notes_the_fabric(tmp_path):
+    proc, run_dir = start_launcher(tmp_path, CHECK_LINK)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert out.count("counters {'tx_bytes'") == 2  # each node reads its own veth inside its namespace
+    info = json.loads((run_dir / emulated.INFO_FILE).read_text())
+    assert info["left_after_removal"] == [] and len(info["nodes"]) == 2
+    assert ours(info["run_id"]) == set()
+
+
+@needs_netns
+def test_a_run_that_fails_leaves_nothing(tmp_path):
+    proc, run_dir = start_launcher(tmp_path, "import sys; sys.exit(5)")
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 5, out
+    assert ours(json.loads((run_dir / emulated.INFO_FILE).read_text())["run_id"]) == set()
+
+
+@needs_netns
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_run_stopped_by_a_signal_leaves_nothing(tmp_path, sig, code):
+    before = set(netns.list_ours())
+    proc, run_dir = start_launcher(tmp_path, WAIT)
+    run_id = wait_for_fabric(before)
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == code, out
+    assert ours(run_id) == set()
+
+
+@needs_netns
+def test_a_run_killed_with_sigkill_is_cleaned_by_the_next_run(tmp_path):
+    before = set(netns.list_ours())
+    proc, _ = start_launcher(tmp_path, WAIT)
+    run_id = wait_for_fabric(before)
+    node_pids = [pid for k in range(2) for pid in netns._pids_in(netns.netns_name(run_id, k))]
+    proc.kill()
+    proc.wait(timeout=30)
+    assert ours(run_id), "SIGKILL leaves the fabric behind: nothing could remove it"
+    deadline = time.monotonic() + 30  # the nodes got SIGTERM from the kernel when the launcher died
+    while any(Path(f"/proc/{pid}").exists() for pid in node_pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in node_pids)
+    nxt, next_dir = start_launcher(tmp_path, CHECK_LINK)
+    out, _ = nxt.communicate(timeout=120)
+    assert nxt.returncode == 0 and f"removed the emulated cluster(s) {run_id}" in out, out
+    assert ours(run_id) == set()
+    assert ours(json.loads((next_dir / emulated.INFO_FILE).read_text())["run_id"]) == set()
+    assert not [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+                if n.startswith(f"{netns.PREFIX}-{run_id}")]
+
+
+@needs_netns
+def test_a_live_run_is_not_taken_for_a_stale_one(tmp_path):
+    before = set(netns.list_ours())
+    proc, _ = start_launcher(tmp_path, WAIT)
+    try:
+        run_id = wait_for_fabric(before)
+        assert run_id not in netns.clean_stale()
+        assert netns.netns_name(run_id, 0) in netns.list_ours()[run_id]
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=120)
+    assert ours(run_id) == set()
+
+
+# ------------------------------------------------------------------------------- real training (slow)
+def birder_repro(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "birder_repro.cli", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def buffer_bytes(cfg) -> int:
+    """Bytes of the model's buffers, which DDP broadcasts from rank 0 before every forward pass."""
+    from birder_repro import tasks
+
+    model = tasks.get_task(cfg.task.name).build_model(cfg)
+    return sum(b.numel() * b.element_size() for b in model.buffers())
+
+
+def records(runs: Path) -> list[dict]:
+    return [record.read_record(p.parent) for p in sorted(runs.rglob(record.RECORD_FILE))]
+
+
+@pytest.mark.slow
+@needs_netns
+@pytest.mark.parametrize("optim", ["sgdm", "birder"])
+def test_emulated_run_counts_the_bytes_the_hook_sends(compose, runs_dir, optim):
+    """Two nodes through the CLI, on ResNet-20 (0.27M parameters: SGDM sends 1.1 MB per step per node, Birder
+    34 kB): the kernel's payload (tx_bytes - 66 x packets) within 10 % of what the run sends, which is the
+    hook's count plus, from rank 0's node, DDP's broadcast of the model's buffers before every forward pass
+    (BatchNorm statistics: 5.6 kB here), which no hook sees."""
+    overrides = ["cluster=emulated", "nodes=2", f"optim={optim}", *TINY, "model.size=full", "train.steps=12",
+                 "train.timing_warmup_steps=2"]
+    out = birder_repro(*overrides)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    (rec,) = records(runs_dir)
+    assert rec["status"] == "completed" and len(rec["link_bytes_per_step"]) == 2
+    hook = rec["inter_node_bytes_per_step"]  # per process = per node (1 process a node)
+    buffers = buffer_bytes(compose(overrides))
+    for node, (sent, packets) in enumerate(zip(rec["link_bytes_per_step"], rec["link_packets_per_step"])):
+        payload = sent - netns.FRAME_HEADER_BYTES * packets
+        expected = hook + (buffers if node == 0 else 0)
+        assert payload == pytest.approx(expected, rel=0.10), (node, payload, expected)
+    info = json.loads((Path(rec["run_dir"]) / emulated.INFO_FILE).read_text())
+    assert ours(info["run_id"]) == set()
+
+
+@pytest.mark.slow
+@needs_netns
+def test_an_emulated_sweep_records_a_failed_cell_and_runs_the_others(runs_dir):
+    """One cell fails in its workers (no such dataset), the other completes; both recorded, nothing left."""
+    out = birder_repro("-m", "cluster=emulated", "nodes=2", *TINY, "train.steps=4", "data.source=real,synthetic",
+                       f"data.root={runs_dir / 'no-such-dataset'}")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    recs = records(runs_dir)
+    assert [r["status"] for r in recs] == ["failed", "completed"]
+    assert "no-such-dataset" in recs[0]["error"]
+    for r in recs:
+        info = json.loads((Path(r["run_dir"]) / emulated.INFO_FILE).read_text())
+        assert info["left_after_removal"] == [] and ours(info["run_id"]) == set()
+
+
+def test_cli_refusal_of_emulated_with_another_launcher_is_recorded(compose, tmp_path):
+    cfg = compose(["cluster=emulated", "launcher=torchrun", "logger=none"], hydra_config=True)
+    assert cli.run(cfg, run_dir=tmp_path / "run") != 0
+    rec = record.read_record(tmp_path / "run")
+    assert rec["status"] == "failed" and "launcher=auto" in rec["error"]
