@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 ARGS    ?=
 
-.PHONY: help install run test test-all tables bench clean
+.PHONY: help install run test test-all tables bench emulated-setup clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -32,6 +32,10 @@ tables: $(STAMP)  ## build tables/ from every run record under runs/
 
 bench: $(STAMP)  ## compression / decompression time of the hooks against a copy of the same buffer
 	$(BIN)/python -m birder_repro.bench $(ARGS)
+
+emulated-setup:  ## install iproute2 (ip, tc) for cluster=emulated where it is missing (needs root)
+	@command -v ip >/dev/null && command -v tc >/dev/null && echo "iproute2 is installed" || \
+	  (apt-get update -q && apt-get install -y -q iproute2)
 
 clean:  ## remove the virtual environment and caches (runs/ stays)
 	rm -rf $(VENV) .pytest_cache build *.egg-info
