@@ -24,6 +24,7 @@ with SIGKILL is removed by the next emulated run (netns.clean_stale).
 
 from __future__ import annotations
 
+import codecs
 import ctypes
 import json
 import os
@@ -288,6 +289,7 @@ def _die_with_parent() -> None:
 def _pump(stream, log, prefix: bytes, lock: threading.Lock) -> None:
     """Copy one node's output, prefixing every line (progress bars redraw with \\r: those are lines too)."""
     at_line_start = True
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two chunks
     while chunk := stream.read1(65536):
         out = bytearray()
         for piece in chunk.splitlines(keepends=True):
@@ -298,7 +300,7 @@ def _pump(stream, log, prefix: bytes, lock: threading.Lock) -> None:
         with lock:
             log.write(out)
             log.flush()
-            sys.stdout.write(out.decode("utf-8", errors="replace"))
+            sys.stdout.write(decoder.decode(bytes(out)))
             sys.stdout.flush()
 
 
