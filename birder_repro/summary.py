@@ -98,6 +98,10 @@ def _bytes_lines(record: Mapping[str, Any]) -> list[str]:
         if inter_ratio is not None:
             ratios.append(f"{inter_ratio:.3g}x less inter-node")
         lines.append(f"            {line}" + (f": this run sent {', '.join(ratios)}" if ratios else ""))
+    link = record.get("link_bytes_per_step")
+    if link:  # emulated clusters: what each node's link really carried (kernel counters, headers included)
+        per_node = ", ".join(human_bytes(b) for b in link)
+        lines.append(f"            each node's link carried (kernel count): {per_node} per step")
     return lines
 
 

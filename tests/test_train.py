@@ -398,3 +398,14 @@ def test_grad_clip_applies_only_where_grad_holds_gradients():
     birder = Birder(model.parameters(), lr=0.1)
     birder.compressed_by_hook = True
     assert not grads_are_gradients(birder)
+
+
+def test_summary_shows_the_kernel_counted_link_bytes_of_emulated_runs():
+    from birder_repro.summary import format_summary
+
+    text = format_summary({"task": "resnet50", "optim": "birder", "status": "completed", "intra_node_bytes_per_step": 0,
+                           "throughput_samples_per_s": 183.4, "step_time_s": {"total": 0.174, "compute": 0.042,
+                                                                           "communication": 0.056, "compression": 0.077},
+                           "inter_node_bytes_per_step": 677350, "fp32_allreduce_bytes_per_step": 21675168,
+                           "link_bytes_per_step": [741715, 719013]})
+    assert "kernel count" in text and text.count("KiB") >= 2
