@@ -25,6 +25,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
+from birder_repro.optim.common import closure_loss
+
 __all__ = ["BertAdam", "bert_param_groups", "clip_coefficient", "bertadam_update_", "build_bertadam",
            "NO_DECAY_NAMES"]
 
@@ -123,10 +125,7 @@ class BertAdam(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
         if not params:
             return loss

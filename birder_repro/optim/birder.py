@@ -18,6 +18,8 @@ from typing import Iterable, Optional
 
 import torch
 
+from birder_repro.optim.common import closure_loss
+
 
 def stochastic_sign_bits(x: torch.Tensor, rand: torch.Tensor) -> torch.Tensor:
     """Eq. (5) as bits: True (+1) where rand < (x + 1) / 2. ``rand`` is uniform on [0, 1).
@@ -126,10 +128,7 @@ class Birder(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:

@@ -35,6 +35,8 @@ from typing import Any, Iterable, Mapping, NamedTuple, Optional
 
 import torch
 
+from birder_repro.optim.common import closure_loss
+
 WARMUP, COMPRESSION = "warmup", "compression"
 
 
@@ -161,10 +163,7 @@ class OneBitOptimizer(torch.optim.Optimizer):
     # ------------------------------------------------------------------------------------------ the step
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         compressing = self.stage == COMPRESSION
         for group in self.param_groups:
             for p in group["params"]:

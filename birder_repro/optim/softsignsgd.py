@@ -17,6 +17,7 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from birder_repro.optim.birder import apply_update_
+from birder_repro.optim.common import closure_loss
 
 __all__ = ["SoftSignSGD", "softsign_direction_", "build_softsignsgd"]
 
@@ -57,10 +58,7 @@ class SoftSignSGD(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
