@@ -5,7 +5,7 @@ each optimizer step, ``base_lr`` being the peak learning rate the optimizer was 
 the step alone, a resumed run gets the same learning rate as an uninterrupted one.
 
 ``step`` counts from 0: it is the index of the optimizer step about to be taken. Lengths (``warmup``, the
-milestones of ``multistep``) below 1 are fractions of the run, from 1 on they are steps.
+milestones of ``multistep``) below 1 are fractions of the run, from 1 on they are steps (:func:`steps_of`).
 
 Schedules (``cfg.name``):
 
@@ -26,16 +26,38 @@ Large Minibatch SGD", section 2.2); with the default ``warmup: 0`` they are the 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 SCHEDULES = ("constant", "multistep", "warmup_linear", "cosine")
 
 
-def steps_of(value: float, total_steps: int) -> int:
-    """A length given as a fraction of the run (< 1) or as a number of steps (>= 1), in steps."""
-    if value < 0:
-        raise ValueError(f"schedule lengths must be >= 0, got {value}")
-    return int(round(value * total_steps)) if value < 1 else int(value)
+def steps_of(value: float, total_steps: Optional[int], setting: str = "a schedule length") -> int:
+    """A length given as a fraction of the run or as a number of steps, in steps.
+
+    The one reading of such lengths in the project: the schedule's ``warmup`` and ``milestones`` here, 1-bit
+    Adam's ``optim.freeze`` and PowerSGD's ``optim.comm.start_iter``.
+
+    1. below 0: an error;
+    2. from 1 on: a number of steps, which must be whole;
+    3. 0: no steps;
+    4. between 0 and 1: that fraction of ``total_steps`` (the optimizer steps of the whole run), rounded to the
+       nearest step; an error when the run's length is not known.
+
+    ``setting`` names the config key in the errors (e.g. ``optim.freeze``).
+    """
+    if value is None or value < 0:
+        raise ValueError(f"{setting} must be >= 0 (a fraction of the run below 1, or a number of steps), "
+                         f"got {value}")
+    if value >= 1:
+        if value != int(value):
+            raise ValueError(f"{setting} >= 1 is a number of steps and must be whole, got {value}")
+        return int(value)
+    if value == 0:
+        return 0
+    if total_steps is None or total_steps < 1:
+        raise ValueError(f"{setting}={value} is a fraction of the run, so optim.total_steps (the optimizer steps "
+                         f"of the whole run) must be set; got {total_steps}")
+    return int(round(value * total_steps))
 
 
 def warmup_factor(step: int, warmup_steps: int) -> float:
@@ -64,13 +86,14 @@ def lr_factor(step: int, total_steps: int, schedule_cfg: Mapping[str, Any]) -> f
     name = schedule_cfg.get("name", "constant")
     if name not in SCHEDULES:
         raise ValueError(f"unknown lr schedule {name!r}; known: {', '.join(SCHEDULES)}")
-    warmup = steps_of(schedule_cfg.get("warmup", 0) or 0, total_steps)
+    warmup = steps_of(schedule_cfg.get("warmup", 0) or 0, total_steps, "train.schedule.warmup")
     if step < warmup:
         return warmup_factor(step, warmup)
     if name == "constant":
         return 1.0
     if name == "multistep":
-        milestones = [steps_of(m, total_steps) for m in schedule_cfg.get("milestones", []) or []]
+        milestones = [steps_of(m, total_steps, "train.schedule.milestones")
+                      for m in schedule_cfg.get("milestones", []) or []]
         return multistep_factor(step, milestones, float(schedule_cfg.get("gamma", 0.1)))
     if name == "warmup_linear":
         return linear_decay_factor(step, warmup, total_steps)

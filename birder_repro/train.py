@@ -61,6 +61,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from birder_repro.comm.accounting import CommStats, flat_allreduce_split
+from birder_repro.comm.state import GRADIENT, CommState
 from birder_repro.logger import RunLogger
 from birder_repro.schedule import lr_factor
 
@@ -120,11 +121,9 @@ def _now(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def stage_of(comm, step: int) -> Optional[str]:
-    """The hook's stage at ``step`` (``comm.stage(step)`` or the attribute ``comm.stage``); None: no stages."""
-    stage = getattr(comm, "stage", None)
-    if callable(stage):
-        stage = stage(step)
+def stage_of(comm: CommState, step: int) -> Optional[str]:
+    """The hook's stage at ``step`` (:meth:`CommState.stage`); None: the scheme has one stage."""
+    stage = comm.stage(step)
     return None if stage is None else str(stage)
 
 
@@ -236,15 +235,13 @@ class StepResult:
     inter_bytes: float
 
 
-def grads_are_gradients(optimizer) -> bool:
+def grads_are_gradients(comm: CommState) -> bool:
     """Whether ``.grad`` holds averaged gradients after backward, so that clipping their norm means something.
 
     Not for Birder with its hook (the +-1 of u_bar: bounded by construction) nor for 1-bit Adam / LAMB in
-    their compression stage (the averaged momentum the hook returns).
+    their compression stage (the averaged momentum the hook returns): :meth:`CommState.grad_holds`.
     """
-    if getattr(optimizer, "compressed_by_hook", False):
-        return False
-    return not (getattr(optimizer, "momentum_by_hook", False) and getattr(optimizer, "stage", "") == "compression")
+    return comm.grad_holds() == GRADIENT
 
 
 def run_step(task, model, optimizer, batch, device, comm, grad_clip: Optional[float] = None) -> StepResult:
@@ -257,7 +254,7 @@ def run_step(task, model, optimizer, batch, device, comm, grad_clip: Optional[fl
     t0 = _now(device)
     loss, n = task.loss(model, batch, device)
     loss.backward()  # DDP's hook communicates here; backward returns when every bucket is reduced
-    if grad_clip and grads_are_gradients(optimizer):
+    if grad_clip and grads_are_gradients(comm):
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     t1 = _now(device)
     mid = _counters(comm)

@@ -1,10 +1,15 @@
 """Birder: quantizer, packing, error feedback, and the hook against the single-process reference.
 
-Multi-process tests run 4 gloo processes as 2 nodes x 2. Gradients are multiples of 1/8, so the node averages
-are exact in any summation order and the hook must equal the reference bit for bit.
+Multi-process tests run 4 gloo processes as 2 nodes x 2, all scenarios in one spawn (starting processes that
+import torch is most of the cost). Gradients are multiples of 1/8 in the core tests, so the node averages are
+exact in any summation order and the hook must equal the reference bit for bit; the DDP tests replay every
+bucket call the ranks made through the reference, which must give the same +-1 bit for bit.
 """
 
 from __future__ import annotations
+
+import contextlib
+import io
 
 import numpy as np
 import pytest
@@ -86,10 +91,13 @@ def _core_worker(rank, world):
     for scheme in ("hierarchical", "flat", "allgather"):
         state = BirderState(build_topology(GPUS), scheme=scheme, beta=0.9, eps=1e-8, seed=7)
         results = _run_core(state, rank, world, range(4))
-        shards = {bi: {k: getattr(b, k).clone() for k in ("m", "b", "e")} for bi, b in state.buckets.items()}
+        buckets = state.store.buckets
+        shards = {bi: {k: b.state[k].clone() for k in ("m", "b", "e")} for bi, b in buckets.items()}
         out[scheme] = (results, shards, state.snapshot(), state.worker_rank,
-                       {bi: b.shard for bi, b in state.buckets.items()})
+                       {bi: b.state["m"].numel() for bi, b in buckets.items()})
     out["resume"] = _resume_worker(rank, world)
+    out["script"] = _user_script(rank, world)
+    out["fresh"] = _resume_in_fresh_ddp(rank, world, out["script"]["checkpoint"])
     return out
 
 
@@ -165,13 +173,12 @@ class _Net(nn.Module):
         return self.head(torch.tanh(self.body(torch.tanh(self.stem(x)))))
 
 
-def _user_script(rank, world, lr, steps):
-    torch.manual_seed(0)
-    ddp = nn.parallel.DistributedDataParallel(_Net(), bucket_cap_mb=0.0006)  # several small buckets
-    # --- the three lines of the README ---
-    opt = Birder(ddp.parameters(), lr=lr, beta=0.9, weight_decay=0.0)
-    state = attach_birder(ddp, opt, gpus_per_node=GPUS, scheme="hierarchical")
-    # record every bucket call for the reference (patched on the class: this is a throwaway test process)
+LR, SCRIPT_STEPS, SAVE_AFTER = 1e-2, 4, 2
+
+
+@contextlib.contextmanager
+def _recording_calls():
+    """Every bucket call (index, signature, local gradient, result) of this process, in order, while open."""
     calls, original = [], BirderState.allreduce_bucket
 
     def recording(self, index, buffer, signature):
@@ -181,9 +188,18 @@ def _user_script(rank, world, lr, steps):
         return out
 
     BirderState.allreduce_bucket = recording
-    gen = torch.Generator().manual_seed(100 + rank)
+    try:
+        yield calls
+    finally:
+        BirderState.allreduce_bucket = original
+
+
+def _train(ddp, opt, rank, world, steps) -> tuple[list[bool], list[bool]]:
+    """DDP steps on this rank's data of each step; whether the ranks' parameters agree after each step, and
+    whether every element moved by exactly +-lr (u_bar is +-1 and there is no weight decay)."""
     identical, exact_steps = [], []
-    for _ in range(steps):
+    for step in steps:
+        gen = torch.Generator().manual_seed(1000 * step + 100 + rank)
         before = [p.detach().clone() for p in ddp.parameters()]
         x, y = torch.randn(32, 8, generator=gen), torch.randn(32, 4, generator=gen)
         loss = nn.functional.mse_loss(ddp(x), y)
@@ -195,24 +211,88 @@ def _user_script(rank, world, lr, steps):
         dist.all_gather(gathered, flat)
         identical.append(all(torch.equal(gathered[0], g) for g in gathered))
         delta = torch.cat([(b - p.detach()).reshape(-1) for b, p in zip(before, ddp.parameters())])
-        exact_steps.append(bool(torch.allclose(delta.abs(), torch.full_like(delta, lr), rtol=0, atol=1e-6)))
-    return identical, exact_steps, calls, state.layout_changes
+        exact_steps.append(bool(torch.allclose(delta.abs(), torch.full_like(delta, LR), rtol=0, atol=1e-6)))
+    return identical, exact_steps
 
 
-def test_user_script_trains_identically_and_matches_reference_across_bucket_rebuild():
-    world, lr, steps = NODES * GPUS, 1e-2, 4
-    per_rank = run_distributed(_user_script, world, lr, steps)
-    for identical, exact_steps, _, layout_changes in per_rank:
-        assert all(identical), "parameters differ between ranks"
-        assert all(exact_steps), "an update was not +-lr per element"
-        assert layout_changes >= 1, "DDP's bucket rebuild was not exercised"
-    # replay every rank's recorded bucket calls through the reference, in the order the ranks made them
-    ref = ReferenceBirder(NODES, GPUS, "hierarchical", beta=0.9, eps=1e-8, seed=0)
-    n_calls = len(per_rank[0][2])
-    assert all(len(r[2]) == n_calls for r in per_rank)
+def _checkpoint(ddp, opt, state) -> dict:
+    """What a checkpoint file gives back (torch.save, then torch.load as the training loop does)."""
+    buf = io.BytesIO()
+    torch.save({"model": ddp.module.state_dict(), "opt": opt.state_dict(), "hook": state.state_dict()}, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=False)
+
+
+def _user_script(rank, world):
+    """The README's three lines in a training script, through DDP's bucket rebuild; checkpointed on the way."""
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(_Net(), bucket_cap_mb=0.0006)  # several small buckets
+    # --- the three lines of the README ---
+    opt = Birder(ddp.parameters(), lr=LR, beta=0.9, weight_decay=0.0)
+    state = attach_birder(ddp, opt, gpus_per_node=GPUS, scheme="hierarchical")
+    with _recording_calls() as calls:
+        identical, exact_steps = _train(ddp, opt, rank, world, range(SAVE_AFTER))
+        checkpoint, calls_at_save = _checkpoint(ddp, opt, state), len(calls)
+        more = _train(ddp, opt, rank, world, range(SAVE_AFTER, SCRIPT_STEPS))
+    return {"identical": identical + more[0], "exact": exact_steps + more[1], "calls": calls,
+            "layout_changes": state.layout_changes, "checkpoint": checkpoint, "calls_at_save": calls_at_save}
+
+
+def _resume_in_fresh_ddp(rank, world, checkpoint):
+    """A restarted run: a new process group and topology, a new DDP model with other buckets (bucket_cap_mb and
+    DDP's initial layout), a new optimizer and hook; the checkpoint of the user script after SAVE_AFTER steps."""
+    group = dist.new_group(list(range(world)))
+    torch.manual_seed(1)  # other initial parameters: the checkpoint must bring them back
+    ddp = nn.parallel.DistributedDataParallel(_Net(), bucket_cap_mb=0.002, process_group=group)
+    opt = Birder(ddp.parameters(), lr=LR, beta=0.9, weight_decay=0.0)
+    state = attach_birder(ddp, opt, topology=build_topology(GPUS))
+    ddp.module.load_state_dict(checkpoint["model"])
+    opt.load_state_dict(checkpoint["opt"])
+    state.load_state_dict(checkpoint["hook"])
+    with _recording_calls() as calls:
+        identical, exact_steps = _train(ddp, opt, rank, world, range(SAVE_AFTER, SCRIPT_STEPS))
+    return {"identical": identical, "exact": exact_steps, "calls": calls, "layout_changes": state.layout_changes,
+            "pending": len(state.store.pending)}
+
+
+def _replay(ref: ReferenceBirder, per_rank_calls: list[list], where: str) -> None:
+    """Every rank's recorded bucket calls through the reference, in the order the ranks made them: the hook's
+    result must be the reference's bit for bit on every rank."""
+    n_calls = len(per_rank_calls[0])
+    assert all(len(c) == n_calls for c in per_rank_calls), f"{where}: ranks made different numbers of calls"
     for i in range(n_calls):
-        _, signature, _, _ = per_rank[0][2][i]
-        assert all(r[2][i][1] == signature for r in per_rank)
-        want = ref.bucket(signature, per_rank[0][2][i][2].numel(), [r[2][i][2] for r in per_rank])
-        for rank, r in enumerate(per_rank):
-            assert torch.equal(r[2][i][3], want), f"call {i}, rank {rank}"
+        _, signature, grad, _ = per_rank_calls[0][i]
+        assert all(c[i][1] == signature for c in per_rank_calls), f"{where}: ranks disagree on the layout"
+        want = ref.bucket(signature, grad.numel(), [c[i][2] for c in per_rank_calls])
+        for rank, c in enumerate(per_rank_calls):
+            assert torch.equal(c[i][3], want), f"{where}: call {i}, rank {rank}"
+
+
+def test_user_script_trains_identically_and_matches_reference_across_bucket_rebuild(core_runs):
+    per_rank = [r["script"] for r in core_runs]
+    for r in per_rank:
+        assert all(r["identical"]), "parameters differ between ranks"
+        assert all(r["exact"]), "an update was not +-lr per element"
+        assert r["layout_changes"] >= 1, "DDP's bucket rebuild was not exercised"
+    ref = ReferenceBirder(NODES, GPUS, "hierarchical", beta=0.9, eps=1e-8, seed=0)
+    _replay(ref, [r["calls"] for r in per_rank], "uninterrupted")
+
+
+def test_resume_in_fresh_ddp_continues_exactly(core_runs):
+    """Saved after SAVE_AFTER steps, loaded into a fresh DDP model on a new process group whose buckets differ
+    (DDP's initial layout, then another bucket_cap_mb): the state (m, b, e, e_bar, step, the generator) goes on
+    exactly where it was, through both layout changes: the reference, which keeps it per element whatever the
+    layout, continued from the uninterrupted run's first SAVE_AFTER steps, gives the resumed run's +-1 bit for
+    bit. (Not the uninterrupted run's own later results: each rank draws its uniforms bucket after bucket, so
+    other buckets take other draws for the same elements.)"""
+    script, fresh = [r["script"] for r in core_runs], [r["fresh"] for r in core_runs]
+    for r in fresh:
+        assert all(r["identical"]), "parameters differ between ranks after the resume"
+        assert all(r["exact"]), "an update was not +-lr per element after the resume"
+        assert r["layout_changes"] >= 1 and r["pending"] == 0
+    saved_layout = {i: sig for i, sig, _, _ in script[0]["calls"][: script[0]["calls_at_save"]]}
+    resumed_layout = {i: sig for i, sig, _, _ in fresh[0]["calls"]}
+    assert resumed_layout != saved_layout, "the resumed run's buckets were the saved ones: nothing to migrate"
+    ref = ReferenceBirder(NODES, GPUS, "hierarchical", beta=0.9, eps=1e-8, seed=0)
+    _replay(ref, [r["calls"][: r["calls_at_save"]] for r in script], "before the checkpoint")
+    _replay(ref, [r["calls"] for r in fresh], "resumed")

@@ -1,50 +1,66 @@
 """Communication: topology, 1-bit packing, and the DDP communication hooks with their states.
 
 Every scheme is attached with ``attach_<scheme>(ddp_model, optimizer, ...)`` and returns a state that
-subclasses :class:`CommStats` (bytes sent intra- and inter-node, compression and communication seconds) and
-has ``state_dict()`` / ``load_state_dict()``. :func:`attach_comm` picks the scheme an optimizer is
-registered with (``birder_repro.optim.OptimInfo.comm``) and builds it from the ``optim`` config node.
+subclasses :class:`CommState` (bytes sent intra- and inter-node, compression and communication seconds, the
+stage of a step, what ``.grad`` holds after the hook) and has ``state_dict()`` / ``load_state_dict()``.
+:func:`attach_comm` picks the scheme an optimizer is listed with (``birder_repro.optim.OptimInfo.comm``) in
+:data:`SCHEMES` and builds it from the ``optim`` config node.
 """
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
 
 from birder_repro.comm.accounting import CommStats
+from birder_repro.comm.state import GRADIENT, MOMENTUM, UPDATE, CommState
 from birder_repro.comm.topology import Topology, build_topology, flat_topology
+from birder_repro.registry import Registry
 
-__all__ = ["CommStats", "Topology", "build_topology", "flat_topology", "attach_comm", "list_schemes",
-           "attach_birder"]
+__all__ = ["CommState", "CommStats", "GRADIENT", "UPDATE", "MOMENTUM", "Topology", "build_topology",
+           "flat_topology", "Scheme", "SCHEMES", "attach_comm", "list_schemes", "attach_birder", "BirderState",
+           "attach_onebit", "OneBitState", "attach_allreduce", "attach_powersgd"]
 
-# scheme name -> module defining attach_from_config(ddp_model, optimizer, cfg, topology) -> CommStats
-_SCHEMES = {
-    "allreduce": "birder_repro.comm.allreduce",  # DDP's fp32 all-reduce, counted
-    "fp16": "birder_repro.comm.allreduce",  # torch's fp16 compression hook, counted
-    "powersgd": "birder_repro.comm.powersgd",  # torch's PowerSGD hook, counted
-    "birder": "birder_repro.comm.birder",  # Hierarchical-1-bit-All-Reduce
-    "onebit": "birder_repro.comm.onebit",  # 1-bit Adam / 1-bit LAMB compressed all-reduce
-}
+
+@dataclass(frozen=True)
+class Scheme:
+    """A communication scheme: the module whose ``attach_from_config(ddp_model, optimizer, cfg, topology,
+    scheme=name)`` registers its hook and returns its state (imported on first use, so that
+    ``import birder_repro.comm`` stays light)."""
+
+    name: str
+    module: str
+    description: str
+
+
+SCHEMES: Registry[Scheme] = Registry("communication scheme", [
+    Scheme("allreduce", "birder_repro.comm.allreduce", "DDP's fp32 all-reduce, counted"),
+    Scheme("fp16", "birder_repro.comm.allreduce", "torch's fp16 compression hook, counted"),
+    Scheme("powersgd", "birder_repro.comm.powersgd", "torch's PowerSGD hook, counted"),
+    Scheme("birder", "birder_repro.comm.birder", "Hierarchical-1-bit-All-Reduce"),
+    Scheme("onebit", "birder_repro.comm.onebit", "1-bit Adam / 1-bit LAMB compressed all-reduce"),
+])
 
 
 def list_schemes() -> list[str]:
-    return sorted(_SCHEMES)
+    return SCHEMES.names()
 
 
 def attach_comm(scheme: str, ddp_model: torch.nn.parallel.DistributedDataParallel, optimizer: torch.optim.Optimizer,
-                cfg: Mapping[str, Any], topology: Topology) -> CommStats:
-    """Register the hook of ``scheme`` on ``ddp_model`` and return its state."""
-    if scheme not in _SCHEMES:
-        raise KeyError(f"communication scheme {scheme!r} is unknown; known: {', '.join(list_schemes())}")
-    module = importlib.import_module(_SCHEMES[scheme])
+                cfg: Mapping[str, Any], topology: Topology) -> CommState:
+    """Register the hook of ``scheme`` on ``ddp_model`` and return its state (KeyError naming the schemes if
+    ``scheme`` is not one)."""
+    module = importlib.import_module(SCHEMES[scheme].module)
     return module.attach_from_config(ddp_model, optimizer, cfg, topology, scheme=scheme)
 
 
 def __getattr__(name: str):
-    # Public attach functions, imported on first use so that `import birder_repro.comm` stays light.
-    public = {"attach_birder": "birder_repro.comm.birder", "attach_onebit": "birder_repro.comm.onebit",
+    # Public attach functions and states, imported on first use so that `import birder_repro.comm` stays light.
+    public = {"attach_birder": "birder_repro.comm.birder", "BirderState": "birder_repro.comm.birder",
+              "attach_onebit": "birder_repro.comm.onebit", "OneBitState": "birder_repro.comm.onebit",
               "attach_allreduce": "birder_repro.comm.allreduce", "attach_powersgd": "birder_repro.comm.powersgd"}
     if name in public:
         return getattr(importlib.import_module(public[name]), name)

@@ -1,4 +1,4 @@
-"""Bytes a process sends in each collective, and the step-time statistics every hook keeps.
+"""Bytes a process sends in each collective (the counters that hold them: :mod:`birder_repro.comm.state`).
 
 Per-process payload bytes of the standard algorithms (Thakur, Rabenseifner and Gropp, "Optimization of
 Collective Communication Operations in MPICH", IJHPCA 2005): a ring all-reduce of B bytes over g processes
@@ -9,9 +9,10 @@ see them.
 
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
-from typing import Iterator
+from typing import Sequence
+
+from birder_repro.comm.state import CommState
+from birder_repro.comm.topology import Topology
 
 
 def allreduce_bytes(nbytes: int, group_size: int) -> float:
@@ -46,52 +47,12 @@ def flat_allreduce_split(nbytes: int, world_size: int, gpus_per_node: int) -> tu
     return total - inter, inter
 
 
-class CommStats:
-    """Counters every communication scheme keeps on each rank: payload bytes sent and seconds spent.
-
-    ``intra_node_bytes`` / ``inter_node_bytes`` count what this rank sent in collectives within its node and
-    across nodes; ``compress_seconds`` the time in quantize / pack / unpack work, ``comm_seconds`` the time
-    waiting for collectives. All four only grow; the training loop reads differences per step.
-    """
-
-    __slots__ = ("intra_node_bytes", "inter_node_bytes", "compress_seconds", "comm_seconds", "calls")
-
-    def __init__(self) -> None:
-        self.intra_node_bytes = 0.0
-        self.inter_node_bytes = 0.0
-        self.compress_seconds = 0.0
-        self.comm_seconds = 0.0
-        self.calls = 0
-
-    def snapshot(self) -> dict[str, float]:
-        return {k: float(getattr(self, k)) for k in CommStats.__slots__}
-
-    @contextmanager
-    def timing(self, what: str, sync_device=None) -> Iterator[None]:
-        """Add the wall time of the block to ``compress_seconds`` or ``comm_seconds``.
-
-        On a GPU the block's kernels are asynchronous: pass the device to synchronize it on both sides, so
-        that the time is the kernels' and not their launch (this costs overlap; timing is opt-in there).
-        """
-        if sync_device is not None:
-            _sync(sync_device)
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            if sync_device is not None:
-                _sync(sync_device)
-            dt = time.perf_counter() - t0
-            if what == "compress":
-                self.compress_seconds += dt
-            elif what == "comm":
-                self.comm_seconds += dt
-            else:
-                raise ValueError(f"unknown timing kind {what!r}")
+def peer_bytes(topology: Topology, peers: Sequence[int], nbytes_each: float) -> tuple[float, float]:
+    """(intra-node, inter-node) bytes of sending ``nbytes_each`` to every rank in ``peers``, split by whether the
+    peer is on this process's node: how the 1-bit schemes count their all-to-alls and all-gathers."""
+    same = sum(1 for peer in peers if topology.same_node(peer))
+    return same * nbytes_each, (len(peers) - same) * nbytes_each
 
 
-def _sync(device) -> None:
-    import torch
-
-    if getattr(device, "type", device) == "cuda":
-        torch.cuda.synchronize(device)
+# The counters' class under its former name (scripts and the training loop import it from here).
+CommStats = CommState

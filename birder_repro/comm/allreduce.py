@@ -25,7 +25,8 @@ from typing import Any, Mapping, Optional
 import torch
 import torch.distributed as dist
 
-from birder_repro.comm.accounting import CommStats, flat_allreduce_split
+from birder_repro.comm.accounting import flat_allreduce_split
+from birder_repro.comm.state import CommState
 from birder_repro.comm.topology import Topology, flat_topology
 
 __all__ = ["AllReduceState", "attach_allreduce", "attach_from_config"]
@@ -33,8 +34,9 @@ __all__ = ["AllReduceState", "attach_allreduce", "attach_from_config"]
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-class AllReduceState(CommStats):
-    """State of the counted all-reduce hook: its settings and the :class:`CommStats` counters.
+class AllReduceState(CommState):
+    """State of the counted all-reduce hook: its settings and the :class:`CommState` counters (one stage;
+    ``.grad`` holds the averaged gradients).
 
     There is no algorithmic state (no error feedback, no buffers), so ``state_dict()`` holds the wire dtype,
     to check that a checkpoint is resumed with the same scheme, and the counters, so that cumulative figures
@@ -86,8 +88,7 @@ class AllReduceState(CommStats):
         saved = state_dict["dtype"]
         if _DTYPES[saved] != self.dtype:
             raise ValueError(f"checkpoint was saved with an all-reduce in {saved}, this hook sends {self.dtype}")
-        for key, value in state_dict["stats"].items():
-            setattr(self, key, type(getattr(self, key))(value))
+        self.load_counters(state_dict["stats"])
 
 
 def _group(process_group: Optional[dist.ProcessGroup]) -> dist.ProcessGroup:

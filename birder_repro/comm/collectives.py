@@ -1,9 +1,17 @@
-"""Collectives under the names the installed torch prefers.
+"""Collectives under the names the installed torch prefers, and the future of a hook that is already done.
 
 torch 2.14 renamed ``all_gather_into_tensor`` to ``all_gather_single`` (same arguments) and warns on the old
 name; older releases only have the old one.
 """
 
+import torch
 import torch.distributed as dist
 
 all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def completed_future(result: torch.Tensor) -> torch.futures.Future:
+    """What a DDP hook that ran its collectives synchronously returns: a future already holding ``result``."""
+    fut: torch.futures.Future = torch.futures.Future(devices=[result.device] if result.is_cuda else None)
+    fut.set_result(result)
+    return fut

@@ -34,13 +34,11 @@ The compression stage runs its collectives inside the hook (the returned future 
 ``compress_seconds`` and ``comm_seconds`` are measured; DeepSpeed's runs them in the optimizer step, after the
 backward pass, so nothing is lost against the original.
 
-State: the worker error of each bucket and the server error of this process's chunk, with the bucket's layout
-(which parameters at which offsets). DDP lays its buckets out anew after the first iteration, and a resumed run
-starts from DDP's initial layout again. When a bucket's layout changes, every rank gathers the errors of the
-old layout into per-parameter form once (an all-gather of the server chunks per stored bucket, in the same
-order on every rank, since the layout is the same everywhere) and slices them into the new buckets as they
-arrive: the errors follow their elements. Padding carries no error (it is masked), so nothing is lost; only
-the scales of the step after the change see the new grouping. The optimizer holds the momentum.
+State: the worker error of each bucket (this process's own, the whole bucket) and the server error of this
+process's chunk (cut over all processes), in a :class:`~birder_repro.comm.buckets.BucketStore` that follows
+DDP's bucket layout: when it changes (after the first iteration; in a resumed run, which starts from DDP's
+initial layout again) the errors follow their elements. Padding carries no error (it is masked), so nothing is
+lost; only the scales of the step after the change see the new grouping. The optimizer holds the momentum.
 """
 
 # No ``from __future__ import annotations`` here: DDP's register_comm_hook checks the hook's annotations
@@ -51,17 +49,19 @@ from typing import Any, Mapping, NamedTuple, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from birder_repro.comm.accounting import flat_allreduce_split, peer_bytes
+from birder_repro.comm.buckets import Bucket, BucketStore, Field, Level, bucket_signature, parameter_index
 from birder_repro.comm.collectives import all_gather_flat as _all_gather
-from birder_repro.comm.accounting import CommStats, flat_allreduce_split
-from birder_repro.comm.pack import pack_bits, padded_size, unpack_signs
-from birder_repro.comm.topology import Topology, flat_topology
-from birder_repro.optim.onebit_adam import WARMUP, OneBitOptimizer
+from birder_repro.comm.collectives import completed_future
+from birder_repro.comm.pack import pack_bits, unpack_signs
+from birder_repro.comm.state import GRADIENT, MOMENTUM, CommState
+from birder_repro.comm.topology import Topology, flat_topology, group_peers
+from birder_repro.optim.onebit_adam import COMPRESSION, WARMUP, OneBitOptimizer
 
 __all__ = ["OneBitState", "Exchange", "attach_onebit", "attach_from_config", "onebit_hook", "compress_",
            "compressed_allreduce", "SCALE_BYTES"]
 
 SCALE_BYTES = 4  # one fp32 scale per worker (per bucket) and per server chunk
-
 
 
 # ------------------------------------------------------------------------------------------- the formulas
@@ -105,7 +105,7 @@ class Exchange(NamedTuple):
 
 def compressed_allreduce(x: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,
                          mask: torch.Tensor, group: Optional[dist.ProcessGroup] = None,
-                         stats: Optional[CommStats] = None, topology: Optional[Topology] = None,
+                         stats: Optional[CommState] = None, topology: Optional[Topology] = None,
                          sync_device: Optional[torch.device] = None) -> Exchange:
     """Steps II-VI of the module doc on one padded buffer: the error-compensated 1-bit average over ``group``.
 
@@ -156,61 +156,38 @@ def compressed_allreduce(x: torch.Tensor, worker_error: torch.Tensor, server_err
     return Exchange(result, worker_bits, worker_scales, server_bits, server_scales)
 
 
-def _count(stats: Optional[CommStats], topology: Optional[Topology], group: dist.ProcessGroup,
+def _count(stats: Optional[CommState], topology: Optional[Topology], group: dist.ProcessGroup,
            nbytes_each: int) -> None:
     """Add ``nbytes_each`` sent to every other process of ``group``, split by whether it is on this node."""
-    if stats is None or topology is None:
-        return
-    for peer in dist.get_process_group_ranks(group):
-        if peer == topology.rank:
-            continue
-        if topology.same_node(peer):
-            stats.intra_node_bytes += nbytes_each
-        else:
-            stats.inter_node_bytes += nbytes_each
+    if stats is not None and topology is not None:
+        stats.add_bytes(*peer_bytes(topology, group_peers(group, topology.rank), nbytes_each))
 
 
 # ------------------------------------------------------------------------------------------- the state
-class _Bucket:
-    """One bucket's errors, and what the hook derives from the optimizer for it (not saved)."""
+class _Derived:
+    """What the hook derives for a bucket from the optimizer, once (fixed in the compression stage; not saved)."""
 
-    __slots__ = (
-        # saved: the layout the errors belong to, and the errors
-        "signature", "numel", "padded", "worker_error", "server_error",
-        # derived from the optimizer on first use after creation or loading
-        "params", "beta1", "mask", "scale",
-    )
+    __slots__ = ("params", "beta1", "mask", "scale")
 
-    def __init__(self, signature: tuple, numel: int, padded: int, chunk: int, device: torch.device):
-        self.signature = signature  # ((parameter index, offset, numel), ...)
-        self.numel, self.padded = numel, padded
-        self.worker_error = torch.zeros(padded, device=device, dtype=torch.float32)
-        self.server_error = torch.zeros(chunk, device=device, dtype=torch.float32)
-        self.params: Optional[list[torch.Tensor]] = None
-        self.beta1: float = 0.0
-        self.mask: Optional[torch.Tensor] = None
-        self.scale: Optional[torch.Tensor] = None
+    def __init__(self, params: list, beta1: float, mask: torch.Tensor, scale: Optional[torch.Tensor]):
+        self.params, self.beta1, self.mask, self.scale = params, beta1, mask, scale
 
 
-_SAVED = ("signature", "numel", "padded", "worker_error", "server_error")
+class OneBitState(CommState):
+    """State of the 1-bit Adam / 1-bit LAMB hook on one rank. Counters (bytes, seconds) come from CommState.
 
-
-class OneBitState(CommStats):
-    """State of the 1-bit Adam / 1-bit LAMB hook on one rank. Counters (bytes, seconds) come from CommStats.
-
-    ``stage`` is the stage of the next step (what the training loop is about to run), ``last_stage`` that of
-    the last bucket communicated; both follow the optimizer's step count, the same on every rank.
+    ``stage(step)`` is the stage of the next step (what the training loop is about to run), ``last_stage`` that
+    of the last bucket communicated; both follow the optimizer's step count, the same on every rank.
     ``layout_changes`` counts the times DDP's bucket layout changed under stored errors (module doc).
     """
 
     __slots__ = (
         # user settings
         "optimizer", "process_group", "topology", "sync_timing",
-        # internal state: per-bucket errors and layouts, which bucket holds each parameter's errors, and the
-        # per-parameter errors of a layout change still to be sliced into new buckets
-        "buckets", "owner", "param_index", "_canonical",
+        # internal state: per-bucket errors with their layouts; which parameter index each parameter has
+        "store", "param_index",
         # statistics
-        "last_stage", "layout_changes",
+        "last_stage",
     )
 
     def __init__(self, optimizer: OneBitOptimizer, process_group: Optional[dist.ProcessGroup], topology: Topology,
@@ -220,14 +197,12 @@ class OneBitState(CommStats):
         self.process_group = process_group
         self.topology = topology
         self.sync_timing = sync_timing
-        self.buckets: dict[int, _Bucket] = {}
-        self.owner: dict[int, int] = {}  # parameter index -> index of the bucket holding its errors
+        n = self.world_size
+        every = Level(self.group if n > 1 else None, n, dist.get_rank(self.group) if n > 1 else 0)
+        # worker error: this process's own, over the whole bucket; server error: chunk k on process k
+        self.store = BucketStore([Field("worker_error"), Field("server_error", (every,))], pad_to=8 * n)
         self.param_index = dict(param_index)  # id(parameter) -> its index in the model's parameters()
-        # parameter index -> (worker error, full server error) of its elements, between a layout change and the
-        # arrival of the new bucket that holds the parameter
-        self._canonical: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.last_stage: Optional[str] = None
-        self.layout_changes = 0
 
     @property
     def group(self) -> dist.ProcessGroup:
@@ -237,13 +212,21 @@ class OneBitState(CommStats):
     def world_size(self) -> int:
         return dist.get_world_size(self.group)
 
-    @property
-    def stage(self) -> str:
+    def stage(self, step: int) -> str:
+        """The stage of the step about to run: the optimizer's (its step count is the loop's ``step``)."""
         return self.optimizer.stage
+
+    def grad_holds(self) -> str:
+        """In the compression stage the hook hands back the averaged momentum in place of the gradients."""
+        return MOMENTUM if self.optimizer.stage == COMPRESSION else GRADIENT
 
     @property
     def freeze_step(self) -> int:
         return self.optimizer.freeze_step
+
+    @property
+    def layout_changes(self) -> int:
+        return self.store.layout_changes
 
     # ------------------------------------------------------------------------------------------- warmup
     def allreduce_average(self, buffer: torch.Tensor) -> torch.futures.Future:
@@ -251,8 +234,7 @@ class OneBitState(CommStats):
         n = self.world_size
         intra, inter = flat_allreduce_split(buffer.numel() * buffer.element_size(), n,
                                             self.topology.gpus_per_node)
-        self.intra_node_bytes += intra
-        self.inter_node_bytes += inter
+        self.add_bytes(intra, inter)
         buffer.div_(n)  # before the sum, as torch's default allreduce_hook does
         fut = dist.all_reduce(buffer, group=self.group, async_op=True).get_future()
 
@@ -266,37 +248,41 @@ class OneBitState(CommStats):
                         signature: tuple) -> torch.Tensor:
         """Steps I-VI on one bucket; writes the averaged momentum into ``buffer`` and returns it."""
         with torch.no_grad():
-            bucket = self._bucket_for(index, buffer, params, signature)
+            bucket = self.store.bucket(index, buffer.numel(), signature, buffer.device)
+            if bucket.derived is None:
+                bucket.derived = self._derive(bucket, params)
+            d = bucket.derived
             sync = buffer.device if self.sync_timing else None
             with self.timing("compress", sync):
                 m = self._local_momentum(bucket, buffer)
             if self.world_size > 1:
-                m = compressed_allreduce(m, bucket.worker_error, bucket.server_error, bucket.mask, self.group,
-                                         self, self.topology, sync).result
+                m = compressed_allreduce(m, bucket.state["worker_error"], bucket.state["server_error"], d.mask,
+                                         self.group, self, self.topology, sync).result
             else:
-                m.mul_(bucket.mask)  # nothing to send: the exact momentum (DeepSpeed skips compression too)
+                m.mul_(d.mask)  # nothing to send: the exact momentum (DeepSpeed skips compression too)
             with self.timing("compress", sync):
                 out = m[: bucket.numel]
-                if bucket.scale is not None:
-                    out = out.div_(bucket.scale[: bucket.numel])
+                if d.scale is not None:
+                    out = out.div_(d.scale[: bucket.numel])
                 buffer.copy_(out)
             return buffer
 
-    def _local_momentum(self, bucket: _Bucket, buffer: torch.Tensor) -> torch.Tensor:
+    def _local_momentum(self, bucket: Bucket, buffer: torch.Tensor) -> torch.Tensor:
         """Step I: beta1 * m + (1-beta1) * g over the bucket, padded with zeros (times LAMB's scales)."""
+        d = bucket.derived
         m = torch.zeros(bucket.padded, device=buffer.device, dtype=torch.float32)
-        for p, (_, offset, numel) in zip(bucket.params, bucket.signature):
+        for p, (_, offset, numel) in zip(d.params, bucket.signature):
             prev = self.optimizer.momentum_of(p)
             if prev is not None:
                 m[offset: offset + numel] = prev.reshape(-1)
-        m[: bucket.numel].mul_(bucket.beta1).add_(buffer.float(), alpha=1 - bucket.beta1)
-        if bucket.scale is not None:
-            m.mul_(bucket.scale)
+        m[: bucket.numel].mul_(d.beta1).add_(buffer.float(), alpha=1 - d.beta1)
+        if d.scale is not None:
+            m.mul_(d.scale)
         return m
 
-    def _derive(self, bucket: _Bucket, params: Sequence[torch.Tensor]) -> None:
+    def _derive(self, bucket: Bucket, params: Sequence[torch.Tensor]) -> _Derived:
         """Mask, beta1 and momentum scales of a bucket from the optimizer (fixed in the compression stage)."""
-        device = bucket.worker_error.device
+        device = bucket.state["worker_error"].device
         # 0/1 floats rather than bools: compress_ multiplies by the mask several times per step
         mask = torch.zeros(bucket.padded, device=device, dtype=torch.float32)  # padding stays 0
         scale = torch.ones(bucket.padded, device=device, dtype=torch.float32)
@@ -309,99 +295,27 @@ class OneBitState(CommStats):
         if len(betas) > 1:
             raise ValueError(f"the parameters of one DDP bucket have different beta1 {sorted(betas)}: the 1-bit "
                              "hook forms one momentum per bucket")
-        bucket.params = list(params)
-        bucket.beta1 = betas.pop() if betas else 0.0
-        bucket.mask = mask
-        bucket.scale = scale if bool((scale != 1).any()) else None
-
-    # ------------------------------------------------------------------------------ layout and migration
-    def _bucket_for(self, index: int, buffer: torch.Tensor, params: Sequence[torch.Tensor],
-                    signature: tuple) -> _Bucket:
-        bucket = self.buckets.get(index)
-        if bucket is None or bucket.signature != signature:
-            pids = [pid for pid, _, _ in signature]
-            if bucket is not None or any(pid in self.owner for pid in pids):
-                self._gather_canonical()  # collective: every rank meets the same layout change here
-            n = self.world_size
-            padded = padded_size(buffer.numel(), 8 * n)
-            bucket = _Bucket(signature, buffer.numel(), padded, padded // n, buffer.device)
-            self._fill_from_canonical(bucket)
-            self.buckets[index] = bucket
-            self.owner.update((pid, index) for pid in pids)
-        if bucket.params is None:
-            self._derive(bucket, params)
-        return bucket
-
-    def _gather_canonical(self) -> None:
-        """Every stored bucket's errors into per-parameter form, then forget the old layout. Collective."""
-        self.layout_changes += 1
-        n, group = self.world_size, self.group
-        for index in sorted(self.buckets):  # the same buckets, in the same order, on every rank
-            bucket = self.buckets[index]
-            server = bucket.server_error
-            if n > 1:
-                server = torch.empty(bucket.padded, device=server.device, dtype=server.dtype)
-                _all_gather(server, bucket.server_error, group=group)
-            for pid, offset, numel in bucket.signature:
-                self._canonical[pid] = (bucket.worker_error[offset: offset + numel].clone(),
-                                        server[offset: offset + numel].clone())
-        self.buckets.clear()
-        self.owner.clear()
-
-    def _fill_from_canonical(self, bucket: _Bucket) -> None:
-        """Slice the errors of a new bucket's parameters (the server's: of this rank's chunk) out of the
-        per-parameter form."""
-        chunk = bucket.server_error.numel()
-        lo = dist.get_rank(self.group) * chunk if self.world_size > 1 else 0
-        for pid, offset, numel in bucket.signature:
-            saved = self._canonical.pop(pid, None)
-            if saved is None:
-                continue
-            worker, server = saved
-            bucket.worker_error[offset: offset + numel] = worker
-            a, b = max(offset, lo), min(offset + numel, lo + chunk)  # this parameter's part of my chunk
-            if a < b:
-                bucket.server_error[a - lo: b - lo] = server[a - offset: b - offset]
+        return _Derived(list(params), betas.pop() if betas else 0.0, mask,
+                        scale if bool((scale != 1).any()) else None)
 
     # --------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
         """This rank's errors with their layouts, and the counters; process groups are not saved."""
         return {
             "world_size": self.world_size,
-            "buckets": {i: {k: getattr(b, k) for k in _SAVED} for i, b in self.buckets.items()},
-            "canonical": dict(self._canonical),
-            "layout_changes": self.layout_changes,
+            "buckets": self.store.state_dict(),
             "last_stage": self.last_stage,
             "counters": self.snapshot(),
         }
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
+        """Load a rank's :meth:`state_dict` into any DDP bucket layout (the first differing bucket migrates it)."""
         if sd["world_size"] != self.world_size:
             raise ValueError(f"checkpoint of the 1-bit hook was saved on {sd['world_size']} processes, this run has "
                              f"{self.world_size}: its server errors belong to other chunks")
-        self.buckets.clear()
-        self.owner.clear()
-        for i, fields in sd["buckets"].items():
-            bucket = _Bucket.__new__(_Bucket)
-            for k in _SAVED:
-                v = fields[k]
-                setattr(bucket, k, v.clone() if isinstance(v, torch.Tensor) else v)
-            bucket.params, bucket.beta1, bucket.mask, bucket.scale = None, 0.0, None, None
-            self.buckets[int(i)] = bucket
-            self.owner.update((pid, int(i)) for pid, _, _ in bucket.signature)
-        self._canonical = {int(k): (w.clone(), s.clone()) for k, (w, s) in sd["canonical"].items()}
-        self.layout_changes = int(sd["layout_changes"])
+        self.store.load_state_dict(sd["buckets"])
         self.last_stage = sd["last_stage"]
-        for k, v in sd["counters"].items():
-            setattr(self, k, type(getattr(self, k))(v))
-
-
-def bucket_signature(state: OneBitState, bucket: dist.GradBucket) -> tuple:
-    """((parameter index, offset in the bucket, numel), ...) from the bucket's gradient views."""
-    buffer = bucket.buffer()
-    base, size = buffer.data_ptr(), buffer.element_size()
-    return tuple((state.param_index[id(p)], (g.data_ptr() - base) // size, g.numel())
-                 for p, g in zip(bucket.parameters(), bucket.gradients()))
+        self.load_counters(sd["counters"])
 
 
 def onebit_hook(state: OneBitState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -416,10 +330,8 @@ def onebit_hook(state: OneBitState, bucket: dist.GradBucket) -> torch.futures.Fu
     state.calls += 1
     if stage == WARMUP:
         return state.allreduce_average(buffer)
-    result = state.compress_bucket(bucket.index(), buffer, bucket.parameters(), bucket_signature(state, bucket))
-    fut: torch.futures.Future = torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None)
-    fut.set_result(result)
-    return fut
+    signature = bucket_signature(state.param_index, bucket)
+    return completed_future(state.compress_bucket(bucket.index(), buffer, bucket.parameters(), signature))
 
 
 def attach_onebit(ddp_model: torch.nn.parallel.DistributedDataParallel, optimizer: OneBitOptimizer,
@@ -445,8 +357,8 @@ def attach_onebit(ddp_model: torch.nn.parallel.DistributedDataParallel, optimize
     world = dist.get_world_size(process_group if process_group is not None else dist.group.WORLD)
     if topology.world_size != world:
         raise ValueError(f"topology has {topology.world_size} processes but the DDP process group has {world}")
-    param_index = {id(p): i for i, p in enumerate(ddp_model.module.parameters())}
-    state = OneBitState(optimizer, process_group, topology, param_index, sync_timing=sync_timing)
+    state = OneBitState(optimizer, process_group, topology, parameter_index(ddp_model.module),
+                        sync_timing=sync_timing)
     ddp_model.register_comm_hook(state, onebit_hook)
     optimizer.momentum_by_hook = True
     return state

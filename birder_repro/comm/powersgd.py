@@ -32,18 +32,21 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 
-from birder_repro.comm.accounting import CommStats, flat_allreduce_split
+from birder_repro.comm.accounting import flat_allreduce_split
+from birder_repro.comm.state import CommState
 from birder_repro.comm.topology import Topology, flat_topology
+from birder_repro.schedule import steps_of
 
-__all__ = ["PowerSGDCommState", "attach_powersgd", "attach_from_config", "resolve_start_iter"]
+__all__ = ["PowerSGDCommState", "attach_powersgd", "attach_from_config", "start_iter_from_config"]
 
 # PowerSGDState's slots that are its algorithm's state and settings: all but the process group, which cannot be
 # saved (the same choice as PowerSGDState.__getstate__).
 _SAVED_SLOTS = tuple(s for s in PowerSGDState.__slots__ if s != "process_group")
 
 
-class PowerSGDCommState(CommStats):
-    """torch's :class:`PowerSGDState` with the :class:`CommStats` counters.
+class PowerSGDCommState(CommState):
+    """torch's :class:`PowerSGDState` with the :class:`CommState` counters; ``.grad`` holds the (approximated)
+    averaged gradients.
 
     ``compress_seconds`` is the time of the hook's synchronous part once it compresses: error feedback,
     splitting the bucket, orthogonalizing Q and P = M Q. The rest of PowerSGD's arithmetic (orthogonalizing P,
@@ -76,10 +79,10 @@ class PowerSGDCommState(CommStats):
         """Whether the next bucket is compressed (torch's hook tests the same before it counts the step)."""
         return self.fp32_iters_after_load == 0 and self.torch_state.iter >= self.torch_state.start_powerSGD_iter
 
-    @property
-    def stage(self) -> str:
-        """The next step's stage, for throughput per stage in the run record: ``warmup`` while PowerSGD
-        all-reduces in fp32, ``compression`` once it compresses (1-bit Adam's names for its two stages)."""
+    def stage(self, step: int) -> str:
+        """The stage of the step about to run, from torch's iteration count (which follows the loop's ``step``),
+        for throughput per stage in the run record: ``warmup`` while PowerSGD all-reduces in fp32,
+        ``compression`` once it compresses (1-bit Adam's names for its two stages)."""
         return "compression" if self.compressing else "warmup"
 
     def count_allreduce(self, numel: int, element_size: int) -> None:
@@ -101,8 +104,7 @@ class PowerSGDCommState(CommStats):
         all-reduces in fp32 while DDP rebuilds its buckets (see the module docstring)."""
         for slot, value in state_dict["powersgd"].items():
             setattr(self.torch_state, slot, copy.deepcopy(value))
-        for key, value in state_dict["stats"].items():
-            setattr(self, key, type(getattr(self, key))(value))
+        self.load_counters(state_dict["stats"])
         self.fp32_iters_after_load = 1
 
 
@@ -209,16 +211,11 @@ def attach_powersgd(ddp_model: torch.nn.parallel.DistributedDataParallel,
     return state
 
 
-def resolve_start_iter(start_iter: float, total_steps: Optional[int]) -> int:
-    """``start_iter`` as steps: a value below 1 is a fraction of the run (the convention of
-    ``train.schedule.warmup``), which needs the run's total steps. At least 2, as torch requires."""
-    if start_iter < 0:
-        raise ValueError(f"powersgd: start_iter must be >= 0, got {start_iter}")
-    if start_iter < 1:
-        if total_steps is None:
-            raise ValueError("powersgd: start_iter is a fraction of the run, but optim.total_steps is not set")
-        start_iter = start_iter * total_steps
-    return max(2, int(round(start_iter)))
+def start_iter_from_config(cfg: Mapping[str, Any]) -> int:
+    """``optim.comm.start_iter`` in steps (:func:`birder_repro.schedule.steps_of`: a value below 1 is a fraction
+    of the run, which needs ``optim.total_steps``). At least 2, as torch requires with warm start or error
+    feedback (DDP rebuilds its buckets after the first iteration)."""
+    return max(2, steps_of(cfg["comm"]["start_iter"], cfg.get("total_steps"), "optim.comm.start_iter"))
 
 
 def attach_from_config(ddp_model: torch.nn.parallel.DistributedDataParallel, optimizer: torch.optim.Optimizer,
@@ -228,7 +225,7 @@ def attach_from_config(ddp_model: torch.nn.parallel.DistributedDataParallel, opt
     if scheme != "powersgd":
         raise ValueError(f"birder_repro.comm.powersgd handles scheme 'powersgd', not {scheme!r}")
     comm = cfg["comm"]
-    start = resolve_start_iter(comm["start_iter"], cfg.get("total_steps"))
+    start = start_iter_from_config(cfg)
     return attach_powersgd(ddp_model, optimizer, topology, matrix_approximation_rank=comm["rank"],
                            start_powerSGD_iter=start, min_compression_rate=comm.get("min_compression_rate", 2),
                            use_error_feedback=comm.get("use_error_feedback", True),

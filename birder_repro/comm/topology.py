@@ -72,6 +72,13 @@ def flat_topology() -> Topology:
                     inter_group=dist.group.WORLD if world > 1 else None)
 
 
+def group_peers(group: Optional[dist.ProcessGroup], rank: int) -> list[int]:
+    """The global ranks of ``group`` other than ``rank`` (none for a missing group: this process alone)."""
+    if group is None:
+        return []
+    return [r for r in dist.get_process_group_ranks(group) if r != rank]
+
+
 def _my_group(rank_lists: list[list[int]], rank: int) -> Optional[dist.ProcessGroup]:
     mine = None
     for ranks in rank_lists:

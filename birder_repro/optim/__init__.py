@@ -1,7 +1,9 @@
-"""Optimizers by name: each registered with how it communicates and how it is built from its config.
+"""Optimizers by name: each listed with how it communicates and how it is built from its config.
 
-``optim=<name>`` on the command line picks an entry here and its file ``conf/optim/<name>.yaml``; the task's
-recipe (``conf/recipe/<task>/<name>.yaml``) sets the paper's hyperparameters for that pair.
+``optim=<name>`` on the command line picks a record of :data:`OPTIMIZERS` and its file
+``conf/optim/<name>.yaml``; the task's recipe (``conf/recipe/<task>/<name>.yaml``) sets the paper's
+hyperparameters for that pair. The table below is the whole list: adding an optimizer is a line here (and its
+module and config file); no module registers itself on import.
 """
 
 from __future__ import annotations
@@ -11,9 +13,15 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
-from birder_repro.optim.birder import Birder
+from birder_repro.optim.bertadam import BertAdam, build_bertadam
+from birder_repro.optim.birder import Birder, build_birder
+from birder_repro.optim.onebit_adam import OneBitAdam, build_onebit_adam
+from birder_repro.optim.onebit_lamb import OneBitLamb, build_onebit_lamb
+from birder_repro.optim.softsignsgd import SoftSignSGD, build_softsignsgd
+from birder_repro.optim.torch_optims import build_adamw, build_sgd
+from birder_repro.registry import Registry
 
-__all__ = ["Birder", "OneBitAdam", "OneBitLamb", "BertAdam", "SoftSignSGD", "OptimInfo", "register",
+__all__ = ["Birder", "OneBitAdam", "OneBitLamb", "BertAdam", "SoftSignSGD", "OptimInfo", "OPTIMIZERS",
            "get_optim_info", "list_optimizers", "build_optimizer"]
 
 
@@ -22,7 +30,7 @@ class OptimInfo:
     """A registered optimizer.
 
     ``build(params, cfg)`` makes the torch optimizer from the ``optim`` config node; ``comm`` names the
-    communication scheme in :mod:`birder_repro.comm` (``allreduce`` is DDP's fp32 all-reduce, counted).
+    communication scheme in :data:`birder_repro.comm.SCHEMES` (``allreduce`` is DDP's fp32 all-reduce, counted).
     """
 
     name: str
@@ -31,42 +39,35 @@ class OptimInfo:
     description: str
 
 
-_REGISTRY: dict[str, OptimInfo] = {}
-
-
-def register(info: OptimInfo) -> OptimInfo:
-    if info.name in _REGISTRY:
-        raise ValueError(f"optimizer {info.name!r} is registered twice")
-    _REGISTRY[info.name] = info
-    return info
+OPTIMIZERS: Registry[OptimInfo] = Registry("optimizer", [
+    OptimInfo("birder", build_birder, "birder", "Birder with the Hierarchical-1-bit-All-Reduce hook"),
+    OptimInfo("onebit_adam", build_onebit_adam, "onebit",
+              "1-bit Adam: Adam warmup, then frozen variance and 1-bit compressed momentum all-reduce"),
+    OptimInfo("onebit_lamb", build_onebit_lamb, "onebit",
+              "1-bit LAMB: LAMB warmup, then frozen variance, 1-bit compressed momentum and scaling ratios"),
+    OptimInfo("bertadam", build_bertadam, "allreduce",
+              "BERT's Adam (no bias correction, decoupled weight decay, global clipping at 1.0) with "
+              "DDP's fp32 all-reduce (the BERT baseline)"),
+    OptimInfo("softsignsgd", build_softsignsgd, "allreduce",
+              "SoftSignSGD, Birder uncompressed (appendix B), with DDP's fp32 all-reduce"),
+    # torch's own optimizers (birder_repro.optim.torch_optims), and the same over torch's compressing hooks
+    OptimInfo("sgd", build_sgd(0.0), "allreduce", "Vanilla SGD (no momentum) with DDP's fp32 all-reduce"),
+    OptimInfo("sgdm", build_sgd(0.9), "allreduce", "SGD with momentum and DDP's fp32 all-reduce (the CNN baseline)"),
+    OptimInfo("adamw", build_adamw, "allreduce", "torch's AdamW with DDP's fp32 all-reduce"),
+    OptimInfo("sgdm_powersgd", build_sgd(0.9), "powersgd", "SGD with momentum over torch's PowerSGD hook"),
+    OptimInfo("adamw_powersgd", build_adamw, "powersgd", "torch's AdamW over torch's PowerSGD hook"),
+    OptimInfo("sgdm_fp16", build_sgd(0.9), "fp16", "SGD with momentum over torch's fp16 compression hook"),
+])
 
 
 def get_optim_info(name: str) -> OptimInfo:
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"optimizer {name!r} is not registered; known: {', '.join(sorted(_REGISTRY))}") from None
+    """The record of optimizer ``name``; KeyError naming every known optimizer if there is none."""
+    return OPTIMIZERS[name]
 
 
 def list_optimizers() -> list[str]:
-    return sorted(_REGISTRY)
+    return OPTIMIZERS.names()
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: Mapping[str, Any]) -> torch.optim.Optimizer:
-    return get_optim_info(cfg["name"]).build(params, cfg)
-
-
-def _birder(params, cfg):
-    return Birder(params, lr=cfg["lr"], beta=cfg["beta"], weight_decay=cfg.get("weight_decay", 0.0),
-                  eps=cfg.get("eps", 1e-8), amsgrad_after=cfg.get("amsgrad_after"), seed=cfg.get("seed", 0))
-
-
-register(OptimInfo("birder", _birder, "birder", "Birder with the Hierarchical-1-bit-All-Reduce hook"))
-
-# Optimizers that register themselves at import: imported once the registry above exists (each module calls
-# register() from here, which a top-of-file import would find undefined).
-from birder_repro.optim.onebit_adam import OneBitAdam  # noqa: E402
-from birder_repro.optim.onebit_lamb import OneBitLamb  # noqa: E402
-from birder_repro.optim.bertadam import BertAdam  # noqa: E402
-from birder_repro.optim.softsignsgd import SoftSignSGD  # noqa: E402
-from birder_repro.optim import torch_optims  # noqa: E402,F401  (sgd, sgdm, adamw and their PowerSGD / fp16 peers)
+    return OPTIMIZERS[cfg["name"]].build(params, cfg)

@@ -165,15 +165,3 @@ def build_bertadam(params: Iterable, cfg: Mapping[str, Any]) -> BertAdam:
     groups = bert_param_groups(params, weight_decay, tuple(cfg.get("no_decay", NO_DECAY_NAMES)))
     return BertAdam(groups, lr=cfg["lr"], betas=tuple(cfg.get("betas", (0.9, 0.999))), eps=cfg.get("eps", 1e-6),
                     weight_decay=weight_decay, max_grad_norm=cfg.get("max_grad_norm", 1.0))
-
-
-def _register() -> None:
-    # Imported from birder_repro.optim once its registry exists (a top-level import here would be circular).
-    from birder_repro.optim import OptimInfo, register
-
-    register(OptimInfo("bertadam", build_bertadam, "allreduce",
-                       "BERT's Adam (no bias correction, decoupled weight decay, global clipping at 1.0) with "
-                       "DDP's fp32 all-reduce (the BERT baseline)"))
-
-
-_register()

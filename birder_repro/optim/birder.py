@@ -14,7 +14,7 @@ then only applies the update. Used without the hook it runs Algorithm 1 with one
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 import torch
 
@@ -179,3 +179,9 @@ class Birder(torch.optim.Optimizer):
         if gen_state is not None:
             self._generator = torch.Generator(device=device)
             self._generator.set_state(gen_state)
+
+
+def build_birder(params: Iterable, cfg: Mapping[str, Any]) -> Birder:
+    """The registry's builder, from the ``optim`` node (conf/optim/birder.yaml)."""
+    return Birder(params, lr=cfg["lr"], beta=cfg["beta"], weight_decay=cfg.get("weight_decay", 0.0),
+                  eps=cfg.get("eps", 1e-8), amsgrad_after=cfg.get("amsgrad_after"), seed=cfg.get("seed", 0))

@@ -36,6 +36,7 @@ from typing import Any, Iterable, Mapping, NamedTuple, Optional
 import torch
 
 from birder_repro.optim.common import closure_loss
+from birder_repro.schedule import steps_of
 
 WARMUP, COMPRESSION = "warmup", "compression"
 
@@ -75,25 +76,16 @@ def freeze_step_from_config(cfg: Mapping[str, Any]) -> int:
     """The warmup length in steps from the ``optim`` config node.
 
     ``freeze`` >= 1 is a number of steps; 0 < ``freeze`` < 1 a fraction of the run, which needs
-    ``total_steps`` (the optimizer steps of the whole run; the worker fills it in). The result is at least 2:
-    the hook's per-bucket state needs DDP's bucket layout, which DDP rebuilds after the first iteration
-    (torch's PowerSGD asks start_powerSGD_iter >= 2 for the same reason).
+    ``total_steps`` (the optimizer steps of the whole run; the worker fills it in), read by
+    :func:`birder_repro.schedule.steps_of`. The result is at least 2: the hook's per-bucket state needs DDP's
+    bucket layout, which DDP rebuilds after the first iteration (torch's PowerSGD asks start_powerSGD_iter >= 2
+    for the same reason).
     """
     freeze = cfg.get("freeze")
-    if freeze is None or freeze <= 0:
+    if freeze is None or freeze <= 0:  # at least one warmup step: its variance is what gets frozen
         raise ValueError(f"optim.freeze must be a fraction of the run in (0, 1) or a number of steps >= 1, "
                          f"got {freeze}")
-    if freeze >= 1:
-        if freeze != int(freeze):
-            raise ValueError(f"optim.freeze >= 1 is a number of steps and must be whole, got {freeze}")
-        return max(2, int(freeze))
-    total = cfg.get("total_steps")
-    if total is None or total < 1:
-        raise ValueError(
-            f"optim.freeze={freeze} is a fraction of the run, so optim.total_steps (the optimizer steps of the "
-            f"whole run) must be set; got {total}"
-        )
-    return max(2, int(round(freeze * total)))
+    return max(2, steps_of(freeze, cfg.get("total_steps"), "optim.freeze"))
 
 
 class CompressionInputs(NamedTuple):
@@ -293,13 +285,3 @@ def build_onebit_adam(params: Iterable, cfg: Mapping[str, Any]) -> OneBitAdam:
     """The registry's builder: ``optim.freeze`` (fraction or steps) with ``optim.total_steps``."""
     return OneBitAdam(params, lr=cfg["lr"], betas=tuple(cfg.get("betas", (0.9, 0.999))), eps=cfg.get("eps", 1e-8),
                       weight_decay=cfg.get("weight_decay", 0.0), freeze_step=freeze_step_from_config(cfg))
-
-
-def _register() -> None:
-    from birder_repro.optim import OptimInfo, register
-
-    register(OptimInfo("onebit_adam", build_onebit_adam, "onebit",
-                       "1-bit Adam: Adam warmup, then frozen variance and 1-bit compressed momentum all-reduce"))
-
-
-_register()

@@ -201,13 +201,3 @@ def build_onebit_lamb(params: Iterable, cfg: Mapping[str, Any]) -> OneBitLamb:
                       c_min=cfg.get("c_min", 0.01), c_max=cfg.get("c_max", 0.3), beta3=cfg.get("beta3", 0.9),
                       r_min=cfg.get("r_min", 0.5), r_max=cfg.get("r_max", 4.0),
                       r_threshold=cfg.get("r_threshold", 0.1))
-
-
-def _register() -> None:
-    from birder_repro.optim import OptimInfo, register
-
-    register(OptimInfo("onebit_lamb", build_onebit_lamb, "onebit",
-                       "1-bit LAMB: LAMB warmup, then frozen variance, 1-bit compressed momentum and scaling ratios"))
-
-
-_register()

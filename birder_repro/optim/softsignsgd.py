@@ -79,14 +79,3 @@ class SoftSignSGD(torch.optim.Optimizer):
 def build_softsignsgd(params: Iterable, cfg: Mapping[str, Any]) -> SoftSignSGD:
     return SoftSignSGD(params, lr=cfg["lr"], beta=cfg["beta"], weight_decay=cfg.get("weight_decay", 0.0),
                        eps=cfg.get("eps", 1e-8))
-
-
-def _register() -> None:
-    # Imported from birder_repro.optim once its registry exists (a top-level import here would be circular).
-    from birder_repro.optim import OptimInfo, register
-
-    register(OptimInfo("softsignsgd", build_softsignsgd, "allreduce",
-                       "SoftSignSGD, Birder uncompressed (appendix B), with DDP's fp32 all-reduce"))
-
-
-_register()

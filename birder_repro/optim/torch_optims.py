@@ -1,4 +1,5 @@
-"""torch's own optimizers, registered with the communication they run with.
+"""Builders of torch's own optimizers from the ``optim`` config node (listed in :data:`birder_repro.optim.OPTIMIZERS`
+with the communication they run with).
 
 - ``sgd`` / ``sgdm``: torch's SGD without and with momentum (papers/birder.txt appendix B: "Vanilla SGD" is SGDM
   with momentum 0); ``adamw``: torch's AdamW (Loshchilov and Hutter, ICLR 2019). All with DDP's fp32
@@ -14,8 +15,6 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
-from birder_repro.optim import OptimInfo, register
-
 __all__ = ["build_sgd", "build_adamw"]
 
 
@@ -30,12 +29,3 @@ def build_sgd(default_momentum: float) -> Callable[[Iterable, Mapping[str, Any]]
 def build_adamw(params: Iterable, cfg: Mapping[str, Any]) -> torch.optim.AdamW:
     return torch.optim.AdamW(params, lr=cfg["lr"], betas=tuple(cfg.get("betas", (0.9, 0.999))),
                              eps=cfg.get("eps", 1e-8), weight_decay=cfg.get("weight_decay", 0.01))
-
-
-register(OptimInfo("sgd", build_sgd(0.0), "allreduce", "Vanilla SGD (no momentum) with DDP's fp32 all-reduce"))
-register(OptimInfo("sgdm", build_sgd(0.9), "allreduce",
-                   "SGD with momentum and DDP's fp32 all-reduce (the CNN baseline)"))
-register(OptimInfo("adamw", build_adamw, "allreduce", "torch's AdamW with DDP's fp32 all-reduce"))
-register(OptimInfo("sgdm_powersgd", build_sgd(0.9), "powersgd", "SGD with momentum over torch's PowerSGD hook"))
-register(OptimInfo("adamw_powersgd", build_adamw, "powersgd", "torch's AdamW over torch's PowerSGD hook"))
-register(OptimInfo("sgdm_fp16", build_sgd(0.9), "fp16", "SGD with momentum over torch's fp16 compression hook"))
