@@ -26,6 +26,21 @@ SAVE_AT = 3  # the PowerSGD run stopped after one compressed step and resumed: t
 PARAM_DTYPE_BYTES = 4
 
 
+def ring_allreduce_bytes(nbytes: float, world: int = WORLD, gpus_per_node: int = GPUS_PER_NODE):
+    """(intra-node, inter-node) bytes per process of a ring all-reduce, written out here from the ring itself
+    rather than taken from birder_repro.comm.accounting (which the hooks count with).
+
+    In a ring all-reduce of B bytes over N processes (Thakur, Rabenseifner and Gropp 2005) every process sends
+    2 (N-1)/N * B to its successor. The ring ordered by rank, r -> r+1 -> ... -> 0, crosses nodes on the links
+    whose ends are on different nodes; the bytes on those links, shared by all processes, are the inter-node
+    bytes per process.
+    """
+    per_process = 2 * (world - 1) / world * nbytes
+    crossing = sum(1 for r in range(world) if r // gpus_per_node != (r + 1) % world // gpus_per_node)
+    inter = per_process * crossing / world
+    return per_process - inter, inter
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -60,7 +75,7 @@ def _train(ddp, attach, rank: int, steps: range = range(STEPS), resume_from: dic
         state.load_state_dict(resume_from["hook"])
     out = {"grads": [], "intra": [], "inter": [], "params": [], "hook_states": [], "stages": []}
     for step in steps:
-        out["stages"].append(getattr(state, "stage", None))
+        out["stages"].append(state.stage(step) if state is not None else None)
         x, y = _batch(rank, step)
         opt.zero_grad()
         torch.nn.functional.mse_loss(ddp(x), y).backward()
@@ -161,8 +176,17 @@ def _per_step(counter: list[float]) -> list[float]:
     return [b - a for a, b in zip([0.0] + counter[:-1], counter)]
 
 
+def test_ring_bytes_by_hand_and_the_split_the_hooks_count_with():
+    # The model's 2867 fp32 parameters (24x48 + 48 + 48x32 + 32 + 32x3 + 3) over 4 processes: each sends
+    # 2 * 3/4 * 11468 = 17202 bytes, and 2 of the ring's 4 links (1 -> 2, 3 -> 0) cross the 2 nodes.
+    assert _numel() * PARAM_DTYPE_BYTES == 11468
+    assert ring_allreduce_bytes(11468) == (8601.0, 8601.0)
+    for world, m in ((4, 2), (4, 1), (4, 4), (8, 2), (8, 4), (6, 3)):
+        assert flat_allreduce_split(1000, world, m) == pytest.approx(ring_allreduce_bytes(1000, world, m))
+
+
 def test_allreduce_hook_equals_ddp_default_and_counts_flat_ring_bytes(runs):
-    intra, inter = flat_allreduce_split(_numel() * PARAM_DTYPE_BYTES, WORLD, GPUS_PER_NODE)
+    intra, inter = ring_allreduce_bytes(_numel() * PARAM_DTYPE_BYTES)
     for rank in range(WORLD):
         ref, got = _run(runs, "reference", rank), _run(runs, "allreduce", rank)
         for step in range(STEPS):
@@ -176,7 +200,7 @@ def test_allreduce_hook_equals_ddp_default_and_counts_flat_ring_bytes(runs):
 
 
 def test_fp16_hook_is_close_and_sends_half_the_bytes(runs):
-    fp32_intra, fp32_inter = flat_allreduce_split(_numel() * PARAM_DTYPE_BYTES, WORLD, GPUS_PER_NODE)
+    fp32_intra, fp32_inter = ring_allreduce_bytes(_numel() * PARAM_DTYPE_BYTES)
     for rank in range(WORLD):
         ref, got = _run(runs, "reference", rank), _run(runs, "fp16", rank)
         # Step 0 starts from the same parameters, so the gradients differ only by fp16 rounding: each rank's
@@ -198,9 +222,9 @@ def test_powersgd_keeps_ranks_identical_and_sends_less_after_start(runs):
             for p0, p in zip(ref_params, _run(runs, "powersgd", rank)["params"][step]):
                 assert torch.equal(p0, p), f"rank {rank} parameters differ from rank 0 after step {step}"
 
-    full_intra, full_inter = flat_allreduce_split(_numel() * PARAM_DTYPE_BYTES, WORLD, GPUS_PER_NODE)
+    full_intra, full_inter = ring_allreduce_bytes(_numel() * PARAM_DTYPE_BYTES)
     compressed = _powersgd_expected_numel(_model(), rank=1) * PARAM_DTYPE_BYTES
-    low_intra, low_inter = flat_allreduce_split(compressed, WORLD, GPUS_PER_NODE)
+    low_intra, low_inter = ring_allreduce_bytes(compressed)
     for rank in range(WORLD):
         got = _run(runs, "powersgd", rank)
         expected_inter = [full_inter] * POWERSGD_START + [low_inter] * (STEPS - POWERSGD_START)
@@ -223,9 +247,8 @@ def _tensor_dicts_equal(a: dict, b: dict) -> bool:
 
 
 def test_powersgd_resumes_from_its_state_dict(runs):
-    full, _ = flat_allreduce_split(_numel() * PARAM_DTYPE_BYTES, WORLD, GPUS_PER_NODE)
-    low, _ = flat_allreduce_split(_powersgd_expected_numel(_model(), rank=1) * PARAM_DTYPE_BYTES, WORLD,
-                                  GPUS_PER_NODE)
+    full, _ = ring_allreduce_bytes(_numel() * PARAM_DTYPE_BYTES)
+    low, _ = ring_allreduce_bytes(_powersgd_expected_numel(_model(), rank=1) * PARAM_DTYPE_BYTES)
     for rank in range(WORLD):
         got = _run(runs, "powersgd_resumed", rank)
         loaded, after_fp32, after_compressed = (got["loaded"]["powersgd"], got["hook_states"][0]["powersgd"],
@@ -267,10 +290,74 @@ def test_allreduce_state_round_trip_and_dtype_check():
 def test_schemes_from_config():
     from birder_repro.comm import allreduce, powersgd
 
-    assert powersgd.resolve_start_iter(0.1, 110) == 11  # a fraction of the run
-    assert powersgd.resolve_start_iter(500, None) == 500  # steps
-    assert powersgd.resolve_start_iter(0.001, 100) == 2  # torch needs >= 2 with warm start
-    with pytest.raises(ValueError, match="total_steps"):
-        powersgd.resolve_start_iter(0.1, None)
+    def start(value, total_steps):
+        return powersgd.start_iter_from_config({"comm": {"start_iter": value}, "total_steps": total_steps})
+
+    assert start(0.1, 110) == 11  # a fraction of the run
+    assert start(500, None) == 500  # steps
+    assert start(0.001, 100) == 2  # torch needs >= 2 with warm start
+    with pytest.raises(ValueError, match=r"optim\.comm\.start_iter=0\.1 .*optim\.total_steps"):
+        start(0.1, None)
+    with pytest.raises(ValueError, match=r"optim\.comm\.start_iter >= 1 is a number of steps"):
+        start(2.5, None)
     with pytest.raises(ValueError, match="schemes"):
         allreduce.attach_from_config(None, None, {}, None, scheme="powersgd")
+
+
+def test_bucket_store_follows_a_layout_change_and_loads_into_any_layout():
+    """The state layer both 1-bit hooks keep their per-element state in, on one process: the state follows its
+    parameters' elements through a change of DDP's bucket layout, also from a checkpoint and mid-change."""
+    from birder_repro.comm.buckets import BucketStore, Field, Level
+
+    def store(parts: int = 1) -> BucketStore:  # one field of the whole bucket, one cut over "processes"
+        return BucketStore([Field("own"), Field("cut", (Level(None, parts, 0),))], pad_to=8 * parts)
+
+    values = {0: torch.arange(1.0, 6.0), 1: torch.arange(10.0, 13.0), 2: torch.arange(20.0, 24.0)}
+    numel = {0: 5, 1: 3, 2: 4}
+    saved_layout = {0: ((0, 0, 5), (1, 5, 3)), 1: ((2, 0, 4),)}  # (parameter index, offset, numel)
+    new_layout = {0: ((2, 0, 4), (1, 4, 3)), 1: ((0, 0, 5),)}
+
+    def bucket(s: BucketStore, index: int, layout: dict):
+        sig = layout[index]
+        return s.bucket(index, sum(n for _, _, n in sig), sig, torch.device("cpu"))
+
+    def read(s: BucketStore, index: int, layout: dict) -> dict:
+        b = bucket(s, index, layout)
+        return {p: (b.state["own"][off:off + n].clone(), b.state["cut"][off:off + n].clone(), b.step)
+                for p, off, n in b.signature}
+
+    old = store()
+    for index in saved_layout:
+        b = bucket(old, index, saved_layout)
+        b.step = 7 + index
+        for p, off, n in b.signature:
+            b.state["own"][off:off + n], b.state["cut"][off:off + n] = values[p], -values[p]
+        b.state["own"][b.numel:] = 99.0  # padding: dropped by a layout change
+    checkpoint = _through_bytes(old.state_dict())
+
+    def expect(got: dict, bucket_step: int) -> None:
+        for p, (own, cut, step) in got.items():
+            assert torch.equal(own, values[p]) and torch.equal(cut, -values[p]) and own.numel() == numel[p]
+            assert step == bucket_step
+
+    # The new layout on the same store: one migration; a bucket's step is the largest of its parameters'.
+    expect(read(old, 0, new_layout), 8)
+    assert old.layout_changes == 1 and old.pending == {0}
+    mid_change = _through_bytes(old.state_dict())
+    expect(read(old, 1, new_layout), 7)
+    assert old.pending == set() and old.canonical is None
+    # A fresh store from the checkpoint: into the new layout, into the saved one, and from mid-change.
+    fresh = store()
+    fresh.load_state_dict(checkpoint)
+    expect(read(fresh, 1, new_layout), 7)
+    same = store()
+    same.load_state_dict(checkpoint)
+    expect(read(same, 0, saved_layout), 7)
+    expect(read(same, 1, saved_layout), 8)
+    assert same.layout_changes == 0
+    resumed_mid = store()
+    resumed_mid.load_state_dict(mid_change)
+    expect(read(resumed_mid, 1, new_layout), 7)
+    assert resumed_mid.pending == set()
+    with pytest.raises(ValueError, match="cut into parts"):
+        store(parts=2).load_state_dict(checkpoint)

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from birder_repro.comm.accounting import CommStats
+from birder_repro.comm.state import CommState
 from birder_repro.comm.onebit import SCALE_BYTES, attach_onebit, compressed_allreduce
 from birder_repro.comm.pack import padded_size, unpack_signs
 from birder_repro.comm.topology import build_topology
@@ -99,7 +99,7 @@ def _scenario_allreduce(rank: int, topology) -> dict:
     for numel in (*ALLREDUCE_SIZES, LARGE):
         padded = padded_size(numel, 8 * WORLD)
         we, se = torch.zeros(padded), torch.zeros(padded // WORLD)
-        stats = CommStats()
+        stats = CommState()
         steps = []
         for step in range(ALLREDUCE_STEPS if numel != LARGE else 1):
             x, mask = _allreduce_inputs(numel, step, rank)
@@ -124,18 +124,18 @@ def _local_grads(model, batch) -> list[torch.Tensor]:
 def _train_step(ddp, opt, state, rank, step) -> dict:
     batch = _batch(rank, step)
     grads = _local_grads(ddp.module, batch)
-    stage = state.stage
+    stage, holds = state.stage(step), state.grad_holds()
     before = (state.intra_node_bytes, state.inter_node_bytes)
     opt.zero_grad()
     _loss(ddp, batch).backward()
-    hook_stage = state.last_stage
+    hook_stage, holds_after = state.last_stage, state.grad_holds()
     momentum_unused = ddp.module.emb.weight.grad[UNUSED_ROWS].clone()  # the hook's output, compression stage
     opt.step()
     flat = _flat(ddp.module)
     everyone = [torch.empty_like(flat) for _ in range(WORLD)]
     dist.all_gather(everyone, flat)
-    return {"stage": stage, "hook_stage": hook_stage, "grads": grads, "params": flat,
-            "layout": {i: b.signature for i, b in state.buckets.items()},
+    return {"stage": stage, "hook_stage": hook_stage, "holds": (holds, holds_after), "grads": grads, "params": flat,
+            "layout": {i: b.signature for i, b in state.store.buckets.items()},
             "identical": all(torch.equal(everyone[0], t) for t in everyone),
             "intra": state.intra_node_bytes - before[0], "inter": state.inter_node_bytes - before[1],
             "momentum_unused": momentum_unused}
@@ -181,7 +181,7 @@ def _run(make_opt, rank: int, topology) -> dict:
     fresh = [_train_step(ddp2, opt2, state2, rank, step) for step in range(SAVE_AFTER, STEPS)]
     return {"initial": initial, "steps": steps, "layout_changes": changes, "seconds": seconds,
             "resumed_same": same, "resumed_fresh": fresh, "resumed_fresh_layout_changes": state2.layout_changes,
-            "resumed_fresh_pending": len(state2._canonical)}
+            "resumed_fresh_pending": len(state2.store.pending)}
 
 
 def _scenario_attach_checks(topology) -> dict:
@@ -293,6 +293,9 @@ def test_parameters_identical_on_all_ranks_every_step(dist_results, which):
         for step, s in enumerate(dist_results[rank][which]["steps"]):
             assert s["identical"], f"{which}: ranks differ after step {step + 1}"
             assert s["hook_stage"] == s["stage"] == stages[step]
+            # what .grad holds once the hook ran (the training loop clips only gradients)
+            want = "gradient" if stages[step] == "warmup" else "momentum"
+            assert s["holds"] == (want, want), f"{which}, step {step + 1}"
 
 
 @pytest.mark.parametrize("which", ["adam", "lamb"])
@@ -519,10 +522,12 @@ def test_freeze_step_from_config():
     assert freeze_step_from_config({"freeze": 0.15, "total_steps": 1000}) == 150
     assert freeze_step_from_config({"freeze": 500, "total_steps": None}) == 500
     assert freeze_step_from_config({"freeze": 0.15, "total_steps": 4}) == 2  # DDP's rebuild needs two
-    with pytest.raises(ValueError, match="optim.total_steps"):
+    with pytest.raises(ValueError, match=r"optim\.freeze=0\.15 .*optim\.total_steps"):
         freeze_step_from_config({"freeze": 0.15, "total_steps": None})
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"optim\.freeze >= 1 is a number of steps and must be whole"):
         freeze_step_from_config({"freeze": 12.5})
+    with pytest.raises(ValueError, match=r"optim\.freeze must be a fraction of the run in \(0, 1\)"):
+        freeze_step_from_config({"freeze": 0})
 
 
 def test_registry_and_recipes():

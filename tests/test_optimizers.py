@@ -78,6 +78,21 @@ def test_registered_with_a_known_scheme(name):
     assert get_optim_info(name).comm in list_schemes()
 
 
+def test_registries_fail_loudly_naming_the_choices():
+    from birder_repro.comm import SCHEMES, attach_comm
+    from birder_repro.optim import OPTIMIZERS, OptimInfo
+    from birder_repro.registry import Registry
+
+    with pytest.raises(KeyError, match=r"optimizer 'adam' is unknown; known: adamw, adamw_powersgd, bertadam"):
+        get_optim_info("adam")
+    with pytest.raises(KeyError, match=r"communication scheme 'nccl' is unknown; known: allreduce, birder"):
+        attach_comm("nccl", None, None, {}, None)
+    with pytest.raises(ValueError, match=r"optimizer 'sgd' is listed twice"):
+        Registry("optimizer", [*OPTIMIZERS, OptimInfo("sgd", None, "allreduce", "again")])
+    assert list_optimizers() == OPTIMIZERS.names() == sorted(r.name for r in OPTIMIZERS)
+    assert "birder" in SCHEMES and "birder" in OPTIMIZERS and len(SCHEMES) == 5
+
+
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_convex_problem_converges(name):
     data, params = least_squares(), new_params()

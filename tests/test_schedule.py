@@ -73,3 +73,17 @@ def test_unknown_schedule_and_negative_length_fail_loudly():
         lr_factor(0, 10, {"name": "step"})
     with pytest.raises(ValueError, match=">= 0"):
         lr_factor(0, 10, {"name": "cosine", "warmup": -1})
+
+
+def test_steps_of_is_the_one_reading_of_fractions_or_steps():
+    # birder_repro.schedule.steps_of reads train.schedule.warmup / milestones, optim.freeze and
+    # optim.comm.start_iter alike: a fraction of the run below 1, a whole number of steps from 1 on.
+    assert steps_of(0.15, 1000, "optim.freeze") == 150
+    assert steps_of(500, None, "optim.freeze") == 500  # steps need no run length
+    assert steps_of(0, None, "train.schedule.warmup") == 0
+    with pytest.raises(ValueError, match=r"optim\.freeze=0\.15 is a fraction of the run, so optim\.total_steps"):
+        steps_of(0.15, None, "optim.freeze")
+    with pytest.raises(ValueError, match=r"optim\.comm\.start_iter >= 1 is a number of steps and must be whole"):
+        steps_of(12.5, 100, "optim.comm.start_iter")
+    with pytest.raises(ValueError, match=r"train\.schedule\.warmup must be >= 0"):
+        lr_factor(0, 10, {"name": "cosine", "warmup": -0.5})

@@ -302,9 +302,8 @@ def test_total_steps_from_epochs_or_steps():
         total_steps(0, 1, 1000, 64)
 
 
-def test_stage_of_method_attribute_or_none():
+def test_stage_of_method_or_none():
     assert stage_of(CountingComm(), 0) == "warmup" and stage_of(CountingComm(), FREEZE_STEP) == "compression"
-    assert stage_of(types.SimpleNamespace(stage="compression"), 3) == "compression"
     assert stage_of(CommStats(), 3) is None
 
 
@@ -377,9 +376,7 @@ def test_human_bytes():
 
 
 def test_grad_clip_applies_only_where_grad_holds_gradients():
-    from types import SimpleNamespace
-
-    from birder_repro.optim import Birder
+    from birder_repro.comm.birder import BirderState
     from birder_repro.train import grads_are_gradients, run_step
 
     class _Task:
@@ -388,16 +385,14 @@ def test_grad_clip_applies_only_where_grad_holds_gradients():
 
     model = torch.nn.Linear(4, 1)
     sgd = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the step leaves the parameters, we read grads
-    comm = SimpleNamespace(intra_node_bytes=0, inter_node_bytes=0, compress_seconds=0, comm_seconds=0)
+    comm = CommStats()  # a plain all-reduce's state: .grad holds gradients
     seen = []
     sgd.register_step_pre_hook(lambda opt, *_: seen.append(
         torch.cat([p.grad.reshape(-1) for p in model.parameters()]).norm().item()))
     run_step(_Task(), model, sgd, torch.ones(8, 4), torch.device("cpu"), comm, grad_clip=0.5)
     assert seen[-1] == pytest.approx(0.5, rel=1e-5)
-    assert grads_are_gradients(sgd)
-    birder = Birder(model.parameters(), lr=0.1)
-    birder.compressed_by_hook = True
-    assert not grads_are_gradients(birder)
+    assert grads_are_gradients(comm)
+    assert not grads_are_gradients(BirderState(Topology(rank=0, world_size=1, gpus_per_node=1)))  # u_bar
 
 
 def test_summary_shows_the_kernel_counted_link_bytes_of_emulated_runs():

@@ -32,9 +32,9 @@ of ``state_dict()``.
 State and DDP's bucket layout: the fields m, b, e (and b_hat) of a shard, cut over the node's processes, and
 e_bar of a chunk, cut over the node's and then the servers' processes, live in a
 :class:`~birder_repro.comm.buckets.BucketStore`, which follows DDP's bucket rebuilds and loads a checkpoint into
-any bucket layout. The generator's draws follow the buckets' order and sizes, so a run resumed into buckets
-laid out otherwise than the uninterrupted run's draws other uniforms for the same elements (same
-distribution); the state itself continues exactly.
+any bucket layout. The generator's draws follow the buckets' order and sizes, so a run resumed into another
+bucket layout than the uninterrupted run had draws other uniforms for the same elements (from the same
+distribution); the state itself (m, b, e, e_bar, the generator's position) continues exactly.
 """
 
 from __future__ import annotations
