@@ -3,7 +3,10 @@
     step = simulate(buckets, compute) (birder_repro.perf.timeline): each DDP bucket is ready during the
            backward pass; its compression (profile seconds/element x schemes.compressed_elements) and its
            collectives (schemes.bucket_collectives, each priced by cluster.op_time) run on one link after the
-           previous bucket's; what is not hidden behind the backward pass is exposed.
+           previous bucket's; what is not hidden behind the backward pass is exposed. That is the
+           ``this`` implementation (birder_repro.perf.implementations); where an implementation does not
+           overlap a scheme, its buckets add their whole time (simulate_sequential), and where it exchanges
+           the whole flattened vector in the optimizer's step, the "buckets" are that one vector.
     compute = forward + backward (the profile's, linear in the batch) + optimizer + the scheme's overhead.
 
 Runs with two stages (1-bit Adam / 1-bit LAMB: warmup in fp32 then compression; PowerSGD: fp32 before its
@@ -19,7 +22,8 @@ from typing import Any, Optional
 from .cluster import ClusterSpec, op_time
 from .profile import Profile
 from .schemes import COMPRESSION_BACKEND, bucket_collectives, compressed_elements, counted_bytes
-from .timeline import BucketWork, StepTimeline, ready_times, simulate
+from .implementations import implementation_of
+from .timeline import BucketWork, StepTimeline, ready_times, simulate, simulate_sequential
 
 __all__ = ["StepPrediction", "predict_step", "predict_run"]
 
@@ -50,7 +54,7 @@ class StepPrediction:
 
 def _bucket_matrices(profile: Profile, sizes: list[int]) -> list[Optional[list]]:
     """Each bucket's (rows, cols) for PowerSGD, when the profile lists them (in parameter order)."""
-    if not profile.matrices:
+    if not profile.matrices or sizes == [profile.parameter_count]:
         return [None] * len(sizes)
     mats = list(reversed(profile.matrices))  # DDP fills buckets in reverse parameter order
     out, i = [], 0
@@ -65,14 +69,16 @@ def _bucket_matrices(profile: Profile, sizes: list[int]) -> list[Optional[list]]
 
 
 def predict_step(profile: Profile, cluster: ClusterSpec, nodes: int, gpus_per_node: int, scheme: str,
-                 batch_size: Optional[int] = None, rank: int = 1) -> StepPrediction:
-    """One step of ``scheme`` (birder_repro.perf.schemes.SCHEMES) on ``nodes`` x ``gpus_per_node``."""
+                 batch_size: Optional[int] = None, rank: int = 1, implementation: str = "this") -> StepPrediction:
+    """One step of ``scheme`` (birder_repro.perf.schemes.SCHEMES) on ``nodes`` x ``gpus_per_node``, as
+    ``implementation`` (birder_repro.perf.implementations: ``this`` or ``paper``) runs it."""
+    impl = implementation_of(implementation, scheme)
     if nodes < 1 or gpus_per_node < 1:
         raise ValueError(f"nodes and gpus_per_node must be >= 1, got {nodes}, {gpus_per_node}")
     batch = profile.batch_size if batch_size is None else int(batch_size)
     fb = profile.compute_s(batch)
     forward, backward = fb * (1 - profile.backward_fraction), fb * profile.backward_fraction
-    sizes = profile.buckets()
+    sizes = profile.buckets() if impl.granularity == "bucket" else [profile.parameter_count]
     ready = ready_times(sizes, forward, backward, profile.bucket_ready or None)
     backend = COMPRESSION_BACKEND[scheme]
     per_element = profile.compression_s_per_element.get(backend, 0.0) if backend else 0.0
@@ -90,7 +96,7 @@ def predict_step(profile: Profile, cluster: ClusterSpec, nodes: int, gpus_per_no
         compress = per_element * compressed_elements(scheme, size, nodes, gpus_per_node, rank, mats)
         work.append(BucketWork(t_ready, compress, comm))
     optimizer = profile.optimizer_s + profile.scheme_overhead_s.get(scheme, 0.0)
-    tl: StepTimeline = simulate(work, fb, optimizer)
+    tl: StepTimeline = (simulate if impl.overlap else simulate_sequential)(work, fb, optimizer)
     return StepPrediction(scheme=scheme, nodes=nodes, gpus_per_node=gpus_per_node, batch_size=batch,
                           total_s=tl.total_s, compute_s=tl.compute_s, communication_s=tl.communication_s,
                           compression_s=tl.compression_s, intra_node_bytes=intra, inter_node_bytes=inter,
@@ -100,15 +106,16 @@ def predict_step(profile: Profile, cluster: ClusterSpec, nodes: int, gpus_per_no
 
 def predict_run(profile: Profile, cluster: ClusterSpec, nodes: int, gpus_per_node: int, scheme: str,
                 batch_size: Optional[int] = None, rank: int = 1,
-                warmup_fraction: float = 0.0) -> dict[str, Any]:
+                warmup_fraction: float = 0.0, implementation: str = "this") -> dict[str, Any]:
     """The whole run: ``warmup_fraction`` of the steps in fp32 (1-bit Adam's freeze, PowerSGD's start
     iteration), the rest in ``scheme``. Returns the mean step ('run') and each stage's prediction."""
     if not 0 <= warmup_fraction <= 1:
         raise ValueError(f"warmup_fraction must be in [0, 1], got {warmup_fraction}")
-    main = predict_step(profile, cluster, nodes, gpus_per_node, scheme, batch_size, rank)
+    main = predict_step(profile, cluster, nodes, gpus_per_node, scheme, batch_size, rank, implementation)
     stages = {scheme: main}
     if warmup_fraction > 0 and scheme != "fp32":
-        stages = {"warmup": predict_step(profile, cluster, nodes, gpus_per_node, "fp32", batch_size),
+        stages = {"warmup": predict_step(profile, cluster, nodes, gpus_per_node, "fp32", batch_size,
+                                         implementation=implementation),
                   "compression": main}
         weights = {"warmup": warmup_fraction, "compression": 1 - warmup_fraction}
     else:

@@ -37,9 +37,11 @@ def paper_profile_names() -> list[str]:
 
 
 def paper_profile(task: Optional[str] = None, batch_size: Optional[int] = None, name: Optional[str] = None,
-                  node: Optional[ClusterSpec] = None) -> Profile:
+                  node: Optional[ClusterSpec] = None, implementation: str = "paper") -> Profile:
     """The paper profile ``name``, or the one of ``task`` at ``batch_size`` per GPU (the nearest batch if
-    the paper has no row for it; the model scales compute linearly from there)."""
+    the paper has no row for it; the model scales compute linearly from there). Its scheme overheads are
+    derived for ``implementation`` (birder_repro.perf.implementations), so that the model run with the same
+    implementation gives back the paper's 1-node rows."""
     data = _data()
     if name is None:
         same_task = {k: v for k, v in data.items() if v["task"] == task}
@@ -49,10 +51,10 @@ def paper_profile(task: Optional[str] = None, batch_size: Optional[int] = None, 
         name = min(same_task, key=lambda k: abs(same_task[k]["batch_size"] - (batch_size or 0)))
     if name not in data:
         raise ValueError(f"no paper profile {name!r}; known: {', '.join(sorted(data))}")
-    return _derive(name, data[name], node or _ONE_NODE)
+    return _derive(name, data[name], node or _ONE_NODE, implementation)
 
 
-def _derive(name: str, row: dict[str, Any], node: ClusterSpec) -> Profile:
+def _derive(name: str, row: dict[str, Any], node: ClusterSpec, implementation: str) -> Profile:
     m = PAPER_GPUS_PER_NODE
     params, batch = int(row["parameter_count"]), int(row["batch_size"])
     step = {scheme: m * batch / float(tput) for scheme, tput in row["throughput_1node"].items()}
@@ -62,17 +64,18 @@ def _derive(name: str, row: dict[str, Any], node: ClusterSpec) -> Profile:
                       forward_backward_s=step["fp32"], parameter_count=params,
                       compression_s_per_element={"birder": per_element, "onebit": per_element},
                       notes="derived from the Birder paper's 1-node rows and section 5.3 "
-                            "(birder_repro/perf/profiles/paper.yaml)")
+                            f"(birder_repro/perf/profiles/paper.yaml), for implementation {implementation!r}")
     # Step 1: forward + backward such that the model reproduces the baseline's 1-node row.
     for _ in range(5):
-        exposed = predict_step(profile, node, 1, m, "fp32").total_s - profile.forward_backward_s
+        exposed = (predict_step(profile, node, 1, m, "fp32", implementation=implementation).total_s
+                   - profile.forward_backward_s)
         profile.forward_backward_s = step["fp32"] - exposed
     # Step 3: 1-bit Adam's compression-stage step from its whole-run row.
     f = float(row["onebit_warmup_fraction"])
     step["onebit"] = (step["onebit"] - f * step["fp32"]) / (1 - f)
     # Step 4: what each compressed scheme adds on one node beyond the model's own prediction.
     for scheme in ("onebit", "hierarchical"):
-        predicted = predict_step(profile, node, 1, m, scheme).total_s
+        predicted = predict_step(profile, node, 1, m, scheme, implementation=implementation).total_s
         profile.scheme_overhead_s[scheme] = step[scheme] - predicted
     profile.scheme_overhead_s["flat"] = profile.scheme_overhead_s["allgather"] = \
         profile.scheme_overhead_s["hierarchical"]  # the same optimizer, other collectives

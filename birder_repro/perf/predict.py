@@ -6,6 +6,10 @@ records and tables") and ``status: "predicted"``, plus its inputs: the profile a
 
 ``predict.profile``: ``paper`` (the paper's 8 x A100 nodes, birder_repro.perf.paper_profiles, chosen by task
 and batch per GPU), a run directory or record.json holding a ``profile``, or a profile JSON file.
+
+``predict.implementation`` (default ``this``): how the schemes run (birder_repro.perf.implementations):
+``this`` project's hooks, every scheme overlapped with the backward pass; ``paper``: as the Birder paper's
+runs did (Birder's hook and 1-bit Adam's compressed all-reduce not overlapped).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ def predict_record(cfg: Any) -> dict[str, Any]:
     """The predicted record of the run ``cfg`` describes (see the module doc)."""
     c = _plain(cfg)
     source = (c.get("predict") or {}).get("profile")
+    implementation = str((c.get("predict") or {}).get("implementation") or "this")
     if source is None:
         raise ValueError("predict.profile is null: give 'paper', a run directory or record.json with a profile, "
                          "or a profile JSON file")
@@ -59,14 +64,16 @@ def predict_record(cfg: Any) -> dict[str, Any]:
         gpus = resolve_gpus_per_node(gpus)
     nodes, gpus, batch = int(c["nodes"]), int(gpus), int(train["batch_size"])
     cluster = ClusterSpec.from_config(c["cluster"])
-    profile = load_profile(source, task=task, batch_size=batch, node=cluster) if source == "paper" \
+    profile = load_profile(source, task=task, batch_size=batch, node=cluster, implementation=implementation) \
+        if source == "paper" \
         else load_profile(source)
     if profile.task != task:
         raise ValueError(f"profile {profile.name!r} is for task {profile.task!r}, not {task!r}")
     scheme = scheme_for_optim(optim["name"], (optim.get("comm") or {}).get("scheme"))
     rank = int((optim.get("comm") or {}).get("rank", 1) or 1)
     run = predict_run(profile, cluster, nodes, gpus, scheme, batch, rank,
-                      warmup_fraction=_warmup_fraction(optim, scheme, train.get("steps")))
+                      warmup_fraction=_warmup_fraction(optim, scheme, train.get("steps")),
+                      implementation=implementation)
     mean, stages = run["run"], run["stages"]
     by_stage = None
     if len(stages) > 1:
@@ -87,7 +94,8 @@ def predict_record(cfg: Any) -> dict[str, Any]:
         "intra_node_bytes_per_step": mean["intra_node_bytes"],
         "inter_node_bytes_per_step": mean["inter_node_bytes"],
         "collectives_per_step": mean["collectives"],
-        "prediction": {"scheme": scheme, "stages": stages, "weights": run["weights"]},
+        "prediction": {"scheme": scheme, "implementation": implementation, "stages": stages,
+                       "weights": run["weights"]},
         "profile": profile.to_dict(),
         "cluster_spec": cluster.to_dict(),
     }

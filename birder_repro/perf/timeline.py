@@ -1,4 +1,4 @@
-"""One training step's backward pass with its buckets' communication overlapped (wait-free backprop).
+"""One training step: the buckets' communication overlapped with the backward pass (wait-free backprop), or not.
 
 After Espresso's simulator (Wang et al., "Espresso: Revisiting Gradient Compression from the System
 Perspective", 2023) and the wait-free backpropagation of Poseidon (Zhang et al., USENIX ATC 2017): the
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-__all__ = ["BucketWork", "StepTimeline", "simulate", "ready_times"]
+__all__ = ["BucketWork", "StepTimeline", "simulate", "simulate_sequential", "ready_times"]
 
 
 @dataclass(frozen=True)
@@ -65,3 +65,21 @@ def simulate(buckets: Sequence[BucketWork], forward_backward_s: float, optimizer
                         compute_s=forward_backward_s + optimizer_s,
                         communication_s=exposed * (1 - share), compression_s=exposed * share,
                         starts=tuple(starts), ends=tuple(ends))
+
+
+def simulate_sequential(buckets: Sequence[BucketWork], forward_backward_s: float,
+                        optimizer_s: float) -> StepTimeline:
+    """The buckets' compression and collectives in the compute stream's order (not overlapped): each adds its
+    whole time to the step, as Figure 4 of the Birder paper stacks computation, communication and
+    compression. Whether they stall the backward pass bucket by bucket (a blocking comm hook) or run after
+    it (an optimizer's step), the step is the same sum."""
+    compress = sum(b.compress_s for b in buckets)
+    comm = sum(b.comm_s for b in buckets)
+    free, starts, ends = forward_backward_s, [], []
+    for b in buckets:
+        starts.append(free)
+        free += b.compress_s + b.comm_s
+        ends.append(free)
+    return StepTimeline(total_s=forward_backward_s + compress + comm + optimizer_s,
+                        compute_s=forward_backward_s + optimizer_s, communication_s=comm,
+                        compression_s=compress, starts=tuple(starts), ends=tuple(ends))

@@ -51,6 +51,7 @@ import pandas as pd
 import yaml
 
 from .cluster import ClusterSpec
+from .implementations import IMPLEMENTATIONS
 from .model import predict_run
 from .paper_profiles import PAPER_GPUS_PER_NODE, _data as _paper_data, paper_profile
 from .schemes import scheme_for_optim
@@ -78,14 +79,15 @@ def _warmup(scheme: str, task: str, batch: int) -> float:
 
 
 def validate(tables: tuple[int, ...] = (1, 2, 3, 4), efficiencies: Optional[dict[str, float]] = None,
-             paper_dir: Path = PAPER_DIR) -> pd.DataFrame:
-    """One row per paper row of ``tables``: printed and predicted throughput, speedup, scale efficiency."""
+             paper_dir: Path = PAPER_DIR, implementation: str = "paper") -> pd.DataFrame:
+    """One row per paper row of ``tables``: printed and predicted throughput, speedup, scale efficiency,
+    each scheme run as ``implementation`` runs it (birder_repro.perf.implementations)."""
     paper = pd.concat([pd.read_csv(paper_dir / f"table{t}.csv") for t in tables], ignore_index=True)
     specs = {c: cluster_spec(c, (efficiencies or {}).get(c)) for c in paper["cluster"].unique()}
     out = []
     for (task, batch, cluster), group in paper.groupby(["task", "batch_per_gpu", "cluster"], sort=False):
         spec = specs[cluster]
-        profile = paper_profile(task=task, batch_size=int(batch), node=spec)
+        profile = paper_profile(task=task, batch_size=int(batch), node=spec, implementation=implementation)
         base_name = "sgdm" if task == "resnet50" else "bertadam"
         cache: dict[tuple, float] = {}
 
@@ -94,7 +96,8 @@ def validate(tables: tuple[int, ...] = (1, 2, 3, 4), efficiencies: Optional[dict
             if key not in cache:
                 scheme = scheme_for_optim(optim)
                 run = predict_run(profile, spec, nodes, gpus_per_node, scheme, int(batch),
-                                  warmup_fraction=_warmup(scheme, task, int(batch)))
+                                  warmup_fraction=_warmup(scheme, task, int(batch)),
+                                  implementation=implementation)
                 cache[key] = run["run"]["throughput_samples_per_s"]
             return cache[key]
 
@@ -125,7 +128,7 @@ def median_speedup_error(frame: pd.DataFrame) -> float:
     return float(statistics.median(target_rows(frame)["speedup_error"].abs()))
 
 
-def fit_efficiency(cluster: str, grid: Optional[list[float]] = None) -> float:
+def fit_efficiency(cluster: str, grid: Optional[list[float]] = None, implementation: str = "paper") -> float:
     """The inter-node efficiency of ``cluster`` that best fits (least squares in log throughput) every
     multi-node row of Tables 3 and 4 on that interconnect, baselines included. Not the target's metric."""
     import math
@@ -133,7 +136,7 @@ def fit_efficiency(cluster: str, grid: Optional[list[float]] = None) -> float:
     grid = grid or [round(0.02 * k, 2) for k in range(1, 51)]
     best, best_loss = grid[0], float("inf")
     for eff in grid:
-        frame = validate((3, 4), {cluster: eff})
+        frame = validate((3, 4), {cluster: eff}, implementation=implementation)
         rows = frame[(frame["cluster"] == cluster) & (frame["nodes"] > 1)]
         loss = sum(math.log(p / t) ** 2 for p, t in zip(rows["pred_throughput"], rows["throughput"]))
         if loss < best_loss:
@@ -161,13 +164,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", action="store_true", help="fit each interconnect's efficiency first")
     parser.add_argument("--tables", default="1,2,3,4", help="paper tables to show (comma separated)")
+    parser.add_argument("--implementation", default="paper", choices=sorted(IMPLEMENTATIONS),
+                        help="how each scheme runs (birder_repro.perf.implementations); default: the paper's")
     args = parser.parse_args(argv)
     efficiencies = None
     if args.fit:
-        efficiencies = {c: fit_efficiency(c) for c in ("ethernet_10g", "infiniband_200g")}
+        efficiencies = {c: fit_efficiency(c, implementation=args.implementation)
+                        for c in ("ethernet_10g", "infiniband_200g")}
         print("fitted inter-node efficiencies:", efficiencies)
     tables = tuple(int(t) for t in args.tables.split(","))
-    frame = validate(tuple(sorted(set(tables) | {3, 4})), efficiencies)
+    frame = validate(tuple(sorted(set(tables) | {3, 4})), efficiencies, implementation=args.implementation)
     print(format_table(frame[frame["table"].isin(tables)]))
     err = median_speedup_error(frame)
     verdict = "meets" if err <= TARGET else "MISSES"
