@@ -11,33 +11,48 @@ layout, scale efficiency T_N / ((N/8) T_8) as the paper defines it.
 TARGET: the median absolute relative error of the predicted speedups of the multi-node rows of Tables 3 and 4
 (the compressed optimizers' rows: the baseline's speedup is 1 by definition and not counted) is at most 15 %.
 
+Implementation (birder_repro.perf.implementations, ``--implementation``, default ``paper``): the schemes run
+as the paper's runs did, not as this project's hooks do. DDP's fp32 all-reduce overlaps the backward pass
+per bucket; Birder's hook (section 5.1) and 1-bit Adam's compressed all-reduce of the whole momentum (in the
+optimizer's step; appendix E: "off-the-shelf communication primitives in PyTorch") do not: Figure 4 stacks
+computation, communication and compression per iteration. ``--implementation this`` overlaps every scheme.
+
 Calibration: one free number per interconnect, the inter-node efficiency (conf/cluster/<name>.yaml,
 ``perf.inter_efficiency``), fitted by :func:`fit_efficiency` (least squares in log throughput over all the
 multi-node rows of Tables 3 and 4 on that interconnect, baselines included; not on the target's metric):
-Ethernet 0.50 (NCCL 2.10 over TCP sockets reaching about 5 of 10 Gbit/s), InfiniBand 0.14 (about 28 of 200
-Gbit/s). Latencies are NCCL's own tuning-model figures, NVLink from the A100 datasheet; nothing is per row.
+Ethernet 0.52 (NCCL 2.10 over TCP sockets reaching about 5 of 10 Gbit/s), InfiniBand 0.14 (about 28 of 200
+Gbit/s). Latencies are NCCL's own tuning-model figures (9.6 us a network hop), NVLink from the A100 datasheet;
+nothing is per row, per task or per optimizer.
 
 Where the model misses, and why (README-ready):
 
-- The model MISSES the target: median error 24 % over the 24 rows. The 1-bit Adam rows are close (median
-  11 %; the 64-GPU Ethernet collapse of 1-bit Adam, 5546 samples/s, is not predicted: the model gives
-  11539). The Birder rows are not (median 56 %): the model predicts 97-100 % scale efficiency for Birder on both
-  interconnects, the paper prints 55-98 %. Its 1-bit traffic is 2(n-1)/n P/32 bytes per node per step
-  (5.6 MB for ResNet-50 at 8 nodes): hidden behind the backward pass on any link the paper used.
-- What the paper's Birder loses with more nodes does not follow bytes or collectives: over InfiniBand a
-  step grows by about 4 ms per extra node for ResNet-50 (1.6, 10.5, 28.7 ms at 2, 4, 8 nodes) and for
-  BERT-Base (3.6, 12, 25 ms), although BERT-Base has 4.3 times the bytes and about three times the buckets.
-  Over Ethernet its 1-bit exchanges reach about 0.2-0.3 GB/s, a quarter of what the fp32 all-reduce reaches
-  on the same link, while 1-bit Adam's exchanges of the same message sizes reach nearly the fp32 rate. The
-  paper's own explanation (appendices D and E): its all-to-all is less efficient than all-reduce, and the
-  primitives' "computation time" grows with the number of GPUs; neither is a latency or a bandwidth that
-  one number per link reproduces (a second efficiency for exchanges cannot fit Birder and 1-bit Adam at
-  once; a larger latency per message spoils the BERT rows). So the model's Birder figures are what the
-  scheme costs on the wire, not what the paper's implementation achieved.
+- The model MISSES the target: median error 24.3 % over the 24 rows (1-bit Adam 13 %, Birder 42 %; Ethernet
+  47 %, InfiniBand 20 %). With every scheme overlapped (``this``) it is 24.2 % (1-bit Adam 11 %, Birder 56 %).
+- Running Birder as the paper did (not overlapped) is the better account of its rows: its BERT Ethernet
+  errors fall from +136..+177 % to +71..+98 %, its predicted scale efficiency from 81-100 % to 60-100 %
+  (printed 30-98 %). It is not enough: what the paper's Birder loses with more nodes does not follow its
+  bytes. Per step over 10 Gbit/s Ethernet, ResNet-50's Birder grows by 11, 35, 60 ms at 2, 4, 8 nodes and
+  BERT-Base's by 53, 73, 136 ms, with 3.2-5.6 MB and 13.6-23.8 MB on each node's NIC (2(n-1)/n P/32): a
+  least-squares split is about 4 ms per MB (0.25 GB/s, half the fp32 all-reduce's rate on the same link)
+  plus 0, 23, 37 ms at 2, 4, 8 nodes that do not depend on the model's size. The paper itself says so
+  (appendices D and E): "All-reduce is more efficient than All-to-All which is the core of our
+  Hierarchical-1-bit-All-Reduce", and the primitives' "computation time ... may exceed the time of the pure
+  communication itself". One efficiency per link cannot give the all-to-all half the all-reduce's rate.
+- Per-message latency is not the missing piece: torch's all_to_all_single on NCCL is n-1 grouped send/recv
+  pairs, each paying a network hop. Raising the Ethernet latency from NCCL's 9.6 us to 25, 50, 100, 200 us
+  (TCP sockets with NCCL's proxy thread are slower than its tuning model) moves Birder's median to 40, 30, 28,
+  27 % but 1-bit Adam's to 14, 18, 21, 27 % (its flat exchange has N-1 = 63 steps), the overall median to
+  25.2, 24.8, 24.8, 27.4 %. Padding is not it either: the hooks pad a bucket to a multiple of 8mn elements
+  (512 at 8 nodes), negligible; the paper gives P/32 per GPU for the 1-bit volume (section 4), so no extra
+  bytes are assumed.
+- 1-bit Adam: in the optimizer's step on the whole vector (4 collectives a step) it stays close (13 %); run
+  per bucket without overlap it is worse (19 %). Its 64-GPU Ethernet collapse (5546 samples/s, slower than at
+  32 GPUs) is not predicted (11746): a 63-peer all-to-all over TCP is worse than its bytes and latencies.
 - Over InfiniBand the fp32 baselines need only 0.14 of the line rate and their all-reduce time barely grows
   with nodes (ResNet-50: 40, 44, 54 ms exposed at 2, 4, 8 nodes), which looks like a per-GPU limit (for
   example staging through host memory without GPUDirect RDMA) rather than the NIC; the model's 2(n-1)/n
-  growth over-predicts the 2-node baseline (ResNet-50: 6.9k predicted, 4.7k printed).
+  growth over-predicts the 2-node baseline (ResNet-50: 6.8k predicted, 4.7k printed), so the compressed
+  rows' speedups at 2 nodes come out low (-28 to -30 %).
 """
 
 from __future__ import annotations
