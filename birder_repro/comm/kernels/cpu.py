@@ -38,10 +38,14 @@ _JIT = dict(cache=True, fastmath=False, nogil=True)
 
 @njit(**_JIT)
 def _uniforms(out, base, lo, hi, keys):
-    """out[j - lo] = tl.rand(seed, base + j) for j in [lo, hi); keys: (10, 2) uint64 round keys."""
+    """out[j - lo] = tl.rand(seed, base + j) for j in [lo, hi); keys: (10, 2) uint32 round keys.
+
+    Every word is kept visibly below 2^32 (uint32 keys, masks) so that LLVM multiplies with the cheap
+    32x32->64-bit vector instruction (vpmuludq) rather than a full 64-bit one (vpmullq).
+    """
     for j in range(lo, hi):
         pos = np.uint64(base + j)
-        c1 = pos >> _SH32
+        c1 = (pos >> _SH32) & _U32
         # Round 1 with c2 = c3 = 0: hi(B*0) = lo(B*0) = 0.
         p0 = (pos & _U32) * _A
         c0 = c1 ^ keys[0, 0]
@@ -152,12 +156,24 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().numpy()
 
 
+def threads() -> int:
+    """The threads the kernels use: torch's budget (OMP_NUM_THREADS, torchrun's one per process), at most
+    the cores numba found (the process's CPU affinity)."""
+    return max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+
+
+def _use_threads() -> None:
+    if numba.get_num_threads() != threads():
+        numba.set_num_threads(threads())
+
+
 def _tables(segments: Segments, seed: int):
-    keys = np.array(round_keys(seed), dtype=np.uint64)
+    keys = np.array(round_keys(seed), dtype=np.uint32)
     return segments.starts.numpy(), segments.deltas.numpy(), keys
 
 
 def worker_compress(g, m, b, e, b_hat, beta, eps, seed, segments):
+    _use_threads()
     out = torch.empty(g.numel() // 8, dtype=torch.uint8)
     starts, deltas, keys = _tables(segments, seed)
     bh = _np(b_hat) if b_hat is not None else np.empty(0, np.float32)
@@ -167,6 +183,7 @@ def worker_compress(g, m, b, e, b_hat, beta, eps, seed, segments):
 
 
 def server_compress(received, e_bar, seed, segments):
+    _use_threads()
     out = torch.empty(received.shape[1], dtype=torch.uint8)
     starts, deltas, keys = _tables(segments, seed)
     _server(_np(received), _np(e_bar), starts, deltas, keys, _np(out))
@@ -174,9 +191,6 @@ def server_compress(received, e_bar, seed, segments):
 
 
 def unpack(packed, out):
+    _use_threads()
     _unpack(_np(packed), _np(out))
     return out
-
-
-def threads() -> int:
-    return numba.get_num_threads()
