@@ -46,16 +46,21 @@ def philox_word0(seed: int, positions: torch.Tensor) -> torch.Tensor:
     """First output word of Philox4x32-10 for counters (position lo, position hi, 0, 0), as int64 in [0, 2^32).
 
     int64 arithmetic: the 32x32-bit products reach 2^64 and wrap, but their bits are right, so the high word
-    is (p >> 32) & 0xffffffff (the arithmetic shift's sign bits are masked away).
+    is (p >> 32) & 0xffffffff (the arithmetic shift's sign bits are masked away). In place where a word is
+    dead, and with round 1 written out (c2 = c3 = 0 there): callers pass chunks that fit in cache.
     """
-    c0 = positions & _M32
-    c1 = positions >> 32
-    c2 = torch.zeros_like(c0)
-    c3 = torch.zeros_like(c0)
-    for k0, k1 in round_keys(seed):
-        p0 = c0 * ROUND_A
-        p2 = c2 * ROUND_B
-        c0, c1, c2, c3 = ((p2 >> 32) & _M32) ^ c1 ^ k0, p2 & _M32, ((p0 >> 32) & _M32) ^ c3 ^ k1, p0 & _M32
+    keys = round_keys(seed)
+    p0 = (positions & _M32).mul_(ROUND_A)
+    c0 = (positions >> 32).bitwise_xor_(keys[0][0])  # round 1: hi(B * 0) ^ c1 ^ k0
+    c2 = (p0 >> 32).bitwise_and_(_M32).bitwise_xor_(keys[0][1])
+    c1, c3 = None, p0.bitwise_and_(_M32)  # lo(B * 0) = 0
+    for k0, k1 in keys[1:]:
+        p0, p2 = c0.mul_(ROUND_A), c2.mul_(ROUND_B)
+        c0 = (p2 >> 32).bitwise_and_(_M32).bitwise_xor_(k0)
+        if c1 is not None:
+            c0.bitwise_xor_(c1)
+        c2 = (p0 >> 32).bitwise_and_(_M32).bitwise_xor_(c3).bitwise_xor_(k1)
+        c1, c3 = p2.bitwise_and_(_M32), p0.bitwise_and_(_M32)
     return c0
 
 
