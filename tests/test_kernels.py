@@ -148,6 +148,14 @@ def test_unpack_round_trips(backend):
     assert torch.equal(out, signs.reshape(-1))
 
 
+@pytest.mark.parametrize("backend", ["torch"] + (["cpu"] if HAS_NUMBA else []))
+def test_empty_buffers_give_empty_results(backend):
+    z = torch.zeros(0)
+    assert kernels.worker_compress(z, z.clone(), z.clone(), z.clone(), backend=backend).numel() == 0
+    assert kernels.server_compress(torch.zeros(2, 0, dtype=torch.uint8), z.clone(), backend=backend).numel() == 0
+    assert kernels.unpack(torch.zeros(0, dtype=torch.uint8), backend=backend).numel() == 0
+
+
 # ------------------------------------------------------------------------------------------------ cpu = torch
 @pytest.mark.skipif(not HAS_NUMBA, reason="numba is not installed")
 @pytest.mark.parametrize("n,b_hat,kind,workers", CASES)
@@ -156,8 +164,9 @@ def test_cpu_backend_equals_torch(n, b_hat, kind, workers):
 
 
 @pytest.mark.skipif(not HAS_NUMBA, reason="numba is not installed")
-def test_auto_picks_cpu_on_cpu_tensors():
+def test_auto_picks_cpu_on_cpu_tensors_with_torchs_thread_budget():
     assert kernels.resolve_backend("auto", "cpu") == "cpu"
+    assert 1 <= kernels.backend_threads("cpu") <= torch.get_num_threads()
 
 
 # ------------------------------------------------------------------------------ triton (interpreter) = torch

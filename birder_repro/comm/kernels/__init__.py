@@ -81,8 +81,9 @@ def resolve_backend(backend: str, device: torch.device | str) -> str:
 
 
 def backend_threads(backend: str, device: torch.device | str = "cpu"):
-    """Threads the backend computes with ("gpu" for triton on CUDA)."""
-    return _module(resolve_backend(backend, device)).threads()
+    """CPU threads the backend computes with, or "gpu"."""
+    name = resolve_backend(backend, device)
+    return "gpu" if torch.device(device).type == "cuda" else _module(name).threads()
 
 
 def _check_float(name: str, t: torch.Tensor, n: Optional[int], device, what: str = "the length of g") -> None:
@@ -114,6 +115,8 @@ def worker_compress(g: torch.Tensor, m: torch.Tensor, b: torch.Tensor, e: torch.
     _check_seed(seed)
     segments = as_segments(offset, n)
     impl = _module(resolve_backend(backend, g.device))
+    if n == 0:
+        return torch.empty(0, dtype=torch.uint8, device=g.device)
     return impl.worker_compress(g, m, b, e, b_hat, float(beta), float(eps), seed, segments)
 
 
@@ -131,6 +134,8 @@ def server_compress(received: torch.Tensor, e_bar: torch.Tensor, seed: int = 0, 
     _check_seed(seed)
     segments = as_segments(offset, e_bar.numel())
     impl = _module(resolve_backend(backend, received.device))
+    if e_bar.numel() == 0:
+        return torch.empty(0, dtype=torch.uint8, device=received.device)
     return impl.server_compress(received, e_bar, seed, segments)
 
 
@@ -145,4 +150,6 @@ def unpack(packed: torch.Tensor, backend: str = "auto", out: Optional[torch.Tens
     else:
         _check_float("out", out, packed.numel() * 8, packed.device, "8 per packed byte")
     impl = _module(resolve_backend(backend, packed.device))
+    if packed.numel() == 0:
+        return out.view(shape)
     return impl.unpack(packed, out).view(shape)

@@ -93,7 +93,7 @@ def _worker(g, m, b, e, b_hat, use_b_hat, beta, one_minus_beta, eps, starts, del
         lo = blk * BLOCK
         hi = min(n, lo + BLOCK)
         rand = np.empty(BLOCK, np.float32)
-        bits = np.zeros(BLOCK, np.uint8)
+        bits = np.empty(BLOCK, np.uint8)
         _block_uniforms(rand, lo, hi, starts, deltas, keys)
         for j in range(lo, hi):
             gj = g[j]
@@ -126,7 +126,7 @@ def _server(received, e_bar, starts, deltas, keys, out):
         hi = min(n, lo + BLOCK)
         rand = np.empty(BLOCK, np.float32)
         count = np.zeros(BLOCK, np.int32)
-        bits = np.zeros(BLOCK, np.uint8)
+        bits = np.empty(BLOCK, np.uint8)
         _block_uniforms(rand, lo, hi, starts, deltas, keys)
         for w in range(workers):
             for q in range(lo // 8, hi // 8):

@@ -137,9 +137,11 @@ class Segments:
 
     def positions(self, lo: int, hi: int, device=None) -> torch.Tensor:
         """int64 positions of buffer elements lo..hi-1."""
-        j = torch.arange(lo, hi, dtype=torch.int64)
-        seg = torch.searchsorted(self.starts, j, right=True) - 1
-        return (j + self.deltas[seg]).to(device)
+        j = torch.arange(lo, hi, dtype=torch.int64, device=device)
+        if self.starts.numel() == 1:
+            return j + int(self.deltas[0])
+        seg = torch.searchsorted(self.starts.to(j.device), j, right=True) - 1
+        return j + self.deltas.to(j.device)[seg]
 
 
 Offset = Union[int, Segments]

@@ -14,17 +14,18 @@ from birder_repro.comm.kernels.philox import Segments, uniform
 from birder_repro.comm.pack import pack_bits, unpack_signs
 from birder_repro.optim.birder import server_step_, worker_step_
 
-CHUNK = 1 << 16  # the Philox temporaries of a chunk stay in cache: ~15x faster than 2M chunks
+CHUNK = {"cpu": 1 << 16, "cuda": 1 << 24}  # on CPU the Philox temporaries stay in cache: ~15x faster than 2M
 
 
-def _chunks(n: int):
-    for lo in range(0, n, CHUNK):
-        yield lo, min(n, lo + CHUNK)
+def _chunks(n: int, device: torch.device):
+    step = CHUNK.get(device.type, CHUNK["cpu"])
+    for lo in range(0, n, step):
+        yield lo, min(n, lo + step)
 
 
 def worker_compress(g, m, b, e, b_hat, beta, eps, seed, segments: Segments):
     out = torch.empty(g.numel() // 8, dtype=torch.uint8, device=g.device)
-    for lo, hi in _chunks(g.numel()):
+    for lo, hi in _chunks(g.numel(), g.device):
         rand = uniform(seed, segments.positions(lo, hi, g.device))
         bits = worker_step_(g[lo:hi], m[lo:hi], b[lo:hi], e[lo:hi], rand, beta, eps,
                             b_hat=None if b_hat is None else b_hat[lo:hi])
@@ -39,7 +40,7 @@ def server_mean(received: torch.Tensor) -> torch.Tensor:
 
 def server_compress(received, e_bar, seed, segments: Segments):
     out = torch.empty(received.shape[1], dtype=torch.uint8, device=received.device)
-    for lo, hi in _chunks(e_bar.numel()):
+    for lo, hi in _chunks(e_bar.numel(), e_bar.device):
         mean = server_mean(received[:, lo // 8: hi // 8])
         rand = uniform(seed, segments.positions(lo, hi, e_bar.device))
         out[lo // 8: hi // 8] = pack_bits(server_step_(mean, e_bar[lo:hi], rand))
@@ -47,7 +48,7 @@ def server_compress(received, e_bar, seed, segments: Segments):
 
 
 def unpack(packed, out):
-    for lo, hi in _chunks(out.numel()):
+    for lo, hi in _chunks(out.numel(), out.device):
         out[lo:hi] = unpack_signs(packed[lo // 8: hi // 8])
     return out
 
