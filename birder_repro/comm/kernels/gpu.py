@@ -89,8 +89,8 @@ def _worker_kernel(g_ptr, m_ptr, b_ptr, e_ptr, b_hat_ptr, out_ptr, n, beta, one_
 
 
 @triton.jit
-def _server_kernel(received_ptr, e_bar_ptr, out_ptr, workers, float_workers, nbytes, seed, starts_ptr, deltas_ptr, nseg, nsteps,
-                   BLOCK: tl.constexpr):
+def _server_kernel(received_ptr, e_bar_ptr, out_ptr, workers, float_workers, nbytes, seed, starts_ptr, deltas_ptr,
+                   nseg, nsteps, BLOCK: tl.constexpr):
     q = tl.program_id(0).to(tl.int64) * (BLOCK // 8) + tl.arange(0, BLOCK // 8)
     qmask = q < nbytes
     count = tl.zeros((BLOCK,), tl.int32)
@@ -141,8 +141,8 @@ def server_compress(received, e_bar, seed, segments: Segments):
     workers, nbytes = received.shape
     out = torch.empty(nbytes, dtype=torch.uint8, device=received.device)
     _server_kernel[(triton.cdiv(nbytes * 8, BLOCK),)](
-        received, e_bar, out, workers, float(workers), nbytes, seed, *_segment_args(segments, received.device), BLOCK=BLOCK,
-        **_LAUNCH)
+        received, e_bar, out, workers, float(workers), nbytes, seed, *_segment_args(segments, received.device),
+        BLOCK=BLOCK, **_LAUNCH)
     return out
 
 
