@@ -44,7 +44,8 @@ class Task:
 
     name: str = ""
     baseline: str = "sgdm"  # the optimizer every table compares against
-    metrics: tuple[str, ...] = ()
+    metrics: tuple[str, ...] = ()  # what the evaluation reports: the record's and the tables' columns
+    headline_metric: str = ""  # the one the paper reports first (summaries show it); "": the first of metrics
 
     def build_model(self, cfg) -> nn.Module:
         raise NotImplementedError

@@ -558,6 +558,7 @@ class BertPretrainTask(Task):
     name = "bert_pretrain"
     baseline = "bertadam"
     metrics = ("mlm_loss", "mlm_accuracy", "nsp_accuracy")
+    headline_metric = "mlm_accuracy"
 
     def build_model(self, cfg) -> nn.Module:
         return build_model(cfg)

@@ -415,6 +415,7 @@ class BertSquadTask(Task):
     name = "bert_squad"
     baseline = "bertadam"
     metrics = ("exact_match", "f1")
+    headline_metric = "f1"  # Table 2: F1-score, then exact match
 
     def build_model(self, cfg) -> nn.Module:
         return build_model(cfg)

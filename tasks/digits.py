@@ -146,6 +146,7 @@ class DigitsTask(ClassificationTask):
     name = "digits"
     baseline = "sgdm"
     metrics = ("top1",)
+    headline_metric = "top1"
 
     def build_model(self, cfg) -> nn.Module:
         return DigitsCNN(pick_size(cfg.model.size, SIZES), int(cfg.model.num_classes))

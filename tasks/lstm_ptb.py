@@ -436,6 +436,7 @@ class LSTMPTBTask(Task):
     name = "lstm_ptb"
     baseline = "sgdm"
     metrics = ("perplexity", "val_perplexity")
+    headline_metric = "perplexity"  # on the test split
 
     def build_model(self, cfg) -> nn.Module:
         return lstm_lm(int(cfg.model.vocab_size), cfg.model.size, Regularization.from_cfg(cfg.model))

@@ -193,6 +193,7 @@ class ResNet20Task(ClassificationTask):
     name = "resnet20"
     baseline = "sgdm"
     metrics = ("top1", "top5")
+    headline_metric = "top1"
 
     def build_model(self, cfg) -> nn.Module:
         return resnet20(int(cfg.model.num_classes), cfg.model.size)

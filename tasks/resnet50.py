@@ -44,6 +44,7 @@ class ResNet50Task(ClassificationTask):
     name = "resnet50"
     baseline = "sgdm"
     metrics = ("top1", "top5")
+    headline_metric = "top1"
 
     def build_model(self, cfg) -> nn.Module:
         return pick_size(cfg.model.size, SIZES)(int(cfg.model.num_classes))

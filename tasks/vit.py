@@ -165,6 +165,7 @@ class ViTTask(ClassificationTask):
     name = "vit"
     baseline = "adamw"  # torchvision's recipe is AdamW's; appendix B.3 tunes SGD and SGDM against it
     metrics = ("top1", "top5")
+    headline_metric = "top1"
 
     def build_model(self, cfg) -> nn.Module:
         return pick_size(cfg.model.size, SIZES)(int(cfg.model.num_classes), int(cfg.data.image_size))

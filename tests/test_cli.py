@@ -195,7 +195,7 @@ def test_worker_writes_a_completed_record_from_the_training_result(compose, tmp_
     run_dir = _run_dir(compose, tmp_path, ["nodes=1", "gpus_per_node=1"])
     seen = {}
 
-    def fake_train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir):
+    def fake_train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir, **_):
         seen.update(lr=optimizer.param_groups[0]["lr"], world=topology.world_size, ddp=type(model).__name__)
         return {"steps": 3, "samples": 24, "throughput_samples_per_s": 10.0, "throughput_by_stage": {},
                 "step_time_s": {"total": 1.0, "compute": 0.5, "communication": 0.3, "compression": 0.2},

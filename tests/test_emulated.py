@@ -1,5 +1,5 @@
-"""cluster=emulated: the fabric's plan and commands, the node commands, the link counters as a probe of the
-training loop, and (as root, with iproute2) real namespaces: shaped links, counted bytes, and nothing of ours
+"""cluster=emulated: the fabric's plan and commands, the node commands (the link counters as a probe of the
+training loop: tests/test_probes.py), and (as root, with iproute2) real namespaces: shaped links, counted bytes, and nothing of ours
 left after a run that ends, fails, is stopped, or is killed with SIGKILL and followed by another run.
 
 The fast tests that make namespaces run trivial node commands in them (a Python one-liner instead of
@@ -20,17 +20,12 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from birder_repro import cli, record
 from birder_repro import config as layout
-from birder_repro.comm.topology import Topology
 from birder_repro.launch import choose_launcher, emulated, netns
 from birder_repro.launch.process import Command
-from birder_repro.train import train
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_train import BlobsTask, blobs_data, make_config, tiny_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
@@ -149,59 +144,6 @@ def test_read_counters_from_sysfs_and_snmp(tmp_path):
     snmp.write_text("Ip: Forwarding\nIp: 1\nTcp: RtoAlgorithm RetransSegs InErrs\nTcp: 1 7 0\n")
     assert netns.read_counters("veth0", tmp_path / "net", snmp) == {"tx_bytes": 123456, "tx_packets": 100,
                                                                      "retrans_segs": 7}
-
-
-class CountingTask(BlobsTask):
-    """Counts forward passes and evaluations, so that a probe can tell where in the run it is called."""
-
-    def __init__(self):
-        self.losses = self.evaluations = 0
-
-    def loss(self, model, batch, device):
-        self.losses += 1
-        return super().loss(model, batch, device)
-
-    def evaluate(self, model, loader, device):
-        self.evaluations += 1
-        return super().evaluate(model, loader, device)
-
-
-class RecordingProbe:
-    def __init__(self, task):
-        self.task, self.calls = task, []
-
-    def start(self):
-        self.calls.append(("start", self.task.losses, self.task.evaluations))
-
-    def stop(self, timed_steps):
-        self.calls.append(("stop", self.task.losses, self.task.evaluations, timed_steps))
-        return {"link_bytes_per_step": [1.0]}
-
-
-def test_probes_cover_exactly_the_timed_steps(tmp_path):
-    torch.manual_seed(0)
-    task, model = CountingTask(), tiny_model()
-    probe = RecordingProbe(task)
-    rec = train(make_config(tmp_path, steps=7, timing_warmup_steps=2, compute_calibration_passes=3),
-                task=task, data=blobs_data(0, 1, 16), model=model,
-                optimizer=torch.optim.SGD(model.parameters(), lr=0.2), comm=None,
-                topology=Topology(rank=0, world_size=1, gpus_per_node=1), device=torch.device("cpu"),
-                run_dir=tmp_path, probes=[probe])
-    # start: after the 2 warm-up steps and the 3 calibration passes; stop: after all 7 steps, before evaluation.
-    assert probe.calls == [("start", 2 + 3, 0), ("stop", 7 + 3, 0, 5)]
-    assert task.evaluations == 1 and rec["link_bytes_per_step"] == [1.0] and rec["timed_steps"] == 5
-
-
-def test_link_counters_per_step_in_node_order(monkeypatch):
-    readings = iter([{"tx_bytes": 1000, "tx_packets": 10, "retrans_segs": 0},
-                     {"tx_bytes": 5000, "tx_packets": 30, "retrans_segs": 2}])
-    monkeypatch.setattr(netns, "read_counters", lambda iface: next(readings))
-    probe = emulated.link_probe(Topology(rank=0, world_size=1, gpus_per_node=1), {emulated.LINK_IFACE_ENV: "v0"})
-    probe.start()
-    out = probe.stop(timed_steps=4)
-    assert out["link_bytes_per_step"] == [1000.0] and out["link_packets_per_step"] == [5.0]
-    assert out["link_tcp_retransmits_per_step"] == [0.5] and out["link_interfaces"] == ["v0"]
-    assert emulated.link_probe(Topology(rank=0, world_size=1, gpus_per_node=1), {}) is None
 
 
 # ---------------------------------------------------------------------------------- running the nodes

@@ -15,8 +15,8 @@ shares) and, with the c10d rendezvous, ``--rdzv-conf=is_host=...`` (torchrun rec
 its host name, which resolves to no namespace's address).
 
 Real bytes: the launcher sets ``BIRDER_LINK_IFACE`` for each node; the worker on each node's local rank 0 reads
-that interface's kernel counters at the start and the end of the timed steps (:class:`LinkCounters`, a probe
-of ``birder_repro.train.train``), and the record gets ``link_bytes_per_step``: one figure per node.
+that interface's kernel counters at the start and the end of the timed steps (``birder_repro.probes``, a probe
+of the training loop), and the record gets ``link_bytes_per_step``: one figure per node.
 
 The fabric is removed when the run ends, fails, or is stopped with SIGINT or SIGTERM; one left by a run killed
 with SIGKILL is removed by the next emulated run (netns.clean_stale).
@@ -43,13 +43,12 @@ from birder_repro import config as layout
 from birder_repro import record
 from birder_repro.launch import local, netns
 from birder_repro.launch.process import Command
+from birder_repro.probes import LINK_IFACE_ENV  # the interface whose counters a node's local rank 0 reads
 
 __all__ = ["CLUSTER", "LINK_IFACE_ENV", "INFO_FILE", "is_emulated", "check_launcher", "check_config",
-           "shaping", "fabric_for", "node_command", "commands", "format_dry_run", "launch", "LinkCounters",
-           "link_probe"]
+           "shaping", "fabric_for", "node_command", "commands", "format_dry_run", "launch"]
 
 CLUSTER = "emulated"
-LINK_IFACE_ENV = "BIRDER_LINK_IFACE"  # the interface whose counters a node's local rank 0 reads
 INFO_FILE = "emulated.json"  # in the run directory: the fabric, its commands and whole-run link bytes
 WORKER = ["-m", "birder_repro.worker"]
 STOP_GRACE_S = 20.0  # after one node fails, how long the others get to notice before they are stopped
@@ -319,46 +318,3 @@ def _write_info(run_dir: Path, info: dict) -> None:
     except OSError as err:  # the run's outcome must not depend on this note
         print(f"[birder-repro] could not write {run_dir / INFO_FILE}: {err}", file=sys.stderr)
 
-
-# ------------------------------------------------------------------------ the worker's link counters
-class LinkCounters:
-    """A probe of the training loop: this node's link counters over exactly the timed steps.
-
-    The worker on each node's local rank 0 reads the kernel counters of the node's interface when the timed
-    steps begin and when they end; :meth:`stop` (collective) gathers the per-step figures of every node,
-    in node order (node = rank // gpus_per_node), for the record.
-    """
-
-    def __init__(self, iface: str, node: int, nodes: int, reader: bool) -> None:
-        self.iface, self.node, self.nodes, self.reader = iface, node, nodes, reader
-        self._start: Optional[dict[str, int]] = None
-
-    def start(self) -> None:
-        if self.reader:
-            self._start = netns.read_counters(self.iface)
-
-    def stop(self, timed_steps: int) -> dict[str, Any]:
-        import torch.distributed as dist
-
-        mine = None
-        if self.reader and self._start is not None:
-            end = netns.read_counters(self.iface)
-            mine = {"node": self.node, "iface": self.iface,
-                    **{k: (end[k] - self._start[k]) / max(timed_steps, 1) for k in end}}
-        gathered = [mine]
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            gathered = [None] * dist.get_world_size()
-            dist.all_gather_object(gathered, mine)
-        per_node = {g["node"]: g for g in gathered if g is not None}
-        figure = lambda key: [per_node[k][key] if k in per_node else None for k in range(self.nodes)]  # noqa: E731
-        return {"link_bytes_per_step": figure("tx_bytes"), "link_packets_per_step": figure("tx_packets"),
-                "link_tcp_retransmits_per_step": figure("retrans_segs"), "link_interfaces": figure("iface"),
-                "link_header_bytes_per_packet": netns.FRAME_HEADER_BYTES}
-
-
-def link_probe(topology, env: Mapping[str, str] = os.environ) -> Optional[LinkCounters]:
-    """The probe for this worker when its launcher named a link to count (``BIRDER_LINK_IFACE``), else None."""
-    iface = env.get(LINK_IFACE_ENV)
-    if not iface:
-        return None
-    return LinkCounters(iface, node=topology.node_rank, nodes=topology.nodes, reader=topology.local_rank == 0)
