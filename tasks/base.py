@@ -1,7 +1,7 @@
 """The shape every task module has. A reader who knows one task knows them all.
 
 A task module (``tasks/<name>.py``, installed as ``birder_repro.tasks.<name>``) defines a subclass of
-:class:`Task` and registers one instance. The training loop only ever talks to this interface.
+:class:`Task`, which the table in ``tasks/__init__.py`` names. The training loop only talks to this interface.
 """
 
 from __future__ import annotations

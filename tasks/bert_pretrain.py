@@ -599,6 +599,3 @@ class BertPretrainTask(Task):
 
     def finalize(self, means: dict[str, float]) -> dict[str, float]:
         return {k: (100.0 * v if k.endswith("accuracy") else v) for k, v in means.items()}
-
-
-TASK = BertPretrainTask()

@@ -444,6 +444,3 @@ class BertSquadTask(Task):
 
     def finalize(self, means: dict[str, float]) -> dict[str, float]:
         return {k: (100.0 * v if k in self.metrics else v) for k, v in means.items()}
-
-
-TASK = BertSquadTask()

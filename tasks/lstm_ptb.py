@@ -481,8 +481,6 @@ def perplexity(mean_nll: float) -> float:
     return math.exp(mean_nll) if mean_nll < 709.0 else math.inf
 
 
-TASK = LSTMPTBTask()
-
 __all__ = ["SIZES", "LSTMSize", "Regularization", "AWDLSTM", "lstm_lm", "Window", "shard", "batchify",
            "BPTTWindows", "EvalWindows", "Vocabulary", "read_words", "load_ptb", "markov_chain", "markov_stream",
-           "HiddenCarry", "LSTMPTBTask", "perplexity", "TASK"]
+           "HiddenCarry", "LSTMPTBTask", "perplexity"]

@@ -199,6 +199,3 @@ class ResNet20Task(ClassificationTask):
 
     def build_data(self, cfg, rank: int, world_size: int) -> TaskData:
         return build_by_source(cfg, rank, world_size, {"real": build_cifar100, "synthetic": build_synthetic})
-
-
-TASK = ResNet20Task()

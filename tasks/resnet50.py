@@ -51,6 +51,3 @@ class ResNet50Task(ClassificationTask):
     def build_data(self, cfg, rank: int, world_size: int) -> TaskData:
         return build_by_source(cfg, rank, world_size,
                                {"real": build_imagenet, "synthetic": build_imagenet_synthetic})
-
-
-TASK = ResNet50Task()

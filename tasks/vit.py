@@ -173,7 +173,5 @@ class ViTTask(ClassificationTask):
         return build_by_source(cfg, rank, world_size, {"real": build_real, "synthetic": build_synthetic})
 
 
-TASK = ViTTask()
-
 __all__ = ["SIZES", "RA_MAGNITUDE", "vit_train_transform", "SoftTargets", "MappedBatches", "soft_targets",
-           "with_recipe", "ViTTask", "TASK"]
+           "with_recipe", "ViTTask"]
