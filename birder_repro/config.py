@@ -18,7 +18,9 @@ from typing import Any, Mapping, Optional, Sequence
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 __all__ = ["ConfigError", "resolve_gpus_per_node", "world_size", "global_batch", "effective_lr",
-           "resolve_device", "resolve_backend", "cpu_count", "check_types", "validate", "resolve"]
+           "resolve_device", "resolve_backend", "cpu_count", "data_workers", "check_types", "validate", "resolve"]
+
+AUTO_MAX_DATA_WORKERS = 8  # data.num_workers=auto never starts more loader processes per training process
 
 # Values a setting may take, where the YAML type alone does not say (a typo in a value fails early, here,
 # rather than minutes later in a worker).
@@ -44,6 +46,26 @@ def cpu_count() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not available on macOS
         return os.cpu_count() or 1
+
+
+def auto_data_workers(cores: int, local_processes: int) -> int:
+    """Loader processes per training process for ``data.num_workers=auto``.
+
+    The cores this machine gives the job, shared out among its training processes, less one that the training
+    process itself computes on; none when a process has a single core (a loader process would only take
+    turns with it on that core), and at most :data:`AUTO_MAX_DATA_WORKERS`.
+    """
+    return max(0, min(AUTO_MAX_DATA_WORKERS, cores // max(local_processes, 1) - 1))
+
+
+def data_workers(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> int:
+    """``data.num_workers`` for this process: a number as given, or for ``auto``
+    :func:`auto_data_workers` of this process's cores (:func:`cpu_count`) and the training processes torchrun
+    started on this machine (``LOCAL_WORLD_SIZE``; 1 for a process started alone)."""
+    setting = cfg.data.num_workers
+    if setting != "auto":
+        return int(setting)
+    return auto_data_workers(cpu_count(), int(env.get("LOCAL_WORLD_SIZE", 1)))
 
 
 def _cuda_count() -> int:
@@ -181,6 +203,11 @@ def validate(cfg: DictConfig, references: Sequence[Any] = ()) -> None:
     if cfg.train.get("steps") is not None:
         _check_positive_int(cfg, "train.steps")
     resolve_gpus_per_node(cfg.gpus_per_node, gpu_count=0)  # type check only; auto is always fine
+    workers = OmegaConf.select(cfg, "data.num_workers", default=None)
+    if workers is not None and workers != "auto" and (isinstance(workers, bool) or not isinstance(workers, int)
+                                                      or workers < 0):
+        raise ConfigError(f"data.num_workers={workers!r}: use auto (from the cores of each process) or a whole "
+                          "number >= 0 (0: load in the training process)")
     for key, allowed in CHOICES.items():
         value = OmegaConf.select(cfg, key, default=None)
         if value is not None and value not in allowed:

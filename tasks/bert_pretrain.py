@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from birder_repro import config as layout
 from birder_repro.tasks.base import DatasetNotFound, Task, TaskData
 from birder_repro.tasks.bert_common import (SYNTHETIC_SPECIALS, SpecialIds, bert_config, load_tokenizer,
                                             to_device, vocab_size_for)
@@ -486,7 +487,7 @@ def build_text(cfg, rank: int, world_size: int) -> TaskData:
 
 def eval_loader(dataset: Dataset, cfg, rank: int, world_size: int) -> DataLoader:
     """This process's evaluation sequences (tasks.common.ShardSampler), ``data.eval_batch_size`` a batch."""
-    workers = int(cfg.data.num_workers)
+    workers = layout.data_workers(cfg)
     return DataLoader(dataset, batch_size=int(cfg.data.eval_batch_size),
                       sampler=ShardSampler(len(dataset), rank, world_size), num_workers=workers,
                       persistent_workers=workers > 0)

@@ -41,6 +41,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from birder_repro import config as layout
 from birder_repro.tasks import squad_metric
 from birder_repro.tasks.base import DatasetNotFound, Task, TaskData
 from birder_repro.tasks.bert_common import (SYNTHETIC_SPECIALS, SpecialIds, bert_config, load_pretrained,
@@ -264,7 +265,7 @@ def eval_loader(dataset: Dataset, cfg, rank: int, world_size: int) -> DataLoader
 
     Batches hold whole questions, so a cap on evaluation batches (train.eval_max_batches) never splits one.
     """
-    workers = int(cfg.data.num_workers)
+    workers = layout.data_workers(cfg)
     return DataLoader(dataset, batch_size=int(cfg.data.eval_batch_size), collate_fn=CollateEval(Settings.of(cfg)),
                       sampler=ShardSampler(len(dataset), rank, world_size), num_workers=workers,
                       persistent_workers=workers > 0)

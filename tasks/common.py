@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
 from torchvision import datasets, transforms
 
+from birder_repro import config as layout
 from birder_repro.tasks.base import DatasetNotFound, Task, TaskData
 
 __all__ = ["pick_size", "build_by_source", "ShardSampler", "train_loader", "eval_loader", "SyntheticImages",
@@ -68,7 +69,7 @@ class ShardSampler(Sampler[int]):
 
 
 def _loader_kwargs(cfg) -> dict:
-    workers = int(cfg.data.num_workers)
+    workers = layout.data_workers(cfg)
     # Pinned host memory only helps copies to a GPU; persistent workers spare a re-spawn every epoch.
     return dict(num_workers=workers, pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0)
 

@@ -202,3 +202,24 @@ def test_the_type_check_needs_no_hydra_node():
     cfg = compose_config(["task=lstm_ptb", "data.bptt=long"])
     with pytest.raises(layout.ConfigError, match=r"data\.bptt='long': use a number"):
         layout.validate(cfg, cli.reference_configs(cfg))
+
+
+# ------------------------------------------------------------------------------- data loader processes
+@pytest.mark.parametrize("cores,local,workers", [(2, 2, 0), (2, 1, 1), (1, 1, 0), (16, 2, 7), (96, 1, 8), (8, 16, 0)])
+def test_auto_data_workers_share_out_the_cores_of_the_machine(cores, local, workers):
+    assert layout.auto_data_workers(cores, local) == workers
+
+
+def test_data_workers_auto_reads_this_machines_processes_and_a_number_wins(compose, monkeypatch):
+    monkeypatch.setattr(layout, "cpu_count", lambda: 16)
+    cfg = compose(["task=resnet50"])
+    assert cfg.data.num_workers == "auto"
+    assert layout.data_workers(cfg, env={"LOCAL_WORLD_SIZE": "4"}) == 3
+    assert layout.data_workers(cfg, env={}) == 8
+    assert layout.data_workers(compose(["task=resnet50", "data.num_workers=5"]), env={"LOCAL_WORLD_SIZE": "4"}) == 5
+
+
+@pytest.mark.parametrize("value", ["-1", "many", "1.5"])
+def test_data_workers_must_be_auto_or_a_whole_number(compose, value):
+    with pytest.raises(layout.ConfigError, match=r"data\.num_workers="):
+        layout.validate(compose(["task=resnet50", f"data.num_workers={value}"]))
