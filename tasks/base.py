@@ -39,6 +39,11 @@ class DatasetNotFound(FileNotFoundError):
         super().__init__(msg)
 
 
+def small_eval_note(keys: str) -> str:
+    """What every synthetic data line says of its evaluation set: small by default, unlike the real one's."""
+    return f"small evaluation set by default: {keys}; the real dataset's is evaluated in full"
+
+
 class Task:
     """Model, data, loss and metric of one experiment of the paper."""
 

@@ -53,7 +53,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from birder_repro import config as layout
-from birder_repro.tasks.base import DatasetNotFound, Task, TaskData
+from birder_repro.tasks.base import DatasetNotFound, Task, TaskData, small_eval_note
 from birder_repro.tasks.bert_common import (SYNTHETIC_SPECIALS, SpecialIds, bert_config, load_tokenizer,
                                             to_device, vocab_size_for)
 from birder_repro.tasks.common import ShardSampler, build_by_source, train_loader
@@ -544,7 +544,8 @@ def build_synthetic(cfg, rank: int, world_size: int) -> TaskData:
     loader, sampler = train_loader(train_set, cfg, rank, world_size)
     description = (f"SYNTHETIC pretraining data (data.source=synthetic): random token ids of a fixed random Markov "
                    f"chain, {length} tokens a sequence, {cfg.data.masked_lm_prob:.0%} masked; {len(train_set)} "
-                   f"train / {len(eval_set)} eval sequences, seed {seed}; its losses say nothing about the "
+                   f"train / {len(eval_set)} eval sequences ({small_eval_note('data.synthetic_eval_size')}), "
+                   f"seed {seed}; its losses say nothing about the "
                    f"paper's numbers")
     return TaskData(loader, eval_loader(eval_set, cfg, rank, world_size), len(train_set), description, sampler)
 

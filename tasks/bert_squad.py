@@ -43,7 +43,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from birder_repro import config as layout
 from birder_repro.tasks import squad_metric
-from birder_repro.tasks.base import DatasetNotFound, Task, TaskData
+from birder_repro.tasks.base import DatasetNotFound, Task, TaskData, small_eval_note
 from birder_repro.tasks.bert_common import (SYNTHETIC_SPECIALS, SpecialIds, bert_config, load_pretrained,
                                             load_tokenizer, tokenizer_source, to_device, vocab_size_for)
 from birder_repro.tasks.common import ShardSampler, build_by_source, train_loader
@@ -359,7 +359,7 @@ def build_synthetic(cfg, rank: int, world_size: int) -> TaskData:
     loader, sampler = train_loader(train_set, cfg, rank, world_size)
     description = (f"SYNTHETIC SQuAD-shaped data (data.source=synthetic): random token ids, {s.max_seq_length} "
                    f"per window, the answer span marked by two marker tokens; {len(train_set)} train / "
-                   f"{len(eval_set)} eval windows, seed {seed}; exact match and F1 on it are span accuracy, "
+                   f"{len(eval_set)} eval windows ({small_eval_note('data.synthetic_eval_size')}), seed {seed}; exact match and F1 on it are span accuracy, "
                    f"nothing to compare with the paper's numbers")
     return TaskData(loader, eval_loader(eval_set, cfg, rank, world_size), len(train_set), description, sampler)
 

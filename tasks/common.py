@@ -19,7 +19,7 @@ from torch.utils.data.distributed import DistributedSampler
 from torchvision import datasets, transforms
 
 from birder_repro import config as layout
-from birder_repro.tasks.base import DatasetNotFound, Task, TaskData
+from birder_repro.tasks.base import DatasetNotFound, Task, TaskData, small_eval_note
 
 __all__ = ["pick_size", "build_by_source", "ShardSampler", "train_loader", "eval_loader", "SyntheticImages",
            "synthetic_description", "IMAGENET_MEAN", "IMAGENET_STD", "imagenet_transform", "imagenet_folder",
@@ -139,8 +139,9 @@ class SyntheticImages(Dataset):
 
 def synthetic_description(what: str, cfg, train_size: int, eval_size: int) -> str:
     """The line printed at the start of a synthetic run: it must never be mistaken for real data."""
-    return (f"SYNTHETIC data (data.source=synthetic): {what}, {train_size} train / {eval_size} eval samples, "
-            f"seed {cfg.seed}; its accuracy says nothing about the real dataset's")
+    return (f"SYNTHETIC data (data.source=synthetic): {what}, {train_size} train / {eval_size} eval samples "
+            f"({small_eval_note('data.synthetic_eval_size')}), seed {cfg.seed}; its accuracy says nothing about "
+            "the real dataset's")
 
 
 # --------------------------------------------------------------------------------------------------------------

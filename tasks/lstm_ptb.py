@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from birder_repro.tasks.base import DatasetNotFound, Task, TaskData
+from birder_repro.tasks.base import DatasetNotFound, Task, TaskData, small_eval_note
 from birder_repro.tasks.common import build_by_source, pick_size
 
 EOS = "<eos>"
@@ -417,8 +417,9 @@ def build_ptb(cfg, rank: int, world_size: int) -> TaskData:
 
 def build_synthetic(cfg, rank: int, world_size: int) -> TaskData:
     what = (f"SYNTHETIC token streams (data.source=synthetic): a fixed random Markov chain over "
-            f"{cfg.model.vocab_size} words, {cfg.data.synthetic_successors} successors each, seed {cfg.seed}; "
-            f"perplexity on it says nothing about the paper's numbers")
+            f"{cfg.model.vocab_size} words, {cfg.data.synthetic_successors} successors each, seed {cfg.seed} "
+            f"({small_eval_note('data.synthetic_valid_tokens, data.synthetic_test_tokens')}); perplexity on it "
+            "says nothing about the paper's numbers")
     return streams_to_data(synthetic_streams(cfg), cfg, rank, world_size, what)
 
 
