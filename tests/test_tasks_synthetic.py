@@ -13,8 +13,8 @@ from birder_repro.tasks import get_task
 # task -> the keys that size its synthetic evaluation, and the most each may hold by default
 SMALL_EVAL = {
     "resnet20": {"data.synthetic_eval_size": 1000},
-    "resnet50": {"data.synthetic_eval_size": 1000},
-    "vit": {"data.synthetic_eval_size": 1000},
+    "resnet50": {"data.synthetic_eval_size": 500},
+    "vit": {"data.synthetic_eval_size": 500},
     "bert_squad": {"data.synthetic_eval_size": 256},
     "bert_pretrain": {"data.synthetic_eval_size": 256},
     "lstm_ptb": {"data.synthetic_valid_tokens": 7000, "data.synthetic_test_tokens": 7000},
