@@ -60,8 +60,12 @@ def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
     try:
         resolved = layout.resolve(cfg, references=reference_configs(cfg))
         record.write_run_files(run_dir, resolved, _command_line(cfg))
-        from birder_repro.launch import launch  # after resolving: a config error needs no launcher imports
+        from birder_repro.launch import check, launch  # after resolving: a config error needs no launcher
 
+        check(resolved)  # the launcher's refusals, then the data: nothing has started yet
+        missing = _missing_data(resolved)
+        if missing is not None:
+            return _fail(cfg, run_dir, missing, started, code=2)
         code = launch(resolved, run_dir)
     except layout.ConfigError as err:
         return _fail(cfg, run_dir, f"config error: {err}", started, code=2)
@@ -102,6 +106,24 @@ def _compose(overrides: list[str]) -> DictConfig:
             if path.startswith("pkg://") else hydra.initialize_config_dir(config_dir=path, version_base="1.3"))
     with init:
         return hydra.compose(config_name="config", overrides=overrides)
+
+
+def _missing_data(cfg: DictConfig) -> Optional[str]:
+    """The one line that says the run's real dataset is missing, or None; checked before anything starts.
+
+    A dry run and a SLURM job only warn: a dry run starts nothing, and the job's nodes may see files that this
+    (login) machine does not.
+    """
+    from birder_repro.tasks import DatasetNotFound, check_data
+
+    try:
+        check_data(cfg)
+    except DatasetNotFound as err:
+        if not (cfg.dry_run or _submitted(cfg)):
+            return str(err)
+        where = "this machine" if cfg.dry_run else "this machine (the job's nodes may have it)"
+        print(f"[birder-repro] warning, on {where}: {err}", file=sys.stderr, flush=True)
+    return None
 
 
 def _submitted(cfg: DictConfig) -> bool:

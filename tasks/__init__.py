@@ -9,7 +9,8 @@ import importlib
 
 from birder_repro.tasks.base import DatasetNotFound, Task, TaskData
 
-__all__ = ["Task", "TaskData", "DatasetNotFound", "UnknownTask", "TASKS", "get_task", "list_tasks"]
+__all__ = ["Task", "TaskData", "DatasetNotFound", "UnknownTask", "TASKS", "get_task", "list_tasks",
+           "check_data"]
 
 # name -> (module under birder_repro.tasks, its Task class). Modules are imported on demand, so that a task's
 # heavy imports (transformers for the BERT tasks) are paid only by runs of that task.
@@ -38,3 +39,10 @@ def get_task(name: str) -> Task:
         raise UnknownTask(f"task={name!r} is not a task; the tasks: {', '.join(list_tasks())}")
     module, cls = TASKS[name]
     return getattr(importlib.import_module(f"birder_repro.tasks.{module}"), cls)()
+
+
+def check_data(cfg) -> None:
+    """Raise :class:`DatasetNotFound` when the run reads a real dataset that is not there (synthetic data is
+    made, never missing)."""
+    if cfg.data.get("source") == "real":
+        get_task(cfg.task.name).check_data(cfg)

@@ -57,6 +57,11 @@ class Task:
     def build_data(self, cfg, rank: int, world_size: int) -> TaskData:
         raise NotImplementedError
 
+    def check_data(self, cfg) -> None:
+        """Raise :class:`DatasetNotFound` when the real dataset ``cfg`` names is not there (it only looks; it
+        reads nothing). The CLI calls it for ``data.source=real`` before it launches anything, so that a missing
+        dataset is one line rather than a traceback from every worker. Nothing to check by default."""
+
     def loss(self, model: nn.Module, batch, device: torch.device) -> tuple[torch.Tensor, int]:
         """Training loss of one batch and the number of samples it holds."""
         raise NotImplementedError

@@ -567,6 +567,10 @@ class BertPretrainTask(Task):
     def build_data(self, cfg, rank: int, world_size: int) -> TaskData:
         return build_by_source(cfg, rank, world_size, {"real": build_text, "synthetic": build_synthetic})
 
+    def check_data(self, cfg) -> None:
+        if not cfg.data.get("hf_name"):  # a datasets corpus is fetched (or found in its cache) by the workers
+            text_files(cfg)
+
     def loss(self, model: nn.Module, batch, device: torch.device) -> tuple[torch.Tensor, int]:
         # The model's own loss: masked-LM cross-entropy over the predicted tokens (+ next-sentence cross-entropy).
         out = model(**to_device(batch, device, (*MODEL_INPUTS, "labels", "next_sentence_label")))

@@ -132,12 +132,18 @@ def squad_examples(cfg, train: bool) -> tuple[list[Example], str]:
     if cfg.data.get("hf_name"):
         split = "train" if train else "validation"
         return read_squad_hf(str(cfg.data.hf_name), split), f"datasets {cfg.data.hf_name!r} ({split})"
+    path = squad_file(cfg, train)
+    return read_squad_json(path), path
+
+
+def squad_file(cfg, train: bool) -> str:
+    """``<data.root>/train-v1.1.json`` or ``dev-v1.1.json``; a missing file is a :class:`DatasetNotFound`."""
     path = os.path.join(str(cfg.data.root), TRAIN_FILE if train else DEV_FILE)
     if not os.path.isfile(path):
         raise DatasetNotFound(f"SQuAD 1.1 {'training' if train else 'development'} file", path,
                               f"holding {TRAIN_FILE} and {DEV_FILE}, or set data.hf_name=squad to load it "
                               f"through datasets")
-    return read_squad_json(path), path
+    return path
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -422,6 +428,11 @@ class BertSquadTask(Task):
 
     def build_data(self, cfg, rank: int, world_size: int) -> TaskData:
         return build_by_source(cfg, rank, world_size, {"real": build_squad, "synthetic": build_synthetic})
+
+    def check_data(self, cfg) -> None:
+        if not cfg.data.get("hf_name"):  # a datasets corpus is fetched (or found in its cache) by the workers
+            for train in (True, False):
+                squad_file(cfg, train)
 
     def loss(self, model: nn.Module, batch, device: torch.device) -> tuple[torch.Tensor, int]:
         out = model(**to_device(batch, device, (*MODEL_INPUTS, "start_positions", "end_positions")))

@@ -23,7 +23,7 @@ from birder_repro.tasks.base import DatasetNotFound, Task, TaskData, small_eval_
 
 __all__ = ["pick_size", "build_by_source", "ShardSampler", "train_loader", "eval_loader", "SyntheticImages",
            "synthetic_description", "IMAGENET_MEAN", "IMAGENET_STD", "imagenet_transform", "imagenet_folder",
-           "build_imagenet", "build_imagenet_synthetic", "topk_correct", "ClassificationTask", "num_parameters",
+           "check_imagenet", "build_imagenet", "build_imagenet_synthetic", "topk_correct", "ClassificationTask", "num_parameters",
            "check_labels_fit"]
 
 # --------------------------------------------------------------------------------------------------------------
@@ -169,12 +169,23 @@ def imagenet_folder(cfg, split: str) -> datasets.ImageFolder:
 
     The validation images must be sorted into class folders as well (the usual ``valprep.sh`` layout).
     """
-    path = os.path.join(cfg.data.root, split)
-    if not os.path.isdir(path):
-        raise DatasetNotFound(f"ImageNet {split} images (<data.root>/{split}/<class>/*.JPEG)", path)
+    path = _imagenet_split(cfg, split)
     folder = datasets.ImageFolder(path, transform=imagenet_transform(split == "train", int(cfg.data.image_size)))
     check_labels_fit(len(folder.classes), cfg, path)
     return folder
+
+
+def _imagenet_split(cfg, split: str) -> str:
+    path = os.path.join(cfg.data.root, split)
+    if not os.path.isdir(path):
+        raise DatasetNotFound(f"ImageNet {split} images (<data.root>/{split}/<class>/*.JPEG)", path)
+    return path
+
+
+def check_imagenet(cfg) -> None:
+    """The train and val folders are there (:meth:`Task.check_data` of the ImageNet tasks)."""
+    for split in ("train", "val"):
+        _imagenet_split(cfg, split)
 
 
 def build_imagenet(cfg, rank: int, world_size: int) -> TaskData:

@@ -444,6 +444,10 @@ class LSTMPTBTask(Task):
     def build_data(self, cfg, rank: int, world_size: int) -> TaskData:
         return build_by_source(cfg, rank, world_size, {"real": build_ptb, "synthetic": build_synthetic})
 
+    def check_data(self, cfg) -> None:
+        for split in SPLITS:
+            ptb_path(cfg, split)
+
     def loss(self, model: nn.Module, batch: Window, device: torch.device) -> tuple[torch.Tensor, int]:
         lm = _bare(model)
         inputs, targets = batch.inputs.to(device), batch.targets.to(device)
