@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -260,6 +261,40 @@ def wait_for_fabric(before: set[str], timeout_s: float = 60) -> str:
                 return run_id
         time.sleep(0.2)
     raise AssertionError("no fabric appeared")
+
+
+def test_hosts_file_names_every_node_in_ipv4_and_ipv4_mapped_ipv6_form():
+    fabric = netns.plan_fabric(2, "10.77.0.0/24", netns.Shaping(None), run_id="a1b2c3")
+    lines = set(netns.hosts_file(fabric, fabric.nodes[1], "vm").splitlines())
+    for address, name in [("127.0.0.1", "localhost"), ("10.77.0.2", "vm"), ("10.77.0.1", "bdrp-a1b2c3-0"),
+                          ("10.77.0.2", "bdrp-a1b2c3-1")]:
+        assert {f"{address} {name}", f"::ffff:{address} {name}"} <= lines
+    assert "::1 localhost" in lines
+
+
+@needs_netns
+def test_namespaces_name_their_nodes_without_dns():
+    """c10d names the clients of its dual-stack store with getnameinfo (IPv4-mapped IPv6 addresses): each
+    namespace's hosts file answers, so nothing asks a DNS server the namespace cannot reach (EAI_AGAIN, and
+    c10d's "hostname of the client socket cannot be retrieved" warning)."""
+    fabric = netns.plan_fabric(2, "10.77.0.0/24", netns.Shaping(None))
+    netns.clean_stale()
+    netns.create(fabric)
+    try:
+        for node in fabric.nodes:
+            out = subprocess.run(["ip", "netns", "exec", node.netns, sys.executable, "-c", textwrap.dedent(f"""
+                import socket
+                for a in ("{fabric.nodes[0].address}", "{fabric.nodes[1].address}", "127.0.0.1"):
+                    print(socket.getnameinfo((a, 0), 0)[0], socket.getnameinfo(("::ffff:" + a, 0, 0, 0), 0)[0])
+                print(socket.getnameinfo(("::1", 0, 0, 0), 0)[0])""")], capture_output=True, text=True, timeout=30)
+            assert out.returncode == 0, out.stderr
+            names = [fabric.nodes[0].netns, fabric.nodes[1].netns]
+            names[node.index] = socket.gethostname()  # each node's own address is this machine's name there
+            assert out.stdout.split() == [n for n in names for _ in (0, 1)] + ["localhost"] * 3
+    finally:
+        assert netns.destroy(fabric) == []
+    assert ours(fabric.run_id) == set()
+    assert not any((netns.NETNS_ETC / ns).exists() for ns in fabric.namespaces)
 
 
 @needs_netns
