@@ -447,11 +447,11 @@ def test_an_emulated_sweep_records_a_failed_cell_and_runs_the_others(runs_dir):
     """One cell fails in its workers (no such checkpoint to resume from), the other completes; both recorded,
     nothing left. (A missing dataset would not do: the CLI refuses it before it makes any namespace.)"""
     out = birder_repro("-m", "cluster=emulated", "nodes=2", *TINY, "train.steps=4",
-                       f"train.resume=null,{runs_dir / 'no-such-checkpoint'}")
+                       f"train.resume=null,{runs_dir / 'no-such-run' / 'checkpoint.pt'}")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     recs = records(runs_dir)
     assert [r["status"] for r in recs] == ["completed", "failed"]
-    assert "no-such-checkpoint" in recs[1]["error"]
+    assert "no-such-run" in recs[1]["error"]
     for r in recs:
         info = json.loads((Path(r["run_dir"]) / emulated.INFO_FILE).read_text())
         assert info["left_after_removal"] == [] and ours(info["run_id"]) == set()
