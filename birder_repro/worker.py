@@ -24,8 +24,8 @@ from omegaconf import DictConfig, OmegaConf
 from birder_repro import config as layout
 from birder_repro import record
 
-__all__ = ["DistEnv", "read_dist_env", "check_layout", "init_process_group", "seed_everything", "optim_config",
-           "build_and_train", "main"]
+__all__ = ["DistEnv", "read_dist_env", "check_world_matches_layout", "init_process_group", "seed_everything",
+           "optim_config", "build_and_train", "main"]
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def read_dist_env(env=os.environ) -> DistEnv:
                    local_world_size=int(env.get("LOCAL_WORLD_SIZE", world)), rendezvous="MASTER_ADDR" in env)
 
 
-def check_layout(cfg: DictConfig, env: DistEnv) -> None:
+def check_world_matches_layout(cfg: DictConfig, env: DistEnv) -> None:
     """The processes torchrun started must be the layout's, with every node's ranks on one machine.
 
     The topology takes node = rank // gpus_per_node; that is a real node only if each machine's processes
@@ -136,7 +136,7 @@ def run_worker(run_dir: Path, env: Optional[DistEnv] = None) -> int:
     fields: dict[str, Any] = {"started": record.now()}
     joined = False
     try:
-        check_layout(cfg, env)
+        check_world_matches_layout(cfg, env)
         device = pick_device(cfg, env)
         fields.update(device=describe_device(device), backend=layout.resolve_backend(cfg, device.type))
         init_process_group(fields["backend"], env, device)

@@ -153,6 +153,3 @@ class DigitsTask(ClassificationTask):
 
     def build_data(self, cfg, rank: int, world_size: int) -> TaskData:
         return build_by_source(cfg, rank, world_size, {"real": build_real, "synthetic": build_synthetic})
-
-
-TASK = DigitsTask()

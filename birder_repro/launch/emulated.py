@@ -43,6 +43,7 @@ from birder_repro import config as layout
 from birder_repro import record
 from birder_repro.launch import local, netns
 from birder_repro.launch.process import Command
+from birder_repro.launch.torchrun import Rendezvous, torchrun_argv
 from birder_repro.probes import LINK_IFACE_ENV  # the interface whose counters a node's local rank 0 reads
 
 __all__ = ["CLUSTER", "LINK_IFACE_ENV", "INFO_FILE", "is_emulated", "check_launcher", "check_config",
@@ -50,7 +51,6 @@ __all__ = ["CLUSTER", "LINK_IFACE_ENV", "INFO_FILE", "is_emulated", "check_launc
 
 CLUSTER = "emulated"
 INFO_FILE = "emulated.json"  # in the run directory: the fabric, its commands and whole-run link bytes
-WORKER = ["-m", "birder_repro.worker"]
 STOP_GRACE_S = 20.0  # after one node fails, how long the others get to notice before they are stopped
 STOP_TIMEOUT_S = 30.0
 SIGNAL_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}  # the shell's codes for a command stopped by them
@@ -88,7 +88,7 @@ def check_config(cfg: DictConfig) -> None:
                                  "device=cpu (or auto) and cluster.backend=gloo")
     if not 1 <= int(cfg.nodes) <= netns.MAX_NODES:
         raise layout.ConfigError(f"nodes={cfg.nodes}: an emulated cluster has 1 to {netns.MAX_NODES} nodes")
-    local.check_layout(cfg)  # every process of every node runs on this machine
+    local.check_fits_this_machine(cfg)  # every process of every node runs on this machine
 
 
 def shaping(cfg: DictConfig) -> netns.Shaping:
@@ -113,14 +113,13 @@ def node_command(cfg: DictConfig, run_dir: Path, fabric: netns.Fabric, k: int,
     """What node ``k`` runs: torchrun for its processes, inside its namespace, bound to its veth."""
     node = fabric.nodes[k]
     backend = cfg.launcher.get("rdzv_backend") or "c10d"
-    argv = ["ip", "netns", "exec", node.netns, sys.executable, "-m", "torch.distributed.run",
-            f"--nnodes={cfg.nodes}", f"--nproc-per-node={cfg.gpus_per_node}", f"--rdzv-backend={backend}",
-            f"--rdzv-endpoint={fabric.nodes[0].address}:{cfg.launcher.master_port}",
-            f"--rdzv-id={cfg.launcher.get('rdzv_id') or 'emulated-' + fabric.run_id}",
-            f"--local-addr={node.address}"]
+    meet = Rendezvous(backend, f"{fabric.nodes[0].address}:{cfg.launcher.master_port}",
+                      cfg.launcher.get("rdzv_id") or f"emulated-{fabric.run_id}")
     # static: node k is namespace k; c10d: ranks by join order, and node 0 must be told it hosts the store.
-    argv.append(f"--node-rank={k}" if backend == "static" else f"--rdzv-conf=is_host={int(k == 0)}")
-    argv += [*WORKER, "--run-dir", str(Path(run_dir).resolve())]
+    extra = [f"--local-addr={node.address}",
+             f"--node-rank={k}" if backend == "static" else f"--rdzv-conf=is_host={int(k == 0)}"]
+    argv = ["ip", "netns", "exec", node.netns,
+            *torchrun_argv(Path(run_dir).resolve(), cfg.gpus_per_node, meet, nnodes=cfg.nodes, extra=extra)]
     extra = {"GLOO_SOCKET_IFNAME": node.node_veth, LINK_IFACE_ENV: node.node_veth,
              "CUDA_VISIBLE_DEVICES": ""}  # device=auto resolves to the CPU in every node (check_config)
     threads = local.omp_threads(layout.world_size(cfg), env)  # every node shares this machine's cores
