@@ -50,6 +50,9 @@ KEYS: tuple[Key, ...] = (
     # ---- how long
     Key("steps", "optimizer steps of the whole run"),
     Key("resumed_from_step", "the checkpoint's step a resumed run started from; null when not resumed"),
+    Key("restarts", "times torchrun restarted the workers after a failure (train.max_restarts)", empty=0),
+    Key("steps_redone", "steps trained again after restarts: from each restart's checkpoint to the step the "
+        "failed attempt had reached", empty=0),
     Key("samples", "training samples over all processes, resumes included"),
     Key("epochs_trained", "samples / training-set size"),
     Key("timing_warmup_steps", "first steps left out of throughput, step time and bytes per step"),

@@ -161,7 +161,7 @@ def runs(tmp_path_factory):
            "WANDB_SILENT": "true"}
     schedule = {"name": "multistep", "milestones": [0.5], "gamma": 0.1}  # lr / 10 from step 6 on
     full = make_config(full_dir, logger="wandb", steps=12, checkpoint_every=8, schedule=schedule)
-    resumed = make_config(resumed_dir, logger="none", steps=12, resume=str(full_dir / "checkpoint.pt"),
+    resumed = make_config(resumed_dir, logger="none", steps=12, resume=str(full_dir),
                           schedule=schedule)
     by_rank = run_distributed(_train_worker, 2, [(OmegaConf.to_yaml(c), str(d)) for c, d in
                                                  ((full, full_dir), (resumed, resumed_dir))], env)
@@ -224,8 +224,8 @@ def test_only_rank0_writes_metrics_jsonl_and_wandb_offline_runs(full_run):
     assert {r["stage"] for r in rows if "loss" in r} == {"warmup", "compression"}
     assert any("final/top1" in r for r in rows)
     assert list((run_dir / "wandb").glob("offline-run-*")), "W&B offline run directory missing"
-    assert sorted(p.name for p in run_dir.glob("checkpoint*")) == [
-        "checkpoint.pt", "checkpoint_rank0.pt", "checkpoint_rank1.pt"]
+    assert sorted(p.name for p in (run_dir / "checkpoints" / "step-000008").iterdir()) == [
+        "COMPLETE", "manifest.json", "model.pt", "rank00000.pt", "rank00001.pt"]
 
 
 def test_resume_from_checkpoint_continues_as_if_uninterrupted(runs):
@@ -273,7 +273,7 @@ def test_single_process_run_on_cuda(tmp_path):
     """The CUDA path: synchronized timings, device RNG state, a checkpoint and its resume."""
     device = torch.device("cuda")
     results = []
-    for resume in (None, str(tmp_path / "a" / "checkpoint.pt")):
+    for resume in (None, str(tmp_path / "a" / "checkpoints" / "step-000006")):
         torch.manual_seed(0)
         model = tiny_model().to(device)
         run_dir = tmp_path / ("b" if resume else "a")

@@ -9,7 +9,8 @@ One job a module:
 - ``timing``: one timed step, which steps are timed, the compute calibration;
 - ``breakdown``: the split of step time into compute, communication and compression, per stage;
 - ``evaluate``: the task's metrics over every process's shard;
-- ``checkpoint``, ``rng``, ``data``: checkpoints with the RNG states and the data position of a resume;
+- ``checkpoint``, ``relayout``, ``rng``, ``data``: crash-safe checkpoints with the RNG states, resuming on
+  another layout, and the data position of a resume; ``restarts``: torchrun's restarts, counted;
 - ``progress``: what rank 0 logs every ``train.log_every`` steps, and the progress bar or line;
 - ``collectives``: the loop's own sums, barrier and broadcast.
 
@@ -35,10 +36,10 @@ least one), weighted by samples and averaged over all processes. If the task's e
 """
 
 from birder_repro.train.breakdown import split_step_time
-from birder_repro.train.checkpoint import CHECKPOINT
+from birder_repro.train.checkpoint import CHECKPOINTS
 from birder_repro.train.loop import fp32_allreduce_bytes, train
 from birder_repro.train.settings import RunPlan, TrainSettings, total_steps
 from birder_repro.train.timing import grads_are_gradients, run_step, stage_of
 
 __all__ = ["train", "TrainSettings", "RunPlan", "total_steps", "split_step_time", "fp32_allreduce_bytes",
-           "stage_of", "grads_are_gradients", "run_step", "CHECKPOINT"]
+           "stage_of", "grads_are_gradients", "run_step", "CHECKPOINTS"]

@@ -1,85 +1,348 @@
-"""Checkpoints (every ``train.checkpoint_every`` steps) and resuming from one (``train.resume``).
+"""Crash-safe checkpoints (every ``train.checkpoint_every`` steps) and resuming from one (``train.resume``).
 
-``run_dir/checkpoint.pt`` (rank 0): step and the model; ``run_dir/checkpoint_rank{r}.pt`` (every rank):
-optimizer state, the hook state and the RNG states. The optimizer and the hook are saved per rank because
-their state is: Birder's hook keeps the shards of m, b, e its rank owns, 1-bit Adam a per-process momentum.
-The shards are written first and the rank-0 file last, after a barrier, so a ``checkpoint.pt`` is always
-complete. A resumed run needs the same number of processes; its data position follows from the step
-(:mod:`birder_repro.train.data`).
+One directory per checkpointed step, marked complete only once everything in it is written::
+
+    run_dir/checkpoints/step-000040/
+        rank00000.pt ...   every rank: its optimizer state, hook state (Birder's shards of m, b, e, e_bar;
+                           1-bit Adam's errors), RNG states, samples so far
+        model.pt           rank 0: the model
+        manifest.json      step, layout (nodes, gpus_per_node, world size), scheme, task, optim, config digest,
+                           versions
+        COMPLETE           written last, atomically, after every rank has reported its files written
+
+A crash (or a full disk) while writing leaves a directory without ``COMPLETE``, which resume ignores; the
+earlier complete checkpoints are untouched: older ones are removed only after a newer one is complete, keeping
+``train.keep_checkpoints``. Every file goes to a temporary name first and is renamed into place. On a cluster
+without a shared run directory each machine's first process writes the manifest and the marker into its own.
+
+Files hold tensors and plain values only and load with ``torch.load(weights_only=True)``: resuming from
+someone else's checkpoint never runs code from it. Shards load with ``map_location`` set to this rank's device.
+
+Which checkpoint a run starts from (:func:`choose_resume`):
+
+    ``train.resume=null``     a fresh run; but a worker torchrun restarted (``train.max_restarts``) takes the
+                              newest complete checkpoint of its own run directory, if any;
+    ``train.resume=auto``     the newest complete checkpoint of this run directory (a fresh start if none);
+    ``train.resume=<path>``   a step directory (``.../checkpoints/step-000040``), or a run directory or its
+                              ``checkpoints/`` (its newest complete one); after a restart, this run's own newer
+                              checkpoints come first.
+
+Compatibility (:func:`check_manifest`): task, optimizer and communication scheme must be the run's; the layout
+may differ only where :mod:`birder_repro.train.relayout` can move the state exactly (same nodes, another
+gpus_per_node, for a state kept per node), or where ``train.resume_policy=reset_errors`` allows starting the
+error-feedback buffers afresh.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import os
+import pickle
+import re
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 
-from birder_repro.train.collectives import barrier, broadcast_from_rank0
+from birder_repro.train.collectives import allreduce_sum, barrier
 from birder_repro.train.rng import rng_state, set_rng_state
 
-__all__ = ["CHECKPOINT", "save_checkpoint", "load_checkpoint"]
+__all__ = ["CHECKPOINTS", "COMPLETE", "MANIFEST", "MODEL", "CheckpointError", "RunIdentity", "step_dir",
+           "save_checkpoint", "load_checkpoint", "complete_checkpoints", "choose_resume", "read_manifest",
+           "check_manifest", "load_file", "shard_name"]
 
-CHECKPOINT = "checkpoint.pt"
+CHECKPOINTS = "checkpoints"
+COMPLETE = "COMPLETE"
+MANIFEST = "manifest.json"
+MODEL = "model.pt"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
-def _shard_path(main: Path, rank: int) -> Path:
-    return main.with_name(f"checkpoint_rank{rank}.pt")
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be written, found, read or used by this run; the message says which and why."""
 
 
-def _atomic_save(obj: Any, path: Path) -> None:
+@dataclass(frozen=True)
+class RunIdentity:
+    """What a checkpoint must share with the run resuming it (the manifest's identity part)."""
+
+    task: str
+    optim: str
+    scheme: str  # the communication scheme, with its variant (e.g. birder/hierarchical)
+    nodes: int
+    gpus_per_node: int
+    world_size: int
+    config_digest: str = ""
+
+    @classmethod
+    def from_config(cls, cfg, comm, world_size: int) -> "RunIdentity":
+        from omegaconf import OmegaConf
+
+        from birder_repro.optim import get_optim_info
+
+        comm_cfg = cfg.optim.get("comm") or {}
+        try:
+            scheme = get_optim_info(cfg.optim.name).comm
+        except KeyError:  # an optimizer of the user's own, outside the registry
+            scheme = type(comm).__name__
+        variant = getattr(comm, "scheme", None) or comm_cfg.get("scheme")
+        if variant and variant != scheme:
+            scheme = f"{scheme}/{variant}"
+        text = OmegaConf.to_yaml(cfg, resolve=True) if OmegaConf.is_config(cfg) else json.dumps(cfg, default=str)
+        return cls(task=str(cfg.task.name), optim=str(cfg.optim.name), scheme=scheme, nodes=int(cfg.nodes),
+                   gpus_per_node=int(cfg.gpus_per_node), world_size=world_size,
+                   config_digest=hashlib.sha256(text.encode()).hexdigest()[:16])
+
+
+# ------------------------------------------------------------------------------------------------ names
+def step_dir(run_dir, step: int) -> Path:
+    return Path(run_dir) / CHECKPOINTS / f"step-{step:06d}"
+
+
+def shard_name(rank: int) -> str:
+    return f"rank{rank:05d}.pt"
+
+
+def _is_complete(path: Path) -> bool:
+    return (path / COMPLETE).is_file() and (path / MANIFEST).is_file()
+
+
+def complete_checkpoints(root) -> list[tuple[int, Path]]:
+    """(step, directory) of every complete checkpoint under ``root`` (a ``checkpoints/`` dir), oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _STEP_DIR.match(child.name)
+        if match and _is_complete(child):
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+# ----------------------------------------------------------------------------------------------- saving
+def _atomic(path: Path, write) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)  # a crash while writing never leaves a half checkpoint under the real name
+    write(tmp)
+    os.replace(tmp, path)  # a crash while writing never leaves a half file under the real name
+
+
+def _atomic_json(obj: Any, path: Path) -> None:
+    def write(tmp: Path) -> None:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+    _atomic(path, write)
+
+
+def _machine_leader(rank: int) -> bool:
+    """Rank 0 and the first process of every machine (each may have its own run directory)."""
+    return rank == 0 or os.environ.get("LOCAL_RANK") == "0"
 
 
 def save_checkpoint(run_dir, step: int, samples: float, model, optimizer, comm, rank: int, world_size: int,
-                    device: torch.device) -> Path:
-    """Every rank writes its shard, then (after a barrier) rank 0 writes ``checkpoint.pt``. Collective."""
-    main = Path(run_dir) / CHECKPOINT
-    shard = {"step": step, "world_size": world_size, "samples": samples, "optimizer": optimizer.state_dict(),
-             "comm": comm.state_dict() if hasattr(comm, "state_dict") else None, "rng": rng_state(device)}
-    _atomic_save(shard, _shard_path(main, rank))
-    barrier()
-    if rank == 0:
-        module = getattr(model, "module", model)
-        _atomic_save({"step": step, "world_size": world_size, "model": module.state_dict()}, main)
-    return main
+                    device: torch.device, identity: Optional[RunIdentity] = None, keep: int = 2) -> Path:
+    """Write the checkpoint of ``step`` and mark it complete; keep the newest ``keep``. Collective.
 
-
-def load_checkpoint(path, model, optimizer, comm, rank: int, world_size: int,
-                    device: torch.device) -> tuple[int, float]:
-    """Restore what :func:`save_checkpoint` wrote; returns (step, this process's samples so far). Collective.
-
-    Rank 0 reads the model and broadcasts it, so only the shards need to be on every node's disk.
+    A rank that fails to write (a full disk) makes every rank raise :class:`CheckpointError` alike, with the
+    checkpoint left incomplete and the earlier ones untouched.
     """
-    main = Path(path)
-    main = main / CHECKPOINT if main.is_dir() else main
-    # Our own files (weights_only=False: they hold RNG states). On CUDA tensors go back where they were saved
-    # (this rank's device); on CPU everything loads on the CPU.
-    where = None if device.type == "cuda" else "cpu"
-    shard = torch.load(_shard_path(main, rank), map_location=where, weights_only=False)
-    if shard["world_size"] != world_size:
-        raise ValueError(f"{main} was saved by {shard['world_size']} processes; this run has {world_size}: "
-                         "the optimizer and hook states are sharded per process")
+    where = step_dir(run_dir, step)
+    leader = _machine_leader(rank)
+    if leader:  # a leftover of a crashed attempt at this step: make it incomplete before anyone writes into it
+        (where / COMPLETE).unlink(missing_ok=True)
+        where.mkdir(parents=True, exist_ok=True)
+    barrier()
+    error = ""
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        shard = {"step": step, "world_size": world_size, "samples": samples, "optimizer": optimizer.state_dict(),
+                 "comm": comm.state_dict() if hasattr(comm, "state_dict") else None, "rng": rng_state(device)}
+        _atomic(where / shard_name(rank), lambda tmp: torch.save(shard, tmp))
+        if rank == 0:
+            module = getattr(model, "module", model)
+            _atomic(where / MODEL, lambda tmp: torch.save({"step": step, "model": module.state_dict()}, tmp))
+    except OSError as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    failed = allreduce_sum([1.0 if error else 0.0], device)[0]  # also the barrier: every shard is written
+    if failed:
+        what = f"rank {rank}: {error}" if error else "another rank could not write its shard"
+        raise CheckpointError(f"checkpoint of step {step} could not be written in {where} ({what}); it is left "
+                              "incomplete and the earlier checkpoints are kept")
+    if leader:
+        manifest = {"step": step, "files": [shard_name(r) for r in range(world_size)] + [MODEL],
+                    **(_identity_dict(identity) if identity else {"world_size": world_size}),
+                    "versions": _versions()}
+        _atomic_json(manifest, where / MANIFEST)
+        _atomic_json({"step": step}, where / COMPLETE)  # last: from here on resume may take it
+        _remove_old(Path(run_dir) / CHECKPOINTS, step, keep)
+    return where
+
+
+def _identity_dict(identity: RunIdentity) -> dict:
+    return {"task": identity.task, "optim": identity.optim, "scheme": identity.scheme,
+            "layout": {"nodes": identity.nodes, "gpus_per_node": identity.gpus_per_node,
+                       "world_size": identity.world_size},
+            "world_size": identity.world_size, "config_digest": identity.config_digest}
+
+
+def _versions() -> dict:
+    from birder_repro import record
+
+    try:
+        return record.versions()
+    except Exception:  # noqa: BLE001 - the versions are informative; a checkpoint must not fail for them
+        return {"torch": torch.__version__}
+
+
+def _remove_old(root: Path, newest: int, keep: int) -> None:
+    """Keep the newest ``keep`` complete checkpoints; remove older ones and incomplete ones older than ``newest``."""
+    complete = complete_checkpoints(root)
+    doomed = [p for _, p in complete[:-keep]] if keep > 0 else []
+    for child in root.iterdir():
+        match = _STEP_DIR.match(child.name)
+        if match and int(match.group(1)) < newest and not _is_complete(child):
+            doomed.append(child)
+    for path in doomed:
+        (path / COMPLETE).unlink(missing_ok=True)  # first, so that a half-removed directory is never taken
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------- finding
+def _newest_in(path: Path) -> Optional[Path]:
+    for root in (path, path / CHECKPOINTS):
+        found = complete_checkpoints(root)
+        if found:
+            return found[-1][1]
+    return None
+
+
+def resolve_path(spec: str) -> Path:
+    """The complete checkpoint directory ``train.resume=<spec>`` names; :class:`CheckpointError` otherwise."""
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise CheckpointError(f"train.resume={spec}: no such file or directory")
+    if path.is_file() or (path / MANIFEST).exists() or _STEP_DIR.match(path.name):
+        step = path if path.is_dir() else path.parent
+        if not _is_complete(step):
+            raise CheckpointError(f"train.resume={spec}: {step} is not a complete checkpoint (no {COMPLETE} "
+                                  f"marker or {MANIFEST}: its writing was interrupted, or it is not one)")
+        return step
+    newest = _newest_in(path)
+    if newest is None:
+        raise CheckpointError(f"train.resume={spec}: no complete checkpoint (checkpoints/step-*/ with "
+                              f"{COMPLETE}) in this directory")
+    return newest
+
+
+def _agreed_newest(run_dir, device: torch.device) -> Optional[Path]:
+    """The newest complete checkpoint of this run directory that every rank has (each may have its own disk)."""
+    found = complete_checkpoints(Path(run_dir) / CHECKPOINTS)
+    mine = found[-1][0] if found else -1
+    step = mine
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        device = device if dist.get_backend() == "nccl" else torch.device("cpu")
+        t = torch.tensor([mine], dtype=torch.int64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        step = int(t.item())
+    if step < 0:
+        return None
+    where = step_dir(run_dir, step)
+    if not _is_complete(where):
+        raise CheckpointError(f"the ranks' newest common checkpoint is of step {step}, but {where} is not complete "
+                              "on this machine")
+    return where
+
+
+def choose_resume(spec: Optional[str], run_dir, restarted: bool, device: torch.device) -> Optional[Path]:
+    """The checkpoint directory this run starts from, or None for a fresh start (rules in the module doc).
+    Collective when the run's own directory is searched."""
+    spec = None if spec in (None, "", "null") else str(spec)
+    if restarted or spec == "auto":
+        own = _agreed_newest(run_dir, device)
+        if own is not None:
+            return own
+    if spec is None or spec == "auto":
+        return None
+    return resolve_path(spec)
+
+
+# ---------------------------------------------------------------------------------------------- loading
+def load_file(path: Path, device: torch.device) -> Any:
+    """``torch.load`` of one checkpoint file as data only (weights_only), onto ``device``; clear errors."""
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {path} is missing")
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{path} is not a plain checkpoint: it holds something other than tensors and "
+                              f"plain values, which is refused (weights_only loading; {first})") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} cannot be read: truncated or corrupt ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+
+
+def read_manifest(where: Path) -> dict:
+    try:
+        return json.loads((where / MANIFEST).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{where / MANIFEST} cannot be read: {exc}") from None
+
+
+def check_manifest(manifest: dict, identity: RunIdentity, where: Path) -> str:
+    """Refuse a checkpoint of another task, optimizer or scheme (naming both); return how its layout compares:
+    ``same``, ``gpus_per_node`` (same nodes, other processes per node) or ``nodes`` (another node count)."""
+    for key in ("task", "optim", "scheme"):
+        saved = manifest.get(key)
+        if saved is not None and saved != getattr(identity, key):
+            raise CheckpointError(f"{where} is a checkpoint of {key} {saved!r}; this run's {key} is "
+                                  f"{getattr(identity, key)!r}: resume it with {key} {saved!r}, or start afresh")
+    layout = manifest.get("layout") or {"world_size": manifest.get("world_size")}
+    if layout.get("nodes") not in (None, identity.nodes):
+        return "nodes"
+    if layout.get("world_size") != identity.world_size or layout.get("gpus_per_node") not in (
+            None, identity.gpus_per_node):
+        return "gpus_per_node" if layout.get("nodes") is not None else "nodes"
+    return "same"
+
+
+def load_checkpoint(where, model, optimizer, comm, rank: int, world_size: int, device: torch.device,
+                    identity: Optional[RunIdentity] = None, policy: str = "strict") -> tuple[int, float]:
+    """Restore the checkpoint in directory ``where``; returns (step, this process's samples so far). Collective.
+
+    Rank 0 reads the model and broadcasts it, so that only the shards need to be on every node's disk.
+    """
+    from birder_repro.train import relayout
+
+    where = Path(where)
+    manifest = read_manifest(where)
+    change = check_manifest(manifest, identity, where) if identity else (
+        "same" if manifest.get("world_size") == world_size else "nodes")
+    if change == "same":
+        shard = load_file(where / shard_name(rank), device)
+        comm_sd = shard["comm"]
+    else:
+        shard, comm_sd = relayout.adapt(where, manifest, change, comm, rank, world_size, device, policy, identity)
     module = getattr(model, "module", model)
     if rank == 0:
-        saved = torch.load(main, map_location="cpu", weights_only=False)
+        saved = load_file(where / MODEL, device)
         module.load_state_dict(saved["model"])
-        step = saved["step"]
-    else:
-        step = shard["step"]
+    step = int(manifest["step"])
     if dist.is_initialized() and world_size > 1:
-        step = int(broadcast_from_rank0([float(step)], device)[0])
         for t in itertools.chain(module.parameters(), module.buffers()):
             dist.broadcast(t.data, src=0)
-    if shard["step"] != step:
-        raise ValueError(f"{_shard_path(main, rank)} is of step {shard['step']}, {main} of step {step}")
+    if int(shard["step"]) != step:
+        raise CheckpointError(f"{where}: shard of rank {rank} is of step {shard['step']}, the manifest of {step}")
     optimizer.load_state_dict(shard["optimizer"])
-    if shard["comm"] is not None and hasattr(comm, "load_state_dict"):
-        comm.load_state_dict(shard["comm"])
+    if comm_sd is not None and hasattr(comm, "load_state_dict"):
+        comm.load_state_dict(comm_sd)
     set_rng_state(shard["rng"], device)
-    return int(step), float(shard["samples"])
+    return step, float(shard["samples"])
+

@@ -20,11 +20,12 @@ from birder_repro.logger import RunLogger
 from birder_repro.probes import start_probes, stop_probes
 from birder_repro.schedule import lr_factor
 from birder_repro.train import breakdown
-from birder_repro.train.checkpoint import load_checkpoint, save_checkpoint
+from birder_repro.train.checkpoint import RunIdentity, choose_resume, load_checkpoint, save_checkpoint
 from birder_repro.train.collectives import allreduce_sum
 from birder_repro.train.data import batches, steps_per_epoch
 from birder_repro.train.evaluate import evaluate
 from birder_repro.train.progress import LogInterval, Progress, log_interval
+from birder_repro.train.restarts import Attempts, inject_fault, restart_count
 from birder_repro.train.settings import RunPlan, TrainSettings
 from birder_repro.train.timing import StepPlan, StepResult, calibrate_forward_backward, run_step, stage_of
 
@@ -70,6 +71,7 @@ class _Parts:
     settings: TrainSettings
     logger: RunLogger
     progress: Progress
+    identity: RunIdentity
 
 
 def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir, probes: Sequence = (),
@@ -88,9 +90,15 @@ def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir,
     base_lrs = [g["lr"] for g in optimizer.param_groups]  # the peak lr, before a checkpoint's lr replaces it
 
     run = _Run()
-    if settings.resume:
-        run.step, run.samples = load_checkpoint(settings.resume, model, optimizer, comm, topology.rank,
-                                                topology.world_size, device)
+    identity = RunIdentity.from_config(cfg, comm, topology.world_size)
+    attempts = Attempts(run_dir, enabled=is_main)
+    start = choose_resume(settings.resume, run_dir, restart_count() > 0, device)
+    if start is not None:
+        run.step, run.samples = load_checkpoint(start, model, optimizer, comm, topology.rank, topology.world_size,
+                                                device, identity, settings.resume_policy)
+        if is_main:
+            print(f"[birder-repro] resuming from {start}", flush=True)
+    attempts.started(run.step)
     timing = StepPlan.build(settings, steps, start_step=run.step)
     run.tail = deque(maxlen=max(1, math.ceil(LOSS_TAIL * steps)))
     if is_main:
@@ -100,13 +108,15 @@ def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir,
               flush=True)
     logger = RunLogger(cfg, run_dir, enabled=is_main)
     progress = Progress(steps, run.step, enabled=is_main)
-    parts = _Parts(cfg, task, data, model, optimizer, comm, topology, device, run_dir, settings, logger, progress)
+    parts = _Parts(cfg, task, data, model, optimizer, comm, topology, device, run_dir, settings, logger, progress,
+                   identity)
     exit_code = 1
     probing = False
     try:
         model.train()
         stream = batches(data, steps_per_epoch(data, int(data.train_size), plan.global_batch), run.step, device)
         while run.step < steps:
+            inject_fault(topology.rank, run.step + 1)  # tests only (BIRDER_TEST_FAULT)
             t_data = time.perf_counter()
             run.epoch, batch = next(stream)
             data_wait = time.perf_counter() - t_data
@@ -121,14 +131,16 @@ def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir,
             result = run_step(task, model, optimizer, batch, device, comm, settings.grad_clip)
             _record_step(run, timing, result, stage, data_wait)
             progress.step()
+            attempts.reached(run.step)
             _between_steps(parts, run, timing, lr, stage)
         probed = stop_probes(probes, timed_steps=int(sum(t.steps for t in run.stages.values())))
-        record = {**_finish(parts, run, timing, plan), **probed}
+        record = {**_finish(parts, run, timing, plan), **probed, **attempts.figures()}
         logger.log(run.step, {f"final/{k}": v for k, v in record["metrics"].items()})
         logger.summary({"throughput_samples_per_s": record["throughput_samples_per_s"], **record["metrics"]})
         exit_code = 0
         return record
     finally:
+        attempts.close()
         progress.close()
         logger.finish(exit_code=exit_code)
 
@@ -160,7 +172,7 @@ def _between_steps(p: _Parts, run: _Run, timing: StepPlan, lr: float, stage: Opt
         p.logger.log(run.step, {f"eval/{k}": v for k, v in metrics.items()})
     if s.checkpoint_every and run.step % s.checkpoint_every == 0:
         save_checkpoint(p.run_dir, run.step, run.samples, p.model, p.optimizer, p.comm, p.topology.rank,
-                        p.topology.world_size, p.device)
+                        p.topology.world_size, p.device, p.identity, s.keep_checkpoints)
 
 
 def _final_metrics(p: _Parts, final_loss: float) -> dict[str, float]:

@@ -56,7 +56,11 @@ class TrainSettings:
     compute_calibration_passes: int = 3  # forward + backward passes under no_sync() after the timing warm-up
     compute_calibration_every: int = 100  # one more every this many timed steps (0: never again)
     checkpoint_every: int = 0  # steps between checkpoints (0: none)
-    resume: Optional[str] = None  # a checkpoint.pt (or its directory) to continue from
+    resume: Optional[str] = None  # auto | a checkpoint directory (or a run directory) | None (train.checkpoint)
+    keep_checkpoints: int = 2  # complete checkpoints kept in the run directory (older ones are removed)
+    max_restarts: int = 0  # torchrun restarts the workers after a failure, at most this often
+    resume_policy: str = "strict"  # strict | reset_errors (another layout: start the hook's error buffers afresh)
+    timeout_s: float = 300.0  # collectives waiting longer than this on a peer fail (process group timeout)
 
     @classmethod
     def from_config(cls, cfg) -> "TrainSettings":
@@ -81,6 +85,14 @@ class TrainSettings:
         for key in ("log_every", "compute_calibration_passes"):
             _whole(key, getattr(self, key), 1)
         _whole("eval_max_batches", self.eval_max_batches, 1, allow_none=True)
+        _whole("keep_checkpoints", self.keep_checkpoints, 1)
+        _whole("max_restarts", self.max_restarts, 0)
+        if self.resume_policy not in ("strict", "reset_errors"):
+            raise ConfigError(f"train.resume_policy={self.resume_policy!r}: use strict or reset_errors")
+        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0:
+            raise ConfigError(f"train.timeout_s={self.timeout_s!r}: give the seconds (> 0) a collective may wait")
+        if self.resume is not None and not isinstance(self.resume, str):
+            raise ConfigError(f"train.resume={self.resume!r}: use auto, a checkpoint directory, or null")
         if self.grad_clip is not None and not (isinstance(self.grad_clip, (int, float)) and self.grad_clip >= 0):
             raise ConfigError(f"train.grad_clip={self.grad_clip!r}: give a gradient norm >= 0 (0 or null: no clipping)")
         name = self.schedule.get("name", "constant")
