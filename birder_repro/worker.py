@@ -8,6 +8,7 @@ trains, and on rank 0 writes ``record.json``, completed or failed. Only rank 0 p
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import random
 import sys
@@ -66,11 +67,27 @@ def check_world_matches_layout(cfg: DictConfig, env: DistEnv) -> None:
                            f"nodes of {m} processes across machines: use --nproc-per-node={m} on every node")
 
 
-def init_process_group(backend: str, env: DistEnv, device: torch.device) -> None:
+def collective_timeout(cfg: DictConfig) -> datetime.timedelta:
+    """``train.timeout_s``: how long a collective waits on a hung peer before the run fails (torch's default
+    is 30 minutes for gloo, 10 for NCCL; a restart, ``train.max_restarts``, then takes over)."""
+    return datetime.timedelta(seconds=float(cfg.get("train", {}).get("timeout_s") or 300))
+
+
+def init_process_group(backend: str, env: DistEnv, device: torch.device,
+                       timeout: Optional[datetime.timedelta] = None) -> None:
     """Join the default group (torchrun's env:// rendezvous; an in-memory store for a lone process)."""
     kwargs: dict[str, Any] = {"device_id": device} if backend == "nccl" else {}
+    if timeout is not None:
+        kwargs["timeout"] = timeout
     if env.rendezvous:
-        dist.init_process_group(backend, rank=env.rank, world_size=env.world_size, **kwargs)
+        # The agent's store outlives a restart (train.max_restarts) and keeps the keys of the failed attempt's
+        # group (each process's address): a fresh prefix per attempt, or the new ranks read the dead ones'.
+        from birder_repro.train.restarts import restart_count
+
+        store, _, _ = next(dist.rendezvous("env://", rank=env.rank, world_size=env.world_size,
+                                           **({"timeout": timeout} if timeout is not None else {})))
+        store = dist.PrefixStore(f"birder-attempt-{restart_count()}", store)
+        dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size, **kwargs)
     elif env.world_size == 1:  # started by hand, without torchrun: a world of one needs no rendezvous
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
     else:
@@ -139,22 +156,48 @@ def run_worker(run_dir: Path, env: Optional[DistEnv] = None) -> int:
         check_world_matches_layout(cfg, env)
         device = pick_device(cfg, env)
         fields.update(device=describe_device(device), backend=layout.resolve_backend(cfg, device.type))
-        init_process_group(fields["backend"], env, device)
+        init_process_group(fields["backend"], env, device, collective_timeout(cfg))
         joined = True
         result = build_and_train(cfg, env, device, run_dir)
         if env.is_main:
             done = record.completed_record(cfg, run_dir, result, ended=record.now(), **fields)
             record.write_record(run_dir, done)
         return 0
-    except Exception:  # noqa: BLE001 - every failure ends in a record, then a non-zero exit
+    except Exception as exc:  # noqa: BLE001 - every failure ends in a record, then a non-zero exit
         text = traceback.format_exc()
+        text = f"{explain_collective_failure(exc, env.rank, cfg)}{text}"
         print(f"[birder-repro] rank {env.rank} failed:\n{text}", file=sys.stderr, flush=True)
         if env.is_main:
-            record.write_failed_record(run_dir, cfg, text, **fields)
+            from birder_repro.train.restarts import restart_count
+
+            record.write_failed_record(run_dir, cfg, text, restarts=restart_count(), **fields)
         return 1
     finally:
         if joined and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def explain_collective_failure(exc: BaseException, rank: int, cfg: DictConfig) -> str:
+    """One line before the traceback when a collective failed: which rank, which collective, and why (a peer
+    that hung past ``train.timeout_s``, or one that died); empty for other failures."""
+    text = str(exc)
+    timed_out = "timed out" in text.lower() or "timeout" in text.lower()
+    closed = any(s in text for s in ("Connection closed", "Connection reset", "Broken pipe", "NCCL communicator"))
+    if not (timed_out or closed) or not isinstance(exc, (RuntimeError, dist.DistError)):
+        return ""
+    frames = traceback.extract_tb(exc.__traceback__)
+    c10d = [f.name for f in frames if f.filename.endswith("distributed_c10d.py") and not f.name.startswith("_")]
+    if c10d:
+        collective = c10d[-1]
+    else:  # a collective inside DDP or a hook, called from autograd: say where the Python side was
+        inner = frames[-1] if frames else None
+        collective = f"in {inner.name} ({Path(inner.filename).name}:{inner.lineno})" if inner else "(unknown)"
+    if timed_out:
+        why = (f"a peer did not answer within train.timeout_s={collective_timeout(cfg).total_seconds():g} s "
+               "(hung or gone)")
+    else:
+        why = "a peer closed its connection (it died or was killed)"
+    return f"rank {rank}: collective {collective} failed: {why}\n"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -43,7 +43,7 @@ from birder_repro import config as layout
 from birder_repro import record
 from birder_repro.launch import local, netns
 from birder_repro.launch.process import Command
-from birder_repro.launch.torchrun import Rendezvous, torchrun_argv
+from birder_repro.launch.torchrun import Rendezvous, max_restarts, torchrun_argv
 from birder_repro.probes import LINK_IFACE_ENV  # the interface whose counters a node's local rank 0 reads
 
 __all__ = ["CLUSTER", "LINK_IFACE_ENV", "INFO_FILE", "is_emulated", "check_launcher", "check_config",
@@ -119,7 +119,8 @@ def node_command(cfg: DictConfig, run_dir: Path, fabric: netns.Fabric, k: int,
     extra = [f"--local-addr={node.address}",
              f"--node-rank={k}" if backend == "static" else f"--rdzv-conf=is_host={int(k == 0)}"]
     argv = ["ip", "netns", "exec", node.netns,
-            *torchrun_argv(Path(run_dir).resolve(), cfg.gpus_per_node, meet, nnodes=cfg.nodes, extra=extra)]
+            *torchrun_argv(Path(run_dir).resolve(), cfg.gpus_per_node, meet, nnodes=cfg.nodes, extra=extra,
+                          restarts=max_restarts(cfg))]
     extra = {"GLOO_SOCKET_IFNAME": node.node_veth, LINK_IFACE_ENV: node.node_veth,
              "CUDA_VISIBLE_DEVICES": ""}  # device=auto resolves to the CPU in every node (check_config)
     threads = local.omp_threads(layout.world_size(cfg), env)  # every node shares this machine's cores

@@ -29,7 +29,7 @@ from omegaconf import DictConfig
 
 from birder_repro import config as layout
 from birder_repro import record
-from birder_repro.launch.torchrun import WORKER, Rendezvous, torchrun_argv
+from birder_repro.launch.torchrun import WORKER, Rendezvous, max_restarts, torchrun_argv
 
 __all__ = ["SCRIPT_FILE", "JOB_ID_FILE", "check_config", "job_name", "batch_script", "write_script", "submit",
            "launch"]
@@ -91,7 +91,7 @@ def _torchrun_line(cfg: DictConfig, run_dir: Path) -> str:
     wrapped before the rendezvous and the worker."""
     meet = Rendezvous("c10d", "$MASTER_ADDR:$MASTER_PORT", "$SLURM_JOB_ID")
     argv = torchrun_argv(run_dir, cfg.gpus_per_node, meet, nnodes="$SLURM_NNODES",
-                         python=cfg.launcher.python or sys.executable)
+                         python=cfg.launcher.python or sys.executable, restarts=max_restarts(cfg))
     words = [_shell_word(a) for a in argv]
     breaks = [words.index(_shell_word(f"--rdzv-backend={meet.backend}")), len(words) - len(WORKER) - 2]
     return " \\\n  ".join(" ".join(part) for part in (words[:breaks[0]], words[breaks[0]:breaks[1]],

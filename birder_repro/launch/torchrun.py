@@ -28,7 +28,7 @@ from birder_repro import config as layout
 from birder_repro.launch import slurm_env
 from birder_repro.launch.process import Command
 
-__all__ = ["Rendezvous", "torchrun_argv", "node_rank", "master_addr", "rdzv_id", "check_slurm_layout",
+__all__ = ["Rendezvous", "torchrun_argv", "max_restarts", "node_rank", "master_addr", "rdzv_id", "check_slurm_layout",
            "node_command", "commands"]
 
 WORKER = ["-m", "birder_repro.worker"]
@@ -44,19 +44,29 @@ class Rendezvous:
     id: str
 
 
+def max_restarts(cfg: DictConfig) -> int:
+    """``train.max_restarts``: how often torchrun may restart the workers after a failure (0: never)."""
+    return int(cfg.get("train", {}).get("max_restarts") or 0)
+
+
 def torchrun_argv(run_dir: str, nproc_per_node: object, rendezvous: Optional[Rendezvous] = None,
-                  nnodes: object = 1, extra: Sequence[str] = (), python: str = sys.executable) -> list[str]:
+                  nnodes: object = 1, extra: Sequence[str] = (), python: str = sys.executable,
+                  restarts: int = 0) -> list[str]:
     """``python -m torch.distributed.run ... -m birder_repro.worker --run-dir RUN_DIR``.
 
     Without ``rendezvous`` the command runs the whole layout on one machine (``--standalone``); with it, it is
     one of ``nnodes`` nodes meeting there. ``extra`` holds the torchrun options a launcher adds (``--node-rank``,
     ``--local-addr``, ``--rdzv-conf``). Values are taken as given, so that the SLURM script can pass shell
-    variables (``$SLURM_NNODES``) and quote them itself.
+    variables (``$SLURM_NNODES``) and quote them itself. ``restarts`` (``train.max_restarts``): torchrun's
+    ``--max-restarts``, after which every worker is started again and resumes from the run directory's newest
+    complete checkpoint (birder_repro.train.restarts).
     """
     argv = [python, "-m", "torch.distributed.run"]
     if rendezvous is None:
         argv.append("--standalone")
     argv += [f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}"]
+    if restarts:
+        argv.append(f"--max-restarts={restarts}")
     if rendezvous is not None:
         argv += [f"--rdzv-backend={rendezvous.backend}", f"--rdzv-endpoint={rendezvous.endpoint}",
                  f"--rdzv-id={rendezvous.id}"]
@@ -110,7 +120,8 @@ def node_command(cfg: DictConfig, run_dir: Path, rank: int, env: Mapping[str, st
     meet = Rendezvous(backend, f"{master_addr(cfg, env)}:{cfg.launcher.master_port}", rdzv_id(cfg, env))
     # static is the only rendezvous that reads --node-rank (see the module docstring)
     extra = [f"--node-rank={rank}"] if backend == "static" else []
-    argv = torchrun_argv(Path(run_dir).resolve(), cfg.gpus_per_node, meet, nnodes=cfg.nodes, extra=extra)
+    argv = torchrun_argv(Path(run_dir).resolve(), cfg.gpus_per_node, meet, nnodes=cfg.nodes, extra=extra,
+                         restarts=max_restarts(cfg))
     return Command(argv=argv, note=f"node {rank} of {cfg.nodes}")
 
 

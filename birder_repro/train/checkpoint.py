@@ -54,7 +54,7 @@ from birder_repro.train.rng import rng_state, set_rng_state
 
 __all__ = ["CHECKPOINTS", "COMPLETE", "MANIFEST", "MODEL", "CheckpointError", "RunIdentity", "step_dir",
            "save_checkpoint", "load_checkpoint", "complete_checkpoints", "choose_resume", "read_manifest",
-           "check_manifest", "load_file", "shard_name"]
+           "check_manifest", "load_file", "shard_name", "settle_ddp_buckets"]
 
 CHECKPOINTS = "checkpoints"
 COMPLETE = "COMPLETE"
@@ -311,6 +311,21 @@ def check_manifest(manifest: dict, identity: RunIdentity, where: Path) -> str:
             None, identity.gpus_per_node):
         return "gpus_per_node" if layout.get("nodes") is not None else "nodes"
     return "same"
+
+
+def settle_ddp_buckets(task, model, data, device: torch.device) -> None:
+    """One forward + backward through DDP (hook included) before a checkpoint is loaded, so that DDP rebuilds
+    its buckets at the next forward, as the saved run had: the resumed run then cuts its gradients into the
+    same buckets as the uninterrupted one from its first step on, and a hook whose randomness follows the
+    buckets' order (Birder's quantizer draws) continues bit-exactly. Everything this pass touches (gradients,
+    hook state, generators, RNG, buffers) is replaced by the checkpoint right after. Collective."""
+    if not isinstance(model, torch.nn.parallel.DistributedDataParallel) or data.train is None:
+        return
+    batch = next(iter(data.train))
+    loss, _ = task.loss(model, batch, device)
+    loss.backward()
+    for p in model.module.parameters():
+        p.grad = None
 
 
 def load_checkpoint(where, model, optimizer, comm, rank: int, world_size: int, device: torch.device,

@@ -20,7 +20,8 @@ from birder_repro.logger import RunLogger
 from birder_repro.probes import start_probes, stop_probes
 from birder_repro.schedule import lr_factor
 from birder_repro.train import breakdown
-from birder_repro.train.checkpoint import RunIdentity, choose_resume, load_checkpoint, save_checkpoint
+from birder_repro.train.checkpoint import (RunIdentity, choose_resume, load_checkpoint, save_checkpoint,
+                                           settle_ddp_buckets)
 from birder_repro.train.collectives import allreduce_sum
 from birder_repro.train.data import batches, steps_per_epoch
 from birder_repro.train.evaluate import evaluate
@@ -94,6 +95,7 @@ def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir,
     attempts = Attempts(run_dir, enabled=is_main)
     start = choose_resume(settings.resume, run_dir, restart_count() > 0, device)
     if start is not None:
+        settle_ddp_buckets(task, model, data, device)
         run.step, run.samples = load_checkpoint(start, model, optimizer, comm, topology.rank, topology.world_size,
                                                 device, identity, settings.resume_policy)
         if is_main:

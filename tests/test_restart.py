@@ -1,0 +1,84 @@
+"""Runs that survive a killed worker: torchrun restarts every worker (train.max_restarts), which resume from the
+newest complete checkpoint; since resume is exact, the run ends as if nothing had happened."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from birder_repro import record
+from birder_repro.launch.torchrun import torchrun_argv
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = ["experiment=quickstart", "logger=none", "model.size=tiny", "train.batch_size=8",
+        "data.synthetic_train_size=64", "data.synthetic_eval_size=16", "train.eval_max_batches=1"]
+
+
+def birder_repro(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "birder_repro.cli", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                                           "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def only_run(runs: Path) -> tuple[Path, dict]:
+    [path] = list(runs.rglob(record.RECORD_FILE))
+    return path.parent, record.read_record(path.parent)
+
+
+def final_state(run_dir: Path, step: int, world: int) -> dict:
+    where = run_dir / "checkpoints" / f"step-{step:06d}"
+    out = {"model": torch.load(where / "model.pt", weights_only=True)["model"]}
+    for r in range(world):
+        out[r] = torch.load(where / f"rank{r:05d}.pt", weights_only=True)["comm"]["buckets"]["buckets"]
+    return out
+
+
+def assert_same(a, b, path="") -> None:
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), path
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            assert_same(a[k], b[k], f"{path}/{k}")
+    else:
+        assert a == b, path
+
+
+def test_torchrun_argv_passes_max_restarts():
+    assert "--max-restarts=3" in torchrun_argv("run", 2, restarts=3)
+    assert not any(a.startswith("--max-restarts") for a in torchrun_argv("run", 2))
+
+
+def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_path):
+    """Birder on 2 nodes: rank 1 SIGKILLs itself before step 7 on the first attempt; torchrun restarts both
+    workers, which resume from step 4 and redo steps 5-6. Loss, metrics, the final model and every rank's
+    Birder state (m, b, e, e_bar) are bit-identical to the run left alone (CPU, data.num_workers=0)."""
+    common = [*TINY, "optim=birder", "nodes=2", "gpus_per_node=1", "train.steps=12", "train.checkpoint_every=4",
+              "train.keep_checkpoints=5"]
+    plain = birder_repro(*common, env={"BIRDER_RUNS": str(tmp_path / "plain")})
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    killed = birder_repro(*common, "train.max_restarts=2", env={"BIRDER_RUNS": str(tmp_path / "killed"),
+                                                                "BIRDER_TEST_FAULT": "kill:1:7"})
+    assert killed.returncode == 0, killed.stdout[-3000:] + killed.stderr[-3000:]
+    assert "rank 1 kill before step 7" in killed.stdout
+    plain_dir, a = only_run(tmp_path / "plain")
+    killed_dir, b = only_run(tmp_path / "killed")
+    assert b["status"] == "completed" and b["restarts"] == 1 and b["steps_redone"] == 2
+    assert a["restarts"] == 0 and a["steps_redone"] == 0
+    assert b["final_loss"] == a["final_loss"] and b["metrics"] == a["metrics"] and b["samples"] == a["samples"]
+    assert_same(final_state(plain_dir, 12, 2), final_state(killed_dir, 12, 2))
+
+
+def test_without_max_restarts_a_killed_worker_fails_the_run_with_a_record(tmp_path):
+    out = birder_repro(*TINY, "nodes=2", "gpus_per_node=1", "train.steps=6", "train.checkpoint_every=2",
+                       env={"BIRDER_RUNS": str(tmp_path), "BIRDER_TEST_FAULT": "kill:1:4"})
+    assert out.returncode != 0
+    run_dir, rec = only_run(tmp_path)
+    assert rec["status"] == "failed" and rec["restarts"] == 0
+    assert "peer closed its connection" in rec["error"] or "exit" in rec["error"]
+    assert (run_dir / "checkpoints" / "step-000002" / "COMPLETE").is_file()  # the earlier checkpoint is kept
