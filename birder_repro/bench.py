@@ -1,14 +1,18 @@
-"""``make bench``: the Birder hook's compression and decompression against a copy of the same fp32 buffer.
+"""``make bench``: Birder's compression and decompression, per kernels backend, against a copy of the same buffer.
 
-For a ResNet-50-sized (25.6M) and a BERT-base-sized (110M) bucket, on one process (the collectives are not
-timed here: that is what the emulated cluster is for), this times with the hook's own functions:
+For a ResNet-50-sized (25.6M) and a BERT-base-sized (110M) fp32 bucket on one process (the collectives are not
+timed here: that is what the emulated cluster is for), each backend of :mod:`birder_repro.comm.kernels`
+available on the device is timed on:
 
-    compression    Step II (m, b, e updates, stochastic sign, pack) and the server's part of Step III
-                   (unpack the n chunks, average, re-quantize with e_bar, pack), n = --nodes;
-    decompression  Step IV's unpack of the whole bucket to +-1;
-    copy           ``buffer.clone()`` of the same fp32 bucket, timed in the same rounds.
+    compression    Step II (m, b, e updates, stochastic sign, pack) and the server's part of Step III (unpack
+                   the n nodes' chunks, average, re-quantize with e_bar, pack), n = --nodes;
+    decompression  Step IV's unpack of the whole bucket to +-1 into a fresh tensor, against ``buffer.clone()``;
+    into buffer    the same unpack into an existing tensor (``out=``), against ``out.copy_(buffer)``.
 
-Each round times all three back to back; the medians over rounds are reported, with the ratios to the copy.
+Beside the backends: ``copy`` (the reference row, ratio 1) and ``torch.rand``, the optimizer's own
+functions with ``torch.rand`` uniforms (what the hook ran before the counter-based kernels). Each round times
+everything back to back; the medians over rounds are reported, with the ratios to the copies. The torch
+backend is the bit-exact reference and slow on CPU, so it runs ``--torch-rounds`` rounds.
 """
 
 from __future__ import annotations
@@ -16,16 +20,19 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Callable
 
 import torch
 
+from birder_repro.comm import kernels
 from birder_repro.comm.pack import pack_bits, padded_size, unpack_signs
 from birder_repro.optim.birder import server_step_, worker_step_
 
 SIZES = {"resnet50 (25.6M)": 25_557_032, "bert-base (110M)": 109_482_240}
+OPS = ("compress", "decompress", "into")
 
 
-def _time(fn, device) -> float:
+def _time(fn: Callable[[], object], device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
@@ -35,53 +42,106 @@ def _time(fn, device) -> float:
     return time.perf_counter() - t0
 
 
-def bench_bucket(numel: int, nodes: int, rounds: int, device: torch.device) -> dict[str, float]:
-    """Median seconds of compression, decompression and copy for one bucket of ``numel`` elements."""
+def _backend_ops(backend: str, g, received, nodes: int, packed_result, out) -> dict[str, Callable[[], object]]:
+    """compress / decompress / into for one kernels backend, on its own fresh state."""
+    m, b, e = (torch.zeros_like(g) for _ in range(3))
+    e_bar = torch.zeros(g.numel() // nodes, device=g.device)
+    step = [0]
+
+    def compress():
+        step[0] += 1
+        kernels.worker_compress(g, m, b, e, seed=kernels.derive_seed(0, step[0], "worker", 0), backend=backend)
+        kernels.server_compress(received, e_bar, seed=kernels.derive_seed(0, step[0], "server", 0), backend=backend)
+
+    return {"compress": compress, "decompress": lambda: kernels.unpack(packed_result, backend=backend),
+            "into": lambda: kernels.unpack(packed_result, backend=backend, out=out)}
+
+
+def _torch_rand_ops(g, received, nodes: int, packed_result, out) -> dict[str, Callable[[], object]]:
+    """The optimizer's functions with torch.rand uniforms, as the hook composed them before the kernels."""
+    m, b, e = (torch.zeros_like(g) for _ in range(3))
+    e_bar = torch.zeros(g.numel() // nodes, device=g.device)
+    gen = torch.Generator(device=g.device).manual_seed(0)
+
+    def compress():
+        rand = torch.rand(g.numel(), generator=gen, device=g.device)
+        pack_bits(worker_step_(g, m, b, e, rand, beta=0.95, eps=1e-8))
+        mean = unpack_signs(received).mean(dim=0)
+        pack_bits(server_step_(mean, e_bar, torch.rand(mean.numel(), generator=gen, device=g.device)))
+
+    return {"compress": compress, "decompress": lambda: unpack_signs(packed_result),
+            "into": lambda: out.copy_(unpack_signs(packed_result))}
+
+
+def bench_bucket(numel: int, nodes: int, rounds: int, device: torch.device, torch_rounds: int = 1,
+                 backends=None) -> dict[str, dict]:
+    """Median seconds per row (copy, each backend, torch.rand) and op (compress, decompress, into)."""
     padded = padded_size(numel, 8 * nodes)
     gen = torch.Generator(device=device).manual_seed(0)
     g = torch.randn(padded, device=device, generator=gen)
-    m, b, e = (torch.zeros(padded, device=device) for _ in range(3))
-    e_bar = torch.zeros(padded // nodes, device=device)
-    received = pack_bits(torch.rand(padded, device=device, generator=gen) < 0.5)  # n chunks of P/n from n nodes
-    packed_result = received.clone()
+    received = pack_bits(torch.rand(padded, device=device, generator=gen) < 0.5).view(nodes, -1)
+    packed_result = received.reshape(-1).clone()
+    out = torch.empty(padded, device=device)
+    if backends is None:  # the interpreter is far too slow to time: triton only on a GPU
+        backends = [b for b in kernels.available_backends(device) if device.type == "cuda" or b != "triton"]
+    rows = {"copy": {"compress": g.clone, "decompress": g.clone, "into": lambda: out.copy_(g)}}
+    rows.update({name: _backend_ops(name, g, received, nodes, packed_result, out) for name in backends})
+    rows["torch.rand"] = _torch_rand_ops(g, received, nodes, packed_result, out)
+    limit = {name: torch_rounds if name == "torch" else rounds for name in rows}
+    for name, ops in rows.items():  # warm-up: compilation, allocator, lookup tables
+        if name != "torch":
+            for op in OPS:
+                ops[op]()
+    times = {name: {op: [] for op in OPS} for name in rows}
+    for r in range(rounds):
+        for name, ops in rows.items():
+            if r < limit[name]:
+                for op in OPS:
+                    times[name][op].append(_time(ops[op], device))
+    result = {name: {op: statistics.median(t) for op, t in per.items()} for name, per in times.items()}
+    for name in rows:
+        result[name]["threads"] = _threads(name, device)
+        result[name]["rounds"] = min(rounds, limit[name])
+    return result
 
-    def compress():
-        rand = torch.rand(padded, generator=gen, device=device)
-        pack_bits(worker_step_(g, m, b, e, rand, beta=0.95, eps=1e-8))
-        mean = unpack_signs(received.view(nodes, -1)).mean(dim=0)
-        pack_bits(server_step_(mean, e_bar, torch.rand(mean.numel(), generator=gen, device=device)))
 
-    def decompress():
-        unpack_signs(packed_result)
+def _threads(name: str, device: torch.device):
+    if name in kernels.BACKENDS:
+        return kernels.backend_threads(name, device)
+    return "gpu" if device.type == "cuda" else torch.get_num_threads()
 
-    def copy():
-        g.clone()
 
-    compress(), decompress(), copy()  # warm-up: allocator, lookup table
-    times = {"compression": [], "decompression": [], "copy": []}
-    for _ in range(rounds):
-        times["compression"].append(_time(compress, device))
-        times["decompression"].append(_time(decompress, device))
-        times["copy"].append(_time(copy, device))
-    return {k: statistics.median(v) for k, v in times.items()}
+def _size(text: str) -> tuple[str, int]:
+    if text in SIZES:
+        return text, SIZES[text]
+    try:
+        return f"{int(text):,}", int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"size must be one of {sorted(SIZES)} or a number of elements") from None
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--torch-rounds", type=int, default=1, help="rounds of the (slow) torch reference")
     parser.add_argument("--nodes", type=int, default=2, help="nodes whose chunks the server step averages")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--sizes", nargs="*", choices=sorted(SIZES), default=list(SIZES))
+    parser.add_argument("--sizes", nargs="*", type=_size, default=list(SIZES.items()),
+                        help=f"bucket names ({', '.join(SIZES)}) or numbers of elements")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     print(f"birder-repro bench: device {device}, torch {torch.__version__}, {torch.get_num_threads()} CPU threads, "
-          f"median of {args.rounds} rounds, server step over {args.nodes} nodes")
-    print(f"{'bucket':<20} {'copy ms':>9} {'compress ms':>12} {'x copy':>7} {'decompress ms':>14} {'x copy':>7}")
-    for name in args.sizes:
-        r = bench_bucket(SIZES[name], args.nodes, args.rounds, device)
+          f"median of {args.rounds} rounds (torch reference: {min(args.rounds, args.torch_rounds)}), "
+          f"server step over {args.nodes} nodes")
+    print(f"{'bucket':<18} {'row':<11} {'threads':>7} {'compress ms':>12} {'x copy':>7} {'decompress ms':>14} "
+          f"{'x copy':>7} {'into buffer ms':>15} {'x copy_':>8}")
+    for label, numel in args.sizes:
+        r = bench_bucket(numel, args.nodes, args.rounds, device, args.torch_rounds)
         c = r["copy"]
-        print(f"{name:<20} {c * 1e3:9.1f} {r['compression'] * 1e3:12.1f} {r['compression'] / c:7.1f} "
-              f"{r['decompression'] * 1e3:14.1f} {r['decompression'] / c:7.1f}")
+        for name, t in r.items():
+            print(f"{label:<18} {name:<11} {str(t['threads']):>7} {t['compress'] * 1e3:12.1f} "
+                  f"{t['compress'] / c['compress']:7.1f} {t['decompress'] * 1e3:14.1f} "
+                  f"{t['decompress'] / c['decompress']:7.2f} {t['into'] * 1e3:15.1f} {t['into'] / c['into']:8.2f}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,155 @@
+"""One-pass compression kernels for Birder (Birder paper, Algorithm 1 lines 4-12; section 4, steps ii-iv).
+
+Public API (``from birder_repro.comm import kernels``); g, m, b, e are float32 1-D tensors of one length, a
+multiple of 8, and the state is updated in place::
+
+    packed = kernels.worker_compress(g, m, b, e, beta=0.95, eps=1e-8, seed=s, offset=0)   # uint8, n/8
+    packed_bar = kernels.server_compress(received, e_bar, seed=s, offset=0)   # received uint8 (workers, k)
+    signs = kernels.unpack(packed)                                             # float32 +-1, 8 per byte
+
+Worker (lines 4-9): m = beta*m + (1-beta)*g; b = beta*b + (1-beta)*|g| (with ``b_hat``, after T0 steps: the
+EMA goes to b_hat and b = max(b, b_hat)); x = m/(b+eps) + e; u = Q(x); e = x - u; u packed LSB first, bit 1
+meaning +1 (:mod:`birder_repro.comm.pack`). Server (lines 11-12): the mean of the workers' +-1, x = mean +
+e_bar, u_bar = Q(x), e_bar = x - u_bar, packed. Q(x) is +1 iff uniform < (x + 1) / 2 (Eq. (5)).
+
+Uniforms are counter-based: element j draws ``tl.rand(seed, position_j)`` (Philox4x32-10; :mod:`.philox`
+reproduces it in torch), with position_j = offset + j, or, for ``offset=Segments(starts, global_offsets)``,
+global_offsets[s] + (j - starts[s]) in segment s. Seeds come from :func:`derive_seed`.
+
+Backends (``backend=``): ``torch`` (the reference: the optimizer's own functions), ``cpu`` (numba, one pass,
+all the process's cores), ``triton`` (GPU; CPU tensors under ``TRITON_INTERPRET=1``), ``auto`` (triton on
+CUDA tensors, cpu on CPU tensors where numba imports, else torch). All give the same bits and state.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Optional
+
+import torch
+
+from birder_repro.comm.kernels.philox import Offset, Segments, as_segments, derive_seed, uniform
+
+__all__ = ["worker_compress", "server_compress", "unpack", "uniform", "derive_seed", "Segments", "BACKENDS",
+           "available_backends", "resolve_backend", "backend_threads"]
+
+# backend name -> module with worker_compress, server_compress, unpack, threads
+BACKENDS = {"torch": "birder_repro.comm.kernels.reference", "cpu": "birder_repro.comm.kernels.cpu",
+            "triton": "birder_repro.comm.kernels.gpu"}
+_IMPORT_ERRORS: dict[str, str] = {}
+
+
+def _module(name: str):
+    try:
+        return importlib.import_module(BACKENDS[name])
+    except ImportError as exc:  # numba or triton missing: the backend is unavailable, not broken
+        _IMPORT_ERRORS[name] = str(exc)
+        return None
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def available_backends(device: torch.device | str = "cpu") -> list[str]:
+    """The backends that run on ``device`` here."""
+    device = torch.device(device)
+    names = ["torch"]
+    if device.type == "cpu" and _module("cpu") is not None:
+        names.append("cpu")
+    if (device.type == "cuda" or (device.type == "cpu" and _interpreting())) and _module("triton") is not None:
+        names.append("triton")
+    return names
+
+
+def resolve_backend(backend: str, device: torch.device | str) -> str:
+    """``auto`` -> the fastest backend for ``device``; a named one is checked to run there."""
+    device = torch.device(device)
+    if backend == "auto":
+        choices = available_backends(device)
+        for name in ("triton" if device.type == "cuda" else "cpu", "torch"):
+            if name in choices:
+                return name
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown kernels backend {backend!r}; choices: auto, {', '.join(BACKENDS)}")
+    if backend not in available_backends(device):
+        why = _IMPORT_ERRORS.get(backend, f"it does not run on {device.type} tensors"
+                                 + (" (set TRITON_INTERPRET=1 for CPU)" if backend == "triton" else ""))
+        raise ValueError(f"kernels backend {backend!r} is unavailable: {why}")
+    return backend
+
+
+def backend_threads(backend: str, device: torch.device | str = "cpu"):
+    """CPU threads the backend computes with, or "gpu"."""
+    name = resolve_backend(backend, device)
+    return "gpu" if torch.device(device).type == "cuda" else _module(name).threads()
+
+
+def _check_float(name: str, t: torch.Tensor, n: Optional[int], device, what: str = "the length of g") -> None:
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
+        raise ValueError(f"{name} must be a float32 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+    if t.dim() != 1 or not t.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous 1-D tensor, got shape {tuple(t.shape)}")
+    if n is not None and t.numel() != n:
+        raise ValueError(f"{name} has {t.numel()} elements, expected {n} ({what})")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, expected {device}")
+
+
+def _check_seed(seed: int) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 64:
+        raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+
+
+def worker_compress(g: torch.Tensor, m: torch.Tensor, b: torch.Tensor, e: torch.Tensor, beta: float = 0.95,
+                    eps: float = 1e-8, seed: int = 0, offset: Offset = 0, backend: str = "auto",
+                    b_hat: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Algorithm 1, lines 4-9 on one worker's buffer, in place on m, b, e (and b_hat); returns u packed."""
+    _check_float("g", g, None, g.device if isinstance(g, torch.Tensor) else None)
+    n = g.numel()
+    if n % 8:
+        raise ValueError(f"worker_compress needs a multiple of 8 elements, got {n}: pad the buffer first")
+    for name, t in (("m", m), ("b", b), ("e", e)) + ((("b_hat", b_hat),) if b_hat is not None else ()):
+        _check_float(name, t, n, g.device)
+    _check_seed(seed)
+    segments = as_segments(offset, n)
+    impl = _module(resolve_backend(backend, g.device))
+    if n == 0:
+        return torch.empty(0, dtype=torch.uint8, device=g.device)
+    return impl.worker_compress(g, m, b, e, b_hat, float(beta), float(eps), seed, segments)
+
+
+def server_compress(received: torch.Tensor, e_bar: torch.Tensor, seed: int = 0, offset: Offset = 0,
+                    backend: str = "auto") -> torch.Tensor:
+    """Algorithm 1, lines 11-12 on the workers' packed chunks (workers, k): in place on e_bar (8k); packed."""
+    if not isinstance(received, torch.Tensor) or received.dtype != torch.uint8 or received.dim() != 2:
+        raise ValueError(f"received must be a 2-D uint8 tensor (workers, bytes), got "
+                         f"{getattr(received, 'dtype', type(received).__name__)} of shape "
+                         f"{tuple(getattr(received, 'shape', ()))}")
+    if received.shape[0] < 1:
+        raise ValueError("received holds no worker's chunk")
+    received = received.contiguous()
+    _check_float("e_bar", e_bar, received.shape[1] * 8, received.device, "8 per received byte")
+    _check_seed(seed)
+    segments = as_segments(offset, e_bar.numel())
+    impl = _module(resolve_backend(backend, received.device))
+    if e_bar.numel() == 0:
+        return torch.empty(0, dtype=torch.uint8, device=received.device)
+    return impl.server_compress(received, e_bar, seed, segments)
+
+
+def unpack(packed: torch.Tensor, backend: str = "auto", out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """uint8 bytes -> float32 +-1, eight per byte, LSB first: (..., k) -> (..., 8k); into 1-D ``out`` if given."""
+    if not isinstance(packed, torch.Tensor) or packed.dtype != torch.uint8:
+        raise ValueError(f"unpack takes a uint8 tensor, got {getattr(packed, 'dtype', type(packed).__name__)}")
+    shape = (*packed.shape[:-1], packed.shape[-1] * 8) if packed.dim() else (8,)
+    packed = packed.contiguous().reshape(-1)
+    if out is None:
+        out = torch.empty(packed.numel() * 8, dtype=torch.float32, device=packed.device)
+    else:
+        _check_float("out", out, packed.numel() * 8, packed.device, "8 per packed byte")
+    impl = _module(resolve_backend(backend, packed.device))
+    if packed.numel() == 0:
+        return out.view(shape)
+    return impl.unpack(packed, out).view(shape)

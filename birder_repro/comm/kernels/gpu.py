@@ -1,0 +1,162 @@
+"""The ``triton`` backend: Birder's compression as one Triton kernel per step (GPU; CPU through the interpreter).
+
+Each program handles ``BLOCK`` elements (``BLOCK / 8`` packed bytes): it loads the state once, draws its
+uniforms with ``tl.rand`` itself (so the torch reference of :mod:`.philox` is checked against the real thing),
+does the float32 arithmetic of the torch reference in the same order, stores the state and the packed bits.
+
+Bit-exactness with the torch reference needs two things Triton does not do by default: the division is
+``div_rn`` (IEEE round-to-nearest; plain ``/`` lowers to an approximate division on NVIDIA GPUs) and the
+kernels are launched with ``enable_fp_fusion=False`` (no fused multiply-add in beta*m + (1-beta)*g).
+
+A buffer of several segments finds each element's segment by a branch-free binary search over the (small)
+table of segment starts: every probe index stays inside the table, so no masked gather is needed (which
+keeps the interpreter, where masked-off addresses are still formed, on safe ground).
+
+The interpreter (``TRITON_INTERPRET=1``, CPU tensors) reads the variable when this module is imported.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from birder_repro.comm.kernels.philox import Segments
+
+BLOCK = 1024
+_LAUNCH = dict(enable_fp_fusion=False)
+
+
+@triton.jit
+def _positions(j, starts_ptr, deltas_ptr, nseg, nsteps):
+    """Position of buffer element j among all parameters: j + deltas[s], s the last segment starting <= j."""
+    lo = tl.zeros(j.shape, tl.int32)
+    hi = lo + nseg
+    for _ in range(nsteps):
+        mid = (lo + hi) // 2
+        go_right = tl.load(starts_ptr + mid) <= j
+        lo = tl.where(go_right, mid, lo)
+        hi = tl.where(go_right, hi, mid)
+    return j + tl.load(deltas_ptr + lo)
+
+
+@triton.jit
+def _quantize(x, rand):
+    """Eq. (5) of the Birder paper as a bit: +1 iff rand < (x + 1) / 2; and the error x - u."""
+    up = rand < (x + 1.0) * 0.5
+    return up, x - tl.where(up, 1.0, -1.0)
+
+
+@triton.jit
+def _pack(up, BLOCK: tl.constexpr):
+    """BLOCK bits -> BLOCK / 8 bytes, element 8k + i at bit i of byte k."""
+    shifts = tl.arange(0, 8)
+    return tl.sum(tl.reshape(up.to(tl.int32), (BLOCK // 8, 8)) << shifts[None, :], axis=1).to(tl.uint8)
+
+
+@triton.jit
+def _unpack_bits(packed_bytes, BLOCK: tl.constexpr):
+    """BLOCK / 8 bytes -> BLOCK 0/1 int32."""
+    shifts = tl.arange(0, 8)
+    return tl.reshape((packed_bytes.to(tl.int32)[:, None] >> shifts[None, :]) & 1, (BLOCK,))
+
+
+@triton.jit
+def _worker_kernel(g_ptr, m_ptr, b_ptr, e_ptr, b_hat_ptr, out_ptr, n, beta, one_minus_beta, eps, seed,
+                   starts_ptr, deltas_ptr, nseg, nsteps, HAS_B_HAT: tl.constexpr, BLOCK: tl.constexpr):
+    j = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = j < n
+    g = tl.load(g_ptr + j, mask=mask, other=0.0)
+    m = tl.load(m_ptr + j, mask=mask, other=0.0) * beta + g * one_minus_beta
+    tl.store(m_ptr + j, m, mask=mask)
+    ema_term = tl.abs(g) * one_minus_beta
+    if HAS_B_HAT:
+        b_hat = tl.load(b_hat_ptr + j, mask=mask, other=0.0) * beta + ema_term
+        tl.store(b_hat_ptr + j, b_hat, mask=mask)
+        b_old = tl.load(b_ptr + j, mask=mask, other=0.0)
+        b = tl.where((b_old != b_old) | (b_old >= b_hat), b_old, b_hat)  # torch.maximum, NaN included
+    else:
+        b = tl.load(b_ptr + j, mask=mask, other=0.0) * beta + ema_term
+    tl.store(b_ptr + j, b, mask=mask)
+    x = tl.math.div_rn(m, b + eps) + tl.load(e_ptr + j, mask=mask, other=0.0)
+    rand = tl.rand(seed, _positions(j, starts_ptr, deltas_ptr, nseg, nsteps))
+    up, err = _quantize(x, rand)
+    tl.store(e_ptr + j, err, mask=mask)
+    q = tl.program_id(0).to(tl.int64) * (BLOCK // 8) + tl.arange(0, BLOCK // 8)
+    tl.store(out_ptr + q, _pack(up, BLOCK), mask=q < n // 8)
+
+
+@triton.jit
+def _server_kernel(received_ptr, e_bar_ptr, out_ptr, workers, float_workers, nbytes, seed, starts_ptr, deltas_ptr,
+                   nseg, nsteps, BLOCK: tl.constexpr):
+    q = tl.program_id(0).to(tl.int64) * (BLOCK // 8) + tl.arange(0, BLOCK // 8)
+    qmask = q < nbytes
+    count = tl.zeros((BLOCK,), tl.int32)
+    for w in range(workers):
+        count += _unpack_bits(tl.load(received_ptr + w * nbytes + q, mask=qmask, other=0), BLOCK)
+    j = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = j < nbytes * 8
+    # the sum of the workers' +-1 is exact in float32; the mean divides it by the count (torch's order)
+    mean = tl.math.div_rn((2 * count - workers).to(tl.float32), float_workers)
+    x = mean + tl.load(e_bar_ptr + j, mask=mask, other=0.0)
+    rand = tl.rand(seed, _positions(j, starts_ptr, deltas_ptr, nseg, nsteps))
+    up, err = _quantize(x, rand)
+    tl.store(e_bar_ptr + j, err, mask=mask)
+    tl.store(out_ptr + q, _pack(up, BLOCK), mask=qmask)
+
+
+@triton.jit
+def _unpack_kernel(packed_ptr, out_ptr, nbytes, BLOCK: tl.constexpr):
+    q = tl.program_id(0).to(tl.int64) * (BLOCK // 8) + tl.arange(0, BLOCK // 8)
+    bits = _unpack_bits(tl.load(packed_ptr + q, mask=q < nbytes, other=0), BLOCK)
+    j = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + j, bits.to(tl.float32) * 2.0 - 1.0, mask=j < nbytes * 8)
+
+
+@triton.jit
+def _rand_kernel(offsets_ptr, out_ptr, n, seed, BLOCK: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < n
+    tl.store(out_ptr + i, tl.rand(seed, tl.load(offsets_ptr + i, mask=mask, other=0)), mask=mask)
+
+
+def _segment_args(segments: Segments, device) -> tuple:
+    nseg = segments.starts.numel()
+    return (segments.starts.to(device), segments.deltas.to(device), nseg, math.ceil(math.log2(nseg)) if nseg > 1
+            else 0)
+
+
+def worker_compress(g, m, b, e, b_hat, beta, eps, seed, segments: Segments):
+    n = g.numel()
+    out = torch.empty(n // 8, dtype=torch.uint8, device=g.device)
+    _worker_kernel[(triton.cdiv(n, BLOCK),)](
+        g, m, b, e, b if b_hat is None else b_hat, out, n, beta, 1 - beta, eps, seed,
+        *_segment_args(segments, g.device), HAS_B_HAT=b_hat is not None, BLOCK=BLOCK, **_LAUNCH)
+    return out
+
+
+def server_compress(received, e_bar, seed, segments: Segments):
+    workers, nbytes = received.shape
+    out = torch.empty(nbytes, dtype=torch.uint8, device=received.device)
+    _server_kernel[(triton.cdiv(nbytes * 8, BLOCK),)](
+        received, e_bar, out, workers, float(workers), nbytes, seed, *_segment_args(segments, received.device),
+        BLOCK=BLOCK, **_LAUNCH)
+    return out
+
+
+def unpack(packed, out):
+    _unpack_kernel[(triton.cdiv(packed.numel() * 8, BLOCK),)](packed, out, packed.numel(), BLOCK=BLOCK, **_LAUNCH)
+    return out
+
+
+def tl_rand(seed: int, offsets: torch.Tensor) -> torch.Tensor:
+    """``tl.rand(seed, offsets)`` itself, for checking :func:`.philox.uniform` against Triton."""
+    out = torch.empty(offsets.shape, dtype=torch.float32, device=offsets.device)
+    _rand_kernel[(triton.cdiv(offsets.numel(), BLOCK),)](offsets, out, offsets.numel(), seed, BLOCK=BLOCK)
+    return out
+
+
+def threads() -> str:
+    return "gpu"

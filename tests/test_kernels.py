@@ -1,0 +1,241 @@
+"""Birder's compression kernels (birder_repro.comm.kernels): every backend gives the same bits and state.
+
+The torch backend is the reference (the optimizer's worker_step_ / server_step_ fed with counter-based
+uniforms); the cpu backend (numba) and the triton backend (through Triton's interpreter on CPU tensors, in a
+subprocess since TRITON_INTERPRET is read when Triton compiles) must equal it with torch.equal. The torch
+Philox equals Triton's own tl.rand bit for bit.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from birder_repro.comm import kernels
+from birder_repro.comm.kernels import Segments
+from birder_repro.comm.pack import pack_bits, unpack_signs
+from birder_repro.optim.birder import server_step_, worker_step_
+
+HAS_NUMBA = importlib.util.find_spec("numba") is not None
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+SEED = kernels.derive_seed(7, 3, "worker", 1)
+# a buffer of three parameter segments: element j of segment s sits at global_offsets[s] + j - starts[s]
+SEGMENTS = Segments([0, 5, 8203], [10_000, 3, (1 << 32) - 40])
+
+
+def _state(n: int, b_hat: bool):
+    """Random g, m, b, e (and b_hat): zeros in g, |m/b + e| beyond 1, b_hat on both sides of b."""
+    gen = torch.Generator().manual_seed(n * 2 + b_hat)
+    g = torch.randn(n, generator=gen)
+    g[::7] = 0
+    m, b = torch.randn(n, generator=gen) * 0.1, torch.rand(n, generator=gen) * 0.2
+    b[::11] = 0
+    e = torch.randn(n, generator=gen) * 0.7
+    bh = torch.rand(n, generator=gen) * 0.2 if b_hat else None
+    return g, m, b, e, bh
+
+
+def _server_inputs(n: int, workers: int):
+    gen = torch.Generator().manual_seed(n + workers)
+    received = torch.randint(0, 256, (workers, n // 8), dtype=torch.uint8, generator=gen)
+    return received, torch.randn(n, generator=gen) * 0.6
+
+
+def _offset(kind: str, n: int):
+    return {"plain": 123_456_789, "segments": SEGMENTS if n > SEGMENTS.starts[-1] else Segments([0, 5], [9, 0])}[kind]
+
+
+def _run(backend: str, n: int, b_hat: bool, kind: str, workers: int) -> dict[str, torch.Tensor]:
+    g, m, b, e, bh = _state(n, b_hat)
+    out = {"bits": kernels.worker_compress(g, m, b, e, beta=0.9, eps=1e-8, seed=SEED, offset=_offset(kind, n),
+                                           backend=backend, b_hat=bh), "m": m, "b": b, "e": e}
+    if bh is not None:
+        out["b_hat"] = bh
+    received, e_bar = _server_inputs(n, workers)
+    out["bits_bar"] = kernels.server_compress(received, e_bar, seed=SEED + 1, offset=_offset(kind, n),
+                                              backend=backend)
+    out["e_bar"] = e_bar
+    out["signs"] = kernels.unpack(out["bits"], backend=backend)
+    return out
+
+
+def _assert_same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"{k} differs in {int((a[k] != b[k]).sum())} places"
+
+
+CASES = [(n, b_hat, kind, workers) for n in (8, 72, 8200, 20_016) for b_hat in (False, True)
+         for kind in ("plain", "segments") for workers in ((1, 3) if n == 20_016 else (2,))]
+
+
+# ------------------------------------------------------------------------------------------ the torch reference
+def test_uniform_is_a_pure_function_of_seed_and_position():
+    offsets = torch.tensor([0, 1, 2, (1 << 32) + 1, (1 << 40) + 5])
+    u = kernels.uniform(SEED, offsets)
+    assert u.dtype == torch.float32 and bool(((u >= 0) & (u < 1)).all())
+    assert torch.equal(u[1:3], kernels.uniform(SEED, offsets[1:3]))  # no state, no dependence on the batch
+    assert not torch.equal(u, kernels.uniform(SEED + 1, offsets))
+
+
+def test_derive_seed_is_pure_and_independent_across_roles_and_ranks():
+    seeds = {kernels.derive_seed(5, step, role, rank) for step in range(4) for role in ("worker", "server")
+             for rank in range(4)}
+    assert len(seeds) == 32 and all(0 <= s < 1 << 64 for s in seeds)
+    assert kernels.derive_seed(5, 1, "worker", 0) == kernels.derive_seed(5, 1, "worker", 0)
+    pos = torch.arange(200_000)
+    draws = torch.stack([kernels.uniform(kernels.derive_seed(5, 1, role, rank), pos)
+                         for role, rank in (("worker", 0), ("worker", 1), ("server", 0))])
+    corr = torch.corrcoef(draws.double())
+    assert (corr - torch.eye(3, dtype=torch.float64)).abs().max() < 0.01  # 1/sqrt(2e5) = 0.0022
+
+
+@pytest.mark.parametrize("b_hat", [False, True])
+@pytest.mark.parametrize("workers", [2, 3, 6])
+def test_torch_backend_equals_the_optimizer_functions(b_hat, workers):
+    """The hook's old path (worker_step_, server_step_, mean, pack_bits) fed the same uniforms."""
+    n = 4000
+    g, m, b, e, bh = _state(n, b_hat)
+    ref = [t.clone() if t is not None else None for t in (g, m, b, e, bh)]
+    bits = pack_bits(worker_step_(*ref[:4], kernels.uniform(SEED, torch.arange(n) + 99), 0.9, 1e-8, b_hat=ref[4]))
+    assert torch.equal(kernels.worker_compress(g, m, b, e, beta=0.9, eps=1e-8, seed=SEED, offset=99,
+                                               backend="torch", b_hat=bh), bits)
+    for new, old in zip((m, b, e, bh), ref[1:]):
+        assert new is None or torch.equal(new, old)
+    received, e_bar = _server_inputs(n, workers)
+    e_bar_ref = e_bar.clone()
+    mean = unpack_signs(received).mean(dim=0)  # as comm/birder.py averages the nodes' chunks
+    bits_bar = pack_bits(server_step_(mean, e_bar_ref, kernels.uniform(SEED, torch.arange(n))))
+    assert torch.equal(kernels.server_compress(received, e_bar, seed=SEED, backend="torch"), bits_bar)
+    assert torch.equal(e_bar, e_bar_ref)
+
+
+def test_segments_give_each_element_its_global_position():
+    n = 8208
+    u = kernels.uniform(SEED, SEGMENTS.positions(0, n))
+    assert torch.equal(u[:5], kernels.uniform(SEED, torch.arange(10_000, 10_005)))
+    assert torch.equal(u[5:8203], kernels.uniform(SEED, torch.arange(3, 8201)))
+    assert torch.equal(u[8203:], kernels.uniform(SEED, torch.arange(5) + (1 << 32) - 40))
+
+
+def test_quantizer_is_unbiased():
+    """E[Q(x)] = x on [-1, 1] and the clip outside (Eq. (5)): the server step with a mean of 0 quantizes e_bar."""
+    xs = torch.tensor([-1.5, -1.0, -0.7, -0.25, 0.0, 0.1, 0.5, 0.9, 1.0, 2.0])
+    draws = 50_000  # standard error of a mean of +-1 draws <= 1/sqrt(draws) = 0.0045; 5 sigma: 0.023
+    e_bar = xs.repeat_interleave(draws)
+    received = torch.stack([torch.full((e_bar.numel() // 8,), 255, dtype=torch.uint8),
+                            torch.zeros(e_bar.numel() // 8, dtype=torch.uint8)])  # +1 and -1: mean 0
+    packed = kernels.server_compress(received, e_bar, seed=kernels.derive_seed(1, 1, "server", 0), backend="torch")
+    means = kernels.unpack(packed, backend="torch").view(len(xs), draws).mean(dim=1)
+    assert (means - xs.clamp(-1, 1)).abs().max() < 0.023
+    assert means[0] == -1 and means[-1] == 1 and means[1] == -1 and means[-2] == 1
+
+
+@pytest.mark.parametrize("backend", ["torch"] + (["cpu"] if HAS_NUMBA else []))
+def test_unpack_round_trips(backend):
+    bits = torch.rand(2, 808, generator=torch.Generator().manual_seed(0)) < 0.5
+    packed = pack_bits(bits.reshape(-1)).view(2, -1)
+    signs = kernels.unpack(packed, backend=backend)
+    assert signs.shape == (2, 808) and torch.equal(signs, bits.float() * 2 - 1)
+    out = torch.empty(1616)
+    assert kernels.unpack(packed, backend=backend, out=out).data_ptr() == out.data_ptr()
+    assert torch.equal(out, signs.reshape(-1))
+
+
+@pytest.mark.parametrize("backend", ["torch"] + (["cpu"] if HAS_NUMBA else []))
+def test_empty_buffers_give_empty_results(backend):
+    z = torch.zeros(0)
+    assert kernels.worker_compress(z, z.clone(), z.clone(), z.clone(), backend=backend).numel() == 0
+    assert kernels.server_compress(torch.zeros(2, 0, dtype=torch.uint8), z.clone(), backend=backend).numel() == 0
+    assert kernels.unpack(torch.zeros(0, dtype=torch.uint8), backend=backend).numel() == 0
+
+
+# ------------------------------------------------------------------------------------------------ cpu = torch
+@pytest.mark.skipif(not HAS_NUMBA, reason="numba is not installed")
+@pytest.mark.parametrize("n,b_hat,kind,workers", CASES)
+def test_cpu_backend_equals_torch(n, b_hat, kind, workers):
+    _assert_same(_run("cpu", n, b_hat, kind, workers), _run("torch", n, b_hat, kind, workers))
+
+
+@pytest.mark.skipif(not HAS_NUMBA, reason="numba is not installed")
+def test_auto_picks_cpu_on_cpu_tensors_with_torchs_thread_budget():
+    assert kernels.resolve_backend("auto", "cpu") == "cpu"
+    assert 1 <= kernels.backend_threads("cpu") <= torch.get_num_threads()
+
+
+# ------------------------------------------------------------------------------ triton (interpreter) = torch
+TRITON_CASES = [c for c in CASES if c[0] <= 8200]
+_TRITON_SCRIPT = textwrap.dedent("""
+    import sys, torch
+    from birder_repro.comm.kernels import gpu
+    import test_kernels as t
+    offsets = torch.cat([torch.arange(3000), torch.randint(0, 1 << 62, (3000,), generator=torch.Generator()
+                         .manual_seed(0)), torch.tensor([(1 << 31) - 1, 1 << 31, (1 << 32) - 1, 1 << 32])])
+    seeds = [0, 1, t.SEED, (1 << 31) + 3, (1 << 63) + 5, (1 << 64) - 1]
+    out = {"offsets": offsets, "rand": {s: gpu.tl_rand(s, offsets) for s in seeds},
+           "cases": {c: t._run("triton", *c) for c in t.TRITON_CASES}}
+    torch.save(out, sys.argv[1])
+""")
+
+
+@pytest.fixture(scope="module")
+def triton_results(tmp_path_factory):
+    if not HAS_TRITON:
+        pytest.skip("triton is not installed")
+    path = tmp_path_factory.mktemp("triton") / "results.pt"
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(__file__), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    proc = subprocess.run([sys.executable, "-c", _TRITON_SCRIPT, str(path)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return torch.load(path)
+
+
+def test_torch_uniform_equals_triton_tl_rand(triton_results):
+    for seed, rand in triton_results["rand"].items():
+        assert torch.equal(kernels.uniform(seed, triton_results["offsets"]), rand), f"seed {seed}"
+
+
+@pytest.mark.parametrize("case", TRITON_CASES)
+def test_triton_backend_equals_torch(case, triton_results):
+    _assert_same(triton_results["cases"][case], _run("torch", *case))
+
+
+# ----------------------------------------------------------------------------------------------- bad inputs
+def _z(n=16, dtype=torch.float32):
+    return torch.zeros(n, dtype=dtype)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: kernels.worker_compress(_z(dtype=torch.float64), _z(), _z(), _z()), "g must be a float32"),
+    (lambda: kernels.worker_compress(_z(12), _z(12), _z(12), _z(12)), "multiple of 8"),
+    (lambda: kernels.worker_compress(_z(), _z(8), _z(), _z()), "m has 8 elements, expected 16"),
+    (lambda: kernels.worker_compress(_z(), _z(), _z(), _z(), b_hat=_z(24)), "b_hat has 24"),
+    (lambda: kernels.worker_compress(_z(), _z(), _z(), _z(), seed=-1), "seed must be"),
+    (lambda: kernels.worker_compress(_z(), _z(), _z(), _z(), offset=-3), "offset must be"),
+    (lambda: kernels.worker_compress(_z(), _z(), _z(), _z(), offset=Segments([0, 16], [0, 0])), "past the buffer"),
+    (lambda: kernels.worker_compress(_z(), _z(), _z(), _z(), backend="cuda"), "choices: auto, torch, cpu, triton"),
+    (lambda: kernels.server_compress(_z(2), _z()), "2-D uint8"),
+    (lambda: kernels.server_compress(torch.zeros(2, 2, dtype=torch.uint8), _z(8)), "e_bar has 8 elements"),
+    (lambda: kernels.unpack(_z()), "uint8"),
+    (lambda: Segments([1, 4], [0, 0]), "begin at 0"),
+    (lambda: Segments([0, 4], [0]), "as many starts"),
+    (lambda: kernels.uniform(0, torch.arange(4, dtype=torch.int32)), "int64"),
+    (lambda: kernels.derive_seed(0, 0, "client", 0), "role must be"),
+])
+def test_bad_inputs_raise_clear_errors(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or not HAS_TRITON,
+                    reason="needs triton, not interpreting")
+def test_triton_on_cpu_tensors_says_how_to_run_it():
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        kernels.unpack(torch.zeros(2, dtype=torch.uint8), backend="triton")
