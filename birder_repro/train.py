@@ -21,6 +21,13 @@ CUDA the device is synchronized around every timing. Its parts, which sum to the
   absorbs it so the parts still sum. The split is made on means, not per step, so that noise in either
   direction averages out instead of being clipped at 0 step by step.
 
+With a hook that overlaps the backward pass (``CommState.overlaps()``: Birder's and 1-bit Adam's
+communication thread) compression and collectives run beside compute, so only what computation does not hide
+is in the step: the exposed time ``step - compute``; compression is its part ``min(compression, exposed)``
+and communication the rest of it (:func:`split_step_time`). ``step_time_s`` then also shows ``exposed``,
+``collectives`` (seconds per step the hook spent in collectives, hidden or not) and ``compression_work``
+(seconds per step of compression work, hidden or not); they are not parts of the sum.
+
 Throughput is global samples per second over the timed steps: the first ``train.timing_warmup_steps`` of a run
 (of a resumed run too: caches, DDP's bucket rebuild, allocation) are left out of it and of the step-time and
 bytes-per-step figures. Where the hook state has stages (1-bit Adam / LAMB: ``warmup``, ``compression``), the
@@ -86,12 +93,19 @@ def total_steps(steps: Optional[int], epochs: float, train_size: int, global_bat
     return max(1, int(math.ceil(epochs * math.ceil(train_size / global_batch))))
 
 
-def split_step_time(step_s: float, compute_s: float, compress_s: float) -> tuple[float, float, float]:
+def split_step_time(step_s: float, compute_s: float, compress_s: float,
+                    overlapped: bool = False) -> tuple[float, float, float]:
     """(compute, communication, compression) of a (mean) step, summing to ``step_s`` (module docstring).
 
     communication = max(0, step - compute - compression); compute takes what is left, so it absorbs any
-    negative rest and the three parts always sum to the step.
+    negative rest and the three parts always sum to the step. ``overlapped`` (the hook's work runs beside the
+    backward pass): compression is the exposed part, min(compression, max(0, step - compute)), and
+    communication the rest of the exposed time.
     """
+    if overlapped:
+        exposed = min(max(step_s - compute_s, 0.0), step_s)
+        compression = min(max(compress_s, 0.0), exposed)
+        return step_s - exposed, exposed - compression, compression
     compression = min(max(compress_s, 0.0), step_s)
     communication = max(0.0, step_s - compute_s - compression)
     return step_s - compression - communication, communication, compression
@@ -129,7 +143,7 @@ def stage_of(comm: CommState, step: int) -> Optional[str]:
 
 def _counters(comm) -> tuple[float, float, float, float]:
     return (float(comm.intra_node_bytes), float(comm.inter_node_bytes), float(comm.compress_seconds),
-            float(comm.comm_seconds))
+            float(comm.collective_seconds))
 
 
 def _collective_device(device: torch.device) -> torch.device:
@@ -202,19 +216,21 @@ class Totals:
     seconds: float = 0.0
     optimizer: float = 0.0  # the optimizer step's own computation
     compression: float = 0.0
+    collectives: float = 0.0  # seconds the hook spent in collectives (hidden by an overlapping hook or not)
     data_wait: float = 0.0
     samples: float = 0.0  # this process's samples
     intra_bytes: float = 0.0
     inter_bytes: float = 0.0
 
-    FIELDS = ("steps", "seconds", "optimizer", "compression", "data_wait", "samples", "intra_bytes",
-              "inter_bytes")
+    FIELDS = ("steps", "seconds", "optimizer", "compression", "collectives", "data_wait", "samples",
+              "intra_bytes", "inter_bytes")
 
     def add(self, r: "StepResult", data_wait: float) -> None:
         self.steps += 1
         self.seconds += r.seconds
         self.optimizer += r.optimizer
         self.compression += r.compression
+        self.collectives += r.collectives
         self.data_wait += data_wait
         self.samples += r.samples
         self.intra_bytes += r.intra_bytes
@@ -233,6 +249,7 @@ class StepResult:
     compression: float
     intra_bytes: float
     inter_bytes: float
+    collectives: float = 0.0  # seconds in the hook's collectives during the step (hidden or not)
 
 
 def grads_are_gradients(comm: CommState) -> bool:
@@ -266,7 +283,8 @@ def run_step(task, model, optimizer, batch, device, comm, grad_clip: Optional[fl
     in_optimizer = (after[2] - mid[2]) + (after[3] - mid[3])
     return StepResult(loss_sum=float(loss.detach()) * n, samples=int(n), seconds=t2 - t0,
                       optimizer=max(0.0, (t2 - t1) - in_optimizer), compression=after[2] - before[2],
-                      intra_bytes=after[0] - before[0], inter_bytes=after[1] - before[1])
+                      intra_bytes=after[0] - before[0], inter_bytes=after[1] - before[1],
+                      collectives=after[3] - before[3])
 
 
 def _rng_state(device: torch.device) -> dict:
@@ -466,7 +484,8 @@ def _stage_figures(stages: dict[str, Totals], world: int, device: torch.device) 
     return out
 
 
-def _summarize_timing(figures: dict[str, dict[str, float]], forward_backward_s: float) -> dict[str, Any]:
+def _summarize_timing(figures: dict[str, dict[str, float]], forward_backward_s: float,
+                      overlapped: bool = False) -> dict[str, Any]:
     """Throughput, step-time parts and bytes per step, over the whole run and per stage."""
     def per_step(f, key):
         return f[key] / f["steps"] if f["steps"] else float("nan")
@@ -477,8 +496,10 @@ def _summarize_timing(figures: dict[str, dict[str, float]], forward_backward_s: 
     def step_time(f):
         total = per_step(f, "seconds")
         compute, communication, compression = split_step_time(
-            total, forward_backward_s + per_step(f, "optimizer"), per_step(f, "compression"))
-        return {"total": total, "compute": compute, "communication": communication, "compression": compression}
+            total, forward_backward_s + per_step(f, "optimizer"), per_step(f, "compression"), overlapped)
+        return {"total": total, "compute": compute, "communication": communication, "compression": compression,
+                "exposed": total - compute, "collectives": per_step(f, "collectives"),
+                "compression_work": per_step(f, "compression")}
 
     total = {k: sum(f[k] for f in figures.values()) for k in Totals.FIELDS}
     staged = {name: f for name, f in figures.items() if name != ""}
@@ -681,7 +702,9 @@ def _finish(p: _Parts, run: _Run, settings: LoopSettings, global_batch: int, bas
         "timing_warmup_steps": settings.warmup_steps,
         "forward_backward_s": forward_backward,
         "compute_calibration_passes": len(run.calibration),
-        **_summarize_timing(_stage_figures(run.stages, world, p.device), forward_backward),
+        "comm_overlap": bool(getattr(p.comm, "overlaps", lambda: False)()),
+        **_summarize_timing(_stage_figures(run.stages, world, p.device), forward_backward,
+                            bool(getattr(p.comm, "overlaps", lambda: False)())),
         "parameters": num_params,
         "fp32_allreduce_bytes_per_step": fp32_total,
         "fp32_allreduce_intra_node_bytes_per_step": fp32_intra,

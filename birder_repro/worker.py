@@ -109,8 +109,10 @@ def build_and_train(cfg: DictConfig, env: DistEnv, device: torch.device, run_dir
     data = task.build_data(cfg, env.rank, env.world_size)
     seed_everything(int(cfg.seed))  # the same initial weights on every rank (DDP also broadcasts rank 0's)
     model = task.build_model(cfg).to(device)
+    # optim.comm.bucket_cap_mb: the compressed hooks' bucket size (DDP's default where the optimizer has none)
+    cap = OmegaConf.select(cfg, "optim.comm.bucket_cap_mb", default=None)
     ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
-                                                    else None)
+                                                    else None, **({"bucket_cap_mb": float(cap)} if cap else {}))
     seed_everything(int(cfg.seed) + env.rank)  # from here on, randomness (augmentation, dropout) differs per rank
     ocfg = optim_config(cfg)
     if "total_steps" in ocfg:  # optimizers whose schedule is a fraction of the run (1-bit Adam's freeze step)

@@ -186,3 +186,13 @@ def test_runner_without_overlap_returns_a_completed_future_and_checks_idleness()
     fut.wait()
     runner.check_idle("state_dict()")
     runner.close()
+
+
+def test_step_split_with_overlap_books_only_the_exposed_time():
+    from birder_repro.train import split_step_time
+
+    # 1.0 s step, 0.7 s compute: 0.3 s exposed; 0.5 s of compression work on the thread, 0.2 s of it hidden
+    assert split_step_time(1.0, 0.7, 0.5, overlapped=True) == pytest.approx((0.7, 0.0, 0.3))
+    assert split_step_time(1.0, 0.7, 0.1, overlapped=True) == pytest.approx((0.7, 0.2, 0.1))
+    assert split_step_time(1.0, 1.2, 0.1, overlapped=True) == pytest.approx((1.0, 0.0, 0.0))
+    assert split_step_time(1.0, 0.7, 0.5) == pytest.approx((0.5, 0.0, 0.5))  # synchronous: all exposed
