@@ -30,12 +30,14 @@ SEGMENTS = Segments([0, 5, 8203], [10_000, 3, (1 << 32) - 40])
 
 
 def _state(n: int, b_hat: bool):
-    """Random g, m, b, e (and b_hat): zeros in g, |m/b + e| beyond 1, b_hat on both sides of b."""
+    """Random g, m, b, e (and b_hat): zeros in g and b, b near eps, |m/b + e| beyond 1, b_hat on both sides."""
     gen = torch.Generator().manual_seed(n * 2 + b_hat)
     g = torch.randn(n, generator=gen)
     g[::7] = 0
     m, b = torch.randn(n, generator=gen) * 0.1, torch.rand(n, generator=gen) * 0.2
     b[::11] = 0
+    b[3::13] *= 1e-7  # b near eps: the rounding of b + eps matters
+    g[5::17] *= 1e4
     e = torch.randn(n, generator=gen) * 0.7
     bh = torch.rand(n, generator=gen) * 0.2 if b_hat else None
     return g, m, b, e, bh
