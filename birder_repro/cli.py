@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 import hydra
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
@@ -33,6 +34,7 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 CONF_PACKAGE = "birder_repro.conf"
 INTERRUPTED = 130  # the shell's exit code for a command stopped by Ctrl-C
 TERMINATED = 143  # ... and by SIGTERM (the emulated launcher returns it after removing its namespaces)
+GROUPS = ("task", "optim", "cluster", "launcher", "logger", "experiment")  # conf/'s groups a user picks
 
 
 def config_path() -> Optional[str]:
@@ -56,10 +58,14 @@ def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
     run_dir = Path(run_dir) if run_dir is not None else _job_dir(cfg)
     started = record.now()
     try:
-        resolved = layout.resolve(cfg)
+        resolved = layout.resolve(cfg, references=reference_configs(cfg))
         record.write_run_files(run_dir, resolved, _command_line(cfg))
-        from birder_repro.launch import launch  # after resolving: a config error needs no launcher imports
+        from birder_repro.launch import check, launch  # after resolving: a config error needs no launcher
 
+        check(resolved)  # the launcher's refusals, then the data: nothing has started yet
+        missing = _missing_data(resolved)
+        if missing is not None:
+            return _fail(cfg, run_dir, missing, started, code=2)
         code = launch(resolved, run_dir)
     except layout.ConfigError as err:
         return _fail(cfg, run_dir, f"config error: {err}", started, code=2)
@@ -68,6 +74,56 @@ def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
     if cfg.dry_run or (code == 0 and _submitted(resolved)):
         return code
     return _finish(resolved, run_dir, code, started)
+
+
+def reference_configs(cfg: DictConfig) -> list[DictConfig]:
+    """What the YAML files say each key holds, for :func:`birder_repro.config.check_types`: the config of the
+    same group choices without the command line's ``key=value`` overrides, and of the task alone (so that a
+    top-level default an experiment replaces, such as ``gpus_per_node: auto``, still counts)."""
+    choices = _group_choices(cfg)
+    picked = [f"{group}={choices[group]}" for group in GROUPS if choices.get(group)]
+    task = [f"task={choices['task']}"] if choices.get("task") else []
+    return [_compose(picked), _compose(task)]
+
+
+def _group_choices(cfg: DictConfig) -> dict:
+    """The option of every config group this run was composed with."""
+    if HydraConfig.initialized():
+        return dict(HydraConfig.get().runtime.choices)
+    if "hydra" in cfg:  # composed with return_hydra_config=True (tests)
+        return dict(cfg.hydra.runtime.choices)
+    # Composed elsewhere: every option file is named after its name: key (tests check it); the experiment,
+    # which has none, is unknown.
+    return {group: cfg[group].name for group in GROUPS if group in cfg and "name" in cfg[group]}
+
+
+def _compose(overrides: list[str]) -> DictConfig:
+    """Compose conf/ with ``overrides``, inside the Hydra app (which has initialised Hydra) or outside it."""
+    if GlobalHydra.instance().is_initialized():
+        return hydra.compose(config_name="config", overrides=overrides)
+    path = config_path()
+    init = (hydra.initialize_config_module(config_module=path.removeprefix("pkg://"), version_base="1.3")
+            if path.startswith("pkg://") else hydra.initialize_config_dir(config_dir=path, version_base="1.3"))
+    with init:
+        return hydra.compose(config_name="config", overrides=overrides)
+
+
+def _missing_data(cfg: DictConfig) -> Optional[str]:
+    """The one line that says the run's real dataset is missing, or None; checked before anything starts.
+
+    A dry run and a SLURM job only warn: a dry run starts nothing, and the job's nodes may see files that this
+    (login) machine does not.
+    """
+    from birder_repro.tasks import DatasetNotFound, check_data
+
+    try:
+        check_data(cfg)
+    except DatasetNotFound as err:
+        if not (cfg.dry_run or _submitted(cfg)):
+            return str(err)
+        where = "this machine" if cfg.dry_run else "this machine (the job's nodes may have it)"
+        print(f"[birder-repro] warning, on {where}: {err}", file=sys.stderr, flush=True)
+    return None
 
 
 def _submitted(cfg: DictConfig) -> bool:

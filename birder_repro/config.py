@@ -4,17 +4,23 @@ The Hydra app composes the config; these functions turn its shorthands into numb
 the world size, the global batch, the learning rate scaled by the batch) and check the values no YAML type
 can check. Every error names the setting to change. Workers read the resolved config the CLI writes, so they
 see the same numbers.
+
+Types: the YAML files declare them by example. :func:`check_types` compares every value with the same key in
+reference configs (the same choice of task, optimizer, cluster, ... before the command line's ``key=value``
+overrides, composed by the CLI), so that ``optim.lr=abc`` is one error line naming ``optim.lr``.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 __all__ = ["ConfigError", "resolve_gpus_per_node", "world_size", "global_batch", "effective_lr",
-           "resolve_device", "resolve_backend", "cpu_count", "validate", "resolve"]
+           "resolve_device", "resolve_backend", "cpu_count", "data_workers", "check_types", "validate", "resolve"]
+
+AUTO_MAX_DATA_WORKERS = 8  # data.num_workers=auto never starts more loader processes per training process
 
 # Values a setting may take, where the YAML type alone does not say (a typo in a value fails early, here,
 # rather than minutes later in a worker).
@@ -40,6 +46,26 @@ def cpu_count() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not available on macOS
         return os.cpu_count() or 1
+
+
+def auto_data_workers(cores: int, local_processes: int) -> int:
+    """Loader processes per training process for ``data.num_workers=auto``.
+
+    The cores this machine gives the job, shared out among its training processes, less one that the training
+    process itself computes on; none when a process has a single core (a loader process would only take
+    turns with it on that core), and at most :data:`AUTO_MAX_DATA_WORKERS`.
+    """
+    return max(0, min(AUTO_MAX_DATA_WORKERS, cores // max(local_processes, 1) - 1))
+
+
+def data_workers(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> int:
+    """``data.num_workers`` for this process: a number as given, or for ``auto``
+    :func:`auto_data_workers` of this process's cores (:func:`cpu_count`) and the training processes torchrun
+    started on this machine (``LOCAL_WORLD_SIZE``; 1 for a process started alone)."""
+    setting = cfg.data.num_workers
+    if setting != "auto":
+        return int(setting)
+    return auto_data_workers(cpu_count(), int(env.get("LOCAL_WORLD_SIZE", 1)))
 
 
 def _cuda_count() -> int:
@@ -104,19 +130,91 @@ def resolve_backend(cfg: DictConfig, device: str) -> str:
     return backend
 
 
-def validate(cfg: DictConfig) -> None:
-    """Check the values a run needs before anything is started; raise :class:`ConfigError` naming the key."""
+def _plain(cfg: Any) -> Any:
+    """A config as plain dicts and lists, interpolations resolved, Hydra's own node left out."""
+    if not OmegaConf.is_config(cfg):
+        return cfg
+    if OmegaConf.is_list(cfg):
+        return OmegaConf.to_container(cfg, resolve=True)
+    return {key: _plain(cfg[key]) for key in cfg if key != "hydra"}
+
+
+def _kind(value: Any) -> Optional[str]:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "flag"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {list: "list", tuple: "list", dict: "section"}.get(type(value), "text")
+
+
+_KIND_HINTS = {"flag": "use true or false", "number": "use a number", "list": "use a list, e.g. [1, 2]",
+               "section": "it is a section of keys: set its keys (section.key=value)",
+               "text": "use a single value, not a list or section"}
+
+
+def _fits(value: Any, want: Any) -> bool:
+    """``value`` may stand where ``want`` does: null fits anywhere (it means "not set" throughout conf/), a
+    number where a number is, and where the reference is null or text (``auto``, a path) any single value."""
+    got, need = _kind(value), _kind(want)
+    if got is None or need is None:
+        return True
+    if need == "text":
+        return got not in ("list", "section")
+    return got == need
+
+
+def check_types(cfg: Any, references: Sequence[Any], prefix: str = "") -> None:
+    """Every value must fit its key's value in at least one reference config that has the key (a number stays a
+    number, a flag a flag, a list a list); keys no reference has (``+key=``) are not checked. Raises
+    :class:`ConfigError` naming the first key that does not fit."""
+    values, refs = _plain(cfg), [_plain(r) for r in references]
+    for key, value in values.items():
+        wants = [r[key] for r in refs if isinstance(r, Mapping) and key in r]
+        name = f"{prefix}{key}"
+        if not wants:
+            continue
+        if isinstance(value, dict) and any(isinstance(w, dict) for w in wants):
+            check_types(value, [w for w in wants if isinstance(w, dict)], prefix=f"{name}.")
+        elif not any(_fits(value, w) for w in wants):
+            want = next(w for w in wants if w is not None)
+            default = "" if isinstance(want, dict) else f" (its default: {_show(want)})"
+            raise ConfigError(f"{name}={_show(value)}: {_KIND_HINTS[_kind(want)]}{default}")
+
+
+def _show(value: Any) -> str:
+    """A value as it would be written on the command line."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    return repr(value)
+
+
+def validate(cfg: DictConfig, references: Sequence[Any] = ()) -> None:
+    """Check the values a run needs before anything is started; raise :class:`ConfigError` naming the key.
+
+    ``references``: configs that give each key's type (see :func:`check_types`); without them only the keys
+    checked one by one below are.
+    """
+    if references:
+        check_types(cfg, references)
     _check_positive_int(cfg, "nodes")
     _check_positive_int(cfg, "train.batch_size")
     if cfg.train.get("steps") is not None:
         _check_positive_int(cfg, "train.steps")
     resolve_gpus_per_node(cfg.gpus_per_node, gpu_count=0)  # type check only; auto is always fine
+    workers = OmegaConf.select(cfg, "data.num_workers", default=None)
+    if workers is not None and workers != "auto" and (isinstance(workers, bool) or not isinstance(workers, int)
+                                                      or workers < 0):
+        raise ConfigError(f"data.num_workers={workers!r}: use auto (from the cores of each process) or a whole "
+                          "number >= 0 (0: load in the training process)")
     for key, allowed in CHOICES.items():
         value = OmegaConf.select(cfg, key, default=None)
         if value is not None and value not in allowed:
             raise ConfigError(f"{key}={value!r} is not one of: {', '.join(allowed)}")
-    if not float(cfg.optim.lr) > 0:
-        raise ConfigError(f"optim.lr={cfg.optim.lr!r}: the learning rate must be > 0")
+    lr = cfg.optim.lr
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
+        raise ConfigError(f"optim.lr={lr!r}: the learning rate must be a number > 0")
     scaling = cfg.optim.get("lr_batch_scaling")
     if scaling is not None and not (isinstance(scaling, (int, float)) and scaling > 0):
         raise ConfigError(f"optim.lr_batch_scaling={scaling!r}: give a reference batch size > 0, or null")
@@ -142,13 +240,14 @@ def _check_registered(cfg: DictConfig) -> None:
                           f"registered: {', '.join(list_tasks())}")
 
 
-def resolve(cfg: DictConfig, gpu_count: Optional[int] = None) -> DictConfig:
+def resolve(cfg: DictConfig, gpu_count: Optional[int] = None, references: Sequence[Any] = ()) -> DictConfig:
     """A validated copy of ``cfg`` with every interpolation resolved, as the workers will read it.
 
     ``gpus_per_node`` becomes a number and ``optim.effective_lr`` records the learning rate the optimizer
-    gets. The ``hydra`` node, where present, is left out: it is Hydra's, not the run's.
+    gets. The ``hydra`` node, where present, is left out: it is Hydra's, not the run's. ``references``: see
+    :func:`validate`.
     """
-    validate(cfg)
+    validate(cfg, references)
     # Key by key, leaving "hydra" out before resolving: its run-time fields resolve only inside a Hydra job.
     out = OmegaConf.create({key: OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key])
                             else cfg[key] for key in cfg if key != "hydra"})

@@ -2,8 +2,9 @@
 
 A run directory holds ``config.yaml`` (the resolved config the workers read), ``command.txt`` (the command
 that reproduces the run), ``output.log`` (what the processes printed) and ``record.json``. The record's keys
-are fixed by DESIGN.md ("Run records and tables") so that reports and outside scripts can rely on them; a
-failed run has the same keys, with ``status: failed``, the ``error`` and null measurements.
+are documented once, in :mod:`birder_repro.schema`, and a record is checked against them when written; a
+failed run has the same keys, with ``status: failed``, the ``error`` and null measurements. This module is
+also the one place that knows where runs go (:func:`runs_root`) and reads a record back (:func:`read_record`).
 """
 
 from __future__ import annotations
@@ -15,31 +16,31 @@ import platform
 import shlex
 import subprocess
 import tempfile
+import warnings
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from birder_repro import schema
+
 __all__ = ["CONFIG_FILE", "COMMAND_FILE", "RECORD_FILE", "LOG_FILE", "runs_root", "new_run_dir",
            "write_run_files", "load_run_config", "read_command", "format_command", "now", "versions", "git_sha",
            "base_record", "completed_record", "failed_record", "write_record", "read_record",
-           "write_failed_record"]
+           "write_failed_record", "find_records", "effective_lr"]
 
 CONFIG_FILE = "config.yaml"
 COMMAND_FILE = "command.txt"
 RECORD_FILE = "record.json"
 LOG_FILE = "output.log"
-
-# Measurements a completed run fills in from the training loop; a failed run has them as null.
-MEASURED = ("steps", "samples", "throughput_samples_per_s", "throughput_by_stage", "step_time_s",
-            "intra_node_bytes_per_step", "inter_node_bytes_per_step", "fp32_allreduce_bytes_per_step",
-            "final_loss", "timing_warmup_steps")
+DEFAULT_RUNS = "runs"
 
 
-def runs_root() -> Path:
-    """Where runs go: ``$BIRDER_RUNS``, else ``runs/`` (the same rule as ``hydra.run.dir`` in conf/config.yaml)."""
-    return Path(os.environ.get("BIRDER_RUNS", "runs"))
+def runs_root(given: Optional[str | os.PathLike] = None) -> Path:
+    """Where runs go and where reports look: ``given`` (``--runs DIR``), else ``$BIRDER_RUNS``, else ``runs/``
+    (the same rule as ``hydra.run.dir`` in conf/config.yaml)."""
+    return Path(given or os.environ.get("BIRDER_RUNS") or DEFAULT_RUNS)
 
 
 def new_run_dir(cfg: DictConfig, root: Optional[Path] = None) -> Path:
@@ -106,20 +107,31 @@ def git_sha() -> Optional[str]:
 
 
 def base_record(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """The keys every record has, taken from the config and the environment; measurements are null."""
+    """Every key of the schema, those the config and the environment give filled in; measurements are null.
+
+    The run's own figures (global batch, steps) replace these in a completed record; a failed run keeps what
+    the config says.
+    """
     from birder_repro import config as layout
 
-    record: dict[str, Any] = {
-        "status": None, "error": None, "task": cfg.task.name, "optim": cfg.optim.name,
+    record = schema.empty_record()
+    record.update({
+        "task": cfg.task.name, "optim": cfg.optim.name,
         "cluster": _cluster(cfg), "world_size": _try(lambda: layout.world_size(cfg)),
         "batch_size": cfg.train.batch_size, "global_batch_size": _try(lambda: layout.global_batch(cfg)),
-        "lr": _try(lambda: layout.effective_lr(cfg)),
-    }
-    record.update({key: None for key in MEASURED})
-    record.update({"metrics": {}, "link_bytes_per_step": None, "device": None, "backend": None,
-                   "versions": versions(), "git_sha": git_sha(), "started": None, "ended": None,
-                   "run_dir": str(run_dir), "command": read_command(run_dir), "config": _plain(cfg)})
+        "lr": _try(lambda: effective_lr(cfg)), "versions": versions(), "git_sha": git_sha(),
+        "run_dir": str(run_dir), "command": read_command(run_dir), "config": _plain(cfg),
+    })
     return record
+
+
+def effective_lr(cfg: DictConfig) -> float:
+    """The learning rate the optimizer gets: ``optim.effective_lr`` as ``config.resolve`` recorded it in the
+    run's config; for a config that did not go through it, ``config.effective_lr`` (the one formula)."""
+    from birder_repro import config as layout
+
+    recorded = OmegaConf.select(cfg, "optim.effective_lr", default=None)
+    return float(recorded) if recorded is not None else layout.effective_lr(cfg)
 
 
 def _cluster(cfg: DictConfig) -> dict[str, Any]:
@@ -158,15 +170,38 @@ def write_failed_record(run_dir: Path, cfg: DictConfig, error: str, **fields: An
 
 
 def write_record(run_dir: Path, record: Mapping[str, Any]) -> Path:
-    """Write ``record.json`` atomically: a reader sees the old record or the new one, never half of one."""
+    """Write ``record.json`` atomically: a reader sees the old record or the new one, never half of one.
+
+    Every key must be documented in :mod:`birder_repro.schema` (a ValueError names any that is not).
+    """
+    schema.check(record)
     path = Path(run_dir) / RECORD_FILE
     _atomic_write(path, json.dumps(record, indent=2, default=_json_default) + "\n")
     return path
 
 
 def read_record(run_dir: Path) -> Optional[dict[str, Any]]:
+    """The record of ``run_dir``; None where it has none, or (with a warning naming the file) where it cannot
+    be read as a JSON object: a run killed while writing leaves a truncated file, which must not stop a
+    report of every other run."""
     path = Path(run_dir) / RECORD_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        warnings.warn(f"skipping unreadable run record {path}: {err}", stacklevel=2)
+        return None
+    if not isinstance(record, dict):
+        warnings.warn(f"skipping run record {path}: not a JSON object", stacklevel=2)
+        return None
+    return record
+
+
+def find_records(root: Path) -> list[Path]:
+    """Every ``record.json`` under ``root``, at any depth (single runs and multirun sweeps alike)."""
+    root = Path(root)
+    return sorted(root.rglob(RECORD_FILE)) if root.is_dir() else []
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -1,4 +1,4 @@
-"""The short human summary printed at the end of a run, from its record (``record.json``'s keys, DESIGN.md).
+"""The short human summary printed at the end of a run, from its record (keys: :mod:`birder_repro.schema`).
 
 Every line tolerates missing keys: a failed run has a status and an error and little else.
 """
@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Optional
 
-# Metrics in the order the paper's tables give them; others follow alphabetically.
-_METRIC_ORDER = ("top1", "top5", "f1", "exact_match", "perplexity", "mlm_loss", "eval_loss")
+from birder_repro import schema
+from birder_repro.schema import get
 
 
 def human_bytes(n: Optional[float]) -> str:
@@ -30,6 +30,14 @@ def reduction(reference: Optional[float], sent: Optional[float]) -> Optional[flo
     return reference / sent
 
 
+def compared(ratio: float, what: str) -> str:
+    """``ratio`` (reference / sent) in words: "32x less inter-node", "1.5x more in all", or "the same ..."
+    where the two agree to the 3 figures shown (an uncompressed optimizer sends what fp32 sends)."""
+    if f"{ratio:.3g}" == "1":
+        return f"the same as fp32 {what}"
+    return f"{ratio:.3g}x less {what}" if ratio > 1 else f"{1 / ratio:.3g}x more {what}"
+
+
 def _num(value: Any, fmt: str = ".4g") -> str:
     if isinstance(value, (int, float)) and math.isfinite(value):
         return format(value, fmt)
@@ -41,64 +49,64 @@ def _ms(seconds: Any) -> str:
 
 
 def _layout(record: Mapping[str, Any]) -> str:
-    cluster = record.get("cluster") or {}
-    cfg = record.get("config") or {}
-    nodes = cluster.get("nodes", cfg.get("nodes"))
-    per_node = cluster.get("gpus_per_node", cfg.get("gpus_per_node"))
+    nodes = get(record, "cluster", "nodes", default=get(record, "config", "nodes"))
+    per_node = get(record, "cluster", "gpus_per_node", default=get(record, "config", "gpus_per_node"))
     if nodes is None or per_node is None:
-        world = record.get("world_size")
+        world = get(record, "world_size")
         return f"{world} processes" if world is not None else "an unknown layout"
     text = f"{nodes} node{'s' if nodes != 1 else ''} x {per_node} process{'es' if per_node != 1 else ''}"
-    where = cluster.get("interconnect") or (cfg.get("cluster") or {}).get("interconnect")
+    where = get(record, "cluster", "interconnect") or get(record, "config", "cluster", "interconnect")
     return f"{text} ({where})" if where else text
 
 
 def _metrics_line(record: Mapping[str, Any]) -> str:
-    metrics = dict(record.get("metrics") or {})
-    loss = metrics.pop("loss", record.get("final_loss"))
-    parts = [f"loss {_num(loss)}" + (f" ({record['loss_definition']})" if record.get("loss_definition") else "")]
-    ordered = [k for k in _METRIC_ORDER if k in metrics] + sorted(k for k in metrics if k not in _METRIC_ORDER)
-    parts += [f"{k} {_num(metrics[k])}" for k in ordered]
+    metrics = dict(get(record, "metrics", default={}))
+    loss = metrics.pop("loss", get(record, "final_loss"))
+    definition = get(record, "loss_definition")
+    parts = [f"loss {_num(loss)}" + (f" ({definition})" if definition else "")]
+    ordered = schema.ordered_metrics(metrics, metrics.keys(), get(record, "headline_metric"))
+    parts += [f"{k} {_num(v)}" for k, v in ordered.items()]
     return "result:     " + ", ".join(parts)
 
 
 def _throughput_line(record: Mapping[str, Any]) -> str:
-    line = f"throughput: {_num(record.get('throughput_samples_per_s'), '.1f')} samples/s"
-    warmup = record.get("timing_warmup_steps")
+    line = f"throughput: {_num(get(record, 'throughput_samples_per_s'), '.1f')} samples/s"
+    warmup = get(record, "timing_warmup_steps")
     if warmup:
         line += f" (first {warmup} steps left out)"
-    stages = record.get("throughput_by_stage") or {}
+    stages = get(record, "throughput_by_stage", default={})
     if stages:
         line += "; by stage: " + ", ".join(f"{k} {_num(v, '.1f')}" for k, v in stages.items())
     return line
 
 
 def _step_time_line(record: Mapping[str, Any]) -> str:
-    st = record.get("step_time_s") or {}
-    return (f"step time:  {_ms(st.get('total'))} ms = compute {_ms(st.get('compute'))} + communication "
-            f"{_ms(st.get('communication'))} + compression {_ms(st.get('compression'))} ms\n"
+    total, compute, communication, compression = (get(record, "step_time_s", part)
+                                                  for part in schema.STEP_TIME_PARTS)
+    return (f"step time:  {_ms(total)} ms = compute {_ms(compute)} + communication {_ms(communication)} + "
+            f"compression {_ms(compression)} ms\n"
             "            (compute: forward+backward calibrated without communication, plus the optimizer step; "
             "communication: the rest, not hidden by compute)")
 
 
 def _bytes_lines(record: Mapping[str, Any]) -> list[str]:
-    intra, inter = record.get("intra_node_bytes_per_step"), record.get("inter_node_bytes_per_step")
+    intra, inter = get(record, "intra_node_bytes_per_step"), get(record, "inter_node_bytes_per_step")
     lines = [f"sent/step:  intra-node {human_bytes(intra)}, inter-node {human_bytes(inter)} per process"]
-    fp32 = record.get("fp32_allreduce_bytes_per_step")
+    fp32 = get(record, "fp32_allreduce_bytes_per_step")
     if fp32 is not None:
-        fp32_inter = record.get("fp32_allreduce_inter_node_bytes_per_step")
+        fp32_inter = get(record, "fp32_allreduce_inter_node_bytes_per_step")
         line = f"fp32 all-reduce would send {human_bytes(fp32)} per process"
         if fp32_inter is not None:
             line += f" ({human_bytes(fp32_inter)} inter-node)"
         ratios = []
         total_ratio = reduction(fp32, (intra or 0.0) + (inter or 0.0))
         if total_ratio is not None:
-            ratios.append(f"{total_ratio:.3g}x less in all")
+            ratios.append(compared(total_ratio, "in all"))
         inter_ratio = reduction(fp32_inter, inter)
         if inter_ratio is not None:
-            ratios.append(f"{inter_ratio:.3g}x less inter-node")
+            ratios.append(compared(inter_ratio, "inter-node"))
         lines.append(f"            {line}" + (f": this run sent {', '.join(ratios)}" if ratios else ""))
-    link = record.get("link_bytes_per_step")
+    link = get(record, "link_bytes_per_step")
     if link:  # emulated clusters: what each node's link really carried (kernel counters, headers included)
         per_node = ", ".join(human_bytes(b) for b in link)
         lines.append(f"            each node's link carried (kernel count): {per_node} per step")
@@ -107,25 +115,23 @@ def _bytes_lines(record: Mapping[str, Any]) -> list[str]:
 
 def format_summary(record: Mapping[str, Any]) -> str:
     """A few lines: what ran, on what data, how it ended, how fast, how well, and what it sent."""
-    cfg = record.get("config") or {}
-    task = record.get("task") or (cfg.get("task") or {}).get("name")
-    optim = record.get("optim") or (cfg.get("optim") or {}).get("name")
+    task = get(record, "task") or get(record, "config", "task", "name")
+    optim = get(record, "optim") or get(record, "config", "optim", "name")
     lines = [f"run:        {task} with {optim} on {_layout(record)}"]
-    data = record.get("data") or (cfg.get("data") or {}).get("source")
+    data = get(record, "data") or get(record, "config", "data", "source")
     if data:
         lines.append(f"data:       {data}")
-    status = record.get("status", "completed")
-    status_line = f"status:     {status}"
-    if record.get("steps") is not None:
+    status_line = f"status:     {get(record, 'status', default='completed')}"
+    if get(record, "steps") is not None:
         status_line += f", {record['steps']} steps"
-    if record.get("samples") is not None:
+    if get(record, "samples") is not None:
         status_line += f", {record['samples']} samples"
-    if record.get("global_batch_size") is not None:
+    if get(record, "global_batch_size") is not None:
         status_line += f" (global batch {record['global_batch_size']})"
     lines.append(status_line)
-    if record.get("error"):
+    if get(record, "error"):
         lines.append(f"error:      {str(record['error']).strip().splitlines()[-1]}")
-    if record.get("throughput_samples_per_s") is None:
+    if get(record, "throughput_samples_per_s") is None:
         return "\n".join(lines)
     lines += [_throughput_line(record), _metrics_line(record), _step_time_line(record), *_bytes_lines(record)]
     return "\n".join(lines)

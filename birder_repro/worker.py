@@ -24,8 +24,8 @@ from omegaconf import DictConfig, OmegaConf
 from birder_repro import config as layout
 from birder_repro import record
 
-__all__ = ["DistEnv", "read_dist_env", "check_layout", "init_process_group", "seed_everything", "optim_config",
-           "build_and_train", "main"]
+__all__ = ["DistEnv", "read_dist_env", "check_world_matches_layout", "init_process_group", "seed_everything",
+           "optim_config", "build_and_train", "main"]
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def read_dist_env(env=os.environ) -> DistEnv:
                    local_world_size=int(env.get("LOCAL_WORLD_SIZE", world)), rendezvous="MASTER_ADDR" in env)
 
 
-def check_layout(cfg: DictConfig, env: DistEnv) -> None:
+def check_world_matches_layout(cfg: DictConfig, env: DistEnv) -> None:
     """The processes torchrun started must be the layout's, with every node's ranks on one machine.
 
     The topology takes node = rank // gpus_per_node; that is a real node only if each machine's processes
@@ -92,21 +92,26 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def optim_config(cfg: DictConfig) -> DictConfig:
-    """The ``optim`` node with the learning rate the optimizer gets (scaled by the global batch, if set)."""
+def optim_config(cfg: DictConfig, total_steps: Optional[int] = None) -> DictConfig:
+    """The ``optim`` node with the learning rate the optimizer gets (scaled by the global batch, if set) and,
+    for optimizers whose schedule is a fraction of the run (1-bit Adam's freeze step), the run's steps."""
     node = OmegaConf.create(OmegaConf.to_container(cfg.optim, resolve=True))
-    node.lr = layout.effective_lr(cfg)
+    node.lr = record.effective_lr(cfg)
+    if "total_steps" in node and total_steps is not None:
+        node.total_steps = total_steps
     return node
 
 
 def build_and_train(cfg: DictConfig, env: DistEnv, device: torch.device, run_dir: Path) -> dict:
     """Topology, task, data, DDP model, optimizer and hook, then the training loop; returns its figures."""
     # Imported here: a worker whose layout check fails reports it without loading models and hooks.
-    from birder_repro import comm, optim, tasks, train
+    from birder_repro import comm, optim, probes, tasks, train
 
     topology = comm.build_topology(int(cfg.gpus_per_node))
     task = tasks.get_task(cfg.task.name)
     data = task.build_data(cfg, env.rank, env.world_size)
+    # The train.* settings, the global batch and the run's steps, once: the optimizer and the loop share them.
+    plan = train.RunPlan.build(cfg, topology.world_size, int(data.train_size))
     seed_everything(int(cfg.seed))  # the same initial weights on every rank (DDP also broadcasts rank 0's)
     model = task.build_model(cfg).to(device)
     # optim.comm.bucket_cap_mb: the compressed hooks' bucket size (DDP's default where the optimizer has none)
@@ -114,25 +119,12 @@ def build_and_train(cfg: DictConfig, env: DistEnv, device: torch.device, run_dir
     ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
                                                     else None, **({"bucket_cap_mb": float(cap)} if cap else {}))
     seed_everything(int(cfg.seed) + env.rank)  # from here on, randomness (augmentation, dropout) differs per rank
-    ocfg = optim_config(cfg)
-    if "total_steps" in ocfg:  # optimizers whose schedule is a fraction of the run (1-bit Adam's freeze step)
-        ocfg.total_steps = train.total_steps(cfg.train.steps, float(cfg.train.epochs), data.train_size,
-                                             layout.global_batch(cfg))
+    ocfg = optim_config(cfg, plan.steps)
     opt = optim.build_optimizer(ddp.parameters(), ocfg)
     hook = comm.attach_comm(optim.get_optim_info(cfg.optim.name).comm, ddp, opt, ocfg, topology)
-    # Emulated clusters (issue 5): each node's kernel link counters over the timed steps. Passed only when
-    # present, so that train() stand-ins in tests need not know the argument.
-    probes = _window_probes(topology)
+    # Emulated clusters: each node's kernel link counters over the timed steps (birder_repro.probes).
     return train.train(cfg, task=task, data=data, model=ddp, optimizer=opt, comm=hook, topology=topology,
-                       device=device, run_dir=run_dir, **({"probes": probes} if probes else {}))
-
-
-def _window_probes(topology) -> list:
-    """Probes of the timed steps this worker's launcher asked for (``BIRDER_LINK_IFACE``: a link to count)."""
-    from birder_repro.launch.emulated import link_probe
-
-    probe = link_probe(topology)
-    return [probe] if probe is not None else []
+                       device=device, run_dir=run_dir, probes=probes.probes_for(topology), plan=plan)
 
 
 def describe_device(device: torch.device) -> str:
@@ -146,7 +138,7 @@ def run_worker(run_dir: Path, env: Optional[DistEnv] = None) -> int:
     fields: dict[str, Any] = {"started": record.now()}
     joined = False
     try:
-        check_layout(cfg, env)
+        check_world_matches_layout(cfg, env)
         device = pick_device(cfg, env)
         fields.update(device=describe_device(device), backend=layout.resolve_backend(cfg, device.type))
         init_process_group(fields["backend"], env, device)

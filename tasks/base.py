@@ -1,7 +1,7 @@
 """The shape every task module has. A reader who knows one task knows them all.
 
 A task module (``tasks/<name>.py``, installed as ``birder_repro.tasks.<name>``) defines a subclass of
-:class:`Task` and registers one instance. The training loop only ever talks to this interface.
+:class:`Task`, which the table in ``tasks/__init__.py`` names. The training loop only talks to this interface.
 """
 
 from __future__ import annotations
@@ -39,18 +39,29 @@ class DatasetNotFound(FileNotFoundError):
         super().__init__(msg)
 
 
+def small_eval_note(keys: str) -> str:
+    """What every synthetic data line says of its evaluation set: small by default, unlike the real one's."""
+    return f"small evaluation set by default: {keys}; the real dataset's is evaluated in full"
+
+
 class Task:
     """Model, data, loss and metric of one experiment of the paper."""
 
     name: str = ""
     baseline: str = "sgdm"  # the optimizer every table compares against
-    metrics: tuple[str, ...] = ()
+    metrics: tuple[str, ...] = ()  # what the evaluation reports: the record's and the tables' columns
+    headline_metric: str = ""  # the one the paper reports first (summaries show it); "": the first of metrics
 
     def build_model(self, cfg) -> nn.Module:
         raise NotImplementedError
 
     def build_data(self, cfg, rank: int, world_size: int) -> TaskData:
         raise NotImplementedError
+
+    def check_data(self, cfg) -> None:
+        """Raise :class:`DatasetNotFound` when the real dataset ``cfg`` names is not there (it only looks; it
+        reads nothing). The CLI calls it for ``data.source=real`` before it launches anything, so that a missing
+        dataset is one line rather than a traceback from every worker. Nothing to check by default."""
 
     def loss(self, model: nn.Module, batch, device: torch.device) -> tuple[torch.Tensor, int]:
         """Training loss of one batch and the number of samples it holds."""

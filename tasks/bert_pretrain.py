@@ -52,7 +52,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from birder_repro.tasks.base import DatasetNotFound, Task, TaskData
+from birder_repro import config as layout
+from birder_repro.tasks.base import DatasetNotFound, Task, TaskData, small_eval_note
 from birder_repro.tasks.bert_common import (SYNTHETIC_SPECIALS, SpecialIds, bert_config, load_tokenizer,
                                             to_device, vocab_size_for)
 from birder_repro.tasks.common import ShardSampler, build_by_source, train_loader
@@ -486,7 +487,7 @@ def build_text(cfg, rank: int, world_size: int) -> TaskData:
 
 def eval_loader(dataset: Dataset, cfg, rank: int, world_size: int) -> DataLoader:
     """This process's evaluation sequences (tasks.common.ShardSampler), ``data.eval_batch_size`` a batch."""
-    workers = int(cfg.data.num_workers)
+    workers = layout.data_workers(cfg)
     return DataLoader(dataset, batch_size=int(cfg.data.eval_batch_size),
                       sampler=ShardSampler(len(dataset), rank, world_size), num_workers=workers,
                       persistent_workers=workers > 0)
@@ -543,7 +544,8 @@ def build_synthetic(cfg, rank: int, world_size: int) -> TaskData:
     loader, sampler = train_loader(train_set, cfg, rank, world_size)
     description = (f"SYNTHETIC pretraining data (data.source=synthetic): random token ids of a fixed random Markov "
                    f"chain, {length} tokens a sequence, {cfg.data.masked_lm_prob:.0%} masked; {len(train_set)} "
-                   f"train / {len(eval_set)} eval sequences, seed {seed}; its losses say nothing about the "
+                   f"train / {len(eval_set)} eval sequences ({small_eval_note('data.synthetic_eval_size')}), "
+                   f"seed {seed}; its losses say nothing about the "
                    f"paper's numbers")
     return TaskData(loader, eval_loader(eval_set, cfg, rank, world_size), len(train_set), description, sampler)
 
@@ -558,12 +560,17 @@ class BertPretrainTask(Task):
     name = "bert_pretrain"
     baseline = "bertadam"
     metrics = ("mlm_loss", "mlm_accuracy", "nsp_accuracy")
+    headline_metric = "mlm_accuracy"
 
     def build_model(self, cfg) -> nn.Module:
         return build_model(cfg)
 
     def build_data(self, cfg, rank: int, world_size: int) -> TaskData:
         return build_by_source(cfg, rank, world_size, {"real": build_text, "synthetic": build_synthetic})
+
+    def check_data(self, cfg) -> None:
+        if not cfg.data.get("hf_name"):  # a datasets corpus is fetched (or found in its cache) by the workers
+            text_files(cfg)
 
     def loss(self, model: nn.Module, batch, device: torch.device) -> tuple[torch.Tensor, int]:
         # The model's own loss: masked-LM cross-entropy over the predicted tokens (+ next-sentence cross-entropy).
@@ -599,6 +606,3 @@ class BertPretrainTask(Task):
 
     def finalize(self, means: dict[str, float]) -> dict[str, float]:
         return {k: (100.0 * v if k.endswith("accuracy") else v) for k, v in means.items()}
-
-
-TASK = BertPretrainTask()

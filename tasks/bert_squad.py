@@ -41,8 +41,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from birder_repro import config as layout
 from birder_repro.tasks import squad_metric
-from birder_repro.tasks.base import DatasetNotFound, Task, TaskData
+from birder_repro.tasks.base import DatasetNotFound, Task, TaskData, small_eval_note
 from birder_repro.tasks.bert_common import (SYNTHETIC_SPECIALS, SpecialIds, bert_config, load_pretrained,
                                             load_tokenizer, tokenizer_source, to_device, vocab_size_for)
 from birder_repro.tasks.common import ShardSampler, build_by_source, train_loader
@@ -131,12 +132,18 @@ def squad_examples(cfg, train: bool) -> tuple[list[Example], str]:
     if cfg.data.get("hf_name"):
         split = "train" if train else "validation"
         return read_squad_hf(str(cfg.data.hf_name), split), f"datasets {cfg.data.hf_name!r} ({split})"
+    path = squad_file(cfg, train)
+    return read_squad_json(path), path
+
+
+def squad_file(cfg, train: bool) -> str:
+    """``<data.root>/train-v1.1.json`` or ``dev-v1.1.json``; a missing file is a :class:`DatasetNotFound`."""
     path = os.path.join(str(cfg.data.root), TRAIN_FILE if train else DEV_FILE)
     if not os.path.isfile(path):
         raise DatasetNotFound(f"SQuAD 1.1 {'training' if train else 'development'} file", path,
                               f"holding {TRAIN_FILE} and {DEV_FILE}, or set data.hf_name=squad to load it "
                               f"through datasets")
-    return read_squad_json(path), path
+    return path
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -264,7 +271,7 @@ def eval_loader(dataset: Dataset, cfg, rank: int, world_size: int) -> DataLoader
 
     Batches hold whole questions, so a cap on evaluation batches (train.eval_max_batches) never splits one.
     """
-    workers = int(cfg.data.num_workers)
+    workers = layout.data_workers(cfg)
     return DataLoader(dataset, batch_size=int(cfg.data.eval_batch_size), collate_fn=CollateEval(Settings.of(cfg)),
                       sampler=ShardSampler(len(dataset), rank, world_size), num_workers=workers,
                       persistent_workers=workers > 0)
@@ -358,7 +365,7 @@ def build_synthetic(cfg, rank: int, world_size: int) -> TaskData:
     loader, sampler = train_loader(train_set, cfg, rank, world_size)
     description = (f"SYNTHETIC SQuAD-shaped data (data.source=synthetic): random token ids, {s.max_seq_length} "
                    f"per window, the answer span marked by two marker tokens; {len(train_set)} train / "
-                   f"{len(eval_set)} eval windows, seed {seed}; exact match and F1 on it are span accuracy, "
+                   f"{len(eval_set)} eval windows ({small_eval_note('data.synthetic_eval_size')}), seed {seed}; exact match and F1 on it are span accuracy, "
                    f"nothing to compare with the paper's numbers")
     return TaskData(loader, eval_loader(eval_set, cfg, rank, world_size), len(train_set), description, sampler)
 
@@ -415,12 +422,18 @@ class BertSquadTask(Task):
     name = "bert_squad"
     baseline = "bertadam"
     metrics = ("exact_match", "f1")
+    headline_metric = "f1"  # Table 2: F1-score, then exact match
 
     def build_model(self, cfg) -> nn.Module:
         return build_model(cfg)
 
     def build_data(self, cfg, rank: int, world_size: int) -> TaskData:
         return build_by_source(cfg, rank, world_size, {"real": build_squad, "synthetic": build_synthetic})
+
+    def check_data(self, cfg) -> None:
+        if not cfg.data.get("hf_name"):  # a datasets corpus is fetched (or found in its cache) by the workers
+            for train in (True, False):
+                squad_file(cfg, train)
 
     def loss(self, model: nn.Module, batch, device: torch.device) -> tuple[torch.Tensor, int]:
         out = model(**to_device(batch, device, (*MODEL_INPUTS, "start_positions", "end_positions")))
@@ -444,6 +457,3 @@ class BertSquadTask(Task):
 
     def finalize(self, means: dict[str, float]) -> dict[str, float]:
         return {k: (100.0 * v if k in self.metrics else v) for k, v in means.items()}
-
-
-TASK = BertSquadTask()

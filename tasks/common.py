@@ -18,11 +18,12 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
 from torchvision import datasets, transforms
 
-from birder_repro.tasks.base import DatasetNotFound, Task, TaskData
+from birder_repro import config as layout
+from birder_repro.tasks.base import DatasetNotFound, Task, TaskData, small_eval_note
 
 __all__ = ["pick_size", "build_by_source", "ShardSampler", "train_loader", "eval_loader", "SyntheticImages",
            "synthetic_description", "IMAGENET_MEAN", "IMAGENET_STD", "imagenet_transform", "imagenet_folder",
-           "build_imagenet", "build_imagenet_synthetic", "topk_correct", "ClassificationTask", "num_parameters",
+           "check_imagenet", "build_imagenet", "build_imagenet_synthetic", "topk_correct", "ClassificationTask", "num_parameters",
            "check_labels_fit"]
 
 # --------------------------------------------------------------------------------------------------------------
@@ -68,7 +69,7 @@ class ShardSampler(Sampler[int]):
 
 
 def _loader_kwargs(cfg) -> dict:
-    workers = int(cfg.data.num_workers)
+    workers = layout.data_workers(cfg)
     # Pinned host memory only helps copies to a GPU; persistent workers spare a re-spawn every epoch.
     return dict(num_workers=workers, pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0)
 
@@ -138,8 +139,9 @@ class SyntheticImages(Dataset):
 
 def synthetic_description(what: str, cfg, train_size: int, eval_size: int) -> str:
     """The line printed at the start of a synthetic run: it must never be mistaken for real data."""
-    return (f"SYNTHETIC data (data.source=synthetic): {what}, {train_size} train / {eval_size} eval samples, "
-            f"seed {cfg.seed}; its accuracy says nothing about the real dataset's")
+    return (f"SYNTHETIC data (data.source=synthetic): {what}, {train_size} train / {eval_size} eval samples "
+            f"({small_eval_note('data.synthetic_eval_size')}), seed {cfg.seed}; its accuracy says nothing about "
+            "the real dataset's")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -167,12 +169,23 @@ def imagenet_folder(cfg, split: str) -> datasets.ImageFolder:
 
     The validation images must be sorted into class folders as well (the usual ``valprep.sh`` layout).
     """
-    path = os.path.join(cfg.data.root, split)
-    if not os.path.isdir(path):
-        raise DatasetNotFound(f"ImageNet {split} images (<data.root>/{split}/<class>/*.JPEG)", path)
+    path = _imagenet_split(cfg, split)
     folder = datasets.ImageFolder(path, transform=imagenet_transform(split == "train", int(cfg.data.image_size)))
     check_labels_fit(len(folder.classes), cfg, path)
     return folder
+
+
+def _imagenet_split(cfg, split: str) -> str:
+    path = os.path.join(cfg.data.root, split)
+    if not os.path.isdir(path):
+        raise DatasetNotFound(f"ImageNet {split} images (<data.root>/{split}/<class>/*.JPEG)", path)
+    return path
+
+
+def check_imagenet(cfg) -> None:
+    """The train and val folders are there (:meth:`Task.check_data` of the ImageNet tasks)."""
+    for split in ("train", "val"):
+        _imagenet_split(cfg, split)
 
 
 def build_imagenet(cfg, rank: int, world_size: int) -> TaskData:

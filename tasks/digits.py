@@ -146,12 +146,10 @@ class DigitsTask(ClassificationTask):
     name = "digits"
     baseline = "sgdm"
     metrics = ("top1",)
+    headline_metric = "top1"
 
     def build_model(self, cfg) -> nn.Module:
         return DigitsCNN(pick_size(cfg.model.size, SIZES), int(cfg.model.num_classes))
 
     def build_data(self, cfg, rank: int, world_size: int) -> TaskData:
         return build_by_source(cfg, rank, world_size, {"real": build_real, "synthetic": build_synthetic})
-
-
-TASK = DigitsTask()

@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from birder_repro.tasks.base import DatasetNotFound, Task, TaskData
+from birder_repro.tasks.base import DatasetNotFound, Task, TaskData, small_eval_note
 from birder_repro.tasks.common import build_by_source, pick_size
 
 EOS = "<eos>"
@@ -417,8 +417,9 @@ def build_ptb(cfg, rank: int, world_size: int) -> TaskData:
 
 def build_synthetic(cfg, rank: int, world_size: int) -> TaskData:
     what = (f"SYNTHETIC token streams (data.source=synthetic): a fixed random Markov chain over "
-            f"{cfg.model.vocab_size} words, {cfg.data.synthetic_successors} successors each, seed {cfg.seed}; "
-            f"perplexity on it says nothing about the paper's numbers")
+            f"{cfg.model.vocab_size} words, {cfg.data.synthetic_successors} successors each, seed {cfg.seed} "
+            f"({small_eval_note('data.synthetic_valid_tokens, data.synthetic_test_tokens')}); perplexity on it "
+            "says nothing about the paper's numbers")
     return streams_to_data(synthetic_streams(cfg), cfg, rank, world_size, what)
 
 
@@ -436,12 +437,17 @@ class LSTMPTBTask(Task):
     name = "lstm_ptb"
     baseline = "sgdm"
     metrics = ("perplexity", "val_perplexity")
+    headline_metric = "perplexity"  # on the test split
 
     def build_model(self, cfg) -> nn.Module:
         return lstm_lm(int(cfg.model.vocab_size), cfg.model.size, Regularization.from_cfg(cfg.model))
 
     def build_data(self, cfg, rank: int, world_size: int) -> TaskData:
         return build_by_source(cfg, rank, world_size, {"real": build_ptb, "synthetic": build_synthetic})
+
+    def check_data(self, cfg) -> None:
+        for split in SPLITS:
+            ptb_path(cfg, split)
 
     def loss(self, model: nn.Module, batch: Window, device: torch.device) -> tuple[torch.Tensor, int]:
         lm = _bare(model)
@@ -481,8 +487,6 @@ def perplexity(mean_nll: float) -> float:
     return math.exp(mean_nll) if mean_nll < 709.0 else math.inf
 
 
-TASK = LSTMPTBTask()
-
 __all__ = ["SIZES", "LSTMSize", "Regularization", "AWDLSTM", "lstm_lm", "Window", "shard", "batchify",
            "BPTTWindows", "EvalWindows", "Vocabulary", "read_words", "load_ptb", "markov_chain", "markov_stream",
-           "HiddenCarry", "LSTMPTBTask", "perplexity", "TASK"]
+           "HiddenCarry", "LSTMPTBTask", "perplexity"]

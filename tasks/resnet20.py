@@ -143,14 +143,20 @@ def _download_once(cfg, rank: int) -> None:
         dist.barrier()
 
 
-def real_cifar100(cfg, train: bool) -> datasets.CIFAR100:
-    """The CIFAR-100 split from ``data.root``; a missing file is a :class:`DatasetNotFound` naming it."""
+def check_cifar100_files(cfg, splits=("train", "test")) -> str:
+    """The folder of CIFAR-100's files under ``data.root``; a missing file is a :class:`DatasetNotFound`."""
     folder = os.path.join(cfg.data.root, datasets.CIFAR100.base_folder)
-    for name in ("train" if train else "test", "meta"):
+    for name in (*splits, "meta"):
         path = os.path.join(folder, name)
         if not os.path.isfile(path):
             raise DatasetNotFound("CIFAR-100 (torchvision's cifar-100-python format)", path,
                                   "or set data.download=true where there is a network")
+    return folder
+
+
+def real_cifar100(cfg, train: bool) -> datasets.CIFAR100:
+    """The CIFAR-100 split from ``data.root``; a missing file is a :class:`DatasetNotFound` naming it."""
+    folder = check_cifar100_files(cfg, ("train" if train else "test",))
     cls = datasets.CIFAR100 if cfg.data.check_md5 else _CIFAR100Unverified
     try:
         dataset = cls(root=cfg.data.root, train=train, transform=cifar100_transform(train, cfg.data.augment))
@@ -193,6 +199,7 @@ class ResNet20Task(ClassificationTask):
     name = "resnet20"
     baseline = "sgdm"
     metrics = ("top1", "top5")
+    headline_metric = "top1"
 
     def build_model(self, cfg) -> nn.Module:
         return resnet20(int(cfg.model.num_classes), cfg.model.size)
@@ -200,5 +207,6 @@ class ResNet20Task(ClassificationTask):
     def build_data(self, cfg, rank: int, world_size: int) -> TaskData:
         return build_by_source(cfg, rank, world_size, {"real": build_cifar100, "synthetic": build_synthetic})
 
-
-TASK = ResNet20Task()
+    def check_data(self, cfg) -> None:
+        if not cfg.data.download:  # otherwise torchvision fetches what is missing
+            check_cifar100_files(cfg)

@@ -22,7 +22,7 @@ from torchvision.models.resnet import BasicBlock, ResNet
 
 from birder_repro.tasks.base import TaskData
 from birder_repro.tasks.common import (ClassificationTask, build_by_source, build_imagenet,
-                                       build_imagenet_synthetic, pick_size)
+                                       build_imagenet_synthetic, check_imagenet, pick_size)
 
 
 def _resnet10(num_classes: int) -> ResNet:
@@ -44,6 +44,7 @@ class ResNet50Task(ClassificationTask):
     name = "resnet50"
     baseline = "sgdm"
     metrics = ("top1", "top5")
+    headline_metric = "top1"
 
     def build_model(self, cfg) -> nn.Module:
         return pick_size(cfg.model.size, SIZES)(int(cfg.model.num_classes))
@@ -52,5 +53,5 @@ class ResNet50Task(ClassificationTask):
         return build_by_source(cfg, rank, world_size,
                                {"real": build_imagenet, "synthetic": build_imagenet_synthetic})
 
-
-TASK = ResNet50Task()
+    def check_data(self, cfg) -> None:
+        check_imagenet(cfg)

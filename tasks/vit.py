@@ -42,7 +42,7 @@ from torchvision.transforms import v2
 
 from birder_repro.tasks.base import TaskData
 from birder_repro.tasks.common import (IMAGENET_MEAN, IMAGENET_STD, ClassificationTask, build_by_source,
-                                       build_imagenet, build_imagenet_synthetic, pick_size)
+                                       build_imagenet, build_imagenet_synthetic, check_imagenet, pick_size)
 
 # torchvision's RandAugment magnitude for --auto-augment ra (train.py --ra-magnitude default).
 RA_MAGNITUDE = 9
@@ -165,6 +165,7 @@ class ViTTask(ClassificationTask):
     name = "vit"
     baseline = "adamw"  # torchvision's recipe is AdamW's; appendix B.3 tunes SGD and SGDM against it
     metrics = ("top1", "top5")
+    headline_metric = "top1"
 
     def build_model(self, cfg) -> nn.Module:
         return pick_size(cfg.model.size, SIZES)(int(cfg.model.num_classes), int(cfg.data.image_size))
@@ -172,8 +173,9 @@ class ViTTask(ClassificationTask):
     def build_data(self, cfg, rank: int, world_size: int) -> TaskData:
         return build_by_source(cfg, rank, world_size, {"real": build_real, "synthetic": build_synthetic})
 
+    def check_data(self, cfg) -> None:
+        check_imagenet(cfg)
 
-TASK = ViTTask()
 
 __all__ = ["SIZES", "RA_MAGNITUDE", "vit_train_transform", "SoftTargets", "MappedBatches", "soft_targets",
-           "with_recipe", "ViTTask", "TASK"]
+           "with_recipe", "ViTTask"]

@@ -85,6 +85,33 @@ def test_a_failed_cell_of_a_sweep_does_not_stop_the_others(runs_dir):
     assert all(d.parent.parent.name == "multirun" for d in run_dirs(runs_dir))
 
 
+def test_a_missing_dataset_is_one_line_before_anything_starts(runs_dir):
+    out = birder_repro("task=resnet50", "logger=none", f"data.root={runs_dir / 'no-imagenet'}")
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr + out.stdout and "torch.distributed.run" not in out.stdout
+    message = f"ImageNet train images (<data.root>/train/<class>/*.JPEG) not found at '{runs_dir / 'no-imagenet'}"
+    assert out.stderr.splitlines()[0] == f"[birder-repro] {message}/train'. Point data.root=<dir> at a copy, " \
+        "or run on synthetic data with data.source=synthetic."
+    (run_dir,) = run_dirs(runs_dir)
+    rec = record.read_record(run_dir)
+    assert rec["status"] == "failed" and rec["error"].startswith(message)
+    assert not (run_dir / record.LOG_FILE).exists()  # no worker was started
+
+
+def test_a_dry_run_only_warns_of_a_missing_dataset(runs_dir):
+    out = birder_repro("task=lstm_ptb", "logger=none", f"data.root={runs_dir / 'no-ptb'}", "dry_run=true")
+    assert out.returncode == 0, out.stderr
+    assert "warning" in out.stderr and "ptb.train.txt" in out.stderr and "torch.distributed.run" in out.stdout
+
+
+def test_a_value_of_the_wrong_type_is_a_config_error_line_not_a_traceback(runs_dir):
+    out = birder_repro("optim.lr=abc", "logger=none")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.splitlines()[0].startswith("[birder-repro] config error: optim.lr='abc': use a number")
+    (path,) = runs_dir.rglob(record.RECORD_FILE)
+    assert "optim.lr='abc'" in record.read_record(path.parent)["error"]
+
+
 # ------------------------------------------------------------------------------------ run() in-process
 def test_local_layout_too_large_is_refused_with_what_to_do(compose, capsys):
     cfg = compose(["nodes=8", "gpus_per_node=8", "launcher=local", "launcher.max_local_processes=8"])
@@ -195,7 +222,7 @@ def test_worker_writes_a_completed_record_from_the_training_result(compose, tmp_
     run_dir = _run_dir(compose, tmp_path, ["nodes=1", "gpus_per_node=1"])
     seen = {}
 
-    def fake_train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir):
+    def fake_train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir, **_):
         seen.update(lr=optimizer.param_groups[0]["lr"], world=topology.world_size, ddp=type(model).__name__)
         return {"steps": 3, "samples": 24, "throughput_samples_per_s": 10.0, "throughput_by_stage": {},
                 "step_time_s": {"total": 1.0, "compute": 0.5, "communication": 0.3, "compression": 0.2},

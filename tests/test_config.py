@@ -162,3 +162,64 @@ def test_the_readme_overrides_work_for_every_task(task):
                           "data.root=/nowhere", "model.size=tiny"])
     assert (cfg.train.steps, cfg.train.batch_size, cfg.data.source, cfg.data.root, cfg.model.size) == \
         (3, 2, "synthetic", "/nowhere", "tiny")
+
+
+# ------------------------------------------------------------------------- a value of the wrong type
+@pytest.mark.parametrize("override,message", [
+    ("optim.lr=abc", "optim.lr='abc': use a number"),
+    ("optim.beta=abc", "optim.beta='abc': use a number"),
+    ("train.eval=yes", "train.eval='yes': use true or false"),
+    ("train.schedule.milestones=0.5", "train.schedule.milestones=0.5: use a list"),
+    ("train=3", "train=3: it is a section"),
+    ("data.root=[a,b]", "data.root=['a', 'b']: use a single value"),
+])
+def test_a_value_of_the_wrong_type_is_one_error_naming_the_key(override, message):
+    from birder_repro import cli
+
+    cfg = compose_config([override], hydra_config=True)
+    with pytest.raises(layout.ConfigError) as err:
+        layout.validate(cfg, cli.reference_configs(cfg))
+    assert str(err.value).startswith(message)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["optim.lr=1"],                                   # an int where the default is a float
+    ["train.grad_clip=null", "task=vit"],             # null: "not set", anywhere
+    ["gpus_per_node=auto", "experiment=table1"],      # the experiment's 8 replaces config.yaml's auto
+    ["data.root=123"], ["+train.extra=abc"],          # text takes any single value; added keys are not checked
+])
+def test_values_of_the_right_kind_pass_the_type_check(overrides):
+    from birder_repro import cli
+
+    cfg = compose_config(overrides, hydra_config=True)
+    layout.validate(cfg, cli.reference_configs(cfg))
+
+
+def test_the_type_check_needs_no_hydra_node():
+    """A config composed elsewhere (no hydra node) is checked against its group options' names."""
+    from birder_repro import cli
+
+    cfg = compose_config(["task=lstm_ptb", "data.bptt=long"])
+    with pytest.raises(layout.ConfigError, match=r"data\.bptt='long': use a number"):
+        layout.validate(cfg, cli.reference_configs(cfg))
+
+
+# ------------------------------------------------------------------------------- data loader processes
+@pytest.mark.parametrize("cores,local,workers", [(2, 2, 0), (2, 1, 1), (1, 1, 0), (16, 2, 7), (96, 1, 8), (8, 16, 0)])
+def test_auto_data_workers_share_out_the_cores_of_the_machine(cores, local, workers):
+    assert layout.auto_data_workers(cores, local) == workers
+
+
+def test_data_workers_auto_reads_this_machines_processes_and_a_number_wins(compose, monkeypatch):
+    monkeypatch.setattr(layout, "cpu_count", lambda: 16)
+    cfg = compose(["task=resnet50"])
+    assert cfg.data.num_workers == "auto"
+    assert layout.data_workers(cfg, env={"LOCAL_WORLD_SIZE": "4"}) == 3
+    assert layout.data_workers(cfg, env={}) == 8
+    assert layout.data_workers(compose(["task=resnet50", "data.num_workers=5"]), env={"LOCAL_WORLD_SIZE": "4"}) == 5
+
+
+@pytest.mark.parametrize("value", ["-1", "many", "1.5"])
+def test_data_workers_must_be_auto_or_a_whole_number(compose, value):
+    with pytest.raises(layout.ConfigError, match=r"data\.num_workers="):
+        layout.validate(compose(["task=resnet50", f"data.num_workers={value}"]))

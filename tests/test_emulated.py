@@ -1,5 +1,5 @@
-"""cluster=emulated: the fabric's plan and commands, the node commands, the link counters as a probe of the
-training loop, and (as root, with iproute2) real namespaces: shaped links, counted bytes, and nothing of ours
+"""cluster=emulated: the fabric's plan and commands, the node commands (the link counters as a probe of the
+training loop: tests/test_probes.py), and (as root, with iproute2) real namespaces: shaped links, counted bytes, and nothing of ours
 left after a run that ends, fails, is stopped, or is killed with SIGKILL and followed by another run.
 
 The fast tests that make namespaces run trivial node commands in them (a Python one-liner instead of
@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -20,17 +21,12 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from birder_repro import cli, record
 from birder_repro import config as layout
-from birder_repro.comm.topology import Topology
 from birder_repro.launch import choose_launcher, emulated, netns
 from birder_repro.launch.process import Command
-from birder_repro.train import train
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_train import BlobsTask, blobs_data, make_config, tiny_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
@@ -151,59 +147,6 @@ def test_read_counters_from_sysfs_and_snmp(tmp_path):
                                                                      "retrans_segs": 7}
 
 
-class CountingTask(BlobsTask):
-    """Counts forward passes and evaluations, so that a probe can tell where in the run it is called."""
-
-    def __init__(self):
-        self.losses = self.evaluations = 0
-
-    def loss(self, model, batch, device):
-        self.losses += 1
-        return super().loss(model, batch, device)
-
-    def evaluate(self, model, loader, device):
-        self.evaluations += 1
-        return super().evaluate(model, loader, device)
-
-
-class RecordingProbe:
-    def __init__(self, task):
-        self.task, self.calls = task, []
-
-    def start(self):
-        self.calls.append(("start", self.task.losses, self.task.evaluations))
-
-    def stop(self, timed_steps):
-        self.calls.append(("stop", self.task.losses, self.task.evaluations, timed_steps))
-        return {"link_bytes_per_step": [1.0]}
-
-
-def test_probes_cover_exactly_the_timed_steps(tmp_path):
-    torch.manual_seed(0)
-    task, model = CountingTask(), tiny_model()
-    probe = RecordingProbe(task)
-    rec = train(make_config(tmp_path, steps=7, timing_warmup_steps=2, compute_calibration_passes=3),
-                task=task, data=blobs_data(0, 1, 16), model=model,
-                optimizer=torch.optim.SGD(model.parameters(), lr=0.2), comm=None,
-                topology=Topology(rank=0, world_size=1, gpus_per_node=1), device=torch.device("cpu"),
-                run_dir=tmp_path, probes=[probe])
-    # start: after the 2 warm-up steps and the 3 calibration passes; stop: after all 7 steps, before evaluation.
-    assert probe.calls == [("start", 2 + 3, 0), ("stop", 7 + 3, 0, 5)]
-    assert task.evaluations == 1 and rec["link_bytes_per_step"] == [1.0] and rec["timed_steps"] == 5
-
-
-def test_link_counters_per_step_in_node_order(monkeypatch):
-    readings = iter([{"tx_bytes": 1000, "tx_packets": 10, "retrans_segs": 0},
-                     {"tx_bytes": 5000, "tx_packets": 30, "retrans_segs": 2}])
-    monkeypatch.setattr(netns, "read_counters", lambda iface: next(readings))
-    probe = emulated.link_probe(Topology(rank=0, world_size=1, gpus_per_node=1), {emulated.LINK_IFACE_ENV: "v0"})
-    probe.start()
-    out = probe.stop(timed_steps=4)
-    assert out["link_bytes_per_step"] == [1000.0] and out["link_packets_per_step"] == [5.0]
-    assert out["link_tcp_retransmits_per_step"] == [0.5] and out["link_interfaces"] == ["v0"]
-    assert emulated.link_probe(Topology(rank=0, world_size=1, gpus_per_node=1), {}) is None
-
-
 # ---------------------------------------------------------------------------------- running the nodes
 def test_a_failed_node_stops_the_others_and_its_code_is_returned(tmp_path, capsys):
     py = sys.executable
@@ -260,6 +203,40 @@ def wait_for_fabric(before: set[str], timeout_s: float = 60) -> str:
                 return run_id
         time.sleep(0.2)
     raise AssertionError("no fabric appeared")
+
+
+def test_hosts_file_names_every_node_in_ipv4_and_ipv4_mapped_ipv6_form():
+    fabric = netns.plan_fabric(2, "10.77.0.0/24", netns.Shaping(None), run_id="a1b2c3")
+    lines = set(netns.hosts_file(fabric, fabric.nodes[1], "vm").splitlines())
+    for address, name in [("127.0.0.1", "localhost"), ("10.77.0.2", "vm"), ("10.77.0.1", "bdrp-a1b2c3-0"),
+                          ("10.77.0.2", "bdrp-a1b2c3-1")]:
+        assert {f"{address} {name}", f"::ffff:{address} {name}"} <= lines
+    assert "::1 localhost" in lines
+
+
+@needs_netns
+def test_namespaces_name_their_nodes_without_dns():
+    """c10d names the clients of its dual-stack store with getnameinfo (IPv4-mapped IPv6 addresses): each
+    namespace's hosts file answers, so nothing asks a DNS server the namespace cannot reach (EAI_AGAIN, and
+    c10d's "hostname of the client socket cannot be retrieved" warning)."""
+    fabric = netns.plan_fabric(2, "10.77.0.0/24", netns.Shaping(None))
+    netns.clean_stale()
+    netns.create(fabric)
+    try:
+        for node in fabric.nodes:
+            out = subprocess.run(["ip", "netns", "exec", node.netns, sys.executable, "-c", textwrap.dedent(f"""
+                import socket
+                for a in ("{fabric.nodes[0].address}", "{fabric.nodes[1].address}", "127.0.0.1"):
+                    print(socket.getnameinfo((a, 0), 0)[0], socket.getnameinfo(("::ffff:" + a, 0, 0, 0), 0)[0])
+                print(socket.getnameinfo(("::1", 0, 0, 0), 0)[0])""")], capture_output=True, text=True, timeout=30)
+            assert out.returncode == 0, out.stderr
+            names = [fabric.nodes[0].netns, fabric.nodes[1].netns]
+            names[node.index] = socket.gethostname()  # each node's own address is this machine's name there
+            assert out.stdout.split() == [n for n in names for _ in (0, 1)] + ["localhost"] * 3
+    finally:
+        assert netns.destroy(fabric) == []
+    assert ours(fabric.run_id) == set()
+    assert not any((netns.NETNS_ETC / ns).exists() for ns in fabric.namespaces)
 
 
 @needs_netns
@@ -409,13 +386,14 @@ def test_emulated_run_counts_the_bytes_the_hook_sends(compose, runs_dir, optim):
 @pytest.mark.slow
 @needs_netns
 def test_an_emulated_sweep_records_a_failed_cell_and_runs_the_others(runs_dir):
-    """One cell fails in its workers (no such dataset), the other completes; both recorded, nothing left."""
-    out = birder_repro("-m", "cluster=emulated", "nodes=2", *TINY, "train.steps=4", "data.source=real,synthetic",
-                       f"data.root={runs_dir / 'no-such-dataset'}")
+    """One cell fails in its workers (no such checkpoint to resume from), the other completes; both recorded,
+    nothing left. (A missing dataset would not do: the CLI refuses it before it makes any namespace.)"""
+    out = birder_repro("-m", "cluster=emulated", "nodes=2", *TINY, "train.steps=4",
+                       f"train.resume=null,{runs_dir / 'no-such-run' / 'checkpoint.pt'}")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     recs = records(runs_dir)
-    assert [r["status"] for r in recs] == ["failed", "completed"]
-    assert "no-such-dataset" in recs[0]["error"]
+    assert [r["status"] for r in recs] == ["completed", "failed"]
+    assert "no-such-run" in recs[1]["error"]
     for r in recs:
         info = json.loads((Path(r["run_dir"]) / emulated.INFO_FILE).read_text())
         assert info["left_after_removal"] == [] and ours(info["run_id"]) == set()

@@ -221,6 +221,28 @@ def test_emulated_link_bytes_column_appears_when_present(tmp_path):
     assert "link MB/step/node" not in tables.display_frame(cells[cells["optim"] == "sgdm"], "whole")
 
 
+def test_each_tasks_own_metrics_become_columns(tmp_path):
+    pretrain = make_record("birder", 1, 1, 10.0, task="bert_pretrain", baseline="bertadam")
+    pretrain["headline_metric"] = "mlm_accuracy"
+    pretrain["metrics"] = {"mlm_accuracy": 12.5, "mlm_loss": 6.1, "nsp_accuracy": 50.0, "loss": 6.3}
+    lstm = make_record("sgdm", 1, 1, 10.0, task="lstm_ptb")
+    lstm["metrics"] = {"perplexity": 400.0, "val_perplexity": 420.0, "loss": 6.0}
+    root = write_runs(tmp_path / "runs", [pretrain, lstm, make_record("sgdm", 1, 1, 10.0)])
+    frame = load_frame(root)
+    assert frame.attrs["metric_columns"] == ["mlm_accuracy", "mlm_loss", "nsp_accuracy", "perplexity",
+                                             "val_perplexity", "top1", "loss"]
+    main(["--runs", str(root), "--out", str(tmp_path / "out"), "--figures", str(tmp_path / "f")])
+    line = next(x for x in (tmp_path / "out" / "bert_pretrain.md").read_text().splitlines() if "| optimizer" in x)
+    header = [cell.strip() for cell in line.split("|")]
+    at = header.index("MLM acc.")
+    assert header[at:at + 4] == ["MLM acc.", "MLM loss", "NSP acc.", "train loss"] and "top-1" not in header
+    assert "val ppl" in (tmp_path / "out" / "lstm_ptb.md").read_text()
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "MLM acc. 12.5" in summary and "ppl 400" in summary and "top-1 75" in summary
+    csv = pd.read_csv(tmp_path / "out" / "bert_pretrain.csv")
+    assert csv.loc[0, "mlm_accuracy"] == 12.5 and csv.loc[0, "headline_metric"] == "mlm_accuracy"
+
+
 def test_no_records_writes_nothing(tmp_path, capsys):
     out = tmp_path / "tables"
     assert main(["--runs", str(tmp_path / "empty"), "--out", str(out)]) == 0

@@ -307,6 +307,26 @@ def test_stage_of_method_or_none():
     assert stage_of(CommStats(), 3) is None
 
 
+def test_progress_is_a_plain_line_per_interval_where_output_is_not_a_terminal():
+    import io
+
+    from birder_repro.train.progress import Progress
+
+    out = io.StringIO()
+    progress = Progress(steps=20, start_step=0, enabled=True, interactive=False, stream=out)
+    assert progress.bar is None
+    for _ in range(10):
+        progress.step()
+    progress.interval(10, 0, 1.23456, 99.9, 0.1, "warmup")
+    progress.close()
+    (line,) = out.getvalue().splitlines()
+    assert "\r" not in out.getvalue() and line.startswith("train: step 10/20 (50%), epoch 0, loss 1.2346")
+    assert "99.9 samples/s" in line and "stage warmup" in line
+    silent = io.StringIO()
+    Progress(steps=20, start_step=0, enabled=False, interactive=False, stream=silent).interval(1, 0, 1, 1, 1, None)
+    assert silent.getvalue() == ""
+
+
 def test_wandb_mode_follows_key_and_environment():
     assert wandb_mode(None, {}) == "offline"
     assert wandb_mode(None, {"WANDB_API_KEY": "x"}) == "online"
@@ -346,7 +366,7 @@ SAMPLE_RECORD = {
     "intra_node_bytes_per_step": 0.0, "inter_node_bytes_per_step": 34_000.0,
     "fp32_allreduce_bytes_per_step": 1_088_000.0, "fp32_allreduce_inter_node_bytes_per_step": 1_088_000.0,
     "final_loss": 2.5, "loss_definition": "mean training loss over the last 15 steps, all processes",
-    "metrics": {"loss": 2.5, "top5": 40.0, "top1": 12.5},
+    "headline_metric": "top1", "metrics": {"loss": 2.5, "top5": 40.0, "top1": 12.5},
 }
 
 
@@ -368,6 +388,14 @@ def test_format_summary_by_stage_and_of_a_failed_run():
               "error": "Traceback ...\nValueError: boom"}
     text = format_summary(failed)
     assert "failed" in text and "ValueError: boom" in text and "throughput" not in text
+
+
+def test_summary_says_an_uncompressed_run_sent_what_fp32_sends():
+    same = dict(SAMPLE_RECORD, intra_node_bytes_per_step=0.0, inter_node_bytes_per_step=1_088_000.0)
+    text = format_summary(same)
+    assert "this run sent the same as fp32 in all, the same as fp32 inter-node" in text and "1x" not in text
+    more = dict(SAMPLE_RECORD, inter_node_bytes_per_step=2_176_000.0)
+    assert "2x more inter-node" in format_summary(more)
 
 
 def test_human_bytes():

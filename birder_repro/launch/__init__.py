@@ -19,7 +19,7 @@ from birder_repro import record
 from birder_repro.launch import emulated, local, slurm, slurm_env, torchrun
 from birder_repro.launch.process import Command, log_tail, run_streaming
 
-__all__ = ["choose_launcher", "plan", "launch", "format_dry_run", "Command", "log_tail"]
+__all__ = ["choose_launcher", "check", "plan", "launch", "format_dry_run", "Command", "log_tail"]
 
 
 def choose_launcher(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> str:
@@ -32,6 +32,21 @@ def choose_launcher(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> str
     if name != "auto":
         return name
     return "torchrun" if slurm_env.allocation_nodes(env) > 1 else "local"
+
+
+def check(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> None:
+    """The chosen launcher's refusals (:class:`ConfigError`), without starting anything: the CLI checks them,
+    then the data, then launches (which checks them again, cheaply)."""
+    name = choose_launcher(cfg, env)
+    if name == "local":
+        local.check_fits_this_machine(cfg)
+    elif name == "torchrun":
+        torchrun.check_slurm_layout(cfg, env)
+        torchrun.node_rank(cfg, env)
+    elif name == "emulated":
+        emulated.check_config(cfg)
+    elif name == "slurm":
+        slurm.check_config(cfg)
 
 
 def plan(cfg: DictConfig, run_dir: Path, env: Mapping[str, str] = os.environ) -> tuple[str, list[Command], int]:

@@ -15,8 +15,8 @@ shares) and, with the c10d rendezvous, ``--rdzv-conf=is_host=...`` (torchrun rec
 its host name, which resolves to no namespace's address).
 
 Real bytes: the launcher sets ``BIRDER_LINK_IFACE`` for each node; the worker on each node's local rank 0 reads
-that interface's kernel counters at the start and the end of the timed steps (:class:`LinkCounters`, a probe
-of ``birder_repro.train.train``), and the record gets ``link_bytes_per_step``: one figure per node.
+that interface's kernel counters at the start and the end of the timed steps (``birder_repro.probes``, a probe
+of the training loop), and the record gets ``link_bytes_per_step``: one figure per node.
 
 The fabric is removed when the run ends, fails, or is stopped with SIGINT or SIGTERM; one left by a run killed
 with SIGKILL is removed by the next emulated run (netns.clean_stale).
@@ -43,15 +43,14 @@ from birder_repro import config as layout
 from birder_repro import record
 from birder_repro.launch import local, netns
 from birder_repro.launch.process import Command
+from birder_repro.launch.torchrun import Rendezvous, torchrun_argv
+from birder_repro.probes import LINK_IFACE_ENV  # the interface whose counters a node's local rank 0 reads
 
 __all__ = ["CLUSTER", "LINK_IFACE_ENV", "INFO_FILE", "is_emulated", "check_launcher", "check_config",
-           "shaping", "fabric_for", "node_command", "commands", "format_dry_run", "launch", "LinkCounters",
-           "link_probe"]
+           "shaping", "fabric_for", "node_command", "commands", "format_dry_run", "launch"]
 
 CLUSTER = "emulated"
-LINK_IFACE_ENV = "BIRDER_LINK_IFACE"  # the interface whose counters a node's local rank 0 reads
 INFO_FILE = "emulated.json"  # in the run directory: the fabric, its commands and whole-run link bytes
-WORKER = ["-m", "birder_repro.worker"]
 STOP_GRACE_S = 20.0  # after one node fails, how long the others get to notice before they are stopped
 STOP_TIMEOUT_S = 30.0
 SIGNAL_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}  # the shell's codes for a command stopped by them
@@ -89,7 +88,7 @@ def check_config(cfg: DictConfig) -> None:
                                  "device=cpu (or auto) and cluster.backend=gloo")
     if not 1 <= int(cfg.nodes) <= netns.MAX_NODES:
         raise layout.ConfigError(f"nodes={cfg.nodes}: an emulated cluster has 1 to {netns.MAX_NODES} nodes")
-    local.check_layout(cfg)  # every process of every node runs on this machine
+    local.check_fits_this_machine(cfg)  # every process of every node runs on this machine
 
 
 def shaping(cfg: DictConfig) -> netns.Shaping:
@@ -114,14 +113,13 @@ def node_command(cfg: DictConfig, run_dir: Path, fabric: netns.Fabric, k: int,
     """What node ``k`` runs: torchrun for its processes, inside its namespace, bound to its veth."""
     node = fabric.nodes[k]
     backend = cfg.launcher.get("rdzv_backend") or "c10d"
-    argv = ["ip", "netns", "exec", node.netns, sys.executable, "-m", "torch.distributed.run",
-            f"--nnodes={cfg.nodes}", f"--nproc-per-node={cfg.gpus_per_node}", f"--rdzv-backend={backend}",
-            f"--rdzv-endpoint={fabric.nodes[0].address}:{cfg.launcher.master_port}",
-            f"--rdzv-id={cfg.launcher.get('rdzv_id') or 'emulated-' + fabric.run_id}",
-            f"--local-addr={node.address}"]
+    meet = Rendezvous(backend, f"{fabric.nodes[0].address}:{cfg.launcher.master_port}",
+                      cfg.launcher.get("rdzv_id") or f"emulated-{fabric.run_id}")
     # static: node k is namespace k; c10d: ranks by join order, and node 0 must be told it hosts the store.
-    argv.append(f"--node-rank={k}" if backend == "static" else f"--rdzv-conf=is_host={int(k == 0)}")
-    argv += [*WORKER, "--run-dir", str(Path(run_dir).resolve())]
+    extra = [f"--local-addr={node.address}",
+             f"--node-rank={k}" if backend == "static" else f"--rdzv-conf=is_host={int(k == 0)}"]
+    argv = ["ip", "netns", "exec", node.netns,
+            *torchrun_argv(Path(run_dir).resolve(), cfg.gpus_per_node, meet, nnodes=cfg.nodes, extra=extra)]
     extra = {"GLOO_SOCKET_IFNAME": node.node_veth, LINK_IFACE_ENV: node.node_veth,
              "CUDA_VISIBLE_DEVICES": ""}  # device=auto resolves to the CPU in every node (check_config)
     threads = local.omp_threads(layout.world_size(cfg), env)  # every node shares this machine's cores
@@ -319,46 +317,3 @@ def _write_info(run_dir: Path, info: dict) -> None:
     except OSError as err:  # the run's outcome must not depend on this note
         print(f"[birder-repro] could not write {run_dir / INFO_FILE}: {err}", file=sys.stderr)
 
-
-# ------------------------------------------------------------------------ the worker's link counters
-class LinkCounters:
-    """A probe of the training loop: this node's link counters over exactly the timed steps.
-
-    The worker on each node's local rank 0 reads the kernel counters of the node's interface when the timed
-    steps begin and when they end; :meth:`stop` (collective) gathers the per-step figures of every node,
-    in node order (node = rank // gpus_per_node), for the record.
-    """
-
-    def __init__(self, iface: str, node: int, nodes: int, reader: bool) -> None:
-        self.iface, self.node, self.nodes, self.reader = iface, node, nodes, reader
-        self._start: Optional[dict[str, int]] = None
-
-    def start(self) -> None:
-        if self.reader:
-            self._start = netns.read_counters(self.iface)
-
-    def stop(self, timed_steps: int) -> dict[str, Any]:
-        import torch.distributed as dist
-
-        mine = None
-        if self.reader and self._start is not None:
-            end = netns.read_counters(self.iface)
-            mine = {"node": self.node, "iface": self.iface,
-                    **{k: (end[k] - self._start[k]) / max(timed_steps, 1) for k in end}}
-        gathered = [mine]
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            gathered = [None] * dist.get_world_size()
-            dist.all_gather_object(gathered, mine)
-        per_node = {g["node"]: g for g in gathered if g is not None}
-        figure = lambda key: [per_node[k][key] if k in per_node else None for k in range(self.nodes)]  # noqa: E731
-        return {"link_bytes_per_step": figure("tx_bytes"), "link_packets_per_step": figure("tx_packets"),
-                "link_tcp_retransmits_per_step": figure("retrans_segs"), "link_interfaces": figure("iface"),
-                "link_header_bytes_per_packet": netns.FRAME_HEADER_BYTES}
-
-
-def link_probe(topology, env: Mapping[str, str] = os.environ) -> Optional[LinkCounters]:
-    """The probe for this worker when its launcher named a link to count (``BIRDER_LINK_IFACE``), else None."""
-    iface = env.get(LINK_IFACE_ENV)
-    if not iface:
-        return None
-    return LinkCounters(iface, node=topology.node_rank, nodes=topology.nodes, reader=topology.local_rank == 0)

@@ -8,7 +8,6 @@ processes whose intra- and inter-node groups are the ones a real cluster would h
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Mapping, Optional
 
@@ -16,10 +15,9 @@ from omegaconf import DictConfig
 
 from birder_repro import config as layout
 from birder_repro.launch.process import Command
+from birder_repro.launch.torchrun import torchrun_argv
 
-__all__ = ["LocalLayoutTooLarge", "max_local_processes", "check_layout", "omp_threads", "command"]
-
-WORKER = ["-m", "birder_repro.worker"]
+__all__ = ["LocalLayoutTooLarge", "max_local_processes", "check_fits_this_machine", "omp_threads", "command"]
 
 
 class LocalLayoutTooLarge(layout.ConfigError):
@@ -32,8 +30,8 @@ def max_local_processes(cfg: DictConfig) -> int:
     return int(value) if value is not None else 4 * layout.cpu_count()
 
 
-def check_layout(cfg: DictConfig) -> None:
-    """Refuse a layout that needs far more processes than this machine has cores for, saying what to do."""
+def check_fits_this_machine(cfg: DictConfig) -> None:
+    """Refuse a layout whose processes, all on this machine, far outnumber its cores; say what to do."""
     world, limit = layout.world_size(cfg), max_local_processes(cfg)
     if world <= limit:
         return
@@ -58,10 +56,9 @@ def omp_threads(local_processes: int, env: Mapping[str, str]) -> Optional[str]:
 
 def command(cfg: DictConfig, run_dir: Path, env: Mapping[str, str] = os.environ) -> Command:
     """The one torchrun command that starts every worker of the layout on this machine."""
-    check_layout(cfg)
+    check_fits_this_machine(cfg)
     world = layout.world_size(cfg)
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-            f"--nproc-per-node={world}", *WORKER, "--run-dir", str(Path(run_dir).resolve())]
+    argv = torchrun_argv(Path(run_dir).resolve(), world)
     extra = {}
     if layout.resolve_device(cfg, local_processes=world) == "cpu":
         threads = omp_threads(world, env)

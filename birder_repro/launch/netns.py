@@ -192,9 +192,17 @@ def run(cmd: Sequence[str], check: bool = True) -> subprocess.CompletedProcess:
 
 def hosts_file(fabric: Fabric, node: Node, hostname: str) -> str:
     """Node ``node``'s /etc/hosts: loopback, every node by its namespace's name, and this machine's host name
-    as the node's own address (as each machine of a cluster resolves its own name)."""
-    lines = ["127.0.0.1 localhost", f"{node.address} {hostname}"]
-    return "\n".join(lines + [f"{n.address} {n.netns}" for n in fabric.nodes]) + "\n"
+    as the node's own address (as each machine of a cluster resolves its own name).
+
+    Every IPv4 address is listed a second time in its IPv4-mapped IPv6 form (``::ffff:10.77.0.2``), and the
+    IPv6 loopback too: c10d's store listens on a dual-stack socket, sees its clients at such addresses, and
+    names them with ``getnameinfo``; glibc's hosts file answers an IPv6 query only from IPv6 lines, so without
+    them the lookup goes to a DNS server the namespace cannot reach, and c10d warns "The hostname of the
+    client socket cannot be retrieved. err=-3" (EAI_AGAIN) for every connection.
+    """
+    names = [("127.0.0.1", "localhost"), (node.address, hostname), *[(n.address, n.netns) for n in fabric.nodes]]
+    lines = [f"{address} {name}" for address, name in names] + ["::1 localhost"]
+    return "\n".join(lines + [f"::ffff:{address} {name}" for address, name in names]) + "\n"
 
 
 def create(fabric: Fabric, state_dir: Path = STATE_DIR, etc: Path = NETNS_ETC) -> None:

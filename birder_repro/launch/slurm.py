@@ -29,6 +29,7 @@ from omegaconf import DictConfig
 
 from birder_repro import config as layout
 from birder_repro import record
+from birder_repro.launch.torchrun import WORKER, Rendezvous, torchrun_argv
 
 __all__ = ["SCRIPT_FILE", "JOB_ID_FILE", "check_config", "job_name", "batch_script", "write_script", "submit",
            "launch"]
@@ -69,7 +70,6 @@ def batch_script(cfg: DictConfig, run_dir: Path, command_line: str = "") -> str:
     """The sbatch script of the run in ``run_dir`` (``command_line``: the birder-repro command, as a comment)."""
     run_dir = Path(run_dir).resolve()
     lc = cfg.launcher
-    python = shlex.quote(lc.python or sys.executable)
     lines = ["#!/bin/bash",
              f"# birder-repro, run directory {run_dir} (must be on a file system every node shares)",
              f"# {command_line}" if command_line else "#",
@@ -82,10 +82,28 @@ def batch_script(cfg: DictConfig, run_dir: Path, command_line: str = "") -> str:
               # srun does not pass sbatch's --cpus-per-task on to its tasks (SLURM >= 22.05): say it again.
               'srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1'
               + (' --cpus-per-task="$SLURM_CPUS_PER_TASK"' if lc.get("cpus_per_task") is not None else "") + " \\",
-              f'  {python} -m torch.distributed.run --nnodes="$SLURM_NNODES" --nproc-per-node={cfg.gpus_per_node} \\',
-              '  --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" \\',
-              f"  -m birder_repro.worker --run-dir {shlex.quote(str(run_dir))}", ""]
+              f"  {_torchrun_line(cfg, run_dir)}", ""]
     return "\n".join(lines)
+
+
+def _torchrun_line(cfg: DictConfig, run_dir: Path) -> str:
+    """Every node's torchrun (the command ``launcher=torchrun`` prints for a node), in SLURM's variables,
+    wrapped before the rendezvous and the worker."""
+    meet = Rendezvous("c10d", "$MASTER_ADDR:$MASTER_PORT", "$SLURM_JOB_ID")
+    argv = torchrun_argv(run_dir, cfg.gpus_per_node, meet, nnodes="$SLURM_NNODES",
+                         python=cfg.launcher.python or sys.executable)
+    words = [_shell_word(a) for a in argv]
+    breaks = [words.index(_shell_word(f"--rdzv-backend={meet.backend}")), len(words) - len(WORKER) - 2]
+    return " \\\n  ".join(" ".join(part) for part in (words[:breaks[0]], words[breaks[0]:breaks[1]],
+                                                          words[breaks[1]:]))
+
+
+def _shell_word(arg: str) -> str:
+    """``--key=$VAR`` as ``--key="$VAR"`` (expanded by the shell, kept as one word); anything else quoted."""
+    key, sep, value = arg.partition("=")
+    if "$" in value and sep:
+        return f'{key}="{value}"'
+    return shlex.quote(arg)
 
 
 def write_script(cfg: DictConfig, run_dir: Path) -> Path:

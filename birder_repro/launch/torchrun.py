@@ -9,14 +9,18 @@ group_rank x M + local_rank. So rank // gpus_per_node is always the node a worke
 assumes, though node 0 need not be the host listed first. With ``launcher.rdzv_backend=static`` the group
 rank is ``--node-rank`` itself; then each node must be given its own rank (``launcher.node_rank`` or
 ``SLURM_NODEID``), and the commands differ by it.
+
+:func:`torchrun_argv` is the one place a torchrun command line is put together: every launcher (local, this
+one, the emulated cluster, the SLURM batch script) builds its command with it.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Optional, Sequence
 
 from omegaconf import DictConfig
 
@@ -24,10 +28,39 @@ from birder_repro import config as layout
 from birder_repro.launch import slurm_env
 from birder_repro.launch.process import Command
 
-__all__ = ["node_rank", "master_addr", "rdzv_id", "check_slurm_layout", "node_command", "commands"]
+__all__ = ["Rendezvous", "torchrun_argv", "node_rank", "master_addr", "rdzv_id", "check_slurm_layout",
+           "node_command", "commands"]
 
 WORKER = ["-m", "birder_repro.worker"]
 DEFAULT_ADDR = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the nodes' torchrun agents meet: the same on every node (``endpoint`` is host:port)."""
+
+    backend: str
+    endpoint: str
+    id: str
+
+
+def torchrun_argv(run_dir: str, nproc_per_node: object, rendezvous: Optional[Rendezvous] = None,
+                  nnodes: object = 1, extra: Sequence[str] = (), python: str = sys.executable) -> list[str]:
+    """``python -m torch.distributed.run ... -m birder_repro.worker --run-dir RUN_DIR``.
+
+    Without ``rendezvous`` the command runs the whole layout on one machine (``--standalone``); with it, it is
+    one of ``nnodes`` nodes meeting there. ``extra`` holds the torchrun options a launcher adds (``--node-rank``,
+    ``--local-addr``, ``--rdzv-conf``). Values are taken as given, so that the SLURM script can pass shell
+    variables (``$SLURM_NNODES``) and quote them itself.
+    """
+    argv = [python, "-m", "torch.distributed.run"]
+    if rendezvous is None:
+        argv.append("--standalone")
+    argv += [f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}"]
+    if rendezvous is not None:
+        argv += [f"--rdzv-backend={rendezvous.backend}", f"--rdzv-endpoint={rendezvous.endpoint}",
+                 f"--rdzv-id={rendezvous.id}"]
+    return argv + [*extra, *WORKER, "--run-dir", str(run_dir)]
 
 
 def node_rank(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> int:
@@ -74,13 +107,10 @@ def check_slurm_layout(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> 
 def node_command(cfg: DictConfig, run_dir: Path, rank: int, env: Mapping[str, str] = os.environ) -> Command:
     """The torchrun command node ``rank`` runs."""
     backend = cfg.launcher.get("rdzv_backend", "c10d")
-    endpoint = f"{master_addr(cfg, env)}:{cfg.launcher.master_port}"
-    argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={cfg.nodes}",
-            f"--nproc-per-node={cfg.gpus_per_node}", f"--rdzv-backend={backend}", f"--rdzv-endpoint={endpoint}",
-            f"--rdzv-id={rdzv_id(cfg, env)}"]
-    if backend == "static":  # the only rendezvous that reads it (see the module docstring)
-        argv.append(f"--node-rank={rank}")
-    argv += [*WORKER, "--run-dir", str(Path(run_dir).resolve())]
+    meet = Rendezvous(backend, f"{master_addr(cfg, env)}:{cfg.launcher.master_port}", rdzv_id(cfg, env))
+    # static is the only rendezvous that reads --node-rank (see the module docstring)
+    extra = [f"--node-rank={rank}"] if backend == "static" else []
+    argv = torchrun_argv(Path(run_dir).resolve(), cfg.gpus_per_node, meet, nnodes=cfg.nodes, extra=extra)
     return Command(argv=argv, note=f"node {rank} of {cfg.nodes}")
 
 

@@ -54,7 +54,7 @@ def write_task_files(out: Path, frame: pd.DataFrame, cells: pd.DataFrame, mode: 
         task_others = others[others["task"].astype("object").fillna("unknown") == task]
         stem = out / file_stem(task)
         _write(stem.with_suffix(".md"), tables.task_markdown(task, task_cells, task_others, mode), written)
-        _write(stem.with_suffix(".csv"), task_cells[list(tables.CSV_COLUMNS)].to_csv(index=False), written)
+        _write(stem.with_suffix(".csv"), task_cells[tables.csv_columns(task_cells)].to_csv(index=False), written)
         latex = tables.to_latex(tables.display_frame(task_cells, mode, with_setting=True))
         if latex is not None and not task_cells.empty:
             _write(stem.with_suffix(".tex"), latex, written)
@@ -68,7 +68,7 @@ def write_overview(out: Path, frame: pd.DataFrame, cells: pd.DataFrame, mode: st
     _, others = tables.split_by_status(frame)
     md_names = [p.name for p in task_files if p.suffix == ".md"]
     _write(out / "summary.md", tables.summary_markdown(frame, cells, others, mode, md_names), written)
-    _write(out / "summary.csv", cells[list(tables.CSV_COLUMNS)].to_csv(index=False), written)
+    _write(out / "summary.csv", cells[tables.csv_columns(cells)].to_csv(index=False), written)
     if not others.empty:
         _write(out / "not_completed.csv", tables.not_completed_table(others).to_csv(index=False), written)
     paper_rows = paper.load_paper_tables(Path(paper_dir) if paper_dir else None)

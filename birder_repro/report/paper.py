@@ -50,6 +50,9 @@ def comparison_frame(cells: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
     comparable = (cells["model_size"] != "tiny") & (cells["variant"] == "")
     repro = cells[comparable].dropna(subset=["nodes", "gpus_per_node", "batch_size"]).copy()
     repro = repro.rename(columns={"optim": "optimizer", "batch_size": "batch_per_gpu"})
+    for m in PAPER_METRICS:  # no run reported it: still a column, so that the paper's gets its "_paper" suffix
+        if m not in repro:
+            repro[m] = float("nan")
     for col in ("nodes", "gpus_per_node", "batch_per_gpu"):
         repro[col] = repro[col].astype("int64")
     joined = merge_repeated(paper).merge(repro, on=list(MATCH), suffixes=("_paper", ""))

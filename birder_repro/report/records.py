@@ -1,29 +1,30 @@
 """Run records (``record.json``, one per run) read back into one pandas DataFrame, one row per run.
 
-The keys a record holds are fixed by ``DESIGN.md`` ("Run records and tables"); this module is the only place
-that knows their nesting, so the tables work on flat, named columns. Bytes become MB (10^6 bytes) and seconds
-become milliseconds here, once.
+The keys a record holds are documented in :mod:`birder_repro.schema` (read here through ``schema.get``); this
+module is the only place in the report that knows their nesting, so the tables work on flat, named columns.
+Bytes become MB (10^6 bytes) and seconds become milliseconds here, once. Every metric any record has becomes a
+column (each task's own, in the order :func:`birder_repro.schema.metric_names` gives), after :data:`COLUMNS`.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import warnings
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
 import pandas as pd
 
-RECORD_NAME = "record.json"
-DEFAULT_RUNS = "runs"
+from birder_repro import schema
+from birder_repro.comm.accounting import allreduce_bytes, flat_allreduce_split
+from birder_repro.record import find_records, read_record, runs_root
+from birder_repro.schema import get
 
-# Every metric a task may report (DESIGN.md); each gets a column even when no run has it.
-METRICS = ("top1", "top5", "f1", "exact_match", "perplexity", "mlm_loss", "loss")
+__all__ = ["COLUMNS", "STAGED_OPTIMIZERS", "runs_root", "find_records", "load_records", "flatten_record",
+           "metric_column", "metric_columns", "records_frame", "load_frame"]
 
 # Optimizers whose records split throughput into a warmup and a compression stage (issue 3, part 3).
 STAGED_OPTIMIZERS = ("onebit_adam", "onebit_lamb")
 
+# The fixed columns; the metric columns follow them.
 COLUMNS = (
     "run_dir", "status", "error", "task", "optim", "variant", "baseline",
     "cluster", "interconnect", "link_mbit", "nodes", "gpus_per_node", "gpus",
@@ -33,54 +34,18 @@ COLUMNS = (
     "intra_mb_per_step", "inter_mb_per_step", "fp32_mb_per_step", "fp32_inter_mb_per_step", "link_mb_per_step",
     "per_node_link_mb",
     "intra_mb_per_step_compression", "inter_mb_per_step_compression",
-    *METRICS, "device", "git_sha", "started", "ended",
+    "headline_metric", "device", "git_sha", "started", "ended",
 )
 
 
-def runs_root(cli_arg: Optional[str] = None) -> Path:
-    """Where the records live: ``--runs DIR``, else ``$BIRDER_RUNS``, else ``runs/`` (as the Hydra config)."""
-    return Path(cli_arg or os.environ.get("BIRDER_RUNS") or DEFAULT_RUNS)
-
-
-def find_records(root: Path) -> list[Path]:
-    """Every ``record.json`` under ``root``, at any depth (single runs and multirun sweeps alike)."""
-    root = Path(root)
-    return sorted(root.rglob(RECORD_NAME)) if root.is_dir() else []
-
-
-def read_record(path: Path) -> Optional[dict]:
-    """One record, or None with a warning naming the file when it cannot be read as a JSON object.
-
-    A run killed while writing leaves a truncated file; one bad file must not hide every other run.
-    """
-    try:
-        record = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        warnings.warn(f"skipping unreadable run record {path}: {err}", stacklevel=2)
-        return None
-    if not isinstance(record, dict):
-        warnings.warn(f"skipping run record {path}: not a JSON object", stacklevel=2)
-        return None
-    return record
-
-
 def load_records(root: Path) -> list[tuple[Path, dict]]:
-    """(run directory, record) for every readable record under ``root``."""
+    """(run directory, record) for every readable record under ``root`` (unreadable ones warn, then skip)."""
     pairs = []
     for path in find_records(root):
-        record = read_record(path)
+        record = read_record(path.parent)
         if record is not None:
             pairs.append((path.parent, record))
     return pairs
-
-
-def _get(d: Any, *keys: str, default: Any = None) -> Any:
-    """``d[k1][k2]...`` or ``default`` where any level is missing or not a dict."""
-    for key in keys:
-        if not isinstance(d, dict) or d.get(key) is None:
-            return default
-        d = d[key]
-    return d
 
 
 def _scaled(value: Any, factor: float) -> Optional[float]:
@@ -102,19 +67,23 @@ def _per_node_text(per_node: Any) -> Optional[str]:
     return " / ".join("—" if v is None else f"{float(v) * 1e-6:.3g}" for v in per_node)
 
 
-def fp32_inter_node_bytes(record: dict, gpus_per_node: Any) -> Optional[float]:
+def fp32_inter_node_bytes(record: dict, world: Any, gpus_per_node: Any) -> Optional[float]:
     """The inter-node share of the fp32 all-reduce a run compares its own bytes with.
 
     The record's ``fp32_allreduce_inter_node_bytes_per_step`` where written; else split from the total
-    ``fp32_allreduce_bytes_per_step`` as a rank-ordered ring does: with more than one node, 1/m of each
-    process's bytes cross nodes (m GPUs per node; birder_repro.comm.accounting.flat_allreduce_split).
+    ``fp32_allreduce_bytes_per_step`` by :func:`birder_repro.comm.accounting.flat_allreduce_split` (a ring in
+    rank order: with more than one node, 1/m of each process's bytes cross nodes, m GPUs per node).
     """
-    if record.get("fp32_allreduce_inter_node_bytes_per_step") is not None:
-        return float(record["fp32_allreduce_inter_node_bytes_per_step"])
-    total, nodes = record.get("fp32_allreduce_bytes_per_step"), _get(record, "cluster", "nodes")
-    if total is None or not isinstance(gpus_per_node, int) or not isinstance(nodes, int):
+    given = get(record, "fp32_allreduce_inter_node_bytes_per_step")
+    if given is not None:
+        return float(given)
+    total = get(record, "fp32_allreduce_bytes_per_step")
+    if total is None or not isinstance(gpus_per_node, int) or not isinstance(world, int) or world < 1:
         return None
-    return float(total) / gpus_per_node if nodes > 1 else 0.0
+    if world == 1:
+        return 0.0
+    gradient_bytes = float(total) / allreduce_bytes(1, world)  # the all-reduced bytes, from what one process sent
+    return flat_allreduce_split(gradient_bytes, world, gpus_per_node)[1]
 
 
 def default_baseline(task: Optional[str]) -> str:
@@ -129,63 +98,80 @@ def first_line(text: Any) -> Optional[str]:
     return lines[0] if lines else ""
 
 
+def metric_column(name: str) -> str:
+    """The column of metric ``name``: the name itself, unless a fixed column has it (then ``metric_<name>``)."""
+    return f"metric_{name}" if name in COLUMNS else name
+
+
 def flatten_record(record: dict, run_dir: Path | str) -> dict:
-    """One table row from one record: nested keys become the flat columns of ``COLUMNS``."""
-    cfg = record.get("config") or {}
-    cluster = record.get("cluster") or {}
-    nodes = cluster.get("nodes", _get(cfg, "nodes"))
-    gpus_per_node = cluster.get("gpus_per_node", _get(cfg, "gpus_per_node"))
-    world = record.get("world_size")
+    """One table row from one record: nested keys become the flat columns of ``COLUMNS``, and each metric the
+    record has a column of its own (:func:`metric_column`)."""
+    def config(*path: str) -> Any:
+        return get(record, "config", *path)
+
+    nodes = get(record, "cluster", "nodes", default=config("nodes"))
+    gpus_per_node = get(record, "cluster", "gpus_per_node", default=config("gpus_per_node"))
+    world = get(record, "world_size")
     if world is None and isinstance(nodes, int) and isinstance(gpus_per_node, int):
         world = nodes * gpus_per_node
-    stages = record.get("throughput_by_stage") or {}
-    step = record.get("step_time_s") or {}
-    metrics = record.get("metrics") or {}
-    task = record.get("task", _get(cfg, "task", "name"))
+    task = get(record, "task", default=config("task", "name"))
+    link = get(record, "link_bytes_per_step")
     row = {
         "run_dir": str(run_dir),
-        "status": record.get("status"),
-        "error": first_line(record.get("error")),
+        "status": get(record, "status"),
+        "error": first_line(get(record, "error")),
         "task": task,
-        "optim": record.get("optim", _get(cfg, "optim", "name")),
+        "optim": get(record, "optim", default=config("optim", "name")),
         # Birder's hierarchical / flat / allgather schemes are one optimizer name with different costs.
-        "variant": _get(cfg, "optim", "comm", "scheme"),
-        "baseline": _get(cfg, "task", "baseline") or default_baseline(task),
-        "cluster": cluster.get("name", _get(cfg, "cluster", "name")),
-        "interconnect": cluster.get("interconnect", _get(cfg, "cluster", "interconnect")),
-        "link_mbit": cluster.get("link_mbit", _get(cfg, "cluster", "link_mbit")),
+        "variant": config("optim", "comm", "scheme"),
+        "baseline": config("task", "baseline") or default_baseline(task),
+        "cluster": get(record, "cluster", "name", default=config("cluster", "name")),
+        "interconnect": get(record, "cluster", "interconnect", default=config("cluster", "interconnect")),
+        "link_mbit": get(record, "cluster", "link_mbit", default=config("cluster", "link_mbit")),
         "nodes": nodes,
         "gpus_per_node": gpus_per_node,
         "gpus": world,
-        "data_source": _get(cfg, "data", "source"),
-        "model_size": _get(cfg, "model", "size"),  # full | tiny: tiny runs are smoke runs, another setting
-        "batch_size": record.get("batch_size", _get(cfg, "train", "batch_size")),
-        "global_batch_size": record.get("global_batch_size"),
-        "steps": record.get("steps"),
-        "lr": record.get("lr"),
-        "throughput": record.get("throughput_samples_per_s"),
-        "throughput_warmup": stages.get("warmup"),
-        "throughput_compression": stages.get("compression"),
-        "intra_mb_per_step": _scaled(record.get("intra_node_bytes_per_step"), 1e-6),
-        "inter_mb_per_step": _scaled(record.get("inter_node_bytes_per_step"), 1e-6),
-        "fp32_mb_per_step": _scaled(record.get("fp32_allreduce_bytes_per_step"), 1e-6),
-        "fp32_inter_mb_per_step": _scaled(fp32_inter_node_bytes(record, gpus_per_node), 1e-6),
+        "data_source": config("data", "source"),
+        "model_size": config("model", "size"),  # full | tiny: tiny runs are smoke runs, another setting
+        "batch_size": get(record, "batch_size", default=config("train", "batch_size")),
+        "global_batch_size": get(record, "global_batch_size"),
+        "steps": get(record, "steps"),
+        "lr": get(record, "lr"),
+        "throughput": get(record, "throughput_samples_per_s"),
+        "throughput_warmup": get(record, "throughput_by_stage", "warmup"),
+        "throughput_compression": get(record, "throughput_by_stage", "compression"),
+        "intra_mb_per_step": _scaled(get(record, "intra_node_bytes_per_step"), 1e-6),
+        "inter_mb_per_step": _scaled(get(record, "inter_node_bytes_per_step"), 1e-6),
+        "fp32_mb_per_step": _scaled(get(record, "fp32_allreduce_bytes_per_step"), 1e-6),
+        "fp32_inter_mb_per_step": _scaled(fp32_inter_node_bytes(record, world, gpus_per_node), 1e-6),
         "intra_mb_per_step_compression": _scaled(
-            _get(record, "intra_node_bytes_per_step_by_stage", "compression"), 1e-6),
+            get(record, "intra_node_bytes_per_step_by_stage", "compression"), 1e-6),
         "inter_mb_per_step_compression": _scaled(
-            _get(record, "inter_node_bytes_per_step_by_stage", "compression"), 1e-6),
-        "link_mb_per_step": _scaled(_mean_over_nodes(record.get("link_bytes_per_step")), 1e-6),
-        "per_node_link_mb": _per_node_text(record.get("link_bytes_per_step")),
-        "device": record.get("device"),
-        "git_sha": record.get("git_sha"),
-        "started": record.get("started"),
-        "ended": record.get("ended"),
+            get(record, "inter_node_bytes_per_step_by_stage", "compression"), 1e-6),
+        "link_mb_per_step": _scaled(_mean_over_nodes(link), 1e-6),
+        "per_node_link_mb": _per_node_text(link),
+        "headline_metric": _headline(record),
+        "device": get(record, "device"),
+        "git_sha": get(record, "git_sha"),
+        "started": get(record, "started"),
+        "ended": get(record, "ended"),
     }
-    for part in ("total", "compute", "communication", "compression"):
-        row[f"step_ms_{part}"] = _scaled(step.get(part), 1e3)
-    for name in METRICS:
-        row[name] = metrics.get(name)
+    for part in schema.STEP_TIME_PARTS:
+        row[f"step_ms_{part}"] = _scaled(get(record, "step_time_s", part), 1e3)
+    for name, value in get(record, "metrics", default={}).items():
+        row[metric_column(name)] = value
     return row
+
+
+def _headline(record: dict) -> Optional[str]:
+    """The record's headline metric; for records written before it was recorded, its first own metric."""
+    own = [m for m in get(record, "metrics", default={}) if m not in schema.LOSS_METRICS]
+    return get(record, "headline_metric") or (own[0] if own else None)
+
+
+def metric_columns(frame: pd.DataFrame) -> list[str]:
+    """The metric columns of a frame from :func:`records_frame`, in their order."""
+    return list(frame.attrs.get("metric_columns", []))
 
 
 def _started_time(values: pd.Series) -> pd.Series:
@@ -197,17 +183,22 @@ def _started_time(values: pd.Series) -> pd.Series:
 
 
 def records_frame(pairs: Iterable[tuple[Path | str, dict]]) -> pd.DataFrame:
-    """The flat DataFrame of ``COLUMNS`` (one row per run); ``started_at`` holds ``started`` as a timestamp."""
+    """The flat DataFrame of ``COLUMNS`` then every metric column (one row per run); ``started_at`` holds
+    ``started`` as a timestamp. ``frame.attrs["metric_columns"]`` lists the metric columns in order."""
+    pairs = list(pairs)
+    ordered = sorted(pairs, key=lambda p: (str(get(p[1], "task") or ""), str(p[0])))
+    metrics = [metric_column(m) for m in schema.metric_names(record for _, record in ordered)]
     rows = [flatten_record(record, run_dir) for run_dir, record in pairs]
-    frame = pd.DataFrame(rows, columns=list(COLUMNS))
+    frame = pd.DataFrame(rows, columns=[*COLUMNS, *metrics])
     for col in ("nodes", "gpus_per_node", "gpus", "batch_size", "global_batch_size", "steps"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("Int64")
     numeric = ["link_mbit", "lr", "throughput", "throughput_warmup", "throughput_compression",
                *[c for c in COLUMNS if c.startswith(("step_ms_", "intra_", "inter_", "fp32_", "link_mb"))],
-               *METRICS]
+               *metrics]
     for col in numeric:
         frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("float64")
     frame["started_at"] = _started_time(frame["started"].astype("object"))
+    frame.attrs["metric_columns"] = metrics
     return frame
 
 

@@ -18,7 +18,8 @@ from typing import Optional
 
 import pandas as pd
 
-from .records import METRICS, STAGED_OPTIMIZERS
+from . import records
+from .records import STAGED_OPTIMIZERS
 
 SETTING = ("task", "cluster", "interconnect", "link_mbit", "data_source", "model_size", "batch_size")
 LAYOUT = ("nodes", "gpus_per_node")
@@ -37,8 +38,10 @@ OPTIM_LABELS = {
 # scheme; another scheme is a separate row, named in the label ("Birder (flat)"). Other optimizers' schemes
 # are fixed by their name (sgdm_fp16, sgdm_powersgd, ...).
 DEFAULT_VARIANTS = {"birder": "hierarchical"}
+# How a metric's column is headed; a metric without a label here is headed by its own name.
 METRIC_LABELS = {"top1": "top-1", "top5": "top-5", "f1": "F1", "exact_match": "EM", "perplexity": "ppl",
-                 "mlm_loss": "MLM loss", "loss": "train loss"}
+                 "val_perplexity": "val ppl", "mlm_loss": "MLM loss", "mlm_accuracy": "MLM acc.",
+                 "nsp_accuracy": "NSP acc.", "eval_loss": "eval loss", "loss": "train loss"}
 STAGE_MARK = "*"  # marks a throughput taken from the compression stage only (--throughput stage)
 
 
@@ -167,14 +170,22 @@ def cell_table(frame: pd.DataFrame, mode: str = "whole") -> pd.DataFrame:
     cells["_rank"] = optim_rank(cells["optim"]) - (cells["optim"] == cells["baseline"]) * 100
     order = [*SETTING, "gpus", "nodes", "_rank", "optim", "variant"]
     cells = cells.sort_values(order, na_position="last", kind="stable")
-    return cells.drop(columns="_rank").reset_index(drop=True)
+    cells = cells.drop(columns="_rank").reset_index(drop=True)
+    cells.attrs["metric_columns"] = records.metric_columns(frame)
+    return cells
 
 
-# Columns of the CSV files: the numbers, unformatted, with where they came from.
-CSV_COLUMNS = (
+def csv_columns(cells: pd.DataFrame) -> list[str]:
+    """Columns of the CSV files: the numbers, unformatted, with where they came from; every metric column."""
+    return [*CSV_HEAD, *records.metric_columns(cells), *CSV_TAIL]
+
+
+CSV_HEAD = (
     *CELL, "gpus", "optim", "variant", "baseline",
     "throughput_shown", "throughput_basis", "throughput", "throughput_warmup", "throughput_compression",
-    "speedup", "scale_efficiency", "scale_ref", *METRICS,
+    "speedup", "scale_efficiency", "scale_ref", "headline_metric",
+)
+CSV_TAIL = (
     "bytes_basis", "intra_mb_shown", "inter_mb_shown", "intra_mb_per_step", "inter_mb_per_step",
     "intra_mb_per_step_compression", "inter_mb_per_step_compression",
     "fp32_mb_per_step", "fp32_inter_mb_per_step", "inter_vs_fp32", "link_mb_per_step", "per_node_link_mb",
@@ -233,8 +244,13 @@ def fmt_stages(row) -> str:
 
 
 def metric_columns(cells: pd.DataFrame) -> list[str]:
-    """The metrics any of these runs reported, in DESIGN.md's order."""
-    return [m for m in METRICS if m in cells and cells[m].notna().any()]
+    """The metrics any of these runs reported, in the records' order (birder_repro.schema.metric_names)."""
+    return [m for m in records.metric_columns(cells) if cells[m].notna().any()]
+
+
+def metric_label(column: str) -> str:
+    name = column.removeprefix("metric_")
+    return METRIC_LABELS.get(name, name)
 
 
 def optim_label(name: str, variant: str = "") -> str:
@@ -263,7 +279,7 @@ def display_frame(cells: pd.DataFrame, mode: str, with_setting: bool = False) ->
     if (cells["throughput_warmup"].notna() | cells["throughput_compression"].notna()).any():
         out["warmup / compression stage"] = cells.apply(fmt_stages, axis=1)
     for m in metric_columns(cells):
-        out[METRIC_LABELS[m]] = cells[m].map(fmt_number)
+        out[metric_label(m)] = cells[m].map(fmt_number)
     out["scale efficiency"] = cells.apply(fmt_scale, axis=1)
     mark = cells["bytes_basis"].map({"compression stage": STAGE_MARK, "whole run": ""})
     out["intra MB/step"] = cells["intra_mb_shown"].map(fmt_number) + mark
@@ -372,11 +388,12 @@ def task_markdown(task: str, cells: pd.DataFrame, others: pd.DataFrame, mode: st
 
 
 def main_metric(row) -> str:
-    """"top-1 75.3": the first metric the run reported, in DESIGN.md's order."""
-    for m in METRICS:
-        if not is_missing(row.get(m)):
-            return f"{METRIC_LABELS[m]} {fmt_number(row[m])}"
-    return "—"
+    """"top-1 75.3": the run's headline metric (its task's ``headline_metric``)."""
+    name = row.get("headline_metric")
+    column = None if is_missing(name) else records.metric_column(name)
+    if column is None or is_missing(row.get(column)):
+        return "—"
+    return f"{metric_label(column)} {fmt_number(row[column])}"
 
 
 def summary_frame(cells: pd.DataFrame, mode: str) -> pd.DataFrame:

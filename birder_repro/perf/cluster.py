@@ -1,0 +1,123 @@
+"""The cluster as the performance model sees it: two link levels, and what one collective costs on them.
+
+A :class:`ClusterSpec` comes from the ``cluster`` config group (conf/cluster/*.yaml, its ``perf`` block):
+the inter-node link (``link_mbit``, ``perf.inter_latency_us``, ``perf.inter_efficiency``) and the intra-node
+link (``perf.intra_mbit``, ``perf.intra_latency_us``, ``perf.intra_efficiency``). Efficiency is the fraction
+of the line rate the transport reaches (NCCL over TCP sockets falls well short of 10 Gbit/s).
+
+Costs of one collective (Thakur, Rabenseifner and Gropp 2005 formulas, birder_repro.perf.collectives):
+
+    intra   the formula over m processes on the intra-node link;
+    inter   the formula over n processes on the inter-node link, whose bandwidth the node's m concurrent
+            groups share (every local rank runs the same collective at the same time);
+    world   one node: as intra. Several nodes:
+            - all-reduce (DDP's fp32 / fp16 / PowerSGD): ASSUMPTION, NCCL's multi-node all-reduce as the
+              bandwidth-optimal two-level one: intra reduce-scatter, inter ring all-reduce of each process's
+              1/m (the m rings share the NIC), intra all-gather. Its NIC carries 2(n-1)/n of the vector per
+              node, which NCCL's tree reaches at 2 nodes (one buffer each way) and its flat ring exceeds (2(N-1)/N):
+              the paper's BERT rows rule the flat ring out (Table 4, 2 nodes over Ethernet: 571 ms per step,
+              while a flat ring needs 1.875 x 438 MB / 1.25 GB/s = 657 ms at the full line rate);
+            - pairwise exchanges (all-to-all, all-gather): N-1 steps, each paying the inter-node latency (the
+              slowest level crossed), and bandwidth bound by the busier of the node's NIC (m processes' off-node
+              bytes) and the process's intra-node link.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping, Optional
+
+from .collectives import Link, collective_time
+from .schemes import Collective, counted_bytes
+
+__all__ = ["ClusterSpec", "op_time"]
+
+MBIT = 1e6 / 8  # bytes per second in one Mbit/s
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """Line rates in Mbit/s per direction, latencies in microseconds, efficiencies in (0, 1]."""
+
+    name: str
+    inter_mbit: float
+    inter_latency_us: float
+    inter_efficiency: float
+    intra_mbit: float
+    intra_latency_us: float
+    intra_efficiency: float = 1.0
+    exchange_efficiency: Optional[float] = None  # pairwise exchanges across nodes; None: inter_efficiency
+
+    def __post_init__(self) -> None:
+        for key in ("inter_efficiency", "intra_efficiency", "exchange_efficiency"):
+            value = getattr(self, key)
+            if value is not None and not 0 < value <= 1:
+                raise ValueError(f"cluster.perf.{key}={value}: give a fraction of the line rate in (0, 1]")
+        for key in ("inter_mbit", "intra_mbit"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"cluster {key}={getattr(self, key)}: give a rate > 0 in Mbit/s")
+
+    @property
+    def inter(self) -> Link:
+        return Link(self.inter_latency_us * 1e-6, self.inter_mbit * MBIT * self.inter_efficiency)
+
+    @property
+    def exchange(self) -> Link:
+        """The inter-node link as pairwise exchanges (all-to-all, all-gather) see it."""
+        eff = self.inter_efficiency if self.exchange_efficiency is None else self.exchange_efficiency
+        return Link(self.inter_latency_us * 1e-6, self.inter_mbit * MBIT * eff)
+
+    @property
+    def intra(self) -> Link:
+        return Link(self.intra_latency_us * 1e-6, self.intra_mbit * MBIT * self.intra_efficiency)
+
+    def with_efficiency(self, inter_efficiency: Optional[float] = None,
+                        exchange_efficiency: Optional[float] = None) -> "ClusterSpec":
+        changes = {k: v for k, v in (("inter_efficiency", inter_efficiency),
+                                     ("exchange_efficiency", exchange_efficiency)) if v is not None}
+        return ClusterSpec(**{**asdict(self), **changes})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_config(cls, cluster: Mapping[str, Any]) -> "ClusterSpec":
+        """From a ``cluster`` config (a mapping, or an omegaconf node): ``link_mbit`` and the ``perf`` block."""
+        perf = cluster.get("perf") or {}
+        name = cluster.get("name", "cluster")
+
+        def need(key: str, value):
+            if value is None:
+                raise ValueError(f"cluster {name!r} has no {key}: the performance model needs it "
+                                 f"(set cluster.{key}=...)")
+            return float(value)
+
+        inter_mbit = perf.get("inter_mbit") if perf.get("inter_mbit") is not None else cluster.get("link_mbit")
+        return cls(name=str(name),
+                   inter_mbit=need("link_mbit", inter_mbit),
+                   inter_latency_us=need("perf.inter_latency_us", perf.get("inter_latency_us")),
+                   inter_efficiency=need("perf.inter_efficiency", perf.get("inter_efficiency")),
+                   intra_mbit=need("perf.intra_mbit", perf.get("intra_mbit")),
+                   intra_latency_us=need("perf.intra_latency_us", perf.get("intra_latency_us")),
+                   intra_efficiency=float(perf.get("intra_efficiency", 1.0) or 1.0),
+                   exchange_efficiency=(None if perf.get("exchange_efficiency") is None
+                                        else float(perf.get("exchange_efficiency"))))
+
+
+def op_time(op: Collective, nodes: int, gpus_per_node: int, cluster: ClusterSpec) -> float:
+    """Seconds ``op`` takes on ``nodes`` nodes of ``gpus_per_node`` processes (the rules of the module doc)."""
+    n, m = nodes, gpus_per_node
+    if op.group == "intra" or (op.group == "world" and n == 1):
+        return collective_time(op.kind, op.nbytes, m, cluster.intra)
+    nic = cluster.inter.shared(m)
+    exchange = cluster.exchange.shared(m)
+    if op.group == "inter":
+        return collective_time(op.kind, op.nbytes, n, nic if op.kind == "allreduce" else exchange)
+    if op.kind == "allreduce":
+        return (collective_time("reduce_scatter", op.nbytes, m, cluster.intra)
+                + collective_time("allreduce", op.nbytes / m, n, nic)
+                + collective_time("all_gather", op.nbytes, m, cluster.intra))
+    world = n * m
+    intra_bytes, inter_bytes = counted_bytes(op, n, m)
+    latency = (world - 1) * cluster.inter.alpha_s
+    return latency + max(inter_bytes * exchange.beta, intra_bytes * cluster.intra.beta)

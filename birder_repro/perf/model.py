@@ -1,0 +1,128 @@
+"""Predict one training step on a cluster layout from a one-node profile.
+
+    step = simulate(buckets, compute) (birder_repro.perf.timeline): each DDP bucket is ready during the
+           backward pass; its compression (profile seconds/element x schemes.compressed_elements) and its
+           collectives (schemes.bucket_collectives, each priced by cluster.op_time) run on one link after the
+           previous bucket's; what is not hidden behind the backward pass is exposed. That is the
+           ``this`` implementation (birder_repro.perf.implementations); where an implementation does not
+           overlap a scheme, its buckets add their whole time (simulate_sequential), and where it exchanges
+           the whole flattened vector in the optimizer's step, the "buckets" are that one vector.
+    compute = forward + backward (the profile's, linear in the batch) + optimizer + the scheme's overhead.
+
+Runs with two stages (1-bit Adam / 1-bit LAMB: warmup in fp32 then compression; PowerSGD: fp32 before its
+start iteration) report the whole run as the paper does (Birder paper, appendix E): the mean step time is
+the stages' step times weighted by their share of the steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
+
+from .cluster import ClusterSpec, op_time
+from .profile import Profile
+from .schemes import COMPRESSION_BACKEND, bucket_collectives, compressed_elements, counted_bytes
+from .implementations import implementation_of
+from .timeline import BucketWork, StepTimeline, ready_times, simulate, simulate_sequential
+
+__all__ = ["StepPrediction", "predict_step", "predict_run"]
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    scheme: str
+    nodes: int
+    gpus_per_node: int
+    batch_size: int
+    total_s: float
+    compute_s: float
+    communication_s: float
+    compression_s: float
+    intra_node_bytes: float   # per process per step, as the hooks count them
+    inter_node_bytes: float
+    collectives: int          # collectives per step per process
+    comm_busy_s: float        # all collectives' time, hidden or not
+    compress_busy_s: float    # all compression time, hidden or not
+
+    @property
+    def throughput(self) -> float:
+        return self.nodes * self.gpus_per_node * self.batch_size / self.total_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "throughput_samples_per_s": self.throughput}
+
+
+def _bucket_matrices(profile: Profile, sizes: list[int]) -> list[Optional[list]]:
+    """Each bucket's (rows, cols) for PowerSGD, when the profile lists them (in parameter order)."""
+    if not profile.matrices or sizes == [profile.parameter_count]:
+        return [None] * len(sizes)
+    mats = list(reversed(profile.matrices))  # DDP fills buckets in reverse parameter order
+    out, i = [], 0
+    for size in sizes:
+        group, got = [], 0
+        while i < len(mats) and got < size:
+            group.append(mats[i])
+            got += int(mats[i][0]) * (int(mats[i][1]) if len(mats[i]) > 1 else 1)
+            i += 1
+        out.append(group)
+    return out
+
+
+def predict_step(profile: Profile, cluster: ClusterSpec, nodes: int, gpus_per_node: int, scheme: str,
+                 batch_size: Optional[int] = None, rank: int = 1, implementation: str = "this") -> StepPrediction:
+    """One step of ``scheme`` (birder_repro.perf.schemes.SCHEMES) on ``nodes`` x ``gpus_per_node``, as
+    ``implementation`` (birder_repro.perf.implementations: ``this`` or ``paper``) runs it."""
+    impl = implementation_of(implementation, scheme)
+    if nodes < 1 or gpus_per_node < 1:
+        raise ValueError(f"nodes and gpus_per_node must be >= 1, got {nodes}, {gpus_per_node}")
+    batch = profile.batch_size if batch_size is None else int(batch_size)
+    fb = profile.compute_s(batch)
+    forward, backward = fb * (1 - profile.backward_fraction), fb * profile.backward_fraction
+    sizes = profile.buckets() if impl.granularity == "bucket" else [profile.parameter_count]
+    ready = ready_times(sizes, forward, backward, profile.bucket_ready or None)
+    backend = COMPRESSION_BACKEND[scheme]
+    per_element = profile.compression_s_per_element.get(backend, 0.0) if backend else 0.0
+    if backend and backend not in profile.compression_s_per_element and nodes * gpus_per_node > 1:
+        raise ValueError(f"profile {profile.name!r} has no compression cost for {backend!r} (scheme {scheme}); "
+                         f"it has {sorted(profile.compression_s_per_element)}")
+    work, intra, inter, count = [], 0.0, 0.0, 0
+    for size, t_ready, mats in zip(sizes, ready, _bucket_matrices(profile, sizes)):
+        ops = bucket_collectives(scheme, size, nodes, gpus_per_node, matrices=mats, rank=rank)
+        comm = sum(op_time(op, nodes, gpus_per_node, cluster) for op in ops)
+        for op in ops:
+            a, b = counted_bytes(op, nodes, gpus_per_node)
+            intra, inter = intra + a, inter + b
+        count += len(ops)
+        compress = per_element * compressed_elements(scheme, size, nodes, gpus_per_node, rank, mats)
+        work.append(BucketWork(t_ready, compress, comm))
+    optimizer = profile.optimizer_s + profile.scheme_overhead_s.get(scheme, 0.0)
+    tl: StepTimeline = (simulate if impl.overlap else simulate_sequential)(work, fb, optimizer)
+    return StepPrediction(scheme=scheme, nodes=nodes, gpus_per_node=gpus_per_node, batch_size=batch,
+                          total_s=tl.total_s, compute_s=tl.compute_s, communication_s=tl.communication_s,
+                          compression_s=tl.compression_s, intra_node_bytes=intra, inter_node_bytes=inter,
+                          collectives=count, comm_busy_s=sum(w.comm_s for w in work),
+                          compress_busy_s=sum(w.compress_s for w in work))
+
+
+def predict_run(profile: Profile, cluster: ClusterSpec, nodes: int, gpus_per_node: int, scheme: str,
+                batch_size: Optional[int] = None, rank: int = 1,
+                warmup_fraction: float = 0.0, implementation: str = "this") -> dict[str, Any]:
+    """The whole run: ``warmup_fraction`` of the steps in fp32 (1-bit Adam's freeze, PowerSGD's start
+    iteration), the rest in ``scheme``. Returns the mean step ('run') and each stage's prediction."""
+    if not 0 <= warmup_fraction <= 1:
+        raise ValueError(f"warmup_fraction must be in [0, 1], got {warmup_fraction}")
+    main = predict_step(profile, cluster, nodes, gpus_per_node, scheme, batch_size, rank, implementation)
+    stages = {scheme: main}
+    if warmup_fraction > 0 and scheme != "fp32":
+        stages = {"warmup": predict_step(profile, cluster, nodes, gpus_per_node, "fp32", batch_size,
+                                         implementation=implementation),
+                  "compression": main}
+        weights = {"warmup": warmup_fraction, "compression": 1 - warmup_fraction}
+    else:
+        weights = {scheme: 1.0}
+    keys = ("total_s", "compute_s", "communication_s", "compression_s", "intra_node_bytes", "inter_node_bytes",
+            "collectives")
+    mean = {k: sum(weights[s] * getattr(p, k) for s, p in stages.items()) for k in keys}
+    world = nodes * gpus_per_node
+    mean["throughput_samples_per_s"] = world * main.batch_size / mean["total_s"]
+    return {"run": mean, "stages": {s: p.to_dict() for s, p in stages.items()}, "weights": weights}

@@ -1,0 +1,101 @@
+"""``mode=predict``: a run record predicted by the performance model instead of measured.
+
+``predict_record(cfg)`` takes the resolved config of a run (task, optim, nodes, gpus_per_node, cluster,
+train.batch_size, predict.profile) and returns a record with the keys of a measured one (DESIGN.md "Run
+records and tables") and ``status: "predicted"``, plus its inputs: the profile and the cluster spec.
+
+``predict.profile``: ``paper`` (the paper's 8 x A100 nodes, birder_repro.perf.paper_profiles, chosen by task
+and batch per GPU), a run directory or record.json holding a ``profile``, or a profile JSON file.
+
+``predict.implementation`` (default ``this``): how the schemes run (birder_repro.perf.implementations):
+``this`` project's hooks, every scheme overlapped with the backward pass; ``paper``: as the Birder paper's
+runs did (Birder's hook and 1-bit Adam's compressed all-reduce not overlapped).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .cluster import ClusterSpec
+from .model import predict_run
+from .profile import load_profile
+from .schemes import scheme_for_optim
+
+__all__ = ["predict_record"]
+
+
+def _plain(cfg: Any) -> dict:
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(cfg, DictConfig):
+            return OmegaConf.to_container(cfg, resolve=True)
+    except ImportError:  # pragma: no cover - omegaconf is a dependency
+        pass
+    return dict(cfg)
+
+
+def _warmup_fraction(optim: Mapping[str, Any], scheme: str, steps: Any) -> float:
+    """1-bit Adam / LAMB's ``freeze`` and PowerSGD's ``comm.start_iter``: a fraction (< 1) or steps."""
+    value = optim.get("freeze") if scheme == "onebit" else (optim.get("comm") or {}).get("start_iter")
+    if scheme not in ("onebit", "powersgd") or value is None:
+        return 0.0
+    value = float(value)
+    if value < 1:
+        return value
+    if not steps:
+        raise ValueError(f"optim warmup of {value:g} steps needs train.steps to say what share of the run it is")
+    return min(value / float(steps), 1.0)
+
+
+def predict_record(cfg: Any) -> dict[str, Any]:
+    """The predicted record of the run ``cfg`` describes (see the module doc)."""
+    c = _plain(cfg)
+    source = (c.get("predict") or {}).get("profile")
+    implementation = str((c.get("predict") or {}).get("implementation") or "this")
+    if source is None:
+        raise ValueError("predict.profile is null: give 'paper', a run directory or record.json with a profile, "
+                         "or a profile JSON file")
+    task, optim, train = c["task"]["name"], c["optim"], c.get("train") or {}
+    gpus = c.get("gpus_per_node", 1)
+    if gpus == "auto":
+        from birder_repro.config import resolve_gpus_per_node
+
+        gpus = resolve_gpus_per_node(gpus)
+    nodes, gpus, batch = int(c["nodes"]), int(gpus), int(train["batch_size"])
+    cluster = ClusterSpec.from_config(c["cluster"])
+    profile = load_profile(source, task=task, batch_size=batch, node=cluster, implementation=implementation) \
+        if source == "paper" \
+        else load_profile(source)
+    if profile.task != task:
+        raise ValueError(f"profile {profile.name!r} is for task {profile.task!r}, not {task!r}")
+    scheme = scheme_for_optim(optim["name"], (optim.get("comm") or {}).get("scheme"))
+    rank = int((optim.get("comm") or {}).get("rank", 1) or 1)
+    run = predict_run(profile, cluster, nodes, gpus, scheme, batch, rank,
+                      warmup_fraction=_warmup_fraction(optim, scheme, train.get("steps")),
+                      implementation=implementation)
+    mean, stages = run["run"], run["stages"]
+    by_stage = None
+    if len(stages) > 1:
+        by_stage = {s: p["throughput_samples_per_s"] for s, p in stages.items()}
+    return {
+        "status": "predicted",
+        "task": task,
+        "optim": optim["name"],
+        "cluster": {"name": c["cluster"].get("name"), "nodes": nodes, "gpus_per_node": gpus,
+                    "interconnect": c["cluster"].get("interconnect"), "link_mbit": c["cluster"].get("link_mbit")},
+        "world_size": nodes * gpus,
+        "batch_size": batch,
+        "global_batch_size": batch * nodes * gpus,
+        "throughput_samples_per_s": mean["throughput_samples_per_s"],
+        "throughput_by_stage": by_stage,
+        "step_time_s": {"total": mean["total_s"], "compute": mean["compute_s"],
+                        "communication": mean["communication_s"], "compression": mean["compression_s"]},
+        "intra_node_bytes_per_step": mean["intra_node_bytes"],
+        "inter_node_bytes_per_step": mean["inter_node_bytes"],
+        "collectives_per_step": mean["collectives"],
+        "prediction": {"scheme": scheme, "implementation": implementation, "stages": stages,
+                       "weights": run["weights"]},
+        "profile": profile.to_dict(),
+        "cluster_spec": cluster.to_dict(),
+    }

@@ -1,0 +1,129 @@
+"""A profile of one node: what the performance model needs to predict a step on any layout.
+
+A :class:`Profile` is measured on one node (or derived from the paper's 1-node rows, see
+birder_repro.perf.paper_profiles) and is JSON-serialisable, so that a run can write one into its record
+(``record["profile"]``) and the model can be run on it later. Fields:
+
+    name, device, task           what was profiled and on what (e.g. "8 x A100-80GB")
+    batch_size                   per-process batch the times are for
+    forward_backward_s           forward + backward seconds of one step at that batch, without communication
+    backward_fraction            the backward pass's share of forward_backward_s (default 2/3: a backward
+                                 pass costs about twice the forward's FLOPs, Kaplan et al. 2020, section 2.1)
+    optimizer_s                  the optimizer step, seconds
+    parameter_count              elements of all gradients
+    bucket_elements              DDP's buckets in the order they fire (reverse parameter order); empty: made
+                                 from parameter_count with bucket_cap_mb (first bucket first_bucket_mb)
+    bucket_ready                 when each bucket is ready, as a fraction of the backward pass; empty: in
+                                 proportion to the buckets' sizes
+    bucket_cap_mb, first_bucket_mb   DDP's caps (25 MB; torch's _DEFAULT_FIRST_BUCKET_BYTES, 1 MB)
+    compression_s_per_element    seconds per element compressed, per backend (birder, onebit, fp16, powersgd):
+                                 multiplied by birder_repro.perf.schemes.compressed_elements
+    scheme_overhead_s            seconds a scheme adds to every step that the model does not see (its
+                                 optimizer's extra arithmetic, kernels competing with the backward pass),
+                                 measured on one node; added to the compute
+    matrices                     optional (rows, cols) of every parameter, for PowerSGD
+    notes                        where the numbers come from
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+__all__ = ["Profile", "ddp_bucket_elements", "load_profile"]
+
+MB = 1024 * 1024
+
+
+@dataclass
+class Profile:
+    name: str
+    device: str
+    task: str
+    batch_size: int
+    forward_backward_s: float
+    parameter_count: int
+    optimizer_s: float = 0.0
+    backward_fraction: float = 2.0 / 3.0
+    bucket_elements: list[int] = field(default_factory=list)
+    bucket_ready: list[float] = field(default_factory=list)
+    bucket_cap_mb: float = 25.0
+    first_bucket_mb: float = 1.0
+    compression_s_per_element: dict[str, float] = field(default_factory=dict)
+    scheme_overhead_s: dict[str, float] = field(default_factory=dict)
+    matrices: list[list[int]] = field(default_factory=list)
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.forward_backward_s <= 0 or self.parameter_count < 1:
+            raise ValueError(f"profile {self.name!r}: batch_size, forward_backward_s and parameter_count must "
+                             f"be positive, got {self.batch_size}, {self.forward_backward_s}, {self.parameter_count}")
+        if not 0 < self.backward_fraction <= 1:
+            raise ValueError(f"profile {self.name!r}: backward_fraction must be in (0, 1]")
+        if self.bucket_elements and sum(self.bucket_elements) != self.parameter_count:
+            raise ValueError(f"profile {self.name!r}: bucket_elements sum to {sum(self.bucket_elements)}, "
+                             f"not parameter_count {self.parameter_count}")
+
+    def buckets(self) -> list[int]:
+        return list(self.bucket_elements) or ddp_bucket_elements(self.parameter_count, self.bucket_cap_mb,
+                                                                  self.first_bucket_mb)
+
+    def compute_s(self, batch_size: Optional[int] = None) -> float:
+        """forward + backward at ``batch_size``: ASSUMPTION, linear in the batch (a GPU at a small batch
+        is less efficient; profile the batch you predict for where you can)."""
+        batch = self.batch_size if batch_size is None else batch_size
+        return self.forward_backward_s * batch / self.batch_size
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Profile":
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown profile keys {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**dict(data))
+
+
+def ddp_bucket_elements(numel: int, cap_mb: float = 25.0, first_mb: float = 1.0, element_size: int = 4) -> list[int]:
+    """DDP's buckets for ``numel`` contiguous gradient elements: a first bucket of ``first_mb`` (torch's
+    _DEFAULT_FIRST_BUCKET_BYTES), then ``cap_mb`` each (bucket_cap_mb), the remainder last. Real buckets
+    end on parameter boundaries; measured sizes belong in Profile.bucket_elements."""
+    sizes, left = [], int(numel)
+    cap = max(int(first_mb * MB) // element_size, 1)
+    while left > 0:
+        take = min(cap, left)
+        sizes.append(take)
+        left -= take
+        cap = max(int(cap_mb * MB) // element_size, 1)
+    return sizes
+
+
+def load_profile(source: Any, **select: Any) -> Profile:
+    """A profile from a Profile, a dict, a JSON file, a record.json (its ``profile`` key), a run directory
+    (its record.json), or the name of a shipped set (``paper``: birder_repro.perf.paper_profiles, chosen by
+    ``task`` and ``batch_size`` in ``select``)."""
+    if isinstance(source, Profile):
+        return source
+    if isinstance(source, Mapping):
+        return Profile.from_dict(source.get("profile", source))
+    text = str(source)
+    if text == "paper":
+        from .paper_profiles import paper_profile
+
+        return paper_profile(**select)
+    path = Path(text)
+    if path.is_dir():
+        path = path / "record.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no profile at {text!r}: give a run directory, a record.json, a profile "
+                                f"JSON file, or 'paper'")
+    data = json.loads(path.read_text())
+    if "profile" in data:
+        if data["profile"] is None:
+            raise ValueError(f"{path} has no profile (profile: null)")
+        data = data["profile"]
+    return Profile.from_dict(data)

@@ -1,0 +1,204 @@
+"""Every communication scheme as the sequence of collectives it issues per DDP bucket.
+
+The performance model counts collectives, not only bytes: each collective pays its latency steps, so a small
+compressed bucket becomes latency-bound (DeepSpeed's compressed all-reduce issues four collectives per bucket;
+its maintainers note that the number of communications limits speed as much as the volume).
+
+A :class:`Collective` names the group it runs in:
+
+    ``intra``  the m processes of one node (every node runs its own at the same time);
+    ``inter``  the n processes with the same local rank, one per node; the m such groups of a node run at the
+               same time and share the node's NIC;
+    ``world``  all N = n m processes.
+
+``nbytes`` follows Thakur, Rabenseifner and Gropp (2005): the vector for all-reduce and reduce-scatter, the
+gathered output for all-gather, each process's input for all-to-all.
+
+Schemes (bucket of P elements, P' padded as the hook pads it; n nodes of m processes; N = n m):
+
+    ``fp32``        DDP's default hook: one all-reduce of 4P bytes over the world.
+    ``fp16``        torch's fp16 compression hook: one all-reduce of 2P bytes over the world.
+    ``powersgd``    torch's PowerSGD hook (Vogels et al., NeurIPS 2019, Algorithm 1): three all-reduces over
+                    the world: the uncompressed tensors, P (rows x r per matrix) and Q (cols x r).
+    ``onebit``      1-bit Adam / 1-bit LAMB compression stage (1-bit Adam paper, Algorithm 1; DeepSpeed's
+                    compressed all-reduce), flat over all N processes, P' a multiple of 8N: all-to-all of the
+                    signs (P'/8 bytes), all-gather of the N scales, all-gather of the server signs (P'/8
+                    bytes out), all-gather of the N server scales. Its warmup stage is ``fp32``.
+    ``hierarchical`` Birder's Hierarchical-1-bit-All-Reduce (Birder paper, section 4), P' a multiple of 8mn:
+                    intra reduce-scatter fp32 (4P'), inter all-to-all of the shard's bits (P'/(8m)), inter
+                    all-gather of the chunks (P'/(8m) out), intra all-gather of the shards (P'/8 out).
+    ``flat``        Birder with every process a worker (m = 1, n = N): world all-to-all + world all-gather.
+    ``allgather``   Birder's "original All-Gather": a world all-gather of every worker's P'/8 bytes.
+
+:func:`counted_bytes` gives the bytes per process each collective sends as the project's hooks count them
+(birder_repro.comm.accounting), split intra- and inter-node; tests check them against those functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from birder_repro.comm.accounting import (all_gather_bytes, all_to_all_bytes, allreduce_bytes,
+                                          flat_allreduce_split, reduce_scatter_bytes)
+
+__all__ = ["Collective", "SCHEMES", "COMPRESSION_BACKEND", "bucket_collectives", "compressed_elements",
+           "counted_bytes", "padded_elements", "scheme_for_optim", "powersgd_elements"]
+
+SCHEMES = ("fp32", "fp16", "powersgd", "onebit", "hierarchical", "flat", "allgather")
+GROUPS = ("intra", "inter", "world")
+# Which per-element compression cost of a profile each scheme uses (Profile.compression_s_per_element).
+COMPRESSION_BACKEND = {"fp32": None, "fp16": "fp16", "powersgd": "powersgd", "onebit": "onebit",
+                       "hierarchical": "birder", "flat": "birder", "allgather": "birder"}
+SCALE_BYTES = 4  # 1-bit Adam's fp32 scale per worker and per server chunk
+
+
+@dataclass(frozen=True)
+class Collective:
+    kind: str     # allreduce | reduce_scatter | all_gather | all_to_all | broadcast
+    group: str    # intra | inter | world
+    nbytes: float  # Thakur et al.'s n for this kind (see the module doc)
+
+    def __post_init__(self) -> None:
+        if self.group not in GROUPS:
+            raise ValueError(f"Collective group must be one of {GROUPS}, got {self.group!r}")
+
+
+def _padded(numel: int, multiple: int) -> int:
+    return -(-numel // multiple) * multiple
+
+
+def padded_elements(scheme: str, numel: int, nodes: int, gpus_per_node: int) -> int:
+    """P' as the hooks pad a bucket: every chunk at every level holds whole bytes."""
+    world = nodes * gpus_per_node
+    multiple = {"onebit": 8 * world, "hierarchical": 8 * world, "flat": 8 * world, "allgather": 8}.get(scheme, 1)
+    return _padded(numel, multiple)
+
+
+def powersgd_elements(matrices: Sequence[Sequence[int]], rank: int) -> tuple[int, int, int]:
+    """(uncompressed, P, Q) elements all-reduced for a bucket's tensors under PowerSGD at ``rank``.
+
+    torch's hook views each tensor as (shape[0], rest) and compresses it when (rows + cols) r < rows cols / 2
+    (``min_compression_rate`` 2); vectors and the rest go uncompressed.
+    """
+    unc = p = q = 0
+    for shape in matrices:
+        rows, cols = int(shape[0]), int(shape[1]) if len(shape) > 1 else 1
+        if cols > 1 and (rows + cols) * rank * 2 < rows * cols:
+            p, q = p + rows * rank, q + cols * rank
+        else:
+            unc += rows * cols
+    return unc, p, q
+
+
+def bucket_collectives(scheme: str, numel: int, nodes: int, gpus_per_node: int, *,
+                       matrices: Optional[Sequence[Sequence[int]]] = None, rank: int = 1) -> list[Collective]:
+    """The collectives ``scheme`` issues for one bucket of ``numel`` elements, in order."""
+    n, m = nodes, gpus_per_node
+    world = n * m
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown scheme {scheme!r}; known: {', '.join(SCHEMES)}")
+    if world == 1:
+        return []  # one process: DDP and every hook send nothing
+    padded = padded_elements(scheme, numel, n, m)
+    if scheme == "fp32":
+        return [Collective("allreduce", "world", 4.0 * numel)]
+    if scheme == "fp16":
+        return [Collective("allreduce", "world", 2.0 * numel)]
+    if scheme == "powersgd":
+        unc, p, q = powersgd_elements(matrices if matrices is not None else _square(numel), rank)
+        return [Collective("allreduce", "world", 4.0 * x) for x in (unc, p, q) if x]
+    if scheme == "onebit":
+        return [Collective("all_to_all", "world", padded / 8), Collective("all_gather", "world", SCALE_BYTES * world),
+                Collective("all_gather", "world", padded / 8), Collective("all_gather", "world", SCALE_BYTES * world)]
+    if scheme == "hierarchical":
+        ops = []
+        if m > 1:
+            ops.append(Collective("reduce_scatter", "intra", 4.0 * padded))
+        if n > 1:
+            ops += [Collective("all_to_all", "inter", padded / (8 * m)),
+                    Collective("all_gather", "inter", padded / (8 * m))]
+        if m > 1:
+            ops.append(Collective("all_gather", "intra", padded / 8))
+        return ops
+    if scheme == "flat":
+        return [Collective("all_to_all", "world", padded / 8), Collective("all_gather", "world", padded / 8)]
+    return [Collective("all_gather", "world", world * padded / 8)]  # allgather
+
+
+def _square(numel: int) -> list[list[int]]:
+    """No tensor shapes known: the bucket as one square matrix (PowerSGD's best case; say so where used)."""
+    side = max(int(round(numel ** 0.5)), 1)
+    return [[side, max(numel // side, 1)]]
+
+
+def counted_bytes(op: Collective, nodes: int, gpus_per_node: int) -> tuple[float, float]:
+    """(intra-node, inter-node) bytes one process sends in ``op``, as the hooks count them."""
+    n, m = nodes, gpus_per_node
+    world = n * m
+    if op.group == "intra":
+        return _group_bytes(op, m), 0.0
+    if op.group == "inter":
+        return 0.0, _group_bytes(op, n)
+    if op.kind == "allreduce":
+        return flat_allreduce_split(op.nbytes, world, m)
+    # Pairwise exchanges (all-to-all, all-gather) over the world: each peer gets the same share; the m-1 peers
+    # on this node are intra-node, the N-m others inter-node (the hooks' per-peer count).
+    per_peer = op.nbytes / world
+    return (m - 1) * per_peer, (world - m) * per_peer
+
+
+def _group_bytes(op: Collective, p: int) -> float:
+    if op.kind == "allreduce":
+        return allreduce_bytes(op.nbytes, p)
+    if op.kind == "reduce_scatter":
+        return reduce_scatter_bytes(op.nbytes, p)
+    if op.kind == "all_gather":
+        return all_gather_bytes(op.nbytes / p, p)
+    if op.kind == "all_to_all":
+        return all_to_all_bytes(op.nbytes, p)
+    raise ValueError(f"no byte count for collective {op.kind!r} in a group")
+
+
+def compressed_elements(scheme: str, numel: int, nodes: int, gpus_per_node: int, rank: int = 1,
+                        matrices: Optional[Sequence[Sequence[int]]] = None) -> float:
+    """Elements one rank compresses or decompresses per bucket (multiplies the profile's seconds/element).
+
+    hierarchical: Step II on the shard (P'/m) + the server's unpack of n chunks (P'/m) and re-quantization
+    (P'/(mn)) + Step IV's unpack (P'); flat: the same with m = 1, n = N; allgather: quantize P' and unpack
+    N P'; onebit: compress P', the server's unpack (P') and compression (P'/N), the final unpack (P'); fp16:
+    the casts to and from half (2P); powersgd: M Q, M^T P and P Q^T over the compressed matrices, each
+    rows x cols x r, and error feedback on all P elements.
+    """
+    n, m = nodes, gpus_per_node
+    world = n * m
+    p = padded_elements(scheme, numel, n, m)
+    if scheme == "fp32" or world == 1:
+        return 0.0
+    if scheme == "fp16":
+        return 2.0 * numel
+    if scheme == "powersgd":
+        mats = matrices if matrices is not None else _square(numel)
+        compressed = sum(int(s[0]) * (int(s[1]) if len(s) > 1 else 1) for s in mats
+                         if len(s) > 1 and (int(s[0]) + int(s[1])) * rank * 2 < int(s[0]) * int(s[1]))
+        return numel + 3.0 * rank * compressed
+    if scheme == "onebit":
+        return 3.0 * p + p / world
+    if scheme == "hierarchical":
+        return 2.0 * p / m + p / world + p
+    if scheme == "flat":
+        return 3.0 * p + p / world
+    return p + world * p  # allgather
+
+
+def scheme_for_optim(optim_name: str, comm_scheme: Optional[str] = None) -> str:
+    """The communication scheme an optimizer config runs with (conf/optim/*.yaml)."""
+    if optim_name == "birder":
+        return comm_scheme or "hierarchical"
+    if optim_name in ("onebit_adam", "onebit_lamb"):
+        return "onebit"
+    if optim_name.endswith("_powersgd"):
+        return "powersgd"
+    if optim_name.endswith("_fp16"):
+        return "fp16"
+    return "fp32"

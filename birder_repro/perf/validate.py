@@ -1,0 +1,201 @@
+"""The performance model against the Birder paper: its multi-node rows predicted from its 1-node rows.
+
+    python -m birder_repro.perf.validate          # Tables 1-4, with the errors and the target's verdict
+    python -m birder_repro.perf.validate --fit    # also fit each interconnect's efficiency
+
+For every multi-node row of the paper's Tables 1-4 (tables/paper/*.csv), the model predicts the throughput
+from the paper profile of its task and batch (1-node rows and section 5.3 only) and the cluster config of its
+interconnect (conf/cluster/<cluster>.yaml). Speedups are over the baseline's predicted throughput at the same
+layout, scale efficiency T_N / ((N/8) T_8) as the paper defines it.
+
+TARGET: the median absolute relative error of the predicted speedups of the multi-node rows of Tables 3 and 4
+(the compressed optimizers' rows: the baseline's speedup is 1 by definition and not counted) is at most 15 %.
+
+Implementation (birder_repro.perf.implementations, ``--implementation``, default ``paper``): the schemes run
+as the paper's runs did, not as this project's hooks do. DDP's fp32 all-reduce overlaps the backward pass
+per bucket; Birder's hook (section 5.1) and 1-bit Adam's compressed all-reduce of the whole momentum (in the
+optimizer's step; appendix E: "off-the-shelf communication primitives in PyTorch") do not: Figure 4 stacks
+computation, communication and compression per iteration. ``--implementation this`` overlaps every scheme.
+
+Calibration: one free number per interconnect, the inter-node efficiency (conf/cluster/<name>.yaml,
+``perf.inter_efficiency``), fitted by :func:`fit_efficiency` (least squares in log throughput over all the
+multi-node rows of Tables 3 and 4 on that interconnect, baselines included; not on the target's metric):
+Ethernet 0.52 (NCCL 2.10 over TCP sockets reaching about 5 of 10 Gbit/s), InfiniBand 0.14 (about 28 of 200
+Gbit/s). Latencies are NCCL's own tuning-model figures (9.6 us a network hop), NVLink from the A100 datasheet;
+nothing is per row, per task or per optimizer.
+
+Where the model misses, and why (README-ready):
+
+- The model MISSES the target: median error 24.3 % over the 24 rows (1-bit Adam 13 %, Birder 42 %; Ethernet
+  47 %, InfiniBand 20 %). With every scheme overlapped (``this``) it is 24.2 % (1-bit Adam 11 %, Birder 56 %).
+- Running Birder as the paper did (not overlapped) is the better account of its rows: its BERT Ethernet
+  errors fall from +136..+177 % to +71..+98 %, its predicted scale efficiency from 81-100 % to 60-100 %
+  (printed 30-98 %). It is not enough: what the paper's Birder loses with more nodes does not follow its
+  bytes. Per step over 10 Gbit/s Ethernet, ResNet-50's Birder grows by 11, 35, 60 ms at 2, 4, 8 nodes and
+  BERT-Base's by 53, 73, 136 ms, with 3.2-5.6 MB and 13.6-23.8 MB on each node's NIC (2(n-1)/n P/32): a
+  least-squares split is about 4 ms per MB (0.25 GB/s, half the fp32 all-reduce's rate on the same link)
+  plus 0, 23, 37 ms at 2, 4, 8 nodes that do not depend on the model's size. The paper itself says so
+  (appendices D and E): "All-reduce is more efficient than All-to-All which is the core of our
+  Hierarchical-1-bit-All-Reduce", and the primitives' "computation time ... may exceed the time of the pure
+  communication itself". One efficiency per link cannot give the all-to-all half the all-reduce's rate.
+- Per-message latency is not the missing piece: torch's all_to_all_single on NCCL is n-1 grouped send/recv
+  pairs, each paying a network hop. Raising the Ethernet latency from NCCL's 9.6 us to 25, 50, 100, 200 us
+  (TCP sockets with NCCL's proxy thread are slower than its tuning model) moves Birder's median to 40, 30, 28,
+  27 % but 1-bit Adam's to 14, 18, 21, 27 % (its flat exchange has N-1 = 63 steps), the overall median to
+  25.2, 24.8, 24.8, 27.4 %. Padding is not it either: the hooks pad a bucket to a multiple of 8mn elements
+  (512 at 8 nodes), negligible; the paper gives P/32 per GPU for the 1-bit volume (section 4), so no extra
+  bytes are assumed.
+- 1-bit Adam: in the optimizer's step on the whole vector (4 collectives a step) it stays close (13 %); run
+  per bucket without overlap it is worse (19 %). Its 64-GPU Ethernet collapse (5546 samples/s, slower than at
+  32 GPUs) is not predicted (11746): a 63-peer all-to-all over TCP is worse than its bytes and latencies.
+- Over InfiniBand the fp32 baselines need only 0.14 of the line rate and their all-reduce time barely grows
+  with nodes (ResNet-50: 40, 44, 54 ms exposed at 2, 4, 8 nodes), which looks like a per-GPU limit (for
+  example staging through host memory without GPUDirect RDMA) rather than the NIC; the model's 2(n-1)/n
+  growth over-predicts the 2-node baseline (ResNet-50: 6.8k predicted, 4.7k printed), so the compressed
+  rows' speedups at 2 nodes come out low (-28 to -30 %).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+import yaml
+
+from .cluster import ClusterSpec
+from .implementations import IMPLEMENTATIONS
+from .model import predict_run
+from .paper_profiles import PAPER_GPUS_PER_NODE, _data as _paper_data, paper_profile
+from .schemes import scheme_for_optim
+
+__all__ = ["TARGET", "validate", "target_rows", "median_speedup_error", "fit_efficiency", "cluster_spec",
+           "main"]
+
+TARGET = 0.15
+REPO = Path(__file__).resolve().parents[2]
+PAPER_DIR = REPO / "tables" / "paper"
+CLUSTER_DIR = REPO / "conf" / "cluster"
+
+
+def cluster_spec(name: str, inter_efficiency: Optional[float] = None) -> ClusterSpec:
+    """conf/cluster/<name>.yaml as a ClusterSpec, optionally with another inter-node efficiency."""
+    spec = ClusterSpec.from_config(yaml.safe_load((CLUSTER_DIR / f"{name}.yaml").read_text()))
+    return spec if inter_efficiency is None else spec.with_efficiency(inter_efficiency)
+
+
+def _warmup(scheme: str, task: str, batch: int) -> float:
+    if scheme != "onebit":
+        return 0.0
+    rows = [v for v in _paper_data().values() if v["task"] == task and v["batch_size"] == batch]
+    return float(rows[0]["onebit_warmup_fraction"])
+
+
+def validate(tables: tuple[int, ...] = (1, 2, 3, 4), efficiencies: Optional[dict[str, float]] = None,
+             paper_dir: Path = PAPER_DIR, implementation: str = "paper") -> pd.DataFrame:
+    """One row per paper row of ``tables``: printed and predicted throughput, speedup, scale efficiency,
+    each scheme run as ``implementation`` runs it (birder_repro.perf.implementations)."""
+    paper = pd.concat([pd.read_csv(paper_dir / f"table{t}.csv") for t in tables], ignore_index=True)
+    specs = {c: cluster_spec(c, (efficiencies or {}).get(c)) for c in paper["cluster"].unique()}
+    out = []
+    for (task, batch, cluster), group in paper.groupby(["task", "batch_per_gpu", "cluster"], sort=False):
+        spec = specs[cluster]
+        profile = paper_profile(task=task, batch_size=int(batch), node=spec, implementation=implementation)
+        base_name = "sgdm" if task == "resnet50" else "bertadam"
+        cache: dict[tuple, float] = {}
+
+        def tput(optim: str, nodes: int, gpus_per_node: int) -> float:
+            key = (optim, nodes)
+            if key not in cache:
+                scheme = scheme_for_optim(optim)
+                run = predict_run(profile, spec, nodes, gpus_per_node, scheme, int(batch),
+                                  warmup_fraction=_warmup(scheme, task, int(batch)),
+                                  implementation=implementation)
+                cache[key] = run["run"]["throughput_samples_per_s"]
+            return cache[key]
+
+        for _, row in group.iterrows():
+            n, m = int(row["nodes"]), int(row["gpus_per_node"])
+            pred = tput(row["optimizer"], n, m)
+            base = tput(base_name, n, m)
+            one = tput(row["optimizer"], 1, m)
+            speedup = pred / base
+            out.append({"table": int(row["table"]), "task": task, "batch": int(batch), "cluster": cluster,
+                        "optimizer": row["optimizer"], "gpus": int(row["gpus"]), "nodes": n,
+                        "throughput": float(row["throughput"]), "pred_throughput": pred,
+                        "throughput_error": pred / float(row["throughput"]) - 1,
+                        "speedup": float(row["speedup"]), "pred_speedup": speedup,
+                        "speedup_error": speedup / float(row["speedup"]) - 1,
+                        "scale_efficiency": row.get("scale_efficiency"),
+                        "pred_scale_efficiency": 100 * pred / (n * one)})
+    return pd.DataFrame(out)
+
+
+def target_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows the target is about: Tables 3 and 4, several nodes, not the baseline."""
+    return frame[frame["table"].isin([3, 4]) & (frame["nodes"] > 1)
+                 & ~frame["optimizer"].isin(["sgdm", "bertadam"])]
+
+
+def median_speedup_error(frame: pd.DataFrame) -> float:
+    return float(statistics.median(target_rows(frame)["speedup_error"].abs()))
+
+
+def fit_efficiency(cluster: str, grid: Optional[list[float]] = None, implementation: str = "paper") -> float:
+    """The inter-node efficiency of ``cluster`` that best fits (least squares in log throughput) every
+    multi-node row of Tables 3 and 4 on that interconnect, baselines included. Not the target's metric."""
+    import math
+
+    grid = grid or [round(0.02 * k, 2) for k in range(1, 51)]
+    best, best_loss = grid[0], float("inf")
+    for eff in grid:
+        frame = validate((3, 4), {cluster: eff}, implementation=implementation)
+        rows = frame[(frame["cluster"] == cluster) & (frame["nodes"] > 1)]
+        loss = sum(math.log(p / t) ** 2 for p, t in zip(rows["pred_throughput"], rows["throughput"]))
+        if loss < best_loss:
+            best, best_loss = eff, loss
+    return best
+
+
+def format_table(frame: pd.DataFrame) -> str:
+    shown = frame[frame["nodes"] > 1].copy()
+    shown["throughput"] = shown["throughput"].map(lambda x: f"{x:.0f}")
+    shown["pred_throughput"] = shown["pred_throughput"].map(lambda x: f"{x:.0f}")
+    for col in ("throughput_error", "speedup_error"):
+        shown[col] = shown[col].map(lambda x: f"{100 * x:+.1f}%")
+    shown["speedup"] = shown["speedup"].map(lambda x: f"{x:.2f}x")
+    shown["pred_speedup"] = shown["pred_speedup"].map(lambda x: f"{x:.2f}x")
+    shown["scale_efficiency"] = shown["scale_efficiency"].map(lambda x: "" if pd.isna(x) else f"{x:.1f}%")
+    shown["pred_scale_efficiency"] = shown["pred_scale_efficiency"].map(lambda x: f"{x:.1f}%")
+    cols = ["table", "task", "batch", "cluster", "gpus", "optimizer", "throughput", "pred_throughput",
+            "throughput_error", "speedup", "pred_speedup", "speedup_error", "scale_efficiency",
+            "pred_scale_efficiency"]
+    return shown[cols].to_markdown(index=False)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fit", action="store_true", help="fit each interconnect's efficiency first")
+    parser.add_argument("--tables", default="1,2,3,4", help="paper tables to show (comma separated)")
+    parser.add_argument("--implementation", default="paper", choices=sorted(IMPLEMENTATIONS),
+                        help="how each scheme runs (birder_repro.perf.implementations); default: the paper's")
+    args = parser.parse_args(argv)
+    efficiencies = None
+    if args.fit:
+        efficiencies = {c: fit_efficiency(c, implementation=args.implementation)
+                        for c in ("ethernet_10g", "infiniband_200g")}
+        print("fitted inter-node efficiencies:", efficiencies)
+    tables = tuple(int(t) for t in args.tables.split(","))
+    frame = validate(tuple(sorted(set(tables) | {3, 4})), efficiencies, implementation=args.implementation)
+    print(format_table(frame[frame["table"].isin(tables)]))
+    err = median_speedup_error(frame)
+    verdict = "meets" if err <= TARGET else "MISSES"
+    print(f"\nmedian |speedup error|, multi-node compressed rows of Tables 3-4: {100 * err:.1f}% "
+          f"({verdict} the {100 * TARGET:.0f}% target; {len(target_rows(frame))} rows)")
+    return 0 if err <= TARGET else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,178 @@
+"""The run record (``record.json``, one per run): every key, documented once, for its writer and its readers.
+
+The writer (:mod:`birder_repro.record`, with the training loop's figures and the probes') builds a record from
+:data:`KEYS` and refuses a key that is not documented here; the readers (:mod:`birder_repro.report.records`,
+:mod:`birder_repro.summary`) read values through :func:`get`, which refuses an undocumented key, so that a
+misspelt name fails loudly instead of reading as missing. Outside scripts can rely on these names
+(DESIGN.md, "Run records and tables"). A failed run's record has the same keys, with ``status: failed``, the
+``error`` and null measurements. Units: bytes, seconds, samples; "per step" means per optimizer step and, for
+times and bytes, per process (the mean over processes), over the timed steps only.
+
+Metrics: each task declares its own (``Task.metrics``, with ``Task.headline_metric`` the one the paper
+reports first); ``metrics`` holds them in that order, headline first, then any other figure the evaluation
+returned, then ``eval_loss`` (the evaluation's own loss) and ``loss`` (the training loss, ``final_loss``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Optional
+
+__all__ = ["Key", "KEYS", "NAMES", "CLUSTER_PARTS", "STEP_TIME_PARTS", "OVERLAP_PARTS", "LOSS_METRICS", "empty_record",
+           "check", "get", "declared_metrics", "headline_metric", "ordered_metrics", "metric_names"]
+
+CLUSTER_PARTS = ("name", "nodes", "gpus_per_node", "interconnect", "link_mbit")
+STEP_TIME_PARTS = ("total", "compute", "communication", "compression")  # total = the sum of the other three
+# beside step_time_s, not parts of it: whether the hook overlaps backward, the exposed time (step - compute), and
+# the seconds per step the hook spent in collectives and in compression work, hidden or not
+OVERLAP_PARTS = ("overlapped", "exposed", "collectives", "compression_work")
+LOSS_METRICS = ("eval_loss", "loss")  # every task's, after its own metrics
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str
+    doc: str
+    parts: tuple[str, ...] = ()  # the keys of a nested object, where they are fixed
+    empty: Any = None  # the value before (or without) a measurement
+
+
+KEYS: tuple[Key, ...] = (
+    # ---- what ran, from the config
+    Key("status", "completed | failed"),
+    Key("error", "a failed run's traceback or reason; null when completed"),
+    Key("task", "the task's name (conf/task)"),
+    Key("optim", "the optimizer's name (conf/optim)"),
+    Key("cluster", "the layout: cluster name, nodes, processes (GPUs) per node, interconnect, link Mbit/s",
+        CLUSTER_PARTS),
+    Key("world_size", "processes in the layout: nodes x gpus_per_node"),
+    Key("batch_size", "samples per step per process (train.batch_size)"),
+    Key("global_batch_size", "samples per step over all processes"),
+    Key("lr", "the peak learning rate the optimizer got (optim.lr, scaled by the global batch if asked)"),
+    Key("data", "what the training data was, real or synthetic"),
+    # ---- how long
+    Key("steps", "optimizer steps of the whole run"),
+    Key("resumed_from_step", "the checkpoint's step a resumed run started from; null when not resumed"),
+    Key("samples", "training samples over all processes, resumes included"),
+    Key("epochs_trained", "samples / training-set size"),
+    Key("timing_warmup_steps", "first steps left out of throughput, step time and bytes per step"),
+    Key("timed_steps", "steps the throughput, step time and bytes per step are over"),
+    # ---- how fast
+    Key("throughput_samples_per_s", "global samples per second over the timed steps"),
+    Key("throughput_by_stage", "the same per stage of the hook (1-bit Adam / LAMB: warmup, compression)",
+        empty={}),
+    Key("step_time_s", "mean step time and its parts: compute, communication not hidden by compute, "
+                       "compression; the parts sum to total", STEP_TIME_PARTS),
+    Key("step_time_s_by_stage", "step_time_s per stage of the hook", empty={}),
+    Key("overlap_s", "the hook's overlap with compute: overlapped (its work runs beside backward), exposed "
+                     "(step - compute), collectives and compression_work (seconds per step, hidden or not)",
+        OVERLAP_PARTS, empty={}),
+    Key("forward_backward_s", "forward + backward without communication (median of the calibration passes)"),
+    Key("compute_calibration_passes", "how many calibration passes measured forward_backward_s"),
+    Key("data_wait_s_per_step", "mean wait for the data loader per step, outside the step time"),
+    # ---- what was sent
+    Key("intra_node_bytes_per_step", "payload bytes a process sent within its node per step (the hook's count)"),
+    Key("inter_node_bytes_per_step", "payload bytes a process sent across nodes per step (the hook's count)"),
+    Key("intra_node_bytes_per_step_by_stage", "intra_node_bytes_per_step per stage of the hook", empty={}),
+    Key("inter_node_bytes_per_step_by_stage", "inter_node_bytes_per_step per stage of the hook", empty={}),
+    Key("parameters", "trainable parameters of the model"),
+    Key("fp32_allreduce_bytes_per_step", "bytes a process would send in an fp32 ring all-reduce of the "
+                                         "gradients (birder_repro.comm.accounting)"),
+    Key("fp32_allreduce_intra_node_bytes_per_step", "the intra-node share of fp32_allreduce_bytes_per_step"),
+    Key("fp32_allreduce_inter_node_bytes_per_step", "the inter-node share of fp32_allreduce_bytes_per_step"),
+    Key("link_bytes_per_step", "emulated clusters: bytes each node's link sent per timed step as the kernel "
+                               "counted them (headers included), in node order; null elsewhere"),
+    Key("link_packets_per_step", "emulated clusters: packets each node's link sent per timed step"),
+    Key("link_tcp_retransmits_per_step", "emulated clusters: TCP segments each node retransmitted per step"),
+    Key("link_interfaces", "emulated clusters: the interface counted on each node"),
+    Key("link_header_bytes_per_packet", "emulated clusters: header bytes per packet inside the link counts"),
+    # ---- how well
+    Key("final_loss", "the training loss at the end (see loss_definition)"),
+    Key("loss_definition", "how final_loss was taken"),
+    Key("headline_metric", "the task's main metric (its Task.headline_metric), a key of metrics"),
+    Key("metrics", "the task's metrics at the end, headline first, then eval_loss and loss", empty={}),
+    # ---- where and when
+    Key("device", "cpu, or cuda with the GPU's name"),
+    Key("backend", "the torch.distributed backend: gloo | nccl"),
+    Key("versions", "Python and the versions of the packages a result depends on"),
+    Key("git_sha", "the commit of the checkout that ran"),
+    Key("started", "local time with UTC offset, ISO 8601"),
+    Key("ended", "local time with UTC offset, ISO 8601"),
+    Key("run_dir", "the run directory"),
+    Key("command", "the command line that reproduces the run"),
+    Key("config", "the resolved config (Hydra's own node left out)"),
+)
+NAMES = frozenset(k.name for k in KEYS)
+_BY_NAME = {k.name: k for k in KEYS}
+
+
+def empty_record() -> dict[str, Any]:
+    """Every key with its empty value, in the documented order."""
+    return {k.name: (dict(k.empty) if isinstance(k.empty, dict) else k.empty) for k in KEYS}
+
+
+def check(record: Mapping[str, Any]) -> None:
+    """Refuse keys that are not documented here (a writer adding one documents it in :data:`KEYS` first)."""
+    unknown = sorted(set(record) - NAMES)
+    if unknown:
+        raise ValueError(f"run record keys not documented in birder_repro.schema.KEYS: {', '.join(unknown)}")
+    for key in ("cluster", "step_time_s", "overlap_s"):
+        value = record.get(key)
+        if isinstance(value, Mapping) and set(value) - set(_BY_NAME[key].parts):
+            raise ValueError(f"record[{key!r}] has keys {sorted(set(value) - set(_BY_NAME[key].parts))}, "
+                             f"not among {_BY_NAME[key].parts}")
+
+
+def get(record: Mapping[str, Any], key: str, *parts: str, default: Any = None) -> Any:
+    """``record[key][part]...``, or ``default`` where a level is missing, null or not an object.
+
+    ``key`` must be documented; so must ``parts`` where the key's parts are fixed (cluster, step_time_s).
+    """
+    if key not in NAMES:
+        raise KeyError(f"{key!r} is not a run record key (birder_repro.schema.KEYS)")
+    fixed = _BY_NAME[key].parts
+    if parts and fixed and parts[0] not in fixed:
+        raise KeyError(f"{key}.{parts[0]} is not a run record key; {key} has {', '.join(fixed)}")
+    value: Any = record
+    for name in (key, *parts):
+        if not isinstance(value, Mapping) or value.get(name) is None:
+            return default
+        value = value[name]
+    return value
+
+
+# ------------------------------------------------------------------------------------------- metrics
+def declared_metrics(task) -> tuple[str, ...]:
+    """The metrics a task declares (``Task.metrics``), headline first."""
+    names = tuple(getattr(task, "metrics", ()) or ())
+    headline = headline_metric(task)
+    return ((headline,) if headline else ()) + tuple(m for m in names if m != headline)
+
+
+def headline_metric(task) -> Optional[str]:
+    """``Task.headline_metric``, else the first of ``Task.metrics``; None for a task without metrics."""
+    names = tuple(getattr(task, "metrics", ()) or ())
+    return getattr(task, "headline_metric", "") or (names[0] if names else None)
+
+
+def ordered_metrics(metrics: Mapping[str, float], declared: Iterable[str] = (),
+                    headline: Optional[str] = None) -> dict[str, float]:
+    """``metrics`` in the record's order: ``headline``, the declared ones, the others by name, then losses."""
+    first = [headline] if headline else []
+    own = [m for m in [*first, *declared] if m in metrics and m not in LOSS_METRICS]
+    others = sorted(m for m in metrics if m not in own and m not in LOSS_METRICS)
+    order = list(dict.fromkeys(own)) + others + [m for m in LOSS_METRICS if m in metrics]
+    return {m: metrics[m] for m in order}
+
+
+def metric_names(records: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Every metric any of ``records`` has, in a stable order: each record's own order (headline first) as
+    records come, new names appended, and the losses last. Pass the records sorted (by task, run)."""
+    records = list(records)
+    names: list[str] = []
+    for record in records:
+        metrics = get(record, "metrics", default={})
+        ordered = ordered_metrics(metrics, metrics.keys(), get(record, "headline_metric"))
+        names += [m for m in ordered if m not in names and m not in LOSS_METRICS]
+    seen = {m for record in records for m in get(record, "metrics", default={})}
+    return names + [m for m in LOSS_METRICS if m in seen]

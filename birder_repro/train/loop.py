@@ -1,0 +1,209 @@
+"""The loop: steps with the lr schedule, logging, evaluation and checkpoints between them, the record's figures.
+
+The worker builds the task, data, DDP model, optimizer and communication hook, then calls :func:`train`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import torch
+
+from birder_repro import schema
+from birder_repro.comm.accounting import CommStats, flat_allreduce_split
+from birder_repro.logger import RunLogger
+from birder_repro.probes import start_probes, stop_probes
+from birder_repro.schedule import lr_factor
+from birder_repro.train import breakdown
+from birder_repro.train.checkpoint import load_checkpoint, save_checkpoint
+from birder_repro.train.collectives import allreduce_sum
+from birder_repro.train.data import batches, steps_per_epoch
+from birder_repro.train.evaluate import evaluate
+from birder_repro.train.progress import LogInterval, Progress, log_interval
+from birder_repro.train.settings import RunPlan, TrainSettings
+from birder_repro.train.timing import StepPlan, StepResult, calibrate_forward_backward, run_step, stage_of
+
+__all__ = ["train", "fp32_allreduce_bytes"]
+
+LOSS_TAIL = 0.10  # final_loss: the mean training loss over this fraction of the last steps
+FP32_BYTES = 4
+
+
+def fp32_allreduce_bytes(num_params: int, world_size: int, gpus_per_node: int) -> tuple[float, float, float]:
+    """(total, intra-node, inter-node) bytes one process sends per step in DDP's fp32 ring all-reduce of
+    ``num_params`` parameters: 2(N-1)/N x 4 bytes x P (birder_repro.comm.accounting, Thakur et al. 2005)."""
+    intra, inter = flat_allreduce_split(FP32_BYTES * num_params, world_size, gpus_per_node)
+    return intra + inter, intra, inter
+
+
+@dataclass
+class _Run:
+    """The loop's running state on this process."""
+
+    step: int = 0
+    samples: float = 0.0  # this process's samples since the start of training (resumes included)
+    calibration: list = field(default_factory=list)  # seconds of every forward + backward calibration pass
+    stages: dict[str, breakdown.Totals] = field(default_factory=dict)
+    tail: deque = field(default_factory=deque)  # (loss_sum, samples) of the last steps
+    interval: LogInterval = field(default_factory=LogInterval)  # since the last log line
+    epoch: int = 0
+
+
+@dataclass
+class _Parts:
+    """What the worker hands :func:`train`, and the loop's outputs, passed around together."""
+
+    cfg: Any
+    task: Any
+    data: Any
+    model: Any
+    optimizer: Any
+    comm: Any
+    topology: Any
+    device: torch.device
+    run_dir: Any
+    settings: TrainSettings
+    logger: RunLogger
+    progress: Progress
+
+
+def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir, probes: Sequence = (),
+          plan: Optional[RunPlan] = None) -> dict:
+    """Train ``model`` for the configured steps and return the run's figures (record keys, birder_repro.schema).
+
+    Collective: every process calls it with the same config. Only rank 0 prints, logs and writes the model.
+    ``plan``: the settings and derived numbers the worker computed (built here from ``cfg`` when not given).
+    ``probes`` measure over exactly the timed steps (birder_repro.probes).
+    """
+    plan = plan or RunPlan.build(cfg, topology.world_size, int(data.train_size))
+    settings, steps = plan.settings, plan.steps
+    device = torch.device(device)
+    comm = comm if comm is not None else CommStats()
+    is_main = topology.rank == 0
+    base_lrs = [g["lr"] for g in optimizer.param_groups]  # the peak lr, before a checkpoint's lr replaces it
+
+    run = _Run()
+    if settings.resume:
+        run.step, run.samples = load_checkpoint(settings.resume, model, optimizer, comm, topology.rank,
+                                                topology.world_size, device)
+    timing = StepPlan.build(settings, steps, start_step=run.step)
+    run.tail = deque(maxlen=max(1, math.ceil(LOSS_TAIL * steps)))
+    if is_main:
+        print(f"train: {steps} steps{f' from step {run.step}' if run.step else ''}, global batch "
+              f"{plan.global_batch} ({topology.world_size} processes x {settings.batch_size}); data: "
+              f"{data.description}; throughput and step times leave out the first {timing.warmup_steps} steps",
+              flush=True)
+    logger = RunLogger(cfg, run_dir, enabled=is_main)
+    progress = Progress(steps, run.step, enabled=is_main)
+    parts = _Parts(cfg, task, data, model, optimizer, comm, topology, device, run_dir, settings, logger, progress)
+    exit_code = 1
+    probing = False
+    try:
+        model.train()
+        stream = batches(data, steps_per_epoch(data, int(data.train_size), plan.global_batch), run.step, device)
+        while run.step < steps:
+            t_data = time.perf_counter()
+            run.epoch, batch = next(stream)
+            data_wait = time.perf_counter() - t_data
+            if timing.calibration_passes_at(run.step):
+                run.calibration += calibrate_forward_backward(task, model, batch, device,
+                                                              timing.calibration_passes_at(run.step))
+            lr = _set_lr(optimizer, base_lrs, run.step, steps, settings.schedule)
+            stage = stage_of(comm, run.step)
+            if not probing and timing.timed(run.step):
+                start_probes(probes)
+                probing = True
+            result = run_step(task, model, optimizer, batch, device, comm, settings.grad_clip)
+            _record_step(run, timing, result, stage, data_wait)
+            progress.step()
+            _between_steps(parts, run, timing, lr, stage)
+        probed = stop_probes(probes, timed_steps=int(sum(t.steps for t in run.stages.values())))
+        record = {**_finish(parts, run, timing, plan), **probed}
+        logger.log(run.step, {f"final/{k}": v for k, v in record["metrics"].items()})
+        logger.summary({"throughput_samples_per_s": record["throughput_samples_per_s"], **record["metrics"]})
+        exit_code = 0
+        return record
+    finally:
+        progress.close()
+        logger.finish(exit_code=exit_code)
+
+
+def _set_lr(optimizer, base_lrs: list[float], step: int, steps: int, schedule) -> float:
+    factor = lr_factor(step, steps, schedule)
+    for group, base in zip(optimizer.param_groups, base_lrs):
+        group["lr"] = base * factor
+    return optimizer.param_groups[0]["lr"]
+
+
+def _record_step(run: _Run, timing: StepPlan, result: StepResult, stage: Optional[str], data_wait: float) -> None:
+    if timing.timed(run.step):  # before counting the step: it is the index of the step just taken
+        run.stages.setdefault(stage or "", breakdown.Totals()).add(result, data_wait)
+    run.step += 1
+    run.samples += result.samples
+    run.tail.append((result.loss_sum, result.samples))
+    run.interval.add(result)
+
+
+def _between_steps(p: _Parts, run: _Run, timing: StepPlan, lr: float, stage: Optional[str]) -> None:
+    """Log, evaluate and checkpoint when their intervals come round (all collective on every rank)."""
+    s = p.settings
+    if run.step % s.log_every == 0 or run.step == timing.steps:
+        log_interval(run.step, run.epoch, run.interval, p.logger, p.progress, lr, stage, p.device)
+        run.interval = LogInterval()
+    if s.eval_every and run.step % s.eval_every == 0 and run.step < timing.steps and p.data.eval is not None:
+        metrics = evaluate(p.task, p.model, p.data, p.device, s.eval_max_batches)
+        p.logger.log(run.step, {f"eval/{k}": v for k, v in metrics.items()})
+    if s.checkpoint_every and run.step % s.checkpoint_every == 0:
+        save_checkpoint(p.run_dir, run.step, run.samples, p.model, p.optimizer, p.comm, p.topology.rank,
+                        p.topology.world_size, p.device)
+
+
+def _final_metrics(p: _Parts, final_loss: float) -> dict[str, float]:
+    """The task's metrics at the end (its own ``loss`` kept as ``eval_loss``) and the training loss."""
+    metrics: dict[str, float] = {}
+    if p.settings.eval and p.data.eval is not None:
+        metrics = evaluate(p.task, p.model, p.data, p.device, p.settings.eval_max_batches)
+        if "loss" in metrics:
+            metrics["eval_loss"] = metrics.pop("loss")
+    metrics["loss"] = final_loss
+    return schema.ordered_metrics(metrics, schema.declared_metrics(p.task))
+
+
+def _finish(p: _Parts, run: _Run, timing: StepPlan, plan: RunPlan) -> dict:
+    """Evaluation, cross-process sums and the record's figures (collective)."""
+    world = p.topology.world_size
+    tail_loss, tail_samples, samples, forward_backward = allreduce_sum(
+        [sum(l for l, _ in run.tail), float(sum(n for _, n in run.tail)), run.samples,
+         statistics.median(run.calibration)], p.device)
+    forward_backward /= world  # the mean over processes of each one's median
+    final_loss = tail_loss / tail_samples if tail_samples else float("nan")
+    metrics = _final_metrics(p, final_loss)
+    num_params = sum(q.numel() for q in getattr(p.model, "module", p.model).parameters() if q.requires_grad)
+    fp32_total, fp32_intra, fp32_inter = fp32_allreduce_bytes(num_params, world, p.topology.gpus_per_node)
+    return {
+        "steps": timing.steps,
+        "resumed_from_step": timing.start_step or None,
+        "samples": int(round(samples)),
+        "epochs_trained": samples / p.data.train_size if p.data.train_size else None,
+        "batch_size": p.settings.batch_size,
+        "global_batch_size": plan.global_batch,
+        "data": p.data.description,
+        "timing_warmup_steps": timing.warmup_steps,
+        "forward_backward_s": forward_backward,
+        "compute_calibration_passes": len(run.calibration),
+        **breakdown.summarize_timing(breakdown.stage_figures(run.stages, world, p.device), forward_backward,
+                                     bool(getattr(p.comm, "overlaps", lambda: False)())),
+        "parameters": num_params,
+        "fp32_allreduce_bytes_per_step": fp32_total,
+        "fp32_allreduce_intra_node_bytes_per_step": fp32_intra,
+        "fp32_allreduce_inter_node_bytes_per_step": fp32_inter,
+        "final_loss": final_loss,
+        "loss_definition": f"mean training loss over the last {len(run.tail)} steps, all processes",
+        "headline_metric": schema.headline_metric(p.task),
+        "metrics": metrics,
+    }

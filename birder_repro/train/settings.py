@@ -1,0 +1,109 @@
+"""Every ``train.*`` setting, read once from the run's config into :class:`TrainSettings`, and the few numbers
+derived from them once per run (:class:`RunPlan`: the global batch and the total steps).
+
+The training loop, the worker and the record read these objects, never ``cfg.train`` itself. Keys a task adds
+under ``train:`` for itself (``train.label_smoothing`` of ViT) are the task's to read and are ignored here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from omegaconf import OmegaConf
+
+from birder_repro.config import ConfigError
+from birder_repro.schedule import SCHEDULES
+
+__all__ = ["TrainSettings", "RunPlan", "total_steps"]
+
+
+def total_steps(steps: Optional[int], epochs: float, train_size: int, global_batch: int) -> int:
+    """``steps`` when given, else ``epochs`` passes over ``train_size`` samples at ``global_batch`` per step."""
+    if steps is not None:
+        if steps < 1:
+            raise ValueError(f"train.steps must be >= 1, got {steps}")
+        return int(steps)
+    if train_size < 1 or global_batch < 1:
+        raise ValueError(f"cannot count steps: train_size={train_size}, global batch={global_batch}")
+    return max(1, int(math.ceil(epochs * math.ceil(train_size / global_batch))))
+
+
+def _whole(key: str, value: Any, minimum: int, allow_none: bool = False) -> Optional[int]:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        null = " or null" if allow_none else ""
+        raise ConfigError(f"train.{key}={value!r}: use a whole number >= {minimum}{null}")
+    return value
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """The ``train:`` node of conf/config.yaml (see the comments there), checked; defaults are that file's."""
+
+    batch_size: int  # per process
+    steps: Optional[int] = None  # None: ``epochs`` passes over the training set
+    epochs: float = 1.0
+    schedule: Mapping[str, Any] = field(default_factory=lambda: {"name": "constant"})  # birder_repro.schedule
+    grad_clip: Optional[float] = None  # global norm the averaged gradients are clipped to (None: no clipping)
+    timing_warmup_steps: int = 5  # left out of throughput, step time and bytes per step
+    log_every: int = 10  # steps between log lines (metrics.jsonl, W&B, the progress line)
+    eval: bool = True  # evaluate at the end of the run
+    eval_every: int = 0  # also every this many steps (0: at the end only)
+    eval_max_batches: Optional[int] = None  # evaluation batches per process (None: all)
+    compute_calibration_passes: int = 3  # forward + backward passes under no_sync() after the timing warm-up
+    compute_calibration_every: int = 100  # one more every this many timed steps (0: never again)
+    checkpoint_every: int = 0  # steps between checkpoints (0: none)
+    resume: Optional[str] = None  # a checkpoint.pt (or its directory) to continue from
+
+    @classmethod
+    def from_config(cls, cfg) -> "TrainSettings":
+        """Read ``cfg.train`` (the run's whole config); a key left out takes the default above."""
+        node = cfg.train
+        raw = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
+        given = {k: v for k, v in raw.items() if k in cls.__dataclass_fields__ and v is not None}
+        if "batch_size" not in given:
+            raise ConfigError("train.batch_size is missing: give the batch size per process")
+        settings = cls(**given)
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        """Refuse values the loop cannot use, naming the key; raises :class:`ConfigError`."""
+        _whole("batch_size", self.batch_size, 1)
+        _whole("steps", self.steps, 1, allow_none=True)
+        if self.steps is None and not (isinstance(self.epochs, (int, float)) and self.epochs > 0):
+            raise ConfigError(f"train.epochs={self.epochs!r}: give a number of passes > 0 (or train.steps)")
+        for key in ("timing_warmup_steps", "eval_every", "compute_calibration_every", "checkpoint_every"):
+            _whole(key, getattr(self, key), 0)
+        for key in ("log_every", "compute_calibration_passes"):
+            _whole(key, getattr(self, key), 1)
+        _whole("eval_max_batches", self.eval_max_batches, 1, allow_none=True)
+        if self.grad_clip is not None and not (isinstance(self.grad_clip, (int, float)) and self.grad_clip >= 0):
+            raise ConfigError(f"train.grad_clip={self.grad_clip!r}: give a gradient norm >= 0 (0 or null: no clipping)")
+        name = self.schedule.get("name", "constant")
+        if name not in SCHEDULES:
+            raise ConfigError(f"train.schedule.name={name!r} is not one of: {', '.join(SCHEDULES)}")
+
+    def global_batch(self, world_size: int) -> int:
+        """Samples per optimizer step over all processes."""
+        return self.batch_size * world_size
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """The settings and what follows from them for one run, computed once (by the worker) and passed on."""
+
+    settings: TrainSettings
+    world_size: int
+    global_batch: int
+    steps: int  # optimizer steps of the whole run (also the optimizer's ``total_steps``)
+
+    @classmethod
+    def build(cls, cfg, world_size: int, train_size: int) -> "RunPlan":
+        settings = TrainSettings.from_config(cfg)
+        batch = settings.global_batch(world_size)
+        return cls(settings=settings, world_size=world_size, global_batch=batch,
+                   steps=total_steps(settings.steps, float(settings.epochs), int(train_size), batch))

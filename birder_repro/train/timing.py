@@ -1,0 +1,149 @@
+"""Timing one step, and the compute calibration (the module docstring of :mod:`birder_repro.train`).
+
+A step is timed from the moment its batch is in hand to the end of ``optimizer.step()``; the counters of the
+hook state are read around it. Forward + backward alone is measured by calibration passes under
+``model.no_sync()`` that leave no trace on training. On CUDA the device is synchronized around every timing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from birder_repro.comm.state import GRADIENT, CommState
+from birder_repro.train.rng import rng_state, set_rng_state
+from birder_repro.train.settings import TrainSettings
+
+__all__ = ["StepResult", "StepPlan", "run_step", "calibrate_forward_backward", "stage_of", "grads_are_gradients"]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _now(device: torch.device) -> float:
+    """Wall time after the device's queued work: CUDA kernels are asynchronous."""
+    _sync(device)
+    return time.perf_counter()
+
+
+# ------------------------------------------------------------------------------ the hook state, read
+def stage_of(comm: CommState, step: int) -> Optional[str]:
+    """The hook's stage at ``step`` (:meth:`CommState.stage`); None: the scheme has one stage."""
+    stage = comm.stage(step)
+    return None if stage is None else str(stage)
+
+
+def _counters(comm) -> tuple[float, float, float, float]:
+    return (float(comm.intra_node_bytes), float(comm.inter_node_bytes), float(comm.compress_seconds),
+            float(comm.collective_seconds))
+
+
+def grads_are_gradients(comm: CommState) -> bool:
+    """Whether ``.grad`` holds averaged gradients after backward, so that clipping their norm means something.
+
+    Not for Birder with its hook (the +-1 of u_bar: bounded by construction) nor for 1-bit Adam / LAMB in
+    their compression stage (the averaged momentum the hook returns): :meth:`CommState.grad_holds`.
+    """
+    return comm.grad_holds() == GRADIENT
+
+
+# ---------------------------------------------------------------------------------------- one step
+@dataclass
+class StepResult:
+    loss_sum: float  # loss x samples, for sample-weighted means
+    samples: int
+    seconds: float
+    optimizer: float  # optimizer.step() less the compression and communication counted inside it
+    compression: float
+    intra_bytes: float
+    inter_bytes: float
+    collectives: float = 0.0  # seconds in the hook's collectives during the step (hidden by overlap or not)
+
+
+def run_step(task, model, optimizer, batch, device, comm, grad_clip: Optional[float] = None) -> StepResult:
+    """One optimizer step, timed; the counters of ``comm`` read around it.
+
+    ``grad_clip``: the global norm the averaged gradients are clipped to before the step (AWD-LSTM's 0.25,
+    torchvision's ViT recipe's 1.0), where they are gradients (:func:`grads_are_gradients`).
+    """
+    before = _counters(comm)
+    t0 = _now(device)
+    loss, n = task.loss(model, batch, device)
+    loss.backward()  # DDP's hook communicates here; backward returns when every bucket is reduced
+    if grad_clip and grads_are_gradients(comm):
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    t1 = _now(device)
+    mid = _counters(comm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    t2 = _now(device)
+    after = _counters(comm)
+    # Compression or communication that the scheme counts inside optimizer.step() is not computation.
+    in_optimizer = (after[2] - mid[2]) + (after[3] - mid[3])
+    return StepResult(loss_sum=float(loss.detach()) * n, samples=int(n), seconds=t2 - t0,
+                      optimizer=max(0.0, (t2 - t1) - in_optimizer), compression=after[2] - before[2],
+                      intra_bytes=after[0] - before[0], inter_bytes=after[1] - before[1],
+                      collectives=after[3] - before[3])
+
+
+# ------------------------------------------------------------------------- which steps, calibration
+@dataclass(frozen=True)
+class StepPlan:
+    """Which steps of this (possibly resumed) run are timed, and when compute is calibrated."""
+
+    steps: int
+    start_step: int
+    warmup_steps: int  # timed steps start after these (at least one step is timed, however short the run)
+    calibration_passes: int
+    calibrate_every: int  # 0: calibrate compute once, after the warm-up
+
+    @classmethod
+    def build(cls, settings: TrainSettings, steps: int, start_step: int) -> "StepPlan":
+        remaining = steps - start_step
+        if remaining < 1:
+            raise ValueError(f"nothing to train: the checkpoint is at step {start_step} of {steps}")
+        return cls(steps=steps, start_step=start_step,
+                   warmup_steps=min(settings.timing_warmup_steps, remaining - 1),
+                   calibration_passes=settings.compute_calibration_passes,
+                   calibrate_every=settings.compute_calibration_every)
+
+    def calibration_passes_at(self, step: int) -> int:
+        """Forward + backward calibration passes to run before ``step``: many first, then one now and then."""
+        since = step - self.start_step - self.warmup_steps
+        if since == 0:
+            return self.calibration_passes
+        return 1 if since > 0 and self.calibrate_every and since % self.calibrate_every == 0 else 0
+
+    def timed(self, step: int) -> bool:
+        return step - self.start_step >= self.warmup_steps
+
+
+def calibrate_forward_backward(task, model, batch, device: torch.device, passes: int) -> list[float]:
+    """Seconds of ``passes`` forward + backward passes without communication, leaving no trace on training.
+
+    Under ``no_sync`` DDP runs no hook. Gradients are dropped, and buffers (BatchNorm's running statistics)
+    and RNG states (dropout) restored, so the run continues exactly as if this had not happened.
+    """
+    module = getattr(model, "module", model)
+    buffers = [b.detach().clone() for b in module.buffers()]
+    rng = rng_state(device)
+    times = []
+    with getattr(model, "no_sync", contextlib.nullcontext)():
+        for _ in range(passes):
+            t0 = _now(device)
+            loss, _ = task.loss(model, batch, device)
+            loss.backward()
+            times.append(_now(device) - t0)
+    for p in module.parameters():
+        p.grad = None
+    with torch.no_grad():
+        for b, saved in zip(module.buffers(), buffers):
+            b.copy_(saved)
+    set_rng_state(rng, device)
+    return times

@@ -1,0 +1,19 @@
+"""The task registry: an explicit table of names, each a Task of that name; an unknown name lists the choices."""
+
+from __future__ import annotations
+
+import pytest
+
+from birder_repro.tasks import TASKS, Task, UnknownTask, get_task, list_tasks
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_every_name_gives_a_task_of_that_name(name):
+    task = get_task(name)
+    assert isinstance(task, Task) and task.name == name
+
+
+def test_an_unknown_task_fails_listing_the_tasks():
+    with pytest.raises(UnknownTask) as err:
+        get_task("resnet18")
+    assert "resnet18" in str(err.value) and all(name in str(err.value) for name in list_tasks())
