@@ -54,6 +54,8 @@ KEYS: tuple[Key, ...] = (
     Key("steps", "optimizer steps of the whole run"),
     Key("resumed_from_step", "the checkpoint's step a resumed run started from; null when not resumed"),
     Key("restarts", "times torchrun restarted the workers after a failure (train.max_restarts)", empty=0),
+    Key("nonfinite_steps", "steps skipped on every rank because some rank's gradient held a NaN or Inf (the "
+        "compressed hooks, optim.comm.nonfinite=skip)", empty=0),
     Key("steps_redone", "steps trained again after restarts: from each restart's checkpoint to the step the "
         "failed attempt had reached", empty=0),
     Key("samples", "training samples over all processes, resumes included"),

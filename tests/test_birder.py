@@ -135,10 +135,13 @@ def test_byte_counts_match_formula(core_runs):
     for run in core_runs:
         counters = run["hierarchical"][2]
         per_step_inter = counters["inter_node_bytes"] / 4
-        formula = sum(2 * (n - 1) / n * padded_size(p, 8 * m * n) / (8 * m) for p in SIZES)
+        # each chunk of the all-to-all carries one more byte: the node's non-finite flag (comm/nonfinite.py)
+        formula = sum(2 * (n - 1) / n * padded_size(p, 8 * m * n) / (8 * m) + (n - 1) for p in SIZES)
         assert per_step_inter == formula
-        # intra: fp32 reduce-scatter of the padded bucket, plus the packed shards to the other local rank
-        intra = sum((m - 1) / m * padded_size(p, 32) * 4 + (m - 1) * padded_size(p, 32) / m / 8 for p in SIZES)
+        # intra: fp32 reduce-scatter of the padded bucket (and one fp32 flag per shard), plus the packed shards
+        # to the other local rank
+        intra = sum((m - 1) / m * (padded_size(p, 32) + m) * 4 + (m - 1) * padded_size(p, 32) / m / 8
+                    for p in SIZES)
         assert counters["intra_node_bytes"] / 4 == intra
 
 

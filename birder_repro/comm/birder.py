@@ -61,6 +61,7 @@ from birder_repro.comm.accounting import peer_bytes, reduce_scatter_bytes
 from birder_repro.comm.buckets import (Bucket, BucketStore, ElementPositions, Field, Level, bucket_signature,
                                        parameter_index)
 from birder_repro.comm.collectives import all_gather_flat
+from birder_repro.comm.nonfinite import NonFiniteGuard, local_flag
 from birder_repro.comm.overlap import HookRunner
 from birder_repro.comm.state import UPDATE, CommState
 from birder_repro.comm.topology import Topology, build_topology, group_peers
@@ -81,11 +82,13 @@ class BirderState(CommState):
         # internal state: the per-bucket shards (and their layout), which parameter index each parameter has,
         # where each parameter's elements sit (the counters of the random draws), the communication thread
         "store", "param_index", "positions", "runner",
+        # non-finite gradients: the flags of this step's buckets, their backups, the count of skipped steps
+        "guard",
     )
 
     def __init__(self, topology: Topology, scheme: str = "hierarchical", beta: float = 0.95, eps: float = 1e-8,
                  amsgrad_after: Optional[int] = None, seed: int = 0, param_numels: Sequence[int] = (),
-                 kernel_backend: str = "auto", overlap: bool = True):
+                 kernel_backend: str = "auto", overlap: bool = True, nonfinite: str = "skip"):
         super().__init__()
         if scheme not in SCHEMES:
             raise ValueError(f"Birder scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
@@ -118,6 +121,7 @@ class BirderState(CommState):
         self.param_index: dict[int, int] = {}  # id(parameter) -> its index in model.parameters()
         self.positions = ElementPositions(param_numels)
         self.runner = HookRunner(overlap, name=f"birder-comm-{topology.rank}")
+        self.guard = NonFiniteGuard(nonfinite, topology.rank)
 
     def grad_holds(self) -> str:
         """The hook hands every rank u_bar (+-1), the update itself, in place of the gradients."""
@@ -129,6 +133,22 @@ class BirderState(CommState):
     def close(self) -> None:
         """Stop the communication thread (it restarts with the next bucket)."""
         self.runner.close()
+
+    # ------------------------------------------------------------------------------ non-finite gradients
+    @property
+    def nonfinite_steps(self) -> int:
+        """Steps skipped because some rank's gradient held a NaN or Inf (:mod:`birder_repro.comm.nonfinite`)."""
+        return self.guard.nonfinite_steps
+
+    @property
+    def skip_step(self) -> bool:
+        """Whether the step in progress is to be skipped (read after backward, before the optimizer's step)."""
+        return self.guard.skip_step
+
+    def end_step(self) -> bool:
+        """Called by the optimizer's step(): undo this step's state updates if it is skipped; True if so."""
+        self.runner.check_idle("BirderState.end_step()")
+        return self.guard.end_step()
 
     @property
     def layout_changes(self) -> int:
@@ -160,8 +180,9 @@ class BirderState(CommState):
         with torch.no_grad():
             bucket = self.store.bucket(index, buffer.numel(), signature, buffer.device)
             st = bucket.state
+            self.guard.backup(bucket)  # before any update: a skipped step restores it
             bucket.step += 1
-            g = self._step1_node_average(buffer, bucket)
+            g, node_flag = self._step1_node_average(buffer, bucket)
             with self.timing("compress", g.device):
                 b_hat = None
                 if self.amsgrad_after is not None and bucket.step > self.amsgrad_after:
@@ -173,46 +194,66 @@ class BirderState(CommState):
                 if "b_hat" in st and b_hat is None:
                     st["b_hat"].copy_(st["b"])  # until T0, b is the EMA itself (Algorithm 1, line 6)
             if self.scheme == "allgather":
-                result = self._gather_and_average(packed)
+                result, flag = self._gather_and_average(packed, node_flag)
                 buffer.copy_(result[: bucket.numel])
             else:
-                shard_packed = self._step3_server(packed, bucket)
+                shard_packed, flag = self._step3_server(packed, bucket, node_flag)
                 self._step4_gather_node(shard_packed, bucket, buffer)
+            self.guard.note(flag, index, bucket.step)
             self.calls += 1
             return buffer
 
-    def _step1_node_average(self, buffer: torch.Tensor, bucket: Bucket) -> torch.Tensor:
-        """Step I: the node-average gradient of this rank's shard, fp32, padded with zeros."""
-        # Only read until the result is written back at the end, so no copy unless it needs padding.
+    def _step1_node_average(self, buffer: torch.Tensor, bucket: Bucket) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step I: the node-average gradient of this rank's shard, fp32, padded with zeros; and the node's
+        non-finite flag (how many of its processes had a NaN or Inf in the bucket), which travels as one extra
+        element after each shard of the reduce-scatter (:mod:`birder_repro.comm.nonfinite`)."""
         flat = buffer.float()
+        flag = local_flag(flat)
+        if self.worker_group is None:
+            # Only read until the result is written back at the end, so no copy unless it needs padding.
+            if bucket.padded != bucket.numel:
+                padded = torch.zeros(bucket.padded, device=buffer.device, dtype=torch.float32)
+                padded[: bucket.numel] = flat
+                flat = padded
+            return flat, flag
+        m, shard_size = self.worker_size, bucket.padded // self.worker_size
         if bucket.padded != bucket.numel:
             padded = torch.zeros(bucket.padded, device=buffer.device, dtype=torch.float32)
             padded[: bucket.numel] = flat
             flat = padded
-        if self.worker_group is None:
-            return flat
-        shard = torch.empty(bucket.padded // self.worker_size, device=flat.device, dtype=torch.float32)
+        rows = torch.empty(m, shard_size + 1, device=flat.device, dtype=torch.float32)  # shard, then the flag
+        rows[:, :shard_size] = flat.view(m, shard_size)
+        rows[:, shard_size] = flag
+        shard = torch.empty(shard_size + 1, device=flat.device, dtype=torch.float32)
         with self.timing("comm", flat.device):
             # gloo has no AVG reduce-scatter: sum, then divide (exact for m = 2, and the same on every rank)
-            dist.reduce_scatter_tensor(shard, flat, op=dist.ReduceOp.SUM, group=self.worker_group)
-        self.add_bytes(reduce_scatter_bytes(flat.numel() * 4, self.worker_size), 0.0)
-        return shard.div_(self.worker_size)
+            dist.reduce_scatter_tensor(shard, rows.view(-1), op=dist.ReduceOp.SUM, group=self.worker_group)
+        self.add_bytes(reduce_scatter_bytes(rows.numel() * 4, self.worker_size), 0.0)
+        return shard[:shard_size].div_(m), shard[shard_size]
 
-    def _step3_server(self, packed: torch.Tensor, bucket: Bucket) -> torch.Tensor:
-        """Step III: all-to-all of chunks, server average + re-quantization (lines 11-12), all-gather."""
+    def _step3_server(self, packed: torch.Tensor, bucket: Bucket,
+                      node_flag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step III: all-to-all of chunks, server average + re-quantization (lines 11-12), all-gather.
+
+        Each chunk carries one more byte, its node's non-finite flag, so every rank learns every node's flag
+        for the bucket with the payload (returned second: > 0 if any process had a NaN or Inf)."""
         e_bar = bucket.state["e_bar"]
         n, chunk_bytes = self.server_size, e_bar.numel() // 8
-        received = torch.empty_like(packed)
+        send = torch.empty(n, chunk_bytes + 1, device=packed.device, dtype=torch.uint8)
+        send[:, :chunk_bytes] = packed.view(n, chunk_bytes)
+        send[:, chunk_bytes] = (node_flag > 0).to(torch.uint8)
+        received = torch.empty_like(send)
         with self.timing("comm", packed.device):
             if self.server_group is not None:
-                dist.all_to_all_single(received, packed, group=self.server_group)
+                dist.all_to_all_single(received.view(-1), send.view(-1), group=self.server_group)
             else:
-                received.copy_(packed)
-        self.add_bytes(*peer_bytes(self.topology, self.server_peers, chunk_bytes))
+                received.copy_(send)
+        self.add_bytes(*peer_bytes(self.topology, self.server_peers, chunk_bytes + 1))
+        flag = received[:, chunk_bytes].sum().to(torch.float32)
         with self.timing("compress", packed.device):
             lo = e_bar.numel() * (self.worker_rank * self.server_size + self.server_rank)  # chunk k of shard r
             seed, where = self._draws(bucket, "server", lo, lo + e_bar.numel())
-            chunk_packed = kernels.server_compress(received.view(n, chunk_bytes), e_bar, seed, where,
+            chunk_packed = kernels.server_compress(received[:, :chunk_bytes].contiguous(), e_bar, seed, where,
                                                    self.kernel_backend)
         shard_packed = torch.empty(packed.numel(), device=packed.device, dtype=torch.uint8)
         with self.timing("comm", packed.device):
@@ -221,7 +262,7 @@ class BirderState(CommState):
             else:
                 shard_packed.copy_(chunk_packed)
         self.add_bytes(*peer_bytes(self.topology, self.server_peers, chunk_bytes))
-        return shard_packed
+        return shard_packed, flag
 
     def _step4_gather_node(self, shard_packed: torch.Tensor, bucket: Bucket, buffer: torch.Tensor) -> None:
         """Step IV: intra-node all-gather of the packed shards, unpacked to +-1 into ``buffer``."""
@@ -238,18 +279,24 @@ class BirderState(CommState):
             else:
                 buffer.copy_(kernels.unpack(full, self.kernel_backend)[: bucket.numel])
 
-    def _gather_and_average(self, packed: torch.Tensor) -> torch.Tensor:
-        """``allgather``: every worker's bits to every worker, averaged locally (no server step)."""
-        n = self.server_size
-        gathered = torch.empty(n * packed.numel(), device=packed.device, dtype=torch.uint8)
+    def _gather_and_average(self, packed: torch.Tensor, flag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``allgather``: every worker's bits (and, in one more byte, its non-finite flag) to every worker,
+        averaged locally (no server step); returns the average and the agreed flag."""
+        n, size = self.server_size, packed.numel()
+        send = torch.empty(size + 1, device=packed.device, dtype=torch.uint8)
+        send[:size] = packed
+        send[size] = (flag > 0).to(torch.uint8)
+        gathered = torch.empty(n * (size + 1), device=packed.device, dtype=torch.uint8)
         with self.timing("comm", packed.device):
             if self.server_group is not None:
-                all_gather_flat(gathered, packed, group=self.server_group)
+                all_gather_flat(gathered, send, group=self.server_group)
             else:
-                gathered.copy_(packed)
-        self.add_bytes(*peer_bytes(self.topology, self.server_peers, packed.numel()))
+                gathered.copy_(send)
+        self.add_bytes(*peer_bytes(self.topology, self.server_peers, size + 1))
+        rows = gathered.view(n, size + 1)
         with self.timing("compress", packed.device):
-            return kernels.unpack(gathered.view(n, -1), self.kernel_backend).mean(dim=0)
+            return (kernels.unpack(rows[:, :size].contiguous(), self.kernel_backend).mean(dim=0),
+                    rows[:, size].sum().to(torch.float32))
 
     # --------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -261,6 +308,7 @@ class BirderState(CommState):
             "seed": self.seed,
             "buckets": self.store.state_dict(),
             "counters": self.snapshot(),
+            "nonfinite": self.guard.state_dict(),
         }
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
@@ -271,6 +319,7 @@ class BirderState(CommState):
         self.store.load_state_dict(sd["buckets"])
         self.seed = sd["seed"]  # (a checkpoint's "generator", from before counter-based draws, is not used)
         self.load_counters(sd["counters"])
+        self.guard.load_state_dict(sd.get("nonfinite"))
 
 
 def birder_hook(state: BirderState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -293,7 +342,7 @@ del birder_hook.__annotations__["return_"]
 def attach_birder(ddp_model: torch.nn.parallel.DistributedDataParallel, optimizer: Birder,
                   gpus_per_node: Optional[int] = None, scheme: str = "hierarchical",
                   topology: Optional[Topology] = None, kernel_backend: str = "auto",
-                  overlap: bool = True) -> BirderState:
+                  overlap: bool = True, nonfinite: str = "skip") -> BirderState:
     """Register the Birder hook on ``ddp_model`` and hand the optimizer its update: three lines in a script.
 
     ``gpus_per_node`` (processes per node; default: LOCAL_WORLD_SIZE from torchrun) builds the topology when
@@ -301,6 +350,8 @@ def attach_birder(ddp_model: torch.nn.parallel.DistributedDataParallel, optimize
     optimizer, which from then on only applies the hook's +-1 (see :class:`birder_repro.optim.Birder`).
     ``kernel_backend``: the compression kernels' (:mod:`birder_repro.comm.kernels`; auto: the fastest here);
     ``overlap``: run the hook's work on a communication thread beside the backward pass (false: inside it).
+    ``nonfinite``: a NaN or Inf in any rank's gradient skips the whole step on every rank (``skip``: parameters
+    and hook state untouched, ``state.nonfinite_steps`` counts it) or fails it (``raise``).
     """
     kernels.resolve_backend(kernel_backend, next(ddp_model.module.parameters()).device)  # fail here, not later
     if not isinstance(optimizer, Birder):
@@ -316,10 +367,11 @@ def attach_birder(ddp_model: torch.nn.parallel.DistributedDataParallel, optimize
     state = BirderState(topology, scheme=scheme, beta=groups[0]["beta"], eps=groups[0]["eps"],
                         amsgrad_after=groups[0]["amsgrad_after"], seed=optimizer.seed,
                         param_numels=[p.numel() for p in ddp_model.module.parameters()],
-                        kernel_backend=kernel_backend, overlap=overlap)
+                        kernel_backend=kernel_backend, overlap=overlap, nonfinite=nonfinite)
     state.param_index = parameter_index(ddp_model.module)
     ddp_model.register_comm_hook(state, birder_hook)
     optimizer.compressed_by_hook = True
+    optimizer.hook_state = state  # its step() asks the hook whether to skip (end_step)
     return state
 
 
@@ -329,4 +381,4 @@ def attach_from_config(ddp_model, optimizer, cfg: Mapping[str, Any], topology: T
     comm = cfg.get("comm") or {}
     return attach_birder(ddp_model, optimizer, scheme=comm.get("scheme", "hierarchical"), topology=topology,
                          kernel_backend=str(comm.get("kernel_backend", "auto")),
-                         overlap=bool(comm.get("overlap", True)))
+                         overlap=bool(comm.get("overlap", True)), nonfinite=str(comm.get("nonfinite", "skip")))

@@ -118,6 +118,7 @@ class Birder(torch.optim.Optimizer):
         self.seed = seed
         # Set by attach_birder: the gradients are then u_bar from the hook and step() only applies them.
         self.compressed_by_hook = False
+        self.hook_state = None  # the hook's state (attach_birder): a step with a non-finite gradient is skipped
         self._generator: Optional[torch.Generator] = None
 
     def _rand_like(self, t: torch.Tensor) -> torch.Tensor:
@@ -129,6 +130,8 @@ class Birder(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure_loss(closure)
+        if self.compressed_by_hook and self.hook_state is not None and self.hook_state.end_step():
+            return loss  # some rank's gradient was non-finite: the hook undid its state; parameters stay
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:

@@ -136,7 +136,8 @@ def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir,
             attempts.reached(run.step)
             _between_steps(parts, run, timing, lr, stage)
         probed = stop_probes(probes, timed_steps=int(sum(t.steps for t in run.stages.values())))
-        record = {**_finish(parts, run, timing, plan), **probed, **attempts.figures()}
+        record = {**_finish(parts, run, timing, plan), **probed, **attempts.figures(),
+                  "nonfinite_steps": int(getattr(comm, "nonfinite_steps", 0))}
         logger.log(run.step, {f"final/{k}": v for k, v in record["metrics"].items()})
         logger.summary({"throughput_samples_per_s": record["throughput_samples_per_s"], **record["metrics"]})
         exit_code = 0
@@ -159,7 +160,8 @@ def _record_step(run: _Run, timing: StepPlan, result: StepResult, stage: Optiona
         run.stages.setdefault(stage or "", breakdown.Totals()).add(result, data_wait)
     run.step += 1
     run.samples += result.samples
-    run.tail.append((result.loss_sum, result.samples))
+    if math.isfinite(result.loss_sum):  # a step skipped for a non-finite gradient (comm/nonfinite.py) is left out
+        run.tail.append((result.loss_sum, result.samples))
     run.interval.add(result)
 
 

@@ -1,0 +1,71 @@
+"""Non-finite gradients in the compressed hooks: the whole step is skipped on every rank alike."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from birder_repro.comm.birder import attach_birder
+from birder_repro.optim import Birder
+from dist_utils import run_distributed
+
+NODES, GPUS, STEPS, BAD_STEP, BAD_RANK = 2, 2, 5, 2, 3
+
+
+def _hook_state(state) -> dict:
+    return {(i, k): t.clone() for i, b in state.store.buckets.items() for k, t in b.state.items()}
+
+
+def _script(rank: int, world: int, mode: str, overlap: bool):
+    """A user's own training script: Birder + attach_birder on 2 nodes x 2 processes; rank 3's loss is
+    multiplied by NaN at step 2."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.0002)  # a few buckets
+    opt = Birder(ddp.parameters(), lr=0.01)
+    state = attach_birder(ddp, opt, gpus_per_node=GPUS, overlap=overlap, nonfinite=mode)
+    gen = torch.Generator().manual_seed(rank)
+    out = {"params": [], "hook": [], "error": None}
+    for step in range(STEPS):
+        x, y = torch.randn(8, 6, generator=gen), torch.randint(0, 3, (8,), generator=gen)
+        loss = nn.functional.cross_entropy(ddp(x), y)
+        if step == BAD_STEP and rank == BAD_RANK:
+            loss = loss * float("nan")
+        try:
+            loss.backward()
+        except RuntimeError as exc:
+            out["error"] = str(exc)
+            return out
+        opt.step()
+        opt.zero_grad()
+        out["params"].append([p.detach().clone() for p in model.parameters()])
+        out["hook"].append(_hook_state(state))
+    out["nonfinite_steps"] = state.nonfinite_steps
+    state.close()
+    return out
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_nan_on_one_rank_skips_the_whole_step_on_every_rank(overlap):
+    runs = run_distributed(_script, NODES * GPUS, "skip", overlap)
+    for rank, run in enumerate(runs):
+        assert run["nonfinite_steps"] == 1, rank
+        before, skipped, after = run["params"][BAD_STEP - 1], run["params"][BAD_STEP], run["params"][BAD_STEP + 1]
+        assert all(torch.equal(a, b) for a, b in zip(before, skipped)), f"rank {rank}: the skipped step moved x"
+        assert not all(torch.equal(a, b) for a, b in zip(skipped, after)), f"rank {rank}: training stopped"
+        assert all(torch.isfinite(p).all() for p in run["params"][-1])
+        hook_before, hook_skipped = run["hook"][BAD_STEP - 1], run["hook"][BAD_STEP]
+        assert hook_before.keys() == hook_skipped.keys()
+        for key in hook_before:  # m, b, e, e_bar of every bucket untouched by the skipped step
+            assert torch.equal(hook_before[key], hook_skipped[key]), (rank, key)
+            assert torch.isfinite(run["hook"][-1][key]).all(), (rank, key)
+        for p, q in zip(run["params"][-1], runs[0]["params"][-1]):
+            assert torch.equal(p, q), f"rank {rank} differs from rank 0"
+
+
+def test_nonfinite_raise_fails_the_step_naming_it_and_the_bucket():
+    runs = run_distributed(_script, NODES * GPUS, "raise", True)
+    for run in runs:
+        assert run["error"] is not None and "non-finite gradient" in run["error"]
+        assert "bucket" in run["error"] and f"step {BAD_STEP + 1}" in run["error"]
