@@ -69,3 +69,49 @@ def test_nonfinite_raise_fails_the_step_naming_it_and_the_bucket():
     for run in runs:
         assert run["error"] is not None and "non-finite gradient" in run["error"]
         assert "bucket" in run["error"] and f"step {BAD_STEP + 1}" in run["error"]
+
+
+ONEBIT_BAD = (1, 3)  # one step in the warmup (fp32 all-reduce), one in the compression stage (freeze_step=2)
+
+
+def _onebit_script(rank: int, world: int):
+    from birder_repro.comm.onebit import attach_onebit
+    from birder_repro.optim import OneBitAdam
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.0002)
+    opt = OneBitAdam(ddp.parameters(), lr=0.01, freeze_step=2)
+    state = attach_onebit(ddp, opt)
+    gen = torch.Generator().manual_seed(rank)
+    out = {"params": [], "state": []}
+    for step in range(6):
+        x, y = torch.randn(8, 6, generator=gen), torch.randint(0, 3, (8,), generator=gen)
+        loss = nn.functional.cross_entropy(ddp(x), y)
+        if step in ONEBIT_BAD and rank == 1:
+            loss = loss * float("inf")
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        out["params"].append([p.detach().clone() for p in model.parameters()])
+        out["state"].append({**{(i, k): t.clone() for i, b in state.store.buckets.items() for k, t in b.state.items()},
+                             **{(j, k): t.clone() for j, p in enumerate(model.parameters())
+                                for k, t in opt.state[p].items() if isinstance(t, torch.Tensor)}})
+    out["nonfinite_steps"], out["steps_done"] = state.nonfinite_steps, opt.steps_done
+    state.close()
+    return out
+
+
+def test_onebit_adam_skips_a_nonfinite_step_in_both_stages():
+    runs = run_distributed(_onebit_script, 4)
+    for rank, run in enumerate(runs):
+        assert run["nonfinite_steps"] == 2 and run["steps_done"] == 4, rank
+        for bad in ONEBIT_BAD:
+            assert all(torch.equal(a, b) for a, b in zip(run["params"][bad - 1], run["params"][bad])), (rank, bad)
+            before, after = run["state"][bad - 1], run["state"][bad]
+            for key in before:  # momentum, variance, worker and server errors untouched
+                assert torch.equal(before[key], after[key]), (rank, bad, key)
+        assert all(torch.isfinite(p).all() for p in run["params"][-1])
+        assert not all(torch.equal(a, b) for a, b in zip(run["params"][-2], run["params"][-1]))
+        for p, q in zip(run["params"][-1], runs[0]["params"][-1]):
+            assert torch.equal(p, q), rank

@@ -53,6 +53,7 @@ import torch.distributed as dist
 from birder_repro.comm.accounting import flat_allreduce_split, peer_bytes
 from birder_repro.comm.buckets import Bucket, BucketStore, Field, Level, bucket_signature, parameter_index
 from birder_repro.comm.collectives import all_gather_flat as _all_gather
+from birder_repro.comm.nonfinite import NonFiniteGuard, local_flag
 from birder_repro.comm.overlap import HookRunner
 from birder_repro.comm.pack import pack_bits, unpack_signs
 from birder_repro.comm.state import GRADIENT, MOMENTUM, CommState
@@ -106,12 +107,15 @@ class Exchange(NamedTuple):
 
 def compressed_allreduce(x: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,
                          mask: torch.Tensor, group: Optional[dist.ProcessGroup] = None,
-                         stats: Optional[CommState] = None, topology: Optional[Topology] = None) -> Exchange:
+                         stats: Optional[CommState] = None, topology: Optional[Topology] = None,
+                         nonfinite: Optional[torch.Tensor] = None) -> Exchange:
     """Steps II-VI of the module doc on one padded buffer: the error-compensated 1-bit average over ``group``.
 
     ``x``, ``worker_error``, ``mask``: (P',) with P' a multiple of 8 N; ``server_error``: (P'/N,), the chunk
     this process serves (its rank in ``group``). Updates both errors in place. With ``stats`` the seconds are
     timed into it and, with ``topology`` as well, the bytes sent to each peer are counted intra- or inter-node.
+    ``nonfinite`` (> 0: this process's gradient held a NaN or Inf) makes this worker's scale NaN, so that the
+    scales every process gathers anyway carry the flag (:mod:`birder_repro.comm.nonfinite`): no extra message.
     """
     group = group if group is not None else dist.group.WORLD
     n, me = dist.get_world_size(group), dist.get_rank(group)
@@ -126,6 +130,8 @@ def compressed_allreduce(x: torch.Tensor, worker_error: torch.Tensor, server_err
     # Step II: worker compression over the whole buffer: one scale per worker.
     with timing("compress"):
         worker_bits, worker_scale = compress_(x, worker_error, mask)
+        if nonfinite is not None:
+            worker_scale = torch.where(nonfinite > 0, torch.full_like(worker_scale, float("nan")), worker_scale)
 
     # Step III: chunk k of every worker's bits to process k; every worker's scale to everyone.
     received = torch.empty_like(worker_bits)
@@ -192,10 +198,12 @@ class OneBitState(CommState):
         "store", "param_index", "runner",
         # statistics
         "last_stage",
+        # non-finite gradients: this step's flags, the errors' backups, the count of skipped steps
+        "guard",
     )
 
     def __init__(self, optimizer: OneBitOptimizer, process_group: Optional[dist.ProcessGroup], topology: Topology,
-                 param_index: Mapping[int, int], overlap: bool = True):
+                 param_index: Mapping[int, int], overlap: bool = True, nonfinite: str = "skip"):
         super().__init__()
         self.optimizer = optimizer
         self.process_group = process_group
@@ -207,6 +215,21 @@ class OneBitState(CommState):
         self.store = BucketStore([Field("worker_error"), Field("server_error", (every,))], pad_to=8 * n)
         self.param_index = dict(param_index)  # id(parameter) -> its index in the model's parameters()
         self.last_stage: Optional[str] = None
+        self.guard = NonFiniteGuard(nonfinite, topology.rank)
+
+    @property
+    def nonfinite_steps(self) -> int:
+        """Steps skipped because some rank's gradient held a NaN or Inf (:mod:`birder_repro.comm.nonfinite`)."""
+        return self.guard.nonfinite_steps
+
+    @property
+    def skip_step(self) -> bool:
+        return self.guard.skip_step
+
+    def end_step(self) -> bool:
+        """Called by the optimizer's step(): undo this step's error updates if it is skipped; True if so."""
+        self.runner.check_idle("OneBitState.end_step()")
+        return self.guard.end_step()
 
     @property
     def group(self) -> dist.ProcessGroup:
@@ -250,7 +273,9 @@ class OneBitState(CommState):
         fut = dist.all_reduce(buffer, group=self.group, async_op=True).get_future()
 
         def result(fut: torch.futures.Future) -> torch.Tensor:
-            return fut.value()[0]
+            averaged = fut.value()[0]  # the same on every rank: so is its flag
+            self.guard.note(local_flag(averaged), -1, self.optimizer.steps_done + 1)
+            return averaged
 
         return fut.then(result)
 
@@ -263,13 +288,17 @@ class OneBitState(CommState):
             if bucket.derived is None:
                 bucket.derived = self._derive(bucket, params)
             d = bucket.derived
+            self.guard.backup(bucket)  # before any update: a skipped step restores it
             with self.timing("compress", buffer.device):
+                flag = local_flag(buffer)
                 m = self._local_momentum(bucket, buffer)
             if self.world_size > 1:
-                m = compressed_allreduce(m, bucket.state["worker_error"], bucket.state["server_error"], d.mask,
-                                         self.group, self, self.topology).result
+                ex = compressed_allreduce(m, bucket.state["worker_error"], bucket.state["server_error"], d.mask,
+                                          self.group, self, self.topology, nonfinite=flag)
+                m, flag = ex.result, (~torch.isfinite(ex.worker_scales)).any().to(torch.float32)
             else:
                 m.mul_(d.mask)  # nothing to send: the exact momentum (DeepSpeed skips compression too)
+            self.guard.note(flag, index, self.optimizer.steps_done + 1)
             with self.timing("compress", buffer.device):
                 out = m[: bucket.numel]
                 if d.scale is not None:
@@ -318,6 +347,7 @@ class OneBitState(CommState):
             "buckets": self.store.state_dict(),
             "last_stage": self.last_stage,
             "counters": self.snapshot(),
+            "nonfinite": self.guard.state_dict(),
         }
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
@@ -329,6 +359,7 @@ class OneBitState(CommState):
         self.store.load_state_dict(sd["buckets"])
         self.last_stage = sd["last_stage"]
         self.load_counters(sd["counters"])
+        self.guard.load_state_dict(sd.get("nonfinite"))
 
 
 def onebit_hook(state: OneBitState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -349,7 +380,8 @@ def onebit_hook(state: OneBitState, bucket: dist.GradBucket) -> torch.futures.Fu
 
 
 def attach_onebit(ddp_model: torch.nn.parallel.DistributedDataParallel, optimizer: OneBitOptimizer,
-                  topology: Optional[Topology] = None, overlap: bool = True) -> OneBitState:
+                  topology: Optional[Topology] = None, overlap: bool = True,
+                  nonfinite: str = "skip") -> OneBitState:
     """Register the 1-bit hook on ``ddp_model`` and have ``optimizer`` take its averaged momentum.
 
     Args:
@@ -361,6 +393,9 @@ def attach_onebit(ddp_model: torch.nn.parallel.DistributedDataParallel, optimize
         topology: only splits the counted bytes into intra- and inter-node. None: every process its own node.
         overlap: run the compressed all-reduce on a communication thread beside the backward pass (false:
             inside the hook; the same results).
+        nonfinite: a NaN or Inf in any rank's gradient skips the whole step on every rank (``skip``: parameters,
+            momentum, variance and errors untouched, counted in ``state.nonfinite_steps``) or fails it
+            (``raise``).
     """
     if not isinstance(optimizer, OneBitOptimizer):
         raise TypeError(f"attach_onebit needs a OneBitAdam or OneBitLamb optimizer, got {type(optimizer).__name__}")
@@ -373,9 +408,10 @@ def attach_onebit(ddp_model: torch.nn.parallel.DistributedDataParallel, optimize
     if topology.world_size != world:
         raise ValueError(f"topology has {topology.world_size} processes but the DDP process group has {world}")
     state = OneBitState(optimizer, process_group, topology, parameter_index(ddp_model.module),
-                        overlap=overlap)
+                        overlap=overlap, nonfinite=nonfinite)
     ddp_model.register_comm_hook(state, onebit_hook)
     optimizer.momentum_by_hook = True
+    optimizer.hook_state = state  # its step() asks the hook whether to skip (end_step)
     return state
 
 
@@ -386,4 +422,5 @@ def attach_from_config(ddp_model: torch.nn.parallel.DistributedDataParallel, opt
     if scheme != "onebit":
         raise ValueError(f"birder_repro.comm.onebit handles scheme 'onebit', not {scheme!r}")
     comm = cfg.get("comm") or {}
-    return attach_onebit(ddp_model, optimizer, topology=topology, overlap=bool(comm.get("overlap", True)))
+    return attach_onebit(ddp_model, optimizer, topology=topology, overlap=bool(comm.get("overlap", True)),
+                         nonfinite=str(comm.get("nonfinite", "skip")))

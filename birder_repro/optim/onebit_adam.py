@@ -123,6 +123,7 @@ class OneBitOptimizer(torch.optim.Optimizer):
         # Set by birder_repro.comm.attach_onebit: in the compression stage the gradient is then the averaged
         # momentum from the hook, not a gradient.
         self.momentum_by_hook = False
+        self.hook_state = None  # the hook's state (attach_onebit): a step with a non-finite gradient is skipped
 
     @property
     def stage(self) -> str:
@@ -156,6 +157,9 @@ class OneBitOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure_loss(closure)
+        hook = self.hook_state
+        if self.momentum_by_hook and hook is not None and hook.end_step():
+            return loss  # some rank's gradient was non-finite: the hook undid its errors; nothing else moves
         compressing = self.stage == COMPRESSION
         for group in self.param_groups:
             for p in group["params"]:
