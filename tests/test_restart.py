@@ -82,3 +82,21 @@ def test_without_max_restarts_a_killed_worker_fails_the_run_with_a_record(tmp_pa
     assert rec["status"] == "failed" and rec["restarts"] == 0
     assert "peer closed its connection" in rec["error"] or "exit" in rec["error"]
     assert (run_dir / "checkpoints" / "step-000002" / "COMPLETE").is_file()  # the earlier checkpoint is kept
+
+
+def test_a_hung_peer_ends_the_run_after_train_timeout_s_naming_rank_and_collective(tmp_path):
+    out = birder_repro(*TINY, "nodes=2", "gpus_per_node=1", "train.steps=6", "train.checkpoint_every=2",
+                       "train.timeout_s=5", env={"BIRDER_RUNS": str(tmp_path), "BIRDER_TEST_FAULT": "hang:1:4"})
+    assert out.returncode != 0
+    _, rec = only_run(tmp_path)
+    assert rec["status"] == "failed"
+    assert "rank 0: collective" in rec["error"] and "train.timeout_s=5" in rec["error"], rec["error"][-2000:]
+
+
+def test_a_hung_peer_is_restarted_with_max_restarts(tmp_path):
+    out = birder_repro(*TINY, "nodes=2", "gpus_per_node=1", "train.steps=6", "train.checkpoint_every=2",
+                       "train.timeout_s=5", "train.max_restarts=1",
+                       env={"BIRDER_RUNS": str(tmp_path), "BIRDER_TEST_FAULT": "hang:1:4"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    _, rec = only_run(tmp_path)
+    assert rec["status"] == "completed" and rec["restarts"] == 1 and rec["steps_redone"] == 1
