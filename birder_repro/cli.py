@@ -12,7 +12,9 @@ and never compose a config again. :func:`run` is what the decorated entry point 
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 from typing import Optional
@@ -211,7 +213,23 @@ def main() -> None:
         sys.exit(f"birder-repro: the config tree is not at {CONF_DIR} and no {CONF_PACKAGE} package is installed. "
                  "Install the project from its repository checkout (pip install -e .), which keeps conf/ beside "
                  "the package.")
+    problem = _runs_dir_problem()
+    if problem:
+        sys.exit(f"birder-repro: {problem}")
     _hydra_main()
+
+
+def _runs_dir_problem(env=os.environ) -> Optional[str]:
+    """Why the runs directory (BIRDER_RUNS, default ./runs) cannot take a run, before Hydra tries to make one."""
+    root = Path(env.get("BIRDER_RUNS") or "runs")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=root, prefix=".write-test-"):
+            pass
+    except OSError as exc:
+        return (f"cannot write the runs directory {root} ({exc.strerror or exc}): set BIRDER_RUNS to a writable "
+                "directory")
+    return None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,163 @@
+"""Bad input, one row each: what the user sees is one clear line, a record where a run was started, and no
+earlier checkpoint or record lost. (Namespaces and bridges left by a killed emulated run: tests/test_emulated.py,
+test_a_run_killed_with_sigkill_is_cleaned_by_the_next_run, which needs root.)"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from birder_repro import record
+from birder_repro.train import checkpoint as ckpt
+from birder_repro.train.checkpoint import CheckpointError, RunIdentity, load_checkpoint, save_checkpoint, step_dir
+
+REPO = Path(__file__).resolve().parent.parent
+CPU = torch.device("cpu")
+ID = RunIdentity(task="blobs", optim="sgdm", scheme="allreduce", nodes=1, gpus_per_node=1, world_size=1)
+QUICK = ["experiment=quickstart", "logger=none", "model.size=tiny", "train.batch_size=8",
+         "data.synthetic_train_size=64", "data.synthetic_eval_size=16", "train.eval_max_batches=1", "nodes=1",
+         "gpus_per_node=1", "train.steps=2"]
+
+
+def cli(*args: str, runs: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "birder_repro.cli", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=180, env={**os.environ, "BIRDER_RUNS": str(runs), "OMP_NUM_THREADS": "1"})
+
+
+def records(runs: Path) -> list[dict]:
+    return [record.read_record(p.parent) for p in sorted(runs.rglob(record.RECORD_FILE))]
+
+
+# --------------------------------------------------------------------------------- through the CLI
+@pytest.mark.parametrize("args,line,recorded", [
+    (["train.stepz=3"], "Could not override 'train.stepz'", False),  # misspelt key: Hydra, before any run
+    (["optim.lr=abc"], "optim.lr='abc': use a number", True),
+    (["data.source=real", "data.root=/nonexistent/cifar"], "not found at '/nonexistent/cifar", True),
+    (["nodes=0"], "nodes=0: use a whole number >= 1", True),
+    (["train.resume=/nonexistent/run"], "train.resume=/nonexistent/run: no such file or directory", True),
+    (["train.resume_policy=maybe"], "train.resume_policy='maybe': use strict or reset_errors", True),
+], ids=["misspelt-key", "wrong-type", "missing-dataset", "impossible-layout", "resume-missing", "bad-policy"])
+def test_cli_bad_input(tmp_path, args, line, recorded):
+    runs = tmp_path / "runs"
+    out = cli(*QUICK, *args, runs=runs)
+    assert out.returncode != 0
+    said = out.stdout + out.stderr
+    recs = records(runs)
+    assert line in said or any(line in (r["error"] or "") for r in recs), said[-3000:]
+    assert len(recs) == (1 if recorded else 0)
+    assert all(r["status"] == "failed" for r in recs)
+
+
+def test_cli_runs_directory_that_cannot_be_written(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    out = cli(*QUICK, runs=blocker / "runs")
+    assert out.returncode != 0
+    assert "cannot write the runs directory" in out.stderr and "BIRDER_RUNS" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+# ------------------------------------------------------------------------------------- checkpoints
+def _parts():
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def _saved(run_dir: Path, step: int = 2) -> Path:
+    model, opt = _parts()
+    return save_checkpoint(run_dir, step, 8.0, model, opt, None, 0, 1, CPU, ID, keep=2)
+
+
+def _load(where: Path, identity: RunIdentity = ID, comm=None):
+    model, opt = _parts()
+    return load_checkpoint(where, model, opt, comm, 0, 1, CPU, identity)
+
+
+def test_truncated_checkpoint(tmp_path):
+    where = _saved(tmp_path)
+    shard = where / ckpt.shard_name(0)
+    shard.write_bytes(shard.read_bytes()[:200])
+    with pytest.raises(CheckpointError, match="cannot be read: truncated or corrupt"):
+        _load(where)
+
+
+def test_corrupt_checkpoint(tmp_path):
+    where = _saved(tmp_path)
+    (where / ckpt.MODEL).write_bytes(os.urandom(4096))
+    with pytest.raises(CheckpointError, match="truncated or corrupt|not a plain checkpoint"):
+        _load(where)
+
+
+def test_incomplete_checkpoint(tmp_path):
+    where = _saved(tmp_path)
+    (where / ckpt.COMPLETE).unlink()
+    with pytest.raises(CheckpointError, match="is not a complete checkpoint"):
+        ckpt.choose_resume(str(where), tmp_path, restarted=False, device=CPU)
+
+
+class _RunsCode:
+    """A pickled object whose loading would create a file (stands for any code)."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.marker),))
+
+
+def test_a_checkpoint_carrying_a_pickled_object_is_refused_and_runs_nothing(tmp_path):
+    where = _saved(tmp_path)
+    marker = tmp_path / "code-ran"
+    torch.save({"step": 2, "model": _RunsCode(str(marker))}, where / ckpt.MODEL)
+    with pytest.raises(CheckpointError, match="not a plain checkpoint"):
+        _load(where)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("key,value", [("task", "bert_squad"), ("optim", "birder"), ("scheme", "onebit")])
+def test_checkpoint_of_another_task_optimizer_or_scheme(tmp_path, key, value):
+    where = _saved(tmp_path)
+    with pytest.raises(CheckpointError, match=f"checkpoint of {key} '{getattr(ID, key)}'; this run's {key} is "
+                                              f"'{value}'"):
+        _load(where, RunIdentity(**{**ID.__dict__, key: value}))
+
+
+class _ErrorFeedback:
+    """A hook with per-process error feedback (its state is not the baselines' replicated one)."""
+
+    def state_dict(self):
+        return {"error": torch.zeros(3)}
+
+    def load_state_dict(self, sd):
+        pass
+
+
+def test_checkpoint_of_another_layout(tmp_path):
+    model, opt = _parts()
+    where = save_checkpoint(tmp_path, 2, 8.0, model, opt, _ErrorFeedback(), 0, 1, CPU, ID, keep=2)
+    other = RunIdentity(**{**ID.__dict__, "nodes": 2, "world_size": 2})
+    with pytest.raises(CheckpointError, match="saved on nodes=1 x gpus_per_node=1; this run is nodes=2 x "
+                                              "gpus_per_node=1.*train.resume_policy=reset_errors"):
+        load_checkpoint(where, model, opt, _ErrorFeedback(), 0, 2, CPU, other)
+
+
+def test_running_out_of_disk_while_checkpointing_keeps_the_earlier_checkpoint(tmp_path, monkeypatch):
+    _saved(tmp_path, step=2)
+
+    def full(*_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(CheckpointError, match="step 4 could not be written.*No space left on device.*earlier"):
+        _saved(tmp_path, step=4)
+    monkeypatch.undo()
+    assert ckpt.choose_resume("auto", tmp_path, restarted=False, device=CPU) == step_dir(tmp_path, 2)
+    assert _load(step_dir(tmp_path, 2))[0] == 2
