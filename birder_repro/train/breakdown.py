@@ -9,6 +9,12 @@
   absorbs it so the parts still sum. The split is made on means, not per step, so that noise in either
   direction averages out instead of being clipped at 0 step by step.
 
+- data wait: the wait for the data loader's batch before the step (``data_wait_s_per_step``).
+
+Throughput counts the whole step, data wait included (as the paper's samples per second do: a run that waits
+for its input is slower, and a data-bound run must show as one): ``step_time_s.total`` is the sum of all four
+parts, and throughput is samples over the timed steps' seconds with their waits.
+
 Times and bytes are means over processes; samples are summed over them.
 """
 
@@ -88,12 +94,14 @@ def summarize_timing(figures: dict[str, dict[str, float]], forward_backward_s: f
         return f[key] / f["steps"] if f["steps"] else float("nan")
 
     def throughput(f):
-        return f["samples"] / f["seconds"] if f["seconds"] else float("nan")
+        whole = f["seconds"] + f["data_wait"]  # the whole step, the wait for its batch included
+        return f["samples"] / whole if whole else float("nan")
 
     def step_time(f):
-        total = per_step(f, "seconds")
-        parts = split_step_time(total, forward_backward_s + per_step(f, "optimizer"), per_step(f, "compression"))
-        return dict(zip(schema.STEP_TIME_PARTS, (total, *parts)))
+        step = per_step(f, "seconds")
+        wait = per_step(f, "data_wait")
+        parts = split_step_time(step, forward_backward_s + per_step(f, "optimizer"), per_step(f, "compression"))
+        return dict(zip(schema.STEP_TIME_PARTS, (step + wait, *parts, wait)))
 
     total = {k: sum(f[k] for f in figures.values()) for k in Totals.FIELDS}
     staged = {name: f for name, f in figures.items() if name != ""}
