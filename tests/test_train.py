@@ -278,7 +278,9 @@ def test_single_process_run_without_ddp_recalibrates_compute(tmp_path):
     assert record["fp32_allreduce_bytes_per_step"] == 0  # one process sends nothing
     assert set(record["metrics"]) == {"loss"} and record["final_loss"] < 1.0
     st = record["step_time_s"]
-    assert st["compute"] + st["communication"] + st["compression"] == pytest.approx(st["total"], rel=1e-9)
+    assert st["compute"] + st["communication"] + st["compression"] + st["data_wait"] == \
+        pytest.approx(st["total"], rel=1e-9)
+    assert record["profile"]["bucket_elements"] == []  # no DDP, no hook: buckets from parameter_count
 
 
 def test_a_short_run_keeps_one_timed_step(tmp_path):
