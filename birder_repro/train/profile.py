@@ -61,7 +61,7 @@ def _per_element(scheme: str, buckets: list[int], nodes: int, gpus: int, compres
 def _link_mbit(record: dict[str, Any]) -> Optional[float]:
     per_node = [v for v in (record.get("link_bytes_per_step") or []) if v is not None]
     comm = (record.get("step_time_s") or {}).get("communication") or 0.0
-    if not per_node or not comm > 0:
+    if not per_node or not max(per_node) > 0 or not comm > 0:
         return None
     return max(per_node) * 8 / comm / 1e6
 
