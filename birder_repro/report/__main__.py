@@ -90,7 +90,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     n_done = int((frame["status"] == "completed").sum())
     n_pred = int((frame["status"] == "predicted").sum())
-    print(f"read {len(frame)} run record(s) under {root}/: {n_done} completed, {n_pred} predicted, "
+    predicted = f"{n_pred} predicted, " if n_pred else ""
+    print(f"read {len(frame)} run record(s) under {root}/: {n_done} completed, {predicted}"
           f"{len(frame) - n_done - n_pred} not completed")
 
     out = Path(args.out)

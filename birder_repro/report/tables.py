@@ -427,8 +427,8 @@ def summary_markdown(frame: pd.DataFrame, cells: pd.DataFrame, others: pd.DataFr
     n_done = int((frame["status"] == "completed").sum())
     n_pred = int((frame["status"] == "predicted").sum())
     lines = ["# Reproduced runs: summary", "",
-             f"{len(frame)} run record(s): {n_done} completed, {n_pred} predicted, "
-             f"{len(frame) - n_done - n_pred} not completed.", ""]
+             f"{len(frame)} run record(s): {n_done} completed, "
+             + (f"{n_pred} predicted, " if n_pred else "") + f"{len(frame) - n_done - n_pred} not completed.", ""]
     lines += [f"- {n}" for n in notes(cells, mode)]
     lines += ["", "Per task: " + ", ".join(f"[{f}]({f})" for f in task_files) + "."]
     if not cells.empty:
