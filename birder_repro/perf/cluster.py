@@ -93,7 +93,10 @@ class ClusterSpec:
                                  f"(set cluster.{key}=...)")
             return float(value)
 
-        inter_mbit = perf.get("inter_mbit") if perf.get("inter_mbit") is not None else cluster.get("link_mbit")
+        # The configs' rule (conf/cluster/*.yaml): the link is link_mbit; perf.inter_mbit only while it is null
+        # (unshaped veths, loopback "nodes"), so that cluster.link_mbit=100 is what an emulated run predicts with.
+        link = cluster.get("link_mbit")
+        inter_mbit = link if link is not None else perf.get("inter_mbit")
         return cls(name=str(name),
                    inter_mbit=need("link_mbit", inter_mbit),
                    inter_latency_us=need("perf.inter_latency_us", perf.get("inter_latency_us")),

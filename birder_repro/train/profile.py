@@ -13,6 +13,8 @@ measured on the run's own device, so that ``load_profile(run_dir)`` works on any
     link_mbit_measured                       emulated clusters: the busiest node's link bytes per step (the
                                              kernel's count) over the step's exposed communication time
     data_wait_s, threads, host_cores         the data loader's wait, torch's threads, this machine's cores
+    scheme_overhead_s                        1-node runs: the measured step beyond the model's prediction of
+                                             that same step (DDP's own work, a lone process's hook)
 
 Rank 0's own measurements (every rank runs the same buckets); times are per process.
 """
@@ -94,4 +96,24 @@ def measured_profile(cfg, record: dict[str, Any], *, bucket_steps: Sequence, bac
         bucket_ready_s=ready_s, data_wait_s=float(record.get("data_wait_s_per_step") or 0.0),
         threads=int(threads), host_cores=os.cpu_count(), link_mbit_measured=_link_mbit(record),
         notes=f"measured by the run itself ({timed} timed steps; scheme {scheme} on {nodes} x {gpus_per_node})")
+    if nodes == 1:
+        _add_overhead(profile, cfg, record, scheme, gpus_per_node)
     return profile.to_dict()
+
+
+def _add_overhead(profile, cfg, record: dict[str, Any], scheme: str, gpus_per_node: int) -> None:
+    """On one node, what the step measured beyond the model's own prediction of it (DDP's bucket copies, a
+    hook's work on one process that the model does not count) goes into ``scheme_overhead_s``, as the paper
+    profiles derive it from the paper's 1-node rows (birder_repro.perf.paper_profiles, step 4)."""
+    from birder_repro.perf.cluster import ClusterSpec
+    from birder_repro.perf.model import predict_step
+
+    measured = (record.get("step_time_s") or {}).get("total")
+    try:
+        spec = ClusterSpec.from_config(cfg.cluster)
+    except (ValueError, TypeError, KeyError):  # a cluster config without the model's perf block
+        return
+    if not measured:
+        return
+    predicted = predict_step(profile, spec, 1, gpus_per_node, scheme).total_s
+    profile.scheme_overhead_s[scheme] = max(measured - predicted, 0.0)
