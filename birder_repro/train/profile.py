@@ -109,9 +109,10 @@ def _add_overhead(profile, cfg, record: dict[str, Any], scheme: str, gpus_per_no
     from birder_repro.perf.model import predict_step
 
     measured = (record.get("step_time_s") or {}).get("total")
+    cluster = cfg.get("cluster") if hasattr(cfg, "get") else None
     try:
-        spec = ClusterSpec.from_config(cfg.cluster)
-    except (ValueError, TypeError, KeyError):  # a cluster config without the model's perf block
+        spec = ClusterSpec.from_config(cluster)
+    except (ValueError, TypeError, KeyError, AttributeError):  # no cluster config, or no perf block
         return
     if not measured:
         return
