@@ -368,6 +368,7 @@ def test_a_broken_wandb_warns_once_and_metrics_jsonl_goes_on(broken, tmp_path, m
         logger.log(2, {"loss": float("nan")})
     assert capsys.readouterr().err.count("warning: W&B is off") == 1
     rows = [json.loads(line) for line in (tmp_path / METRICS_FILE).read_text().splitlines()]
+    assert all(r.pop("time_s") >= 0 for r in rows)  # wall-clock seconds since the logger started (Figure 2)
     assert rows == [{"step": 1, "loss": 2.0}, {"step": 2, "loss": None}]
 
 
