@@ -5,8 +5,8 @@
 Reads every completed record of ``cluster=emulated`` under RUNS_DIR. The profile of each optimizer (and
 setting: task, model size, batch, image size) is the one its newest 1-node run measured (record key
 ``profile``, birder_repro.train.profile): nothing of a multi-node run goes into its prediction but the
-layout and the link rate of its config (conf/cluster/emulated.yaml's ``perf`` block: the tbf rate, the
-veth's latency, ``shared_host``: the nodes share this machine's cores). Each multi-node run's measured
+layout and its link rate; the model's parameters are conf/cluster/emulated.yaml's ``perf`` block as it is
+now (efficiency, the veth's latency, ``shared_host``: the nodes share this machine's cores). Each multi-node run's measured
 throughput (over whole steps, data wait included) is compared with the prediction, implementation ``this``.
 
 TARGET: median absolute error of the predicted throughput at most 10 %, none over 20 %.
@@ -46,6 +46,16 @@ def _warmup_fraction(rec: dict[str, Any]) -> float:
     return max(0, freeze_step - skip) / max(steps - skip, 1)
 
 
+def _spec(link_mbit) -> ClusterSpec:
+    """The model's emulated cluster (conf/cluster/emulated.yaml's perf block, as it is now) at the run's link."""
+    import yaml
+
+    from .validate import CLUSTER_DIR
+
+    cluster = yaml.safe_load((CLUSTER_DIR / "emulated.yaml").read_text())
+    return ClusterSpec.from_config({**cluster, "link_mbit": link_mbit})
+
+
 def _records(root: Path) -> list[dict[str, Any]]:
     from birder_repro.record import find_records, read_record
 
@@ -68,7 +78,7 @@ def emulated_frame(root: Path, implementation: str = "this") -> pd.DataFrame:
             continue
         cfg = rec["config"]
         profile = load_profile(one)
-        spec = ClusterSpec.from_config(cfg["cluster"])
+        spec = _spec(rec["cluster"]["link_mbit"])
         scheme = scheme_for_optim(rec["optim"], (cfg["optim"].get("comm") or {}).get("scheme"))
         nodes, gpus = int(rec["cluster"]["nodes"]), int(rec["cluster"]["gpus_per_node"])
         pred = predict_run(profile, spec, nodes, gpus, scheme, int(rec["batch_size"]),
