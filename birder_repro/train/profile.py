@@ -117,4 +117,6 @@ def _add_overhead(profile, cfg, record: dict[str, Any], scheme: str, gpus_per_no
     if not measured:
         return
     predicted = predict_step(profile, spec, 1, gpus_per_node, scheme).total_s
+    if gpus_per_node == 1:  # a lone process: the model counts no compression, the per-element cost has it
+        predicted += float((record.get("step_time_s") or {}).get("compression") or 0.0)
     profile.scheme_overhead_s[scheme] = max(measured - predicted, 0.0)
