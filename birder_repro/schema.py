@@ -18,12 +18,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
-__all__ = ["Key", "KEYS", "NAMES", "CLUSTER_PARTS", "STEP_TIME_PARTS", "LOSS_METRICS", "empty_record",
+__all__ = ["Key", "KEYS", "NAMES", "CLUSTER_PARTS", "STEP_TIME_PARTS", "OVERLAP_PARTS", "LOSS_METRICS", "empty_record",
            "check", "get", "declared_metrics", "headline_metric", "ordered_metrics", "metric_names"]
 
 CLUSTER_PARTS = ("name", "nodes", "gpus_per_node", "interconnect", "link_mbit")
 # total = the sum of the other four (data_wait: the wait for the data loader's batch, counted in throughput)
 STEP_TIME_PARTS = ("total", "compute", "communication", "compression", "data_wait")
+# beside step_time_s, not parts of it: whether the hook overlaps backward, the exposed time (step - compute), and
+# the seconds per step the hook spent in collectives and in compression work, hidden or not
+OVERLAP_PARTS = ("overlapped", "exposed", "collectives", "compression_work")
 LOSS_METRICS = ("eval_loss", "loss")  # every task's, after its own metrics
 
 
@@ -64,6 +67,9 @@ KEYS: tuple[Key, ...] = (
                        "compression, data_wait (for the data loader's batch); the parts sum to total",
         STEP_TIME_PARTS),
     Key("step_time_s_by_stage", "step_time_s per stage of the hook", empty={}),
+    Key("overlap_s", "the hook's overlap with compute: overlapped (its work runs beside backward), exposed "
+                     "(step - compute), collectives and compression_work (seconds per step, hidden or not)",
+        OVERLAP_PARTS, empty={}),
     Key("forward_backward_s", "forward + backward without communication (median of the calibration passes)"),
     Key("compute_calibration_passes", "how many calibration passes measured forward_backward_s"),
     Key("data_wait_s_per_step", "mean wait for the data loader per step (also step_time_s.data_wait)"),
@@ -121,7 +127,7 @@ def check(record: Mapping[str, Any]) -> None:
     unknown = sorted(set(record) - NAMES)
     if unknown:
         raise ValueError(f"run record keys not documented in birder_repro.schema.KEYS: {', '.join(unknown)}")
-    for key in ("cluster", "step_time_s"):
+    for key in ("cluster", "step_time_s", "overlap_s"):
         value = record.get(key)
         if isinstance(value, Mapping) and set(value) - set(_BY_NAME[key].parts):
             raise ValueError(f"record[{key!r}] has keys {sorted(set(value) - set(_BY_NAME[key].parts))}, "

@@ -114,8 +114,10 @@ def build_and_train(cfg: DictConfig, env: DistEnv, device: torch.device, run_dir
     plan = train.RunPlan.build(cfg, topology.world_size, int(data.train_size))
     seed_everything(int(cfg.seed))  # the same initial weights on every rank (DDP also broadcasts rank 0's)
     model = task.build_model(cfg).to(device)
+    # optim.comm.bucket_cap_mb: the compressed hooks' bucket size (DDP's default where the optimizer has none)
+    cap = OmegaConf.select(cfg, "optim.comm.bucket_cap_mb", default=None)
     ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
-                                                    else None)
+                                                    else None, **({"bucket_cap_mb": float(cap)} if cap else {}))
     seed_everything(int(cfg.seed) + env.rank)  # from here on, randomness (augmentation, dropout) differs per rank
     ocfg = optim_config(cfg, plan.steps)
     opt = optim.build_optimizer(ddp.parameters(), ocfg)

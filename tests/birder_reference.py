@@ -1,16 +1,21 @@
-"""Single-process reference of Birder (papers/birder.txt Algorithm 1) with Section 4's sharding of the work.
+"""Single-process reference of Birder (Birder paper, Algorithm 1) with Section 4's sharding of the work.
 
 Written from the paper, not from the hook: every worker (a node, or a process for the flat schemes) holds its
-whole m, b, e per parameter; the server holds e_bar per parameter. The only thing shared with the hook is the
-documented random-draw convention (birder_repro/comm/birder.py): rank r's generator is seeded with
-seed * 1_000_003 + r, and per bucket call a rank draws the P'/m uniforms of its shard, then the P'/(m n)
-uniforms of the server chunk it owns (chunk k of shard r on node k, local rank r). With those draws the
-reference's +-1 results must equal the hook's exactly.
+whole m, b, e per parameter; the server holds e_bar per parameter, and each parameter its step t. The only
+thing shared with the hook is the documented random-draw convention (birder_repro/comm/birder.py): element j's
+uniform is ``kernels.uniform(key, position of j)``, the position being j's place among all the model's
+parameters (padding at ``total + its index in the padded bucket``), the key
+``derive_seed(seed, t, "worker", w)`` for worker w's quantization and ``derive_seed(seed, t, "server", 0)`` for
+the server's. With those draws the reference's +-1 results must equal the hook's exactly.
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
+
+from birder_repro.comm import kernels
 
 
 def quantize(x: torch.Tensor, rand: torch.Tensor) -> torch.Tensor:
@@ -19,16 +24,19 @@ def quantize(x: torch.Tensor, rand: torch.Tensor) -> torch.Tensor:
 
 
 class ReferenceBirder:
-    def __init__(self, nodes: int, gpus_per_node: int, scheme: str, beta: float, eps: float, seed: int):
+    def __init__(self, nodes: int, gpus_per_node: int, scheme: str, beta: float, eps: float, seed: int,
+                 param_numels: Sequence[int]):
         self.world = nodes * gpus_per_node
         if scheme == "hierarchical":
             self.n, self.m = nodes, gpus_per_node
         else:
             self.n, self.m = self.world, 1
-        self.scheme, self.beta, self.eps = scheme, beta, eps
-        self.gens = [torch.Generator().manual_seed(seed * 1_000_003 + r) for r in range(self.world)]
+        self.scheme, self.beta, self.eps, self.seed = scheme, beta, eps, seed
+        self.starts = [sum(param_numels[:i]) for i in range(len(param_numels))]  # each parameter's first position
+        self.total = sum(param_numels)
         self.worker = [{"m": {}, "b": {}, "e": {}} for _ in range(self.n)]  # per worker, per parameter
         self.e_bar: dict[int, torch.Tensor] = {}
+        self.step: dict[int, int] = {}  # per parameter: its t (Algorithm 1)
 
     def _full(self, per_param: dict, signature, padded: int) -> torch.Tensor:
         out = torch.zeros(padded)
@@ -41,18 +49,22 @@ class ReferenceBirder:
         for p, off, numel in signature:
             per_param[p] = full[off: off + numel].clone()
 
+    def _positions(self, signature, padded: int) -> torch.Tensor:
+        """Every element's position among all the parameters; padding past the end."""
+        pos = self.total + torch.arange(padded, dtype=torch.int64)
+        for p, off, numel in signature:
+            pos[off: off + numel] = self.starts[p] + torch.arange(numel, dtype=torch.int64)
+        return pos
+
     def bucket(self, signature, numel: int, grads: list[torch.Tensor]) -> torch.Tensor:
         """One bucket call on every rank; ``grads[r]`` is rank r's local gradient of the bucket."""
         n, m = self.n, self.m
         mult = 8 * m * (1 if self.scheme == "allgather" else n)
         padded = -(-numel // mult) * mult
-        shard = padded // m
-        chunk = shard if self.scheme == "allgather" else shard // n
-        worker_rand, server_rand = [], [None] * self.world
-        for r in range(self.world):  # each rank: its shard's draws, then its server chunk's
-            worker_rand.append(torch.rand(shard, generator=self.gens[r]))
-            if self.scheme != "allgather":
-                server_rand[r] = torch.rand(chunk, generator=self.gens[r])
+        t = 1 + max(self.step.get(p, 0) for p, _, _ in signature)
+        for p, _, _ in signature:
+            self.step[p] = t
+        positions = self._positions(signature, padded)
         us = []
         for k in range(n):  # Algorithm 1, lines 3-9, on worker k
             ranks = range(k * m, (k + 1) * m)
@@ -62,7 +74,7 @@ class ReferenceBirder:
             st["m"] = self.beta * st["m"] + (1 - self.beta) * g
             st["b"] = self.beta * st["b"] + (1 - self.beta) * g.abs()
             x = st["m"] / (st["b"] + self.eps) + st["e"]
-            u = quantize(x, torch.cat([worker_rand[r] for r in ranks]))
+            u = quantize(x, kernels.uniform(kernels.derive_seed(self.seed, t, "worker", k), positions))
             st["e"] = x - u
             for key in st:
                 self._store(self.worker[k][key], signature, st[key])
@@ -70,14 +82,9 @@ class ReferenceBirder:
         mean = torch.stack(us).mean(dim=0)
         if self.scheme == "allgather":
             return mean[:numel]
-        # lines 11-12 on the server; the uniform for element j comes from the rank owning j's chunk
-        rand = torch.empty(padded)
-        for r_local in range(m):
-            for k in range(n):
-                lo = r_local * shard + k * chunk
-                rand[lo: lo + chunk] = server_rand[k * m + r_local]
+        # lines 11-12 on the server
         e_bar = self._full(self.e_bar, signature, padded)
         x = mean + e_bar
-        u_bar = quantize(x, rand)
+        u_bar = quantize(x, kernels.uniform(kernels.derive_seed(self.seed, t, "server", 0), positions))
         self._store(self.e_bar, signature, x - u_bar)
         return u_bar[:numel]

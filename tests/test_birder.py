@@ -1,7 +1,7 @@
 """Birder: quantizer, packing, error feedback, and the hook against the single-process reference.
 
 Multi-process tests run 4 gloo processes as 2 nodes x 2, all scenarios in one spawn (starting processes that
-import torch is most of the cost). Gradients are multiples of 1/8 in the core tests, so the node averages are
+import torch is most of the cost); the hook overlaps (its communication thread) unless a test says otherwise. Gradients are multiples of 1/8 in the core tests, so the node averages are
 exact in any summation order and the hook must equal the reference bit for bit; the DDP tests replay every
 bucket call the ranks made through the reference, which must give the same +-1 bit for bit.
 """
@@ -89,7 +89,7 @@ def _core_worker(rank, world):
     """Four steps of two buckets under every scheme, and a save / resume, in one set of processes."""
     out = {}
     for scheme in ("hierarchical", "flat", "allgather"):
-        state = BirderState(build_topology(GPUS), scheme=scheme, beta=0.9, eps=1e-8, seed=7)
+        state = BirderState(build_topology(GPUS), scheme=scheme, beta=0.9, eps=1e-8, seed=7, param_numels=SIZES)
         results = _run_core(state, rank, world, range(4))
         buckets = state.store.buckets
         shards = {bi: {k: b.state[k].clone() for k in ("m", "b", "e")} for bi, b in buckets.items()}
@@ -110,7 +110,7 @@ def core_runs():
 def test_hook_equals_reference(scheme, core_runs):
     world = NODES * GPUS
     per_rank = [r[scheme] for r in core_runs]
-    ref = ReferenceBirder(NODES, GPUS, scheme, beta=0.9, eps=1e-8, seed=7)
+    ref = ReferenceBirder(NODES, GPUS, scheme, beta=0.9, eps=1e-8, seed=7, param_numels=SIZES)
     expected = []
     for t in range(4):
         for bi, numel in enumerate(SIZES):
@@ -144,12 +144,13 @@ def test_byte_counts_match_formula(core_runs):
 
 def _resume_worker(rank, world):
     topo = build_topology(GPUS)
-    straight = BirderState(topo, scheme="hierarchical", beta=0.9, seed=3)
+    straight = BirderState(topo, scheme="hierarchical", beta=0.9, seed=3, param_numels=SIZES)
     full = _run_core(straight, rank, world, range(6))
-    first = BirderState(topo, scheme="hierarchical", beta=0.9, seed=3)
+    first = BirderState(topo, scheme="hierarchical", beta=0.9, seed=3, param_numels=SIZES)
     _run_core(first, rank, world, range(3))
     sd = first.state_dict()
-    resumed = BirderState(topo, scheme="hierarchical", beta=0.9, seed=99)  # seed comes back from the checkpoint
+    # the seed comes back from the checkpoint
+    resumed = BirderState(topo, scheme="hierarchical", beta=0.9, seed=99, param_numels=SIZES)
     resumed.load_state_dict(sd)
     return full[len(SIZES) * 3:], _run_core(resumed, rank, world, range(3, 6))
 
@@ -194,6 +195,14 @@ def _recording_calls():
         BirderState.allreduce_bucket = original
 
 
+def _net_numels() -> list[int]:
+    return [p.numel() for p in _Net().parameters()]
+
+
+def _params(ddp) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in ddp.parameters()]).clone()
+
+
 def _train(ddp, opt, rank, world, steps) -> tuple[list[bool], list[bool]]:
     """DDP steps on this rank's data of each step; whether the ranks' parameters agree after each step, and
     whether every element moved by exactly +-lr (u_bar is +-1 and there is no weight decay)."""
@@ -234,8 +243,10 @@ def _user_script(rank, world):
         identical, exact_steps = _train(ddp, opt, rank, world, range(SAVE_AFTER))
         checkpoint, calls_at_save = _checkpoint(ddp, opt, state), len(calls)
         more = _train(ddp, opt, rank, world, range(SAVE_AFTER, SCRIPT_STEPS))
+    state.close()
     return {"identical": identical + more[0], "exact": exact_steps + more[1], "calls": calls,
-            "layout_changes": state.layout_changes, "checkpoint": checkpoint, "calls_at_save": calls_at_save}
+            "layout_changes": state.layout_changes, "checkpoint": checkpoint, "calls_at_save": calls_at_save,
+            "params": _params(ddp), "overlaps": state.overlaps()}
 
 
 def _resume_in_fresh_ddp(rank, world, checkpoint):
@@ -251,8 +262,9 @@ def _resume_in_fresh_ddp(rank, world, checkpoint):
     state.load_state_dict(checkpoint["hook"])
     with _recording_calls() as calls:
         identical, exact_steps = _train(ddp, opt, rank, world, range(SAVE_AFTER, SCRIPT_STEPS))
+    state.close()
     return {"identical": identical, "exact": exact_steps, "calls": calls, "layout_changes": state.layout_changes,
-            "pending": len(state.store.pending)}
+            "pending": len(state.store.pending), "params": _params(ddp)}
 
 
 def _replay(ref: ReferenceBirder, per_rank_calls: list[list], where: str) -> None:
@@ -274,17 +286,16 @@ def test_user_script_trains_identically_and_matches_reference_across_bucket_rebu
         assert all(r["identical"]), "parameters differ between ranks"
         assert all(r["exact"]), "an update was not +-lr per element"
         assert r["layout_changes"] >= 1, "DDP's bucket rebuild was not exercised"
-    ref = ReferenceBirder(NODES, GPUS, "hierarchical", beta=0.9, eps=1e-8, seed=0)
+    assert all(r["overlaps"] for r in per_rank), "the three lines should overlap by default"
+    ref = ReferenceBirder(NODES, GPUS, "hierarchical", beta=0.9, eps=1e-8, seed=0, param_numels=_net_numels())
     _replay(ref, [r["calls"] for r in per_rank], "uninterrupted")
 
 
 def test_resume_in_fresh_ddp_continues_exactly(core_runs):
     """Saved after SAVE_AFTER steps, loaded into a fresh DDP model on a new process group whose buckets differ
-    (DDP's initial layout, then another bucket_cap_mb): the state (m, b, e, e_bar, step, the generator) goes on
-    exactly where it was, through both layout changes: the reference, which keeps it per element whatever the
-    layout, continued from the uninterrupted run's first SAVE_AFTER steps, gives the resumed run's +-1 bit for
-    bit. (Not the uninterrupted run's own later results: each rank draws its uniforms bucket after bucket, so
-    other buckets take other draws for the same elements.)"""
+    (DDP's initial layout, then another bucket_cap_mb): the state (m, b, e, e_bar, step) goes on exactly where
+    it was, through both layout changes, and the draws are per element position, not per bucket: the resumed
+    run's parameters equal the uninterrupted run's bit for bit, and its +-1 are the reference's."""
     script, fresh = [r["script"] for r in core_runs], [r["fresh"] for r in core_runs]
     for r in fresh:
         assert all(r["identical"]), "parameters differ between ranks after the resume"
@@ -293,6 +304,8 @@ def test_resume_in_fresh_ddp_continues_exactly(core_runs):
     saved_layout = {i: sig for i, sig, _, _ in script[0]["calls"][: script[0]["calls_at_save"]]}
     resumed_layout = {i: sig for i, sig, _, _ in fresh[0]["calls"]}
     assert resumed_layout != saved_layout, "the resumed run's buckets were the saved ones: nothing to migrate"
-    ref = ReferenceBirder(NODES, GPUS, "hierarchical", beta=0.9, eps=1e-8, seed=0)
+    for rank, (straight, resumed) in enumerate(zip(script, fresh)):
+        assert torch.equal(straight["params"], resumed["params"]), f"rank {rank}: resumed != uninterrupted"
+    ref = ReferenceBirder(NODES, GPUS, "hierarchical", beta=0.9, eps=1e-8, seed=0, param_numels=_net_numels())
     _replay(ref, [r["calls"][: r["calls_at_save"]] for r in script], "before the checkpoint")
     _replay(ref, [r["calls"] for r in fresh], "resumed")

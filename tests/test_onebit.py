@@ -109,7 +109,7 @@ def _scenario_allreduce(rank: int, topology) -> dict:
             if numel != LARGE:
                 steps.append({**ex._asdict(), "worker_error": we.clone(), "server_error": se.clone()})
         out[numel] = {"steps": steps, "intra": stats.intra_node_bytes, "inter": stats.inter_node_bytes,
-                      "compress_s": stats.compress_seconds, "comm_s": stats.comm_seconds}
+                      "compress_s": stats.compress_seconds, "comm_s": stats.collective_seconds}
     return out
 
 
@@ -166,7 +166,7 @@ def _run(make_opt, rank: int, topology) -> dict:
         steps.append(_train_step(ddp, opt, state, rank, step))
         if step + 1 == SAVE_AFTER:
             blob = _checkpoint(ddp, opt, state)
-    changes, seconds = state.layout_changes, (state.compress_seconds, state.comm_seconds)
+    changes, seconds = state.layout_changes, (state.compress_seconds, state.collective_seconds)
 
     # Resume into the same objects: the hook state round-trips through state_dict / torch.save.
     _restore(blob, ddp, opt, state)

@@ -19,7 +19,6 @@ backward computation with communication.
 # dist.GradBucket and torch.futures.Future[torch.Tensor] as objects, and rejects them as strings.
 
 import threading
-import time
 from typing import Any, Mapping, Optional
 
 import torch
@@ -48,8 +47,8 @@ class AllReduceState(CommState):
         "process_group",
         "dtype",  # the dtype on the wire: float32 (DDP's default) or float16 (torch's fp16 compression hook)
         "topology",
-        # Internal: the decompression callback runs on the communication thread while the hook may be adding
-        # to the same counter on the autograd thread; a float += is not atomic.
+        # Internal: the byte counters grow from the hook on the autograd thread; the seconds (CommState.timing,
+        # which takes its own lock) also from the decompression callback on the communication thread.
         "_lock",
     )
 
@@ -75,10 +74,6 @@ class AllReduceState(CommState):
             self.intra_node_bytes += intra
             self.inter_node_bytes += inter
             self.calls += 1
-
-    def add_compress_seconds(self, seconds: float) -> None:
-        with self._lock:
-            self.compress_seconds += seconds
 
     def state_dict(self) -> dict[str, Any]:
         """Settings and counters; the process group and topology are rebuilt by whoever attaches the hook."""
@@ -107,12 +102,13 @@ def _allreduce_hook(state: AllReduceState, bucket: dist.GradBucket) -> torch.fut
     buffer = bucket.buffer()
     compressing = state.dtype != buffer.dtype
 
-    # Step I: compress (a no-op for fp32, which all-reduces DDP's bucket itself as DDP does).
-    t0 = time.perf_counter()
-    tensor = buffer.to(state.dtype) if compressing else buffer
-    tensor.div_(group.size())
+    # Step I: compress (a no-op for fp32, which all-reduces DDP's bucket itself as DDP does). Timed on the
+    # stream it runs on (CUDA events) or by the wall clock (CPU): CommState.timing.
     if compressing:
-        state.add_compress_seconds(time.perf_counter() - t0)
+        with state.timing("compress", buffer.device):
+            tensor = buffer.to(state.dtype).div_(group.size())
+    else:
+        tensor = buffer.div_(group.size())
 
     # Step II: all-reduce, without waiting on it.
     state.count_allreduce(tensor.numel())
@@ -120,9 +116,8 @@ def _allreduce_hook(state: AllReduceState, bucket: dist.GradBucket) -> torch.fut
 
     # Step III: decompress into DDP's bucket.
     def decompress(fut: torch.futures.Future) -> torch.Tensor:
-        t1 = time.perf_counter()
-        buffer.copy_(fut.value()[0])
-        state.add_compress_seconds(time.perf_counter() - t1)
+        with state.timing("compress", buffer.device):
+            buffer.copy_(fut.value()[0])
         return buffer
 
     def result(fut: torch.futures.Future) -> torch.Tensor:

@@ -24,34 +24,47 @@ Variants share this one code path:
 
 Per-process inter-node bytes per step of ``hierarchical``: 2 (n-1)/n * P'/(8m).
 
-Conventions: bits are packed LSB first, bit 1 is +1 (:mod:`birder_repro.comm.pack`). Each rank draws its
-quantizer's uniforms from its own ``torch.Generator`` seeded with ``seed * 1_000_003 + rank``: per bucket
-call, first the shard's P'/m worker draws, then the chunk's P'/(m n) server draws. The generator state is part
-of ``state_dict()``.
+Conventions: bits are packed LSB first, bit 1 is +1 (:mod:`birder_repro.comm.pack`). The quantizer's uniforms
+are counter-based (:mod:`birder_repro.comm.kernels`: Philox, Triton's ``tl.rand``): element j's draw is a pure
+function of a key and j's position among all the model's parameters
+(:class:`~birder_repro.comm.buckets.ElementPositions`; padding past the end), so it does not depend on how DDP
+cut the buckets, on the process layout of a node, or on the order of the calls. The keys
+(:func:`~birder_repro.comm.kernels.derive_seed`): the worker's quantization (Algorithm 1, line 7) of worker w
+at the bucket's step t draws with ``derive_seed(seed, t, "worker", w)`` (w: the node for ``hierarchical``, the
+process for the others), so the workers' draws are independent; the server's (line 11) with
+``derive_seed(seed, t, "server", 0)``: each element is re-quantized by exactly one server, at its own position,
+so one server key per step gives independent draws without naming the server, and the draws do not depend on
+which process serves the chunk (which changes with the bucket layout). There is no generator state to save.
 
 State and DDP's bucket layout: the fields m, b, e (and b_hat) of a shard, cut over the node's processes, and
 e_bar of a chunk, cut over the node's and then the servers' processes, live in a
 :class:`~birder_repro.comm.buckets.BucketStore`, which follows DDP's bucket rebuilds and loads a checkpoint into
-any bucket layout. The generator's draws follow the buckets' order and sizes, so a run resumed into another
-bucket layout than the uninterrupted run had draws other uniforms for the same elements (from the same
-distribution); the state itself (m, b, e, e_bar, the generator's position) continues exactly.
+any bucket layout; a run resumed into another bucket layout continues exactly as the uninterrupted run would
+(the same draws for the same elements: tests/test_birder.py).
+
+Speed: the compression runs in one pass per quantization (:mod:`birder_repro.comm.kernels`, setting
+``optim.comm.kernel_backend``), and the hook's work runs on a communication thread beside the backward pass
+(:mod:`birder_repro.comm.overlap`, setting ``optim.comm.overlap``; false runs it inside the hook, with the same
+results bit for bit).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
+from birder_repro.comm import kernels
 from birder_repro.comm.accounting import peer_bytes, reduce_scatter_bytes
-from birder_repro.comm.buckets import Bucket, BucketStore, Field, Level, bucket_signature, parameter_index
-from birder_repro.comm.collectives import all_gather_flat, completed_future
-from birder_repro.comm.pack import pack_bits, unpack_signs
+from birder_repro.comm.buckets import (Bucket, BucketStore, ElementPositions, Field, Level, bucket_signature,
+                                       parameter_index)
+from birder_repro.comm.collectives import all_gather_flat
+from birder_repro.comm.overlap import HookRunner
 from birder_repro.comm.state import UPDATE, CommState
 from birder_repro.comm.topology import Topology, build_topology, group_peers
-from birder_repro.optim.birder import Birder, server_step_, worker_step_
+from birder_repro.optim.birder import Birder
 
 SCHEMES = ("hierarchical", "flat", "allgather")
 
@@ -61,32 +74,37 @@ class BirderState(CommState):
 
     __slots__ = (
         # user settings
-        "scheme", "beta", "eps", "amsgrad_after", "seed", "sync_timing",
+        "scheme", "beta", "eps", "amsgrad_after", "seed", "kernel_backend",
         # topology: the physical layout, the worker (intra) and server (inter) groups of the scheme
         "topology", "worker_group", "server_group", "worker_size", "server_size", "worker_rank", "server_rank",
-        "worker_peers", "server_peers",
+        "worker_peers", "server_peers", "worker_id",
         # internal state: the per-bucket shards (and their layout), which parameter index each parameter has,
-        # and the quantizer's generator
-        "store", "param_index", "generator",
+        # where each parameter's elements sit (the counters of the random draws), the communication thread
+        "store", "param_index", "positions", "runner",
     )
 
     def __init__(self, topology: Topology, scheme: str = "hierarchical", beta: float = 0.95, eps: float = 1e-8,
-                 amsgrad_after: Optional[int] = None, seed: int = 0, sync_timing: bool = False):
+                 amsgrad_after: Optional[int] = None, seed: int = 0, param_numels: Sequence[int] = (),
+                 kernel_backend: str = "auto", overlap: bool = True):
         super().__init__()
         if scheme not in SCHEMES:
             raise ValueError(f"Birder scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
+        if not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"Birder's seed must be a non-negative int, got {seed!r}")
         self.scheme, self.beta, self.eps, self.amsgrad_after, self.seed = scheme, beta, eps, amsgrad_after, seed
-        self.sync_timing = sync_timing
+        self.kernel_backend = kernel_backend
         self.topology = topology
         if scheme == "hierarchical":
             self.worker_group, self.server_group = topology.intra_group, topology.inter_group
             self.worker_size, self.server_size = topology.gpus_per_node, topology.nodes
             self.worker_rank, self.server_rank = topology.local_rank, topology.node_rank
+            self.worker_id = topology.node_rank  # a node is one worker of Algorithm 1
         else:  # every process is a worker; the servers are the whole world
             self.worker_group = None
             self.server_group = dist.group.WORLD if topology.world_size > 1 else None
             self.worker_size, self.server_size = 1, topology.world_size
             self.worker_rank, self.server_rank = 0, topology.rank
+            self.worker_id = topology.rank
         self.worker_peers = group_peers(self.worker_group, topology.rank)
         self.server_peers = group_peers(self.server_group, topology.rank)
         worker = Level(self.worker_group, self.worker_size, self.worker_rank)
@@ -98,11 +116,19 @@ class BirderState(CommState):
             fields.append(Field("e_bar", (worker, server)))
         self.store = BucketStore(fields, self.padding_multiple())
         self.param_index: dict[int, int] = {}  # id(parameter) -> its index in model.parameters()
-        self.generator: Optional[torch.Generator] = None
+        self.positions = ElementPositions(param_numels)
+        self.runner = HookRunner(overlap, name=f"birder-comm-{topology.rank}")
 
     def grad_holds(self) -> str:
         """The hook hands every rank u_bar (+-1), the update itself, in place of the gradients."""
         return UPDATE
+
+    def overlaps(self) -> bool:
+        return self.runner.overlap
+
+    def close(self) -> None:
+        """Stop the communication thread (it restarts with the next bucket)."""
+        self.runner.close()
 
     @property
     def layout_changes(self) -> int:
@@ -115,44 +141,47 @@ class BirderState(CommState):
         return 8 * self.worker_size * (1 if self.scheme == "allgather" else self.server_size)
 
     # ------------------------------------------------------------------------------------------ randomness
-    def _rand(self, n: int, device: torch.device) -> torch.Tensor:
-        if self.generator is None:
-            self.generator = torch.Generator(device=device)
-            self.generator.manual_seed(self.seed * 1_000_003 + self.topology.rank)
-        return torch.rand(n, generator=self.generator, device=device, dtype=torch.float32)
+    def _draws(self, bucket: Bucket, role: str, lo: int, hi: int) -> tuple[int, kernels.Segments]:
+        """(Philox key, positions) of the padded bucket's elements [lo, hi) in ``role``'s quantization."""
+        rank = self.worker_id if role == "worker" else 0
+        seed = kernels.derive_seed(self.seed, bucket.step, role, rank)
+        starts, positions = self.positions.segments(bucket.signature, bucket.padded, lo, hi)
+        return seed, kernels.Segments(torch.tensor(starts, dtype=torch.int64),
+                                      torch.tensor(positions, dtype=torch.int64))
 
     # ------------------------------------------------------------------------------------------ the bucket
     def allreduce_bucket(self, index: int, buffer: torch.Tensor, signature: tuple) -> torch.Tensor:
         """Steps I-IV on one bucket; writes the result into ``buffer`` and returns it.
 
         ``signature`` names the bucket's contents, ((parameter index, offset, numel), ...): what the state of
-        its elements belongs to. The DDP hook derives it from the bucket; tests may pass their own.
+        its elements belongs to and where they sit among the parameters. The DDP hook derives it from the
+        bucket; tests may pass their own.
         """
         with torch.no_grad():
             bucket = self.store.bucket(index, buffer.numel(), signature, buffer.device)
             st = bucket.state
             bucket.step += 1
-            sync = buffer.device if self.sync_timing else None
-            g = self._step1_node_average(buffer, bucket, sync)
-            with self.timing("compress", sync):
+            g = self._step1_node_average(buffer, bucket)
+            with self.timing("compress", g.device):
                 b_hat = None
                 if self.amsgrad_after is not None and bucket.step > self.amsgrad_after:
                     b_hat = st["b_hat"]
-                bits = worker_step_(g, st["m"], st["b"], st["e"], self._rand(st["m"].numel(), g.device),
-                                    self.beta, self.eps, b_hat=b_hat)
+                shard = st["m"].numel()
+                seed, where = self._draws(bucket, "worker", self.worker_rank * shard, (self.worker_rank + 1) * shard)
+                packed = kernels.worker_compress(g, st["m"], st["b"], st["e"], self.beta, self.eps, seed, where,
+                                                 self.kernel_backend, b_hat=b_hat)
                 if "b_hat" in st and b_hat is None:
                     st["b_hat"].copy_(st["b"])  # until T0, b is the EMA itself (Algorithm 1, line 6)
-                packed = pack_bits(bits)
             if self.scheme == "allgather":
-                result = self._gather_and_average(packed, sync)
+                result = self._gather_and_average(packed)
+                buffer.copy_(result[: bucket.numel])
             else:
-                shard_packed = self._step3_server(packed, bucket, sync)
-                result = self._step4_gather_node(shard_packed, bucket, sync)
-            buffer.copy_(result[: bucket.numel])
+                shard_packed = self._step3_server(packed, bucket)
+                self._step4_gather_node(shard_packed, bucket, buffer)
             self.calls += 1
             return buffer
 
-    def _step1_node_average(self, buffer: torch.Tensor, bucket: Bucket, sync) -> torch.Tensor:
+    def _step1_node_average(self, buffer: torch.Tensor, bucket: Bucket) -> torch.Tensor:
         """Step I: the node-average gradient of this rank's shard, fp32, padded with zeros."""
         # Only read until the result is written back at the end, so no copy unless it needs padding.
         flat = buffer.float()
@@ -163,29 +192,30 @@ class BirderState(CommState):
         if self.worker_group is None:
             return flat
         shard = torch.empty(bucket.padded // self.worker_size, device=flat.device, dtype=torch.float32)
-        with self.timing("comm", sync):
+        with self.timing("comm", flat.device):
             # gloo has no AVG reduce-scatter: sum, then divide (exact for m = 2, and the same on every rank)
             dist.reduce_scatter_tensor(shard, flat, op=dist.ReduceOp.SUM, group=self.worker_group)
-        self.intra_node_bytes += reduce_scatter_bytes(flat.numel() * 4, self.worker_size)
+        self.add_bytes(reduce_scatter_bytes(flat.numel() * 4, self.worker_size), 0.0)
         return shard.div_(self.worker_size)
 
-    def _step3_server(self, packed: torch.Tensor, bucket: Bucket, sync) -> torch.Tensor:
+    def _step3_server(self, packed: torch.Tensor, bucket: Bucket) -> torch.Tensor:
         """Step III: all-to-all of chunks, server average + re-quantization (lines 11-12), all-gather."""
         e_bar = bucket.state["e_bar"]
         n, chunk_bytes = self.server_size, e_bar.numel() // 8
         received = torch.empty_like(packed)
-        with self.timing("comm", sync):
+        with self.timing("comm", packed.device):
             if self.server_group is not None:
                 dist.all_to_all_single(received, packed, group=self.server_group)
             else:
                 received.copy_(packed)
         self.add_bytes(*peer_bytes(self.topology, self.server_peers, chunk_bytes))
-        with self.timing("compress", sync):
-            mean = unpack_signs(received.view(n, chunk_bytes)).mean(dim=0)
-            server_bits = server_step_(mean, e_bar, self._rand(e_bar.numel(), mean.device))
-            chunk_packed = pack_bits(server_bits)
+        with self.timing("compress", packed.device):
+            lo = e_bar.numel() * (self.worker_rank * self.server_size + self.server_rank)  # chunk k of shard r
+            seed, where = self._draws(bucket, "server", lo, lo + e_bar.numel())
+            chunk_packed = kernels.server_compress(received.view(n, chunk_bytes), e_bar, seed, where,
+                                                   self.kernel_backend)
         shard_packed = torch.empty(packed.numel(), device=packed.device, dtype=torch.uint8)
-        with self.timing("comm", sync):
+        with self.timing("comm", packed.device):
             if self.server_group is not None:
                 all_gather_flat(shard_packed, chunk_packed, group=self.server_group)
             else:
@@ -193,39 +223,42 @@ class BirderState(CommState):
         self.add_bytes(*peer_bytes(self.topology, self.server_peers, chunk_bytes))
         return shard_packed
 
-    def _step4_gather_node(self, shard_packed: torch.Tensor, bucket: Bucket, sync) -> torch.Tensor:
-        """Step IV: intra-node all-gather of the packed shards, unpacked to +-1."""
+    def _step4_gather_node(self, shard_packed: torch.Tensor, bucket: Bucket, buffer: torch.Tensor) -> None:
+        """Step IV: intra-node all-gather of the packed shards, unpacked to +-1 into ``buffer``."""
         if self.worker_group is not None:
             full = torch.empty(bucket.padded // 8, device=shard_packed.device, dtype=torch.uint8)
-            with self.timing("comm", sync):
+            with self.timing("comm", full.device):
                 all_gather_flat(full, shard_packed, group=self.worker_group)
             self.add_bytes(*peer_bytes(self.topology, self.worker_peers, shard_packed.numel()))
         else:
             full = shard_packed
-        with self.timing("compress", sync):
-            return unpack_signs(full)
+        with self.timing("compress", full.device):
+            if bucket.padded == bucket.numel and buffer.dtype == torch.float32 and buffer.is_contiguous():
+                kernels.unpack(full, self.kernel_backend, out=buffer)  # straight into DDP's bucket
+            else:
+                buffer.copy_(kernels.unpack(full, self.kernel_backend)[: bucket.numel])
 
-    def _gather_and_average(self, packed: torch.Tensor, sync) -> torch.Tensor:
+    def _gather_and_average(self, packed: torch.Tensor) -> torch.Tensor:
         """``allgather``: every worker's bits to every worker, averaged locally (no server step)."""
         n = self.server_size
         gathered = torch.empty(n * packed.numel(), device=packed.device, dtype=torch.uint8)
-        with self.timing("comm", sync):
+        with self.timing("comm", packed.device):
             if self.server_group is not None:
                 all_gather_flat(gathered, packed, group=self.server_group)
             else:
                 gathered.copy_(packed)
         self.add_bytes(*peer_bytes(self.topology, self.server_peers, packed.numel()))
-        with self.timing("compress", sync):
-            return unpack_signs(gathered.view(n, -1)).mean(dim=0)
+        with self.timing("compress", packed.device):
+            return kernels.unpack(gathered.view(n, -1), self.kernel_backend).mean(dim=0)
 
     # --------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """This rank's shards, their layouts and its generator; process groups are not saved."""
+        """This rank's shards and their layouts; process groups are not saved. Taken between steps (no bucket
+        in flight on the communication thread). The draws are counter-based: there is no generator to save."""
+        self.runner.check_idle("BirderState.state_dict()")
         return {
             "scheme": self.scheme,
             "seed": self.seed,
-            "generator": self.generator.get_state() if self.generator is not None else None,
-            "generator_device": str(self.generator.device) if self.generator is not None else None,
             "buckets": self.store.state_dict(),
             "counters": self.snapshot(),
         }
@@ -234,22 +267,21 @@ class BirderState(CommState):
         """Load a rank's :meth:`state_dict` into any DDP bucket layout (the first differing bucket migrates it)."""
         if sd["scheme"] != self.scheme:
             raise ValueError(f"checkpoint is of Birder scheme {sd['scheme']!r}, this hook runs {self.scheme!r}")
+        self.runner.check_idle("BirderState.load_state_dict()")
         self.store.load_state_dict(sd["buckets"])
-        self.seed = sd["seed"]
-        self.generator = None
-        if sd["generator"] is not None:
-            self.generator = torch.Generator(device=sd["generator_device"])
-            self.generator.set_state(sd["generator"])
+        self.seed = sd["seed"]  # (a checkpoint's "generator", from before counter-based draws, is not used)
         self.load_counters(sd["counters"])
 
 
 def birder_hook(state: BirderState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: the Hierarchical-1-bit-All-Reduce of one bucket (steps in the module doc).
 
-    The collectives run synchronously inside the hook; the returned future is already complete.
+    With ``overlap`` (the default) the work runs on the state's communication thread and the future completes
+    when the bucket's result is in its buffer; without, it runs here and the future is already complete.
     """
     signature = bucket_signature(state.param_index, bucket)
-    return completed_future(state.allreduce_bucket(bucket.index(), bucket.buffer(), signature))
+    index, buffer = bucket.index(), bucket.buffer()
+    return state.runner.run(lambda: state.allreduce_bucket(index, buffer, signature), buffer.device)
 
 
 # DDP checks the hook's annotations as objects; this module's are strings (postponed evaluation).
@@ -260,13 +292,17 @@ del birder_hook.__annotations__["return_"]
 
 def attach_birder(ddp_model: torch.nn.parallel.DistributedDataParallel, optimizer: Birder,
                   gpus_per_node: Optional[int] = None, scheme: str = "hierarchical",
-                  topology: Optional[Topology] = None, sync_timing: bool = False) -> BirderState:
+                  topology: Optional[Topology] = None, kernel_backend: str = "auto",
+                  overlap: bool = True) -> BirderState:
     """Register the Birder hook on ``ddp_model`` and hand the optimizer its update: three lines in a script.
 
     ``gpus_per_node`` (processes per node; default: LOCAL_WORLD_SIZE from torchrun) builds the topology when
     none is given. Collective: call it on every rank. beta, eps, amsgrad_after and seed come from the
     optimizer, which from then on only applies the hook's +-1 (see :class:`birder_repro.optim.Birder`).
+    ``kernel_backend``: the compression kernels' (:mod:`birder_repro.comm.kernels`; auto: the fastest here);
+    ``overlap``: run the hook's work on a communication thread beside the backward pass (false: inside it).
     """
+    kernels.resolve_backend(kernel_backend, next(ddp_model.module.parameters()).device)  # fail here, not later
     if not isinstance(optimizer, Birder):
         raise TypeError(f"attach_birder needs a birder_repro.optim.Birder optimizer, got {type(optimizer).__name__}")
     groups = optimizer.param_groups
@@ -278,7 +314,9 @@ def attach_birder(ddp_model: torch.nn.parallel.DistributedDataParallel, optimize
             gpus_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         topology = build_topology(gpus_per_node)
     state = BirderState(topology, scheme=scheme, beta=groups[0]["beta"], eps=groups[0]["eps"],
-                        amsgrad_after=groups[0]["amsgrad_after"], seed=optimizer.seed, sync_timing=sync_timing)
+                        amsgrad_after=groups[0]["amsgrad_after"], seed=optimizer.seed,
+                        param_numels=[p.numel() for p in ddp_model.module.parameters()],
+                        kernel_backend=kernel_backend, overlap=overlap)
     state.param_index = parameter_index(ddp_model.module)
     ddp_model.register_comm_hook(state, birder_hook)
     optimizer.compressed_by_hook = True
@@ -286,7 +324,9 @@ def attach_birder(ddp_model: torch.nn.parallel.DistributedDataParallel, optimize
 
 
 def attach_from_config(ddp_model, optimizer, cfg: Mapping[str, Any], topology: Topology, scheme: str = "birder"):
-    """The runner's entry (birder_repro.comm.attach_comm): scheme and timing from the ``optim`` config node."""
+    """The runner's entry (birder_repro.comm.attach_comm): ``optim.comm.scheme``, ``kernel_backend`` and
+    ``overlap`` from the ``optim`` config node (``bucket_cap_mb`` is DDP's: the worker builds DDP with it)."""
     comm = cfg.get("comm") or {}
     return attach_birder(ddp_model, optimizer, scheme=comm.get("scheme", "hierarchical"), topology=topology,
-                         sync_timing=bool(comm.get("sync_timing", False)))
+                         kernel_backend=str(comm.get("kernel_backend", "auto")),
+                         overlap=bool(comm.get("overlap", True)))

@@ -41,7 +41,7 @@ import torch.distributed as dist
 from birder_repro.comm.collectives import all_gather_flat
 from birder_repro.comm.pack import padded_size
 
-__all__ = ["Level", "Field", "Bucket", "BucketStore", "parameter_index", "bucket_signature"]
+__all__ = ["Level", "Field", "Bucket", "BucketStore", "parameter_index", "bucket_signature", "ElementPositions"]
 
 Signature = tuple  # ((parameter index, offset in the bucket, numel), ...)
 
@@ -61,6 +61,57 @@ def bucket_signature(param_index: Mapping[int, int], bucket: dist.GradBucket) ->
     base, size = buffer.data_ptr(), buffer.element_size()
     return tuple((param_index[id(p)], (g.data_ptr() - base) // size, g.numel())
                  for p, g in zip(bucket.parameters(), bucket.gradients()))
+
+
+class ElementPositions:
+    """Where every element of a bucket sits among all the model's parameters: the counter of its random draws.
+
+    Position of element i of parameter p: the numels of the parameters before p in ``model.parameters()`` plus
+    i, so it does not depend on how DDP cut the buckets (in which bucket, at which offset, p lands). Padding
+    (and any gap between the bucket's views) has no parameter: element j of a padded bucket that is not a
+    parameter's sits at ``total + j`` (``total``: the model's number of elements), past every real position.
+    Only real elements' draws must not repeat; padding's draws are never read by a real element.
+    """
+
+    __slots__ = ("offsets", "total")
+
+    def __init__(self, numels: Sequence[int]):
+        self.offsets: list[int] = []
+        total = 0
+        for n in numels:
+            self.offsets.append(total)
+            total += int(n)
+        self.total = total
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> "ElementPositions":
+        return cls([p.numel() for p in model.parameters()])
+
+    def segments(self, signature: Signature, padded: int, lo: int, hi: int) -> tuple[list[int], list[int]]:
+        """(starts, positions) of the pieces of padded-bucket range [lo, hi): piece s covers
+        [starts[s], starts[s+1]) of the range (relative to lo) and its first element sits at positions[s]."""
+        pieces = []  # (start in the bucket, its position), real elements and the padding between them
+        cursor = 0
+        for p, offset, numel in sorted(signature, key=lambda s: s[1]):
+            if numel <= 0:
+                continue
+            if p >= len(self.offsets):
+                raise ValueError(f"parameter index {p} of a bucket is beyond the model's {len(self.offsets)} "
+                                 "parameters: the hook's positions were made for another model")
+            if offset > cursor:
+                pieces.append((cursor, self.total + cursor))
+            pieces.append((offset, self.offsets[p]))
+            cursor = offset + numel
+        if cursor < padded:
+            pieces.append((cursor, self.total + cursor))
+        starts, positions = [], []
+        for i, (start, position) in enumerate(pieces):
+            end = pieces[i + 1][0] if i + 1 < len(pieces) else padded
+            a, b = max(start, lo), min(end, hi)
+            if a < b:
+                starts.append(a - lo)
+                positions.append(position + (a - start))
+        return starts, positions
 
 
 # ------------------------------------------------------------------------------------- fields and parts

@@ -30,9 +30,10 @@ share counted intra- or inter-node by whether the peer is on this process's node
 itself is flat over all processes, as in the paper's comparison). With one process nothing is sent and the
 momentum is used as it is (DeepSpeed's OnebitAdam skips compression at world size 1 too).
 
-The compression stage runs its collectives inside the hook (the returned future is complete) so that
-``compress_seconds`` and ``comm_seconds`` are measured; DeepSpeed's runs them in the optimizer step, after the
-backward pass, so nothing is lost against the original.
+The compression stage runs its work on a communication thread beside the backward pass
+(:mod:`birder_repro.comm.overlap`; ``overlap=False`` runs it inside the hook, with the same results bit for
+bit), timed into ``compress_seconds`` and ``collective_seconds``; DeepSpeed's runs it in the optimizer step,
+after the backward pass.
 
 State: the worker error of each bucket (this process's own, the whole bucket) and the server error of this
 process's chunk (cut over all processes), in a :class:`~birder_repro.comm.buckets.BucketStore` that follows
@@ -52,7 +53,7 @@ import torch.distributed as dist
 from birder_repro.comm.accounting import flat_allreduce_split, peer_bytes
 from birder_repro.comm.buckets import Bucket, BucketStore, Field, Level, bucket_signature, parameter_index
 from birder_repro.comm.collectives import all_gather_flat as _all_gather
-from birder_repro.comm.collectives import completed_future
+from birder_repro.comm.overlap import HookRunner
 from birder_repro.comm.pack import pack_bits, unpack_signs
 from birder_repro.comm.state import GRADIENT, MOMENTUM, CommState
 from birder_repro.comm.topology import Topology, flat_topology, group_peers
@@ -105,8 +106,7 @@ class Exchange(NamedTuple):
 
 def compressed_allreduce(x: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,
                          mask: torch.Tensor, group: Optional[dist.ProcessGroup] = None,
-                         stats: Optional[CommState] = None, topology: Optional[Topology] = None,
-                         sync_device: Optional[torch.device] = None) -> Exchange:
+                         stats: Optional[CommState] = None, topology: Optional[Topology] = None) -> Exchange:
     """Steps II-VI of the module doc on one padded buffer: the error-compensated 1-bit average over ``group``.
 
     ``x``, ``worker_error``, ``mask``: (P',) with P' a multiple of 8 N; ``server_error``: (P'/N,), the chunk
@@ -118,16 +118,19 @@ def compressed_allreduce(x: torch.Tensor, worker_error: torch.Tensor, server_err
     if x.numel() % (8 * n):
         raise ValueError(f"compressed_allreduce needs a multiple of 8 x {n} elements, got {x.numel()}: pad first")
     chunk = x.numel() // n
-    timing = stats.timing if stats is not None else (lambda what, sync=None: contextlib.nullcontext())
+    device = x.device
+
+    def timing(what: str):
+        return stats.timing(what, device) if stats is not None else contextlib.nullcontext()
 
     # Step II: worker compression over the whole buffer: one scale per worker.
-    with timing("compress", sync_device):
+    with timing("compress"):
         worker_bits, worker_scale = compress_(x, worker_error, mask)
 
     # Step III: chunk k of every worker's bits to process k; every worker's scale to everyone.
     received = torch.empty_like(worker_bits)
     worker_scales = torch.empty(n, device=x.device, dtype=worker_scale.dtype)
-    with timing("comm", sync_device):
+    with timing("comm"):
         works = [dist.all_to_all_single(received, worker_bits, group=group, async_op=True),
                  _all_gather(worker_scales, worker_scale, group=group, async_op=True)]
         for w in works:
@@ -136,14 +139,14 @@ def compressed_allreduce(x: torch.Tensor, worker_error: torch.Tensor, server_err
 
     # Step IV: the server's average of its chunk, error-compensated and compressed again with its own scale.
     chunk_mask = mask[me * chunk:(me + 1) * chunk]
-    with timing("compress", sync_device):
+    with timing("compress"):
         mean = decompress(received.view(n, chunk // 8), worker_scales).mean(dim=0)
         server_chunk_bits, server_scale = compress_(mean, server_error, chunk_mask)
 
     # Step V: every server's chunk and scale to everyone.
     server_bits = torch.empty(n, chunk // 8, device=x.device, dtype=torch.uint8)
     server_scales = torch.empty(n, device=x.device, dtype=server_scale.dtype)
-    with timing("comm", sync_device):
+    with timing("comm"):
         works = [_all_gather(server_bits.view(-1), server_chunk_bits, group=group, async_op=True),
                  _all_gather(server_scales, server_scale, group=group, async_op=True)]
         for w in works:
@@ -151,7 +154,7 @@ def compressed_allreduce(x: torch.Tensor, worker_error: torch.Tensor, server_err
     _count(stats, topology, group, chunk // 8 + SCALE_BYTES)
 
     # Step VI: unpack every chunk with its server's scale.
-    with timing("compress", sync_device):
+    with timing("compress"):
         result = decompress(server_bits, server_scales).view(-1).mul_(mask)
     return Exchange(result, worker_bits, worker_scales, server_bits, server_scales)
 
@@ -183,20 +186,21 @@ class OneBitState(CommState):
 
     __slots__ = (
         # user settings
-        "optimizer", "process_group", "topology", "sync_timing",
-        # internal state: per-bucket errors with their layouts; which parameter index each parameter has
-        "store", "param_index",
+        "optimizer", "process_group", "topology",
+        # internal state: per-bucket errors with their layouts; which parameter index each parameter has; the
+        # communication thread
+        "store", "param_index", "runner",
         # statistics
         "last_stage",
     )
 
     def __init__(self, optimizer: OneBitOptimizer, process_group: Optional[dist.ProcessGroup], topology: Topology,
-                 param_index: Mapping[int, int], sync_timing: bool = False):
+                 param_index: Mapping[int, int], overlap: bool = True):
         super().__init__()
         self.optimizer = optimizer
         self.process_group = process_group
         self.topology = topology
-        self.sync_timing = sync_timing
+        self.runner = HookRunner(overlap, name=f"onebit-comm-{topology.rank}")
         n = self.world_size
         every = Level(self.group if n > 1 else None, n, dist.get_rank(self.group) if n > 1 else 0)
         # worker error: this process's own, over the whole bucket; server error: chunk k on process k
@@ -219,6 +223,13 @@ class OneBitState(CommState):
     def grad_holds(self) -> str:
         """In the compression stage the hook hands back the averaged momentum in place of the gradients."""
         return MOMENTUM if self.optimizer.stage == COMPRESSION else GRADIENT
+
+    def overlaps(self) -> bool:
+        return self.runner.overlap
+
+    def close(self) -> None:
+        """Stop the communication thread (it restarts with the next compressed bucket)."""
+        self.runner.close()
 
     @property
     def freeze_step(self) -> int:
@@ -252,15 +263,14 @@ class OneBitState(CommState):
             if bucket.derived is None:
                 bucket.derived = self._derive(bucket, params)
             d = bucket.derived
-            sync = buffer.device if self.sync_timing else None
-            with self.timing("compress", sync):
+            with self.timing("compress", buffer.device):
                 m = self._local_momentum(bucket, buffer)
             if self.world_size > 1:
                 m = compressed_allreduce(m, bucket.state["worker_error"], bucket.state["server_error"], d.mask,
-                                         self.group, self, self.topology, sync).result
+                                         self.group, self, self.topology).result
             else:
                 m.mul_(d.mask)  # nothing to send: the exact momentum (DeepSpeed skips compression too)
-            with self.timing("compress", sync):
+            with self.timing("compress", buffer.device):
                 out = m[: bucket.numel]
                 if d.scale is not None:
                     out = out.div_(d.scale[: bucket.numel])
@@ -300,7 +310,9 @@ class OneBitState(CommState):
 
     # --------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """This rank's errors with their layouts, and the counters; process groups are not saved."""
+        """This rank's errors with their layouts, and the counters; process groups are not saved. Taken between
+        steps (no bucket in flight on the communication thread)."""
+        self.runner.check_idle("OneBitState.state_dict()")
         return {
             "world_size": self.world_size,
             "buckets": self.store.state_dict(),
@@ -313,6 +325,7 @@ class OneBitState(CommState):
         if sd["world_size"] != self.world_size:
             raise ValueError(f"checkpoint of the 1-bit hook was saved on {sd['world_size']} processes, this run has "
                              f"{self.world_size}: its server errors belong to other chunks")
+        self.runner.check_idle("OneBitState.load_state_dict()")
         self.store.load_state_dict(sd["buckets"])
         self.last_stage = sd["last_stage"]
         self.load_counters(sd["counters"])
@@ -321,8 +334,8 @@ class OneBitState(CommState):
 def onebit_hook(state: OneBitState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: fp32 average in the warmup, the compressed all-reduce of the momentum after.
 
-    The stage follows the optimizer's step count, the same on every rank. In the compression stage the
-    collectives run inside the hook and the returned future is already complete.
+    The stage follows the optimizer's step count, the same on every rank. In the compression stage the work
+    runs on the state's communication thread (``overlap``) or inside the hook (the future already complete).
     """
     buffer = bucket.buffer()
     stage = state.optimizer.stage
@@ -331,11 +344,12 @@ def onebit_hook(state: OneBitState, bucket: dist.GradBucket) -> torch.futures.Fu
     if stage == WARMUP:
         return state.allreduce_average(buffer)
     signature = bucket_signature(state.param_index, bucket)
-    return completed_future(state.compress_bucket(bucket.index(), buffer, bucket.parameters(), signature))
+    index, params = bucket.index(), bucket.parameters()
+    return state.runner.run(lambda: state.compress_bucket(index, buffer, params, signature), buffer.device)
 
 
 def attach_onebit(ddp_model: torch.nn.parallel.DistributedDataParallel, optimizer: OneBitOptimizer,
-                  topology: Optional[Topology] = None, sync_timing: bool = False) -> OneBitState:
+                  topology: Optional[Topology] = None, overlap: bool = True) -> OneBitState:
     """Register the 1-bit hook on ``ddp_model`` and have ``optimizer`` take its averaged momentum.
 
     Args:
@@ -345,7 +359,8 @@ def attach_onebit(ddp_model: torch.nn.parallel.DistributedDataParallel, optimize
             stage starts on the final layout; torch's PowerSGD asks the same. Later layout changes, as in a
             resumed run, move the errors with their elements).
         topology: only splits the counted bytes into intra- and inter-node. None: every process its own node.
-        sync_timing: on a GPU, synchronize around timed blocks so that the seconds are the kernels'.
+        overlap: run the compressed all-reduce on a communication thread beside the backward pass (false:
+            inside the hook; the same results).
     """
     if not isinstance(optimizer, OneBitOptimizer):
         raise TypeError(f"attach_onebit needs a OneBitAdam or OneBitLamb optimizer, got {type(optimizer).__name__}")
@@ -358,7 +373,7 @@ def attach_onebit(ddp_model: torch.nn.parallel.DistributedDataParallel, optimize
     if topology.world_size != world:
         raise ValueError(f"topology has {topology.world_size} processes but the DDP process group has {world}")
     state = OneBitState(optimizer, process_group, topology, parameter_index(ddp_model.module),
-                        sync_timing=sync_timing)
+                        overlap=overlap)
     ddp_model.register_comm_hook(state, onebit_hook)
     optimizer.momentum_by_hook = True
     return state
@@ -366,8 +381,9 @@ def attach_onebit(ddp_model: torch.nn.parallel.DistributedDataParallel, optimize
 
 def attach_from_config(ddp_model: torch.nn.parallel.DistributedDataParallel, optimizer: OneBitOptimizer,
                        cfg: Mapping[str, Any], topology: Topology, scheme: str = "onebit") -> OneBitState:
-    """The runner's entry (birder_repro.comm.attach_comm): ``optim.comm.sync_timing`` from the config."""
+    """The runner's entry (birder_repro.comm.attach_comm): ``optim.comm.overlap`` from the config
+    (``bucket_cap_mb`` is DDP's: the worker builds DDP with it)."""
     if scheme != "onebit":
         raise ValueError(f"birder_repro.comm.onebit handles scheme 'onebit', not {scheme!r}")
     comm = cfg.get("comm") or {}
-    return attach_onebit(ddp_model, optimizer, topology=topology, sync_timing=bool(comm.get("sync_timing", False)))
+    return attach_onebit(ddp_model, optimizer, topology=topology, overlap=bool(comm.get("overlap", True)))

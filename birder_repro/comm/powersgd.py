@@ -24,8 +24,8 @@ A resumed run therefore differs from an uninterrupted one by that one uncompress
 # No `from __future__ import annotations`: DDP's register_comm_hook compares the hook's annotations with
 # dist.GradBucket and torch.futures.Future[torch.Tensor] as objects, and rejects them as strings.
 
+import contextlib
 import copy
-import time
 from typing import Any, Mapping, Optional
 
 import torch
@@ -162,10 +162,12 @@ def _powersgd_hook(state: PowerSGDCommState, bucket: dist.GradBucket) -> torch.f
         _check_bucket_state(torch_state, bucket)
 
     # Step II: torch's hook (it returns without waiting on the communication).
-    t0 = time.perf_counter()
-    fut = powerSGD_hook(torch_state, bucket)
+    # Timed on the stream it runs on (CUDA events) or by the wall clock (CPU): CommState.timing. The part before
+    # its first all-reduce is compression; torch's hook also starts that all-reduce inside this block, which
+    # on CUDA costs only its launch on this stream.
+    with state.timing("compress", buffer.device) if compressing else contextlib.nullcontext():
+        fut = powerSGD_hook(torch_state, bucket)
     if compressing:
-        state.compress_seconds += time.perf_counter() - t0
         if state.serialize_buckets:
             # torch's hook starts its P and Q all-reduces from the future's callbacks. On gloo those run on the
             # communication thread while the autograd thread starts the next bucket's all-reduces, so ranks can

@@ -3,19 +3,31 @@
 Every scheme's state (:mod:`~birder_repro.comm.allreduce`, :mod:`~birder_repro.comm.powersgd`,
 :mod:`~birder_repro.comm.birder`, :mod:`~birder_repro.comm.onebit`) subclasses :class:`CommState`:
 
-- the counters: payload bytes this rank sent within its node and across nodes, seconds of compression work and
-  of waiting on collectives, bucket calls (all only grow; the loop reads their differences per step);
+- the counters: payload bytes this rank sent within its node and across nodes, seconds of compression work
+  (``compress_seconds``) and of collectives (``collective_seconds``), bucket calls (all only grow; the loop
+  reads their differences per step);
 - ``stage(step)``: the name of the stage the step about to run is in (``warmup`` / ``compression`` for the
   schemes with two stages, for throughput per stage in the run record), None for single-stage schemes;
 - ``grad_holds()``: what the parameters' ``.grad`` hold once this step's hook has run and before
   ``optimizer.step()``: :data:`GRADIENT` (averaged gradients, which clipping may rescale), or something the
-  hook computed instead (:data:`UPDATE`: Birder's +-1; :data:`MOMENTUM`: 1-bit Adam's averaged momentum).
+  hook computed instead (:data:`UPDATE`: Birder's +-1; :data:`MOMENTUM`: 1-bit Adam's averaged momentum);
+- ``overlaps()``: whether the hook's compression and collectives run beside the backward pass (on a
+  communication thread, :mod:`~birder_repro.comm.overlap`) rather than inside it, so that their seconds are
+  not all exposed in the step time (the loop's split of the step, ``birder_repro.train.split_step_time``).
+
+Timing (:meth:`CommState.timing`): on CPU tensors, wall clock around the block. On CUDA tensors, a pair of CUDA
+events recorded on the current stream around the block (the stream the block's kernels run on: the training
+stream in a hook, the side stream on a communication thread), so that the seconds are the kernels' and not their
+launch, and nothing is synchronized in the hook. The pairs are resolved when a counter is read (after the step,
+when the loop has synchronized the device): reading ``compress_seconds`` or ``collective_seconds`` waits for
+the events still pending.
 
 The loop asks these of the hook state and never of the optimizer (``birder_repro.train``).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager
 from typing import Iterator, Optional
@@ -26,25 +38,30 @@ GRADIENT = "gradient"  # the average of the processes' gradients (exact, or appr
 UPDATE = "update"  # the update itself, e.g. Birder's u_bar in {-1, +1}
 MOMENTUM = "momentum"  # an averaged momentum, e.g. 1-bit Adam's in its compression stage
 
+_KINDS = {"compress": "compress_seconds", "comm": "collective_seconds"}
+
 
 class CommState:
     """Counters, stage and the meaning of ``.grad``: what every scheme's state has, on each rank.
 
     ``intra_node_bytes`` / ``inter_node_bytes`` count what this rank sent in collectives within its node and
-    across nodes; ``compress_seconds`` the time in quantize / pack / unpack work, ``comm_seconds`` the time
-    waiting for collectives. Subclasses override :meth:`stage` and :meth:`grad_holds` where they differ from a
-    plain all-reduce (one stage, gradients).
+    across nodes; ``compress_seconds`` the time in quantize / pack / unpack work, ``collective_seconds`` the
+    time in collectives (``comm_seconds`` is its former name). The counters may grow on a communication thread
+    or in a future's callback while the hook runs on the autograd thread: additions take a lock. Subclasses
+    override :meth:`stage`, :meth:`grad_holds` and :meth:`overlaps` where they differ from a plain all-reduce
+    (one stage, gradients, DDP's own asynchronous collective).
     """
 
-    __slots__ = ("intra_node_bytes", "inter_node_bytes", "compress_seconds", "comm_seconds", "calls")
-    COUNTERS = __slots__
+    __slots__ = ("intra_node_bytes", "inter_node_bytes", "_seconds", "calls", "_pending", "_counter_lock")
+    COUNTERS = ("intra_node_bytes", "inter_node_bytes", "compress_seconds", "collective_seconds", "calls")
 
     def __init__(self) -> None:
         self.intra_node_bytes = 0.0
         self.inter_node_bytes = 0.0
-        self.compress_seconds = 0.0
-        self.comm_seconds = 0.0
+        self._seconds = {"compress_seconds": 0.0, "collective_seconds": 0.0}
         self.calls = 0
+        self._pending: list = []  # (counter, start event, end event) of CUDA blocks not yet resolved
+        self._counter_lock = threading.Lock()
 
     # ------------------------------------------------------------------------------------ the interface
     def stage(self, step: int) -> Optional[str]:
@@ -55,45 +72,93 @@ class CommState:
         """What ``.grad`` holds after this step's hook: :data:`GRADIENT`, :data:`UPDATE` or :data:`MOMENTUM`."""
         return GRADIENT
 
+    def overlaps(self) -> bool:
+        """Whether the hook's compression and collectives run beside the backward pass (a communication
+        thread) rather than inside the hook on the autograd thread."""
+        return False
+
     # ------------------------------------------------------------------------------------- the counters
+    @property
+    def compress_seconds(self) -> float:
+        self._resolve_events()
+        return self._seconds["compress_seconds"]
+
+    @compress_seconds.setter
+    def compress_seconds(self, value: float) -> None:
+        self._seconds["compress_seconds"] = float(value)
+
+    @property
+    def collective_seconds(self) -> float:
+        self._resolve_events()
+        return self._seconds["collective_seconds"]
+
+    @collective_seconds.setter
+    def collective_seconds(self, value: float) -> None:
+        self._seconds["collective_seconds"] = float(value)
+
+    comm_seconds = collective_seconds  # its former name
+
     def snapshot(self) -> dict[str, float]:
         return {k: float(getattr(self, k)) for k in CommState.COUNTERS}
 
     def load_counters(self, snapshot: dict[str, float]) -> None:
-        """Continue from a :meth:`snapshot` (a checkpoint's), keeping each counter's type."""
+        """Continue from a :meth:`snapshot` (a checkpoint's, also one that still says ``comm_seconds``)."""
         for key, value in snapshot.items():
+            key = "collective_seconds" if key == "comm_seconds" else key
             setattr(self, key, type(getattr(self, key))(value))
 
     def add_bytes(self, intra: float, inter: float) -> None:
-        self.intra_node_bytes += intra
-        self.inter_node_bytes += inter
+        with self._counter_lock:
+            self.intra_node_bytes += intra
+            self.inter_node_bytes += inter
+
+    def add_seconds(self, what: str, seconds: float) -> None:
+        """Add ``seconds`` of ``what`` ("compress" or "comm") measured elsewhere."""
+        with self._counter_lock:
+            self._seconds[_counter(what)] += seconds
 
     @contextmanager
-    def timing(self, what: str, sync_device=None) -> Iterator[None]:
-        """Add the wall time of the block to ``compress_seconds`` or ``comm_seconds``.
+    def timing(self, what: str, device=None) -> Iterator[None]:
+        """Add the time of the block to ``compress_seconds`` ("compress") or ``collective_seconds`` ("comm").
 
-        On a GPU the block's kernels are asynchronous: pass the device to synchronize it on both sides, so
-        that the time is the kernels' and not their launch (this costs overlap; timing is opt-in there).
+        ``device``: where the block's tensors live. On CUDA the block is timed by CUDA events on the current
+        stream, resolved when the counter is read (module docstring); elsewhere by the wall clock.
         """
-        if what not in ("compress", "comm"):
-            raise ValueError(f"unknown timing kind {what!r}")
-        if sync_device is not None:
-            _sync(sync_device)
+        counter = _counter(what)
+        if getattr(device, "type", device) == "cuda":
+            import torch
+
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            try:
+                yield
+            finally:
+                end.record()
+                with self._counter_lock:
+                    self._pending.append((counter, start, end))
+            return
         t0 = time.perf_counter()
         try:
             yield
         finally:
-            if sync_device is not None:
-                _sync(sync_device)
             dt = time.perf_counter() - t0
-            if what == "compress":
-                self.compress_seconds += dt
-            else:
-                self.comm_seconds += dt
+            with self._counter_lock:
+                self._seconds[counter] += dt
+
+    def _resolve_events(self) -> None:
+        """Wait for the CUDA blocks still pending and add their seconds."""
+        if not self._pending:
+            return
+        with self._counter_lock:
+            pending, self._pending = self._pending, []
+        for counter, start, end in pending:
+            end.synchronize()
+            seconds = start.elapsed_time(end) / 1000.0
+            with self._counter_lock:
+                self._seconds[counter] += seconds
 
 
-def _sync(device) -> None:
-    import torch
-
-    if getattr(device, "type", device) == "cuda":
-        torch.cuda.synchronize(device)
+def _counter(what: str) -> str:
+    if what not in _KINDS:
+        raise ValueError(f"unknown timing kind {what!r}; choices: {', '.join(_KINDS)}")
+    return _KINDS[what]

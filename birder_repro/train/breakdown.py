@@ -15,6 +15,13 @@ Throughput counts the whole step, data wait included (as the paper's samples per
 for its input is slower, and a data-bound run must show as one): ``step_time_s.total`` is the sum of all four
 parts, and throughput is samples over the timed steps' seconds with their waits.
 
+With a hook that overlaps the backward pass (``CommState.overlaps()``: Birder's and 1-bit Adam's
+communication thread, :mod:`birder_repro.comm.overlap`) compression and collectives run beside compute, so
+only what computation does not hide is in the step: the exposed time ``step - compute``; compression is its
+part ``min(compression, exposed)`` and communication the rest of it (:func:`split_step_time`). The record's
+``overlap_s`` shows, beside that exposed time, the seconds per step the hook spent in collectives and in
+compression work, hidden or not (they are not parts of the sum).
+
 Times and bytes are means over processes; samples are summed over them.
 """
 
@@ -32,12 +39,19 @@ from birder_repro.train.timing import StepResult
 __all__ = ["split_step_time", "Totals", "stage_figures", "summarize_timing"]
 
 
-def split_step_time(step_s: float, compute_s: float, compress_s: float) -> tuple[float, float, float]:
+def split_step_time(step_s: float, compute_s: float, compress_s: float,
+                    overlapped: bool = False) -> tuple[float, float, float]:
     """(compute, communication, compression) of a (mean) step, summing to ``step_s`` (module docstring).
 
     communication = max(0, step - compute - compression); compute takes what is left, so it absorbs any
-    negative rest and the three parts always sum to the step.
+    negative rest and the three parts always sum to the step. ``overlapped`` (the hook's work runs beside the
+    backward pass): compression is the exposed part, min(compression, max(0, step - compute)), and
+    communication the rest of the exposed time.
     """
+    if overlapped:
+        exposed = min(max(step_s - compute_s, 0.0), step_s)
+        compression = min(max(compress_s, 0.0), exposed)
+        return step_s - exposed, exposed - compression, compression
     compression = min(max(compress_s, 0.0), step_s)
     communication = max(0.0, step_s - compute_s - compression)
     return step_s - compression - communication, communication, compression
@@ -51,19 +65,21 @@ class Totals:
     seconds: float = 0.0
     optimizer: float = 0.0  # the optimizer step's own computation
     compression: float = 0.0
+    collectives: float = 0.0  # seconds the hook spent in collectives (hidden by an overlapping hook or not)
     data_wait: float = 0.0
     samples: float = 0.0  # this process's samples
     intra_bytes: float = 0.0
     inter_bytes: float = 0.0
 
-    FIELDS = ("steps", "seconds", "optimizer", "compression", "data_wait", "samples", "intra_bytes",
-              "inter_bytes")
+    FIELDS = ("steps", "seconds", "optimizer", "compression", "collectives", "data_wait", "samples",
+              "intra_bytes", "inter_bytes")
 
     def add(self, r: StepResult, data_wait: float) -> None:
         self.steps += 1
         self.seconds += r.seconds
         self.optimizer += r.optimizer
         self.compression += r.compression
+        self.collectives += r.collectives
         self.data_wait += data_wait
         self.samples += r.samples
         self.intra_bytes += r.intra_bytes
@@ -88,7 +104,8 @@ def stage_figures(stages: dict[str, Totals], world: int, device: torch.device) -
     return out
 
 
-def summarize_timing(figures: dict[str, dict[str, float]], forward_backward_s: float) -> dict[str, Any]:
+def summarize_timing(figures: dict[str, dict[str, float]], forward_backward_s: float,
+                     overlapped: bool = False) -> dict[str, Any]:
     """Throughput, step-time parts and bytes per step, over the whole run and per stage (record keys)."""
     def per_step(f, key):
         return f[key] / f["steps"] if f["steps"] else float("nan")
@@ -100,8 +117,15 @@ def summarize_timing(figures: dict[str, dict[str, float]], forward_backward_s: f
     def step_time(f):
         step = per_step(f, "seconds")
         wait = per_step(f, "data_wait")
-        parts = split_step_time(step, forward_backward_s + per_step(f, "optimizer"), per_step(f, "compression"))
+        parts = split_step_time(step, forward_backward_s + per_step(f, "optimizer"), per_step(f, "compression"),
+                                overlapped)
         return dict(zip(schema.STEP_TIME_PARTS, (step + wait, *parts, wait)))
+
+    def overlap(f):
+        st = step_time(f)
+        exposed = st["total"] - st["data_wait"] - st["compute"]  # the step's, not the loader's
+        return dict(zip(schema.OVERLAP_PARTS, (overlapped, exposed, per_step(f, "collectives"),
+                                               per_step(f, "compression"))))
 
     total = {k: sum(f[k] for f in figures.values()) for k in Totals.FIELDS}
     staged = {name: f for name, f in figures.items() if name != ""}
@@ -110,6 +134,7 @@ def summarize_timing(figures: dict[str, dict[str, float]], forward_backward_s: f
         "throughput_by_stage": {name: throughput(f) for name, f in staged.items()},
         "step_time_s": step_time(total),
         "step_time_s_by_stage": {name: step_time(f) for name, f in staged.items()},
+        "overlap_s": overlap(total),
         "data_wait_s_per_step": per_step(total, "data_wait"),
         "intra_node_bytes_per_step": per_step(total, "intra_bytes"),
         "inter_node_bytes_per_step": per_step(total, "inter_bytes"),

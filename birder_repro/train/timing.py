@@ -44,7 +44,7 @@ def stage_of(comm: CommState, step: int) -> Optional[str]:
 
 def _counters(comm) -> tuple[float, float, float, float]:
     return (float(comm.intra_node_bytes), float(comm.inter_node_bytes), float(comm.compress_seconds),
-            float(comm.comm_seconds))
+            float(comm.collective_seconds))
 
 
 def grads_are_gradients(comm: CommState) -> bool:
@@ -67,6 +67,7 @@ class StepResult:
     intra_bytes: float
     inter_bytes: float
     buckets: tuple = ()  # (index, elements, seconds from the start of backward) of each hook call, in order
+    collectives: float = 0.0  # seconds in the hook's collectives during the step (hidden by overlap or not)
 
 
 def run_step(task, model, optimizer, batch, device, comm, grad_clip: Optional[float] = None) -> StepResult:
@@ -95,6 +96,7 @@ def run_step(task, model, optimizer, batch, device, comm, grad_clip: Optional[fl
     return StepResult(loss_sum=float(loss.detach()) * n, samples=int(n), seconds=t2 - t0,
                       optimizer=max(0.0, (t2 - t1) - in_optimizer), compression=after[2] - before[2],
                       intra_bytes=after[0] - before[0], inter_bytes=after[1] - before[1],
+                      collectives=after[3] - before[3],
                       buckets=tuple(clock.take()) if clock is not None else ())
 
 
