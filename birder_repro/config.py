@@ -100,7 +100,7 @@ def effective_lr(cfg: DictConfig) -> float:
     """The learning rate the optimizer gets.
 
     With ``optim.lr_batch_scaling`` set to a reference batch B, the rate scales linearly with the global
-    batch: lr x global_batch / B (papers/birder.txt section 5.1: "0.1 x batch size/256" for SGDM on
+    batch: lr x global_batch / B (Birder paper, section 5.1: "0.1 x batch size/256" for SGDM on
     ImageNet, after Goyal et al. 2017). Without it, ``optim.lr`` is used as given.
     """
     lr = float(cfg.optim.lr)

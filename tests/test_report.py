@@ -75,7 +75,7 @@ def row(cells: pd.DataFrame, optim: str, nodes: int) -> pd.Series:
 # --- formulas ----------------------------------------------------------------------------------------------
 
 def test_scale_efficiency_reproduces_paper_table3():
-    # papers/birder.txt Table 3, Ethernet: SGDM 16 GPUs 2959 vs 8 GPUs 3693 -> 40.1%; Birder 6015/3462 -> 86.9%.
+    # Birder paper, Table 3, Ethernet: SGDM 16 GPUs 2959 vs 8 GPUs 3693 -> 40.1%; Birder 6015/3462 -> 86.9%.
     assert round(100 * tables.scale_efficiency(2959, 16, 3693, 8), 1) == 40.1
     assert round(100 * tables.scale_efficiency(6015, 16, 3462, 8), 1) == 86.9
     assert round(100 * tables.scale_efficiency(15253, 64, 3462, 8), 1) == 55.1
@@ -105,7 +105,7 @@ def test_bert_baseline_is_bertadam(tmp_path):
     records = [make_record("bertadam", 2, 8, 84.0, task="bert_squad", batch=3, baseline="bertadam"),
                make_record("birder", 2, 8, 431.0, task="bert_squad", batch=3, baseline="bertadam")]
     cells = cells_of(write_runs(tmp_path, records))
-    assert round(row(cells, "birder", 2)["speedup"], 2) == 5.13  # papers/birder.txt Table 2
+    assert round(row(cells, "birder", 2)["speedup"], 2) == 5.13  # Birder paper, Table 2
 
 
 # --- which runs are shown ---------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The paper's own numbers (tables/paper/*.csv, transcribed from papers/birder.txt Tables 1-4) beside the
+"""The paper's own numbers (tables/paper/*.csv, transcribed from Birder paper, Tables 1-4) beside the
 reproduced cells of the same task, optimizer, layout and batch per GPU.
 
 The CSV columns and the transcription notes are in tables/paper/README.md.
@@ -121,7 +121,7 @@ def error_line(joined: pd.DataFrame) -> str:
 
 def comparison_markdown(cells: pd.DataFrame, paper: pd.DataFrame) -> str:
     lines = ["# The paper's numbers beside reproduced cells", "",
-             "Paper: papers/birder.txt Tables 1-4 as transcribed in tables/paper/*.csv (ResNet-50 on "
+             "Paper: Birder paper, Tables 1-4 as transcribed in tables/paper/*.csv (ResNet-50 on "
              "ImageNet and BERT-Base on SQuAD 1.1, nodes of 8 A100 GPUs). A reproduced cell matches a paper "
              "row on task, optimizer, nodes, GPUs per node and batch per GPU; its interconnect, data source "
              "and device are shown, since they may differ from the paper's. Runs of `model.size=tiny` and "

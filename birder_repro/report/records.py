@@ -22,7 +22,7 @@ from birder_repro.schema import get
 __all__ = ["COLUMNS", "STAGED_OPTIMIZERS", "runs_root", "find_records", "load_records", "flatten_record",
            "metric_column", "metric_columns", "records_frame", "load_frame"]
 
-# Optimizers whose records split throughput into a warmup and a compression stage (issue 3, part 3).
+# Optimizers whose records split throughput into a warmup and a compression stage.
 STAGED_OPTIMIZERS = ("onebit_adam", "onebit_lamb")
 
 # The fixed columns; the metric columns follow them.
@@ -62,7 +62,7 @@ def _mean_over_nodes(per_node: Any) -> Optional[float]:
 
 
 def _per_node_text(per_node: Any) -> Optional[str]:
-    """"0.70 / 0.66": each node's kernel-counted MB per step, in node order (emulated clusters, issue 5)."""
+    """"0.70 / 0.66": each node's kernel-counted MB per step, in node order (emulated clusters)."""
     if not isinstance(per_node, (list, tuple)) or not per_node:
         return None
     return " / ".join("—" if v is None else f"{float(v) * 1e-6:.3g}" for v in per_node)

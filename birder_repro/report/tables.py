@@ -4,7 +4,7 @@ A *setting* is (source, task, cluster, interconnect, link, data source, model si
 is a setting at one layout (nodes x GPUs per node); a cell holds one row per optimizer (and Birder variant).
 Within a cell the newest completed run of each optimizer is shown; speedups are over the task's baseline in
 the same cell and scale efficiency is against the smallest layout of the same optimizer in the same setting,
-as papers/birder.txt Tables 1-4 do. ``source`` (measured | predicted) is part of the setting: predicted
+as Birder paper, Tables 1-4 do. ``source`` (measured | predicted) is part of the setting: predicted
 records (``birder-repro mode=predict``) form their own sections, with speedups and scale efficiencies over
 predicted rows only, and are never mixed with measured ones.
 
@@ -52,7 +52,7 @@ STAGE_MARK = "*"  # marks a throughput taken from the compression stage only (--
 # ---------------------------------------------------------------------------------------------------------
 
 def speedup(throughput: float, baseline_throughput: float) -> float:
-    """Throughput over the baseline's in the same cell (papers/birder.txt Tables 1-4: Birder 8 GPUs,
+    """Throughput over the baseline's in the same cell (Birder paper, Tables 1-4: Birder 8 GPUs,
     32/GPU: 3462 / 3693 = 0.94x)."""
     return throughput / baseline_throughput
 
@@ -60,14 +60,14 @@ def speedup(throughput: float, baseline_throughput: float) -> float:
 def scale_efficiency(throughput: float, gpus: float, ref_throughput: float, ref_gpus: float) -> float:
     """T_N / ((N / N_1) * T_N1): the throughput at N GPUs over linear scaling from the smallest layout N_1.
 
-    papers/birder.txt Table 3 (and DESIGN.md): SGDM, Ethernet, 16 GPUs: 2959 / ((16 / 8) * 3693) = 40.1%.
+    Birder paper, Table 3 (and DESIGN.md): SGDM, Ethernet, 16 GPUs: 2959 / ((16 / 8) * 3693) = 40.1%.
     """
     return throughput / ((gpus / ref_gpus) * ref_throughput)
 
 
 def volume_ratio(inter_node_bytes: float, fp32_inter_node_bytes: float) -> float:
     """Inter-node bytes per step over those of an fp32 all-reduce of the same gradients on the same layout
-    (issue 2 asks for Birder's to be at most 1/25: 1 bit against 32 per element, less on few nodes)."""
+    (Birder's is at most about 1/32: 1 bit against 32 per element, less on few nodes)."""
     return inter_node_bytes / fp32_inter_node_bytes
 
 
@@ -289,7 +289,7 @@ def display_frame(cells: pd.DataFrame, mode: str, with_setting: bool = False) ->
     out["intra MB/step"] = cells["intra_mb_shown"].map(fmt_number) + mark
     out["inter MB/step"] = cells["inter_mb_shown"].map(fmt_number) + mark
     out["inter / fp32 inter"] = cells["inter_vs_fp32"].map(lambda x: fmt_percent(x, 2))
-    if cells["link_mb_per_step"].notna().any():  # emulated clusters: bytes the kernel counted (issue 5)
+    if cells["link_mb_per_step"].notna().any():  # emulated clusters: bytes the kernel counted
         out["link MB/step/node"] = cells["link_mb_per_step"].map(fmt_number)
         out["link MB/step, by node"] = cells["per_node_link_mb"].astype("object").where(
             cells["per_node_link_mb"].notna(), "—")
@@ -352,7 +352,7 @@ def notes(cells: pd.DataFrame, mode: str) -> list[str]:
         "Speedup: over the task's baseline (SGDM for CNNs, BertAdam for BERT) in the same cell "
         "(setting and layout); blank where that cell has no baseline run.",
         "Scale efficiency: T_N / ((N / N_1) * T_N1) against the smallest layout N_1 of the same optimizer and "
-        "setting (papers/birder.txt Table 3).",
+        "setting (Birder paper, Table 3).",
         "Bytes: MB = 10^6 bytes sent per process per step, as counted by the communication hook; "
         "inter / fp32 inter: the inter-node bytes over those of an fp32 ring all-reduce of the same "
         "gradients on the same layout (blank on one node).",

@@ -1,5 +1,5 @@
 """The split of step time into compute, communication and compression, and the run's figures per stage
-(the Birder paper, Figure 4: computation, communication and compression/decompression per iteration).
+(Birder paper, Figure 4: computation, communication and compression/decompression per iteration).
 
 - compression: the growth of the hook state's ``compress_seconds`` during the step (quantize, pack, unpack);
 - compute: forward + backward as calibrated without any communication (:mod:`birder_repro.train.timing`),
