@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 ARGS    ?=
 
-.PHONY: help install run test test-all tables bench emulated-setup clean
+.PHONY: help install run test test-all tables bench emulated-setup validate validate-emulated clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -32,6 +32,20 @@ tables: $(STAMP)  ## build tables/ from every run record under runs/
 
 bench: $(STAMP)  ## compression / decompression time of the hooks against a copy of the same buffer
 	$(BIN)/python -m birder_repro.bench $(ARGS)
+
+validate: $(STAMP)  ## the performance model against the paper: Tables 1-4's multi-node rows from their 1-node rows
+	$(BIN)/python -m birder_repro.perf.validate $(ARGS)
+
+# The emulated sweep (cluster=emulated needs root and iproute2): ResNet-50 (tiny, synthetic 64x64 images), SGDM,
+# 1-bit Adam and Birder on 1, 2 and 4 nodes of one process, links of 100 and 200 Mbit/s; then each multi-node
+# run predicted from the 1-node run of its optimizer. One thread a process: the nodes share this machine's cores.
+EMU_RUNS ?= runs/validate-emulated
+EMU_ARGS ?= task=resnet50 model.size=tiny data.source=synthetic data.image_size=64 data.num_workers=0 \
+	train.batch_size=8 train.steps=15 train.timing_warmup_steps=4 train.eval=false logger=none cluster=emulated \
+	optim=sgdm,onebit_adam,birder nodes=1,2,4 cluster.link_mbit=100,200
+validate-emulated: $(STAMP)  ## run the emulated sweep (about 10 minutes), then predicted vs measured throughput
+	BIRDER_RUNS=$(EMU_RUNS) OMP_NUM_THREADS=1 $(BIN)/birder-repro -m $(EMU_ARGS) $(ARGS)
+	$(BIN)/python -m birder_repro.perf.validate --emulated $(EMU_RUNS)
 
 emulated-setup:  ## install iproute2 (ip, tc) for cluster=emulated where it is missing (needs root)
 	@command -v ip >/dev/null && command -v tc >/dev/null && echo "iproute2 is installed" || \

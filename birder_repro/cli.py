@@ -3,6 +3,7 @@
     birder-repro task=resnet20 optim=birder nodes=2              # one run
     birder-repro -m optim=sgdm,birder nodes=1,2                  # a sweep: one run directory per cell
     birder-repro ... dry_run=true                                # print the torchrun command(s), start nothing
+    birder-repro mode=predict ... predict.profile=paper          # the performance model's record, nothing runs
     birder-repro --help | --cfg job
 
 The Hydra app runs once per run, in this one process; the workers read the resolved ``config.yaml`` it writes
@@ -59,6 +60,8 @@ def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
     """
     run_dir = Path(run_dir) if run_dir is not None else _job_dir(cfg)
     started = record.now()
+    if cfg.get("mode") == "predict":
+        return _predict(cfg, run_dir, started)
     try:
         resolved = layout.resolve(cfg, references=reference_configs(cfg))
         record.write_run_files(run_dir, resolved, _command_line(cfg))
@@ -76,6 +79,23 @@ def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
     if cfg.dry_run or (code == 0 and _submitted(resolved)):
         return code
     return _finish(resolved, run_dir, code, started)
+
+
+def _predict(cfg: DictConfig, run_dir: Path, started: str) -> int:
+    """mode=predict: the performance model's record of this run (birder_repro.perf.predict); nothing starts."""
+    try:
+        resolved = layout.resolve(cfg, references=reference_configs(cfg))
+        record.write_run_files(run_dir, resolved, _command_line(cfg))
+        from birder_repro.perf.predict import format_prediction, write_predicted_record
+
+        rec = write_predicted_record(resolved, run_dir, started)
+    except layout.ConfigError as err:
+        return _fail(cfg, run_dir, f"config error: {err}", started, code=2)
+    except (ValueError, FileNotFoundError) as err:  # no profile, or one for another task
+        return _fail(cfg, run_dir, f"predict: {err}", started, code=2)
+    print(format_prediction(rec), flush=True)
+    print(f"[birder-repro] predicted record: {run_dir / record.RECORD_FILE}", flush=True)
+    return 0
 
 
 def reference_configs(cfg: DictConfig) -> list[DictConfig]:

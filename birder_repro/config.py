@@ -25,6 +25,8 @@ AUTO_MAX_DATA_WORKERS = 8  # data.num_workers=auto never starts more loader proc
 # Values a setting may take, where the YAML type alone does not say (a typo in a value fails early, here,
 # rather than minutes later in a worker).
 CHOICES = {
+    "mode": ("train", "predict"),
+    "predict.implementation": ("this", "paper"),
     "device": ("auto", "cpu", "cuda"),
     "cluster.backend": ("auto", "gloo", "nccl"),
     "launcher.name": ("auto", "local", "torchrun", "slurm"),
@@ -98,7 +100,7 @@ def effective_lr(cfg: DictConfig) -> float:
     """The learning rate the optimizer gets.
 
     With ``optim.lr_batch_scaling`` set to a reference batch B, the rate scales linearly with the global
-    batch: lr x global_batch / B (papers/birder.txt section 5.1: "0.1 x batch size/256" for SGDM on
+    batch: lr x global_batch / B (Birder paper, section 5.1: "0.1 x batch size/256" for SGDM on
     ImageNet, after Goyal et al. 2017). Without it, ``optim.lr`` is used as given.
     """
     lr = float(cfg.optim.lr)

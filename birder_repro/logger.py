@@ -11,6 +11,7 @@ import json
 import math
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -48,8 +49,20 @@ def _plain_config(cfg) -> dict:
         return OmegaConf.to_container(cfg, resolve=False)
 
 
+def wandb_group(cfg) -> Optional[str]:
+    """The experiment cell a run belongs to, ``<task>/<cluster>/<nodes>x<gpus_per_node>``: W&B groups runs by it,
+    so that a dashboard shows the optimizers of one cell side by side."""
+    try:
+        return f"{cfg.task.name}/{cfg.cluster.name}/{cfg.nodes}x{cfg.gpus_per_node}"
+    except Exception:  # a config without these (tests): no group
+        return None
+
+
 class RunLogger:
     """One JSON line per logged step in ``run_dir/metrics.jsonl``, mirrored to W&B when it is on.
+
+    Every line holds ``time_s``, the wall-clock seconds since the logger started (the convergence figure's
+    x-axis against time, birder_repro.report.figures).
 
     Args:
         cfg: the resolved run config; ``cfg.logger`` picks ``none`` or ``wandb`` and holds W&B's settings.
@@ -60,6 +73,7 @@ class RunLogger:
     def __init__(self, cfg, run_dir: str | os.PathLike, enabled: bool = True) -> None:
         self.enabled = enabled
         self.run_dir = Path(run_dir)
+        self._t0 = time.perf_counter()
         self._file = None
         self._wandb_run = None
         if not enabled:
@@ -82,6 +96,8 @@ class RunLogger:
                 entity=logger_cfg.get("entity"),
                 dir=str(self.run_dir),
                 name=self.run_dir.name,
+                group=wandb_group(cfg),
+                job_type=str(cfg.optim.name) if "optim" in cfg else None,
                 config=config,
                 tags=list(logger_cfg.get("tags") or []),
                 mode=mode,
@@ -102,7 +118,8 @@ class RunLogger:
         """Write ``values`` for ``step`` (the number of optimizer steps completed)."""
         if not self.enabled:
             return
-        row = {"step": int(step), **{k: _json_value(v) for k, v in values.items()}}
+        row = {"step": int(step), "time_s": round(time.perf_counter() - self._t0, 4),
+               **{k: _json_value(v) for k, v in values.items()}}
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
         if self._wandb_run is not None:

@@ -10,10 +10,10 @@ milestones of ``multistep``) below 1 are fractions of the run, from 1 on they ar
 Schedules (``cfg.name``):
 
 - ``constant``: 1;
-- ``multistep``: ``gamma`` to the number of milestones reached (papers/birder.txt section 5.1: ResNet-50's lr
+- ``multistep``: ``gamma`` to the number of milestones reached (Birder paper, section 5.1: ResNet-50's lr
   "divided by 10 after 30, 60 and 90 epochs" of 100 is ``milestones=[0.3, 0.6, 0.9], gamma=0.1``);
 - ``warmup_linear``: linear warmup from 0 to the peak over ``warmup`` steps, then linear decay to 0 at the last
-  step (papers/birder.txt section 5.1: BERT-Base fine-tuning "linearly increases ... in the early 500 steps
+  step (Birder paper, section 5.1: BERT-Base fine-tuning "linearly increases ... in the early 500 steps
   and then linearly decreases to 0"; BERT's BertAdam ``warmup_linear`` and Hugging Face's
   ``get_linear_schedule_with_warmup`` compute the same);
 - ``cosine``: the same linear warmup, then half a cosine from the peak to 0 (Loshchilov and Hutter, SGDR,

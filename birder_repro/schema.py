@@ -22,7 +22,8 @@ __all__ = ["Key", "KEYS", "NAMES", "CLUSTER_PARTS", "STEP_TIME_PARTS", "OVERLAP_
            "check", "get", "declared_metrics", "headline_metric", "ordered_metrics", "metric_names"]
 
 CLUSTER_PARTS = ("name", "nodes", "gpus_per_node", "interconnect", "link_mbit")
-STEP_TIME_PARTS = ("total", "compute", "communication", "compression")  # total = the sum of the other three
+# total = the sum of the other four (data_wait: the wait for the data loader's batch, counted in throughput)
+STEP_TIME_PARTS = ("total", "compute", "communication", "compression", "data_wait")
 # beside step_time_s, not parts of it: whether the hook overlaps backward, the exposed time (step - compute), and
 # the seconds per step the hook spent in collectives and in compression work, hidden or not
 OVERLAP_PARTS = ("overlapped", "exposed", "collectives", "compression_work")
@@ -39,7 +40,7 @@ class Key:
 
 KEYS: tuple[Key, ...] = (
     # ---- what ran, from the config
-    Key("status", "completed | failed"),
+    Key("status", "completed | failed | predicted (mode=predict: the performance model's, nothing ran)"),
     Key("error", "a failed run's traceback or reason; null when completed"),
     Key("task", "the task's name (conf/task)"),
     Key("optim", "the optimizer's name (conf/optim)"),
@@ -63,18 +64,24 @@ KEYS: tuple[Key, ...] = (
     Key("timing_warmup_steps", "first steps left out of throughput, step time and bytes per step"),
     Key("timed_steps", "steps the throughput, step time and bytes per step are over"),
     # ---- how fast
-    Key("throughput_samples_per_s", "global samples per second over the timed steps"),
+    Key("throughput_samples_per_s", "global samples per second over the timed steps, each counted whole: "
+                                    "the wait for its batch included (step_time_s.data_wait)"),
     Key("throughput_by_stage", "the same per stage of the hook (1-bit Adam / LAMB: warmup, compression)",
         empty={}),
     Key("step_time_s", "mean step time and its parts: compute, communication not hidden by compute, "
-                       "compression; the parts sum to total", STEP_TIME_PARTS),
+                       "compression, data_wait (for the data loader's batch); the parts sum to total",
+        STEP_TIME_PARTS),
     Key("step_time_s_by_stage", "step_time_s per stage of the hook", empty={}),
     Key("overlap_s", "the hook's overlap with compute: overlapped (its work runs beside backward), exposed "
                      "(step - compute), collectives and compression_work (seconds per step, hidden or not)",
         OVERLAP_PARTS, empty={}),
     Key("forward_backward_s", "forward + backward without communication (median of the calibration passes)"),
     Key("compute_calibration_passes", "how many calibration passes measured forward_backward_s"),
-    Key("data_wait_s_per_step", "mean wait for the data loader per step, outside the step time"),
+    Key("data_wait_s_per_step", "mean wait for the data loader per step (also step_time_s.data_wait)"),
+    Key("profile", "the run's profile for the performance model, measured on its device "
+                   "(birder_repro.perf.profile.Profile as a dict: forward+backward, optimizer step, each DDP "
+                   "bucket's elements and when it became ready in backward, compression seconds per element, "
+                   "measured link rate); a predicted record: the profile it was predicted from"),
     # ---- what was sent
     Key("intra_node_bytes_per_step", "payload bytes a process sent within its node per step (the hook's count)"),
     Key("inter_node_bytes_per_step", "payload bytes a process sent across nodes per step (the hook's count)"),
@@ -91,6 +98,10 @@ KEYS: tuple[Key, ...] = (
     Key("link_tcp_retransmits_per_step", "emulated clusters: TCP segments each node retransmitted per step"),
     Key("link_interfaces", "emulated clusters: the interface counted on each node"),
     Key("link_header_bytes_per_packet", "emulated clusters: header bytes per packet inside the link counts"),
+    # ---- predicted records (mode=predict, status: predicted)
+    Key("collectives_per_step", "predicted: collectives one process issues per step"),
+    Key("prediction", "predicted: scheme, implementation, each stage's predicted step and the stages' weights"),
+    Key("cluster_spec", "predicted: the cluster as the performance model saw it (birder_repro.perf.cluster)"),
     # ---- how well
     Key("final_loss", "the training loss at the end (see loss_definition)"),
     Key("loss_definition", "how final_loss was taken"),

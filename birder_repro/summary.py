@@ -81,10 +81,10 @@ def _throughput_line(record: Mapping[str, Any]) -> str:
 
 
 def _step_time_line(record: Mapping[str, Any]) -> str:
-    total, compute, communication, compression = (get(record, "step_time_s", part)
-                                                  for part in schema.STEP_TIME_PARTS)
+    total, compute, communication, compression, data_wait = (get(record, "step_time_s", part)
+                                                             for part in schema.STEP_TIME_PARTS)
     return (f"step time:  {_ms(total)} ms = compute {_ms(compute)} + communication {_ms(communication)} + "
-            f"compression {_ms(compression)} ms\n"
+            f"compression {_ms(compression)}{'' if data_wait is None else f' + data wait {_ms(data_wait)}'} ms\n"
             "            (compute: forward+backward calibrated without communication, plus the optimizer step; "
             "communication: the rest, not hidden by compute)")
 

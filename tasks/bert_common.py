@@ -1,7 +1,7 @@
 """Pieces the BERT tasks (``bert_squad``, ``bert_pretrain``) share: model sizes, tokenizer and checkpoint loading.
 
 Models and tokenizers come from Hugging Face ``transformers`` (the paper fine-tunes "a pre-trained BERT-Base model
-checkpoint from HuggingFace", papers/birder.txt section 5.1). Everything here works offline: ``model.checkpoint``
+checkpoint from HuggingFace", Birder paper, section 5.1). Everything here works offline: ``model.checkpoint``
 and ``model.tokenizer`` may name a local directory, and a missing directory is an error that names the setting,
 raised before ``transformers`` is asked (a hub lookup without a network retries for minutes before failing).
 
@@ -29,7 +29,7 @@ __all__ = ["SIZES", "bert_config", "SpecialIds", "SYNTHETIC_SPECIALS", "is_local
 
 # model.size -> (layers, hidden size, attention heads, feed-forward size). full is BERT-Base (Devlin et al. 2019,
 # "BERT: Pre-training of Deep Bidirectional Transformers", section 3: L=12, H=768, A=12, 4H feed-forward), the
-# model of papers/birder.txt Table 2 and appendix C; tiny is for CPU smoke runs, only ever chosen explicitly.
+# model of Birder paper, Table 2 and appendix C; tiny is for CPU smoke runs, only ever chosen explicitly.
 SIZES = {
     "full": (12, 768, 12, 3072),
     "tiny": (2, 32, 2, 128),

@@ -1,4 +1,4 @@
-"""BERT-Base pretrained from scratch with masked-LM and next-sentence objectives: papers/birder.txt appendix C.
+"""BERT-Base pretrained from scratch with masked-LM and next-sentence objectives: Birder paper, appendix C.
 
 Model: ``transformers.BertForPreTraining`` (Devlin et al. 2019, section 3.1: a masked-LM head tied to the input
 embeddings and a next-sentence head on [CLS]), built from a BertConfig, randomly initialised; ``model.nsp=false``
@@ -555,7 +555,7 @@ def build_synthetic(cfg, rank: int, world_size: int) -> TaskData:
 
 
 class BertPretrainTask(Task):
-    """BERT-Base pretraining (MLM + NSP), papers/birder.txt appendix C."""
+    """BERT-Base pretraining (MLM + NSP), Birder paper, appendix C."""
 
     name = "bert_pretrain"
     baseline = "bertadam"

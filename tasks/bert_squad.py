@@ -1,4 +1,4 @@
-"""BERT-Base fine-tuned on SQuAD 1.1: papers/birder.txt section 5.1 and Table 2 (also Figures 2-4 and Table 4).
+"""BERT-Base fine-tuned on SQuAD 1.1: Birder paper, section 5.1 and Table 2 (also Figures 2-4 and Table 4).
 
 Model: ``transformers.BertForQuestionAnswering``: BERT with a linear layer giving a start and an end logit per
 token (Devlin et al. 2019, section 4.2), loaded from ``model.checkpoint`` (a hub name such as
@@ -417,7 +417,7 @@ def predict_answers(start_logits: torch.Tensor, end_logits: torch.Tensor, metas:
 
 
 class BertSquadTask(Task):
-    """BERT-Base / SQuAD 1.1, papers/birder.txt section 5.1 and Table 2."""
+    """BERT-Base / SQuAD 1.1, Birder paper, section 5.1 and Table 2."""
 
     name = "bert_squad"
     baseline = "bertadam"

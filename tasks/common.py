@@ -152,7 +152,7 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def imagenet_transform(train: bool, image_size: int) -> transforms.Compose:
-    """The standard ImageNet transforms (torchvision's reference recipe, as papers/birder.txt section 5.1 uses).
+    """The standard ImageNet transforms (torchvision's reference recipe, as Birder paper, section 5.1 uses).
 
     Train: random resized crop + horizontal flip; evaluation: resize the short side to 256/224 of the crop,
     then center crop. Both normalize with the ImageNet training set's mean and std.
@@ -229,7 +229,7 @@ class ClassificationTask(Task):
 
     ``metrics`` names the accuracies (``top<k>``); ``evaluate`` returns, per metric, (sum, count) over this
     process's shard: ``top<k>`` counts correct samples, and ``loss`` sums the per-sample cross-entropy as well;
-    ``finalize`` turns the averaged accuracies into percentages (papers/birder.txt reports top-1 in percent).
+    ``finalize`` turns the averaged accuracies into percentages (Birder paper reports top-1 in percent).
     """
 
     metrics: tuple[str, ...] = ("top1", "top5")

@@ -1,7 +1,7 @@
-"""Handwritten digits (8x8) with a small CNN: the quick real-data task for comparing optimizers (issue 3, part 4).
+"""Handwritten digits (8x8) with a small CNN: the quick real-data task for comparing optimizers.
 
-Not an experiment of papers/birder.txt: it exists so that every optimizer can be run, on any cluster layout, on
-real images that need no download, in seconds on a CPU (the convergence-parity test of issue 3 uses it).
+Not an experiment of the Birder paper: it exists so that every optimizer can be run, on any cluster layout, on
+real images that need no download, in seconds on a CPU (the convergence-parity test uses it).
 
 Data: scikit-learn's bundled copy of the UCI optical recognition of handwritten digits test set
 (``sklearn.datasets.load_digits``: 1,797 images of 8x8 pixels with values 0..16, classes 0-9), split once into

@@ -1,4 +1,4 @@
-"""A 3-layer LSTM language model on Penn Treebank: papers/birder.txt appendix B.2 (Figure 6).
+"""A 3-layer LSTM language model on Penn Treebank: Birder paper, appendix B.2 (Figure 6).
 
 The paper builds on the LSTM code of the AdaBelief paper (Zhuang et al., NeurIPS 2020; its footnote 7:
 github.com/juntang-zhuang/Adabelief-Optimizer, ``PyTorch_Experiments/LSTM``), which is the AWD-LSTM of Merity
@@ -432,7 +432,7 @@ def _bare(model: nn.Module) -> nn.Module:
 
 
 class LSTMPTBTask(Task):
-    """3-layer LSTM / Penn Treebank, papers/birder.txt appendix B.2."""
+    """3-layer LSTM / Penn Treebank, Birder paper, appendix B.2."""
 
     name = "lstm_ptb"
     baseline = "sgdm"

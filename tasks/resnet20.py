@@ -1,4 +1,4 @@
-"""ResNet-20 on CIFAR-100: papers/birder.txt appendix B.1 (Figure 5).
+"""ResNet-20 on CIFAR-100: Birder paper, appendix B.1 (Figure 5).
 
 Model: the CIFAR ResNet of He et al. 2016 ("Deep Residual Learning for Image Recognition", section 4.2): a 3x3
 convolution with 16 channels, then 3 stages of n = 3 basic blocks with 16, 32 and 64 channels (feature maps
@@ -194,7 +194,7 @@ def build_synthetic(cfg, rank: int, world_size: int) -> TaskData:
 
 
 class ResNet20Task(ClassificationTask):
-    """ResNet-20 / CIFAR-100, papers/birder.txt appendix B.1."""
+    """ResNet-20 / CIFAR-100, Birder paper, appendix B.1."""
 
     name = "resnet20"
     baseline = "sgdm"

@@ -1,4 +1,4 @@
-"""ResNet-50 on ImageNet (ILSVRC2012): papers/birder.txt section 5.1, Tables 1 and 3, Figures 2 to 4.
+"""ResNet-50 on ImageNet (ILSVRC2012): Birder paper, section 5.1, Tables 1 and 3, Figures 2 to 4.
 
 Model: torchvision's ``resnet50(weights=None)`` trained from scratch, as the paper does (25,557,032 parameters
 with 1000 classes). ``model.size=tiny`` is the same torchvision ``ResNet`` class with one basic block per stage
@@ -39,7 +39,7 @@ SIZES = {"full": _resnet50, "tiny": _resnet10}
 
 
 class ResNet50Task(ClassificationTask):
-    """ResNet-50 / ImageNet, papers/birder.txt section 5.1."""
+    """ResNet-50 / ImageNet, Birder paper, section 5.1."""
 
     name = "resnet50"
     baseline = "sgdm"

@@ -2,7 +2,7 @@
 
 A transcription of ``evaluate-v1.1.py``, the script the SQuAD 1.1 leaderboard scores with (Rajpurkar et al.,
 "SQuAD: 100,000+ Questions for Machine Comprehension of Text", EMNLP 2016; the script is distributed with the
-dataset at https://rajpurkar.github.io/SQuAD-explorer/). papers/birder.txt Table 2 reports these two numbers:
+dataset at https://rajpurkar.github.io/SQuAD-explorer/). Birder paper, Table 2 reports these two numbers:
 ``exact_match`` and ``f1`` in percent over the 10,570 questions of the development set.
 
 Both scores of one question are the maximum over its gold answers (the development set has three per question,

@@ -1,4 +1,4 @@
-"""ViT-B/16 on ImageNet (ILSVRC2012): papers/birder.txt appendix B.3 (Figure 7).
+"""ViT-B/16 on ImageNet (ILSVRC2012): Birder paper, appendix B.3 (Figure 7).
 
 The paper uses "the Pytorch official implementation for ViT" (its footnote 8: torchvision's
 ``references/classification``) with its recommended settings, 150 epochs instead of 300, on 4 nodes x 8 GPUs.
@@ -160,7 +160,7 @@ def build_synthetic(cfg, rank: int, world_size: int) -> TaskData:
 
 
 class ViTTask(ClassificationTask):
-    """ViT-B/16 / ImageNet, papers/birder.txt appendix B.3."""
+    """ViT-B/16 / ImageNet, Birder paper, appendix B.3."""
 
     name = "vit"
     baseline = "adamw"  # torchvision's recipe is AdamW's; appendix B.3 tunes SGD and SGDM against it

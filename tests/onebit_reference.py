@@ -1,9 +1,9 @@
 """Single-process references for 1-bit Adam and 1-bit LAMB, written from the papers, using no library code.
 
 N workers are simulated in one process: every step takes each worker's local gradient. The compressed
-all-reduce follows papers/onebit_adam.txt Algorithm 1 (lines 6-13) with the system's chunking of its section 6
+all-reduce follows 1-bit Adam paper, Algorithm 1 (lines 6-13) with the system's chunking of its section 6
 (each of the N processes serves one chunk of a buffer padded to a multiple of 8 N) and the compressor of
-papers/onebit_lamb.txt Algorithm 1, line 1: C[x] = ||x|| / ||Sign(x)|| * Sign(x), where Sign is 0 on the
+1-bit LAMB paper, Algorithm 1, line 1: C[x] = ||x|| / ||Sign(x)|| * Sign(x), where Sign is 0 on the
 elements known to be zero (padding, masked elements) and +-1 elsewhere (+1 for x > 0, -1 otherwise).
 """
 
@@ -100,7 +100,7 @@ def _unflat(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 class OneBitAdamReference:
-    """papers/onebit_adam.txt Algorithm 1 for N simulated workers; Adam of Eq. (1) (no bias correction) in the
+    """1-bit Adam paper, Algorithm 1 for N simulated workers; Adam of Eq. (1) (no bias correction) in the
     warmup; decoupled weight decay; the compressed all-reduce per bucket (lists of parameter indices, in the
     order their momenta are laid out in the buffer; a step may be given its own layout); momentum masked where
     the frozen variance is 0. The errors belong to parameter elements, whatever the layout."""
@@ -156,7 +156,7 @@ class OneBitAdamReference:
 
 
 class OneBitLambReference(OneBitAdamReference):
-    """papers/onebit_lamb.txt Algorithm 1 for N simulated workers, with the choices its module documents
+    """1-bit LAMB paper, Algorithm 1 for N simulated workers, with the choices its module documents
     (birder_repro/optim/onebit_lamb.py): the ratio of denominators for line 17, weight decay blended into the
     ratio, clips in the paper's order, coefficient 1 (not averaged) where a norm is 0, momentum scales."""
 

@@ -106,7 +106,7 @@ def test_gpus_per_node_auto_is_the_gpus_present_or_one():
 
 
 def test_world_size_global_batch_and_scaled_lr(compose):
-    # papers/birder.txt section 5.1: SGDM lr 0.1 x batch/256; 8 nodes x 8 GPUs x 32 per GPU = 2048.
+    # Birder paper, section 5.1: SGDM lr 0.1 x batch/256; 8 nodes x 8 GPUs x 32 per GPU = 2048.
     cfg = compose(["task=resnet50", "optim=sgdm", "nodes=8", "gpus_per_node=8", "train.batch_size=32"])
     assert layout.world_size(cfg) == 64
     assert layout.global_batch(cfg) == 2048
@@ -157,7 +157,7 @@ def test_resolve_gives_what_workers_read(compose):
 
 @pytest.mark.parametrize("task", TASKS)
 def test_the_readme_overrides_work_for_every_task(task):
-    """issue 2: train.steps, train.batch_size, data.source, data.root and model.size work as written everywhere."""
+    """train.steps, train.batch_size, data.source, data.root and model.size work as written everywhere."""
     cfg = compose_config([f"task={task}", "train.steps=3", "train.batch_size=2", "data.source=synthetic",
                           "data.root=/nowhere", "model.size=tiny"])
     assert (cfg.train.steps, cfg.train.batch_size, cfg.data.source, cfg.data.root, cfg.model.size) == \

@@ -1,6 +1,6 @@
 """Every experiment file (one per table or figure of the paper) composes and holds the paper's settings.
 
-``birder-repro experiment=<name> optim=<optimizer>`` must show the settings of that cell as papers/birder.txt gives
+``birder-repro experiment=<name> optim=<optimizer>`` must show the settings of that cell as the Birder paper gives
 them: the values below are transcribed from the paper (section and table cited at each) and compared with what
 Hydra composes from conf/ (struct mode on, as the app runs it). Every experiment's task must have its config:
 a missing file is a failure that names it, never a skip.

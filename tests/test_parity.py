@@ -1,4 +1,4 @@
-"""Convergence parity on digits (issue 3): 2 nodes x 2 processes, every optimizer through the runner's worker.
+"""Convergence parity on digits: 2 nodes x 2 processes, every optimizer through the runner's worker.
 
 Seeds are fixed (seed=0: the same initial weights, data order and quantizer draws every time). Tolerance:
 Birder, SoftSignSGD, 1-bit Adam, AdamW and SGDM each reach test top-1 within 3 points of the best of them

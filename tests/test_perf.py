@@ -16,8 +16,8 @@ from birder_repro.perf.cluster import ClusterSpec, op_time
 from birder_repro.perf.model import predict_run, predict_step
 from birder_repro.perf.predict import predict_record
 from birder_repro.perf.profile import Profile, ddp_bucket_elements, load_profile
-from birder_repro.perf.schemes import (Collective, bucket_collectives, counted_bytes, padded_elements,
-                                       powersgd_elements, scheme_for_optim)
+from birder_repro.perf.schemes import (Collective, bucket_collectives, compressed_elements, counted_bytes,
+                                      padded_elements, powersgd_elements, scheme_for_optim)
 from birder_repro.perf.implementations import IMPLEMENTATIONS, implementation_of
 from birder_repro.perf.timeline import BucketWork, ready_times, simulate, simulate_sequential
 from birder_repro.perf import validate as V
@@ -245,8 +245,8 @@ def test_predict_record_shape():
     rec = predict_record(cfg)
     assert rec["status"] == "predicted" and rec["world_size"] == 32 and rec["global_batch_size"] == 1024
     st = rec["step_time_s"]
-    assert set(st) == {"total", "compute", "communication", "compression"}
-    assert st["compute"] + st["communication"] + st["compression"] == pytest.approx(st["total"])
+    assert set(st) == {"total", "compute", "communication", "compression", "data_wait"}
+    assert st["compute"] + st["communication"] + st["compression"] + st["data_wait"] == pytest.approx(st["total"])
     assert rec["throughput_samples_per_s"] == pytest.approx(1024 / st["total"])
     assert set(rec["throughput_by_stage"]) == {"warmup", "compression"}
     assert rec["inter_node_bytes_per_step"] > 0 and rec["intra_node_bytes_per_step"] > 0
@@ -261,11 +261,73 @@ def test_predict_record_shape():
 
 def test_predict_record_from_composed_config(compose):
     cfg = compose(["experiment=table3", "optim=birder", "nodes=4", "cluster=infiniband_200g",
-                   "+predict.profile=paper"])
+                   "predict.profile=paper"])
     rec = predict_record(cfg)
     assert rec["prediction"]["scheme"] == "hierarchical" and rec["cluster"]["interconnect"] == "infiniband"
     assert rec["throughput_by_stage"] is None
     # The paper's 8-GPU row comes back exactly (the profile is derived from it).
     one = predict_record(compose(["experiment=table3", "optim=birder", "nodes=1",
-                                  "+predict.profile=paper"]))
+                                  "predict.profile=paper"]))
     assert one["throughput_samples_per_s"] == pytest.approx(3462, rel=1e-6)
+
+
+# --------------------------------------------------------------------------------- mode=predict, the CLI
+def test_cli_predict_mode_writes_a_predicted_record_and_launches_nothing(compose, tmp_path, capsys):
+    from birder_repro.cli import run
+
+    cfg = compose(["mode=predict", "experiment=table3", "optim=birder", "nodes=2", "predict.profile=paper"],
+                  hydra_config=True)
+    assert run(cfg, tmp_path / "cell") == 0
+    rec = json.loads((tmp_path / "cell" / "record.json").read_text())
+    assert rec["status"] == "predicted" and rec["throughput_samples_per_s"] > 0
+    assert rec["config"]["predict"]["profile"] == "paper" and rec["command"].startswith("birder-repro")
+    assert not (tmp_path / "cell" / "output.log").exists()  # no worker started
+    out = capsys.readouterr().out
+    assert "throughput:" in out and "step time:" in out and "sent/step:" in out
+    # A profile of another task is refused, with a record saying why.
+    bad = compose(["mode=predict", "task=resnet20", "predict.profile=paper"], hydra_config=True)
+    assert run(bad, tmp_path / "bad") == 2
+    assert json.loads((tmp_path / "bad" / "record.json").read_text())["status"] == "failed"
+
+
+def test_measured_profile_predicts_its_own_one_node_step():
+    """A profile as a run writes it, predicted back on its own layout, gives its own step (no communication)."""
+    profile = Profile(name="run", device="cpu", task="resnet50", batch_size=8, forward_backward_s=0.06,
+                      parameter_count=300, optimizer_s=0.004, backward_fraction=0.6, bucket_elements=[100, 200],
+                      bucket_ready=[0.1, 1.0], bucket_ready_s=[0.0036, 0.036], data_wait_s=0.002,
+                      compression_s_per_element={"birder": 1e-6}, threads=1, host_cores=2)
+    emulated = ClusterSpec.from_config(yaml.safe_load((REPO / "conf" / "cluster" / "emulated.yaml").read_text()))
+    one = predict_step(profile, emulated, 1, 1, "fp32")
+    assert one.total_s == pytest.approx(0.06 + 0.004 + 0.002) and one.data_wait_s == 0.002
+    # 4 single-process nodes on this 2-core machine: compute runs at half speed (shared_host).
+    four = predict_step(profile, emulated, 4, 1, "fp32")
+    assert four.compute_s == pytest.approx(2 * (0.06 + 0.004))
+    assert load_profile(json.loads(json.dumps({"profile": profile.to_dict()}))) == profile
+
+
+def test_compressed_elements_alone_counts_a_lone_process():
+    assert compressed_elements("hierarchical", 800, 1, 1) == 0
+    assert compressed_elements("hierarchical", 800, 1, 1, alone=True) == 4 * 800  # 2P/m + P/N + P at n = m = 1
+
+
+def test_validate_emulated_from_records(tmp_path):
+    from birder_repro.perf.emulated import emulated_frame, format_emulated
+    from birder_repro.perf.predict import predict_record as predicted
+
+    cluster = yaml.safe_load((REPO / "conf" / "cluster" / "emulated.yaml").read_text())
+    profile = Profile(name="run", device="cpu", task="resnet50", batch_size=8, forward_backward_s=0.06,
+                      parameter_count=5_000_000, optimizer_s=0.004, threads=1, host_cores=64).to_dict()
+    for i, nodes in enumerate((1, 2, 4)):
+        cfg = {"task": {"name": "resnet50"}, "optim": {"name": "sgdm"}, "nodes": nodes, "gpus_per_node": 1,
+               "cluster": {**cluster, "link_mbit": 100}, "train": {"batch_size": 8, "steps": 15},
+               "predict": {"profile": profile}, "model": {"size": "tiny"}, "data": {"image_size": 64}}
+        rec = predicted(cfg)
+        rec.update(status="completed", config=cfg, started=f"2025-01-01T10:00:0{i}", run_dir=str(tmp_path / str(i)))
+        rec["throughput_samples_per_s"] *= 1.05 if nodes == 2 else 1.0  # "measured" 5 % above the model
+        (tmp_path / str(i)).mkdir()
+        (tmp_path / str(i) / "record.json").write_text(json.dumps(rec))
+    frame = emulated_frame(tmp_path)
+    assert sorted(frame["nodes"]) == [2, 4]
+    assert frame.set_index("nodes")["error"][2] == pytest.approx(1 / 1.05 - 1)
+    assert frame.set_index("nodes")["error"][4] == pytest.approx(0.0, abs=1e-9)
+    assert "meets the target" in format_emulated(frame)

@@ -75,7 +75,7 @@ def row(cells: pd.DataFrame, optim: str, nodes: int) -> pd.Series:
 # --- formulas ----------------------------------------------------------------------------------------------
 
 def test_scale_efficiency_reproduces_paper_table3():
-    # papers/birder.txt Table 3, Ethernet: SGDM 16 GPUs 2959 vs 8 GPUs 3693 -> 40.1%; Birder 6015/3462 -> 86.9%.
+    # Birder paper, Table 3, Ethernet: SGDM 16 GPUs 2959 vs 8 GPUs 3693 -> 40.1%; Birder 6015/3462 -> 86.9%.
     assert round(100 * tables.scale_efficiency(2959, 16, 3693, 8), 1) == 40.1
     assert round(100 * tables.scale_efficiency(6015, 16, 3462, 8), 1) == 86.9
     assert round(100 * tables.scale_efficiency(15253, 64, 3462, 8), 1) == 55.1
@@ -105,7 +105,7 @@ def test_bert_baseline_is_bertadam(tmp_path):
     records = [make_record("bertadam", 2, 8, 84.0, task="bert_squad", batch=3, baseline="bertadam"),
                make_record("birder", 2, 8, 431.0, task="bert_squad", batch=3, baseline="bertadam")]
     cells = cells_of(write_runs(tmp_path, records))
-    assert round(row(cells, "birder", 2)["speedup"], 2) == 5.13  # papers/birder.txt Table 2
+    assert round(row(cells, "birder", 2)["speedup"], 2) == 5.13  # Birder paper, Table 2
 
 
 # --- which runs are shown ---------------------------------------------------------------------------------
@@ -338,8 +338,45 @@ def test_figures_drawn_where_matplotlib_is_installed(tmp_path, monkeypatch):
     monkeypatch.setattr(figures, "have_matplotlib", lambda: True)
     root = write_runs(tmp_path / "runs", paper_cell_records())
     main(["--runs", str(root), "--out", str(tmp_path / "out"), "--figures", str(tmp_path / "fig")])
-    drawn = [p.name for p in (tmp_path / "fig").iterdir()]
-    assert drawn == ["resnet50_ethernet_10g_10000mbit_synthetic_b32.png"]
+    predicted = [dict(make_record("birder", 2, 8, 7000.0), status="predicted"),
+                 dict(make_record("sgdm", 2, 8, 3000.0), status="predicted")]
+    (tmp_path / "runs" / "pred").mkdir(parents=True)
+    write_runs(tmp_path / "runs" / "pred", predicted)
+    main(["--runs", str(root), "--out", str(tmp_path / "out"), "--figures", str(tmp_path / "fig")])
+    drawn = sorted(p.name for p in (tmp_path / "fig").iterdir())
+    # Figure 3 holds both sources (solid / dashed); Figure 4 one per source; Figure 2 needs metrics.jsonl.
+    assert drawn == ["fig3_resnet50_ethernet_10g_10000mbit_synthetic_b32.png",
+                     "fig4_measured_resnet50_ethernet_10g_10000mbit_synthetic_b32.png",
+                     "fig4_predicted_resnet50_ethernet_10g_10000mbit_synthetic_b32.png"]
+
+
+def test_predicted_records_stay_apart_from_measured_ones(tmp_path):
+    measured = paper_cell_records()
+    predicted = [dict(make_record("sgdm", 2, 8, 3000.0), status="predicted"),
+                 dict(make_record("birder", 2, 8, 6600.0), status="predicted")]
+    root = write_runs(tmp_path / "runs", measured + predicted)
+    cells = cells_of(root)
+    assert sorted(cells["source"]) == ["measured"] * 4 + ["predicted"] * 2
+    pred = cells[(cells["source"] == "predicted") & (cells["optim"] == "birder")].iloc[0]
+    assert pred["speedup"] == pytest.approx(6600 / 3000)  # over the predicted baseline, not the measured one
+    meas = cells[(cells["source"] == "measured") & (cells["optim"] == "birder") & (cells["nodes"] == 2)].iloc[0]
+    assert meas["speedup"] == pytest.approx(6015 / 2959)
+    main(["--runs", str(root), "--out", str(tmp_path / "out"), "--figures", str(tmp_path / "f")])
+    md = (tmp_path / "out" / "resnet50.md").read_text()
+    assert md.count("PREDICTED by the performance model") == 1
+    comparison = (tmp_path / "out" / "paper_comparison.md").read_text()
+    assert "## Predicted by the performance model" in comparison and "## Measured runs" in comparison
+    assert f"{100 * (6600 / 6015 - 1):+.1f}%" in comparison  # the predicted cell's error against the paper
+
+
+def test_data_wait_is_a_column_of_the_step(tmp_path):
+    rec = make_record("sgdm", 1, 8, 100.0)
+    rec["step_time_s"] = {"total": 0.15, "compute": 0.06, "communication": 0.03, "compression": 0.01,
+                          "data_wait": 0.05}
+    root = write_runs(tmp_path / "runs", [rec])
+    cells = cells_of(root)
+    assert cells.iloc[0]["step_ms_data_wait"] == pytest.approx(50.0)
+    assert "data wait ms" in tables.display_frame(cells, "whole").columns
 
 
 def test_birder_variants_and_model_sizes_are_separate_rows(tmp_path):

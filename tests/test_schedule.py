@@ -1,4 +1,4 @@
-"""LR schedules at the points the paper fixes (papers/birder.txt section 5.1 and appendix B.1)."""
+"""LR schedules at the points the paper fixes (Birder paper, section 5.1 and appendix B.1)."""
 
 import math
 

@@ -160,7 +160,7 @@ def test_tasks_registered_with_bertadam_baseline(compose):
 
 
 def test_paper_recipes(compose):
-    # papers/birder.txt section 5.1: 3 per GPU, 2 epochs, warm up to 1e-4 over 500 steps then linear to 0.
+    # Birder paper, section 5.1: 3 per GPU, 2 epochs, warm up to 1e-4 over 500 steps then linear to 0.
     cfg = compose(["task=bert_squad", "optim=bertadam"])
     assert (cfg.train.epochs, cfg.train.batch_size) == (2, 3)
     assert (cfg.train.schedule.name, cfg.train.schedule.warmup) == ("warmup_linear", 500)

@@ -28,6 +28,8 @@ from birder_repro.comm.topology import Topology, build_topology
 from birder_repro.logger import METRICS_FILE, RunLogger, wandb_mode
 from birder_repro.summary import format_summary, human_bytes
 from birder_repro.tasks.base import Task, TaskData
+from birder_repro.comm.readiness import clocked_registration
+from birder_repro.perf.profile import load_profile
 from birder_repro.train import split_step_time, stage_of, total_steps, train
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -142,7 +144,8 @@ def _train_worker(rank: int, world: int, runs: list[tuple[str, str]], env: dict)
         model = nn.parallel.DistributedDataParallel(tiny_model())
         optimizer = torch.optim.SGD(model.parameters(), lr=cfg.optim.lr, momentum=0.9)
         comm = CountingComm()
-        model.register_comm_hook(comm, fp16_counting_hook)
+        with clocked_registration(model):  # as attach_comm registers every hook: its calls are timed
+            model.register_comm_hook(comm, fp16_counting_hook)
         record = train(cfg, task=BlobsTask(), data=blobs_data(rank, world, cfg.train.batch_size), model=model,
                        optimizer=optimizer, comm=comm, topology=topology, device=torch.device("cpu"),
                        run_dir=run_dir)
@@ -184,12 +187,28 @@ def test_record_has_every_key_and_parts_sum_to_the_step(full_run):
     assert record["steps"] == 12 and record["samples"] == 12 * 16 and record["timing_warmup_steps"] == 2
     st = record["step_time_s"]
     assert st["total"] > 0 and min(st["compute"], st["communication"], st["compression"]) >= 0
-    assert st["compute"] + st["communication"] + st["compression"] == pytest.approx(st["total"], rel=1e-9)
+    # Throughput counts the whole step: the wait for the batch is its fourth part.
+    assert st["data_wait"] == pytest.approx(record["data_wait_s_per_step"]) and st["data_wait"] >= 0
+    assert st["compute"] + st["communication"] + st["compression"] + st["data_wait"] == \
+        pytest.approx(st["total"], rel=1e-9)
     assert st["compression"] > 0  # the hook's timed fp16 casts
     assert record["compute_calibration_passes"] == 3 and record["timed_steps"] == 10
     assert record["throughput_samples_per_s"] == pytest.approx(16 / st["total"], rel=1e-6)
     assert set(record["throughput_by_stage"]) == {"warmup", "compression"}
     assert all(v > 0 for v in record["throughput_by_stage"].values())
+
+
+def test_record_has_a_profile_the_performance_model_loads(full_run):
+    _, [(record, params), _] = full_run
+    profile = load_profile(record)  # a record (load_profile also takes its run directory)
+    assert profile.task == "blobs" and profile.batch_size == 8
+    assert profile.forward_backward_s == pytest.approx(record["forward_backward_s"])
+    assert 0 < profile.backward_fraction <= 1 and profile.optimizer_s >= 0
+    p = sum(v.size for k, v in params.items() if "running" not in k and "num_batches" not in k)
+    assert sum(profile.bucket_elements) == profile.parameter_count == p
+    assert len(profile.bucket_ready) == len(profile.bucket_elements) == len(profile.bucket_ready_s)
+    assert all(0 <= f <= 1 for f in profile.bucket_ready) and all(t >= 0 for t in profile.bucket_ready_s)
+    assert profile.data_wait_s == pytest.approx(record["data_wait_s_per_step"])
 
 
 def test_bytes_per_step_are_the_hooks_count_and_fp32_is_twice_fp16(full_run):
@@ -259,7 +278,9 @@ def test_single_process_run_without_ddp_recalibrates_compute(tmp_path):
     assert record["fp32_allreduce_bytes_per_step"] == 0  # one process sends nothing
     assert set(record["metrics"]) == {"loss"} and record["final_loss"] < 1.0
     st = record["step_time_s"]
-    assert st["compute"] + st["communication"] + st["compression"] == pytest.approx(st["total"], rel=1e-9)
+    assert st["compute"] + st["communication"] + st["compression"] + st["data_wait"] == \
+        pytest.approx(st["total"], rel=1e-9)
+    assert record["profile"]["bucket_elements"] == []  # no DDP, no hook: buckets from parameter_count
 
 
 def test_a_short_run_keeps_one_timed_step(tmp_path):
@@ -347,6 +368,7 @@ def test_a_broken_wandb_warns_once_and_metrics_jsonl_goes_on(broken, tmp_path, m
         logger.log(2, {"loss": float("nan")})
     assert capsys.readouterr().err.count("warning: W&B is off") == 1
     rows = [json.loads(line) for line in (tmp_path / METRICS_FILE).read_text().splitlines()]
+    assert all(r.pop("time_s") >= 0 for r in rows)  # wall-clock seconds since the logger started (Figure 2)
     assert rows == [{"step": 1, "loss": 2.0}, {"step": 2, "loss": None}]
 
 

@@ -54,7 +54,11 @@ def attach_comm(scheme: str, ddp_model: torch.nn.parallel.DistributedDataParalle
     """Register the hook of ``scheme`` on ``ddp_model`` and return its state (KeyError naming the schemes if
     ``scheme`` is not one)."""
     module = importlib.import_module(SCHEMES[scheme].module)
-    return module.attach_from_config(ddp_model, optimizer, cfg, topology, scheme=scheme)
+    # Every hook registered here is timed per call: when each bucket became ready (birder_repro.comm.readiness).
+    from birder_repro.comm.readiness import clocked_registration
+
+    with clocked_registration(ddp_model):
+        return module.attach_from_config(ddp_model, optimizer, cfg, topology, scheme=scheme)
 
 
 def __getattr__(name: str):

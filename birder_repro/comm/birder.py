@@ -1,4 +1,4 @@
-"""Hierarchical-1-bit-All-Reduce: Birder as a DDP communication hook (papers/birder.txt, section 4).
+"""Hierarchical-1-bit-All-Reduce: Birder as a DDP communication hook (Birder paper, section 4).
 
 A node is one worker of Algorithm 1 and its m processes share the work. With n nodes, for each DDP gradient
 bucket of P elements, padded to P' (a multiple of 8 * m * n, so that every chunk at every level is whole bytes):

@@ -1,5 +1,5 @@
-"""1-bit Adam's compressed all-reduce as a DDP communication hook (papers/onebit_adam.txt, Algorithm 1 and
-section 6; papers/onebit_lamb.txt section 5 and appendix A.5.2), for :class:`birder_repro.optim.OneBitAdam` and
+"""1-bit Adam's compressed all-reduce as a DDP communication hook (1-bit Adam paper, Algorithm 1 and
+section 6; 1-bit LAMB paper, section 5 and appendix A.5.2), for :class:`birder_repro.optim.OneBitAdam` and
 :class:`birder_repro.optim.OneBitLamb`.
 
 Warmup (the optimizer's first ``freeze_step`` steps): DDP's fp32 all-reduce of the bucket, averaged, left
@@ -22,7 +22,7 @@ Compression (every later step), for a bucket of P elements padded to P' (a multi
 The mask is the paper's Sign(0) = 0, which one bit cannot say, put back where the zeros are known: the
 padding, and elements whose frozen variance is 0 (the optimizer's ``compression_inputs``; DeepSpeed's
 ``exp_avg_mask``). Scales are norms over the unmasked elements only, so that C[x] = ||x|| / ||Sign(x)|| Sign(x)
-(papers/onebit_lamb.txt Algorithm 1, line 1) holds with Sign(0) = 0. Bits: LSB first, bit 1 = +1
+(1-bit LAMB paper, Algorithm 1, line 1) holds with Sign(0) = 0. Bits: LSB first, bit 1 = +1
 (:mod:`birder_repro.comm.pack`); a masked element's bit is 0 and means nothing.
 
 Bytes per process per bucket: 2 (N-1)/N * P'/8 for the bits plus 2 (N-1) * 4 for the scales, each peer's

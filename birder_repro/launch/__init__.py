@@ -26,7 +26,7 @@ def choose_launcher(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> str
     """``launcher.name``; for ``auto``: torchrun (this node's share) when SLURM gave this job step more than
     one node, local otherwise (on a single SLURM node the whole layout fits as local processes)."""
     name = cfg.launcher.name
-    if emulated.is_emulated(cfg):  # the emulated cluster starts its own nodes (issue 5); it needs launcher=auto
+    if emulated.is_emulated(cfg):  # the emulated cluster starts its own nodes; it needs launcher=auto
         emulated.check_launcher(cfg)
         return "emulated"
     if name != "auto":

@@ -1,4 +1,4 @@
-"""``cluster=emulated``: a multi-node cluster on this machine, one network namespace per node (issue 5).
+"""``cluster=emulated``: a multi-node cluster on this machine, one network namespace per node.
 
     birder-repro cluster=emulated nodes=4 cluster.link_mbit=200 ...      # needs root and iproute2
     birder-repro cluster=emulated nodes=4 dry_run=true                   # prints the ip/tc commands and the nodes'

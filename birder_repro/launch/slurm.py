@@ -1,4 +1,4 @@
-"""``launcher=slurm``: the run as one SLURM batch job, one task per node, each running torchrun (issue 5).
+"""``launcher=slurm``: the run as one SLURM batch job, one task per node, each running torchrun.
 
     birder-repro task=resnet50 optim=birder nodes=8 gpus_per_node=8 launcher=slurm launcher.partition=gpu
     birder-repro ... launcher=slurm dry_run=true      # writes <run dir>/job.sbatch, prints it, submits nothing

@@ -1,4 +1,4 @@
-"""Birder: a 1-bit adaptive optimizer (papers/birder.txt, section 2, Eq. (4)-(5) and Algorithm 1).
+"""Birder: a 1-bit adaptive optimizer (Birder paper, section 2, Eq. (4)-(5) and Algorithm 1).
 
 Each worker i keeps m = beta*m + (1-beta)*g and b = beta*b + (1-beta)*|g|, so every element of m/b lies in
 [-1, 1]; it sends u = Q(m/b + e) (one bit per element) and keeps the error e = e + m/b - u. The server
@@ -78,7 +78,7 @@ def apply_update_(p: torch.Tensor, u: torch.Tensor, lr: float, weight_decay: flo
 
 
 class Birder(torch.optim.Optimizer):
-    r"""Birder (papers/birder.txt, Algorithm 1).
+    r"""Birder (Birder paper, Algorithm 1).
 
     .. math::
         m_t = \beta m_{t-1} + (1-\beta) g_t,\quad b_t = \beta b_{t-1} + (1-\beta)|g_t|,\quad

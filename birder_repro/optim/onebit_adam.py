@@ -1,4 +1,4 @@
-"""1-bit Adam (papers/onebit_adam.txt, Algorithm 1; its Adam without bias correction is Eq. (1)).
+"""1-bit Adam (1-bit Adam paper, Algorithm 1; its Adam without bias correction is Eq. (1)).
 
 Two stages. Warmup, the first ``freeze_step`` steps: plain Adam on the fp32-averaged gradient,
 m = beta1*m + (1-beta1)*g, v = beta2*v + (1-beta2)*g^2, x = x - lr * (m/(sqrt(v)+eps) + wd*x).
@@ -241,7 +241,7 @@ class OneBitOptimizer(torch.optim.Optimizer):
 
 
 class OneBitAdam(OneBitOptimizer):
-    r"""1-bit Adam (papers/onebit_adam.txt, Algorithm 1).
+    r"""1-bit Adam (1-bit Adam paper, Algorithm 1).
 
     Warmup, steps :math:`t \le T_w` (Eq. (1), no bias correction), with :math:`g_t` averaged over processes:
 
@@ -260,9 +260,9 @@ class OneBitAdam(OneBitOptimizer):
         params: parameters or parameter groups (a group may carry ``exp_avg_mask``, one 0/1 tensor per
             parameter, to keep elements out of the compressed momentum, as DeepSpeed's OnebitAdam).
         lr: the learning rate gamma.
-        betas: (beta1, beta2); (0.9, 0.999) in the paper and in papers/birder.txt section 5.1.
+        betas: (beta1, beta2); (0.9, 0.999) in the paper and in Birder paper, section 5.1.
         eps: eta, added to sqrt(v).
-        weight_decay: decoupled weight decay lambda (1e-4 for ResNet-50 in papers/birder.txt section 5.1).
+        weight_decay: decoupled weight decay lambda (1e-4 for ResNet-50 in Birder paper, section 5.1).
         freeze_step: T_w, the number of warmup (Adam, uncompressed) steps; >= 1, and >= 2 with the hook.
     """
 

@@ -1,4 +1,4 @@
-"""1-bit LAMB (papers/onebit_lamb.txt, Algorithm 1; LAMB as its Eq. (1); hyperparameters from its Section 6,
+"""1-bit LAMB (1-bit LAMB paper, Algorithm 1; LAMB as its Eq. (1); hyperparameters from its Section 6,
 "Training parameters", for BERT pre-training run on the NCCL backend of its Section 5).
 
 Warmup, the first ``freeze_step`` steps (line 2): LAMB on the fp32-averaged gradient, per tensor l,
@@ -87,7 +87,7 @@ def clip_ratio(r: float, r_prev: float, r_min: float, r_max: float, r_threshold:
 
 
 class OneBitLamb(OneBitOptimizer):
-    r"""1-bit LAMB (papers/onebit_lamb.txt, Algorithm 1).
+    r"""1-bit LAMB (1-bit LAMB paper, Algorithm 1).
 
     Warmup, :math:`t \le T_w`, per tensor :math:`l`, :math:`g_t` averaged over processes (Eq. (1), line 2):
 

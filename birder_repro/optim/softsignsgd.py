@@ -1,4 +1,4 @@
-"""SoftSignSGD: Birder without compression (papers/birder.txt appendix B, Algorithm 1 there).
+"""SoftSignSGD: Birder without compression (Birder paper, appendix B, Algorithm 1 there).
 
 m = beta m + (1 - beta) g and b = beta b + (1 - beta) |g| with the same beta, so every element of m / b lies in
 [-1, 1] (the appendix's point against Adam's sqrt(v) with its own beta2); the update is x = x - lr m / b. We add
@@ -30,7 +30,7 @@ def softsign_direction_(g: torch.Tensor, m: torch.Tensor, b: torch.Tensor, beta:
 
 
 class SoftSignSGD(torch.optim.Optimizer):
-    r"""SoftSignSGD (papers/birder.txt appendix B, Algorithm 1).
+    r"""SoftSignSGD (Birder paper, appendix B, Algorithm 1).
 
     .. math::
         m_t = \beta m_{t-1} + (1-\beta) g_t,\quad b_t = \beta b_{t-1} + (1-\beta)|g_t|,\quad

@@ -1,7 +1,7 @@
 """Builders of torch's own optimizers from the ``optim`` config node (listed in :data:`birder_repro.optim.OPTIMIZERS`
 with the communication they run with).
 
-- ``sgd`` / ``sgdm``: torch's SGD without and with momentum (papers/birder.txt appendix B: "Vanilla SGD" is SGDM
+- ``sgd`` / ``sgdm``: torch's SGD without and with momentum (Birder paper, appendix B: "Vanilla SGD" is SGDM
   with momentum 0); ``adamw``: torch's AdamW (Loshchilov and Hutter, ICLR 2019). All with DDP's fp32
   all-reduce, counted.
 - Peers for the benchmarks, the same optimizers over torch's compressing hooks: ``sgdm_powersgd`` and

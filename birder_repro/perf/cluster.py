@@ -30,7 +30,7 @@ from typing import Any, Mapping, Optional
 from .collectives import Link, collective_time
 from .schemes import Collective, counted_bytes
 
-__all__ = ["ClusterSpec", "op_time"]
+__all__ = ["ClusterSpec", "op_time", "host_contention"]
 
 MBIT = 1e6 / 8  # bytes per second in one Mbit/s
 
@@ -47,6 +47,7 @@ class ClusterSpec:
     intra_latency_us: float
     intra_efficiency: float = 1.0
     exchange_efficiency: Optional[float] = None  # pairwise exchanges across nodes; None: inter_efficiency
+    shared_host: bool = False  # emulated clusters: every node's processes share one machine's cores
 
     def __post_init__(self) -> None:
         for key in ("inter_efficiency", "intra_efficiency", "exchange_efficiency"):
@@ -92,7 +93,10 @@ class ClusterSpec:
                                  f"(set cluster.{key}=...)")
             return float(value)
 
-        inter_mbit = perf.get("inter_mbit") if perf.get("inter_mbit") is not None else cluster.get("link_mbit")
+        # The configs' rule (conf/cluster/*.yaml): the link is link_mbit; perf.inter_mbit only while it is null
+        # (unshaped veths, loopback "nodes"), so that cluster.link_mbit=100 is what an emulated run predicts with.
+        link = cluster.get("link_mbit")
+        inter_mbit = link if link is not None else perf.get("inter_mbit")
         return cls(name=str(name),
                    inter_mbit=need("link_mbit", inter_mbit),
                    inter_latency_us=need("perf.inter_latency_us", perf.get("inter_latency_us")),
@@ -101,7 +105,8 @@ class ClusterSpec:
                    intra_latency_us=need("perf.intra_latency_us", perf.get("intra_latency_us")),
                    intra_efficiency=float(perf.get("intra_efficiency", 1.0) or 1.0),
                    exchange_efficiency=(None if perf.get("exchange_efficiency") is None
-                                        else float(perf.get("exchange_efficiency"))))
+                                        else float(perf.get("exchange_efficiency"))),
+                   shared_host=bool(perf.get("shared_host", False)))
 
 
 def op_time(op: Collective, nodes: int, gpus_per_node: int, cluster: ClusterSpec) -> float:
@@ -121,3 +126,12 @@ def op_time(op: Collective, nodes: int, gpus_per_node: int, cluster: ClusterSpec
     intra_bytes, inter_bytes = counted_bytes(op, n, m)
     latency = (world - 1) * cluster.inter.alpha_s
     return latency + max(inter_bytes * exchange.beta, intra_bytes * cluster.intra.beta)
+
+
+def host_contention(cluster: ClusterSpec, processes: int, threads: int, host_cores: Optional[int]) -> float:
+    """How much slower computation runs than in the profile, because the emulated cluster's ``processes``
+    of ``threads`` each share one machine of ``host_cores`` (1 on real clusters, or when not known):
+    ASSUMPTION, compute-bound work time-shares the cores evenly, max(1, processes x threads / cores)."""
+    if not cluster.shared_host or not host_cores:
+        return 1.0
+    return max(1.0, processes * max(threads, 1) / float(host_cores))

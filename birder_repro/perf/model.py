@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
-from .cluster import ClusterSpec, op_time
+from .cluster import ClusterSpec, host_contention, op_time
 from .profile import Profile
 from .schemes import COMPRESSION_BACKEND, bucket_collectives, compressed_elements, counted_bytes
 from .implementations import implementation_of
@@ -43,6 +43,7 @@ class StepPrediction:
     collectives: int          # collectives per step per process
     comm_busy_s: float        # all collectives' time, hidden or not
     compress_busy_s: float    # all compression time, hidden or not
+    data_wait_s: float = 0.0  # the wait for the data loader (the profile's), part of total_s
 
     @property
     def throughput(self) -> float:
@@ -76,12 +77,14 @@ def predict_step(profile: Profile, cluster: ClusterSpec, nodes: int, gpus_per_no
     if nodes < 1 or gpus_per_node < 1:
         raise ValueError(f"nodes and gpus_per_node must be >= 1, got {nodes}, {gpus_per_node}")
     batch = profile.batch_size if batch_size is None else int(batch_size)
-    fb = profile.compute_s(batch)
+    # An emulated cluster's nodes share one machine: its cores' time is shared by every process.
+    slow = host_contention(cluster, nodes * gpus_per_node, profile.threads, profile.host_cores)
+    fb = profile.compute_s(batch) * slow
     forward, backward = fb * (1 - profile.backward_fraction), fb * profile.backward_fraction
     sizes = profile.buckets() if impl.granularity == "bucket" else [profile.parameter_count]
     ready = ready_times(sizes, forward, backward, profile.bucket_ready or None)
     backend = COMPRESSION_BACKEND[scheme]
-    per_element = profile.compression_s_per_element.get(backend, 0.0) if backend else 0.0
+    per_element = slow * profile.compression_s_per_element.get(backend, 0.0) if backend else 0.0
     if backend and backend not in profile.compression_s_per_element and nodes * gpus_per_node > 1:
         raise ValueError(f"profile {profile.name!r} has no compression cost for {backend!r} (scheme {scheme}); "
                          f"it has {sorted(profile.compression_s_per_element)}")
@@ -95,13 +98,13 @@ def predict_step(profile: Profile, cluster: ClusterSpec, nodes: int, gpus_per_no
         count += len(ops)
         compress = per_element * compressed_elements(scheme, size, nodes, gpus_per_node, rank, mats)
         work.append(BucketWork(t_ready, compress, comm))
-    optimizer = profile.optimizer_s + profile.scheme_overhead_s.get(scheme, 0.0)
+    optimizer = slow * (profile.optimizer_s + profile.scheme_overhead_s.get(scheme, 0.0))
     tl: StepTimeline = (simulate if impl.overlap else simulate_sequential)(work, fb, optimizer)
     return StepPrediction(scheme=scheme, nodes=nodes, gpus_per_node=gpus_per_node, batch_size=batch,
-                          total_s=tl.total_s, compute_s=tl.compute_s, communication_s=tl.communication_s,
+                          total_s=tl.total_s + profile.data_wait_s, compute_s=tl.compute_s, communication_s=tl.communication_s,
                           compression_s=tl.compression_s, intra_node_bytes=intra, inter_node_bytes=inter,
                           collectives=count, comm_busy_s=sum(w.comm_s for w in work),
-                          compress_busy_s=sum(w.compress_s for w in work))
+                          compress_busy_s=sum(w.compress_s for w in work), data_wait_s=profile.data_wait_s)
 
 
 def predict_run(profile: Profile, cluster: ClusterSpec, nodes: int, gpus_per_node: int, scheme: str,
@@ -120,8 +123,8 @@ def predict_run(profile: Profile, cluster: ClusterSpec, nodes: int, gpus_per_nod
         weights = {"warmup": warmup_fraction, "compression": 1 - warmup_fraction}
     else:
         weights = {scheme: 1.0}
-    keys = ("total_s", "compute_s", "communication_s", "compression_s", "intra_node_bytes", "inter_node_bytes",
-            "collectives")
+    keys = ("total_s", "compute_s", "communication_s", "compression_s", "data_wait_s", "intra_node_bytes",
+            "inter_node_bytes", "collectives")
     mean = {k: sum(weights[s] * getattr(p, k) for s, p in stages.items()) for k in keys}
     world = nodes * gpus_per_node
     mean["throughput_samples_per_s"] = world * main.batch_size / mean["total_s"]

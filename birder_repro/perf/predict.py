@@ -21,7 +21,7 @@ from .model import predict_run
 from .profile import load_profile
 from .schemes import scheme_for_optim
 
-__all__ = ["predict_record"]
+__all__ = ["predict_record", "write_predicted_record", "format_prediction"]
 
 
 def _plain(cfg: Any) -> dict:
@@ -90,7 +90,9 @@ def predict_record(cfg: Any) -> dict[str, Any]:
         "throughput_samples_per_s": mean["throughput_samples_per_s"],
         "throughput_by_stage": by_stage,
         "step_time_s": {"total": mean["total_s"], "compute": mean["compute_s"],
-                        "communication": mean["communication_s"], "compression": mean["compression_s"]},
+                        "communication": mean["communication_s"], "compression": mean["compression_s"],
+                        "data_wait": mean["data_wait_s"]},
+        "data_wait_s_per_step": mean["data_wait_s"],
         "intra_node_bytes_per_step": mean["intra_node_bytes"],
         "inter_node_bytes_per_step": mean["inter_node_bytes"],
         "collectives_per_step": mean["collectives"],
@@ -99,3 +101,36 @@ def predict_record(cfg: Any) -> dict[str, Any]:
         "profile": profile.to_dict(),
         "cluster_spec": cluster.to_dict(),
     }
+
+
+def write_predicted_record(cfg: Any, run_dir: Any, started: str) -> dict[str, Any]:
+    """The predicted record of the resolved config ``cfg`` with the keys every record has (the config, the
+    command, versions), written to ``run_dir/record.json``; returned."""
+    from pathlib import Path
+
+    from birder_repro import record as records
+
+    rec = records.base_record(cfg, Path(run_dir))
+    rec.update(predict_record(cfg))
+    rec.update(started=started, ended=records.now(), device=f"predicted for: {rec['profile']['device']}")
+    records.write_record(Path(run_dir), rec)
+    return rec
+
+
+def format_prediction(rec: Mapping[str, Any]) -> str:
+    """The few lines ``birder-repro mode=predict`` prints: throughput, the step's parts, the bytes."""
+    c, st, pred = rec["cluster"], rec["step_time_s"], rec["prediction"]
+    ms = {k: 1e3 * float(v or 0.0) for k, v in st.items()}
+    lines = [
+        f"predicted:  {rec['task']} with {rec['optim']} ({pred['scheme']}, implementation {pred['implementation']})"
+        f" on {c['nodes']} nodes x {c['gpus_per_node']} GPUs, cluster {c['name']}; profile {rec['profile']['name']}",
+        f"throughput: {rec['throughput_samples_per_s']:.1f} samples/s (global batch {rec['global_batch_size']})",
+        f"step time:  {ms['total']:.1f} ms = compute {ms['compute']:.1f} + communication {ms['communication']:.1f}"
+        f" + compression {ms['compression']:.1f} + data wait {ms.get('data_wait', 0.0):.1f} ms",
+        f"sent/step:  intra-node {rec['intra_node_bytes_per_step'] / 1e6:.3f} MB, inter-node "
+        f"{rec['inter_node_bytes_per_step'] / 1e6:.3f} MB per process, {rec['collectives_per_step']:.0f} "
+        "collectives",
+    ]
+    if rec.get("throughput_by_stage"):
+        lines.append("by stage:   " + ", ".join(f"{k} {v:.1f} samples/s" for k, v in rec["throughput_by_stage"].items()))
+    return "\n".join(lines)

@@ -22,6 +22,14 @@ birder_repro.perf.paper_profiles) and is JSON-serialisable, so that a run can wr
                                  optimizer's extra arithmetic, kernels competing with the backward pass),
                                  measured on one node; added to the compute
     matrices                     optional (rows, cols) of every parameter, for PowerSGD
+    bucket_ready_s               a measured profile: when each bucket's hook was called, seconds from the start
+                                 of the backward pass (median over the timed steps; bucket_ready is this over
+                                 the calibrated backward pass, capped at 1)
+    data_wait_s                  the wait for the data loader per step, added to every predicted step
+    threads, host_cores          compute threads of the profiled process and cores of its machine: on an
+                                 emulated cluster (ClusterSpec.shared_host) the nodes share that machine's cores
+    link_mbit_measured           a multi-node emulated run: the busiest node's link bytes per step over the
+                                 step's communication time, Mbit/s (the rate the link reached; null elsewhere)
     notes                        where the numbers come from
 """
 
@@ -54,6 +62,11 @@ class Profile:
     compression_s_per_element: dict[str, float] = field(default_factory=dict)
     scheme_overhead_s: dict[str, float] = field(default_factory=dict)
     matrices: list[list[int]] = field(default_factory=list)
+    bucket_ready_s: list[float] = field(default_factory=list)
+    data_wait_s: float = 0.0
+    threads: int = 1
+    host_cores: Optional[int] = None
+    link_mbit_measured: Optional[float] = None
     notes: str = ""
 
     def __post_init__(self) -> None:

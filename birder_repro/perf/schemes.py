@@ -161,19 +161,21 @@ def _group_bytes(op: Collective, p: int) -> float:
 
 
 def compressed_elements(scheme: str, numel: int, nodes: int, gpus_per_node: int, rank: int = 1,
-                        matrices: Optional[Sequence[Sequence[int]]] = None) -> float:
+                        matrices: Optional[Sequence[Sequence[int]]] = None, alone: bool = False) -> float:
     """Elements one rank compresses or decompresses per bucket (multiplies the profile's seconds/element).
 
     hierarchical: Step II on the shard (P'/m) + the server's unpack of n chunks (P'/m) and re-quantization
     (P'/(mn)) + Step IV's unpack (P'); flat: the same with m = 1, n = N; allgather: quantize P' and unpack
     N P'; onebit: compress P', the server's unpack (P') and compression (P'/N), the final unpack (P'); fp16:
     the casts to and from half (2P); powersgd: M Q, M^T P and P Q^T over the compressed matrices, each
-    rows x cols x r, and error feedback on all P elements.
+    rows x cols x r, and error feedback on all P elements. One process sends nothing and counts 0, unless
+    ``alone`` (a measured profile of one process whose hook still compresses: Birder's update is quantized
+    on one worker too), which counts the same work with n = m = 1.
     """
     n, m = nodes, gpus_per_node
     world = n * m
     p = padded_elements(scheme, numel, n, m)
-    if scheme == "fp32" or world == 1:
+    if scheme == "fp32" or (world == 1 and not alone):
         return 0.0
     if scheme == "fp16":
         return 2.0 * numel

@@ -2,6 +2,7 @@
 
     python -m birder_repro.perf.validate          # Tables 1-4, with the errors and the target's verdict
     python -m birder_repro.perf.validate --fit    # also fit each interconnect's efficiency
+    python -m birder_repro.perf.validate --emulated RUNS_DIR   # emulated runs (birder_repro.perf.emulated)
 
 For every multi-node row of the paper's Tables 1-4 (tables/paper/*.csv), the model predicts the throughput
 from the paper profile of its task and batch (1-node rows and section 5.3 only) and the cluster config of its
@@ -181,7 +182,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--tables", default="1,2,3,4", help="paper tables to show (comma separated)")
     parser.add_argument("--implementation", default="paper", choices=sorted(IMPLEMENTATIONS),
                         help="how each scheme runs (birder_repro.perf.implementations); default: the paper's")
+    parser.add_argument("--emulated", metavar="RUNS_DIR",
+                        help="instead: multi-node emulated runs under RUNS_DIR predicted from its 1-node runs")
     args = parser.parse_args(argv)
+    if args.emulated:
+        from .emulated import main_emulated
+
+        return main_emulated(args.emulated, "this" if args.implementation == "paper" else args.implementation)
     efficiencies = None
     if args.fit:
         efficiencies = {c: fit_efficiency(c, implementation=args.implementation)

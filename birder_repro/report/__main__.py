@@ -89,8 +89,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"(birder-repro ...), or point --runs / BIRDER_RUNS at the runs.")
         return 0
     n_done = int((frame["status"] == "completed").sum())
-    print(f"read {len(frame)} run record(s) under {root}/: {n_done} completed, "
-          f"{len(frame) - n_done} not completed")
+    n_pred = int((frame["status"] == "predicted").sum())
+    predicted = f"{n_pred} predicted, " if n_pred else ""
+    print(f"read {len(frame)} run record(s) under {root}/: {n_done} completed, {predicted}"
+          f"{len(frame) - n_done - n_pred} not completed")
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -101,6 +103,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("figures: no completed run to plot")
     elif figures.have_matplotlib():
         written += figures.throughput_figures(cells, Path(args.figures), args.throughput)
+        written += figures.step_time_figures(cells, Path(args.figures))
+        written += figures.convergence_figures(cells, Path(args.figures))
     else:
         print("figures: matplotlib is not installed; skipped (pip install matplotlib to draw them)")
     print("wrote:")

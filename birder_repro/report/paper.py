@@ -1,4 +1,4 @@
-"""The paper's own numbers (tables/paper/*.csv, transcribed from papers/birder.txt Tables 1-4) beside the
+"""The paper's own numbers (tables/paper/*.csv, transcribed from Birder paper, Tables 1-4) beside the
 reproduced cells of the same task, optimizer, layout and batch per GPU.
 
 The CSV columns and the transcription notes are in tables/paper/README.md.
@@ -61,7 +61,9 @@ def comparison_frame(cells: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
     other_paper_cluster = joined["cluster"].isin(set(paper["cluster"])) & \
         (joined["cluster"] != joined["cluster_paper"])
     joined = joined[~other_paper_cluster]
-    order = ["task", "batch_per_gpu", "cluster", "data_source", "interconnect_paper", "gpus", "_rank", "table"]
+    joined = joined.assign(throughput_error=joined["throughput_shown"] / joined["throughput_paper"] - 1,
+                           speedup_error=joined["speedup"] / joined["speedup_paper"] - 1)
+    order = ["source", "task", "batch_per_gpu", "cluster", "data_source", "interconnect_paper", "gpus", "_rank", "table"]
     baseline_first = (joined["optimizer"] == joined["baseline"]) * 100
     joined = joined.assign(_rank=optim_rank(joined["optimizer"]) - baseline_first)
     return joined.sort_values(order, kind="stable").drop(columns="_rank").reset_index(drop=True)
@@ -91,22 +93,35 @@ def comparison_display(joined: pd.DataFrame) -> pd.DataFrame:
                                                                          r["speedup_paper"]), axis=1),
         "paper scale eff.": rows["scale_efficiency_paper"].map(fmt_paper_percent),
     })
+    what = "predicted" if (rows["source"] == "predicted").all() else "reproduced"
     for m in PAPER_METRICS:
         if rows[f"{m}_paper"].notna().any():
             out[f"paper {m}"] = rows[f"{m}_paper"].map(fmt_number)
-            out[f"reproduced {m}"] = rows[m].map(fmt_number)
-    out["reproduced cluster / data"] = rows["cluster"] + " / " + rows["data_source"]
-    out["reproduced throughput (speedup)"] = rows.apply(
+            if what != "predicted":  # the model predicts speed, not accuracy
+                out[f"reproduced {m}"] = rows[m].map(fmt_number)
+    out[f"{what} cluster / data"] = rows["cluster"] + " / " + rows["data_source"]
+    out[f"{what} throughput (speedup)"] = rows.apply(
         lambda r: _with_speedup(r["throughput_shown"], r["speedup"]), axis=1)
-    out["reproduced scale eff."] = rows.apply(
+    out["throughput error"] = rows["throughput_error"].map(lambda x: "—" if is_missing(x) else f"{100 * x:+.1f}%")
+    out["speedup error"] = rows["speedup_error"].map(lambda x: "—" if is_missing(x) else f"{100 * x:+.1f}%")
+    out[f"{what} scale eff."] = rows.apply(
         lambda r: "—" if r["n_layouts"] < 2 else fmt_percent(r["scale_efficiency"]), axis=1)
     out["device"] = rows["device"]
     return out
 
 
+def error_line(joined: pd.DataFrame) -> str:
+    """Median and largest |throughput error| of the multi-node rows (1-node rows are the profile's own)."""
+    multi = joined[joined["nodes"] > 1]["throughput_error"].abs().dropna()
+    if multi.empty:
+        return "No multi-node row to compare."
+    return (f"Multi-node rows: median |throughput error| {100 * multi.median():.1f}%, largest "
+            f"{100 * multi.max():.1f}% ({len(multi)} rows).")
+
+
 def comparison_markdown(cells: pd.DataFrame, paper: pd.DataFrame) -> str:
     lines = ["# The paper's numbers beside reproduced cells", "",
-             "Paper: papers/birder.txt Tables 1-4 as transcribed in tables/paper/*.csv (ResNet-50 on "
+             "Paper: Birder paper, Tables 1-4 as transcribed in tables/paper/*.csv (ResNet-50 on "
              "ImageNet and BERT-Base on SQuAD 1.1, nodes of 8 A100 GPUs). A reproduced cell matches a paper "
              "row on task, optimizer, nodes, GPUs per node and batch per GPU; its interconnect, data source "
              "and device are shown, since they may differ from the paper's. Runs of `model.size=tiny` and "
@@ -122,5 +137,16 @@ def comparison_markdown(cells: pd.DataFrame, paper: pd.DataFrame) -> str:
         lines += ["", "No reproduced cell matches a cell of the paper's tables yet. The paper's cells: "
                   + cells_text + "."]
     else:
-        lines += ["", to_markdown(comparison_display(joined))]
+        for source, title in (("predicted", "Predicted by the performance model (`birder-repro mode=predict`)"),
+                              ("measured", "Measured runs")):
+            part = joined[joined["source"] == source]
+            if part.empty:
+                continue
+            lines += ["", f"## {title}", ""]
+            if source == "predicted":
+                lines += ["Error: predicted / paper - 1. The paper's profile (`predict.profile=paper`) is derived "
+                          "from its 1-node rows, so those rows match by construction.", "", error_line(part), ""]
+            else:
+                lines += ["Error: reproduced / paper - 1 (on other hardware, a difference, not an error).", ""]
+            lines += [to_markdown(comparison_display(part))]
     return "\n".join(lines) + "\n"

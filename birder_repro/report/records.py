@@ -2,7 +2,8 @@
 
 The keys a record holds are documented in :mod:`birder_repro.schema` (read here through ``schema.get``); this
 module is the only place in the report that knows their nesting, so the tables work on flat, named columns.
-Bytes become MB (10^6 bytes) and seconds become milliseconds here, once. Every metric any record has becomes a
+Bytes become MB (10^6 bytes) and seconds become milliseconds here, once. ``source`` tells measured runs
+from predicted records (``status: predicted``, ``birder-repro mode=predict``). Every metric any record has becomes a
 column (each task's own, in the order :func:`birder_repro.schema.metric_names` gives), after :data:`COLUMNS`.
 """
 
@@ -21,16 +22,16 @@ from birder_repro.schema import get
 __all__ = ["COLUMNS", "STAGED_OPTIMIZERS", "runs_root", "find_records", "load_records", "flatten_record",
            "metric_column", "metric_columns", "records_frame", "load_frame"]
 
-# Optimizers whose records split throughput into a warmup and a compression stage (issue 3, part 3).
+# Optimizers whose records split throughput into a warmup and a compression stage.
 STAGED_OPTIMIZERS = ("onebit_adam", "onebit_lamb")
 
 # The fixed columns; the metric columns follow them.
 COLUMNS = (
-    "run_dir", "status", "error", "task", "optim", "variant", "baseline",
+    "run_dir", "status", "error", "source", "implementation", "task", "optim", "variant", "baseline",
     "cluster", "interconnect", "link_mbit", "nodes", "gpus_per_node", "gpus",
     "data_source", "model_size", "batch_size", "global_batch_size", "steps", "lr",
     "throughput", "throughput_warmup", "throughput_compression",
-    "step_ms_total", "step_ms_compute", "step_ms_communication", "step_ms_compression",
+    "step_ms_total", "step_ms_compute", "step_ms_communication", "step_ms_compression", "step_ms_data_wait",
     "intra_mb_per_step", "inter_mb_per_step", "fp32_mb_per_step", "fp32_inter_mb_per_step", "link_mb_per_step",
     "per_node_link_mb",
     "intra_mb_per_step_compression", "inter_mb_per_step_compression",
@@ -61,7 +62,7 @@ def _mean_over_nodes(per_node: Any) -> Optional[float]:
 
 
 def _per_node_text(per_node: Any) -> Optional[str]:
-    """"0.70 / 0.66": each node's kernel-counted MB per step, in node order (emulated clusters, issue 5)."""
+    """"0.70 / 0.66": each node's kernel-counted MB per step, in node order (emulated clusters)."""
     if not isinstance(per_node, (list, tuple)) or not per_node:
         return None
     return " / ".join("—" if v is None else f"{float(v) * 1e-6:.3g}" for v in per_node)
@@ -120,6 +121,9 @@ def flatten_record(record: dict, run_dir: Path | str) -> dict:
         "run_dir": str(run_dir),
         "status": get(record, "status"),
         "error": first_line(get(record, "error")),
+        # measured (a run) | predicted (mode=predict, the performance model): never mixed in one table.
+        "source": "predicted" if get(record, "status") == "predicted" else "measured",
+        "implementation": get(record, "prediction", "implementation"),
         "task": task,
         "optim": get(record, "optim", default=config("optim", "name")),
         # Birder's hierarchical / flat / allgather schemes are one optimizer name with different costs.

@@ -1,10 +1,12 @@
 """Tables of reproduced runs in the paper's shape, from the flat DataFrame of ``records.py``.
 
-A *setting* is (task, cluster, interconnect, link, data source, model size, batch per process); a *cell*
+A *setting* is (source, task, cluster, interconnect, link, data source, model size, batch per process); a *cell*
 is a setting at one layout (nodes x GPUs per node); a cell holds one row per optimizer (and Birder variant).
 Within a cell the newest completed run of each optimizer is shown; speedups are over the task's baseline in
 the same cell and scale efficiency is against the smallest layout of the same optimizer in the same setting,
-as papers/birder.txt Tables 1-4 do.
+as Birder paper, Tables 1-4 do. ``source`` (measured | predicted) is part of the setting: predicted
+records (``birder-repro mode=predict``) form their own sections, with speedups and scale efficiencies over
+predicted rows only, and are never mixed with measured ones.
 
 The numbers are computed on plain numeric columns first (``cell_table``, also written as CSV) and formatted
 into strings only at the end (``display_frame``), so tests and outside scripts can check the arithmetic.
@@ -21,7 +23,7 @@ import pandas as pd
 from . import records
 from .records import STAGED_OPTIMIZERS
 
-SETTING = ("task", "cluster", "interconnect", "link_mbit", "data_source", "model_size", "batch_size")
+SETTING = ("source", "task", "cluster", "interconnect", "link_mbit", "data_source", "model_size", "batch_size")
 LAYOUT = ("nodes", "gpus_per_node")
 CELL = SETTING + LAYOUT
 THROUGHPUT_MODES = ("whole", "stage")
@@ -50,7 +52,7 @@ STAGE_MARK = "*"  # marks a throughput taken from the compression stage only (--
 # ---------------------------------------------------------------------------------------------------------
 
 def speedup(throughput: float, baseline_throughput: float) -> float:
-    """Throughput over the baseline's in the same cell (papers/birder.txt Tables 1-4: Birder 8 GPUs,
+    """Throughput over the baseline's in the same cell (Birder paper, Tables 1-4: Birder 8 GPUs,
     32/GPU: 3462 / 3693 = 0.94x)."""
     return throughput / baseline_throughput
 
@@ -58,14 +60,14 @@ def speedup(throughput: float, baseline_throughput: float) -> float:
 def scale_efficiency(throughput: float, gpus: float, ref_throughput: float, ref_gpus: float) -> float:
     """T_N / ((N / N_1) * T_N1): the throughput at N GPUs over linear scaling from the smallest layout N_1.
 
-    papers/birder.txt Table 3 (and DESIGN.md): SGDM, Ethernet, 16 GPUs: 2959 / ((16 / 8) * 3693) = 40.1%.
+    Birder paper, Table 3 (and DESIGN.md): SGDM, Ethernet, 16 GPUs: 2959 / ((16 / 8) * 3693) = 40.1%.
     """
     return throughput / ((gpus / ref_gpus) * ref_throughput)
 
 
 def volume_ratio(inter_node_bytes: float, fp32_inter_node_bytes: float) -> float:
     """Inter-node bytes per step over those of an fp32 all-reduce of the same gradients on the same layout
-    (issue 2 asks for Birder's to be at most 1/25: 1 bit against 32 per element, less on few nodes)."""
+    (Birder's is at most about 1/32: 1 bit against 32 per element, less on few nodes)."""
     return inter_node_bytes / fp32_inter_node_bytes
 
 
@@ -74,15 +76,16 @@ def volume_ratio(inter_node_bytes: float, fp32_inter_node_bytes: float) -> float
 # ---------------------------------------------------------------------------------------------------------
 
 def split_by_status(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(completed runs, every other run): failed or unfinished runs are listed, never dropped silently."""
-    done = frame["status"] == "completed"
+    """(completed runs and predicted records, every other run): failed or unfinished runs are listed, never
+    dropped silently."""
+    done = frame["status"].isin(["completed", "predicted"])
     return frame[done].copy(), frame[~done].copy()
 
 
 def _fill_keys(frame: pd.DataFrame) -> pd.DataFrame:
     """Missing text keys become "unknown" so that such runs still group (and show) together."""
     frame = frame.copy()
-    for col in ("task", "optim", "cluster", "interconnect", "data_source", "model_size"):
+    for col in ("source", "task", "optim", "cluster", "interconnect", "data_source", "model_size"):
         frame[col] = frame[col].astype("object").where(frame[col].notna(), "unknown")
     default = frame["optim"].map(DEFAULT_VARIANTS)
     named = default.notna() & frame["variant"].notna() & (frame["variant"] != default)
@@ -189,8 +192,8 @@ CSV_TAIL = (
     "bytes_basis", "intra_mb_shown", "inter_mb_shown", "intra_mb_per_step", "inter_mb_per_step",
     "intra_mb_per_step_compression", "inter_mb_per_step_compression",
     "fp32_mb_per_step", "fp32_inter_mb_per_step", "inter_vs_fp32", "link_mb_per_step", "per_node_link_mb",
-    "step_ms_total", "step_ms_compute", "step_ms_communication", "step_ms_compression",
-    "steps", "global_batch_size", "device", "n_runs", "run_dir", "started",
+    "step_ms_total", "step_ms_compute", "step_ms_communication", "step_ms_compression", "step_ms_data_wait",
+    "implementation", "steps", "global_batch_size", "device", "n_runs", "run_dir", "started",
 )
 
 
@@ -268,6 +271,7 @@ def display_frame(cells: pd.DataFrame, mode: str, with_setting: bool = False) ->
     """The strings a reader sees: one column per paper column, extra columns only where some run has them."""
     out = pd.DataFrame(index=cells.index)
     if with_setting:
+        out["source"] = cells["source"]
         out["task"] = cells["task"]
         out["cluster"] = cells["cluster"]
         out["data"] = cells["data_source"]
@@ -285,12 +289,12 @@ def display_frame(cells: pd.DataFrame, mode: str, with_setting: bool = False) ->
     out["intra MB/step"] = cells["intra_mb_shown"].map(fmt_number) + mark
     out["inter MB/step"] = cells["inter_mb_shown"].map(fmt_number) + mark
     out["inter / fp32 inter"] = cells["inter_vs_fp32"].map(lambda x: fmt_percent(x, 2))
-    if cells["link_mb_per_step"].notna().any():  # emulated clusters: bytes the kernel counted (issue 5)
+    if cells["link_mb_per_step"].notna().any():  # emulated clusters: bytes the kernel counted
         out["link MB/step/node"] = cells["link_mb_per_step"].map(fmt_number)
         out["link MB/step, by node"] = cells["per_node_link_mb"].astype("object").where(
             cells["per_node_link_mb"].notna(), "—")
-    for part, label in (("total", "step ms"), ("compute", "compute ms"),
-                        ("communication", "comm ms"), ("compression", "compress ms")):
+    for part, label in (("total", "step ms"), ("compute", "compute ms"), ("communication", "comm ms"),
+                        ("compression", "compress ms"), ("data_wait", "data wait ms")):
         out[label] = cells[f"step_ms_{part}"].map(lambda x: fmt_number(x, 3))
     # The run directory's last two parts (date/time_task_optim..., or multirun/<sweep>/<job>) name it.
     out["run"] = cells["run_dir"].map(lambda p: "/".join(Path(p).parts[-2:]))
@@ -313,6 +317,14 @@ def to_markdown(table: pd.DataFrame) -> str:
 # ---------------------------------------------------------------------------------------------------------
 
 def setting_title(row) -> str:
+    prefix = ""
+    if row.get("source") == "predicted":
+        impl = "" if is_missing(row.get("implementation")) else f", implementation `{row['implementation']}`"
+        prefix = f"PREDICTED by the performance model (nothing ran{impl}): "
+    return prefix + _setting_text(row)
+
+
+def _setting_text(row) -> str:
     link = "" if is_missing(row["link_mbit"]) else f", link {fmt_number(row['link_mbit'])} Mbit/s"
     if not link and row["cluster"] == "emulated":  # emulated with link_mbit=null: veths at the kernel's speed
         link = ", unshaped links"
@@ -340,10 +352,14 @@ def notes(cells: pd.DataFrame, mode: str) -> list[str]:
         "Speedup: over the task's baseline (SGDM for CNNs, BertAdam for BERT) in the same cell "
         "(setting and layout); blank where that cell has no baseline run.",
         "Scale efficiency: T_N / ((N / N_1) * T_N1) against the smallest layout N_1 of the same optimizer and "
-        "setting (papers/birder.txt Table 3).",
+        "setting (Birder paper, Table 3).",
         "Bytes: MB = 10^6 bytes sent per process per step, as counted by the communication hook; "
         "inter / fp32 inter: the inter-node bytes over those of an fp32 ring all-reduce of the same "
         "gradients on the same layout (blank on one node).",
+        "Step time: compute + communication (not hidden by compute) + compression + data wait (for the data "
+        "loader's batch); throughput counts the whole step, data wait included, so a data-bound run shows as one.",
+        "Source: measured rows are runs; predicted rows (`birder-repro mode=predict`, status `predicted`) are the "
+        "performance model's (birder_repro.perf) and sit in their own sections, never mixed with measured ones.",
         f"One run per cell and optimizer: where several completed runs exist, the newest (by `started`) is "
         f"shown; {older} older run(s) left out." ,
     ]
@@ -400,7 +416,7 @@ def summary_frame(cells: pd.DataFrame, mode: str) -> pd.DataFrame:
     """Every task's cells side by side in one compact table."""
     full = display_frame(cells, mode, with_setting=True)
     full["metric"] = cells.reset_index(drop=True).apply(main_metric, axis=1)
-    keep = ["task", "cluster", "data", "model", "batch/proc", "optimizer", "#GPUs (nodes x GPUs/node)",
+    keep = ["source", "task", "cluster", "data", "model", "batch/proc", "optimizer", "#GPUs (nodes x GPUs/node)",
             throughput_header(mode), "metric", "scale efficiency", "inter MB/step", "inter / fp32 inter",
             "step ms"]
     return full[keep]
@@ -409,8 +425,10 @@ def summary_frame(cells: pd.DataFrame, mode: str) -> pd.DataFrame:
 def summary_markdown(frame: pd.DataFrame, cells: pd.DataFrame, others: pd.DataFrame, mode: str,
                      task_files: list[str]) -> str:
     n_done = int((frame["status"] == "completed").sum())
+    n_pred = int((frame["status"] == "predicted").sum())
     lines = ["# Reproduced runs: summary", "",
-             f"{len(frame)} run record(s): {n_done} completed, {len(frame) - n_done} not completed.", ""]
+             f"{len(frame)} run record(s): {n_done} completed, "
+             + (f"{n_pred} predicted, " if n_pred else "") + f"{len(frame) - n_done - n_pred} not completed.", ""]
     lines += [f"- {n}" for n in notes(cells, mode)]
     lines += ["", "Per task: " + ", ".join(f"[{f}]({f})" for f in task_files) + "."]
     if not cells.empty:

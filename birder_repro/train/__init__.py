@@ -14,7 +14,7 @@ One job a module:
 - ``progress``: what rank 0 logs every ``train.log_every`` steps, and the progress bar or line;
 - ``collectives``: the loop's own sums, barrier and broadcast.
 
-Step time (the Birder paper, Figure 4: computation, communication, compression/decompression per iteration)
+Step time (Birder paper, Figure 4: computation, communication, compression/decompression per iteration)
 ------------------------------------------------------------------------------------------------------------
 A *step* is timed from the moment its batch is in hand to the end of ``optimizer.step()`` (forward, backward
 with DDP's hooks, optimizer); waiting for the data loader is measured apart (``data_wait_s_per_step``). Its

@@ -1,5 +1,5 @@
 """The split of step time into compute, communication and compression, and the run's figures per stage
-(the Birder paper, Figure 4: computation, communication and compression/decompression per iteration).
+(Birder paper, Figure 4: computation, communication and compression/decompression per iteration).
 
 - compression: the growth of the hook state's ``compress_seconds`` during the step (quantize, pack, unpack);
 - compute: forward + backward as calibrated without any communication (:mod:`birder_repro.train.timing`),
@@ -8,6 +8,12 @@
   communication that computation does not hide. Where the rest would be negative (timing noise), compute
   absorbs it so the parts still sum. The split is made on means, not per step, so that noise in either
   direction averages out instead of being clipped at 0 step by step.
+
+- data wait: the wait for the data loader's batch before the step (``data_wait_s_per_step``).
+
+Throughput counts the whole step, data wait included (as the paper's samples per second do: a run that waits
+for its input is slower, and a data-bound run must show as one): ``step_time_s.total`` is the sum of all four
+parts, and throughput is samples over the timed steps' seconds with their waits.
 
 With a hook that overlaps the backward pass (``CommState.overlaps()``: Birder's and 1-bit Adam's
 communication thread, :mod:`birder_repro.comm.overlap`) compression and collectives run beside compute, so
@@ -105,17 +111,20 @@ def summarize_timing(figures: dict[str, dict[str, float]], forward_backward_s: f
         return f[key] / f["steps"] if f["steps"] else float("nan")
 
     def throughput(f):
-        return f["samples"] / f["seconds"] if f["seconds"] else float("nan")
+        whole = f["seconds"] + f["data_wait"]  # the whole step, the wait for its batch included
+        return f["samples"] / whole if whole else float("nan")
 
     def step_time(f):
-        total = per_step(f, "seconds")
-        parts = split_step_time(total, forward_backward_s + per_step(f, "optimizer"), per_step(f, "compression"),
+        step = per_step(f, "seconds")
+        wait = per_step(f, "data_wait")
+        parts = split_step_time(step, forward_backward_s + per_step(f, "optimizer"), per_step(f, "compression"),
                                 overlapped)
-        return dict(zip(schema.STEP_TIME_PARTS, (total, *parts)))
+        return dict(zip(schema.STEP_TIME_PARTS, (step + wait, *parts, wait)))
 
     def overlap(f):
         st = step_time(f)
-        return dict(zip(schema.OVERLAP_PARTS, (overlapped, st["total"] - st["compute"], per_step(f, "collectives"),
+        exposed = st["total"] - st["data_wait"] - st["compute"]  # the step's, not the loader's
+        return dict(zip(schema.OVERLAP_PARTS, (overlapped, exposed, per_step(f, "collectives"),
                                                per_step(f, "compression"))))
 
     total = {k: sum(f[k] for f in figures.values()) for k in Totals.FIELDS}

@@ -25,6 +25,7 @@ from birder_repro.train.checkpoint import (RunIdentity, choose_resume, load_chec
 from birder_repro.train.collectives import allreduce_sum
 from birder_repro.train.data import batches, steps_per_epoch
 from birder_repro.train.evaluate import evaluate
+from birder_repro.train.profile import measured_profile
 from birder_repro.train.progress import LogInterval, Progress, log_interval
 from birder_repro.train.restarts import Attempts, inject_fault, restart_count
 from birder_repro.train.settings import RunPlan, TrainSettings
@@ -49,7 +50,8 @@ class _Run:
 
     step: int = 0
     samples: float = 0.0  # this process's samples since the start of training (resumes included)
-    calibration: list = field(default_factory=list)  # seconds of every forward + backward calibration pass
+    calibration: list = field(default_factory=list)  # (forward + backward, backward) of every calibration pass
+    buckets: list = field(default_factory=list)  # the hook calls of every timed step (StepResult.buckets)
     stages: dict[str, breakdown.Totals] = field(default_factory=dict)
     tail: deque = field(default_factory=deque)  # (loss_sum, samples) of the last steps
     interval: LogInterval = field(default_factory=LogInterval)  # since the last log line
@@ -136,8 +138,10 @@ def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir,
             attempts.reached(run.step)
             _between_steps(parts, run, timing, lr, stage)
         probed = stop_probes(probes, timed_steps=int(sum(t.steps for t in run.stages.values())))
-        record = {**_finish(parts, run, timing, plan), **probed, **attempts.figures(),
-                  "nonfinite_steps": int(getattr(comm, "nonfinite_steps", 0))}
+        record, profile_inputs = _finish(parts, run, timing, plan)
+        record.update(probed)
+        record.update(attempts.figures(), nonfinite_steps=int(getattr(comm, "nonfinite_steps", 0)))
+        record["profile"] = measured_profile(cfg, record, **profile_inputs)
         logger.log(run.step, {f"final/{k}": v for k, v in record["metrics"].items()})
         logger.summary({"throughput_samples_per_s": record["throughput_samples_per_s"], **record["metrics"]})
         exit_code = 0
@@ -158,6 +162,7 @@ def _set_lr(optimizer, base_lrs: list[float], step: int, steps: int, schedule) -
 def _record_step(run: _Run, timing: StepPlan, result: StepResult, stage: Optional[str], data_wait: float) -> None:
     if timing.timed(run.step):  # before counting the step: it is the index of the step just taken
         run.stages.setdefault(stage or "", breakdown.Totals()).add(result, data_wait)
+        run.buckets.append(result.buckets)
     run.step += 1
     run.samples += result.samples
     if math.isfinite(result.loss_sum):  # a step skipped for a non-finite gradient (comm/nonfinite.py) is left out
@@ -190,17 +195,27 @@ def _final_metrics(p: _Parts, final_loss: float) -> dict[str, float]:
     return schema.ordered_metrics(metrics, schema.declared_metrics(p.task))
 
 
-def _finish(p: _Parts, run: _Run, timing: StepPlan, plan: RunPlan) -> dict:
-    """Evaluation, cross-process sums and the record's figures (collective)."""
+def _finish(p: _Parts, run: _Run, timing: StepPlan, plan: RunPlan) -> tuple[dict, dict]:
+    """Evaluation, cross-process sums and the record's figures (collective); and what the run's profile is
+    measured from besides them (birder_repro.train.profile)."""
     world = p.topology.world_size
-    tail_loss, tail_samples, samples, forward_backward = allreduce_sum(
+    tail_loss, tail_samples, samples, forward_backward, backward = allreduce_sum(
         [sum(l for l, _ in run.tail), float(sum(n for _, n in run.tail)), run.samples,
-         statistics.median(run.calibration)], p.device)
+         statistics.median(t for t, _ in run.calibration), statistics.median(b for _, b in run.calibration)],
+        p.device)
     forward_backward /= world  # the mean over processes of each one's median
+    backward /= world
     final_loss = tail_loss / tail_samples if tail_samples else float("nan")
     metrics = _final_metrics(p, final_loss)
     num_params = sum(q.numel() for q in getattr(p.model, "module", p.model).parameters() if q.requires_grad)
     fp32_total, fp32_intra, fp32_inter = fp32_allreduce_bytes(num_params, world, p.topology.gpus_per_node)
+    figures = breakdown.stage_figures(run.stages, world, p.device)
+    main = figures.get("compression") or _summed(figures)  # 1-bit Adam / LAMB: the compression stage's
+    profile_inputs = {
+        "bucket_steps": run.buckets, "backward_s": backward,
+        "optimizer_s": _per_step(_summed(figures), "optimizer"), "compress_s": _per_step(main, "compression"),
+        "nodes": p.topology.world_size // p.topology.gpus_per_node, "gpus_per_node": p.topology.gpus_per_node,
+        "device": _device_name(p.device), "threads": torch.get_num_threads()}
     return {
         "steps": timing.steps,
         "resumed_from_step": timing.start_step or None,
@@ -212,7 +227,7 @@ def _finish(p: _Parts, run: _Run, timing: StepPlan, plan: RunPlan) -> dict:
         "timing_warmup_steps": timing.warmup_steps,
         "forward_backward_s": forward_backward,
         "compute_calibration_passes": len(run.calibration),
-        **breakdown.summarize_timing(breakdown.stage_figures(run.stages, world, p.device), forward_backward,
+        **breakdown.summarize_timing(figures, forward_backward,
                                      bool(getattr(p.comm, "overlaps", lambda: False)())),
         "parameters": num_params,
         "fp32_allreduce_bytes_per_step": fp32_total,
@@ -222,4 +237,16 @@ def _finish(p: _Parts, run: _Run, timing: StepPlan, plan: RunPlan) -> dict:
         "loss_definition": f"mean training loss over the last {len(run.tail)} steps, all processes",
         "headline_metric": schema.headline_metric(p.task),
         "metrics": metrics,
-    }
+    }, profile_inputs
+
+
+def _summed(figures: dict[str, dict[str, float]]) -> dict[str, float]:
+    return {k: sum(f[k] for f in figures.values()) for k in breakdown.Totals.FIELDS}
+
+
+def _per_step(f: dict[str, float], key: str) -> float:
+    return f[key] / f["steps"] if f.get("steps") else 0.0
+
+
+def _device_name(device: torch.device) -> str:
+    return f"cuda ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "cpu"

@@ -1,7 +1,9 @@
 """Timing one step, and the compute calibration (the module docstring of :mod:`birder_repro.train`).
 
-A step is timed from the moment its batch is in hand to the end of ``optimizer.step()``; the counters of the
-hook state are read around it. Forward + backward alone is measured by calibration passes under
+A step is timed from the moment its batch is in hand to the end of ``optimizer.step()`` (the loop adds the
+wait for the batch, measured apart, to count throughput over the whole step); the counters of the hook state
+are read around it, and the calls of the hook are timed from the start of the backward pass (when each bucket
+became ready, birder_repro.comm.readiness). Forward + backward alone is measured by calibration passes under
 ``model.no_sync()`` that leave no trace on training. On CUDA the device is synchronized around every timing.
 """
 
@@ -14,6 +16,7 @@ from typing import Optional
 
 import torch
 
+from birder_repro.comm.readiness import bucket_clock
 from birder_repro.comm.state import GRADIENT, CommState
 from birder_repro.train.rng import rng_state, set_rng_state
 from birder_repro.train.settings import TrainSettings
@@ -63,6 +66,7 @@ class StepResult:
     compression: float
     intra_bytes: float
     inter_bytes: float
+    buckets: tuple = ()  # (index, elements, seconds from the start of backward) of each hook call, in order
     collectives: float = 0.0  # seconds in the hook's collectives during the step (hidden by overlap or not)
 
 
@@ -75,6 +79,9 @@ def run_step(task, model, optimizer, batch, device, comm, grad_clip: Optional[fl
     before = _counters(comm)
     t0 = _now(device)
     loss, n = task.loss(model, batch, device)
+    clock = bucket_clock(model)
+    if clock is not None:
+        clock.start(device)
     loss.backward()  # DDP's hook communicates here; backward returns when every bucket is reduced
     if grad_clip and grads_are_gradients(comm):
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
@@ -89,7 +96,8 @@ def run_step(task, model, optimizer, batch, device, comm, grad_clip: Optional[fl
     return StepResult(loss_sum=float(loss.detach()) * n, samples=int(n), seconds=t2 - t0,
                       optimizer=max(0.0, (t2 - t1) - in_optimizer), compression=after[2] - before[2],
                       intra_bytes=after[0] - before[0], inter_bytes=after[1] - before[1],
-                      collectives=after[3] - before[3])
+                      collectives=after[3] - before[3],
+                      buckets=tuple(clock.take()) if clock is not None else ())
 
 
 # ------------------------------------------------------------------------- which steps, calibration
@@ -124,8 +132,9 @@ class StepPlan:
         return step - self.start_step >= self.warmup_steps
 
 
-def calibrate_forward_backward(task, model, batch, device: torch.device, passes: int) -> list[float]:
-    """Seconds of ``passes`` forward + backward passes without communication, leaving no trace on training.
+def calibrate_forward_backward(task, model, batch, device: torch.device, passes: int) -> list[tuple[float, float]]:
+    """(forward + backward, backward) seconds of ``passes`` passes without communication, leaving no trace on
+    training.
 
     Under ``no_sync`` DDP runs no hook. Gradients are dropped, and buffers (BatchNorm's running statistics)
     and RNG states (dropout) restored, so the run continues exactly as if this had not happened.
@@ -138,8 +147,10 @@ def calibrate_forward_backward(task, model, batch, device: torch.device, passes:
         for _ in range(passes):
             t0 = _now(device)
             loss, _ = task.loss(model, batch, device)
+            t1 = _now(device)
             loss.backward()
-            times.append(_now(device) - t0)
+            t2 = _now(device)
+            times.append((t2 - t0, t2 - t1))
     for p in module.parameters():
         p.grad = None
     with torch.no_grad():

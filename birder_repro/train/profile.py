@@ -1,0 +1,122 @@
+"""The run's profile for the performance model (record key ``profile``; birder_repro.perf.profile.Profile),
+measured on the run's own device, so that ``load_profile(run_dir)`` works on any completed run.
+
+    forward_backward_s, backward_fraction   the compute calibration (forward and backward timed apart)
+    optimizer_s                              the optimizer step's own computation, per step
+    bucket_elements, bucket_ready_s          each hook call on the timed steps (birder_repro.comm.readiness):
+                                             the buckets in the order they fired, the median moment of each
+                                             from the start of backward; bucket_ready is that over the
+                                             calibrated backward pass, capped at 1
+    compression_s_per_element                the hook's compression seconds per step over the elements the
+                                             performance model says its scheme compresses per step
+                                             (perf.schemes.compressed_elements), for the scheme's backend
+    link_mbit_measured                       emulated clusters: the busiest node's link bytes per step (the
+                                             kernel's count) over the step's exposed communication time
+    data_wait_s, threads, host_cores         the data loader's wait, torch's threads, this machine's cores
+    scheme_overhead_s                        1-node runs: the measured step beyond the model's prediction of
+                                             that same step (DDP's own work, a lone process's hook)
+
+Rank 0's own measurements (every rank runs the same buckets); times are per process.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from typing import Any, Optional, Sequence
+
+__all__ = ["bucket_timings", "measured_profile"]
+
+
+def bucket_timings(steps: Sequence[Sequence[tuple[int, int, float]]]) -> tuple[list[int], list[float]]:
+    """(elements, median seconds from the start of backward) of each bucket, in the order the last timed
+    step fired them, from the hook calls of every timed step (index, elements, seconds)."""
+    steps = [s for s in steps if s]
+    if not steps:
+        return [], []
+    order = [(index, numel) for index, numel, _ in steps[-1]]
+    moments: dict[int, list[float]] = {index: [] for index, _ in order}
+    for calls in steps:
+        for index, _, seconds in calls:
+            if index in moments:
+                moments[index].append(seconds)
+    return [numel for _, numel in order], [statistics.median(moments[index]) for index, _ in order]
+
+
+def _scheme(cfg) -> str:
+    from birder_repro.perf.schemes import scheme_for_optim
+
+    comm = cfg.optim.get("comm") if hasattr(cfg.optim, "get") else None
+    return scheme_for_optim(str(cfg.optim.name), (comm or {}).get("scheme") if comm is not None else None)
+
+
+def _per_element(scheme: str, buckets: list[int], nodes: int, gpus: int, compress_s: float) -> dict[str, float]:
+    from birder_repro.perf.schemes import COMPRESSION_BACKEND, compressed_elements
+
+    backend = COMPRESSION_BACKEND.get(scheme)
+    if not backend or not buckets or not compress_s > 0:
+        return {}
+    elements = sum(compressed_elements(scheme, b, nodes, gpus, alone=True) for b in buckets)
+    return {backend: compress_s / elements} if elements else {}
+
+
+def _link_mbit(record: dict[str, Any]) -> Optional[float]:
+    per_node = [v for v in (record.get("link_bytes_per_step") or []) if v is not None]
+    comm = (record.get("step_time_s") or {}).get("communication") or 0.0
+    if not per_node or not max(per_node) > 0 or not comm > 0:
+        return None
+    return max(per_node) * 8 / comm / 1e6
+
+
+def measured_profile(cfg, record: dict[str, Any], *, bucket_steps: Sequence, backward_s: float,
+                     optimizer_s: float, compress_s: float, nodes: int, gpus_per_node: int, device: str,
+                     threads: int) -> Optional[dict[str, Any]]:
+    """The profile (a dict of Profile's fields) from the run's figures ``record`` (the loop's and the probes'
+    keys), the hook calls of its timed steps, and per step of its main stage (1-bit Adam's compression stage,
+    else the whole run) the optimizer's own seconds and the hook's compression seconds; None where the run
+    measured no compute."""
+    from birder_repro.perf.profile import Profile
+
+    fb = record.get("forward_backward_s")
+    params = record.get("parameters")
+    if not fb or not fb > 0 or not params:
+        return None
+    buckets, ready_s = bucket_timings(bucket_steps)
+    if buckets and sum(buckets) != params:  # buckets hold only what DDP reduces; trust what it reduced
+        params = sum(buckets)
+    timed = max(int(record.get("timed_steps") or 0), 1)
+    scheme = _scheme(cfg)
+    backward = min(max(backward_s, 1e-9), fb)
+    profile = Profile(
+        name=f"run:{cfg.task.name}/{cfg.optim.name}/{nodes}x{gpus_per_node}", device=device,
+        task=str(cfg.task.name), batch_size=int(record["batch_size"]), forward_backward_s=float(fb),
+        parameter_count=int(params), optimizer_s=max(optimizer_s, 0.0), backward_fraction=backward / fb,
+        bucket_elements=buckets, bucket_ready=[min(t / backward, 1.0) for t in ready_s],
+        compression_s_per_element=_per_element(scheme, buckets, nodes, gpus_per_node, compress_s),
+        bucket_ready_s=ready_s, data_wait_s=float(record.get("data_wait_s_per_step") or 0.0),
+        threads=int(threads), host_cores=os.cpu_count(), link_mbit_measured=_link_mbit(record),
+        notes=f"measured by the run itself ({timed} timed steps; scheme {scheme} on {nodes} x {gpus_per_node})")
+    if nodes == 1:
+        _add_overhead(profile, cfg, record, scheme, gpus_per_node)
+    return profile.to_dict()
+
+
+def _add_overhead(profile, cfg, record: dict[str, Any], scheme: str, gpus_per_node: int) -> None:
+    """On one node, what the step measured beyond the model's own prediction of it (DDP's bucket copies, a
+    hook's work on one process that the model does not count) goes into ``scheme_overhead_s``, as the paper
+    profiles derive it from the paper's 1-node rows (birder_repro.perf.paper_profiles, step 4)."""
+    from birder_repro.perf.cluster import ClusterSpec
+    from birder_repro.perf.model import predict_step
+
+    measured = (record.get("step_time_s") or {}).get("total")
+    cluster = cfg.get("cluster") if hasattr(cfg, "get") else None
+    try:
+        spec = ClusterSpec.from_config(cluster)
+    except (ValueError, TypeError, KeyError, AttributeError):  # no cluster config, or no perf block
+        return
+    if not measured:
+        return
+    predicted = predict_step(profile, spec, 1, gpus_per_node, scheme).total_s
+    if gpus_per_node == 1:  # a lone process: the model counts no compression, the per-element cost has it
+        predicted += float((record.get("step_time_s") or {}).get("compression") or 0.0)
+    profile.scheme_overhead_s[scheme] = max(measured - predicted, 0.0)
