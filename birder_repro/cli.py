@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-import tempfile
 import traceback
 from pathlib import Path
 from typing import Optional
@@ -240,16 +239,14 @@ def main() -> None:
 
 
 def _runs_dir_problem(env=os.environ) -> Optional[str]:
-    """Why the runs directory (BIRDER_RUNS, default ./runs) cannot take a run, before Hydra tries to make one."""
-    root = Path(env.get("BIRDER_RUNS") or "runs")
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=root, prefix=".write-test-"):
-            pass
-    except OSError as exc:
-        return (f"cannot write the runs directory {root} ({exc.strerror or exc}): set BIRDER_RUNS to a writable "
-                "directory")
-    return None
+    """Why the runs directory (BIRDER_RUNS, default ./runs) cannot take a run, before Hydra tries to make one.
+    Creates nothing: the nearest existing directory on the way must be writable."""
+    root = Path(env.get("BIRDER_RUNS") or "runs").absolute()
+    existing = next((p for p in (root, *root.parents) if p.exists()), None)
+    if existing is not None and existing.is_dir() and os.access(existing, os.W_OK | os.X_OK):
+        return None
+    why = "not a directory" if existing is not None and not existing.is_dir() else "not writable"
+    return f"cannot write the runs directory {root} ({existing} is {why}): set BIRDER_RUNS to a writable directory"
 
 
 if __name__ == "__main__":
