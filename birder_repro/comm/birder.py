@@ -63,14 +63,14 @@ from birder_repro.comm.buckets import (Bucket, BucketStore, ElementPositions, Fi
 from birder_repro.comm.collectives import all_gather_flat
 from birder_repro.comm.nonfinite import NonFiniteGuard, local_flag
 from birder_repro.comm.overlap import HookRunner
-from birder_repro.comm.state import UPDATE, CommState
+from birder_repro.comm.state import UPDATE, CompressedCommState
 from birder_repro.comm.topology import Topology, build_topology, group_peers
 from birder_repro.optim.birder import Birder
 
 SCHEMES = ("hierarchical", "flat", "allgather")
 
 
-class BirderState(CommState):
+class BirderState(CompressedCommState):
     """State of the Birder hook on one rank. Counters (bytes, seconds) come from :class:`CommState`."""
 
     __slots__ = (
@@ -126,34 +126,6 @@ class BirderState(CommState):
     def grad_holds(self) -> str:
         """The hook hands every rank u_bar (+-1), the update itself, in place of the gradients."""
         return UPDATE
-
-    def overlaps(self) -> bool:
-        return self.runner.overlap
-
-    def close(self) -> None:
-        """Stop the communication thread (it restarts with the next bucket)."""
-        self.runner.close()
-
-    # ------------------------------------------------------------------------------ non-finite gradients
-    @property
-    def nonfinite_steps(self) -> int:
-        """Steps skipped because some rank's gradient held a NaN or Inf (:mod:`birder_repro.comm.nonfinite`)."""
-        return self.guard.nonfinite_steps
-
-    @property
-    def skip_step(self) -> bool:
-        """Whether the step in progress is to be skipped (read after backward, before the optimizer's step)."""
-        return self.guard.skip_step
-
-    def end_step(self) -> bool:
-        """Called by the optimizer's step(): undo this step's state updates if it is skipped; True if so."""
-        self.runner.check_idle("BirderState.end_step()")
-        return self.guard.end_step()
-
-    @property
-    def layout_changes(self) -> int:
-        """How often DDP's bucket layout changed under stored state (:mod:`birder_repro.comm.buckets`)."""
-        return self.store.layout_changes
 
     # ----------------------------------------------------------------------------------------------- sizes
     def padding_multiple(self) -> int:

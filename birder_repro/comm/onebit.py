@@ -56,7 +56,7 @@ from birder_repro.comm.collectives import all_gather_flat as _all_gather
 from birder_repro.comm.nonfinite import NonFiniteGuard, local_flag
 from birder_repro.comm.overlap import HookRunner
 from birder_repro.comm.pack import pack_bits, unpack_signs
-from birder_repro.comm.state import GRADIENT, MOMENTUM, CommState
+from birder_repro.comm.state import GRADIENT, MOMENTUM, CommState, CompressedCommState
 from birder_repro.comm.topology import Topology, flat_topology, group_peers
 from birder_repro.optim.onebit_adam import COMPRESSION, WARMUP, OneBitOptimizer
 
@@ -182,7 +182,7 @@ class _Derived:
         self.params, self.beta1, self.mask, self.scale = params, beta1, mask, scale
 
 
-class OneBitState(CommState):
+class OneBitState(CompressedCommState):
     """State of the 1-bit Adam / 1-bit LAMB hook on one rank. Counters (bytes, seconds) come from CommState.
 
     ``stage(step)`` is the stage of the next step (what the training loop is about to run), ``last_stage`` that
@@ -218,20 +218,6 @@ class OneBitState(CommState):
         self.guard = NonFiniteGuard(nonfinite, topology.rank)
 
     @property
-    def nonfinite_steps(self) -> int:
-        """Steps skipped because some rank's gradient held a NaN or Inf (:mod:`birder_repro.comm.nonfinite`)."""
-        return self.guard.nonfinite_steps
-
-    @property
-    def skip_step(self) -> bool:
-        return self.guard.skip_step
-
-    def end_step(self) -> bool:
-        """Called by the optimizer's step(): undo this step's error updates if it is skipped; True if so."""
-        self.runner.check_idle("OneBitState.end_step()")
-        return self.guard.end_step()
-
-    @property
     def group(self) -> dist.ProcessGroup:
         return self.process_group if self.process_group is not None else dist.group.WORLD
 
@@ -247,20 +233,9 @@ class OneBitState(CommState):
         """In the compression stage the hook hands back the averaged momentum in place of the gradients."""
         return MOMENTUM if self.optimizer.stage == COMPRESSION else GRADIENT
 
-    def overlaps(self) -> bool:
-        return self.runner.overlap
-
-    def close(self) -> None:
-        """Stop the communication thread (it restarts with the next compressed bucket)."""
-        self.runner.close()
-
     @property
     def freeze_step(self) -> int:
         return self.optimizer.freeze_step
-
-    @property
-    def layout_changes(self) -> int:
-        return self.store.layout_changes
 
     # ------------------------------------------------------------------------------------------- warmup
     def allreduce_average(self, buffer: torch.Tensor) -> torch.futures.Future:

@@ -162,3 +162,41 @@ def _counter(what: str) -> str:
     if what not in _KINDS:
         raise ValueError(f"unknown timing kind {what!r}; choices: {', '.join(_KINDS)}")
     return _KINDS[what]
+
+
+class CompressedCommState(CommState):
+    """What the compressed hooks (Birder, 1-bit Adam / LAMB) add to :class:`CommState`, written once.
+
+    Subclasses hold ``runner`` (:class:`~birder_repro.comm.overlap.HookRunner`: the communication thread, or
+    none), ``guard`` (:class:`~birder_repro.comm.nonfinite.NonFiniteGuard`) and ``store``
+    (:class:`~birder_repro.comm.buckets.BucketStore`).
+    """
+
+    __slots__ = ()
+
+    def overlaps(self) -> bool:
+        return self.runner.overlap
+
+    def close(self) -> None:
+        """Stop the communication thread (it restarts with the next bucket)."""
+        self.runner.close()
+
+    @property
+    def nonfinite_steps(self) -> int:
+        """Steps skipped because some rank's gradient held a NaN or Inf (:mod:`birder_repro.comm.nonfinite`)."""
+        return self.guard.nonfinite_steps
+
+    @property
+    def skip_step(self) -> bool:
+        """Whether the step in progress is to be skipped (read after backward, before the optimizer's step)."""
+        return self.guard.skip_step
+
+    def end_step(self) -> bool:
+        """Called by the optimizer's step(): undo this step's state updates if it is skipped; True if so."""
+        self.runner.check_idle(f"{type(self).__name__}.end_step()")
+        return self.guard.end_step()
+
+    @property
+    def layout_changes(self) -> int:
+        """How often DDP's bucket layout changed under stored state (:mod:`birder_repro.comm.buckets`)."""
+        return self.store.layout_changes
