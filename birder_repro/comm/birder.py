@@ -181,22 +181,24 @@ class BirderState(CompressedCommState):
         element after each shard of the reduce-scatter (:mod:`birder_repro.comm.nonfinite`)."""
         flat = buffer.float()
         flag = local_flag(flat)
+        numel = bucket.numel
         if self.worker_group is None:
             # Only read until the result is written back at the end, so no copy unless it needs padding.
-            if bucket.padded != bucket.numel:
-                padded = torch.zeros(bucket.padded, device=buffer.device, dtype=torch.float32)
-                padded[: bucket.numel] = flat
+            if bucket.padded != numel:
+                padded = bucket.workspace("padded", numel=bucket.padded, device=flat.device)
+                padded[:numel] = flat  # the tail was zeroed when the workspace was made and stays zero
                 flat = padded
             return flat, flag
         m, shard_size = self.worker_size, bucket.padded // self.worker_size
-        if bucket.padded != bucket.numel:
-            padded = torch.zeros(bucket.padded, device=buffer.device, dtype=torch.float32)
-            padded[: bucket.numel] = flat
-            flat = padded
-        rows = torch.empty(m, shard_size + 1, device=flat.device, dtype=torch.float32)  # shard, then the flag
-        rows[:, :shard_size] = flat.view(m, shard_size)
+        # Row r: shard r of the zero-padded gradient, then the flag. Whole rows are copied; the last partial
+        # row's tail is padding, zero since the workspace was made (nothing else writes there).
+        rows = bucket.workspace("rows", numel=m * (shard_size + 1), device=flat.device).view(m, shard_size + 1)
+        whole, rest = divmod(numel, shard_size)
+        rows[:whole, :shard_size] = flat[: whole * shard_size].view(whole, shard_size)
+        if rest:
+            rows[whole, :rest] = flat[whole * shard_size:]
         rows[:, shard_size] = flag
-        shard = torch.empty(shard_size + 1, device=flat.device, dtype=torch.float32)
+        shard = bucket.workspace("shard", numel=shard_size + 1, device=flat.device)
         with self.timing("comm", flat.device):
             # gloo has no AVG reduce-scatter: sum, then divide (exact for m = 2, and the same on every rank)
             dist.reduce_scatter_tensor(shard, rows.view(-1), op=dist.ReduceOp.SUM, group=self.worker_group)
@@ -246,10 +248,18 @@ class BirderState(CompressedCommState):
         else:
             full = shard_packed
         with self.timing("compress", full.device):
-            if bucket.padded == bucket.numel and buffer.dtype == torch.float32 and buffer.is_contiguous():
-                kernels.unpack(full, self.kernel_backend, out=buffer)  # straight into DDP's bucket
-            else:
-                buffer.copy_(kernels.unpack(full, self.kernel_backend)[: bucket.numel])
+            self._unpack_into(full, bucket.numel, buffer)
+
+    def _unpack_into(self, packed: torch.Tensor, numel: int, buffer: torch.Tensor) -> None:
+        """The first ``numel`` signs of ``packed`` into DDP's bucket ``buffer``: the whole bytes straight into
+        it (no temporary of the bucket's size), the last partial byte through a small one."""
+        whole = numel // 8
+        if buffer.dtype == torch.float32 and buffer.is_contiguous():
+            kernels.unpack(packed[:whole], self.kernel_backend, out=buffer[: whole * 8])
+        else:
+            buffer[: whole * 8].copy_(kernels.unpack(packed[:whole], self.kernel_backend))
+        if numel > whole * 8:
+            buffer[whole * 8:].copy_(kernels.unpack(packed[whole: whole + 1], self.kernel_backend)[: numel - whole * 8])
 
     def _gather_and_average(self, packed: torch.Tensor, flag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``allgather``: every worker's bits (and, in one more byte, its non-finite flag) to every worker,

@@ -161,14 +161,31 @@ class Bucket:
         # saved: the layout, the hook's step counter for the bucket, and this rank's part of every field
         "signature", "numel", "padded", "step", "state",
         # not saved: whatever the hook derives for the bucket from elsewhere (1-bit Adam: the optimizer's mask
-        # and scales); None after creation and after loading
-        "derived",
+        # and scales), None after creation and after loading; the hook's scratch buffers (:meth:`workspace`)
+        "derived", "_workspace",
     )
     SAVED = ("signature", "numel", "padded", "step", "state")
 
     def __init__(self, signature: Signature, numel: int, padded: int, state: dict[str, torch.Tensor], step: int = 0):
         self.signature, self.numel, self.padded, self.step, self.state = signature, numel, padded, step, state
         self.derived: Any = None
+        self._workspace: dict[str, torch.Tensor] = {}
+
+    def workspace(self, name: str, like: torch.Tensor | None = None, *, numel: int = 0,
+                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> torch.Tensor:
+        """A scratch buffer of this bucket that lives as long as the bucket: zeros when first made, then
+        whatever its user left in it. Why: a bucket's per-step temporaries are the size of the bucket (a
+        padded gradient, the backup of its state), and allocating them afresh every step costs page faults,
+        2-3x a copy of the same bytes on CPU. ``like`` gives shape, dtype and device; else ``numel``, ``dtype``,
+        ``device``. Only the hook's own thread touches it, one bucket at a time."""
+        if like is not None:
+            shape, dtype, device = tuple(like.shape), like.dtype, like.device
+        else:
+            shape = (int(numel),)
+        buf = self._workspace.get(name)
+        if buf is None or tuple(buf.shape) != shape or buf.dtype != dtype or buf.device != torch.device(device):
+            buf = self._workspace[name] = torch.zeros(shape, dtype=dtype, device=device)
+        return buf
 
     @classmethod
     def from_saved(cls, saved: Mapping[str, Any]) -> "Bucket":
