@@ -53,17 +53,26 @@ def _offset(kind: str, n: int):
     return {"plain": 123_456_789, "segments": SEGMENTS if n > SEGMENTS.starts[-1] else Segments([0, 5], [9, 0])}[kind]
 
 
-def _run(backend: str, n: int, b_hat: bool, kind: str, workers: int) -> dict[str, torch.Tensor]:
+def _run(backend: str, n: int, b_hat: bool, kind: str, workers: int, into: bool = False) -> dict[str, torch.Tensor]:
+    """One worker and one server compression. ``into``: the new state goes to ``state_out`` / ``e_bar_out``
+    (filled with garbage first), and the old state must come back untouched."""
     g, m, b, e, bh = _state(n, b_hat)
+    old = [t.clone() for t in (m, b, e, bh) if t is not None]
+    outs = tuple(torch.full_like(t, float("nan")) for t in old) if into else None
     out = {"bits": kernels.worker_compress(g, m, b, e, beta=0.9, eps=1e-8, seed=SEED, offset=_offset(kind, n),
-                                           backend=backend, b_hat=bh), "m": m, "b": b, "e": e}
-    if bh is not None:
-        out["b_hat"] = bh
+                                           backend=backend, b_hat=bh, state_out=outs)}
+    new = outs if into else tuple(t for t in (m, b, e, bh) if t is not None)
+    out.update(zip(("m", "b", "e", "b_hat"), new))
     received, e_bar = _server_inputs(n, workers)
+    e_bar_old = e_bar.clone()
+    e_bar_out = torch.full_like(e_bar, float("nan")) if into else None
     out["bits_bar"] = kernels.server_compress(received, e_bar, seed=SEED + 1, offset=_offset(kind, n),
-                                              backend=backend)
-    out["e_bar"] = e_bar
+                                              backend=backend, e_bar_out=e_bar_out)
+    out["e_bar"] = e_bar_out if into else e_bar
     out["signs"] = kernels.unpack(out["bits"], backend=backend)
+    if into:  # the old state is whole: it could restore a skipped step
+        for t, o in zip([m, b, e, bh, e_bar], old[:3] + ([old[3]] if b_hat else [None]) + [e_bar_old]):
+            assert t is None or torch.equal(t, o)
     return out
 
 
@@ -75,6 +84,8 @@ def _assert_same(a: dict, b: dict) -> None:
 
 CASES = [(n, b_hat, kind, workers) for n in (8, 72, 8200, 20_016) for b_hat in (False, True)
          for kind in ("plain", "segments") for workers in ((1, 3) if n == 20_016 else (2,))]
+# the new state written beside the old (state_out, e_bar_out): the same bits and the same new state
+CASES += [(n, b_hat, "segments", 2, True) for n in (72, 8200, 20_016) for b_hat in (False, True)]
 
 
 # ------------------------------------------------------------------------------------------ the torch reference
@@ -96,6 +107,15 @@ def test_derive_seed_is_pure_and_independent_across_roles_and_ranks():
                          for role, rank in (("worker", 0), ("worker", 1), ("server", 0))])
     corr = torch.corrcoef(draws.double())
     assert (corr - torch.eye(3, dtype=torch.float64)).abs().max() < 0.01  # 1/sqrt(2e5) = 0.0022
+
+
+def test_state_out_in_place_gives_the_in_place_result():
+    """state_out may name the state itself (the same tensors): that is the in-place update."""
+    g, m, b, e, _ = _state(72, False)
+    ref = [t.clone() for t in (m, b, e)]
+    bits = kernels.worker_compress(g, *ref, seed=SEED, backend="torch")
+    assert torch.equal(kernels.worker_compress(g, m, b, e, seed=SEED, backend="torch", state_out=(m, b, e)), bits)
+    assert all(torch.equal(x, y) for x, y in zip((m, b, e), ref))
 
 
 @pytest.mark.parametrize("b_hat", [False, True])
@@ -160,9 +180,9 @@ def test_empty_buffers_give_empty_results(backend):
 
 # ------------------------------------------------------------------------------------------------ cpu = torch
 @pytest.mark.skipif(not HAS_NUMBA, reason="numba is not installed")
-@pytest.mark.parametrize("n,b_hat,kind,workers", CASES)
-def test_cpu_backend_equals_torch(n, b_hat, kind, workers):
-    _assert_same(_run("cpu", n, b_hat, kind, workers), _run("torch", n, b_hat, kind, workers))
+@pytest.mark.parametrize("case", CASES)
+def test_cpu_backend_equals_torch(case):
+    _assert_same(_run("cpu", *case), _run("torch", *case))
 
 
 @pytest.mark.skipif(not HAS_NUMBA, reason="numba is not installed")
@@ -223,7 +243,11 @@ def _z(n=16, dtype=torch.float32):
     (lambda: kernels.worker_compress(_z(), _z(), _z(), _z(), offset=-3), "offset must be"),
     (lambda: kernels.worker_compress(_z(), _z(), _z(), _z(), offset=Segments([0, 16], [0, 0])), "past the buffer"),
     (lambda: kernels.worker_compress(_z(), _z(), _z(), _z(), backend="cuda"), "choices: auto, torch, cpu, triton"),
+    (lambda: kernels.worker_compress(_z(), _z(), _z(), _z(), state_out=(_z(), _z())), "state_out needs 3"),
+    (lambda: kernels.worker_compress(_z(), _z(), _z(), _z(), state_out=(_z(), _z(8), _z())), "b' has 8"),
     (lambda: kernels.server_compress(_z(2), _z()), "2-D uint8"),
+    (lambda: kernels.server_compress(torch.zeros(2, 2, dtype=torch.uint8), _z(16), e_bar_out=_z(8)),
+     "e_bar_out has 8"),
     (lambda: kernels.server_compress(torch.zeros(2, 2, dtype=torch.uint8), _z(8)), "e_bar has 8 elements"),
     (lambda: kernels.unpack(_z()), "uint8"),
     (lambda: Segments([1, 4], [0, 0]), "begin at 0"),

@@ -152,19 +152,25 @@ class BirderState(CompressedCommState):
         with torch.no_grad():
             bucket = self.store.bucket(index, buffer.numel(), signature, buffer.device)
             st = bucket.state
-            self.guard.backup(bucket)  # before any update: a skipped step restores it
+            self.guard.begin(bucket)  # before any update: a skipped step restores the bucket
             bucket.step += 1
             g, node_flag = self._step1_node_average(buffer, bucket)
             with self.timing("compress", g.device):
-                b_hat = None
-                if self.amsgrad_after is not None and bucket.step > self.amsgrad_after:
-                    b_hat = st["b_hat"]
+                amsgrad = self.amsgrad_after is not None and bucket.step > self.amsgrad_after
+                fields = ("m", "b", "e") + (("b_hat",) if "b_hat" in st else ())
+                # Skip mode: the kernel writes the new state beside the old, which stays whole for a skipped
+                # step (no copy); raise mode: in place.
+                new = self.guard.fresh(bucket, *fields)
+                out = st if new is None else new
                 shard = st["m"].numel()
                 seed, where = self._draws(bucket, "worker", self.worker_rank * shard, (self.worker_rank + 1) * shard)
-                packed = kernels.worker_compress(g, st["m"], st["b"], st["e"], self.beta, self.eps, seed, where,
-                                                 self.kernel_backend, b_hat=b_hat)
-                if "b_hat" in st and b_hat is None:
-                    st["b_hat"].copy_(st["b"])  # until T0, b is the EMA itself (Algorithm 1, line 6)
+                packed = kernels.worker_compress(
+                    g, st["m"], st["b"], st["e"], self.beta, self.eps, seed, where, self.kernel_backend,
+                    b_hat=st["b_hat"] if amsgrad else None,
+                    state_out=tuple(out[k] for k in fields[: 4 if amsgrad else 3]) if new is not None else None)
+                if "b_hat" in st and not amsgrad:
+                    out["b_hat"].copy_(out["b"])  # until T0, b is the EMA itself (Algorithm 1, line 6)
+                self.guard.commit(bucket, new)
             if self.scheme == "allgather":
                 result, flag = self._gather_and_average(packed, node_flag)
                 buffer.copy_(result[: bucket.numel])
@@ -227,8 +233,11 @@ class BirderState(CompressedCommState):
         with self.timing("compress", packed.device):
             lo = e_bar.numel() * (self.worker_rank * self.server_size + self.server_rank)  # chunk k of shard r
             seed, where = self._draws(bucket, "server", lo, lo + e_bar.numel())
+            new = self.guard.fresh(bucket, "e_bar")
             chunk_packed = kernels.server_compress(received[:, :chunk_bytes].contiguous(), e_bar, seed, where,
-                                                   self.kernel_backend)
+                                                   self.kernel_backend,
+                                                   e_bar_out=None if new is None else new["e_bar"])
+            self.guard.commit(bucket, new)
         shard_packed = torch.empty(packed.numel(), device=packed.device, dtype=torch.uint8)
         with self.timing("comm", packed.device):
             if self.server_group is not None:

@@ -187,6 +187,10 @@ class Bucket:
             buf = self._workspace[name] = torch.zeros(shape, dtype=dtype, device=device)
         return buf
 
+    def set_workspace(self, name: str, tensor: torch.Tensor) -> None:
+        """Hand ``tensor`` to the workspace as ``name`` (a state field's old tensor, to be written next step)."""
+        self._workspace[name] = tensor
+
     @classmethod
     def from_saved(cls, saved: Mapping[str, Any]) -> "Bucket":
         return cls(tuple(tuple(s) for s in saved["signature"]), int(saved["numel"]), int(saved["padded"]),

@@ -29,30 +29,94 @@ MODES = ("skip", "raise")
 
 
 def local_flag(x: torch.Tensor) -> torch.Tensor:
-    """1.0 where ``x`` holds a NaN or an Inf, else 0.0 (a 0-dim float32 tensor on x's device; no sync)."""
+    """1.0 where ``x`` holds a NaN or an Inf, else 0.0 (a 0-dim float32 tensor on x's device).
+
+    On CPU the sum decides first: a NaN or Inf anywhere makes it NaN or Inf, so a finite sum proves there is
+    none, in one read of ``x`` with no temporary (``isfinite().any()`` writes a bool per element and costs ~20x
+    the sum here); only a non-finite sum (some NaN or Inf, or a finite overflow) pays for the exact test. On
+    CUDA the exact test runs without a branch, so without a host sync."""
+    if x.device.type == "cpu" and bool(torch.isfinite(x.sum())):
+        return torch.zeros((), dtype=torch.float32)
     return (~torch.isfinite(x)).any().to(torch.float32)
 
 
-class NonFiniteGuard:
-    """One hook state's account of non-finite buckets within the current step, and its backups."""
+class _Undo:
+    """What restores one bucket's state at a skipped step: its step counter, copies of fields (``backup``) and
+    the old tensors of fields whose new values were written elsewhere (``fresh`` / ``commit``)."""
 
-    __slots__ = ("mode", "rank", "nonfinite_steps", "_backups", "_flags", "_where")
+    __slots__ = ("bucket", "step", "copies", "swapped")
+
+    def __init__(self, bucket):
+        self.bucket, self.step = bucket, bucket.step
+        self.copies: dict[str, torch.Tensor] = {}
+        self.swapped: dict[str, torch.Tensor] = {}
+
+    def restore(self) -> None:
+        bucket = self.bucket
+        bucket.step = self.step
+        for k, t in self.copies.items():
+            bucket.state[k].copy_(t)
+        for k, old in self.swapped.items():
+            bucket.set_workspace(f"next:{k}", bucket.state[k])
+            bucket.state[k] = old
+
+
+class NonFiniteGuard:
+    """One hook state's account of non-finite buckets within the current step, and how to undo it.
+
+    Two ways to keep the old state of a bucket (skip mode; raise mode keeps nothing):
+
+        ``backup(bucket)``          copies every field before a hook updates them in place (1-bit Adam);
+        ``begin`` / ``fresh`` / ``commit``  the kernels write the new values of some fields into spare buffers
+                                    (``fresh``), which ``commit`` swaps in: the old tensors ARE the backup, at no
+                                    cost (Birder's kernels, ``state_out``); the next step writes into them.
+    """
+
+    __slots__ = ("mode", "rank", "nonfinite_steps", "_undo", "_flags", "_where")
 
     def __init__(self, mode: str = "skip", rank: int = 0):
         if mode not in MODES:
             raise ValueError(f"optim.comm.nonfinite={mode!r}: use one of {', '.join(MODES)}")
         self.mode, self.rank = mode, rank
         self.nonfinite_steps = 0
-        self._backups: dict[int, tuple[int, dict[str, torch.Tensor]]] = {}  # id(bucket) -> (step, fields)
+        self._undo: dict[int, _Undo] = {}  # id(bucket) -> how to restore it
         self._flags: list[torch.Tensor] = []
         self._where: list[tuple[int, int]] = []  # (bucket index, bucket step) of every flag
 
+    def begin(self, bucket) -> Optional[_Undo]:
+        """Before the bucket's first state update of this step: remember its step (skip mode only)."""
+        if self.mode != "skip":
+            return None
+        undo = self._undo.get(id(bucket))
+        if undo is None:
+            undo = self._undo[id(bucket)] = _Undo(bucket)
+        return undo
+
     def backup(self, bucket) -> None:
-        """Before the bucket's first state update of this step (skip mode only)."""
-        if self.mode == "skip" and id(bucket) not in self._backups:
-            # Into the bucket's own backup buffers, reused every step (a fresh clone costs 3x the copy).
-            saved = {k: bucket.workspace(f"backup:{k}", t).copy_(t) for k, t in bucket.state.items()}
-            self._backups[id(bucket)] = (bucket, bucket.step, saved)
+        """``begin``, and copies of every field, into the bucket's own buffers reused every step (a fresh clone
+        costs 3x the copy)."""
+        undo = self.begin(bucket)
+        if undo is not None and not undo.copies:
+            undo.copies = {k: bucket.workspace(f"backup:{k}", t).copy_(t) for k, t in bucket.state.items()}
+
+    def fresh(self, bucket, *names: str) -> Optional[dict[str, torch.Tensor]]:
+        """Buffers for the new values of ``names`` (skip mode; None: update in place). Call ``commit`` after."""
+        if self.mode != "skip":
+            return None
+        self.begin(bucket)
+        return {k: bucket.workspace(f"next:{k}", bucket.state[k]) for k in names}
+
+    def commit(self, bucket, new: Optional[dict[str, torch.Tensor]]) -> None:
+        """The fields of ``new`` (from ``fresh``) become the bucket's state; the old tensors are kept for a
+        restore, and the next step writes into them."""
+        if new is None:
+            return
+        undo = self._undo[id(bucket)]
+        for k, t in new.items():
+            old = bucket.state[k]
+            bucket.state[k] = t
+            bucket.set_workspace(f"next:{k}", old)
+            undo.swapped.setdefault(k, old)
 
     def note(self, flag: torch.Tensor, index: int, step: int) -> None:
         """The bucket's agreed flag (> 0: some rank's gradient was non-finite). Raise mode fails here."""
@@ -73,17 +137,15 @@ class NonFiniteGuard:
         """At the optimizer's step: restore every bucket's state if the step is skipped; True if it is."""
         skip = self.skip_step
         if skip:
-            for bucket, step, saved in self._backups.values():
-                bucket.step = step
-                for k, t in saved.items():
-                    bucket.state[k].copy_(t)
+            for undo in self._undo.values():
+                undo.restore()
             self.nonfinite_steps += 1
             if self.rank == 0:
                 bad = [i for (i, _), f in zip(self._where, self._flags) if float(f) > 0]
                 print(f"[birder-repro] non-finite gradient in bucket(s) {bad}: step skipped on every rank "
                       f"(parameters and optimizer state unchanged; {self.nonfinite_steps} skipped so far)",
                       flush=True)
-        self._backups.clear()
+        self._undo.clear()
         self._flags.clear()
         self._where.clear()
         return skip

@@ -1,7 +1,8 @@
 """One-pass compression kernels for Birder (Birder paper, Algorithm 1 lines 4-12; section 4, steps ii-iv).
 
 Public API (``from birder_repro.comm import kernels``); g, m, b, e are float32 1-D tensors of one length, a
-multiple of 8, and the state is updated in place::
+multiple of 8, and the state is updated in place (or written to ``state_out`` / ``e_bar_out``, leaving the
+old state whole)::
 
     packed = kernels.worker_compress(g, m, b, e, beta=0.95, eps=1e-8, seed=s, offset=0)   # uint8, n/8
     packed_bar = kernels.server_compress(received, e_bar, seed=s, offset=0)   # received uint8 (workers, k)
@@ -104,25 +105,39 @@ def _check_seed(seed: int) -> None:
 
 def worker_compress(g: torch.Tensor, m: torch.Tensor, b: torch.Tensor, e: torch.Tensor, beta: float = 0.95,
                     eps: float = 1e-8, seed: int = 0, offset: Offset = 0, backend: str = "auto",
-                    b_hat: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Algorithm 1, lines 4-9 on one worker's buffer, in place on m, b, e (and b_hat); returns u packed."""
+                    b_hat: Optional[torch.Tensor] = None,
+                    state_out: Optional[tuple[torch.Tensor, ...]] = None) -> torch.Tensor:
+    """Algorithm 1, lines 4-9 on one worker's buffer, in place on m, b, e (and b_hat); returns u packed.
+
+    ``state_out=(m', b', e')`` (with ``b_hat``: ``(m', b', e', b_hat')``) writes the new state there instead
+    and leaves m, b, e (b_hat) as they were: the old state stays whole at no cost (a hook that may have to undo
+    the step keeps it, instead of copying it first)."""
     _check_float("g", g, None, g.device if isinstance(g, torch.Tensor) else None)
     n = g.numel()
     if n % 8:
         raise ValueError(f"worker_compress needs a multiple of 8 elements, got {n}: pad the buffer first")
-    for name, t in (("m", m), ("b", b), ("e", e)) + ((("b_hat", b_hat),) if b_hat is not None else ()):
+    state = (m, b, e) + ((b_hat,) if b_hat is not None else ())
+    for name, t in zip(("m", "b", "e", "b_hat"), state):
         _check_float(name, t, n, g.device)
+    if state_out is not None:
+        if len(state_out) != len(state):
+            raise ValueError(f"state_out needs {len(state)} tensors (m, b, e{', b_hat' if b_hat is not None else ''}), "
+                             f"got {len(state_out)}")
+        for name, t in zip(("m'", "b'", "e'", "b_hat'"), state_out):
+            _check_float(name, t, n, g.device)
     _check_seed(seed)
     segments = as_segments(offset, n)
     impl = _module(resolve_backend(backend, g.device))
     if n == 0:
         return torch.empty(0, dtype=torch.uint8, device=g.device)
-    return impl.worker_compress(g, m, b, e, b_hat, float(beta), float(eps), seed, segments)
+    return impl.worker_compress(g, m, b, e, b_hat, float(beta), float(eps), seed, segments,
+                                tuple(state_out) if state_out is not None else state)
 
 
 def server_compress(received: torch.Tensor, e_bar: torch.Tensor, seed: int = 0, offset: Offset = 0,
-                    backend: str = "auto") -> torch.Tensor:
-    """Algorithm 1, lines 11-12 on the workers' packed chunks (workers, k): in place on e_bar (8k); packed."""
+                    backend: str = "auto", e_bar_out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Algorithm 1, lines 11-12 on the workers' packed chunks (workers, k): in place on e_bar (8k); packed.
+    ``e_bar_out``: the new error goes there and e_bar is left as it was (see ``state_out`` above)."""
     if not isinstance(received, torch.Tensor) or received.dtype != torch.uint8 or received.dim() != 2:
         raise ValueError(f"received must be a 2-D uint8 tensor (workers, bytes), got "
                          f"{getattr(received, 'dtype', type(received).__name__)} of shape "
@@ -131,12 +146,14 @@ def server_compress(received: torch.Tensor, e_bar: torch.Tensor, seed: int = 0, 
         raise ValueError("received holds no worker's chunk")
     received = received.contiguous()
     _check_float("e_bar", e_bar, received.shape[1] * 8, received.device, "8 per received byte")
+    if e_bar_out is not None:
+        _check_float("e_bar_out", e_bar_out, e_bar.numel(), received.device, "the length of e_bar")
     _check_seed(seed)
     segments = as_segments(offset, e_bar.numel())
     impl = _module(resolve_backend(backend, received.device))
     if e_bar.numel() == 0:
         return torch.empty(0, dtype=torch.uint8, device=received.device)
-    return impl.server_compress(received, e_bar, seed, segments)
+    return impl.server_compress(received, e_bar, seed, segments, e_bar if e_bar_out is None else e_bar_out)
 
 
 def unpack(packed: torch.Tensor, backend: str = "auto", out: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -92,7 +92,10 @@ def _pack(bits, out, out_lo):
 
 
 @njit(parallel=True, **_JIT)
-def _worker(g, m, b, e, b_hat, use_b_hat, beta, one_minus_beta, eps, starts, deltas, keys, out):
+def _worker(g, m, b, e, b_hat, m_o, b_o, e_o, b_hat_o, use_b_hat, beta, one_minus_beta, eps, starts, deltas, keys,
+            out):
+    """Reads the state from m, b, e (b_hat), writes the new one to m_o, b_o, e_o (b_hat_o): the same arrays
+    for an update in place."""
     n = g.size
     one, half = np.float32(1.0), np.float32(0.5)
     for blk in prange((n + BLOCK - 1) // BLOCK):
@@ -104,25 +107,25 @@ def _worker(g, m, b, e, b_hat, use_b_hat, beta, one_minus_beta, eps, starts, del
         for j in range(lo, hi):
             gj = g[j]
             mj = m[j] * beta + gj * one_minus_beta  # m.mul_(beta).add_(g * (1 - beta))
-            m[j] = mj
+            m_o[j] = mj
             ema_term = abs(gj) * one_minus_beta
             if use_b_hat:
                 bh = b_hat[j] * beta + ema_term
-                b_hat[j] = bh
+                b_hat_o[j] = bh
                 bo = b[j]
                 bj = bo if (bo != bo or bo >= bh) else bh  # torch.maximum, NaN included
             else:
                 bj = b[j] * beta + ema_term
-            b[j] = bj
+            b_o[j] = bj
             x = mj / (bj + eps) + e[j]
             up = rand[j - lo] < (x + one) * half
             bits[j - lo] = up
-            e[j] = x - (one if up else -one)
+            e_o[j] = x - (one if up else -one)
         _pack(bits[: hi - lo], out, lo // 8)
 
 
 @njit(parallel=True, **_JIT)
-def _server(received, e_bar, starts, deltas, keys, bit_table, out):
+def _server(received, e_bar, e_bar_o, starts, deltas, keys, bit_table, out):
     workers, nbytes = received.shape
     n = nbytes * 8
     one, half = np.float32(1.0), np.float32(0.5)
@@ -145,7 +148,7 @@ def _server(received, e_bar, starts, deltas, keys, bit_table, out):
             x = mean + e_bar[j]
             up = rand[j - lo] < (x + one) * half
             bits[j - lo] = up
-            e_bar[j] = x - (one if up else -one)
+            e_bar_o[j] = x - (one if up else -one)
         _pack(bits[: hi - lo], out, lo // 8)
 
 
@@ -178,21 +181,23 @@ def _tables(segments: Segments, seed: int):
     return segments.starts.numpy(), segments.deltas.numpy(), keys
 
 
-def worker_compress(g, m, b, e, b_hat, beta, eps, seed, segments):
+def worker_compress(g, m, b, e, b_hat, beta, eps, seed, segments, state_out):
     _use_threads()
     out = torch.empty(g.numel() // 8, dtype=torch.uint8)
     starts, deltas, keys = _tables(segments, seed)
-    bh = _np(b_hat) if b_hat is not None else np.empty(0, np.float32)
-    _worker(_np(g), _np(m), _np(b), _np(e), bh, b_hat is not None, np.float32(beta), np.float32(1 - beta),
-            np.float32(eps), starts, deltas, keys, _np(out))
+    empty = np.empty(0, np.float32)
+    bh = _np(b_hat) if b_hat is not None else empty
+    bh_o = _np(state_out[3]) if b_hat is not None else empty
+    _worker(_np(g), _np(m), _np(b), _np(e), bh, *(_np(t) for t in state_out[:3]), bh_o, b_hat is not None,
+            np.float32(beta), np.float32(1 - beta), np.float32(eps), starts, deltas, keys, _np(out))
     return out
 
 
-def server_compress(received, e_bar, seed, segments):
+def server_compress(received, e_bar, seed, segments, e_bar_out):
     _use_threads()
     out = torch.empty(received.shape[1], dtype=torch.uint8)
     starts, deltas, keys = _tables(segments, seed)
-    _server(_np(received), _np(e_bar), starts, deltas, keys, _BIT_TABLE, _np(out))
+    _server(_np(received), _np(e_bar), _np(e_bar_out), starts, deltas, keys, _BIT_TABLE, _np(out))
     return out
 
 

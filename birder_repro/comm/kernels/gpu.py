@@ -64,32 +64,34 @@ def _unpack_bits(packed_bytes, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _worker_kernel(g_ptr, m_ptr, b_ptr, e_ptr, b_hat_ptr, out_ptr, n, beta, one_minus_beta, eps, seed,
-                   starts_ptr, deltas_ptr, nseg, nsteps, HAS_B_HAT: tl.constexpr, BLOCK: tl.constexpr):
+def _worker_kernel(g_ptr, m_ptr, b_ptr, e_ptr, b_hat_ptr, m_o_ptr, b_o_ptr, e_o_ptr, b_hat_o_ptr, out_ptr, n, beta,
+                   one_minus_beta, eps, seed, starts_ptr, deltas_ptr, nseg, nsteps, HAS_B_HAT: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    # The state is read from m, b, e (b_hat) and written to the *_o pointers (the same ones: in place).
     j = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = j < n
     g = tl.load(g_ptr + j, mask=mask, other=0.0)
     m = tl.load(m_ptr + j, mask=mask, other=0.0) * beta + g * one_minus_beta
-    tl.store(m_ptr + j, m, mask=mask)
+    tl.store(m_o_ptr + j, m, mask=mask)
     ema_term = tl.abs(g) * one_minus_beta
     if HAS_B_HAT:
         b_hat = tl.load(b_hat_ptr + j, mask=mask, other=0.0) * beta + ema_term
-        tl.store(b_hat_ptr + j, b_hat, mask=mask)
+        tl.store(b_hat_o_ptr + j, b_hat, mask=mask)
         b_old = tl.load(b_ptr + j, mask=mask, other=0.0)
         b = tl.where((b_old != b_old) | (b_old >= b_hat), b_old, b_hat)  # torch.maximum, NaN included
     else:
         b = tl.load(b_ptr + j, mask=mask, other=0.0) * beta + ema_term
-    tl.store(b_ptr + j, b, mask=mask)
+    tl.store(b_o_ptr + j, b, mask=mask)
     x = tl.math.div_rn(m, b + eps) + tl.load(e_ptr + j, mask=mask, other=0.0)
     rand = tl.rand(seed, _positions(j, starts_ptr, deltas_ptr, nseg, nsteps))
     up, err = _quantize(x, rand)
-    tl.store(e_ptr + j, err, mask=mask)
+    tl.store(e_o_ptr + j, err, mask=mask)
     q = tl.program_id(0).to(tl.int64) * (BLOCK // 8) + tl.arange(0, BLOCK // 8)
     tl.store(out_ptr + q, _pack(up, BLOCK), mask=q < n // 8)
 
 
 @triton.jit
-def _server_kernel(received_ptr, e_bar_ptr, out_ptr, workers, float_workers, nbytes, seed, starts_ptr, deltas_ptr,
+def _server_kernel(received_ptr, e_bar_ptr, e_bar_o_ptr, out_ptr, workers, float_workers, nbytes, seed, starts_ptr, deltas_ptr,
                    nseg, nsteps, BLOCK: tl.constexpr):
     q = tl.program_id(0).to(tl.int64) * (BLOCK // 8) + tl.arange(0, BLOCK // 8)
     qmask = q < nbytes
@@ -103,7 +105,7 @@ def _server_kernel(received_ptr, e_bar_ptr, out_ptr, workers, float_workers, nby
     x = mean + tl.load(e_bar_ptr + j, mask=mask, other=0.0)
     rand = tl.rand(seed, _positions(j, starts_ptr, deltas_ptr, nseg, nsteps))
     up, err = _quantize(x, rand)
-    tl.store(e_bar_ptr + j, err, mask=mask)
+    tl.store(e_bar_o_ptr + j, err, mask=mask)
     tl.store(out_ptr + q, _pack(up, BLOCK), mask=qmask)
 
 
@@ -128,21 +130,23 @@ def _segment_args(segments: Segments, device) -> tuple:
             else 0)
 
 
-def worker_compress(g, m, b, e, b_hat, beta, eps, seed, segments: Segments):
+def worker_compress(g, m, b, e, b_hat, beta, eps, seed, segments: Segments, state_out):
     n = g.numel()
     out = torch.empty(n // 8, dtype=torch.uint8, device=g.device)
+    m_o, b_o, e_o = state_out[:3]
     _worker_kernel[(triton.cdiv(n, BLOCK),)](
-        g, m, b, e, b if b_hat is None else b_hat, out, n, beta, 1 - beta, eps, seed,
-        *_segment_args(segments, g.device), HAS_B_HAT=b_hat is not None, BLOCK=BLOCK, **_LAUNCH)
+        g, m, b, e, b if b_hat is None else b_hat, m_o, b_o, e_o, b_o if b_hat is None else state_out[3], out, n,
+        beta, 1 - beta, eps, seed, *_segment_args(segments, g.device), HAS_B_HAT=b_hat is not None, BLOCK=BLOCK,
+        **_LAUNCH)
     return out
 
 
-def server_compress(received, e_bar, seed, segments: Segments):
+def server_compress(received, e_bar, seed, segments: Segments, e_bar_out):
     workers, nbytes = received.shape
     out = torch.empty(nbytes, dtype=torch.uint8, device=received.device)
     _server_kernel[(triton.cdiv(nbytes * 8, BLOCK),)](
-        received, e_bar, out, workers, float(workers), nbytes, seed, *_segment_args(segments, received.device),
-        BLOCK=BLOCK, **_LAUNCH)
+        received, e_bar, e_bar_out, out, workers, float(workers), nbytes, seed,
+        *_segment_args(segments, received.device), BLOCK=BLOCK, **_LAUNCH)
     return out
 
 

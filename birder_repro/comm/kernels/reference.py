@@ -23,7 +23,17 @@ def _chunks(n: int, device: torch.device):
         yield lo, min(n, lo + step)
 
 
-def worker_compress(g, m, b, e, b_hat, beta, eps, seed, segments: Segments):
+def _into(outs, ins) -> tuple:
+    """The new state is computed in place on ``outs``: start them from the old state (unless they are it)."""
+    for o, i in zip(outs, ins):
+        if o is not i:
+            o.copy_(i)
+    return outs
+
+
+def worker_compress(g, m, b, e, b_hat, beta, eps, seed, segments: Segments, state_out):
+    m, b, e, *rest = _into(state_out, (m, b, e) + ((b_hat,) if b_hat is not None else ()))
+    b_hat = rest[0] if rest else None
     out = torch.empty(g.numel() // 8, dtype=torch.uint8, device=g.device)
     for lo, hi in _chunks(g.numel(), g.device):
         rand = uniform(seed, segments.positions(lo, hi, g.device))
@@ -38,7 +48,8 @@ def server_mean(received: torch.Tensor) -> torch.Tensor:
     return unpack_signs(received).sum(dim=0).div_(received.shape[0])
 
 
-def server_compress(received, e_bar, seed, segments: Segments):
+def server_compress(received, e_bar, seed, segments: Segments, e_bar_out):
+    (e_bar,) = _into((e_bar_out,), (e_bar,))
     out = torch.empty(received.shape[1], dtype=torch.uint8, device=received.device)
     for lo, hi in _chunks(e_bar.numel(), e_bar.device):
         mean = server_mean(received[:, lo // 8: hi // 8])
