@@ -108,6 +108,24 @@ def fabric_for(cfg: DictConfig, run_id: Optional[str] = None) -> netns.Fabric:
 
 
 # ---------------------------------------------------------------------------------------- the commands
+def node_cores(nodes: int, cores: Sequence[int]) -> list[list[int]]:
+    """The machine's ``cores`` dealt out to ``nodes`` nodes in contiguous blocks: node k gets
+    cores[k*c:(k+1)*c], c = len(cores) // nodes; [] for every node when there are fewer cores than nodes."""
+    per = len(cores) // max(nodes, 1)
+    if per == 0:
+        return [[] for _ in range(nodes)]
+    return [list(cores[k * per:(k + 1) * per]) for k in range(nodes)]
+
+
+def pin_prefix(cfg: DictConfig, k: int) -> list[str]:
+    """``taskset -c <node k's cores>`` when ``cluster.pin_cores`` (a real node's cores are its own: unpinned,
+    one node's communication thread would run on another node's core and slow its compute), else []."""
+    if not cfg.cluster.get("pin_cores", False):
+        return []
+    cores = node_cores(int(cfg.nodes), sorted(os.sched_getaffinity(0)))[k]
+    return ["taskset", "-c", ",".join(map(str, cores))] if cores else []
+
+
 def node_command(cfg: DictConfig, run_dir: Path, fabric: netns.Fabric, k: int,
                  env: Mapping[str, str] = os.environ) -> Command:
     """What node ``k`` runs: torchrun for its processes, inside its namespace, bound to its veth."""
@@ -118,7 +136,7 @@ def node_command(cfg: DictConfig, run_dir: Path, fabric: netns.Fabric, k: int,
     # static: node k is namespace k; c10d: ranks by join order, and node 0 must be told it hosts the store.
     extra = [f"--local-addr={node.address}",
              f"--node-rank={k}" if backend == "static" else f"--rdzv-conf=is_host={int(k == 0)}"]
-    argv = ["ip", "netns", "exec", node.netns,
+    argv = ["ip", "netns", "exec", node.netns, *pin_prefix(cfg, k),
             *torchrun_argv(Path(run_dir).resolve(), cfg.gpus_per_node, meet, nnodes=cfg.nodes, extra=extra,
                           restarts=max_restarts(cfg))]
     extra = {"GLOO_SOCKET_IFNAME": node.node_veth, LINK_IFACE_ENV: node.node_veth,
