@@ -88,7 +88,9 @@ def test_node_commands_run_torchrun_in_each_namespace_bound_to_its_veth(compose,
     cmds = emulated.commands(cfg, tmp_path, fabric, env={})
     for k, cmd in enumerate(cmds):
         assert cmd.argv[:4] == ["ip", "netns", "exec", f"bdrp-a1b2c3-{k}"]
-        assert cmd.argv[5:7] == ["-m", "torch.distributed.run"]
+        pin = emulated.pin_prefix(cfg, k)  # taskset where this machine has a core per node
+        assert cmd.argv[4:4 + len(pin)] == pin
+        assert cmd.argv[5 + len(pin):7 + len(pin)] == ["-m", "torch.distributed.run"]
         for arg in ("--nnodes=3", "--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=10.77.0.1:4321",
                     "--rdzv-id=emulated-a1b2c3", f"--local-addr=10.77.0.{k + 1}", f"--rdzv-conf=is_host={int(k == 0)}"):
             assert arg in cmd.argv, arg
@@ -97,6 +99,15 @@ def test_node_commands_run_torchrun_in_each_namespace_bound_to_its_veth(compose,
         assert cmd.argv[-2:] == ["--run-dir", str(tmp_path.resolve())]
     static = emulated.commands(resolved(compose, ["nodes=2", "launcher.rdzv_backend=static"]), tmp_path, fabric, {})
     assert "--node-rank=1" in static[1].argv and not any("is_host" in a for a in static[1].argv)
+
+
+def test_each_node_gets_its_own_block_of_cores(compose, monkeypatch):
+    assert emulated.node_cores(2, [0, 1, 2, 3, 4]) == [[0, 1], [2, 3]]
+    assert emulated.node_cores(3, [0, 1]) == [[], [], []]  # fewer cores than nodes: no pinning
+    monkeypatch.setattr(emulated.os, "sched_getaffinity", lambda pid: {4, 5, 6, 7})
+    cfg = resolved(compose, ["nodes=2"])
+    assert [emulated.pin_prefix(cfg, k) for k in range(2)] == [["taskset", "-c", "4,5"], ["taskset", "-c", "6,7"]]
+    assert emulated.pin_prefix(resolved(compose, ["nodes=2", "cluster.pin_cores=false"]), 0) == []
 
 
 def test_emulated_is_chosen_by_auto_and_refuses_other_launchers_and_netem(compose):

@@ -18,6 +18,9 @@ Real bytes: the launcher sets ``BIRDER_LINK_IFACE`` for each node; the worker on
 that interface's kernel counters at the start and the end of the timed steps (``birder_repro.probes``, a probe
 of the training loop), and the record gets ``link_bytes_per_step``: one figure per node.
 
+Cores: with ``cluster.pin_cores`` (the default) node k runs under ``taskset`` on its own block of this machine's
+cores (cores // nodes each; no pinning with fewer cores than nodes), as a real node owns its CPU.
+
 The fabric is removed when the run ends, fails, or is stopped with SIGINT or SIGTERM; one left by a run killed
 with SIGKILL is removed by the next emulated run (netns.clean_stale).
 """
@@ -28,6 +31,7 @@ import codecs
 import ctypes
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -120,7 +124,7 @@ def node_cores(nodes: int, cores: Sequence[int]) -> list[list[int]]:
 def pin_prefix(cfg: DictConfig, k: int) -> list[str]:
     """``taskset -c <node k's cores>`` when ``cluster.pin_cores`` (a real node's cores are its own: unpinned,
     one node's communication thread would run on another node's core and slow its compute), else []."""
-    if not cfg.cluster.get("pin_cores", False):
+    if not cfg.cluster.get("pin_cores", False) or shutil.which("taskset") is None:  # taskset: util-linux
         return []
     cores = node_cores(int(cfg.nodes), sorted(os.sched_getaffinity(0)))[k]
     return ["taskset", "-c", ",".join(map(str, cores))] if cores else []
