@@ -17,9 +17,10 @@ Costs of one collective (Thakur, Rabenseifner and Gropp 2005 formulas, birder_re
               node, which NCCL's tree reaches at 2 nodes (one buffer each way) and its flat ring exceeds (2(N-1)/N):
               the paper's BERT rows rule the flat ring out (Table 4, 2 nodes over Ethernet: 571 ms per step,
               while a flat ring needs 1.875 x 438 MB / 1.25 GB/s = 657 ms at the full line rate);
-            - pairwise exchanges (all-to-all, all-gather): N-1 steps, each paying the inter-node latency (the
-              slowest level crossed), and bandwidth bound by the busier of the node's NIC (m processes' off-node
-              bytes) and the process's intra-node link.
+            - pairwise exchanges (all-to-all, all-gather): N-1 steps, n-1 of them paying the inter-node latency
+              and N-n the intra-node one (NCCL's tuning model counts a collective's network steps so), and
+              bandwidth bound by the busier of the node's NIC (m processes' off-node bytes, at the exchange
+              efficiency) and the process's intra-node link.
 """
 
 from __future__ import annotations
@@ -124,7 +125,9 @@ def op_time(op: Collective, nodes: int, gpus_per_node: int, cluster: ClusterSpec
                 + collective_time("all_gather", op.nbytes, m, cluster.intra))
     world = n * m
     intra_bytes, inter_bytes = counted_bytes(op, n, m)
-    latency = (world - 1) * cluster.inter.alpha_s
+    # NCCL's tuning model (src/graph/tuning.cc, ncclTopoTuneModel): of a collective's N-1 steps, n-1 cross the
+    # network and pay its latency, the other N-n stay inside a node and pay the intra-node one.
+    latency = (n - 1) * cluster.inter.alpha_s + (world - n) * cluster.intra.alpha_s
     return latency + max(inter_bytes * exchange.beta, intra_bytes * cluster.intra.beta)
 
 

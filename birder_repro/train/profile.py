@@ -9,7 +9,9 @@ measured on the run's own device, so that ``load_profile(run_dir)`` works on any
                                              calibrated backward pass, capped at 1
     compression_s_per_element                the hook's compression seconds per step over the elements the
                                              performance model says its scheme compresses per step
-                                             (perf.schemes.compressed_elements), for the scheme's backend
+                                             (perf.schemes.compressed_elements), for the scheme's backend;
+                                             1-bit Adam alone (one process compresses nothing): its
+                                             compressed all-reduce timed on the run's largest bucket
     link_mbit_measured                       emulated clusters: the busiest node's link bytes per step (the
                                              kernel's count) over the step's exposed communication time
     data_wait_s, threads, host_cores         the data loader's wait, torch's threads, this machine's cores
@@ -60,6 +62,34 @@ def _per_element(scheme: str, buckets: list[int], nodes: int, gpus: int, compres
     return {backend: compress_s / elements} if elements else {}
 
 
+def _lone_onebit(buckets: list[int], device: str, repeats: int = 3) -> dict[str, float]:
+    """1-bit Adam's compression cost per element, for a process that is alone. Alone, its hook (as DeepSpeed's)
+    compresses nothing, so the run's own compression seconds price nothing; here the compressed all-reduce runs
+    on the largest bucket of the run through the 1-process group (its collectives copy locally) and its
+    compression seconds, the median of ``repeats``, are divided by the elements the model counts for it
+    (perf.schemes.compressed_elements with n = m = 1)."""
+    import torch
+    import torch.distributed as dist
+
+    from birder_repro.comm.onebit import compressed_allreduce
+    from birder_repro.comm.state import CommState
+    from birder_repro.perf.schemes import compressed_elements
+
+    if not buckets or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() != 1:
+        return {}
+    size = -(-max(buckets) // 8) * 8
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(size, generator=gen).to(device)
+    worker_error, server_error = torch.zeros_like(x), torch.zeros_like(x)
+    mask = torch.ones_like(x)
+    times = []
+    for _ in range(repeats):
+        stats = CommState()
+        compressed_allreduce(x.clone(), worker_error, server_error, mask, stats=stats)
+        times.append(stats.compress_seconds)
+    return {"onebit": statistics.median(times) / compressed_elements("onebit", size, 1, 1, alone=True)}
+
+
 def _link_mbit(record: dict[str, Any]) -> Optional[float]:
     per_node = [v for v in (record.get("link_bytes_per_step") or []) if v is not None]
     comm = (record.get("step_time_s") or {}).get("communication") or 0.0
@@ -92,7 +122,8 @@ def measured_profile(cfg, record: dict[str, Any], *, bucket_steps: Sequence, bac
         task=str(cfg.task.name), batch_size=int(record["batch_size"]), forward_backward_s=float(fb),
         parameter_count=int(params), optimizer_s=max(optimizer_s, 0.0), backward_fraction=backward / fb,
         bucket_elements=buckets, bucket_ready=[min(t / backward, 1.0) for t in ready_s],
-        compression_s_per_element=_per_element(scheme, buckets, nodes, gpus_per_node, compress_s),
+        compression_s_per_element=(_lone_onebit(buckets, device) if scheme == "onebit" and nodes * gpus_per_node == 1
+                                   else _per_element(scheme, buckets, nodes, gpus_per_node, compress_s)),
         bucket_ready_s=ready_s, data_wait_s=float(record.get("data_wait_s_per_step") or 0.0),
         threads=int(threads), host_cores=os.cpu_count(), link_mbit_measured=_link_mbit(record),
         notes=f"measured by the run itself ({timed} timed steps; scheme {scheme} on {nodes} x {gpus_per_node})")
