@@ -12,14 +12,14 @@ import yaml
 
 from birder_repro.comm.accounting import all_gather_bytes, flat_allreduce_split, reduce_scatter_bytes
 from birder_repro.perf import collectives as C
-from birder_repro.perf.cluster import ClusterSpec, op_time
+from birder_repro.perf.cluster import ClusterSpec, no_spare_core, op_time
 from birder_repro.perf.model import predict_run, predict_step
 from birder_repro.perf.predict import predict_record
 from birder_repro.perf.profile import Profile, ddp_bucket_elements, load_profile
 from birder_repro.perf.schemes import (Collective, bucket_collectives, compressed_elements, counted_bytes,
                                       padded_elements, powersgd_elements, scheme_for_optim)
 from birder_repro.perf.implementations import IMPLEMENTATIONS, implementation_of
-from birder_repro.perf.timeline import BucketWork, ready_times, simulate, simulate_sequential
+from birder_repro.perf.timeline import BucketWork, ready_times, simulate, simulate_sequential, simulate_shared
 from birder_repro.perf import validate as V
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,6 +130,24 @@ def test_timeline_three_buckets_by_hand():
     assert tl.communication_s + tl.compression_s + tl.compute_s == pytest.approx(tl.total_s)
     # Everything hidden behind the backward pass: the step is the compute.
     assert simulate([BucketWork(0.5, 0.0, 0.1)], 3.0, 0.0).total_s == pytest.approx(3.0)
+
+
+def test_shared_timeline_delays_the_backward_pass_by_the_compression_inside_it():
+    buckets = [BucketWork(1.0, 0.5, 1.0), BucketWork(2.0, 0.5, 0.2), BucketWork(3.0, 0.5, 0.5)]
+    tl = simulate_shared(buckets, forward_backward_s=3.0, optimizer_s=0.1)
+    # b1 at 1.0 (backward now ends at 3.5), b2 ready at 2.5 (link free at 2.5; backward ends at 4.0),
+    # b3 ready at 4.0, after the backward pass: compressed then sent, done at 5.0
+    assert tl.starts == pytest.approx((1.0, 2.5, 4.0)) and tl.ends == pytest.approx((2.5, 3.2, 5.0))
+    assert tl.total_s == pytest.approx(5.1)
+    assert (tl.compression_s, tl.communication_s) == pytest.approx((1.5, 0.5))
+    assert tl.communication_s + tl.compression_s + tl.compute_s == pytest.approx(tl.total_s)
+
+
+def test_no_spare_core_only_on_a_shared_host():
+    shared = _spec(shared_host=True)
+    assert no_spare_core(shared, processes=2, threads=1, host_cores=2)
+    assert not no_spare_core(shared, processes=1, threads=1, host_cores=2)  # the thread has its own core
+    assert not no_spare_core(_spec(), processes=64, threads=8, host_cores=2)  # a real cluster
 
 
 def test_sequential_timeline_adds_everything():

@@ -4,7 +4,9 @@
            backward pass; its compression (profile seconds/element x schemes.compressed_elements) and its
            collectives (schemes.bucket_collectives, each priced by cluster.op_time) run on one link after the
            previous bucket's; what is not hidden behind the backward pass is exposed. That is the
-           ``this`` implementation (birder_repro.perf.implementations); where an implementation does not
+           ``this`` implementation (birder_repro.perf.implementations); where the processes of an emulated
+           cluster have no spare core for their communication thread, the compression takes turns with the
+           backward pass (simulate_shared); where an implementation does not
            overlap a scheme, its buckets add their whole time (simulate_sequential), and where it exchanges
            the whole flattened vector in the optimizer's step, the "buckets" are that one vector.
     compute = forward + backward (the profile's, linear in the batch) + optimizer + the scheme's overhead.
@@ -19,11 +21,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
-from .cluster import ClusterSpec, host_contention, op_time
+from .cluster import ClusterSpec, host_contention, no_spare_core, op_time
 from .profile import Profile
 from .schemes import COMPRESSION_BACKEND, bucket_collectives, compressed_elements, counted_bytes
 from .implementations import implementation_of
-from .timeline import BucketWork, StepTimeline, ready_times, simulate, simulate_sequential
+from .timeline import BucketWork, StepTimeline, ready_times, simulate, simulate_sequential, simulate_shared
 
 __all__ = ["StepPrediction", "predict_step", "predict_run"]
 
@@ -99,7 +101,12 @@ def predict_step(profile: Profile, cluster: ClusterSpec, nodes: int, gpus_per_no
         compress = per_element * compressed_elements(scheme, size, nodes, gpus_per_node, rank, mats)
         work.append(BucketWork(t_ready, compress, comm))
     optimizer = slow * (profile.optimizer_s + profile.scheme_overhead_s.get(scheme, 0.0))
-    tl: StepTimeline = (simulate if impl.overlap else simulate_sequential)(work, fb, optimizer)
+    if not impl.overlap:
+        tl: StepTimeline = simulate_sequential(work, fb, optimizer)
+    elif no_spare_core(cluster, nodes * gpus_per_node, profile.threads, profile.host_cores):
+        tl = simulate_shared(work, fb, optimizer)
+    else:
+        tl = simulate(work, fb, optimizer)
     return StepPrediction(scheme=scheme, nodes=nodes, gpus_per_node=gpus_per_node, batch_size=batch,
                           total_s=tl.total_s + profile.data_wait_s, compute_s=tl.compute_s, communication_s=tl.communication_s,
                           compression_s=tl.compression_s, intra_node_bytes=intra, inter_node_bytes=inter,

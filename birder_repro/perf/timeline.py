@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-__all__ = ["BucketWork", "StepTimeline", "simulate", "simulate_sequential", "ready_times"]
+__all__ = ["BucketWork", "StepTimeline", "simulate", "simulate_shared", "simulate_sequential", "ready_times"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,28 @@ def simulate(buckets: Sequence[BucketWork], forward_backward_s: float, optimizer
     return StepTimeline(total_s=forward_backward_s + exposed + optimizer_s,
                         compute_s=forward_backward_s + optimizer_s,
                         communication_s=exposed * (1 - share), compression_s=exposed * share,
+                        starts=tuple(starts), ends=tuple(ends))
+
+
+def simulate_shared(buckets: Sequence[BucketWork], forward_backward_s: float, optimizer_s: float) -> StepTimeline:
+    """As :func:`simulate`, but the compression runs on the cores that compute (a CPU process with no spare
+    core: its communication thread takes turns with the backward pass): compression done while the backward
+    pass runs delays it by as much; only the collectives overlap. The communication thread still takes the
+    buckets in order, so a bucket's compression waits for the previous bucket's collectives."""
+    delay, free, starts, ends = 0.0, 0.0, [], []
+    for b in buckets:
+        start = max(b.ready_s + delay, free)
+        if start < forward_backward_s + delay:  # inside the backward pass: it waits for the compression
+            delay += b.compress_s
+        free = start + b.compress_s + b.comm_s
+        starts.append(start)
+        ends.append(free)
+    compute_end = forward_backward_s + delay
+    compress = sum(b.compress_s for b in buckets)
+    after = max(free - compute_end, 0.0)  # beyond the (delayed) backward: the rest of the compression, and waits
+    return StepTimeline(total_s=compute_end + after + optimizer_s,
+                        compute_s=forward_backward_s + optimizer_s,
+                        communication_s=max(after - (compress - delay), 0.0), compression_s=compress,
                         starts=tuple(starts), ends=tuple(ends))
 
 

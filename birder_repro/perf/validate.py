@@ -18,42 +18,31 @@ per bucket; Birder's hook (section 5.1) and 1-bit Adam's compressed all-reduce o
 optimizer's step; appendix E: "off-the-shelf communication primitives in PyTorch") do not: Figure 4 stacks
 computation, communication and compression per iteration. ``--implementation this`` overlaps every scheme.
 
-Calibration: one free number per interconnect, the inter-node efficiency (conf/cluster/<name>.yaml,
-``perf.inter_efficiency``), fitted by :func:`fit_efficiency` (least squares in log throughput over all the
-multi-node rows of Tables 3 and 4 on that interconnect, baselines included; not on the target's metric):
-Ethernet 0.52 (NCCL 2.10 over TCP sockets reaching about 5 of 10 Gbit/s), InfiniBand 0.14 (about 28 of 200
-Gbit/s). Latencies are NCCL's own tuning-model figures (9.6 us a network hop), NVLink from the A100 datasheet;
-nothing is per row, per task or per optimizer.
+Calibration: two free numbers per interconnect (conf/cluster/<name>.yaml): the inter-node efficiency
+(``perf.inter_efficiency``, the fraction of the line rate reached) and the cost of one network step of a
+collective (``perf.inter_latency_us``; NCCL's tuning model counts n-1 network steps per ring or exchange over n
+nodes, birder_repro.perf.cluster). :func:`fit_link` fits both by least squares in log throughput over all the
+multi-node rows of Tables 3 and 4 on that interconnect, baselines included (not the target's metric): Ethernet
+0.60 and 600 us (NCCL 2.10 over TCP sockets: about 6 of 10 Gbit/s, and far more per step than NCCL's 9.6 us for a
+hop), InfiniBand 0.16 and 100 us (about 32 Gbit/s). Nothing is per row, per task or per optimizer.
+:func:`cross_validate` fits each interconnect on one task's rows and predicts the other task's.
 
 Where the model misses, and why (README-ready):
 
-- The model MISSES the target: median error 24.3 % over the 24 rows (1-bit Adam 13 %, Birder 42 %; Ethernet
-  47 %, InfiniBand 20 %). With every scheme overlapped (``this``) it is 24.2 % (1-bit Adam 11 %, Birder 56 %).
-- Running Birder as the paper did (not overlapped) is the better account of its rows: its BERT Ethernet
-  errors fall from +136..+177 % to +71..+98 %, its predicted scale efficiency from 81-100 % to 60-100 %
-  (printed 30-98 %). It is not enough: what the paper's Birder loses with more nodes does not follow its
-  bytes. Per step over 10 Gbit/s Ethernet, ResNet-50's Birder grows by 11, 35, 60 ms at 2, 4, 8 nodes and
-  BERT-Base's by 53, 73, 136 ms, with 3.2-5.6 MB and 13.6-23.8 MB on each node's NIC (2(n-1)/n P/32): a
-  least-squares split is about 4 ms per MB (0.25 GB/s, half the fp32 all-reduce's rate on the same link)
-  plus 0, 23, 37 ms at 2, 4, 8 nodes that do not depend on the model's size. The paper itself says so
-  (appendices D and E): "All-reduce is more efficient than All-to-All which is the core of our
-  Hierarchical-1-bit-All-Reduce", and the primitives' "computation time ... may exceed the time of the pure
-  communication itself". One efficiency per link cannot give the all-to-all half the all-reduce's rate.
-- Per-message latency is not the missing piece: torch's all_to_all_single on NCCL is n-1 grouped send/recv
-  pairs, each paying a network hop. Raising the Ethernet latency from NCCL's 9.6 us to 25, 50, 100, 200 us
-  (TCP sockets with NCCL's proxy thread are slower than its tuning model) moves Birder's median to 40, 30, 28,
-  27 % but 1-bit Adam's to 14, 18, 21, 27 % (its flat exchange has N-1 = 63 steps), the overall median to
-  25.2, 24.8, 24.8, 27.4 %. Padding is not it either: the hooks pad a bucket to a multiple of 8mn elements
-  (512 at 8 nodes), negligible; the paper gives P/32 per GPU for the 1-bit volume (section 4), so no extra
-  bytes are assumed.
-- 1-bit Adam: in the optimizer's step on the whole vector (4 collectives a step) it stays close (13 %); run
-  per bucket without overlap it is worse (19 %). Its 64-GPU Ethernet collapse (5546 samples/s, slower than at
-  32 GPUs) is not predicted (11746): a 63-peer all-to-all over TCP is worse than its bytes and latencies.
-- Over InfiniBand the fp32 baselines need only 0.14 of the line rate and their all-reduce time barely grows
-  with nodes (ResNet-50: 40, 44, 54 ms exposed at 2, 4, 8 nodes), which looks like a per-GPU limit (for
-  example staging through host memory without GPUDirect RDMA) rather than the NIC; the model's 2(n-1)/n
-  growth over-predicts the 2-node baseline (ResNet-50: 6.8k predicted, 4.7k printed), so the compressed
-  rows' speedups at 2 nodes come out low (-28 to -30 %).
+- The model MISSES the target: median error 17.4 % over the 24 rows (1-bit Adam 14.9 %, Birder 17.5 %; Ethernet
+  14.9 %, InfiniBand 19.4 %); cross-validated across tasks 16.2 %. Before the per-step latency was fitted (one
+  efficiency per link, NCCL's 9.6 us a hop, and a world exchange paying N-1 network steps instead of n-1) it
+  was 24.3 %: the paper's Birder loses a few milliseconds per extra node whatever the model's size (ResNet-50
+  and BERT-Base alike over InfiniBand: 2-4, 10-12, 25-29 ms per step at 2, 4, 8 nodes), which is what a
+  per-step cost of the network does.
+- 1-bit Adam's 64-GPU Ethernet collapse (5546 samples/s, slower than at 32 GPUs) is not predicted (+92 % on
+  ResNet-50, +47 % on BERT): a 63-peer all-to-all over TCP degrades worse than its bytes and steps.
+- Over InfiniBand the fp32 baseline's ResNet-50 rows are 43-46 % slower than predicted at every node count, its
+  BERT rows within -20..+28 %: a fixed cost of the paper's fp32 runs on that fabric that no link parameter
+  gives (for example staging through host memory without GPUDirect RDMA), so the compressed rows' speedups
+  over it at 16 and 32 GPUs come out 21-31 % low.
+- Birder runs as the paper ran it (a blocking hook per bucket, not overlapped; ``--implementation this``
+  overlaps it: 20.2 %); running its exchange once per step on the whole vector fits worse (23.2 %).
 """
 
 from __future__ import annotations
