@@ -11,7 +11,7 @@ the server's. With those draws the reference's +-1 results must equal the hook's
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -25,16 +25,18 @@ def quantize(x: torch.Tensor, rand: torch.Tensor) -> torch.Tensor:
 
 class ReferenceBirder:
     def __init__(self, nodes: int, gpus_per_node: int, scheme: str, beta: float, eps: float, seed: int,
-                 param_numels: Sequence[int]):
+                 param_numels: Sequence[int], amsgrad_after: Optional[int] = None):
         self.world = nodes * gpus_per_node
         if scheme == "hierarchical":
             self.n, self.m = nodes, gpus_per_node
         else:
             self.n, self.m = self.world, 1
         self.scheme, self.beta, self.eps, self.seed = scheme, beta, eps, seed
+        self.amsgrad_after = amsgrad_after  # Algorithm 1, line 6: after T0 steps, b = max(b, EMA of |g|)
         self.starts = [sum(param_numels[:i]) for i in range(len(param_numels))]  # each parameter's first position
         self.total = sum(param_numels)
-        self.worker = [{"m": {}, "b": {}, "e": {}} for _ in range(self.n)]  # per worker, per parameter
+        keys = ("m", "b", "e") + (("b_hat",) if amsgrad_after is not None else ())
+        self.worker = [{key: {} for key in keys} for _ in range(self.n)]  # per worker, per parameter
         self.e_bar: dict[int, torch.Tensor] = {}
         self.step: dict[int, int] = {}  # per parameter: its t (Algorithm 1)
 
@@ -70,9 +72,15 @@ class ReferenceBirder:
             ranks = range(k * m, (k + 1) * m)
             g = torch.zeros(padded)
             g[:numel] = sum(grads[r] for r in ranks) / m  # node average
-            st = {key: self._full(self.worker[k][key], signature, padded) for key in ("m", "b", "e")}
+            st = {key: self._full(self.worker[k][key], signature, padded) for key in self.worker[k]}
             st["m"] = self.beta * st["m"] + (1 - self.beta) * g
-            st["b"] = self.beta * st["b"] + (1 - self.beta) * g.abs()
+            if self.amsgrad_after is not None and t > self.amsgrad_after:
+                st["b_hat"] = self.beta * st["b_hat"] + (1 - self.beta) * g.abs()
+                st["b"] = torch.maximum(st["b"], st["b_hat"])
+            else:
+                st["b"] = self.beta * st["b"] + (1 - self.beta) * g.abs()
+                if "b_hat" in st:
+                    st["b_hat"] = st["b"].clone()  # until T0 the EMA is b itself
             x = st["m"] / (st["b"] + self.eps) + st["e"]
             u = quantize(x, kernels.uniform(kernels.derive_seed(self.seed, t, "worker", k), positions))
             st["e"] = x - u

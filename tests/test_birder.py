@@ -26,6 +26,8 @@ from dist_utils import run_distributed
 
 NODES, GPUS = 2, 2
 SIZES = (1001, 37)  # two buckets, neither a multiple of 8 * m * n = 32
+VARIANTS = ("hierarchical", "flat", "allgather", "hierarchical-pieces", "flat-pieces", "hierarchical-amsgrad",
+            "hierarchical-amsgrad-pieces")
 
 
 def test_quantizer_is_unbiased():
@@ -88,12 +90,17 @@ def _run_core(state: BirderState, rank: int, world: int, steps) -> list:
 def _core_worker(rank, world):
     """Four steps of two buckets under every scheme, and a save / resume, in one set of processes."""
     out = {}
-    for scheme in ("hierarchical", "flat", "allgather"):
-        state = BirderState(build_topology(GPUS), scheme=scheme, beta=0.9, eps=1e-8, seed=7, param_numels=SIZES)
+    for variant in VARIANTS:
+        # "pieces": the exchange in pieces of 2 bytes of bits per server chunk (pipeline_kb), many per bucket;
+        # "amsgrad": Algorithm 1's line 6 from step 3 on (amsgrad_after=2)
+        scheme = variant.partition("-")[0]
+        state = BirderState(build_topology(GPUS), scheme=scheme, beta=0.9, eps=1e-8, seed=7, param_numels=SIZES,
+                            pipeline_kb=2 / 1024 if "pieces" in variant else 0,
+                            amsgrad_after=2 if "amsgrad" in variant else None)
         results = _run_core(state, rank, world, range(4))
         buckets = state.store.buckets
         shards = {bi: {k: b.state[k].clone() for k in ("m", "b", "e")} for bi, b in buckets.items()}
-        out[scheme] = (results, shards, state.snapshot(), state.worker_rank,
+        out[variant] = (results, shards, state.snapshot(), state.worker_rank,
                        {bi: b.state["m"].numel() for bi, b in buckets.items()})
     out["resume"] = _resume_worker(rank, world)
     out["script"] = _user_script(rank, world)
@@ -106,11 +113,13 @@ def core_runs():
     return run_distributed(_core_worker, NODES * GPUS)
 
 
-@pytest.mark.parametrize("scheme", ["hierarchical", "flat", "allgather"])
-def test_hook_equals_reference(scheme, core_runs):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_hook_equals_reference(variant, core_runs):
     world = NODES * GPUS
-    per_rank = [r[scheme] for r in core_runs]
-    ref = ReferenceBirder(NODES, GPUS, scheme, beta=0.9, eps=1e-8, seed=7, param_numels=SIZES)
+    scheme = variant.partition("-")[0]
+    per_rank = [r[variant] for r in core_runs]
+    ref = ReferenceBirder(NODES, GPUS, scheme, beta=0.9, eps=1e-8, seed=7, param_numels=SIZES,
+                          amsgrad_after=2 if "amsgrad" in variant else None)
     expected = []
     for t in range(4):
         for bi, numel in enumerate(SIZES):
