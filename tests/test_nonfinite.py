@@ -24,9 +24,7 @@ def _script(rank: int, world: int, mode: str, overlap: bool):
     model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
     ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.0002)  # a few buckets
     opt = Birder(ddp.parameters(), lr=0.01)
-    # overlapped: the exchange in pieces of one byte of bits per server chunk (pipeline_kb), several per bucket
-    state = attach_birder(ddp, opt, gpus_per_node=GPUS, overlap=overlap, nonfinite=mode,
-                          pipeline_kb=1 / 1024 if overlap else 0)
+    state = attach_birder(ddp, opt, gpus_per_node=GPUS, overlap=overlap, nonfinite=mode)
     gen = torch.Generator().manual_seed(rank)
     out = {"params": [], "hook": [], "error": None}
     for step in range(STEPS):

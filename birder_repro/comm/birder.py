@@ -42,9 +42,7 @@ e_bar of a chunk, cut over the node's and then the servers' processes, live in a
 any bucket layout; a run resumed into another bucket layout continues exactly as the uninterrupted run would
 (the same draws for the same elements: tests/test_birder.py).
 
-Speed: Steps II and III run in pieces (``optim.comm.pipeline_kb`` of packed bits per server chunk), each
-piece's collectives asynchronous, so that one piece's wire time overlaps the next one's compression; the
-compression runs in one pass per quantization (:mod:`birder_repro.comm.kernels`, setting
+Speed: the compression runs in one pass per quantization (:mod:`birder_repro.comm.kernels`, setting
 ``optim.comm.kernel_backend``), and the hook's work runs on a communication thread beside the backward pass
 (:mod:`birder_repro.comm.overlap`, setting ``optim.comm.overlap``; false runs it inside the hook, with the same
 results bit for bit).
@@ -70,10 +68,6 @@ from birder_repro.comm.topology import Topology, build_topology, group_peers
 from birder_repro.optim.birder import Birder
 
 SCHEMES = ("hierarchical", "flat", "allgather")
-# Pieces of a bucket whose wire time overlaps the next piece's compression (optim.comm.pipeline_kb): KiB of
-# packed bits per server chunk, i.e. 8 x 1024 x PIPELINE_KB elements per chunk and piece. Chosen by measurement
-# on the emulated cluster (README, Overlap).
-PIPELINE_KB = 64
 
 
 class BirderState(CompressedCommState):
@@ -81,7 +75,7 @@ class BirderState(CompressedCommState):
 
     __slots__ = (
         # user settings
-        "scheme", "beta", "eps", "amsgrad_after", "seed", "kernel_backend", "pipeline_bytes",
+        "scheme", "beta", "eps", "amsgrad_after", "seed", "kernel_backend",
         # topology: the physical layout, the worker (intra) and server (inter) groups of the scheme
         "topology", "worker_group", "server_group", "worker_size", "server_size", "worker_rank", "server_rank",
         "worker_peers", "server_peers", "worker_id",
@@ -94,18 +88,14 @@ class BirderState(CompressedCommState):
 
     def __init__(self, topology: Topology, scheme: str = "hierarchical", beta: float = 0.95, eps: float = 1e-8,
                  amsgrad_after: Optional[int] = None, seed: int = 0, param_numels: Sequence[int] = (),
-                 kernel_backend: str = "auto", overlap: bool = True, nonfinite: str = "skip",
-                 pipeline_kb: float = PIPELINE_KB):
+                 kernel_backend: str = "auto", overlap: bool = True, nonfinite: str = "skip"):
         super().__init__()
-        if not pipeline_kb >= 0:
-            raise ValueError(f"optim.comm.pipeline_kb must be >= 0 (0: no pieces), got {pipeline_kb!r}")
         if scheme not in SCHEMES:
             raise ValueError(f"Birder scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
         if not isinstance(seed, int) or seed < 0:
             raise ValueError(f"Birder's seed must be a non-negative int, got {seed!r}")
         self.scheme, self.beta, self.eps, self.amsgrad_after, self.seed = scheme, beta, eps, amsgrad_after, seed
         self.kernel_backend = kernel_backend
-        self.pipeline_bytes = int(pipeline_kb * 1024)  # packed bits per server chunk and piece; 0: one piece
         self.topology = topology
         if scheme == "hierarchical":
             self.worker_group, self.server_group = topology.intra_group, topology.inter_group
@@ -161,15 +151,31 @@ class BirderState(CompressedCommState):
         """
         with torch.no_grad():
             bucket = self.store.bucket(index, buffer.numel(), signature, buffer.device)
+            st = bucket.state
             self.guard.begin(bucket)  # before any update: a skipped step restores the bucket
             bucket.step += 1
             g, node_flag = self._step1_node_average(buffer, bucket)
+            with self.timing("compress", g.device):
+                amsgrad = self.amsgrad_after is not None and bucket.step > self.amsgrad_after
+                fields = ("m", "b", "e") + (("b_hat",) if "b_hat" in st else ())
+                # Skip mode: the kernel writes the new state beside the old, which stays whole for a skipped
+                # step (no copy); raise mode: in place.
+                new = self.guard.fresh(bucket, *fields)
+                out = st if new is None else new
+                shard = st["m"].numel()
+                seed, where = self._draws(bucket, "worker", self.worker_rank * shard, (self.worker_rank + 1) * shard)
+                packed = kernels.worker_compress(
+                    g, st["m"], st["b"], st["e"], self.beta, self.eps, seed, where, self.kernel_backend,
+                    b_hat=st["b_hat"] if amsgrad else None,
+                    state_out=tuple(out[k] for k in fields[: 4 if amsgrad else 3]) if new is not None else None)
+                if "b_hat" in st and not amsgrad:
+                    out["b_hat"].copy_(out["b"])  # until T0, b is the EMA itself (Algorithm 1, line 6)
+                self.guard.commit(bucket, new)
             if self.scheme == "allgather":
-                packed = self._worker_step(g, bucket)
                 result, flag = self._gather_and_average(packed, node_flag)
                 buffer.copy_(result[: bucket.numel])
             else:
-                shard_packed, flag = self._steps2_3_pipelined(g, bucket, node_flag)
+                shard_packed, flag = self._step3_server(packed, bucket, node_flag)
                 self._step4_gather_node(shard_packed, bucket, buffer)
             self.guard.note(flag, index, bucket.step)
             self.calls += 1
@@ -205,106 +211,41 @@ class BirderState(CompressedCommState):
         self.add_bytes(reduce_scatter_bytes(rows.numel() * 4, self.worker_size), 0.0)
         return shard[:shard_size].div_(m), shard[shard_size]
 
-    def _worker_step(self, g: torch.Tensor, bucket: Bucket) -> torch.Tensor:
-        """Step II on the whole shard in one kernel call (``allgather``, which has no server step): packed u."""
-        st = bucket.state
-        with self.timing("compress", g.device):
-            amsgrad = self.amsgrad_after is not None and bucket.step > self.amsgrad_after
-            fields = ("m", "b", "e") + (("b_hat",) if "b_hat" in st else ())
-            new = self.guard.fresh(bucket, *fields)  # skip mode: the new state beside the old (no copy)
-            out = st if new is None else new
-            shard = st["m"].numel()
-            seed, where = self._draws(bucket, "worker", self.worker_rank * shard, (self.worker_rank + 1) * shard)
-            packed = kernels.worker_compress(
-                g, st["m"], st["b"], st["e"], self.beta, self.eps, seed, where, self.kernel_backend,
-                b_hat=st["b_hat"] if amsgrad else None,
-                state_out=tuple(out[k] for k in fields[: 4 if amsgrad else 3]) if new is not None else None)
-            if "b_hat" in st and not amsgrad:
-                out["b_hat"].copy_(out["b"])  # until T0, b is the EMA itself (Algorithm 1, line 6)
-            self.guard.commit(bucket, new)
-        return packed
+    def _step3_server(self, packed: torch.Tensor, bucket: Bucket,
+                      node_flag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step III: all-to-all of chunks, server average + re-quantization (lines 11-12), all-gather.
 
-    def _steps2_3_pipelined(self, g: torch.Tensor, bucket: Bucket,
-                            node_flag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Steps II and III in pieces, so that the wire time of one piece overlaps the compression of the next.
-
-        Every server's chunk is cut into the same byte ranges (``pipeline_kb`` of packed bits each); piece p is
-        range p of every chunk. For each piece: the worker step on its elements (one kernel call per server's
-        chunk), then its all-to-all, asynchronous; then, piece by piece as they arrive, the server step and its
-        asynchronous all-gather. The results are those of one pass over the shard, bit for bit (every element
-        has its own state and its own draw). Each chunk's extra byte, its node's non-finite flag, rides with the
-        last piece. Returns this rank's shard of packed u_bar and the flag (> 0: some process had a NaN / Inf).
-        """
-        st, n = bucket.state, self.server_size
-        shard, chunk = st["m"].numel(), bucket.state["e_bar"].numel()  # elements: this shard, one server chunk
-        chunk_bytes = chunk // 8
-        step = max(1, min(chunk_bytes, self.pipeline_bytes or chunk_bytes))
-        pieces = [(lo, min(lo + step, chunk_bytes)) for lo in range(0, chunk_bytes, step)] or [(0, 0)]
-        amsgrad = self.amsgrad_after is not None and bucket.step > self.amsgrad_after
-        fields = ("m", "b", "e") + (("b_hat",) if "b_hat" in st else ())
-        kernel_fields = fields[: 4 if amsgrad else 3]
-        # Skip mode: the kernels write the new state beside the old, which stays whole for a skipped step (no
-        # copy); raise mode: in place.
-        new, new_bar = self.guard.fresh(bucket, *fields), self.guard.fresh(bucket, "e_bar")
-        out = st if new is None else new
-        e_bar_out = st["e_bar"] if new_bar is None else new_bar["e_bar"]
-        send = torch.empty(n, chunk_bytes + 1, device=g.device, dtype=torch.uint8)
+        Each chunk carries one more byte, its node's non-finite flag, so every rank learns every node's flag
+        for the bucket with the payload (returned second: > 0 if any process had a NaN or Inf)."""
+        e_bar = bucket.state["e_bar"]
+        n, chunk_bytes = self.server_size, e_bar.numel() // 8
+        send = torch.empty(n, chunk_bytes + 1, device=packed.device, dtype=torch.uint8)
+        send[:, :chunk_bytes] = packed.view(n, chunk_bytes)
         send[:, chunk_bytes] = (node_flag > 0).to(torch.uint8)
-        base = self.worker_rank * shard
-        exchanges = []
-        for lo, hi in pieces:
-            with self.timing("compress", g.device):
-                for k in range(n):  # Algorithm 1, lines 4-9, on piece [lo, hi) of server k's chunk
-                    a, b = k * chunk + 8 * lo, k * chunk + 8 * hi
-                    seed, where = self._draws(bucket, "worker", base + a, base + b)
-                    send[k, lo:hi] = kernels.worker_compress(
-                        g[a:b], st["m"][a:b], st["b"][a:b], st["e"][a:b], self.beta, self.eps, seed, where,
-                        self.kernel_backend, b_hat=st["b_hat"][a:b] if amsgrad else None,
-                        state_out=None if new is None else tuple(out[f][a:b] for f in kernel_fields))
-            cols = slice(lo, hi + 1 if hi == chunk_bytes else hi)  # the flag byte with the last piece
-            outgoing = send[:, cols].contiguous()
-            incoming = torch.empty_like(outgoing)
-            exchanges.append((incoming, self._exchange("all_to_all", incoming, outgoing)))
-        if "b_hat" in st and not amsgrad:
-            out["b_hat"].copy_(out["b"])  # until T0, b is the EMA itself (Algorithm 1, line 6)
-        self.guard.commit(bucket, new)
+        received = torch.empty_like(send)
+        with self.timing("comm", packed.device):
+            if self.server_group is not None:
+                dist.all_to_all_single(received.view(-1), send.view(-1), group=self.server_group)
+            else:
+                received.copy_(send)
         self.add_bytes(*peer_bytes(self.topology, self.server_peers, chunk_bytes + 1))
-        first = chunk * (self.worker_rank * n + self.server_rank)  # chunk k of shard r among the bucket's elements
-        gathers, flag = [], None
-        for (lo, hi), (incoming, work) in zip(pieces, exchanges):
-            self._wait(work, g.device)
-            if hi == chunk_bytes:
-                flag = incoming[:, hi - lo].sum().to(torch.float32)
-            with self.timing("compress", g.device):  # lines 11-12 on the piece
-                seed, where = self._draws(bucket, "server", first + 8 * lo, first + 8 * hi)
-                piece = kernels.server_compress(incoming[:, : hi - lo].contiguous(), st["e_bar"][8 * lo: 8 * hi],
-                                                seed, where, self.kernel_backend,
-                                                e_bar_out=None if new_bar is None else e_bar_out[8 * lo: 8 * hi])
-            gathered = torch.empty(n, hi - lo, device=g.device, dtype=torch.uint8)
-            gathers.append((gathered, self._exchange("all_gather", gathered, piece)))
-        self.guard.commit(bucket, new_bar)
+        flag = received[:, chunk_bytes].sum().to(torch.float32)
+        with self.timing("compress", packed.device):
+            lo = e_bar.numel() * (self.worker_rank * self.server_size + self.server_rank)  # chunk k of shard r
+            seed, where = self._draws(bucket, "server", lo, lo + e_bar.numel())
+            new = self.guard.fresh(bucket, "e_bar")
+            chunk_packed = kernels.server_compress(received[:, :chunk_bytes].contiguous(), e_bar, seed, where,
+                                                   self.kernel_backend,
+                                                   e_bar_out=None if new is None else new["e_bar"])
+            self.guard.commit(bucket, new)
+        shard_packed = torch.empty(packed.numel(), device=packed.device, dtype=torch.uint8)
+        with self.timing("comm", packed.device):
+            if self.server_group is not None:
+                all_gather_flat(shard_packed, chunk_packed, group=self.server_group)
+            else:
+                shard_packed.copy_(chunk_packed)
         self.add_bytes(*peer_bytes(self.topology, self.server_peers, chunk_bytes))
-        shard_packed = torch.empty(n, chunk_bytes, device=g.device, dtype=torch.uint8)  # row k: server k's chunk
-        for (lo, hi), (gathered, work) in zip(pieces, gathers):
-            self._wait(work, g.device)
-            shard_packed[:, lo:hi] = gathered
-        return shard_packed.view(-1), flag
-
-    def _exchange(self, kind: str, output: torch.Tensor, data: torch.Tensor):
-        """Start an all-to-all or all-gather among the servers (asynchronous; a copy with one server)."""
-        if self.server_group is None:
-            output.view(-1).copy_(data.view(-1))
-            return None
-        with self.timing("comm", data.device):  # issuing it; waiting is timed in _wait
-            if kind == "all_to_all":
-                return dist.all_to_all_single(output.view(-1), data.view(-1), group=self.server_group,
-                                              async_op=True)
-            return all_gather_flat(output.view(-1), data.view(-1), group=self.server_group, async_op=True)
-
-    def _wait(self, work, device) -> None:
-        if work is not None:
-            with self.timing("comm", device):
-                work.wait()
+        return shard_packed, flag
 
     def _step4_gather_node(self, shard_packed: torch.Tensor, bucket: Bucket, buffer: torch.Tensor) -> None:
         """Step IV: intra-node all-gather of the packed shards, unpacked to +-1 into ``buffer``."""
@@ -392,7 +333,7 @@ del birder_hook.__annotations__["return_"]
 def attach_birder(ddp_model: torch.nn.parallel.DistributedDataParallel, optimizer: Birder,
                   gpus_per_node: Optional[int] = None, scheme: str = "hierarchical",
                   topology: Optional[Topology] = None, kernel_backend: str = "auto",
-                  overlap: bool = True, nonfinite: str = "skip", pipeline_kb: float = PIPELINE_KB) -> BirderState:
+                  overlap: bool = True, nonfinite: str = "skip") -> BirderState:
     """Register the Birder hook on ``ddp_model`` and hand the optimizer its update: three lines in a script.
 
     ``gpus_per_node`` (processes per node; default: LOCAL_WORLD_SIZE from torchrun) builds the topology when
@@ -402,8 +343,6 @@ def attach_birder(ddp_model: torch.nn.parallel.DistributedDataParallel, optimize
     ``overlap``: run the hook's work on a communication thread beside the backward pass (false: inside it).
     ``nonfinite``: a NaN or Inf in any rank's gradient skips the whole step on every rank (``skip``: parameters
     and hook state untouched, ``state.nonfinite_steps`` counts it) or fails it (``raise``).
-    ``pipeline_kb``: a bucket's exchange runs in pieces of this many KiB of packed bits per server chunk, so that
-    one piece's wire time overlaps the next one's compression (0: the whole bucket at once; the same results).
     """
     kernels.resolve_backend(kernel_backend, next(ddp_model.module.parameters()).device)  # fail here, not later
     if not isinstance(optimizer, Birder):
@@ -419,8 +358,7 @@ def attach_birder(ddp_model: torch.nn.parallel.DistributedDataParallel, optimize
     state = BirderState(topology, scheme=scheme, beta=groups[0]["beta"], eps=groups[0]["eps"],
                         amsgrad_after=groups[0]["amsgrad_after"], seed=optimizer.seed,
                         param_numels=[p.numel() for p in ddp_model.module.parameters()],
-                        kernel_backend=kernel_backend, overlap=overlap, nonfinite=nonfinite,
-                        pipeline_kb=pipeline_kb)
+                        kernel_backend=kernel_backend, overlap=overlap, nonfinite=nonfinite)
     state.param_index = parameter_index(ddp_model.module)
     ddp_model.register_comm_hook(state, birder_hook)
     optimizer.compressed_by_hook = True
@@ -434,5 +372,4 @@ def attach_from_config(ddp_model, optimizer, cfg: Mapping[str, Any], topology: T
     comm = cfg.get("comm") or {}
     return attach_birder(ddp_model, optimizer, scheme=comm.get("scheme", "hierarchical"), topology=topology,
                          kernel_backend=str(comm.get("kernel_backend", "auto")),
-                         overlap=bool(comm.get("overlap", True)), nonfinite=str(comm.get("nonfinite", "skip")),
-                         pipeline_kb=float(comm.get("pipeline_kb", PIPELINE_KB)))
+                         overlap=bool(comm.get("overlap", True)), nonfinite=str(comm.get("nonfinite", "skip")))
