@@ -348,3 +348,14 @@ def test_validate_emulated_from_records(tmp_path):
     assert frame.set_index("nodes")["error"][2] == pytest.approx(1 / 1.05 - 1)
     assert frame.set_index("nodes")["error"][4] == pytest.approx(0.0, abs=1e-9)
     assert "meets the target" in format_emulated(frame)
+
+
+# ------------------------------------------------------------------------------------------ link probe
+def test_link_probe_fit_recovers_alpha_and_bandwidth():
+    from birder_repro.perf.linkprobe import fit_alpha_beta
+
+    n, alpha, beta = 4, 2e-4, 1 / 12.5e6  # 100 Mbit/s
+    sizes = [4096, 65536, 1 << 20, 4 << 20]
+    times = [(n - 1) * alpha + (n - 1) / n * s * beta for s in sizes]
+    assert fit_alpha_beta(sizes, times, n) == pytest.approx((alpha, beta))
+    assert fit_alpha_beta([1.0, 2.0], [1.0, 0.5], 2)[1] == 0.0  # never a negative cost per byte

@@ -1,0 +1,131 @@
+"""Measure an emulated cluster's link as the performance model prices it (nccl-tests' role, for gloo here).
+
+    python -m birder_repro.perf.linkprobe --link-mbit 100 [--nodes 2]     # needs root and iproute2
+
+Builds a fabric of ``--nodes`` namespaces as ``cluster=emulated`` does (conf/cluster/emulated.yaml's queue and
+burst), runs one process per node (gloo bound to the node's veth), and times ``all_to_all_single`` and
+``all_gather`` of 4 KiB to 4 MiB per process (median of the repeats after a warmup, each after a barrier). Each
+collective's times are fitted by least squares to the model's pairwise exchange (birder_repro.perf.collectives,
+Thakur, Rabenseifner and Gropp 2005): t = (n-1) alpha + (n-1)/n S / bandwidth, S the bytes per process. It
+prints the fit and what conf/cluster/emulated.yaml's ``perf`` block would say: ``inter_latency_us`` (alpha) and
+``exchange_efficiency`` (bandwidth over the tbf rate). Nothing of a training run goes into it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20]  # bytes per process
+KINDS = ("all_to_all", "all_gather")
+WARMUP, REPEATS = 3, 9
+
+
+def fit_alpha_beta(sizes: Sequence[float], seconds: Sequence[float], n: int) -> tuple[float, float]:
+    """Least squares of t = (n-1) alpha + (n-1)/n S beta over the points; returns (alpha s, beta s/byte), each
+    at least 0."""
+    xs = [(n - 1) / n * s for s in sizes]
+    k = n - 1
+    mx, my = statistics.fmean(xs), statistics.fmean(seconds)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    beta = max(sum((x - mx) * (y - my) for x, y in zip(xs, seconds)) / sxx, 0.0) if sxx > 0 else 0.0
+    alpha = max((my - beta * mx) / k, 0.0)
+    return alpha, beta
+
+
+# ------------------------------------------------------------------------------------------- one node
+def _worker(rank: int, world: int, master: str, port: int, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from birder_repro.comm.collectives import all_gather_flat
+
+    dist.init_process_group("gloo", init_method=f"tcp://{master}:{port}", rank=rank, world_size=world)
+    results: dict[str, dict[int, float]] = {k: {} for k in KINDS}
+    for size in SIZES:
+        size = -(-size // world) * world
+        send = torch.zeros(size, dtype=torch.uint8)
+        recv = torch.empty_like(send)
+        for kind in KINDS:
+            times = []
+            for i in range(WARMUP + REPEATS):
+                dist.barrier()
+                t0 = time.perf_counter()
+                if kind == "all_to_all":
+                    dist.all_to_all_single(recv, send)
+                else:
+                    all_gather_flat(recv, send[: size // world])
+                if i >= WARMUP:
+                    times.append(time.perf_counter() - t0)
+            results[kind][size] = statistics.median(times)
+    if rank == 0:
+        Path(out).write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------------------- the launcher
+def probe(nodes: int, link_mbit: Optional[float], port: int = 29533) -> dict[str, dict[int, float]]:
+    """Build the fabric, run a worker per node, remove the fabric; rank 0's medians per kind and size."""
+    from omegaconf import OmegaConf
+
+    from birder_repro.launch import netns
+    from birder_repro.launch.emulated import shaping
+    from birder_repro.perf.validate import CLUSTER_DIR
+
+    cluster = OmegaConf.load(CLUSTER_DIR / "emulated.yaml")
+    cluster.link_mbit = link_mbit
+    fabric = netns.plan_fabric(nodes, str(cluster.subnet), shaping(OmegaConf.create({"cluster": cluster})))
+    netns.require_tools()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "probe.json")
+        netns.create(fabric)
+        try:
+            procs = [subprocess.Popen(
+                ["ip", "netns", "exec", node.netns, sys.executable, "-m", "birder_repro.perf.linkprobe", "--worker",
+                 str(node.index), str(nodes), fabric.nodes[0].address, str(port), out],
+                env={**os.environ, "GLOO_SOCKET_IFNAME": node.node_veth, "OMP_NUM_THREADS": "1"})
+                for node in fabric.nodes]
+            codes = [p.wait(timeout=600) for p in procs]
+        finally:
+            netns.destroy(fabric)
+        if any(codes):
+            raise RuntimeError(f"link probe workers exited with {codes}")
+        return {k: {int(s): t for s, t in v.items()} for k, v in json.loads(Path(out).read_text()).items()}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--worker"]:
+        rank, world, master, port, out = argv[1:6]
+        _worker(int(rank), int(world), master, int(port), out)
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--link-mbit", type=float, default=None, help="the tbf rate (default: unshaped)")
+    args = parser.parse_args(argv)
+    results = probe(args.nodes, args.link_mbit)
+    n = args.nodes
+    print(f"emulated link probe: {n} nodes, link {args.link_mbit or 'unshaped'} Mbit/s; median seconds per call")
+    print("bytes/process  " + "  ".join(f"{k:>12s}" for k in KINDS))
+    for size in sorted(next(iter(results.values()))):
+        print(f"{size:13d}  " + "  ".join(f"{results[k][size] * 1e3:10.2f}ms" for k in KINDS))
+    for kind in KINDS:
+        sizes = sorted(results[kind])
+        alpha, beta = fit_alpha_beta(sizes, [results[kind][s] for s in sizes], n)
+        rate = 8 / beta / 1e6 if beta > 0 else float("inf")
+        eff = f", {rate / args.link_mbit:.2f} of the link" if args.link_mbit else ""
+        print(f"{kind}: alpha {alpha * 1e6:.0f} us per network step, {rate:.1f} Mbit/s{eff}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
