@@ -191,6 +191,21 @@ def test_auto_picks_cpu_on_cpu_tensors_with_torchs_thread_budget():
     assert 1 <= kernels.backend_threads("cpu") <= torch.get_num_threads()
 
 
+@pytest.mark.skipif(not HAS_NUMBA, reason="numba is not installed")
+def test_cpu_threads_follow_the_process_budget_from_any_thread(monkeypatch):
+    """OMP_NUM_THREADS is the budget even where torch.get_num_threads() says otherwise (the hook's thread)."""
+    import threading
+
+    from birder_repro.comm.kernels import cpu
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(cpu.threads()))
+    t.start()
+    t.join()
+    assert seen == [1] and cpu.threads() == 1
+
+
 # ------------------------------------------------------------------------------ triton (interpreter) = torch
 TRITON_CASES = [c for c in CASES if c[0] <= 8200]
 _TRITON_SCRIPT = textwrap.dedent("""

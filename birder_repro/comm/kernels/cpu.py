@@ -23,6 +23,8 @@ Compiled on first use and cached on disk (``cache=True``); later processes load 
 
 from __future__ import annotations
 
+import os
+
 import numba
 import numpy as np
 import torch
@@ -166,9 +168,18 @@ def _np(t: torch.Tensor) -> np.ndarray:
 
 
 def threads() -> int:
-    """The threads the kernels use: torch's budget (OMP_NUM_THREADS, torchrun's one per process), at most
-    the cores numba found (the process's CPU affinity)."""
-    return max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+    """The threads the kernels use: the process's thread budget, OMP_NUM_THREADS where it is set (torchrun's
+    one per process, the launchers' share of the cores), else torch's; at most the cores the process may run on
+    (its CPU affinity: an emulated node pinned to its cores) and numba's pool.
+
+    The environment is read because the hook calls the kernels from its communication thread, where
+    ``torch.get_num_threads()`` does not report the main thread's budget (measured: 2 in a 1-process run with
+    OMP_NUM_THREADS=1 on 2 cores), and a profile measured with more threads than the layout it predicts for
+    priced compression at half its cost."""
+    budget = os.environ.get("OMP_NUM_THREADS", "")
+    wanted = int(budget) if budget.isdigit() and int(budget) > 0 else torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else wanted
+    return max(1, min(wanted, cores, numba.config.NUMBA_NUM_THREADS))
 
 
 def _use_threads() -> None:
