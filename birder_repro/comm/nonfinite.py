@@ -7,11 +7,13 @@ run, and the stochastic sign would silently turn it into -1. So every compressed
     Step II   sends the flag WITH the payload it exchanges anyway (one extra element of the fp32 reduce-scatter,
               one extra byte of the packed bits of the all-to-all / all-gather): no extra round trip, and every
               rank learns the same answer for the bucket (``note``);
-    Step III  backs up the bucket's state before its first update of the step (``backup``), so that a skipped
-              step can be undone for the buckets already processed, whatever bucket the NaN was in;
+    Step III  keeps the bucket's old state through its first update of the step, so that a skipped step can be
+              undone for the buckets already processed, whatever bucket the NaN was in: Birder's kernels write
+              the new state beside the old (``fresh`` / ``commit``: no copy), 1-bit Adam copies it first
+              (``backup``);
     Step IV   at the optimizer's step (``end_step``, called by the hook's optimizer): if any bucket of the step
               was non-finite, every bucket's state is restored, the optimizer leaves parameters and its own
-              state untouched, and ``nonfinite_steps`` counts it; otherwise the backups are dropped.
+              state untouched, and ``nonfinite_steps`` counts it; otherwise the old states are let go.
 
 ``optim.comm.nonfinite=raise`` instead fails the step with an error naming the step and the bucket (on every
 rank alike, since all ranks see the same flag), and keeps no backups.
