@@ -73,12 +73,6 @@ class ClusterSpec:
     def intra(self) -> Link:
         return Link(self.intra_latency_us * 1e-6, self.intra_mbit * MBIT * self.intra_efficiency)
 
-    def with_efficiency(self, inter_efficiency: Optional[float] = None,
-                        exchange_efficiency: Optional[float] = None) -> "ClusterSpec":
-        changes = {k: v for k, v in (("inter_efficiency", inter_efficiency),
-                                     ("exchange_efficiency", exchange_efficiency)) if v is not None}
-        return ClusterSpec(**{**asdict(self), **changes})
-
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
