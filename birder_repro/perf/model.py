@@ -7,7 +7,8 @@
            ``this`` implementation (birder_repro.perf.implementations); where the processes of an emulated
            cluster have no spare core for their communication thread, the compression takes turns with the
            backward pass (simulate_shared); where an implementation does not
-           overlap a scheme, its buckets add their whole time (simulate_sequential), and where it exchanges
+           overlap a scheme, its buckets add their whole time (simulate_sequential), where it overlaps a
+           fraction, the step is that mixture of the two (blend), and where it exchanges
            the whole flattened vector in the optimizer's step, the "buckets" are that one vector.
     compute = forward + backward (the profile's, linear in the batch) + optimizer + the scheme's overhead.
 
@@ -24,8 +25,9 @@ from typing import Any, Optional
 from .cluster import ClusterSpec, host_contention, no_spare_core, op_time
 from .profile import Profile
 from .schemes import COMPRESSION_BACKEND, bucket_collectives, compressed_elements, counted_bytes
-from .implementations import implementation_of
-from .timeline import BucketWork, StepTimeline, ready_times, simulate, simulate_sequential, simulate_shared
+from .implementations import ImplementationLike, implementation_of
+from .timeline import (BucketWork, StepTimeline, blend, ready_times, simulate, simulate_sequential,
+                       simulate_shared)
 
 __all__ = ["StepPrediction", "predict_step", "predict_run"]
 
@@ -72,7 +74,8 @@ def _bucket_matrices(profile: Profile, sizes: list[int]) -> list[Optional[list]]
 
 
 def predict_step(profile: Profile, cluster: ClusterSpec, nodes: int, gpus_per_node: int, scheme: str,
-                 batch_size: Optional[int] = None, rank: int = 1, implementation: str = "this") -> StepPrediction:
+                 batch_size: Optional[int] = None, rank: int = 1,
+                 implementation: ImplementationLike = "this") -> StepPrediction:
     """One step of ``scheme`` (birder_repro.perf.schemes.SCHEMES) on ``nodes`` x ``gpus_per_node``, as
     ``implementation`` (birder_repro.perf.implementations: ``this`` or ``paper``) runs it."""
     impl = implementation_of(implementation, scheme)
@@ -101,12 +104,11 @@ def predict_step(profile: Profile, cluster: ClusterSpec, nodes: int, gpus_per_no
         compress = per_element * compressed_elements(scheme, size, nodes, gpus_per_node, rank, mats)
         work.append(BucketWork(t_ready, compress, comm))
     optimizer = slow * (profile.optimizer_s + profile.scheme_overhead_s.get(scheme, 0.0))
-    if not impl.overlap:
-        tl: StepTimeline = simulate_sequential(work, fb, optimizer)
-    elif no_spare_core(cluster, nodes * gpus_per_node, profile.threads, profile.host_cores):
-        tl = simulate_shared(work, fb, optimizer)
-    else:
-        tl = simulate(work, fb, optimizer)
+    tl: StepTimeline = simulate_sequential(work, fb, optimizer)
+    if impl.overlap > 0:
+        shared = no_spare_core(cluster, nodes * gpus_per_node, profile.threads, profile.host_cores)
+        overlapped = (simulate_shared if shared else simulate)(work, fb, optimizer)
+        tl = overlapped if impl.overlap == 1 else blend(overlapped, tl, impl.overlap)
     return StepPrediction(scheme=scheme, nodes=nodes, gpus_per_node=gpus_per_node, batch_size=batch,
                           total_s=tl.total_s + profile.data_wait_s, compute_s=tl.compute_s, communication_s=tl.communication_s,
                           compression_s=tl.compression_s, intra_node_bytes=intra, inter_node_bytes=inter,
@@ -116,7 +118,7 @@ def predict_step(profile: Profile, cluster: ClusterSpec, nodes: int, gpus_per_no
 
 def predict_run(profile: Profile, cluster: ClusterSpec, nodes: int, gpus_per_node: int, scheme: str,
                 batch_size: Optional[int] = None, rank: int = 1,
-                warmup_fraction: float = 0.0, implementation: str = "this") -> dict[str, Any]:
+                warmup_fraction: float = 0.0, implementation: ImplementationLike = "this") -> dict[str, Any]:
     """The whole run: ``warmup_fraction`` of the steps in fp32 (1-bit Adam's freeze, PowerSGD's start
     iteration), the rest in ``scheme``. Returns the mean step ('run') and each stage's prediction."""
     if not 0 <= warmup_fraction <= 1:

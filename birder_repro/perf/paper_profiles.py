@@ -13,6 +13,7 @@ from typing import Any, Optional
 import yaml
 
 from .cluster import ClusterSpec
+from .implementations import ImplementationLike
 from .model import predict_step
 from .profile import Profile
 from .schemes import compressed_elements
@@ -37,7 +38,7 @@ def paper_profile_names() -> list[str]:
 
 
 def paper_profile(task: Optional[str] = None, batch_size: Optional[int] = None, name: Optional[str] = None,
-                  node: Optional[ClusterSpec] = None, implementation: str = "paper") -> Profile:
+                  node: Optional[ClusterSpec] = None, implementation: ImplementationLike = "paper") -> Profile:
     """The paper profile ``name``, or the one of ``task`` at ``batch_size`` per GPU (the nearest batch if
     the paper has no row for it; the model scales compute linearly from there). Its scheme overheads are
     derived for ``implementation`` (birder_repro.perf.implementations), so that the model run with the same
@@ -54,7 +55,7 @@ def paper_profile(task: Optional[str] = None, batch_size: Optional[int] = None, 
     return _derive(name, data[name], node or _ONE_NODE, implementation)
 
 
-def _derive(name: str, row: dict[str, Any], node: ClusterSpec, implementation: str) -> Profile:
+def _derive(name: str, row: dict[str, Any], node: ClusterSpec, implementation: ImplementationLike) -> Profile:
     m = PAPER_GPUS_PER_NODE
     params, batch = int(row["parameter_count"]), int(row["batch_size"])
     step = {scheme: m * batch / float(tput) for scheme, tput in row["throughput_1node"].items()}
@@ -64,7 +65,8 @@ def _derive(name: str, row: dict[str, Any], node: ClusterSpec, implementation: s
                       forward_backward_s=step["fp32"], parameter_count=params,
                       compression_s_per_element={"birder": per_element, "onebit": per_element},
                       notes="derived from the Birder paper's 1-node rows and section 5.3 "
-                            f"(birder_repro/perf/profiles/paper.yaml), for implementation {implementation!r}")
+                            f"(birder_repro/perf/profiles/paper.yaml), for implementation "
+                            f"{implementation if isinstance(implementation, str) else 'custom'!r}")
     # Step 1: forward + backward such that the model reproduces the baseline's 1-node row.
     for _ in range(5):
         exposed = (predict_step(profile, node, 1, m, "fp32", implementation=implementation).total_s

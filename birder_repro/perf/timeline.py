@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-__all__ = ["BucketWork", "StepTimeline", "simulate", "simulate_shared", "simulate_sequential", "ready_times"]
+__all__ = ["BucketWork", "StepTimeline", "simulate", "simulate_shared", "simulate_sequential", "blend",
+           "ready_times"]
 
 
 @dataclass(frozen=True)
@@ -105,3 +106,19 @@ def simulate_sequential(buckets: Sequence[BucketWork], forward_backward_s: float
     return StepTimeline(total_s=forward_backward_s + compress + comm + optimizer_s,
                         compute_s=forward_backward_s + optimizer_s, communication_s=comm,
                         compression_s=compress, starts=tuple(starts), ends=tuple(ends))
+
+
+def blend(overlapped: StepTimeline, sequential: StepTimeline, overlap: float) -> StepTimeline:
+    """A partial overlap: ``overlap`` of what :func:`simulate` hides beyond :func:`simulate_sequential` is
+    hidden (1: the overlapped step, 0: the sequential one); every exposed part in the same proportion, so the
+    parts still add up to the step. The buckets' times are the overlapped timeline's."""
+    if not 0.0 <= overlap <= 1.0:
+        raise ValueError(f"overlap must be in [0, 1], got {overlap}")
+
+    def mix(a: float, b: float) -> float:
+        return overlap * a + (1 - overlap) * b
+
+    return StepTimeline(total_s=mix(overlapped.total_s, sequential.total_s), compute_s=overlapped.compute_s,
+                        communication_s=mix(overlapped.communication_s, sequential.communication_s),
+                        compression_s=mix(overlapped.compression_s, sequential.compression_s),
+                        starts=overlapped.starts, ends=overlapped.ends)
