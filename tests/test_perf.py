@@ -23,6 +23,7 @@ from birder_repro.perf.implementations import (IMPLEMENTATIONS, PAPER_DDP_OVERLA
 from birder_repro.perf.timeline import (BucketWork, blend, ready_times, simulate, simulate_sequential,
                                         simulate_shared)
 from birder_repro.perf import validate as V
+from dist_utils import run_distributed
 
 REPO = Path(__file__).resolve().parents[1]
 LINK = C.Link(alpha_s=1e-5, bandwidth_Bps=1e9)
@@ -395,3 +396,14 @@ def test_link_probe_fit_recovers_alpha_and_bandwidth():
     times = [(n - 1) * alpha + (n - 1) / n * s * beta for s in sizes]
     assert fit_alpha_beta(sizes, times, n) == pytest.approx((alpha, beta))
     assert fit_alpha_beta([1.0, 2.0], [1.0, 0.5], 2)[1] == 0.0  # never a negative cost per byte
+
+
+def _slowest(rank: int, world: int) -> list[float]:
+    from birder_repro.perf.linkprobe import slowest_rank
+
+    return slowest_rank([0.1 * (rank + 1), 0.5 - 0.1 * rank])
+
+
+def test_link_probe_takes_each_call_at_its_slowest_rank():
+    # Rank 0 timed (0.1, 0.5), rank 1 (0.2, 0.4): every rank gets (0.2, 0.5), the calls as the step sees them.
+    assert run_distributed(_slowest, 2) == [pytest.approx([0.2, 0.5])] * 2

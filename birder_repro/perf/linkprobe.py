@@ -4,7 +4,8 @@
 
 Builds a fabric of ``--nodes`` namespaces as ``cluster=emulated`` does (conf/cluster/emulated.yaml's queue and
 burst), runs one process per node (gloo bound to the node's veth), and times ``all_to_all_single`` and
-``all_gather`` of 4 KiB to 4 MiB per process (median of the repeats after a warmup, each after a barrier). Each
+``all_gather`` of 4 KiB to 4 MiB per process (each call after a barrier, timed on every rank and taken as the
+slowest rank's time, as a training step waits for the slowest; the median of the repeats after a warmup). Each
 collective's times are fitted by least squares to the model's pairwise exchange (birder_repro.perf.collectives,
 Thakur, Rabenseifner and Gropp 2005): t = (n-1) alpha + (n-1)/n S / bandwidth, S the bytes per process. It
 prints the fit and what conf/cluster/emulated.yaml's ``perf`` block would say: ``inter_latency_us`` (alpha) and
@@ -41,6 +42,19 @@ def fit_alpha_beta(sizes: Sequence[float], seconds: Sequence[float], n: int) -> 
     return alpha, beta
 
 
+def slowest_rank(times: Sequence[float]) -> list[float]:
+    """Each call's time as the slowest rank saw it (an all-reduce MAX over the default group, elementwise): a
+    collective is done when it is done everywhere, and a training step waits for that. Between two nodes the
+    two sides of one all-to-all finish up to 2x apart (measured: 29 and 55 ms for 339 KB each way at
+    100 Mbit/s), so a single rank's clock can make the link look twice as fast as the step finds it."""
+    import torch
+    import torch.distributed as dist
+
+    slowest = torch.tensor(list(times), dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return slowest.tolist()
+
+
 # ------------------------------------------------------------------------------------------- one node
 def _worker(rank: int, world: int, master: str, port: int, out: str) -> None:
     import torch
@@ -65,7 +79,7 @@ def _worker(rank: int, world: int, master: str, port: int, out: str) -> None:
                     all_gather_flat(recv, send[: size // world])
                 if i >= WARMUP:
                     times.append(time.perf_counter() - t0)
-            results[kind][size] = statistics.median(times)
+            results[kind][size] = statistics.median(slowest_rank(times))
     if rank == 0:
         Path(out).write_text(json.dumps(results))
     dist.destroy_process_group()
