@@ -41,9 +41,9 @@ validate: $(STAMP)  ## the performance model against the paper: Tables 1-4's mul
 # run predicted from the 1-node run of its optimizer. One thread a process: the nodes share this machine's cores.
 EMU_RUNS ?= runs/validate-emulated
 EMU_ARGS ?= task=resnet50 model.size=tiny data.source=synthetic data.image_size=64 data.num_workers=0 \
-	train.batch_size=8 train.steps=15 train.timing_warmup_steps=4 train.eval=false logger=none cluster=emulated \
+	train.batch_size=8 train.steps=40 train.timing_warmup_steps=5 train.eval=false logger=none cluster=emulated \
 	optim=sgdm,onebit_adam,birder nodes=1,2,4 cluster.link_mbit=100,200
-validate-emulated: $(STAMP)  ## run the emulated sweep (about 10 minutes), then predicted vs measured throughput
+validate-emulated: $(STAMP)  ## run the emulated sweep (about 12 minutes), then predicted vs measured throughput
 	BIRDER_RUNS=$(EMU_RUNS) OMP_NUM_THREADS=1 $(BIN)/birder-repro -m $(EMU_ARGS) $(ARGS)
 	$(BIN)/python -m birder_repro.perf.validate --emulated $(EMU_RUNS)
 
