@@ -119,7 +119,9 @@ def step_time_figures(cells: pd.DataFrame, out_dir: Path) -> list[Path]:
         ax.set_ylabel("time per iteration, ms")
         source = rows.iloc[0]["source"]
         ax.set_title(f"{source.upper()}: {short_title(rows)}", fontsize=9)
-        ax.legend(fontsize=7)
+        # Headroom above the tallest bar, and the legend in a row there, so that it covers no bar.
+        ax.set_ylim(0, 1.25 * float(bottom.max()) if float(bottom.max()) > 0 else 1.0)
+        ax.legend(fontsize=7, ncol=len(PARTS), loc="upper left")
         ax.grid(axis="y", alpha=0.3)
         fig.tight_layout()
         path = out_dir / figure_name(rows, "fig4", with_source=True)
