@@ -280,3 +280,160 @@ def test_bad_inputs_raise_clear_errors(call, match):
 def test_triton_on_cpu_tensors_says_how_to_run_it():
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         kernels.unpack(torch.zeros(2, dtype=torch.uint8), backend="triton")
+
+
+# ------------------------------------------------------------------- GPU launch hygiene (checked on the CPU)
+def _specialisation(kernel, args: dict) -> list:
+    """What Triton keys a kernel's compiled variant on for these arguments (its own binder, no GPU needed)."""
+    from triton.backends.compiler import BaseBackend
+    from triton.runtime.jit import create_function_from_signature
+
+    bind = create_function_from_signature(kernel.signature, kernel.params, BaseBackend)
+    return bind(**args)[1]
+
+
+_SEEDS = [0, 1, 16, 2**31 - 1, 2**31, 2**32 + 16, 2**63 - 1, 2**63, 2**63 + 5, 2**64 - 1, SEED]
+
+
+@pytest.mark.skipif(not HAS_TRITON or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
+                    reason="needs triton's compiler front end")
+@pytest.mark.parametrize("name", ["_worker_kernel", "_server_kernel", "_rand_kernel"])
+def test_triton_compiles_one_variant_whatever_the_seed_and_the_sizes(name):
+    """A per-step key must not pick a new compiled variant (a second-long compile inside a timed step): the key
+    travels as two i32 halves listed in do_not_specialize, and so do the sizes. Checked with Triton's own
+    specialisation of the arguments the wrappers pass, for keys of every type class (i32, i64, u64, ==1, %16)."""
+    from birder_repro.comm.kernels import gpu
+
+    kernel = getattr(gpu, name)
+    f32, u8, i64 = torch.zeros(8), torch.zeros(8, dtype=torch.uint8), torch.zeros(2, dtype=torch.int64)
+
+    def args(seed: int, n: int) -> dict:
+        lo, hi = gpu.seed_halves(seed)
+        common = dict(seed_lo=lo, seed_hi=hi, BLOCK=gpu.BLOCK)
+        tables = dict(starts_ptr=i64, deltas_ptr=i64, nseg=1 + n % 3, nsteps=n % 3)
+        if name == "_worker_kernel":
+            ptrs = ("g_ptr", "m_ptr", "b_ptr", "e_ptr", "b_hat_ptr", "m_o_ptr", "b_o_ptr", "e_o_ptr", "b_hat_o_ptr")
+            return dict(**dict.fromkeys(ptrs, f32), out_ptr=u8, n=n, beta=0.9, one_minus_beta=0.1, eps=1e-8,
+                        HAS_B_HAT=False, **tables, **common)
+        if name == "_server_kernel":
+            return dict(received_ptr=u8, e_bar_ptr=f32, e_bar_o_ptr=f32, out_ptr=u8, workers=2, float_workers=2.0,
+                        nbytes=n // 8, **tables, **common)
+        return dict(offsets_ptr=i64, out_ptr=f32, n=n, **common)
+
+    first = _specialisation(kernel, args(_SEEDS[0], 8))
+    for seed in _SEEDS:
+        for n in (8, 16, 24, 1 << 20, (1 << 31) - 8):
+            assert _specialisation(kernel, args(seed, n)) == first, (seed, n)
+    # and the halves put the key back together exactly, in the form tl.rand reads it (a uint64)
+    for seed in _SEEDS:
+        lo, hi = gpu.seed_halves(seed)
+        assert -(1 << 31) <= lo < 1 << 31 and -(1 << 31) <= hi < 1 << 31
+        assert ((hi & 0xFFFFFFFF) << 32) | (lo & 0xFFFFFFFF) == seed
+
+
+_MASK_SCRIPT = textwrap.dedent("""
+    import sys, torch, triton, triton.language as tl
+    from birder_repro.comm.kernels import gpu
+
+    @triton.jit
+    def probe(j_ptr, out_ptr, nbytes, BLOCK: tl.constexpr):
+        i = tl.arange(0, BLOCK)
+        tl.store(out_ptr + i, gpu._in_bytes(tl.load(j_ptr + i), nbytes).to(tl.int8))
+
+    nbytes = 1 << 29  # 8 * nbytes = 2^32: a 32-bit product wraps to 0
+    j = torch.tensor([0, 7, (1 << 31) + 5, (1 << 32) - 1, 1 << 32, (1 << 32) + 9, 3 << 31, 5], dtype=torch.int64)
+    out = torch.zeros(8, dtype=torch.int8)
+    probe[(1,)](j, out, nbytes, BLOCK=8)
+    torch.save(out, sys.argv[1])
+""")
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_kernel_masks_hold_past_two_to_the_31_elements(tmp_path):
+    """The masks compare int64 element indices with a byte count, not with 8 * nbytes, which wraps in 32 bits
+    past 2^31 elements (the allgather variant's unpack with many workers). Under the interpreter, which keeps
+    Triton's integer types, with the helper the kernels use."""
+    path = tmp_path / "mask.pt"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", _MASK_SCRIPT, str(path)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert torch.load(path).tolist() == [1, 1, 1, 1, 0, 0, 0, 1]
+
+
+def test_segment_tables_are_copied_to_a_device_once():
+    seg = Segments([0, 5], [100, 7])
+    first = seg.on("cpu")
+    assert seg.on(torch.device("cpu"))[0] is first[0] and first[1].tolist() == [100, 2]
+
+
+def test_a_hook_keeps_one_segment_table_per_bucket_and_range():
+    """Birder's draws for a bucket are built once and reused at every step (no host-to-device copy per launch)."""
+    from birder_repro.comm.birder import BirderState
+    from birder_repro.comm.buckets import Bucket
+    from birder_repro.comm.topology import Topology
+
+    state = BirderState(Topology(rank=0, world_size=1, gpus_per_node=1), scheme="flat", param_numels=[10, 6],
+                        overlap=False)
+    bucket = Bucket(((0, 0, 10), (1, 10, 6)), 16, 16, {})
+    seed1, where1 = state._draws(bucket, "worker", 0, 16)
+    bucket.step += 1
+    seed2, where2 = state._draws(bucket, "worker", 0, 16)
+    assert where1 is where2 and seed1 != seed2
+    assert where1.positions(0, 16).tolist() == list(range(16))
+
+
+@pytest.mark.parametrize("how", ["passes", "compile_error", "wrong_philox"])
+def test_triton_self_test_refuses_in_one_line(how, tmp_path):
+    """check_backend compiles every variant and compares tl.rand with the CPU's Philox when a hook attaches: a
+    Triton that cannot compile, or draws other numbers, is refused in one line naming the way out."""
+    script = textwrap.dedent(f"""
+        import torch
+        from birder_repro.comm import kernels
+        from birder_repro.comm.kernels import gpu, philox
+        how = {how!r}
+        if how == "compile_error":
+            gpu.unpack = lambda packed, out: (_ for _ in ()).throw(ValueError("PTX assembly failed\\nmore"))
+        if how == "wrong_philox":
+            philox.uniform = lambda seed, offsets: torch.zeros(offsets.shape)
+        try:
+            kernels.check_backend("triton", "cpu")
+            print("OK")
+        except RuntimeError as exc:
+            print("ERR", str(exc))
+    """)
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout.strip()
+    assert "\n" not in out
+    if how == "passes":
+        assert out == "OK"
+    elif how == "compile_error":
+        assert out.startswith("ERR the triton kernels backend does not run") and "PTX assembly failed" in out
+        assert "kernel_backend=torch" in out and "more" not in out
+    else:
+        assert out.startswith("ERR") and "tl.rand does not draw Philox4x32-10" in out and "kernel_backend=torch" in out
+
+
+def test_auto_backend_on_cuda_without_triton_is_an_error(monkeypatch):
+    monkeypatch.setattr(kernels, "available_backends", lambda device="cpu": ["torch"])
+    with pytest.raises(ValueError, match="auto on CUDA needs Triton.*kernel_backend=torch"):
+        kernels.resolve_backend("auto", "cuda")
+
+
+def test_no_deprecated_collective_names():
+    """torch 2.14 deprecates reduce_scatter_tensor / all_gather_into_tensor (FutureWarning on every call)."""
+    import pathlib
+
+    import birder_repro
+    from birder_repro.comm import collectives
+
+    root = pathlib.Path(birder_repro.__file__).parent
+    offenders = [str(p) for p in root.rglob("*.py") if p.name != "collectives.py"
+                 and ("dist.reduce_scatter_tensor" in p.read_text() or "dist.all_gather_into_tensor" in p.read_text())]
+    assert offenders == []
+    import torch.distributed as dist
+
+    if hasattr(dist, "reduce_scatter_single"):
+        assert collectives.reduce_scatter_flat is dist.reduce_scatter_single

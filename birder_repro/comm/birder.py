@@ -60,7 +60,7 @@ from birder_repro.comm import kernels
 from birder_repro.comm.accounting import peer_bytes, reduce_scatter_bytes
 from birder_repro.comm.buckets import (Bucket, BucketStore, ElementPositions, Field, Level, bucket_signature,
                                        parameter_index)
-from birder_repro.comm.collectives import all_gather_flat
+from birder_repro.comm.collectives import all_gather_flat, reduce_scatter_flat
 from birder_repro.comm.nonfinite import NonFiniteGuard, local_flag
 from birder_repro.comm.overlap import HookRunner
 from birder_repro.comm.state import UPDATE, CompressedCommState
@@ -137,9 +137,11 @@ class BirderState(CompressedCommState):
         """(Philox key, positions) of the padded bucket's elements [lo, hi) in ``role``'s quantization."""
         rank = self.worker_id if role == "worker" else 0
         seed = kernels.derive_seed(self.seed, bucket.step, role, rank)
+        return seed, bucket.cached(("segments", lo, hi), lambda: self._segments(bucket, lo, hi))
+
+    def _segments(self, bucket: Bucket, lo: int, hi: int) -> kernels.Segments:
         starts, positions = self.positions.segments(bucket.signature, bucket.padded, lo, hi)
-        return seed, kernels.Segments(torch.tensor(starts, dtype=torch.int64),
-                                      torch.tensor(positions, dtype=torch.int64))
+        return kernels.Segments(torch.tensor(starts, dtype=torch.int64), torch.tensor(positions, dtype=torch.int64))
 
     # ------------------------------------------------------------------------------------------ the bucket
     def allreduce_bucket(self, index: int, buffer: torch.Tensor, signature: tuple) -> torch.Tensor:
@@ -207,7 +209,7 @@ class BirderState(CompressedCommState):
         shard = bucket.workspace("shard", numel=shard_size + 1, device=flat.device)
         with self.timing("comm", flat.device):
             # gloo has no AVG reduce-scatter: sum, then divide (exact for m = 2, and the same on every rank)
-            dist.reduce_scatter_tensor(shard, rows.view(-1), op=dist.ReduceOp.SUM, group=self.worker_group)
+            reduce_scatter_flat(shard, rows.view(-1), op=dist.ReduceOp.SUM, group=self.worker_group)
         self.add_bytes(reduce_scatter_bytes(rows.numel() * 4, self.worker_size), 0.0)
         return shard[:shard_size].div_(m), shard[shard_size]
 

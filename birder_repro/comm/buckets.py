@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -161,8 +161,9 @@ class Bucket:
         # saved: the layout, the hook's step counter for the bucket, and this rank's part of every field
         "signature", "numel", "padded", "step", "state",
         # not saved: whatever the hook derives for the bucket from elsewhere (1-bit Adam: the optimizer's mask
-        # and scales), None after creation and after loading; the hook's scratch buffers (:meth:`workspace`)
-        "derived", "_workspace",
+        # and scales), None after creation and after loading; the hook's scratch buffers (:meth:`workspace`);
+        # values the hook derives from the layout alone (:meth:`cached`: the segment tables of the draws)
+        "derived", "_workspace", "_cache",
     )
     SAVED = ("signature", "numel", "padded", "step", "state")
 
@@ -170,6 +171,16 @@ class Bucket:
         self.signature, self.numel, self.padded, self.step, self.state = signature, numel, padded, step, state
         self.derived: Any = None
         self._workspace: dict[str, torch.Tensor] = {}
+        self._cache: dict[Any, Any] = {}
+
+    def cached(self, key: Any, make: Callable[[], Any]) -> Any:
+        """``make()`` once per bucket and ``key``, for what depends only on the bucket's layout (which never
+        changes for a Bucket: a new layout is a new Bucket). Why: a GPU kernel's tables stay on the device
+        instead of being built and copied from the host at every step."""
+        value = self._cache.get(key)
+        if value is None:
+            value = self._cache[key] = make()
+        return value
 
     def workspace(self, name: str, like: torch.Tensor | None = None, *, numel: int = 0,
                   dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -15,8 +15,10 @@ run, and the stochastic sign would silently turn it into -1. So every compressed
               was non-finite, every bucket's state is restored, the optimizer leaves parameters and its own
               state untouched, and ``nonfinite_steps`` counts it; otherwise the old states are let go.
 
-``optim.comm.nonfinite=raise`` instead fails the step with an error naming the step and the bucket (on every
-rank alike, since all ranks see the same flag), and keeps no backups.
+``optim.comm.nonfinite=raise`` instead fails the step at the optimizer's step, before anything is applied, with
+an error naming the step and the bucket (on every rank alike, since all ranks see the same flag), and keeps no
+backups. Neither mode reads a flag inside the hook: on a GPU that read would synchronise the device once per
+bucket; the flags are read once per step, at ``end_step``.
 """
 
 from __future__ import annotations
@@ -121,12 +123,8 @@ class NonFiniteGuard:
             undo.swapped.setdefault(k, old)
 
     def note(self, flag: torch.Tensor, index: int, step: int) -> None:
-        """The bucket's agreed flag (> 0: some rank's gradient was non-finite). Raise mode fails here."""
-        if self.mode == "raise":
-            if float(flag) > 0:
-                raise FloatingPointError(f"non-finite gradient (NaN or Inf) in DDP bucket {index} at the hook's "
-                                         f"step {step}, on some rank (optim.comm.nonfinite=raise)")
-            return
+        """The bucket's agreed flag (> 0: some rank's gradient was non-finite), read at :meth:`end_step`: reading
+        it here would synchronise the device once per bucket (both modes read the flags once per step)."""
         self._flags.append(flag.reshape(()).to(torch.float32))
         self._where.append((index, step))
 
@@ -136,8 +134,15 @@ class NonFiniteGuard:
         return bool(self._flags) and bool(torch.stack([f.cpu() for f in self._flags]).sum() > 0)
 
     def end_step(self) -> bool:
-        """At the optimizer's step: restore every bucket's state if the step is skipped; True if it is."""
+        """At the optimizer's step: restore every bucket's state if the step is skipped; True if it is. Raise
+        mode fails here, naming the first non-finite bucket, before the optimizer applies anything."""
         skip = self.skip_step
+        if skip and self.mode == "raise":
+            index, step = next(w for w, f in zip(self._where, self._flags) if float(f) > 0)
+            self._flags.clear()
+            self._where.clear()
+            raise FloatingPointError(f"non-finite gradient (NaN or Inf) in DDP bucket {index} at the hook's step "
+                                     f"{step}, on some rank (optim.comm.nonfinite=raise)")
         if skip:
             for undo in self._undo.values():
                 undo.restore()

@@ -19,7 +19,9 @@ global_offsets[s] + (j - starts[s]) in segment s. Seeds come from :func:`derive_
 
 Backends (``backend=``): ``torch`` (the reference: the optimizer's own functions), ``cpu`` (numba, one pass,
 all the process's cores), ``triton`` (GPU; CPU tensors under ``TRITON_INTERPRET=1``), ``auto`` (triton on
-CUDA tensors, cpu on CPU tensors where numba imports, else torch). All give the same bits and state.
+CUDA tensors, and an error where Triton is missing rather than the slow reference; cpu on CPU tensors where
+numba imports, else torch). All give the same bits and state. :func:`check_backend` also self-tests triton on
+its device (the hooks call it when they attach).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch
 from birder_repro.comm.kernels.philox import Offset, Segments, as_segments, derive_seed, uniform
 
 __all__ = ["worker_compress", "server_compress", "unpack", "uniform", "derive_seed", "Segments", "BACKENDS",
-           "available_backends", "resolve_backend", "backend_threads"]
+           "available_backends", "resolve_backend", "check_backend", "backend_threads"]
 
 # backend name -> module with worker_compress, server_compress, unpack, threads
 BACKENDS = {"torch": "birder_repro.comm.kernels.reference", "cpu": "birder_repro.comm.kernels.cpu",
@@ -69,9 +71,13 @@ def resolve_backend(backend: str, device: torch.device | str) -> str:
     device = torch.device(device)
     if backend == "auto":
         choices = available_backends(device)
-        for name in ("triton" if device.type == "cuda" else "cpu", "torch"):
-            if name in choices:
-                return name
+        if device.type == "cuda":  # never the slow reference on a GPU without a word
+            if "triton" in choices:
+                return "triton"
+            raise ValueError(f"kernels backend auto on CUDA needs Triton, which is unavailable here "
+                             f"({_IMPORT_ERRORS.get('triton', 'it did not import')}): install the triton that "
+                             "matches torch, or set optim.comm.kernel_backend=torch (the slow reference)")
+        return "cpu" if "cpu" in choices else "torch"
     if backend not in BACKENDS:
         raise ValueError(f"unknown kernels backend {backend!r}; choices: auto, {', '.join(BACKENDS)}")
     if backend not in available_backends(device):
@@ -79,6 +85,23 @@ def resolve_backend(backend: str, device: torch.device | str) -> str:
                                  + (" (set TRITON_INTERPRET=1 for CPU)" if backend == "triton" else ""))
         raise ValueError(f"kernels backend {backend!r} is unavailable: {why}")
     return backend
+
+
+_CHECKED: set[tuple[str, torch.device]] = set()
+
+
+def check_backend(backend: str, device: torch.device | str) -> str:
+    """:func:`resolve_backend`, and for ``triton`` a self-test on ``device`` once per process: every kernel
+    variant compiled and run on a tiny buffer, and ``tl.rand`` checked against :func:`uniform`. A hook calls it
+    when it attaches, so that a Triton that cannot compile, or whose ``tl.rand`` draws other numbers (before
+    Triton 3.4 it was Philox4x64, :mod:`.philox`), is refused there in one line, not on the communication
+    thread at the first bucket; and no variant is compiled inside a timed step."""
+    device = torch.device(device)
+    name = resolve_backend(backend, device)
+    if name == "triton" and (name, device) not in _CHECKED:
+        _module("triton").self_test(device)
+        _CHECKED.add((name, device))
+    return name
 
 
 def backend_threads(backend: str, device: torch.device | str = "cpu"):

@@ -129,6 +129,17 @@ class Segments:
             raise ValueError("Segments.global_offsets must be non-negative")
         object.__setattr__(self, "starts", starts)
         object.__setattr__(self, "global_offsets", offsets)
+        object.__setattr__(self, "_tables", {})
+
+    def on(self, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(starts, deltas) on ``device``, copied there once and kept: a hook keeps one Segments per bucket, so
+        a GPU kernel reads a resident table instead of copying it from pageable host memory at every launch
+        (a copy that synchronises the stream)."""
+        device = torch.device(device)
+        tables = self._tables.get(device)
+        if tables is None:
+            tables = self._tables[device] = (self.starts.to(device), self.deltas.to(device))
+        return tables
 
     @property
     def deltas(self) -> torch.Tensor:
