@@ -62,6 +62,7 @@ def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
     if cfg.get("mode") == "predict":
         return _predict(cfg, run_dir, started)
     try:
+        _check_gpus_per_node_knowable(cfg)
         resolved = layout.resolve(cfg, references=reference_configs(cfg))
         record.write_run_files(run_dir, resolved, _command_line(cfg))
         from birder_repro.launch import check, launch  # after resolving: a config error needs no launcher
@@ -83,6 +84,7 @@ def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
 def _predict(cfg: DictConfig, run_dir: Path, started: str) -> int:
     """mode=predict: the performance model's record of this run (birder_repro.perf.predict); nothing starts."""
     try:
+        _check_gpus_per_node_knowable(cfg)
         resolved = layout.resolve(cfg, references=reference_configs(cfg))
         record.write_run_files(run_dir, resolved, _command_line(cfg))
         from birder_repro.perf.predict import format_prediction, write_predicted_record
@@ -95,6 +97,19 @@ def _predict(cfg: DictConfig, run_dir: Path, started: str) -> int:
     print(format_prediction(rec), flush=True)
     print(f"[birder-repro] predicted record: {run_dir / record.RECORD_FILE}", flush=True)
     return 0
+
+
+def _check_gpus_per_node_knowable(cfg: DictConfig) -> None:
+    """``gpus_per_node=auto`` counts the GPUs of the machine the CLI runs on: the node itself with the local and
+    torchrun launchers (each node runs the CLI), but not with ``launcher=slurm``, which submits from a login node
+    that may have none (it would quietly become one process per node)."""
+    if str(cfg.get("gpus_per_node")) != "auto":
+        return
+    from birder_repro.launch import choose_launcher
+
+    if choose_launcher(cfg) == "slurm":
+        raise layout.ConfigError("gpus_per_node=auto with launcher=slurm: the machine that submits the job cannot "
+                                 "count the compute nodes' GPUs; set gpus_per_node=<processes per node>")
 
 
 def reference_configs(cfg: DictConfig) -> list[DictConfig]:

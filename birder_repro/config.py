@@ -109,16 +109,17 @@ def effective_lr(cfg: DictConfig) -> float:
 
 
 def resolve_device(cfg: DictConfig, local_processes: int, gpu_count: Optional[int] = None) -> str:
-    """``cuda`` when every process on this machine can have a GPU of its own (or asked for), else ``cpu``."""
+    """``cuda`` when every process on this machine has a GPU of its own, ``cpu`` on a machine without GPUs or
+    when asked; a machine with GPUs, but fewer than its processes, is an error (never a silent run on the CPU)."""
     gpus = _cuda_count() if gpu_count is None else gpu_count
-    if cfg.device == "cpu":
+    if cfg.device == "cpu" or (cfg.device == "auto" and gpus == 0):
         return "cpu"
-    enough = gpus >= local_processes
-    if cfg.device == "cuda" and not enough:
+    if gpus < local_processes:
         raise ConfigError(
-            f"device=cuda needs a GPU for each of the {local_processes} processes on this machine, and "
-            f"{gpus} are present: lower gpus_per_node (or nodes, with launcher=local), or set device=cpu")
-    return "cuda" if enough else "cpu"
+            f"device={cfg.device} needs a GPU for each of the {local_processes} processes on this machine, and "
+            f"{gpus} {'is' if gpus == 1 else 'are'} visible: lower gpus_per_node (or nodes, with launcher=local), "
+            "or set device=cpu to run on the CPU")
+    return "cuda"
 
 
 def resolve_backend(cfg: DictConfig, device: str) -> str:

@@ -26,7 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 from birder_repro import schema
 
 __all__ = ["CONFIG_FILE", "COMMAND_FILE", "RECORD_FILE", "LOG_FILE", "runs_root", "new_run_dir",
-           "write_run_files", "load_run_config", "read_command", "format_command", "now", "versions", "git_sha",
+           "write_run_files", "load_run_config", "read_command", "format_command", "now", "versions",
+           "accelerator_versions", "git_sha",
            "base_record", "completed_record", "failed_record", "write_record", "read_record",
            "write_failed_record", "find_records", "effective_lr"]
 
@@ -95,6 +96,26 @@ def versions() -> dict[str, Optional[str]]:
     return out
 
 
+def accelerator_versions(device_type: str) -> dict[str, Optional[str]]:
+    """CUDA (torch's build), NCCL and Triton where the run is on a GPU (None where one is absent); on the CPU,
+    Triton alone (its interpreter runs the GPU kernels in tests). For the worker's start line and record."""
+    import torch
+
+    out: dict[str, Optional[str]] = {"triton": None}
+    try:
+        out["triton"] = metadata.version("triton")
+    except metadata.PackageNotFoundError:
+        pass
+    if device_type == "cuda":
+        out["cuda"] = torch.version.cuda
+        try:
+            nccl = torch.cuda.nccl.version()
+            out["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
+        except (AttributeError, RuntimeError):
+            out["nccl"] = None
+    return out
+
+
 def git_sha() -> Optional[str]:
     """The commit of the checkout this package runs from, or None where it is not a git checkout."""
     repo = Path(__file__).resolve().parent.parent
@@ -120,6 +141,7 @@ def base_record(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "cluster": _cluster(cfg), "world_size": _try(lambda: layout.world_size(cfg)),
         "batch_size": cfg.train.batch_size, "global_batch_size": _try(lambda: layout.global_batch(cfg)),
         "lr": _try(lambda: effective_lr(cfg)), "versions": versions(), "git_sha": git_sha(),
+        "precision": str(OmegaConf.select(cfg, "train.precision", default="fp32")),
         "run_dir": str(run_dir), "command": read_command(run_dir), "config": _plain(cfg),
     })
     return record

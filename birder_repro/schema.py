@@ -110,7 +110,10 @@ KEYS: tuple[Key, ...] = (
     # ---- where and when
     Key("device", "cpu, or cuda with the GPU's name"),
     Key("backend", "the torch.distributed backend: gloo | nccl"),
-    Key("versions", "Python and the versions of the packages a result depends on"),
+    Key("precision", "train.precision: fp32 | bf16 | fp16 (autocast in forward and loss; fp16 with loss scaling)"),
+    Key("loss_scale", "fp16: the loss scale at the end (torch.amp.GradScaler's); null otherwise"),
+    Key("versions", "Python and the versions of the packages a result depends on; the workers add triton, and on "
+                    "a GPU cuda (torch's build) and nccl"),
     Key("git_sha", "the commit of the checkout that ran"),
     Key("started", "local time with UTC offset, ISO 8601"),
     Key("ended", "local time with UTC offset, ISO 8601"),

@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from birder_repro import config as layout
 from birder_repro import record
@@ -144,6 +144,19 @@ def build_and_train(cfg: DictConfig, env: DistEnv, device: torch.device, run_dir
                        device=device, run_dir=run_dir, probes=probes.probes_for(topology), plan=plan)
 
 
+def precision_of(cfg: DictConfig) -> str:
+    return str(OmegaConf.select(cfg, "train.precision", default="fp32"))
+
+
+def start_line(env: DistEnv, fields: dict) -> str:
+    """What this run resolved, in one line: the device, backend and precision, and the versions they run on."""
+    v = fields["versions"]
+    stack = ", ".join(f"{name} {v[key]}" for name, key in (("torch", "torch"), ("CUDA", "cuda"), ("NCCL", "nccl"),
+                                                             ("Triton", "triton")) if v.get(key))
+    return (f"[birder-repro] {env.world_size} process{'es' if env.world_size > 1 else ''} on {fields['device']}, "
+            f"backend {fields['backend']}, precision {fields['precision']}; {stack}")
+
+
 def describe_device(device: torch.device) -> str:
     return f"cuda ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "cpu"
 
@@ -157,9 +170,15 @@ def run_worker(run_dir: Path, env: Optional[DistEnv] = None) -> int:
     try:
         check_world_matches_layout(cfg, env)
         device = pick_device(cfg, env)
-        fields.update(device=describe_device(device), backend=layout.resolve_backend(cfg, device.type))
+        with open_dict(cfg):
+            cfg.device = device.type  # resolved once, here: every part of the run reads the same answer
+        fields.update(device=describe_device(device), backend=layout.resolve_backend(cfg, device.type),
+                      precision=precision_of(cfg), versions={**record.versions(),
+                                                             **record.accelerator_versions(device.type)})
         init_process_group(fields["backend"], env, device, collective_timeout(cfg))
         joined = True
+        if env.is_main:
+            print(start_line(env, fields), flush=True)
         result = build_and_train(cfg, env, device, run_dir)
         if env.is_main:
             done = record.completed_record(cfg, run_dir, result, ended=record.now(), **fields)

@@ -70,8 +70,22 @@ class ShardSampler(Sampler[int]):
 
 def _loader_kwargs(cfg) -> dict:
     workers = layout.data_workers(cfg)
-    # Pinned host memory only helps copies to a GPU; persistent workers spare a re-spawn every epoch.
-    return dict(num_workers=workers, pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0)
+    # Pinned host memory only helps copies to a GPU, and only on a run that uses one: asking torch whether CUDA
+    # is available would pin (and make a CUDA context on GPU 0 in every process) on a CPU run of a GPU machine.
+    # Persistent workers spare a re-spawn every epoch.
+    return dict(num_workers=workers, pin_memory=runs_on_gpu(cfg), persistent_workers=workers > 0)
+
+
+def runs_on_gpu(cfg) -> bool:
+    """Whether this run's processes compute on GPUs: the device the worker resolved (``device`` is ``auto``
+    until then, so the worker's own resolution is asked, with this machine's processes)."""
+    device = cfg.get("device", "auto")
+    if device != "auto":
+        return device == "cuda"
+    try:
+        return layout.resolve_device(cfg, int(os.environ.get("LOCAL_WORLD_SIZE", 1))) == "cuda"
+    except layout.ConfigError:
+        return False
 
 
 def train_loader(dataset: Dataset, cfg, rank: int, world_size: int) -> tuple[DataLoader, DistributedSampler]:

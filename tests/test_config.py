@@ -121,8 +121,12 @@ def test_lr_is_as_given_without_batch_scaling(compose):
 
 def test_device_and_backend(compose):
     cfg = compose([])
-    assert layout.resolve_device(cfg, local_processes=4, gpu_count=2) == "cpu"
+    # auto: the CPU where no GPU is visible, the GPUs where every process has one, and never a silent fallback
+    assert layout.resolve_device(cfg, local_processes=4, gpu_count=0) == "cpu"
     assert layout.resolve_device(cfg, local_processes=8, gpu_count=8) == "cuda"
+    with pytest.raises(layout.ConfigError, match=r"device=auto needs a GPU for each of the 4 processes.*2 are "
+                                                 r"visible.*device=cpu"):
+        layout.resolve_device(cfg, local_processes=4, gpu_count=2)
     assert layout.resolve_backend(cfg, "cuda") == "nccl"
     assert layout.resolve_backend(cfg, "cpu") == "gloo"
     with pytest.raises(layout.ConfigError, match="device=cuda"):

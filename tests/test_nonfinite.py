@@ -32,12 +32,12 @@ def _script(rank: int, world: int, mode: str, overlap: bool):
         loss = nn.functional.cross_entropy(ddp(x), y)
         if step == BAD_STEP and rank == BAD_RANK:
             loss = loss * float("nan")
-        try:
+        try:  # raise mode fails at the optimizer's step, where the flags are read (once per step)
             loss.backward()
-        except RuntimeError as exc:
+            opt.step()
+        except (RuntimeError, FloatingPointError) as exc:
             out["error"] = str(exc)
             return out
-        opt.step()
         opt.zero_grad()
         out["params"].append([p.detach().clone() for p in model.parameters()])
         out["hook"].append(_hook_state(state))

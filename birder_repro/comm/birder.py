@@ -157,6 +157,7 @@ class BirderState(CompressedCommState):
             self.guard.begin(bucket)  # before any update: a skipped step restores the bucket
             bucket.step += 1
             g, node_flag = self._step1_node_average(buffer, bucket)
+            self.unscale_(g)  # fp16: the true node-average gradient (train/precision.py, Step I)
             with self.timing("compress", g.device):
                 amsgrad = self.amsgrad_after is not None and bucket.step > self.amsgrad_after
                 fields = ("m", "b", "e") + (("b_hat",) if "b_hat" in st else ())
@@ -179,6 +180,7 @@ class BirderState(CompressedCommState):
             else:
                 shard_packed, flag = self._step3_server(packed, bucket, node_flag)
                 self._step4_gather_node(shard_packed, bucket, buffer)
+            self.rescale_(buffer, flag)  # fp16: what GradScaler divides back, or NaN on a skip (Step II)
             self.guard.note(flag, index, bucket.step)
             self.calls += 1
             return buffer
@@ -346,7 +348,8 @@ def attach_birder(ddp_model: torch.nn.parallel.DistributedDataParallel, optimize
     ``nonfinite``: a NaN or Inf in any rank's gradient skips the whole step on every rank (``skip``: parameters
     and hook state untouched, ``state.nonfinite_steps`` counts it) or fails it (``raise``).
     """
-    kernels.resolve_backend(kernel_backend, next(ddp_model.module.parameters()).device)  # fail here, not later
+    # Resolved and, on a GPU, self-tested here: a broken backend fails in one line now, not on the thread later.
+    kernel_backend = kernels.check_backend(kernel_backend, next(ddp_model.module.parameters()).device)
     if not isinstance(optimizer, Birder):
         raise TypeError(f"attach_birder needs a birder_repro.optim.Birder optimizer, got {type(optimizer).__name__}")
     groups = optimizer.param_groups

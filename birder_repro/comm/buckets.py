@@ -41,7 +41,8 @@ import torch.distributed as dist
 from birder_repro.comm.collectives import all_gather_flat
 from birder_repro.comm.pack import padded_size
 
-__all__ = ["Level", "Field", "Bucket", "BucketStore", "parameter_index", "bucket_signature", "ElementPositions"]
+__all__ = ["Level", "Field", "Bucket", "BucketStore", "parameter_index", "bucket_signature", "ElementPositions",
+           "adopt"]
 
 Signature = tuple  # ((parameter index, offset in the bucket, numel), ...)
 
@@ -221,7 +222,7 @@ class BucketStore:
             whatever else the hook needs, e.g. whole bytes of packed bits).
     """
 
-    __slots__ = ("fields", "pad_to", "buckets", "owner", "canonical", "pending", "layout_changes")
+    __slots__ = ("fields", "pad_to", "buckets", "owner", "canonical", "pending", "layout_changes", "_foreign")
 
     def __init__(self, fields: Sequence[Field], pad_to: int):
         for f in fields:
@@ -237,10 +238,13 @@ class BucketStore:
         self.canonical: Optional[dict[str, dict[int, Any]]] = None
         self.pending: set[int] = set()
         self.layout_changes = 0
+        self._foreign = False  # tensors loaded by another thread, not yet adopted by the hook's stream (adopt)
 
     def bucket(self, index: int, numel: int, signature: Signature, device: torch.device) -> Bucket:
         """The bucket DDP calls ``index`` with this ``signature``: the stored one, or a new one (migrating the
         state first if the layout changed: collective, and every rank meets the same change at the same call)."""
+        if self._foreign:
+            self._adopt()
         bucket = self.buckets.get(index)
         if bucket is not None and bucket.signature == signature:
             return bucket
@@ -255,6 +259,18 @@ class BucketStore:
         self.buckets[index] = bucket
         self.owner.update((p, index) for p in params)
         return bucket
+
+    def _adopt(self) -> None:
+        """Loaded state (cloned on the training thread, on its stream) is read from here on by the hook, on its
+        side stream (:mod:`birder_repro.comm.overlap`), and freed there too by a migration: without
+        ``record_stream`` the caching allocator would hand the freed block to the training stream (backward)
+        while side-stream kernels may still read it, silently corrupting m, b, e, e_bar after a resume into
+        another bucket layout. Called once, from the first bucket after a load."""
+        tensors = [t for b in self.buckets.values() for t in b.state.values()]
+        for per_param in (self.canonical or {}).values():
+            tensors += [t for t in per_param.values() if isinstance(t, torch.Tensor)]
+        adopt(tensors)
+        self._foreign = False
 
     # ----------------------------------------------------------------------------------------- migration
     def _migrate(self) -> None:
@@ -320,3 +336,12 @@ class BucketStore:
             for k, per_param in canon.items()}
         self.pending = {int(p) for p in sd["pending"]}
         self.layout_changes = int(sd["layout_changes"])
+        self._foreign = True
+
+
+def adopt(tensors) -> None:
+    """Mark CUDA ``tensors`` as used by the current stream (``Tensor.record_stream``), so that freeing them waits
+    for that stream's queued work. A no-op on the CPU and on the stream a tensor was made on."""
+    for t in tensors:
+        if t.is_cuda:
+            t.record_stream(torch.cuda.current_stream(t.device))

@@ -129,6 +129,11 @@ class NonFiniteGuard:
         self._where.append((index, step))
 
     @property
+    def pending(self) -> bool:
+        """Whether buckets were noted since the last :meth:`end_step` (a step the optimizer has not closed)."""
+        return bool(self._flags)
+
+    @property
     def skip_step(self) -> bool:
         """Whether the step in progress saw a non-finite gradient (reads the flags: syncs the device)."""
         return bool(self._flags) and bool(torch.stack([f.cpu() for f in self._flags]).sum() > 0)

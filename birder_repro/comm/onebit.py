@@ -266,7 +266,7 @@ class OneBitState(CompressedCommState):
             self.guard.backup(bucket)  # before any update: a skipped step restores it
             with self.timing("compress", buffer.device):
                 flag = local_flag(buffer)
-                m = self._local_momentum(bucket, buffer)
+                m = self._local_momentum(bucket, self.unscale_(buffer))  # fp16: true gradients (Step I)
             if self.world_size > 1:
                 ex = compressed_allreduce(m, bucket.state["worker_error"], bucket.state["server_error"], d.mask,
                                           self.group, self, self.topology, nonfinite=flag)
@@ -278,7 +278,7 @@ class OneBitState(CompressedCommState):
                 out = m[: bucket.numel]
                 if d.scale is not None:
                     out = out.div_(d.scale[: bucket.numel])
-                buffer.copy_(out)
+                self.rescale_(buffer.copy_(out), flag)  # fp16: what GradScaler divides back (Step II)
             return buffer
 
     def _local_momentum(self, bucket: Bucket, buffer: torch.Tensor) -> torch.Tensor:

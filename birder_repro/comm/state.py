@@ -172,10 +172,36 @@ class CompressedCommState(CommState):
     (:class:`~birder_repro.comm.buckets.BucketStore`).
     """
 
-    __slots__ = ()
+    # fp16 loss scaling (birder_repro.train.precision): GradScaler's scale tensor, or None
+    __slots__ = ("loss_scale",)
+
+    def __init__(self):
+        super().__init__()
+        self.loss_scale: Optional[torch.Tensor] = None
 
     def overlaps(self) -> bool:
         return self.runner.overlap
+
+    # --------------------------------------------------------- fp16 loss scaling (train/precision.py)
+    def unscale_(self, g: torch.Tensor) -> torch.Tensor:
+        """Step I of loss scaling: the true gradient from the scaled one, in place, before any state update."""
+        if self.loss_scale is not None:
+            g.div_(self.loss_scale)
+        return g
+
+    def rescale_(self, result: torch.Tensor, flag: torch.Tensor) -> torch.Tensor:
+        """Step II: the bucket's result times the scale (GradScaler divides it back), or NaN where the bucket's
+        agreed non-finite ``flag`` is set, so that GradScaler skips the step on every rank alike."""
+        if self.loss_scale is not None:
+            import torch
+
+            result.mul_(torch.where(flag > 0, torch.full_like(self.loss_scale, float("nan")), self.loss_scale))
+        return result
+
+    def settle_step(self) -> None:
+        """Step III: close a step whose optimizer step did not run (GradScaler skipped it): restore the state."""
+        if self.guard.pending:
+            self.end_step()
 
     def close(self) -> None:
         """Stop the communication thread (it restarts with the next bucket)."""

@@ -147,7 +147,8 @@ def _machine_leader(rank: int) -> bool:
 
 
 def save_checkpoint(run_dir, step: int, samples: float, model, optimizer, comm, rank: int, world_size: int,
-                    device: torch.device, identity: Optional[RunIdentity] = None, keep: int = 2) -> Path:
+                    device: torch.device, identity: Optional[RunIdentity] = None, keep: int = 2,
+                    precision=None) -> Path:
     """Write the checkpoint of ``step`` and mark it complete; keep the newest ``keep``. Collective.
 
     A rank that fails to write (a full disk) makes every rank raise :class:`CheckpointError` alike, with the
@@ -163,7 +164,8 @@ def save_checkpoint(run_dir, step: int, samples: float, model, optimizer, comm, 
     try:
         where.mkdir(parents=True, exist_ok=True)
         shard = {"step": step, "world_size": world_size, "samples": samples, "optimizer": optimizer.state_dict(),
-                 "comm": comm.state_dict() if hasattr(comm, "state_dict") else None, "rng": rng_state(device)}
+                 "comm": comm.state_dict() if hasattr(comm, "state_dict") else None, "rng": rng_state(device),
+                 "scaler": precision.state_dict() if precision is not None else None}  # fp16's loss scale
         _atomic(where / shard_name(rank), lambda tmp: torch.save(shard, tmp))
         if rank == 0:
             module = getattr(model, "module", model)
@@ -329,7 +331,8 @@ def settle_ddp_buckets(task, model, data, device: torch.device) -> None:
 
 
 def load_checkpoint(where, model, optimizer, comm, rank: int, world_size: int, device: torch.device,
-                    identity: Optional[RunIdentity] = None, policy: str = "strict") -> tuple[int, float]:
+                    identity: Optional[RunIdentity] = None, policy: str = "strict",
+                    precision=None) -> tuple[int, float]:
     """Restore the checkpoint in directory ``where``; returns (step, this process's samples so far). Collective.
 
     Rank 0 reads the model and broadcasts it, so that only the shards need to be on every node's disk.
@@ -359,5 +362,7 @@ def load_checkpoint(where, model, optimizer, comm, rank: int, world_size: int, d
     if comm_sd is not None and hasattr(comm, "load_state_dict"):
         comm.load_state_dict(comm_sd)
     set_rng_state(shard["rng"], device)
+    if precision is not None:
+        precision.load_state_dict(shard.get("scaler"))
     return step, float(shard["samples"])
 

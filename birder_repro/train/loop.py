@@ -26,6 +26,7 @@ from birder_repro.train.collectives import allreduce_sum
 from birder_repro.train.data import batches, steps_per_epoch
 from birder_repro.train.evaluate import evaluate
 from birder_repro.train.profile import measured_profile
+from birder_repro.train.precision import Precision
 from birder_repro.train.progress import LogInterval, Progress, log_interval
 from birder_repro.train.restarts import Attempts, inject_fault, restart_count
 from birder_repro.train.settings import RunPlan, TrainSettings
@@ -72,6 +73,7 @@ class _Parts:
     device: torch.device
     run_dir: Any
     settings: TrainSettings
+    precision: Precision
     logger: RunLogger
     progress: Progress
     identity: RunIdentity
@@ -93,13 +95,14 @@ def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir,
     base_lrs = [g["lr"] for g in optimizer.param_groups]  # the peak lr, before a checkpoint's lr replaces it
 
     run = _Run()
+    precision = Precision(settings.precision, device, comm)
     identity = RunIdentity.from_config(cfg, comm, topology.world_size)
     attempts = Attempts(run_dir, enabled=is_main)
     start = choose_resume(settings.resume, run_dir, restart_count() > 0, device)
     if start is not None:
         settle_ddp_buckets(task, model, data, device)
         run.step, run.samples = load_checkpoint(start, model, optimizer, comm, topology.rank, topology.world_size,
-                                                device, identity, settings.resume_policy)
+                                                device, identity, settings.resume_policy, precision)
         if is_main:
             print(f"[birder-repro] resuming from {start}", flush=True)
     attempts.started(run.step)
@@ -112,8 +115,8 @@ def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir,
               flush=True)
     logger = RunLogger(cfg, run_dir, enabled=is_main)
     progress = Progress(steps, run.step, enabled=is_main)
-    parts = _Parts(cfg, task, data, model, optimizer, comm, topology, device, run_dir, settings, logger, progress,
-                   identity)
+    parts = _Parts(cfg, task, data, model, optimizer, comm, topology, device, run_dir, settings, precision, logger,
+                   progress, identity)
     exit_code = 1
     probing = False
     try:
@@ -126,13 +129,13 @@ def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir,
             data_wait = time.perf_counter() - t_data
             if timing.calibration_passes_at(run.step):
                 run.calibration += calibrate_forward_backward(task, model, batch, device,
-                                                              timing.calibration_passes_at(run.step))
+                                                              timing.calibration_passes_at(run.step), precision)
             lr = _set_lr(optimizer, base_lrs, run.step, steps, settings.schedule)
             stage = stage_of(comm, run.step)
             if not probing and timing.timed(run.step):
                 start_probes(probes)
                 probing = True
-            result = run_step(task, model, optimizer, batch, device, comm, settings.grad_clip)
+            result = run_step(task, model, optimizer, batch, device, comm, settings.grad_clip, precision)
             _record_step(run, timing, result, stage, data_wait)
             progress.step()
             attempts.reached(run.step)
@@ -140,7 +143,8 @@ def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir,
         probed = stop_probes(probes, timed_steps=int(sum(t.steps for t in run.stages.values())))
         record, profile_inputs = _finish(parts, run, timing, plan)
         record.update(probed)
-        record.update(attempts.figures(), nonfinite_steps=int(getattr(comm, "nonfinite_steps", 0)))
+        record.update(attempts.figures(), nonfinite_steps=_nonfinite_steps(comm, precision),
+                      precision=precision.name, loss_scale=precision.loss_scale)
         record["profile"] = measured_profile(cfg, record, **profile_inputs)
         logger.log(run.step, {f"final/{k}": v for k, v in record["metrics"].items()})
         logger.summary({"throughput_samples_per_s": record["throughput_samples_per_s"], **record["metrics"]})
@@ -181,7 +185,7 @@ def _between_steps(p: _Parts, run: _Run, timing: StepPlan, lr: float, stage: Opt
         p.logger.log(run.step, {f"eval/{k}": v for k, v in metrics.items()})
     if s.checkpoint_every and run.step % s.checkpoint_every == 0:
         save_checkpoint(p.run_dir, run.step, run.samples, p.model, p.optimizer, p.comm, p.topology.rank,
-                        p.topology.world_size, p.device, p.identity, s.keep_checkpoints)
+                        p.topology.world_size, p.device, p.identity, s.keep_checkpoints, p.precision)
 
 
 def _final_metrics(p: _Parts, final_loss: float) -> dict[str, float]:
@@ -215,7 +219,7 @@ def _finish(p: _Parts, run: _Run, timing: StepPlan, plan: RunPlan) -> tuple[dict
         "bucket_steps": run.buckets, "backward_s": backward,
         "optimizer_s": _per_step(_summed(figures), "optimizer"), "compress_s": _per_step(main, "compression"),
         "nodes": p.topology.world_size // p.topology.gpus_per_node, "gpus_per_node": p.topology.gpus_per_node,
-        "device": _device_name(p.device), "threads": torch.get_num_threads()}
+        "device": _device_name(p.device), "torch_device": p.device, "threads": torch.get_num_threads()}
     return {
         "steps": timing.steps,
         "resumed_from_step": timing.start_step or None,
@@ -238,6 +242,14 @@ def _finish(p: _Parts, run: _Run, timing: StepPlan, plan: RunPlan) -> tuple[dict
         "headline_metric": schema.headline_metric(p.task),
         "metrics": metrics,
     }, profile_inputs
+
+
+def _nonfinite_steps(comm, precision: Precision) -> int:
+    """Steps skipped for a NaN or Inf gradient: the compressed hooks count their own (fp16's GradScaler skips the
+    same steps: train/precision.py), the baselines' only skips are GradScaler's."""
+    if hasattr(comm, "nonfinite_steps"):
+        return int(comm.nonfinite_steps)
+    return precision.skipped_steps
 
 
 def _summed(figures: dict[str, dict[str, float]]) -> dict[str, float]:

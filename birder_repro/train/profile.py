@@ -62,12 +62,13 @@ def _per_element(scheme: str, buckets: list[int], nodes: int, gpus: int, compres
     return {backend: compress_s / elements} if elements else {}
 
 
-def _lone_onebit(buckets: list[int], device: str, repeats: int = 3) -> dict[str, float]:
+def _lone_onebit(buckets: list[int], device, repeats: int = 3) -> dict[str, float]:
     """1-bit Adam's compression cost per element, for a process that is alone. Alone, its hook (as DeepSpeed's)
     compresses nothing, so the run's own compression seconds price nothing; here the compressed all-reduce runs
     on the largest bucket of the run through the 1-process group (its collectives copy locally) and its
     compression seconds, the median of ``repeats``, are divided by the elements the model counts for it
-    (perf.schemes.compressed_elements with n = m = 1)."""
+    (perf.schemes.compressed_elements with n = m = 1). ``device``: the run's torch device (not its display
+    name, which the profile records)."""
     import torch
     import torch.distributed as dist
 
@@ -100,11 +101,12 @@ def _link_mbit(record: dict[str, Any]) -> Optional[float]:
 
 def measured_profile(cfg, record: dict[str, Any], *, bucket_steps: Sequence, backward_s: float,
                      optimizer_s: float, compress_s: float, nodes: int, gpus_per_node: int, device: str,
-                     threads: int) -> Optional[dict[str, Any]]:
+                     threads: int, torch_device=None) -> Optional[dict[str, Any]]:
     """The profile (a dict of Profile's fields) from the run's figures ``record`` (the loop's and the probes'
     keys), the hook calls of its timed steps, and per step of its main stage (1-bit Adam's compression stage,
     else the whole run) the optimizer's own seconds and the hook's compression seconds; None where the run
-    measured no compute."""
+    measured no compute. ``device`` is the display name the profile records ("cuda (NVIDIA H100 ...)"),
+    ``torch_device`` the device the run computed on (default: the CPU)."""
     from birder_repro.perf.profile import Profile
 
     fb = record.get("forward_backward_s")
@@ -122,7 +124,7 @@ def measured_profile(cfg, record: dict[str, Any], *, bucket_steps: Sequence, bac
         task=str(cfg.task.name), batch_size=int(record["batch_size"]), forward_backward_s=float(fb),
         parameter_count=int(params), optimizer_s=max(optimizer_s, 0.0), backward_fraction=backward / fb,
         bucket_elements=buckets, bucket_ready=[min(t / backward, 1.0) for t in ready_s],
-        compression_s_per_element=(_lone_onebit(buckets, device) if scheme == "onebit" and nodes * gpus_per_node == 1
+        compression_s_per_element=(_lone_onebit(buckets, torch_device or "cpu") if scheme == "onebit" and nodes * gpus_per_node == 1
                                    else _per_element(scheme, buckets, nodes, gpus_per_node, compress_s)),
         bucket_ready_s=ready_s, data_wait_s=float(record.get("data_wait_s_per_step") or 0.0),
         threads=int(threads), host_cores=os.cpu_count(), link_mbit_measured=_link_mbit(record),

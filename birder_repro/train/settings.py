@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 
 from birder_repro.config import ConfigError
 from birder_repro.schedule import SCHEDULES
+from birder_repro.train.precision import PRECISIONS
 
 __all__ = ["TrainSettings", "RunPlan", "total_steps"]
 
@@ -61,6 +62,7 @@ class TrainSettings:
     max_restarts: int = 0  # torchrun restarts the workers after a failure, at most this often
     resume_policy: str = "strict"  # strict | reset_errors (another layout: start the hook's error buffers afresh)
     timeout_s: float = 300.0  # collectives waiting longer than this on a peer fail (process group timeout)
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (birder_repro.train.precision)
 
     @classmethod
     def from_config(cls, cfg) -> "TrainSettings":
@@ -95,6 +97,8 @@ class TrainSettings:
             raise ConfigError(f"train.resume={self.resume!r}: use auto, a checkpoint directory, or null")
         if self.grad_clip is not None and not (isinstance(self.grad_clip, (int, float)) and self.grad_clip >= 0):
             raise ConfigError(f"train.grad_clip={self.grad_clip!r}: give a gradient norm >= 0 (0 or null: no clipping)")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"train.precision={self.precision!r}: use one of {', '.join(PRECISIONS)}")
         name = self.schedule.get("name", "constant")
         if name not in SCHEDULES:
             raise ConfigError(f"train.schedule.name={name!r} is not one of: {', '.join(SCHEDULES)}")

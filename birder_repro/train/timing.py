@@ -18,6 +18,7 @@ import torch
 
 from birder_repro.comm.readiness import bucket_clock
 from birder_repro.comm.state import GRADIENT, CommState
+from birder_repro.train.precision import Precision
 from birder_repro.train.rng import rng_state, set_rng_state
 from birder_repro.train.settings import TrainSettings
 
@@ -70,24 +71,29 @@ class StepResult:
     collectives: float = 0.0  # seconds in the hook's collectives during the step (hidden by overlap or not)
 
 
-def run_step(task, model, optimizer, batch, device, comm, grad_clip: Optional[float] = None) -> StepResult:
+def run_step(task, model, optimizer, batch, device, comm, grad_clip: Optional[float] = None,
+             precision: Optional[Precision] = None) -> StepResult:
     """One optimizer step, timed; the counters of ``comm`` read around it.
 
     ``grad_clip``: the global norm the averaged gradients are clipped to before the step (AWD-LSTM's 0.25,
-    torchvision's ViT recipe's 1.0), where they are gradients (:func:`grads_are_gradients`).
+    torchvision's ViT recipe's 1.0), where they are gradients (:func:`grads_are_gradients`). ``precision``:
+    ``train.precision`` (:mod:`birder_repro.train.precision`; fp32 when not given).
     """
+    precision = precision or Precision("fp32", device)
     before = _counters(comm)
     t0 = _now(device)
-    loss, n = task.loss(model, batch, device)
+    with precision.autocast():
+        loss, n = task.loss(model, batch, device)
     clock = bucket_clock(model)
     if clock is not None:
         clock.start(device)
-    loss.backward()  # DDP's hook communicates here; backward returns when every bucket is reduced
+    precision.backward(loss)  # DDP's hook communicates here; backward returns when every bucket is reduced
+    precision.unscale_(optimizer)  # fp16: true gradients before their norm is clipped
     if grad_clip and grads_are_gradients(comm):
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     t1 = _now(device)
     mid = _counters(comm)
-    optimizer.step()
+    precision.step(optimizer)
     optimizer.zero_grad(set_to_none=True)
     t2 = _now(device)
     after = _counters(comm)
@@ -132,7 +138,8 @@ class StepPlan:
         return step - self.start_step >= self.warmup_steps
 
 
-def calibrate_forward_backward(task, model, batch, device: torch.device, passes: int) -> list[tuple[float, float]]:
+def calibrate_forward_backward(task, model, batch, device: torch.device, passes: int,
+                               precision: Optional[Precision] = None) -> list[tuple[float, float]]:
     """(forward + backward, backward) seconds of ``passes`` passes without communication, leaving no trace on
     training.
 
@@ -146,7 +153,8 @@ def calibrate_forward_backward(task, model, batch, device: torch.device, passes:
     with getattr(model, "no_sync", contextlib.nullcontext)():
         for _ in range(passes):
             t0 = _now(device)
-            loss, _ = task.loss(model, batch, device)
+            with (precision or Precision("fp32", device)).autocast():  # as the training step computes
+                loss, _ = task.loss(model, batch, device)
             t1 = _now(device)
             loss.backward()
             t2 = _now(device)

@@ -1,0 +1,114 @@
+"""Mixed precision (``train.precision``): autocast around forward and loss, and fp16's loss scaling.
+
+    fp32   the paper's setting: nothing changes;
+    bf16   ``torch.autocast(dtype=bfloat16)`` around the forward pass and the loss (bf16 has fp32's exponent
+           range: no loss scaling);
+    fp16   ``torch.autocast(dtype=float16)`` and ``torch.amp.GradScaler``: the loss is multiplied by the scale S
+           before backward, so small fp16 gradients do not flush to zero, and the gradients are divided by S
+           before the optimizer applies them; a step whose gradients hold an Inf or NaN is skipped and S halves.
+
+Parameters, gradients and DDP's buckets stay fp32 (autocast casts inside the operations), so the hooks and
+Birder's state are fp32 in every precision. What fp16 needs from the compressed hooks (Birder, 1-bit Adam /
+LAMB), and why one mechanism decides a skip:
+
+    Step I    the hook receives S x the gradient and divides by S before any state update: its m, b, e and
+              error buffers persist across steps while S changes, so they must hold true gradients;
+    Step II   the hook multiplies its result (Birder's +-1, 1-bit Adam's averaged momentum) by S, because
+              GradScaler divides whatever the buckets hold by S (exact: S is a power of two); a bucket whose
+              agreed non-finite flag is set (some rank had an Inf or NaN: :mod:`birder_repro.comm.nonfinite`) is
+              written as NaN instead, on every rank alike;
+    Step III  GradScaler finds the Inf / NaN on every rank, skips ``optimizer.step()`` and halves S on every rank
+              alike; the hook, whose step the optimizer did not close, restores its state (``settle``) and counts
+              the step in ``nonfinite_steps``.
+
+The baselines' DDP all-reduce averages the scaled gradients (identical on every rank), so GradScaler's skip is
+the same on every rank too. CPU runs use the same code (bf16 and fp16 autocast and GradScaler run on the CPU),
+so the tests cover it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Optional
+
+import torch
+
+__all__ = ["PRECISIONS", "Precision"]
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class Precision:
+    """``train.precision`` as the loop uses it, for one process's ``device`` and hook state ``comm``."""
+
+    def __init__(self, name: str, device: torch.device, comm: Any = None):
+        if name not in PRECISIONS:
+            raise ValueError(f"train.precision={name!r}: use one of {', '.join(PRECISIONS)}")
+        self.name, self.device, self.comm = name, torch.device(device), comm
+        self.dtype = _DTYPES[name]
+        self.scaler: Optional[torch.amp.GradScaler] = (torch.amp.GradScaler(self.device.type) if name == "fp16"
+                                                       else None)
+        self.skipped_steps = 0  # steps GradScaler skipped for an Inf or NaN gradient
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """Around the forward pass and the loss (not backward: autocast's casts are recorded in the graph)."""
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        if self.scaler is None:
+            loss.backward()
+            return
+        scaled = self.scaler.scale(loss)
+        self._share_scale()
+        scaled.backward()
+
+    def unscale_(self, optimizer) -> None:
+        """fp16: the gradients back to their true size (before clipping their norm); nothing otherwise."""
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer) -> None:
+        """The optimizer's step; fp16: GradScaler's (skipped on an Inf / NaN), its scale update, and the
+        hook's state restored where GradScaler skipped a step that the hook had begun (Step III above)."""
+        if self.scaler is None:
+            optimizer.step()
+            return
+        before = self.scaler.get_scale()
+        self.scaler.step(optimizer)
+        self.scaler.update()
+        if self.scaler.get_scale() < before:  # GradScaler backs off only after an Inf or NaN: a skipped step
+            self.skipped_steps += 1
+        settle = getattr(self.comm, "settle_step", None)
+        if settle is not None:
+            settle()
+
+    @property
+    def loss_scale(self) -> Optional[float]:
+        return self.scaler.get_scale() if self.scaler is not None else None
+
+    def _share_scale(self) -> None:
+        """Hand the compressed hook GradScaler's scale tensor (on the device: reading it needs no sync). It is
+        created by the first ``scale()`` and updated in place by ``update()``, so handing it once suffices."""
+        if self.comm is not None and hasattr(self.comm, "loss_scale") and self.comm.loss_scale is None:
+            self.comm.loss_scale = _scale_tensor(self.scaler)
+
+    # ------------------------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> Optional[dict]:
+        return self.scaler.state_dict() if self.scaler is not None else None
+
+    def load_state_dict(self, sd: Optional[dict]) -> None:
+        if self.scaler is not None and sd:
+            self.scaler.load_state_dict(sd)
+
+
+def _scale_tensor(scaler: torch.amp.GradScaler) -> torch.Tensor:
+    """GradScaler's scale as the 1-element tensor it keeps on the device (``_scale``: not public, but what
+    ``scale()`` multiplies by; stable across torch 2.x). ``get_scale()`` would copy it to the host."""
+    scale = getattr(scaler, "_scale", None)
+    if not isinstance(scale, torch.Tensor):
+        raise RuntimeError("torch.amp.GradScaler keeps no _scale tensor in this torch: fp16 with a compressed "
+                           "hook needs it (train.precision=bf16 needs none)")
+    return scale

@@ -1,0 +1,142 @@
+"""Mixed precision (train.precision): autocast, and fp16's loss scaling as one skip mechanism with the hooks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from birder_repro.comm.birder import BirderState
+from birder_repro.comm.topology import Topology
+from birder_repro.config import ConfigError
+from birder_repro.train.precision import Precision
+from birder_repro.train.settings import TrainSettings
+from dist_utils import run_distributed
+
+
+def test_precision_settings_are_checked_naming_the_key():
+    with pytest.raises(ConfigError, match=r"train.precision='fp8': use one of fp32, bf16, fp16"):
+        TrainSettings(batch_size=8, precision="fp8").check()
+    assert Precision("fp32", "cpu").scaler is None and Precision("bf16", "cpu").scaler is None
+    assert Precision("fp16", "cpu").scaler is not None
+
+
+def test_autocast_runs_the_forward_in_the_chosen_dtype():
+    layer = nn.Linear(4, 4)
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        with Precision(name, "cpu").autocast():
+            assert layer(torch.randn(2, 4)).dtype == dtype, name
+    assert layer.weight.dtype == torch.float32  # parameters (and so DDP's buckets) stay fp32
+
+
+SIG = ((0, 0, 40), (1, 40, 24))  # two parameters of one bucket
+
+
+def _birder(scale=None) -> BirderState:
+    state = BirderState(Topology(rank=0, world_size=1, gpus_per_node=1), scheme="flat", param_numels=[40, 24],
+                        overlap=False, seed=3, kernel_backend="torch")
+    state.loss_scale = None if scale is None else torch.tensor(float(scale))
+    return state
+
+
+def _fields(state) -> dict:
+    return {k: t.clone() for k, t in state.store.buckets[0].state.items()}
+
+
+def test_birder_hook_sees_true_gradients_and_hands_back_what_gradscaler_divides():
+    """Steps I-II of train/precision.py: fed S x g under loss scale S, the hook's state is bit for bit the state it
+    has when fed g, and its result is S x its result (GradScaler divides it back exactly: S is a power of two)."""
+    plain, scaled, scale = _birder(), _birder(2.0 ** 14), 2.0 ** 14
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(4):
+        g = torch.randn(64, generator=gen) * 1e-3
+        out = plain.allreduce_bucket(0, g.clone(), SIG)
+        out_scaled = scaled.allreduce_bucket(0, g * scale, SIG)
+        assert torch.equal(out_scaled / scale, out) and set(out.unique().tolist()) <= {-1.0, 1.0}
+        for k, t in _fields(plain).items():
+            assert torch.equal(_fields(scaled)[k], t), k
+        assert not plain.end_step() and not scaled.end_step()
+
+
+def test_birder_hook_under_loss_scaling_poisons_a_skipped_bucket_and_restores_its_state():
+    """Step II-III: a bucket whose flag is set comes back NaN (GradScaler then skips the step on every rank), and
+    the step GradScaler skipped, which the optimizer never closed, is closed by settle_step: state restored."""
+    state = _birder(2.0 ** 10)
+    gen = torch.Generator().manual_seed(1)
+    state.allreduce_bucket(0, torch.randn(64, generator=gen), SIG)
+    state.end_step()
+    before = _fields(state)
+    bad = torch.randn(64, generator=gen)
+    bad[5] = float("inf")
+    out = state.allreduce_bucket(0, bad, SIG)
+    assert torch.isnan(out).all()
+    state.settle_step()  # what Precision.step does after GradScaler skipped the optimizer's step
+    assert state.nonfinite_steps == 1 and not state.guard.pending
+    for k, t in _fields(state).items():
+        assert torch.equal(t, before[k]), k
+    state.settle_step()  # nothing pending: a no-op
+    assert state.nonfinite_steps == 1
+
+
+# ------------------------------------------------------------------------- fp16 end to end on 2 processes
+class _Task:
+    """The part of a task run_step uses: the loss of a batch (rank 1's is made infinite at one step)."""
+
+    def __init__(self, rank: int, bad_step: int):
+        self.rank, self.bad_step, self.step = rank, bad_step, 0
+
+    def loss(self, model, batch, device):
+        x, y = batch
+        loss = nn.functional.cross_entropy(model(x), y)
+        if self.step == self.bad_step and self.rank == 1:
+            loss = loss * float("inf")
+        self.step += 1
+        return loss, len(y)
+
+
+def _fp16_run(rank: int, world: int, optim: str):
+    from birder_repro.comm import attach_birder, attach_onebit
+    from birder_repro.comm.accounting import CommStats
+    from birder_repro.optim import Birder, OneBitAdam
+    from birder_repro.train.timing import run_step
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.0002)
+    if optim == "birder":
+        opt = Birder(ddp.parameters(), lr=0.01)
+        comm = attach_birder(ddp, opt, gpus_per_node=1, kernel_backend="torch")
+    elif optim == "onebit_adam":
+        opt = OneBitAdam(ddp.parameters(), lr=0.01, freeze_step=2)
+        comm = attach_onebit(ddp, opt)
+    else:
+        opt, comm = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9), CommStats()
+    precision = Precision("fp16", "cpu", comm)
+    task, gen = _Task(rank, bad_step=3), torch.Generator().manual_seed(rank)
+    out = {"params": [], "scale": []}
+    for _ in range(5):
+        batch = torch.randn(8, 6, generator=gen), torch.randint(0, 3, (8,), generator=gen)
+        run_step(task, ddp, opt, batch, torch.device("cpu"), comm, None, precision)
+        out["params"].append([p.detach().clone() for p in model.parameters()])
+        out["scale"].append(precision.loss_scale)
+    out["skipped"] = precision.skipped_steps
+    out["nonfinite"] = getattr(comm, "nonfinite_steps", None)
+    if hasattr(comm, "close"):
+        comm.close()
+    return out
+
+
+@pytest.mark.parametrize("optim", ["birder", "onebit_adam", "sgdm"])
+def test_fp16_skip_is_one_decision_on_every_rank(optim):
+    """Rank 1's gradient overflows at step 3 (the compression stage for 1-bit Adam): GradScaler skips that step
+    on both ranks, halves the scale on both, the hooks count it once, and the ranks stay identical."""
+    runs = run_distributed(_fp16_run, 2, optim)
+    for rank, run in enumerate(runs):
+        assert run["skipped"] == 1, rank
+        if optim != "sgdm":
+            assert run["nonfinite"] == 1, rank
+        assert run["scale"][3] == run["scale"][2] / 2, rank
+        assert all(torch.equal(a, b) for a, b in zip(run["params"][2], run["params"][3])), f"rank {rank} moved"
+        assert not all(torch.equal(a, b) for a, b in zip(run["params"][3], run["params"][4])), "training stopped"
+        for p, q in zip(run["params"][-1], runs[0]["params"][-1]):
+            assert torch.equal(p, q) and torch.isfinite(p).all(), f"rank {rank} differs from rank 0"
