@@ -38,6 +38,8 @@ Hyperparameters: conf/task/lstm_ptb.yaml and conf/recipe/lstm_ptb/.
 
 from __future__ import annotations
 
+import contextlib
+
 import itertools
 import math
 import os
@@ -55,6 +57,14 @@ from birder_repro.tasks.common import build_by_source, pick_size
 EOS = "<eos>"
 UNK = "<unk>"
 SPLITS = ("train", "valid", "test")
+
+
+def _fp16_autocast_on_cpu(x: torch.Tensor) -> bool:
+    """fp16 autocast on the CPU has no LSTM (oneDNN: "could not create a primitive descriptor for the LSTM
+    forward propagation primitive"): there the LSTM layers run in fp32 (autocast off inside them), the rest of
+    the model in fp16. bf16 on the CPU and every precision on a GPU (cuDNN) keep autocast's own choice."""
+    return (x.device.type == "cpu" and torch.is_autocast_enabled("cpu")
+            and torch.get_autocast_dtype("cpu") == torch.float16)
 
 
 @dataclass(frozen=True)
@@ -175,11 +185,15 @@ class AWDLSTM(nn.Module):
         The dropped weight is passed in place of the parameter through ``torch.func.functional_call``, so the
         parameter itself stays a plain registered parameter (DDP reduces its gradient like any other).
         """
-        if not (self.training and self.reg.wdrop > 0):
-            return rnn(x, state)
-        params = dict(rnn.named_parameters())
-        params["weight_hh_l0"] = F.dropout(rnn.weight_hh_l0, p=self.reg.wdrop, training=True)
-        return torch.func.functional_call(rnn, params, (x, state))
+        fp32 = _fp16_autocast_on_cpu(x)
+        if fp32:
+            x, state = x.float(), tuple(s.float() for s in state)
+        with torch.autocast("cpu", enabled=False) if fp32 else contextlib.nullcontext():
+            if not (self.training and self.reg.wdrop > 0):
+                return rnn(x, state)
+            params = dict(rnn.named_parameters())
+            params["weight_hh_l0"] = F.dropout(rnn.weight_hh_l0, p=self.reg.wdrop, training=True)
+            return torch.func.functional_call(rnn, params, (x, state))
 
     def forward(self, tokens: torch.Tensor, hidden: Hidden) -> tuple[torch.Tensor, Hidden, torch.Tensor]:
         reg, training = self.reg, self.training

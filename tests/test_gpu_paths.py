@@ -1,0 +1,115 @@
+"""The CUDA paths' logic, checked where it can run without a GPU: what a review of those paths found.
+
+(The kernels' specialisation, masks, segment tables and self-test are in test_kernels.py; fp16 in
+test_precision.py; the GPU-side checks themselves are ``make gpu-check``.)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from birder_repro import config as layout
+from birder_repro.comm import buckets
+from birder_repro.comm.buckets import BucketStore, Field
+from dist_utils import run_distributed
+
+
+# -------------------------------------------------------- a lone 1-bit Adam process times on its torch device
+def _lone_onebit_profile(rank: int, world: int):
+    from birder_repro.train.profile import _lone_onebit
+
+    # what the loop hands it: the display name for the profile, the torch device for the tensors
+    return _lone_onebit([1000, 4096], torch.device("cpu"))
+
+
+def test_lone_onebit_profile_takes_the_torch_device_not_its_display_name():
+    """A 1-process 1-bit Adam run priced its compressor with ``torch.randn(...).to("cuda (NVIDIA H100 ...)")``:
+    'Invalid device string' after all its steps. The loop now passes the device itself."""
+    (out,) = run_distributed(_lone_onebit_profile, 1)
+    assert out["onebit"] > 0
+    with pytest.raises(RuntimeError, match="Invalid device string"):
+        torch.zeros(1).to("cuda (NVIDIA H100 80GB HBM3)")  # the old call, for the record
+
+
+def test_the_loop_passes_the_torch_device_to_the_profile():
+    import inspect
+
+    from birder_repro.train import loop, profile
+
+    assert "torch_device" in inspect.signature(profile.measured_profile).parameters
+    assert '"torch_device": p.device' in inspect.getsource(loop._finish)
+
+
+# ------------------------------------------------- loaded state is adopted by the hook's stream (record_stream)
+class _FakeCuda:
+    """A stand-in for a CUDA tensor: records the streams it is marked as used on."""
+
+    is_cuda = True
+
+    def __init__(self):
+        self.streams = []
+
+    def record_stream(self, stream):
+        self.streams.append(stream)
+
+
+def test_adopt_marks_cuda_tensors_on_the_current_stream(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "side-stream")
+    fake, cpu = _FakeCuda(), torch.zeros(2)
+    fake.device = "cuda:0"
+    buckets.adopt([fake, cpu])
+    assert fake.streams == ["side-stream"]
+
+
+def test_a_loaded_store_adopts_every_loaded_tensor_once_at_its_first_bucket(monkeypatch):
+    """State cloned on the training thread and freed by the communication thread after a layout change must be
+    marked as used by the side stream, else the allocator may hand its memory to backward too early."""
+    store = BucketStore([Field("m"), Field("e")], pad_to=8)
+    sig = ((0, 0, 10), (1, 10, 6))
+    b = store.bucket(0, 16, sig, torch.device("cpu"))
+    b.state["m"].fill_(1.0)
+    saved = store.state_dict()
+    seen = []
+    monkeypatch.setattr(buckets, "adopt", lambda tensors: seen.append(list(tensors)))
+    fresh = BucketStore([Field("m"), Field("e")], pad_to=8)
+    fresh.load_state_dict(saved)
+    loaded = list(fresh.buckets[0].state.values())
+    fresh.bucket(0, 16, sig, torch.device("cpu"))  # same layout: the loaded bucket itself
+    fresh.bucket(0, 16, sig, torch.device("cpu"))
+    assert len(seen) == 1 and all(any(t is u for u in seen[0]) for t in loaded)
+    # another layout: the migration's per-parameter state is made on this thread; nothing more to adopt
+    fresh.bucket(0, 16, ((1, 0, 6), (0, 6, 10)), torch.device("cpu"))
+    assert len(seen) == 1
+
+
+# ---------------------------------------------------------------------------------------- no silent fallback
+def test_gpus_per_node_auto_is_refused_where_the_cli_cannot_count_the_gpus(compose, tmp_path, capsys):
+    from birder_repro.cli import run
+
+    cfg = compose(["task=resnet20", "optim=birder", "launcher=slurm", "dry_run=true"], hydra_config=True)
+    assert run(cfg, tmp_path / "run") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0] == ("[birder-repro] config error: gpus_per_node=auto with launcher=slurm: the machine that "
+                      "submits the job cannot count the compute nodes' GPUs; set gpus_per_node=<processes per node>")
+
+
+def test_pin_memory_follows_the_runs_device_not_the_machine(compose, monkeypatch):
+    from birder_repro.tasks import common
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(layout, "_cuda_count", lambda: 8)
+    assert common._loader_kwargs(compose(["device=cpu"]))["pin_memory"] is False
+    assert common._loader_kwargs(compose(["device=cuda"]))["pin_memory"] is True
+    monkeypatch.setattr(layout, "_cuda_count", lambda: 0)
+    assert common._loader_kwargs(compose([]))["pin_memory"] is False
+
+
+def test_start_line_names_device_backend_precision_and_versions():
+    from birder_repro.worker import DistEnv, start_line
+
+    line = start_line(DistEnv(0, 4, 0, 2), {"device": "cuda (NVIDIA H100)", "backend": "nccl", "precision": "bf16",
+                                            "versions": {"torch": "2.14.1", "cuda": "13.0", "nccl": "2.27.3",
+                                                         "triton": "3.8.0"}})
+    assert line == ("[birder-repro] 4 processes on cuda (NVIDIA H100), backend nccl, precision bf16; torch 2.14.1, "
+                    "CUDA 13.0, NCCL 2.27.3, Triton 3.8.0")
