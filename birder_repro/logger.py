@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from omegaconf import OmegaConf
+
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -99,7 +101,8 @@ class RunLogger:
                 group=wandb_group(cfg),
                 job_type=str(cfg.optim.name) if "optim" in cfg else None,
                 config=config,
-                tags=list(logger_cfg.get("tags") or []),
+                # the precision as a tag too, so that a dashboard can split fp32 / bf16 / fp16 curves at a click
+                tags=[*(logger_cfg.get("tags") or []), str(OmegaConf.select(cfg, "train.precision", default="fp32"))],
                 mode=mode,
                 # Console capture would wrap the worker's stdout; the progress bar and summary stay ours.
                 # Offline, W&B's own report (run history, sync hint) would bury the summary: keep it quiet;

@@ -117,7 +117,8 @@ def format_summary(record: Mapping[str, Any]) -> str:
     """A few lines: what ran, on what data, how it ended, how fast, how well, and what it sent."""
     task = get(record, "task") or get(record, "config", "task", "name")
     optim = get(record, "optim") or get(record, "config", "optim", "name")
-    lines = [f"run:        {task} with {optim} on {_layout(record)}"]
+    precision = get(record, "precision") or get(record, "config", "train", "precision") or "fp32"
+    lines = [f"run:        {task} with {optim} on {_layout(record)}, {precision}"]
     data = get(record, "data") or get(record, "config", "data", "source")
     if data:
         lines.append(f"data:       {data}")

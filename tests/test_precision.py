@@ -185,3 +185,46 @@ def test_every_task_trains_a_step_in_bf16_and_fp16(compose, task_name):
             assert finite and precision.skipped_steps == attempt, (name, attempt)
     finally:
         torch.set_num_threads(threads)
+
+
+# ------------------------------------------------------------------------------ whole runs, through the CLI
+BASELINES = {"bert_pretrain": "bertadam", "bert_squad": "bertadam", "digits": "sgdm", "lstm_ptb": "sgdm",
+             "resnet20": "sgdm", "resnet50": "sgdm", "vit": "adamw"}
+
+
+def _sweep(runs_dir, task: str, optims: str) -> list[dict]:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    loaders = [] if task == "lstm_ptb" else ["data.num_workers=0"]
+    args = ["-m", f"task={task}", f"optim={optims}", "train.precision=bf16,fp16", "nodes=2", "gpus_per_node=1",
+            "model.size=tiny", "data.source=synthetic", "train.steps=3", "train.batch_size=4",
+            "train.eval_max_batches=1", "logger=none", *loaders]
+    proc = subprocess.run([sys.executable, "-m", "birder_repro.cli", *args], capture_output=True, text=True,
+                          timeout=1800, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [json.loads(p.read_text()) for p in sorted(runs_dir.rglob("record.json"))]
+
+
+def _check_sweep(records: list[dict], optims: str) -> None:
+    cells = {(r["optim"], r["precision"]) for r in records}
+    assert cells == {(o, p) for o in optims.split(",") for p in ("bf16", "fp16")}
+    for r in records:
+        assert r["status"] == "completed", r.get("error")
+        assert r["steps"] == 3 and r["config"]["train"]["precision"] == r["precision"]
+        assert (r["loss_scale"] is not None) == (r["precision"] == "fp16")
+
+
+def test_a_run_in_bf16_and_in_fp16_completes_and_says_so(runs_dir):
+    """digits with Birder on 2 nodes x 1 (the other tasks and the baselines: the slow test below)."""
+    _check_sweep(_sweep(runs_dir, "digits", "birder"), "birder")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", list(BASELINES))
+def test_every_task_runs_in_mixed_precision(runs_dir, task):
+    """Every task, tiny and synthetic, 2 nodes x 1, with Birder and with its baseline, in bf16 and in fp16."""
+    optims = f"birder,{BASELINES[task]}"
+    _check_sweep(_sweep(runs_dir, task, optims), optims)

@@ -29,7 +29,7 @@ STAGED_OPTIMIZERS = ("onebit_adam", "onebit_lamb")
 COLUMNS = (
     "run_dir", "status", "error", "source", "implementation", "task", "optim", "variant", "baseline",
     "cluster", "interconnect", "link_mbit", "nodes", "gpus_per_node", "gpus",
-    "data_source", "model_size", "batch_size", "global_batch_size", "steps", "lr",
+    "data_source", "model_size", "precision", "batch_size", "global_batch_size", "steps", "lr",
     "throughput", "throughput_warmup", "throughput_compression",
     "step_ms_total", "step_ms_compute", "step_ms_communication", "step_ms_compression", "step_ms_data_wait",
     "intra_mb_per_step", "inter_mb_per_step", "fp32_mb_per_step", "fp32_inter_mb_per_step", "link_mb_per_step",
@@ -137,6 +137,8 @@ def flatten_record(record: dict, run_dir: Path | str) -> dict:
         "gpus": world,
         "data_source": config("data", "source"),
         "model_size": config("model", "size"),  # full | tiny: tiny runs are smoke runs, another setting
+        # fp32 | bf16 | fp16: records from before train.precision existed ran in fp32
+        "precision": get(record, "precision", default=config("train", "precision")) or "fp32",
         "batch_size": get(record, "batch_size", default=config("train", "batch_size")),
         "global_batch_size": get(record, "global_batch_size"),
         "steps": get(record, "steps"),

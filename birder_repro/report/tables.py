@@ -1,6 +1,7 @@
 """Tables of reproduced runs in the paper's shape, from the flat DataFrame of ``records.py``.
 
-A *setting* is (source, task, cluster, interconnect, link, data source, model size, batch per process); a *cell*
+A *setting* is (source, task, cluster, interconnect, link, data source, model size, precision, batch per
+process); a *cell*
 is a setting at one layout (nodes x GPUs per node); a cell holds one row per optimizer (and Birder variant).
 Within a cell the newest completed run of each optimizer is shown; speedups are over the task's baseline in
 the same cell and scale efficiency is against the smallest layout of the same optimizer in the same setting,
@@ -23,7 +24,8 @@ import pandas as pd
 from . import records
 from .records import STAGED_OPTIMIZERS
 
-SETTING = ("source", "task", "cluster", "interconnect", "link_mbit", "data_source", "model_size", "batch_size")
+SETTING = ("source", "task", "cluster", "interconnect", "link_mbit", "data_source", "model_size", "precision",
+           "batch_size")
 LAYOUT = ("nodes", "gpus_per_node")
 CELL = SETTING + LAYOUT
 THROUGHPUT_MODES = ("whole", "stage")
@@ -85,7 +87,7 @@ def split_by_status(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 def _fill_keys(frame: pd.DataFrame) -> pd.DataFrame:
     """Missing text keys become "unknown" so that such runs still group (and show) together."""
     frame = frame.copy()
-    for col in ("source", "task", "optim", "cluster", "interconnect", "data_source", "model_size"):
+    for col in ("source", "task", "optim", "cluster", "interconnect", "data_source", "model_size", "precision"):
         frame[col] = frame[col].astype("object").where(frame[col].notna(), "unknown")
     default = frame["optim"].map(DEFAULT_VARIANTS)
     named = default.notna() & frame["variant"].notna() & (frame["variant"] != default)
@@ -330,7 +332,7 @@ def _setting_text(row) -> str:
         link = ", unshaped links"
     model = "" if row["model_size"] == "unknown" else f"{row['model_size']} model, "
     return (f"cluster `{row['cluster']}` ({row['interconnect']}{link}), {row['data_source']} data, "
-            f"{model}batch {fmt_number(row['batch_size'])} per process")
+            f"{model}{row['precision']}, batch {fmt_number(row['batch_size'])} per process")
 
 
 def settings(cells: pd.DataFrame):
