@@ -199,6 +199,8 @@ def _sweep(runs_dir, task: str, optims: str) -> list[dict]:
     import sys
 
     loaders = [] if task == "lstm_ptb" else ["data.num_workers=0"]
+    if task in ("resnet50", "vit"):  # fp16 convolutions are slow on a CPU: small images
+        loaders.append("data.image_size=64")
     args = ["-m", f"task={task}", f"optim={optims}", "train.precision=bf16,fp16", "nodes=2", "gpus_per_node=1",
             "model.size=tiny", "data.source=synthetic", "train.steps=3", "train.batch_size=4",
             "train.eval_max_batches=1", "logger=none", *loaders]
