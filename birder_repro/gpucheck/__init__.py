@@ -62,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sizes", nargs="*", type=int, default=list(SIZES.values()), help="bucket sizes (elements)")
     p.add_argument("--tasks", nargs="*", default=list_tasks(), choices=list_tasks())
     p.add_argument("--precisions", nargs="*", default=["fp32", "bf16"], choices=["fp32", "bf16", "fp16"])
-    p.add_argument("--jobs", type=int, default=4, help="runs at a time on the GPU")
+    p.add_argument("--jobs", type=int, default=6, help="runs at a time on the GPU")
     p.add_argument("--repeats", type=int, default=20, help="timed calls of each kernel")
     return p
 
@@ -117,7 +117,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not torch.cuda.is_available():
         print(no_cuda_line(), flush=True)
         return 0
-    out = args.out or Path("runs") / "gpu-check" / time.strftime("%Y-%m-%d_%H-%M-%S")
+    out = (args.out or Path("runs") / "gpu-check" / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
     env = environment()
     header = ", ".join(f"{k} {v}" for k, v in env.items())
     print(f"gpu-check: {header}; writing to {out}", flush=True)

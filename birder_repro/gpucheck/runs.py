@@ -85,7 +85,7 @@ def overrides(spec: RunSpec, run_dir: Path, steps: int = STEPS, with_precision: 
     return args
 
 
-def launch(spec: RunSpec, runs_root: Path, steps: int = STEPS, device: str = "cuda", timeout_s: float = 600) -> Path:
+def launch(spec: RunSpec, runs_root: Path, steps: int = STEPS, device: str = "cuda", timeout_s: float = 300) -> Path:
     """One run through the CLI, as ``birder-repro`` would; returns its run directory (the record is checked
     apart). Its output goes to ``gpu-check.log`` in the run directory."""
     run_dir = runs_root / spec.name
