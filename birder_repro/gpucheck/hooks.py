@@ -10,7 +10,12 @@ The processes form ``nodes`` x ``gpus_per_node`` as the runner does (rank groupi
   :class:`birder_repro.references.onebit.CompressedAllReduceReference`: signs bit for bit, scales, errors and the
   average within 1e-5 (the norms are sums in another order on the GPU);
 - the counted fp32 all-reduce hook against DDP's own all-reduce (bit for bit: the same collective), and the fp16
-  hook within fp16 rounding of it.
+  hook within fp16 rounding of it;
+- the hooks as a training script attaches them to DDP (``attach_birder`` with its communication thread and, on
+  CUDA, its side stream; ``attach_onebit`` with 1-bit Adam and 1-bit LAMB through their freeze step): Birder's
+  every bucket call replayed through the reference bit for bit, and every update exactly +-lr; 1-bit Adam's
+  and LAMB's parameters after every step against :class:`~birder_repro.references.onebit.OneBitAdamReference`
+  (:class:`~birder_repro.references.onebit.OneBitLambReference`) within 1e-5.
 
 Byte counts are checked against the formulas of :mod:`birder_repro.comm.accounting`. The same code runs on gloo
 with CPU processes (the tests do): only the backend and the device differ.
@@ -41,9 +46,18 @@ FLAG_BYTES = 1  # Birder's non-finite flag: one byte more in each all-to-all chu
 SCALE_BYTES = 4  # 1-bit Adam's fp32 scale per worker and per server chunk
 
 
+DDP_BIRDER_LR, DDP_BIRDER_STEPS = 1e-2, 4
+ONEBIT_FREEZE, ONEBIT_DDP_STEPS = 2, 5
+ONEBIT_ADAM = dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+ONEBIT_LAMB = dict(lr=2e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, c_min=0.01, c_max=0.3, beta3=0.9,
+                   r_min=0.5, r_max=4.0, r_threshold=0.1)
+
+
 def layout(gpus: int) -> tuple[int, int]:
-    """(nodes, gpus_per_node) for ``gpus`` processes: two nodes where they split evenly, else one per node."""
-    return (2, gpus // 2) if gpus % 2 == 0 else (gpus, 1)
+    """(nodes, gpus_per_node) for ``gpus`` processes: nodes of 2 where 4 or more split evenly, else one a node.
+    Two processes a node keep the node average of real gradients exact ((a + b) / 2 = a / 2 + b / 2 in any
+    order), so that the DDP hook can equal the reference bit for bit."""
+    return (gpus // 2, 2) if gpus >= 4 and gpus % 2 == 0 else (gpus, 1)
 
 
 def _birder_grads(step: int, bucket: int, world: int) -> torch.Tensor:
@@ -127,6 +141,117 @@ def _allreduce(topology, device) -> dict:
     return out
 
 
+class _BirderNet(torch.nn.Module):
+    """Registered in an order unlike the order gradients arrive in, so DDP's rebuilt buckets differ."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = torch.nn.Linear(16, 4)
+        self.body = torch.nn.Linear(12, 16)
+        self.stem = torch.nn.Linear(8, 12)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.body(torch.tanh(self.stem(x)))))
+
+
+def _birder_ddp(topology, device) -> dict:
+    """The README's three lines on DDP; every bucket call (signature, local gradient, result) recorded."""
+    from birder_repro.comm.birder import BirderState, attach_birder
+    from birder_repro.optim.birder import Birder
+
+    calls, original = [], BirderState.allreduce_bucket
+
+    def recording(self, index, buffer, signature):
+        grad = _host(buffer)
+        out = original(self, index, buffer, signature)
+        calls.append((signature, grad, _host(out)))
+        return out
+
+    torch.manual_seed(0)
+    ddp = torch.nn.parallel.DistributedDataParallel(_BirderNet().to(device), bucket_cap_mb=0.0006,
+                                                    device_ids=[device] if device.type == "cuda" else None)
+    opt = Birder(ddp.parameters(), lr=DDP_BIRDER_LR, beta=0.9, weight_decay=0.0)
+    state = attach_birder(ddp, opt, topology=topology)
+    BirderState.allreduce_bucket = recording
+    exact, identical = [], []
+    try:
+        for step in range(DDP_BIRDER_STEPS):
+            gen = torch.Generator().manual_seed(1000 * step + 100 + topology.rank)
+            x, y = torch.randn(32, 8, generator=gen).to(device), torch.randn(32, 4, generator=gen).to(device)
+            before = _flat_params(ddp)
+            torch.nn.functional.mse_loss(ddp(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            after = _flat_params(ddp)
+            exact.append(bool(torch.allclose((before - after).abs(), torch.full_like(after, DDP_BIRDER_LR),
+                                             rtol=0, atol=1e-6)))
+            identical.append(_same_on_every_rank(after))
+    finally:
+        BirderState.allreduce_bucket = original
+        state.close()
+    return {"calls": calls, "exact": exact, "identical": identical, "overlaps": state.overlaps(),
+            "numels": [p.numel() for p in ddp.parameters()]}
+
+
+class _OneBitNet(torch.nn.Module):
+    """Padding in every bucket, and embedding rows no batch looks up (their momentum is masked)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(16, 4)
+        self.fc1 = torch.nn.Linear(10, 24)
+        self.fc2 = torch.nn.Linear(24, 3)
+
+    def forward(self, x, idx):
+        return self.fc2(torch.tanh(self.fc1(torch.cat([x, self.emb(idx)], dim=1))))
+
+
+def _onebit_ddp(topology, device) -> dict:
+    """1-bit Adam and 1-bit LAMB attached to DDP through their freeze step: this rank's local gradients, the
+    bucket layout and the parameters after every step."""
+    import copy
+
+    from birder_repro.comm.onebit import attach_onebit
+    from birder_repro.optim import OneBitAdam, OneBitLamb
+
+    out = {}
+    for name, cls, kwargs in (("adam", OneBitAdam, ONEBIT_ADAM), ("lamb", OneBitLamb, ONEBIT_LAMB)):
+        torch.manual_seed(0)
+        model = _OneBitNet().to(device)
+        initial = [_host(p) for p in model.parameters()]
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.001,
+                                                        device_ids=[device] if device.type == "cuda" else None)
+        opt = cls(ddp.parameters(), freeze_step=ONEBIT_FREEZE, **kwargs)
+        state = attach_onebit(ddp, opt, topology=topology)
+        steps = []
+        for step in range(ONEBIT_DDP_STEPS):
+            g = torch.Generator().manual_seed(1000 * step + topology.rank)
+            batch = (torch.randn(8, 6, generator=g).to(device), torch.randint(0, 8, (8,), generator=g).to(device),
+                     torch.randn(8, 3, generator=g).to(device))
+            shadow = copy.deepcopy(ddp.module)  # this rank's own gradient, outside DDP
+            ((shadow(*batch[:2]) - batch[2]) ** 2).mean().backward()
+            opt.zero_grad()
+            ((ddp(*batch[:2]) - batch[2]) ** 2).mean().backward()
+            opt.step()
+            params = _flat_params(ddp)
+            steps.append({"grads": [_host(p.grad) for p in shadow.parameters()], "params": _host(params),
+                          "layout": {i: b.signature for i, b in state.store.buckets.items()},
+                          "identical": _same_on_every_rank(params)})
+        state.close()
+        out[name] = {"initial": initial, "steps": steps}
+    return out
+
+
+def _flat_params(ddp) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in ddp.parameters()]).clone()
+
+
+def _same_on_every_rank(flat: torch.Tensor) -> bool:
+    everyone = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, flat)
+    return all(torch.equal(everyone[0], t) for t in everyone)
+
+
 def _process(rank: int, world: int, gpus_per_node: int, port: int, backend: str, outdir: str) -> None:
     """One process: its device, the process group, every scenario; what it measured goes to rank<r>.pt."""
     device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
@@ -139,7 +264,8 @@ def _process(rank: int, world: int, gpus_per_node: int, port: int, backend: str,
 
     topology = build_topology(gpus_per_node)
     results = {}
-    for name, scenario in (("birder", _birder), ("onebit", _onebit), ("allreduce", _allreduce)):
+    for name, scenario in (("birder", _birder), ("onebit", _onebit), ("allreduce", _allreduce),
+                           ("birder_ddp", _birder_ddp), ("onebit_ddp", _onebit_ddp)):
         try:
             results[name] = scenario(topology, device)
         except Exception:  # noqa: BLE001 - recorded: the other scenarios still run and report
@@ -267,6 +393,63 @@ def check_allreduce(per_rank: list[dict], gpus_per_node: int) -> list[Check]:
     return rows
 
 
+def check_birder_ddp(per_rank: list[dict], nodes: int, m: int) -> list[Check]:
+    """Every bucket call of every rank through the reference, in the order the ranks made them."""
+    from birder_repro.references.birder import ReferenceBirder
+
+    failed = _failed_scenario(per_rank, "birder_ddp")
+    if failed:
+        return [failed]
+    runs = [r["birder_ddp"] for r in per_rank]
+    ref = ReferenceBirder(nodes, m, "hierarchical", beta=0.9, eps=1e-8, seed=0, param_numels=runs[0]["numels"])
+    problems = []
+    if len({len(r["calls"]) for r in runs}) != 1:
+        problems.append(f"the ranks made {sorted({len(r['calls']) for r in runs})} bucket calls")
+    for i in range(min(len(r["calls"]) for r in runs)):
+        signature, grad, _ = runs[0]["calls"][i]
+        if any(r["calls"][i][0] != signature for r in runs):
+            problems.append(f"call {i}: the ranks disagree on the bucket layout")
+            break
+        want = ref.bucket(signature, grad.numel(), [r["calls"][i][1] for r in runs])
+        problems += [f"call {i}, rank {rank}" for rank, r in enumerate(runs) if not torch.equal(r["calls"][i][2], want)]
+    problems += [f"rank {rank}: an update not +-lr" for rank, r in enumerate(runs) if not all(r["exact"])]
+    problems += [f"rank {rank}: parameters differ across ranks" for rank, r in enumerate(runs) if not all(r["identical"])]
+    return [Check("hooks", f"birder DDP hook (overlap {runs[0]['overlaps']}), {nodes}x{m} = reference",
+                  verdict(not problems), measured=f"{len(runs[0]['calls'])} bucket calls bit-identical"
+                  if not problems else "; ".join(problems[:3]),
+                  expected="every call = reference; updates +-lr; ranks identical")]
+
+
+def _bucket_order(layout: dict) -> list[list[int]]:
+    """Parameter indices of each bucket in buffer order (the reference's layout of a step)."""
+    return [[i for i, _, _ in sig] for _, sig in sorted(layout.items())]
+
+
+def check_onebit_ddp(per_rank: list[dict]) -> list[Check]:
+    from birder_repro.references.onebit import OneBitAdamReference, OneBitLambReference
+
+    failed = _failed_scenario(per_rank, "onebit_ddp")
+    if failed:
+        return [failed]
+    rows, world = [], len(per_rank)
+    for name, cls, kwargs in (("adam", OneBitAdamReference, ONEBIT_ADAM), ("lamb", OneBitLambReference, ONEBIT_LAMB)):
+        runs = [r["onebit_ddp"][name] for r in per_rank]
+        ref = cls(runs[0]["initial"], [], world, freeze_step=ONEBIT_FREEZE, **kwargs)
+        problems = []
+        for step in range(ONEBIT_DDP_STEPS):
+            ref.step([r["steps"][step]["grads"] for r in runs], _bucket_order(runs[0]["steps"][step]["layout"]))
+            want = torch.cat([x.reshape(-1) for x in ref.x])
+            if not torch.allclose(runs[0]["steps"][step]["params"], want, rtol=1e-5, atol=1e-6):
+                diff = float((runs[0]["steps"][step]["params"] - want).abs().max())
+                problems.append(f"step {step + 1}: max difference {diff:.2e}")
+            problems += [f"step {step + 1}: ranks differ" for r in runs[:1] if not r["steps"][step]["identical"]]
+        rows.append(Check("hooks", f"1-bit {name.upper() if name == 'lamb' else 'Adam'} DDP hook, {world} processes "
+                                   "= reference", verdict(not problems),
+                          measured=f"{ONEBIT_DDP_STEPS} steps equal" if not problems else "; ".join(problems[:3]),
+                          expected=f"parameters within 1e-5 every step (freeze after {ONEBIT_FREEZE}); ranks identical"))
+    return rows
+
+
 def check_hooks(world: int, backend: str = "nccl") -> list[Check]:
     """Every scenario on ``world`` processes, each compared with its reference and its byte formula."""
     nodes, m = layout(world)
@@ -274,4 +457,5 @@ def check_hooks(world: int, backend: str = "nccl") -> list[Check]:
         per_rank = run_processes(world, m, backend)
     except Exception as exc:  # noqa: BLE001 - processes that die are one failed row
         return [Check("hooks", f"{world} {backend} processes", FAIL, detail=f"{type(exc).__name__}: {exc}")]
-    return check_birder(per_rank, nodes, m) + check_onebit(per_rank) + check_allreduce(per_rank, m)
+    return (check_birder(per_rank, nodes, m) + check_onebit(per_rank) + check_allreduce(per_rank, m)
+            + check_birder_ddp(per_rank, nodes, m) + check_onebit_ddp(per_rank))
