@@ -137,13 +137,14 @@ def test_compare_kernels_fails_a_backend_that_differs(monkeypatch):
 
 # --------------------------------------------------------------------------------------- record checks
 def _fake_run(tmp_path: Path, parts=(0.006, 0.002, 0.001, 0.001), wall_per_step=0.011, status="completed",
-              device="cuda (NVIDIA H100)") -> Path:
+              device="cuda (NVIDIA H100)", overlapped=True) -> Path:
     """A run directory as the runner writes it: record.json and metrics.jsonl logged every 4 steps."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     step = dict(zip(runs.PARTS, parts), total=sum(parts))
     record = {"status": status, "error": None if status == "completed" else "Traceback\nRuntimeError: boom",
               "device": device, "steps": 12, "timed_steps": 8, "step_time_s": step,
+              "overlap_s": {"overlapped": overlapped}, "throughput_by_stage": {},
               "throughput_samples_per_s": 100.0, "config": {"train": {"precision": "bf16"}}}
     (run_dir / "record.json").write_text(json.dumps(record))
     lines = [{"step": s, "time_s": 1.0 + (s - 4) * wall_per_step, "loss": 1.0} for s in (4, 8, 12)]
@@ -165,6 +166,7 @@ def test_record_check_passes_a_consistent_run(tmp_path):
     (dict(device="cpu"), "not cuda"),
     (dict(wall_per_step=0.05), "wall-clock"),  # steps timed without waiting for the GPU: far below the wall
     (dict(wall_per_step=0.009), "wall-clock"),  # more time in the steps than passed
+    (dict(overlapped=False), "did not overlap"),
 ])
 def test_record_check_fails(tmp_path, kwargs, why):
     row = runs.check_record(SPEC, _fake_run(tmp_path, **kwargs))

@@ -13,6 +13,7 @@ record is read back and checked:
   logged after the last warm-up step and after the last step (``train.log_every`` = the warm-up): at most that
   wall time (the steps are inside it) and at least COVERAGE of it (what the loop does between steps is small
   beside a step). A step timed without waiting for the GPU's queued kernels would fall far below it;
+- the compressed optimizers' hooks overlapped the backward pass, and 1-bit Adam reached its compression stage;
 - the record's config says the precision asked for.
 """
 
@@ -150,6 +151,10 @@ def check_record(spec: RunSpec, run_dir: Path, device: str = "cuda") -> Check:
     elif not COVERAGE <= coverage <= 1.0 + 1e-3:
         problems.append(f"step total x {timed} steps = {total * timed * 1e3:.1f} ms against {wall * 1e3:.1f} ms of "
                         f"wall-clock ({coverage:.2f}; expected {COVERAGE}-1)")
+    if spec.optim in COMPRESSED and not (rec.get("overlap_s") or {}).get("overlapped"):
+        problems.append("the hook did not overlap backward (optim.comm.overlap=true was asked)")
+    if spec.optim == "onebit_adam" and "compression" not in (rec.get("throughput_by_stage") or {}):
+        problems.append("1-bit Adam never reached its compression stage")
     precision = ((rec.get("config") or {}).get("train") or {}).get("precision", "fp32")
     if precision != spec.precision:
         problems.append(f"the record's train.precision is {precision!r}")
