@@ -84,8 +84,10 @@ def _kernels(args) -> list[Check]:
     from birder_repro.comm import kernels as k
     from birder_repro.gpucheck.kernels import compare_kernels, time_kernels
 
-    if "triton" not in k.available_backends("cuda"):
-        return [Check("kernels", "triton backend", FAIL, detail=f"triton does not import: {k._IMPORT_ERRORS.get('triton')}")]
+    try:
+        k.resolve_backend("triton", "cuda")
+    except ValueError as exc:  # triton missing or broken: its one line says why
+        return [Check("kernels", "triton backend", FAIL, detail=str(exc))]
     reference = "cpu" if "cpu" in k.available_backends("cpu") else "torch"
     rows = []
     for numel in args.sizes:

@@ -352,7 +352,7 @@ def check_onebit(per_rank: list[dict]) -> list[Check]:
                 pairs = {"result": (got["result"][:numel], want["result"]),
                          "worker scales": (got["worker_scales"], want["worker_scales"]),
                          "worker error": (got["worker_error"], ref.worker_errors[rank]),
-                         "server error": (got["server_error"], ref.server_error[rank * ref.chunk:(rank + 1) * ref.chunk])}
+                         "server error": (got["server_error"], ref.server_error[rank * ref.chunk:][:ref.chunk])}
                 problems += [f"step {step} rank {rank}: {k}" for k, (a, b) in pairs.items()
                              if not torch.allclose(a, b, rtol=1e-5, atol=1e-6)]
                 if not torch.equal(unpack_signs(got["worker_bits"]), want["worker_signs"][rank]):
@@ -366,7 +366,8 @@ def check_onebit(per_rank: list[dict]) -> list[Check]:
         expected = ONEBIT_STEPS * (all_to_all_bytes(padded // 8, world) + all_gather_bytes(padded // 8 // world, world)
                                    + 2 * all_gather_bytes(SCALE_BYTES, world))
         got = [r["onebit"][numel]["bytes"] for r in per_rank]
-        rows.append(Check("hooks", f"1-bit bytes, {numel} elements", verdict(all(abs(b - expected) < 1e-6 for b in got)),
+        ok = all(abs(b - expected) < 1e-6 for b in got)
+        rows.append(Check("hooks", f"1-bit bytes, {numel} elements", verdict(ok),
                           measured=f"{got[0]:.0f} B (rank 0)", expected=f"{expected:.0f} B (comm.accounting)"))
     return rows
 
@@ -382,13 +383,16 @@ def check_allreduce(per_rank: list[dict], gpus_per_node: int) -> list[Check]:
     for name, exact, nbytes in (("fp32", True, fp32_bytes), ("fp16", False, fp32_bytes / 2)):
         close = torch.equal if exact else (lambda a, b: torch.allclose(a, b, rtol=4e-3, atol=1e-4))
         steps = DDP_STEPS if exact else 1  # fp16 rounding changes the parameters after the first step
-        wrong = [(rank, s) for rank, r in enumerate(per_rank) for s in range(steps)
-                 if not all(close(a, b) for a, b in zip(r["allreduce"][name]["grads"][s], r["allreduce"]["ddp"]["grads"][s]))]
+        ours = [r["allreduce"][name]["grads"] for r in per_rank]
+        ddps = [r["allreduce"]["ddp"]["grads"] for r in per_rank]
+        wrong = [(rank, s) for rank in range(world) for s in range(steps)
+                 if not all(close(a, b) for a, b in zip(ours[rank][s], ddps[rank][s]))]
         rows.append(Check("hooks", f"{name} all-reduce hook = DDP's all-reduce, {world} processes", verdict(not wrong),
                           measured="equal" if not wrong else f"{len(wrong)} (rank, step) differ",
                           expected="bit for bit" if exact else "within fp16 rounding (rtol 4e-3)"))
         got = [r["allreduce"][name]["intra"] + r["allreduce"][name]["inter"] for r in per_rank]
-        rows.append(Check("hooks", f"{name} all-reduce bytes", verdict(all(abs(b - nbytes) < 1e-6 * nbytes for b in got)),
+        ok = all(abs(b - nbytes) < 1e-6 * nbytes for b in got)
+        rows.append(Check("hooks", f"{name} all-reduce bytes", verdict(ok),
                           measured=f"{got[0]:.0f} B (rank 0)", expected=f"{nbytes:.0f} B (comm.accounting)"))
     return rows
 
@@ -413,7 +417,8 @@ def check_birder_ddp(per_rank: list[dict], nodes: int, m: int) -> list[Check]:
         want = ref.bucket(signature, grad.numel(), [r["calls"][i][1] for r in runs])
         problems += [f"call {i}, rank {rank}" for rank, r in enumerate(runs) if not torch.equal(r["calls"][i][2], want)]
     problems += [f"rank {rank}: an update not +-lr" for rank, r in enumerate(runs) if not all(r["exact"])]
-    problems += [f"rank {rank}: parameters differ across ranks" for rank, r in enumerate(runs) if not all(r["identical"])]
+    problems += [f"rank {rank}: parameters differ across ranks" for rank, r in enumerate(runs)
+                 if not all(r["identical"])]
     return [Check("hooks", f"birder DDP hook (overlap {runs[0]['overlaps']}), {nodes}x{m} = reference",
                   verdict(not problems), measured=f"{len(runs[0]['calls'])} bucket calls bit-identical"
                   if not problems else "; ".join(problems[:3]),
@@ -446,7 +451,8 @@ def check_onebit_ddp(per_rank: list[dict]) -> list[Check]:
         rows.append(Check("hooks", f"1-bit {name.upper() if name == 'lamb' else 'Adam'} DDP hook, {world} processes "
                                    "= reference", verdict(not problems),
                           measured=f"{ONEBIT_DDP_STEPS} steps equal" if not problems else "; ".join(problems[:3]),
-                          expected=f"parameters within 1e-5 every step (freeze after {ONEBIT_FREEZE}); ranks identical"))
+                          expected=f"parameters within 1e-5 every step (freeze after {ONEBIT_FREEZE}); "
+                                   "ranks identical"))
     return rows
 
 

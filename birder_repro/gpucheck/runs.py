@@ -128,7 +128,8 @@ def check_record(spec: RunSpec, run_dir: Path, device: str = "cuda") -> Check:
     label = f"{spec.task} {spec.optim} {spec.precision}"
     path = run_dir / "record.json"
     if not path.is_file():
-        log = (run_dir / "gpu-check.log").read_text().strip().splitlines() if (run_dir / "gpu-check.log").is_file() else []
+        log_file = run_dir / "gpu-check.log"
+        log = log_file.read_text().strip().splitlines() if log_file.is_file() else []
         return Check("runs", label, FAIL, detail=f"no record.json in {run_dir}: {log[-1] if log else 'no output'}")
     rec = json.loads(path.read_text())
     if rec.get("status") != "completed":

@@ -77,7 +77,8 @@ def _finite(obj):
     return obj
 
 
-def write(checks: list[Check], out_dir: Path, header: str = "", environment: Optional[dict] = None) -> tuple[Path, Path]:
+def write(checks: list[Check], out_dir: Path, header: str = "",
+          environment: Optional[dict] = None) -> tuple[Path, Path]:
     """``gpu-check.md`` and ``gpu-check.json`` in ``out_dir``; returns their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     md, js = out_dir / TABLE_MD, out_dir / TABLE_JSON
