@@ -216,3 +216,13 @@ def test_every_hook_on_gloo_matches_its_reference():
 def test_a_real_run_through_the_runner_passes_its_record_checks(tmp_path):
     row = runs.check_runs([runs.RunSpec("digits", "birder", "fp32")], tmp_path, jobs=1, device="cpu")[0]
     assert row.status == PASS, row.detail
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_check_on_cuda_small(tmp_path):
+    """On a GPU node (``pytest -m gpu``): the kernels on a 1M bucket and one task's runs, end to end."""
+    code = gpucheck.main(["--out", str(tmp_path), "--only", "kernels", "runs", "--sizes", str(1 << 20),
+                          "--tasks", "digits", "--precisions", "fp32", "--repeats", "5"])
+    rows = json.loads((tmp_path / "gpu-check.json").read_text())["checks"]
+    assert code == 0, [r for r in rows if r["status"] == FAIL]
