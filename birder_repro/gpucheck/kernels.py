@@ -7,7 +7,7 @@ copies of the same inputs on the CPU, and compares every output with ``torch.equ
 state tensor, and their dtypes. Inputs are hard on purpose: zeros in g and b, b near eps, |m/b + e| past 1,
 b_hat on both sides of b, a segment past 2^32.
 
-:func:`time_kernels` times each kernel against a device-to-device copy of a float32 buffer of the bucket's
+:func:`time_kernels` times each kernel, called as the hook calls it, against a device-to-device copy of a float32 buffer of the bucket's
 size (the HBM floor: 8 bytes moved per element) with CUDA events (``birder_repro.bench.time_op``), and reports
 the ratio beside the ratio of the bytes each kernel must move: a kernel far above its byte ratio is not
 memory-bound (or stalls the host inside it).
@@ -127,8 +127,10 @@ def compare_kernels(numel: int, device: torch.device | str, backend: str = "trit
 
 
 def _ops(t: dict, backend: str, step: list) -> dict[str, Callable[[], object]]:
-    """The timed calls, each on its own state, a fresh seed per call as the hook draws one per step."""
+    """The timed calls as the hook makes them: a fresh seed per call (the hook draws one per step), and one
+    Segments of several parameters kept across calls (the hook keeps one per bucket, its table on the device)."""
     out = {k: torch.empty_like(t["g"]) for k in ("m2", "b2", "e2", "copy")}
+    seg = segments_of(t["g"].numel())
 
     def seed(role):
         step[0] += 1
@@ -136,14 +138,14 @@ def _ops(t: dict, backend: str, step: list) -> dict[str, Callable[[], object]]:
 
     return {
         "copy": lambda: out["copy"].copy_(t["g"]),
-        "worker": lambda: kernels.worker_compress(t["g"], t["m"], t["b"], t["e"], BETA, EPS, seed("worker"),
+        "worker": lambda: kernels.worker_compress(t["g"], t["m"], t["b"], t["e"], BETA, EPS, seed("worker"), seg,
                                                   backend=backend),
         "worker b_hat": lambda: kernels.worker_compress(t["g"], t["m"], t["b"], t["e"], BETA, EPS,
-                                                        seed("worker"), backend=backend, b_hat=t["b_hat"]),
+                                                        seed("worker"), seg, backend=backend, b_hat=t["b_hat"]),
         "worker state_out": lambda: kernels.worker_compress(t["g"], t["m"], t["b"], t["e"], BETA, EPS,
-                                                            seed("worker"), backend=backend,
+                                                            seed("worker"), seg, backend=backend,
                                                             state_out=(out["m2"], out["b2"], out["e2"])),
-        "server": lambda: kernels.server_compress(t["received"], t["e_bar"], seed("server"), backend=backend),
+        "server": lambda: kernels.server_compress(t["received"], t["e_bar"], seed("server"), seg, backend=backend),
         "unpack": lambda: kernels.unpack(t["received"].reshape(-1)[: t["g"].numel() // 8], backend=backend,
                                          out=out["copy"]),
     }
