@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 ARGS    ?=
 
-.PHONY: help install run test test-all tables bench emulated-setup validate validate-emulated clean
+.PHONY: help install run test test-all tables bench gpu-check emulated-setup validate validate-emulated clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -32,6 +32,9 @@ tables: $(STAMP)  ## build tables/ from every run record under runs/
 
 bench: $(STAMP)  ## compression / decompression time of the hooks against a copy of the same buffer
 	$(BIN)/python -m birder_repro.bench $(ARGS)
+
+gpu-check: $(STAMP)  ## on a GPU node: kernels, 1-GPU runs of every task, NCCL hooks; one table, non-zero on a failure
+	$(BIN)/python -m birder_repro.gpucheck $(ARGS)
 
 validate: $(STAMP)  ## the performance model against the paper: Tables 1-4's multi-node rows from their 1-node rows
 	$(BIN)/python -m birder_repro.perf.validate $(ARGS)

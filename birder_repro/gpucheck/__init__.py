@@ -1,0 +1,139 @@
+"""``make gpu-check``: does the project work on this GPU node? One command, one table, non-zero on a failure.
+
+Without CUDA it prints one line naming what it would check and exits 0, claiming nothing. With CUDA:
+
+1. kernels (:mod:`.kernels`): Birder's Triton kernels on the GPU against the CPU backend on the same inputs,
+   bit for bit (worker, server, unpack; ``state_out``, ``b_hat``, several segments), on a ResNet-50-sized
+   (25.6M) and a BERT-base-sized (110M) bucket; and each kernel's time against a device-to-device copy;
+2. runs (:mod:`.runs`): a 1-process DDP run through the real runner of Birder, 1-bit Adam and the baseline of
+   every task (tiny model, synthetic data, overlap on) in fp32 and bf16, and the record of each;
+3. hooks (:mod:`.hooks`), with two GPUs or more: every hook on NCCL against its single-process reference, and
+   the bytes it counted against the formulas.
+
+It writes ``gpu-check.md`` and ``gpu-check.json`` into ``--out`` (default ``runs/gpu-check/<time>``) and
+prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from birder_repro.gpucheck.table import FAIL, SKIP, Check, exit_code, markdown, write
+
+__all__ = ["main", "no_cuda_line", "WHAT"]
+
+WHAT = ("Birder's Triton kernels against the CPU backend bit for bit and against a device copy (25.6M and 110M "
+        "elements); a 1-process DDP run of Birder, 1-bit Adam and the baseline of every task (tiny, synthetic, "
+        "fp32 and bf16) and its record; with 2+ GPUs every hook on NCCL against its reference and byte formulas")
+SECTIONS = ("kernels", "runs", "hooks")
+
+
+def no_cuda_line() -> str:
+    return (f"gpu-check: no CUDA device here (torch {torch.__version__}, built with CUDA "
+            f"{torch.version.cuda or 'none'}): nothing was checked. On a GPU node it checks {WHAT}.")
+
+
+def environment() -> dict:
+    """What the table was measured on."""
+    env = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpus": torch.cuda.device_count()}
+    if env["gpus"]:
+        env["device"] = torch.cuda.get_device_name(0)
+        env["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if torch.distributed.is_nccl_available() else None
+    try:
+        import triton
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    return env
+
+
+def _parser() -> argparse.ArgumentParser:
+    from birder_repro.bench import SIZES
+    from birder_repro.tasks import list_tasks
+
+    p = argparse.ArgumentParser(prog="python -m birder_repro.gpucheck", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=None, help="where the table goes (default runs/gpu-check/<time>)")
+    p.add_argument("--only", nargs="*", choices=SECTIONS, default=list(SECTIONS), help="sections to run")
+    p.add_argument("--sizes", nargs="*", type=int, default=list(SIZES.values()), help="bucket sizes (elements)")
+    p.add_argument("--tasks", nargs="*", default=list_tasks(), choices=list_tasks())
+    p.add_argument("--precisions", nargs="*", default=["fp32", "bf16"], choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--jobs", type=int, default=6, help="runs at a time on the GPU")
+    p.add_argument("--repeats", type=int, default=20, help="timed calls of each kernel")
+    return p
+
+
+def _section(name: str, fn) -> list[Check]:
+    """A section that crashes is one failed row: the other sections still run and the table is still written."""
+    t0 = time.perf_counter()
+    print(f"gpu-check: {name} ...", flush=True)
+    try:
+        rows = fn()
+    except Exception as exc:  # noqa: BLE001
+        rows = [Check(name, f"{name} section", FAIL, detail=f"{type(exc).__name__}: {exc}")]
+    print(f"gpu-check: {name}: {sum(r.status == FAIL for r in rows)} of {len(rows)} failed "
+          f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    return rows
+
+
+def _kernels(args) -> list[Check]:
+    from birder_repro.comm import kernels as k
+    from birder_repro.gpucheck.kernels import compare_kernels, time_kernels
+
+    try:
+        k.resolve_backend("triton", "cuda")
+    except ValueError as exc:  # triton missing or broken: its one line says why
+        return [Check("kernels", "triton backend", FAIL, detail=str(exc))]
+    reference = "cpu" if "cpu" in k.available_backends("cpu") else "torch"
+    rows = []
+    for numel in args.sizes:
+        numel -= numel % 8
+        rows += compare_kernels(numel, "cuda", "triton", reference)
+        rows += time_kernels(numel, "cuda", "triton", repeats=args.repeats)
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _runs(args, out: Path) -> list[Check]:
+    from birder_repro.gpucheck import runs
+
+    return runs.check_runs(runs.plan(args.tasks, args.precisions), out / "runs", jobs=args.jobs)
+
+
+def _hooks() -> list[Check]:
+    from birder_repro.gpucheck.hooks import check_hooks
+
+    gpus = torch.cuda.device_count()
+    if gpus < 2:
+        return [Check("hooks", "every hook on NCCL", SKIP, detail=f"{gpus} GPU here: NCCL needs one GPU a process, "
+                                                                  "so this section runs on 2 or more")]
+    return check_hooks(gpus, "nccl")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    if not torch.cuda.is_available():
+        print(no_cuda_line(), flush=True)
+        return 0
+    out = (args.out or Path("runs") / "gpu-check" / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
+    env = environment()
+    header = ", ".join(f"{k} {v}" for k, v in env.items())
+    print(f"gpu-check: {header}; writing to {out}", flush=True)
+    t0 = time.perf_counter()
+    rows = []
+    if "kernels" in args.only:
+        rows += _section("kernels", lambda: _kernels(args))
+    if "runs" in args.only:
+        rows += _section("runs", lambda: _runs(args, out))
+    if "hooks" in args.only:
+        rows += _section("hooks", _hooks)
+    header += f"; {time.perf_counter() - t0:.0f} s"
+    md, js = write(rows, out, header, env)
+    print(markdown(rows, header), flush=True)
+    print(f"gpu-check: the table is in {md} and {js}", flush=True)
+    return exit_code(rows)
+

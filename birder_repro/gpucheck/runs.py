@@ -1,0 +1,178 @@
+"""1-process DDP runs on the GPU through the real runner, and what their records must say.
+
+For every task, Birder, 1-bit Adam and the task's baseline (``task.baseline``) run as a user runs them:
+``birder-repro task=<t> optim=<o> nodes=1 gpus_per_node=1 launcher=local device=cuda model.size=tiny
+data.source=synthetic train.precision=<p>`` (the CLI in a subprocess, torchrun, the worker, NCCL, the hooks with
+overlap on: their side stream, events and futures). Birder turns Algorithm 1's line 6 on mid-run
+(``optim.amsgrad_after``) so that its ``b_hat`` kernel runs too; 1-bit Adam passes its freeze step. Each
+record is read back and checked:
+
+- the run completed, on CUDA;
+- the step-time parts (compute + communication + compression + data wait) sum to the step total;
+- the step total times the timed steps is the wall-clock of those steps, from the times ``metrics.jsonl``
+  logged after the last warm-up step and after the last step (``train.log_every`` = the warm-up): at most that
+  wall time (the steps are inside it) and at least COVERAGE of it (what the loop does between steps is small
+  beside a step). A step timed without waiting for the GPU's queued kernels would fall far below it;
+- the compressed optimizers' hooks overlapped the backward pass, and 1-bit Adam reached its compression stage;
+- the record's config says the precision asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from omegaconf import OmegaConf
+
+from birder_repro.gpucheck.table import FAIL, Check, verdict
+
+COMPRESSED = ("birder", "onebit_adam")
+STEPS, TIMING_WARMUP = 12, 4  # STEPS a multiple of TIMING_WARMUP: both ends of the timed steps are logged
+COVERAGE = 0.5
+PARTS = ("compute", "communication", "compression", "data_wait")
+LOADER_TASKS = ("resnet20", "resnet50", "vit", "bert_squad", "bert_pretrain")  # tasks with data.num_workers
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    task: str
+    optim: str
+    precision: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.task}_{self.optim}_{self.precision}"
+
+
+def baseline(task: str) -> str:
+    """The task's baseline optimizer, as its config file names it (``task.baseline``)."""
+    from birder_repro.cli import CONF_DIR
+
+    return str(OmegaConf.load(CONF_DIR / "task" / f"{task}.yaml").task.baseline)
+
+
+def has_precision_setting() -> bool:
+    """Whether this version of the runner has ``train.precision`` (a run with it would be a config error)."""
+    from birder_repro.cli import CONF_DIR
+
+    return "precision" in OmegaConf.load(CONF_DIR / "config.yaml").train
+
+
+def plan(tasks: list[str], precisions: list[str]) -> list[RunSpec]:
+    """Birder, 1-bit Adam and the baseline of every task, in every precision."""
+    return [RunSpec(t, o, p) for t in tasks for o in dict.fromkeys((*COMPRESSED, baseline(t))) for p in precisions]
+
+
+def overrides(spec: RunSpec, run_dir: Path, steps: int = STEPS, with_precision: bool = True,
+              device: str = "cuda") -> list[str]:
+    args = [f"task={spec.task}", f"optim={spec.optim}", "model.size=tiny", "data.source=synthetic", "nodes=1",
+            "gpus_per_node=1", "launcher=local", f"device={device}", "logger=none", f"train.steps={steps}",
+            f"train.timing_warmup_steps={TIMING_WARMUP}", f"train.log_every={TIMING_WARMUP}", "train.eval=false",
+            f"hydra.run.dir={run_dir}"]
+    if with_precision:
+        args.append(f"train.precision={spec.precision}")
+    if spec.optim in COMPRESSED:
+        args.append("optim.comm.overlap=true")
+    if spec.optim == "birder":
+        args.append(f"optim.amsgrad_after={steps // 2}")  # the b_hat variant from mid-run on
+    if spec.task in LOADER_TASKS:
+        args.append("data.num_workers=0")  # synthetic tensors: loader processes would only cost start-up time
+    return args
+
+
+def launch(spec: RunSpec, runs_root: Path, steps: int = STEPS, device: str = "cuda", timeout_s: float = 300) -> Path:
+    """One run through the CLI, as ``birder-repro`` would; returns its run directory (the record is checked
+    apart). Its output goes to ``gpu-check.log`` in the run directory."""
+    run_dir = runs_root / spec.name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    supported = has_precision_setting()
+    if spec.precision != "fp32" and not supported:
+        (run_dir / "gpu-check.log").write_text("train.precision is not a setting of this version: not run\n")
+        return run_dir
+    cmd = [sys.executable, "-m", "birder_repro.cli", *overrides(spec, run_dir, steps, supported, device)]
+    env = dict(os.environ, BIRDER_RUNS=str(runs_root), WANDB_MODE="disabled")
+    with open(run_dir / "gpu-check.log", "w") as log:
+        log.write(" ".join(cmd) + "\n")
+        log.flush()
+        try:
+            subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            log.write(f"\ngpu-check: the run took more than {timeout_s:.0f} s and was stopped\n")
+    return run_dir
+
+
+def step_wall_seconds(metrics_path: Path, last_step: int, timed_steps: int) -> Optional[float]:
+    """Wall-clock of the last ``timed_steps`` steps: the time logged after the last step less the time logged
+    after the step before them (``metrics.jsonl`` logs ``time_s`` every ``train.log_every`` steps)."""
+    times = {}
+    if not metrics_path.is_file():
+        return None
+    for line in metrics_path.read_text().splitlines():
+        row = json.loads(line)
+        if "loss" in row and "time_s" in row:
+            times[int(row["step"])] = float(row["time_s"])
+    first = last_step - timed_steps
+    if last_step not in times or first not in times:
+        return None
+    return times[last_step] - times[first]
+
+
+def check_record(spec: RunSpec, run_dir: Path, device: str = "cuda") -> Check:
+    """One row for one run: every check of the module docstring; the first that fails is the detail."""
+    label = f"{spec.task} {spec.optim} {spec.precision}"
+    path = run_dir / "record.json"
+    if not path.is_file():
+        log_file = run_dir / "gpu-check.log"
+        log = log_file.read_text().strip().splitlines() if log_file.is_file() else []
+        return Check("runs", label, FAIL, detail=f"no record.json in {run_dir}: {log[-1] if log else 'no output'}")
+    rec = json.loads(path.read_text())
+    if rec.get("status") != "completed":
+        error = str(rec.get("error") or "").strip().splitlines()
+        return Check("runs", label, FAIL, measured=str(rec.get("status")),
+                     detail=f"{error[-1] if error else 'no error recorded'} (record: {path})")
+    problems = []
+    if not str(rec.get("device", "")).startswith(device):
+        problems.append(f"ran on {rec.get('device')!r}, not {device}")
+    st = rec.get("step_time_s") or {}
+    total = float(st.get("total", float("nan")))
+    parts = sum(float(st.get(k, 0.0)) for k in PARTS)
+    if not abs(parts - total) <= 1e-9 + 1e-6 * abs(total):
+        problems.append(f"parts sum to {parts * 1e3:.3f} ms, the step total is {total * 1e3:.3f} ms")
+    timed = int(rec.get("timed_steps") or 0)
+    wall = step_wall_seconds(run_dir / "metrics.jsonl", int(rec.get("steps") or 0), timed)
+    coverage = total * timed / wall if wall else float("nan")
+    if wall is None:
+        problems.append("metrics.jsonl lacks the timed steps' times")
+    elif not COVERAGE <= coverage <= 1.0 + 1e-3:
+        problems.append(f"step total x {timed} steps = {total * timed * 1e3:.1f} ms against {wall * 1e3:.1f} ms of "
+                        f"wall-clock ({coverage:.2f}; expected {COVERAGE}-1)")
+    if spec.optim in COMPRESSED and not (rec.get("overlap_s") or {}).get("overlapped"):
+        problems.append("the hook did not overlap backward (optim.comm.overlap=true was asked)")
+    if spec.optim == "onebit_adam" and "compression" not in (rec.get("throughput_by_stage") or {}):
+        problems.append("1-bit Adam never reached its compression stage")
+    precision = ((rec.get("config") or {}).get("train") or {}).get("precision", "fp32")
+    if precision != spec.precision:
+        problems.append(f"the record's train.precision is {precision!r}")
+    return Check("runs", label, verdict(not problems),
+                 measured=f"step {total * 1e3:.2f} ms = " + " + ".join(f"{k} {float(st.get(k, 0)) * 1e3:.2f}"
+                                                                      for k in PARTS)
+                          + f"; {coverage:.2f} of the timed steps' wall-clock",
+                 expected=f"completed on {device}; parts = total; {COVERAGE}-1 of wall",
+                 detail="; ".join(problems) or f"{rec.get('throughput_samples_per_s', 0):.0f} samples/s, {path}",
+                 numbers={"step_time_s": st, "timed_steps": timed, "wall_s": wall, "coverage": coverage,
+                          "throughput_samples_per_s": rec.get("throughput_samples_per_s")})
+
+
+def check_runs(specs: list[RunSpec], runs_root: Path, jobs: int = 4, steps: int = STEPS,
+               device: str = "cuda") -> list[Check]:
+    """Launch the runs, ``jobs`` at a time (separate processes on the one GPU: each its own process group),
+    then check every record."""
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        dirs = list(pool.map(lambda s: launch(s, runs_root, steps, device), specs))
+    return [check_record(s, d, device) for s, d in zip(specs, dirs)]

@@ -1,0 +1,230 @@
+"""``make gpu-check`` (birder_repro.gpucheck) here, without a GPU: the no-CUDA line, the table and its verdict
+with injected results, the kernel comparison with Triton's interpreter against the CPU backend, the record
+checks, and (slow) the hook comparisons on gloo processes and a real run through the runner on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from birder_repro import gpucheck
+from birder_repro.comm.pack import padded_size
+from birder_repro.gpucheck import hooks, runs
+from birder_repro.gpucheck.kernels import _differences, compare_kernels, segments_of
+from birder_repro.gpucheck.table import FAIL, PASS, SKIP, Check, exit_code, markdown, write
+
+HAS_TRITON = __import__("importlib").util.find_spec("triton") is not None
+
+
+# ---------------------------------------------------------------------------------------- without CUDA
+def test_without_cuda_one_line_exit_0_and_nothing_written(tmp_path):
+    """The real command on a machine whose CUDA devices are hidden: one line, exit 0, no table."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "-m", "birder_repro.gpucheck"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1 and "no CUDA device" in lines[0] and "nothing was checked" in lines[0]
+    assert "kernels" in lines[0] and "NCCL" in lines[0] and "bf16" in lines[0]  # it names what it would check
+    assert list(tmp_path.iterdir()) == []  # claims nothing: no table
+
+
+# ------------------------------------------------------------------------------------- table and verdict
+def _rows(*statuses: str, section: str = "kernels") -> list[Check]:
+    return [Check(section, f"check {i}", s, measured="1.0 ms", expected="<= 2 ms") for i, s in enumerate(statuses)]
+
+
+def test_verdict_fails_on_any_failed_row_and_on_nothing_checked():
+    assert exit_code(_rows(PASS, PASS, SKIP)) == 0
+    assert exit_code(_rows(PASS, FAIL, PASS)) == 1
+    assert exit_code(_rows(SKIP)) == 1 and exit_code([]) == 1  # nothing ran: no claim that it works
+    with pytest.raises(ValueError, match="status"):
+        Check("kernels", "x", "ok")
+
+
+def test_table_is_markdown_and_json(tmp_path):
+    rows = _rows(PASS, FAIL) + [Check("runs", "a | b", PASS, numbers={"coverage": float("nan")})]
+    md, js = write(rows, tmp_path / "out", header="device X")
+    text = md.read_text()
+    assert "**FAILED**: 2 passed, 1 failed, 0 skipped" in text and "device X" in text
+    assert "| kernels | check 1 | FAIL | 1.0 ms | <= 2 ms |" in text and "a \\| b" in text
+    data = json.loads(js.read_text())
+    assert data["passed"] is False and [c["status"] for c in data["checks"]] == [PASS, FAIL, PASS]
+    assert data["checks"][2]["numbers"]["coverage"] is None  # NaN is not JSON
+    assert markdown(rows[:1]).count("\n| kernels") == 1
+
+
+@pytest.mark.parametrize("injected, code", [((PASS, PASS), 0), ((PASS, FAIL), 1)])
+def test_main_with_cuda_writes_the_table_and_exits_on_the_verdict(injected, code, monkeypatch, tmp_path, capsys):
+    """The CUDA path of main() with the sections' results injected: the exit code follows the rows."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpucheck, "environment", lambda: {"device": "injected"})
+    monkeypatch.setattr(gpucheck, "_kernels", lambda args: _rows(injected[0]))
+    monkeypatch.setattr(gpucheck, "_runs", lambda args, out: _rows(injected[1], section="runs"))
+    monkeypatch.setattr(gpucheck, "_hooks", lambda: [Check("hooks", "every hook on NCCL", SKIP)])
+    assert gpucheck.main(["--out", str(tmp_path / "t")]) == code
+    data = json.loads((tmp_path / "t" / "gpu-check.json").read_text())
+    assert [c["section"] for c in data["checks"]] == ["kernels", "runs", "hooks"]
+    assert ("**FAILED**" in capsys.readouterr().out) == bool(code)
+
+
+def test_a_section_that_crashes_is_a_failed_row(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpucheck, "environment", lambda: {})
+    monkeypatch.setattr(gpucheck, "_kernels", lambda args: 1 / 0)
+    assert gpucheck.main(["--out", str(tmp_path), "--only", "kernels"]) == 1
+    row = json.loads((tmp_path / "gpu-check.json").read_text())["checks"][0]
+    assert row["status"] == FAIL and "ZeroDivisionError" in row["detail"]
+
+
+# ------------------------------------------------------------------------------------ kernel comparison
+def test_differences_name_what_differs():
+    a = {"packed": torch.zeros(4, dtype=torch.uint8), "m": torch.zeros(8)}
+    b = {"packed": torch.tensor([0, 1, 0, 0], dtype=torch.uint8), "m": torch.zeros(8, dtype=torch.float64)}
+    assert _differences(a, b) == ["packed: 1 of 4 differ", "m: torch.float32(8,) vs torch.float64(8,)"]
+    assert _differences(a, {"packed": a["packed"]}) and not _differences(a, dict(a))
+
+
+def test_segments_cover_the_buffer_and_pass_2_to_the_32():
+    s = segments_of(1 << 16)
+    assert s.starts[0] == 0 and s.starts.numel() == 5 and int(s.global_offsets[-1]) > 1 << 32
+
+
+_TRITON_SCRIPT = textwrap.dedent("""
+    import json, sys
+    from birder_repro.gpucheck.kernels import compare_kernels
+    rows = compare_kernels(int(sys.argv[1]), "cpu", backend="triton", reference="cpu")
+    print(json.dumps([[r.status, r.name, r.measured, r.detail] for r in rows]))
+""")
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_compare_kernels_triton_interpreter_against_cpu_backend():
+    """The comparison the GPU runs, with Triton's interpreter on CPU tensors (read at import: a subprocess)."""
+    numel = 2056  # not a multiple of Triton's block: masked tails in every kernel
+    proc = subprocess.run([sys.executable, "-c", _TRITON_SCRIPT, str(numel)], capture_output=True, text=True,
+                          env=dict(os.environ, TRITON_INTERPRET="1"), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout.splitlines()[-1])
+    assert len(rows) == 8 and all(r[0] == PASS and r[2] == "bit-identical" for r in rows), rows
+
+
+def test_compare_kernels_fails_a_backend_that_differs(monkeypatch):
+    """A backend whose worker step is off by one bit must fail its row (and only the rows it touches)."""
+    from birder_repro.comm.kernels import reference
+
+    real = reference.worker_compress
+
+    def off_by_one(*args):
+        out = real(*args)
+        out[0] ^= 1
+        return out
+
+    rows = {r.name.split(",")[0]: r for r in compare_kernels(64, "cpu", backend="cpu", reference="torch")}
+    assert all(r.status == PASS for r in rows.values())
+    monkeypatch.setattr(reference, "worker_compress", off_by_one)
+    rows = {r.name.split(",")[0]: r for r in compare_kernels(64, "cpu", backend="cpu", reference="torch")}
+    assert rows["worker"].status == FAIL and "packed: 1 of 8 differ" in rows["worker"].measured
+    assert rows["server segments"].status == PASS and rows["unpack"].status == PASS
+
+
+# --------------------------------------------------------------------------------------- record checks
+def _fake_run(tmp_path: Path, parts=(0.006, 0.002, 0.001, 0.001), wall_per_step=0.011, status="completed",
+              device="cuda (NVIDIA H100)", overlapped=True) -> Path:
+    """A run directory as the runner writes it: record.json and metrics.jsonl logged every 4 steps."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    step = dict(zip(runs.PARTS, parts), total=sum(parts))
+    record = {"status": status, "error": None if status == "completed" else "Traceback\nRuntimeError: boom",
+              "device": device, "steps": 12, "timed_steps": 8, "step_time_s": step,
+              "overlap_s": {"overlapped": overlapped}, "throughput_by_stage": {},
+              "throughput_samples_per_s": 100.0, "config": {"train": {"precision": "bf16"}}}
+    (run_dir / "record.json").write_text(json.dumps(record))
+    lines = [{"step": s, "time_s": 1.0 + (s - 4) * wall_per_step, "loss": 1.0} for s in (4, 8, 12)]
+    (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return run_dir
+
+
+SPEC = runs.RunSpec("digits", "birder", "bf16")
+
+
+def test_record_check_passes_a_consistent_run(tmp_path):
+    row = runs.check_record(SPEC, _fake_run(tmp_path))
+    assert row.status == PASS, row.detail
+    assert row.numbers["coverage"] == pytest.approx(0.01 / 0.011)
+
+
+@pytest.mark.parametrize("kwargs, why", [
+    (dict(status="failed"), "RuntimeError: boom"),
+    (dict(device="cpu"), "not cuda"),
+    (dict(wall_per_step=0.05), "wall-clock"),  # steps timed without waiting for the GPU: far below the wall
+    (dict(wall_per_step=0.009), "wall-clock"),  # more time in the steps than passed
+    (dict(overlapped=False), "did not overlap"),
+])
+def test_record_check_fails(tmp_path, kwargs, why):
+    row = runs.check_record(SPEC, _fake_run(tmp_path, **kwargs))
+    assert row.status == FAIL and why in row.detail
+
+
+def test_record_check_fails_parts_that_do_not_sum_and_another_precision(tmp_path):
+    run_dir = _fake_run(tmp_path)
+    rec = json.loads((run_dir / "record.json").read_text())
+    rec["step_time_s"]["compute"] += 0.001
+    rec["config"]["train"]["precision"] = "fp32"
+    (run_dir / "record.json").write_text(json.dumps(rec))
+    row = runs.check_record(SPEC, run_dir)
+    assert row.status == FAIL and "parts sum to" in row.detail and "precision is 'fp32'" in row.detail
+    assert runs.check_record(SPEC, tmp_path / "missing").status == FAIL
+
+
+def test_plan_has_birder_onebit_and_each_tasks_baseline():
+    specs = runs.plan(["resnet20", "bert_squad", "vit"], ["fp32", "bf16"])
+    optims = {(s.task, s.optim) for s in specs}
+    assert {("resnet20", "sgdm"), ("bert_squad", "bertadam"), ("vit", "adamw"), ("vit", "birder"),
+            ("bert_squad", "onebit_adam")} <= optims and len(specs) == 3 * 3 * 2
+    args = runs.overrides(SPEC, Path("/r"))
+    assert "device=cuda" in args and "train.precision=bf16" in args and "optim.comm.overlap=true" in args
+
+
+# ---------------------------------------------------------------------------------------------- hooks
+def test_birder_bytes_formula_is_the_one_the_hook_tests_write_out():
+    """Section 4's volume (tests/test_birder.py writes it by hand) from comm.accounting's functions."""
+    for n, m in ((2, 2), (2, 1), (4, 2)):
+        for p in (1001, 37):
+            padded = padded_size(p, 8 * m * n)
+            intra, inter = hooks.birder_expected_bytes(p, n, m)
+            assert inter == pytest.approx(2 * (n - 1) / n * padded / (8 * m) + (n - 1))
+            assert intra == pytest.approx((m - 1) / m * (padded + m) * 4 + (m - 1) * padded / m / 8)
+    assert [hooks.layout(g) for g in (2, 3, 4, 6, 8)] == [(2, 1), (3, 1), (2, 2), (3, 2), (4, 2)]
+
+
+@pytest.mark.slow
+def test_every_hook_on_gloo_matches_its_reference():
+    """The hook section as the GPU runs it, on 2 gloo processes (NCCL needs a GPU each)."""
+    rows = hooks.check_hooks(2, backend="gloo")
+    assert len(rows) == 16 and all(r.status == PASS for r in rows), [r for r in rows if r.status != PASS]
+
+
+@pytest.mark.slow
+def test_a_real_run_through_the_runner_passes_its_record_checks(tmp_path):
+    row = runs.check_runs([runs.RunSpec("digits", "birder", "fp32")], tmp_path, jobs=1, device="cpu")[0]
+    assert row.status == PASS, row.detail
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_check_on_cuda_small(tmp_path):
+    """On a GPU node (``pytest -m gpu``): the kernels on a 1M bucket and one task's runs, end to end."""
+    gpucheck.main(["--out", str(tmp_path), "--only", "kernels", "runs", "--sizes", str(1 << 20), "--tasks", "digits",
+                   "--precisions", "fp32", "--repeats", "5"])
+    rows = json.loads((tmp_path / "gpu-check.json").read_text())["checks"]
+    # the timing rows are left out: on a 1M bucket the launch overhead, not the kernel, is what they would time
+    checked = [r for r in rows if " time, " not in r["name"]]
+    assert len(checked) == 8 + 3 and all(r["status"] == PASS for r in checked), checked
