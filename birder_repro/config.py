@@ -222,6 +222,9 @@ def validate(cfg: DictConfig, references: Sequence[Any] = ()) -> None:
     if scaling is not None and not (isinstance(scaling, (int, float)) and scaling > 0):
         raise ConfigError(f"optim.lr_batch_scaling={scaling!r}: give a reference batch size > 0, or null")
     _check_registered(cfg)
+    from birder_repro.train.target import check_target  # task.target: a metric of the task, a direction
+
+    check_target(cfg)
 
 
 def _check_positive_int(cfg: DictConfig, key: str) -> None:

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from omegaconf import OmegaConf
 
@@ -63,17 +63,21 @@ def wandb_group(cfg) -> Optional[str]:
 class RunLogger:
     """One JSON line per logged step in ``run_dir/metrics.jsonl``, mirrored to W&B when it is on.
 
-    Every line holds ``time_s``, the wall-clock seconds since the logger started (the convergence figure's
-    x-axis against time, birder_repro.report.figures).
+    Every line holds ``time_s``, the wall-clock seconds since the logger started, and, where the loop gives
+    its training clock, ``train_s``: the training seconds so far (birder_repro.train.target; the convergence
+    figure's x-axis against time, birder_repro.report.figures).
 
     Args:
         cfg: the resolved run config; ``cfg.logger`` picks ``none`` or ``wandb`` and holds W&B's settings.
         run_dir: the run directory (shared by all processes; only the enabled logger writes to it).
         enabled: True on rank 0 only.
+        clock: the training clock (seconds), read for every line's ``train_s``.
     """
 
-    def __init__(self, cfg, run_dir: str | os.PathLike, enabled: bool = True) -> None:
+    def __init__(self, cfg, run_dir: str | os.PathLike, enabled: bool = True,
+                 clock: Optional[Callable[[], float]] = None) -> None:
         self.enabled = enabled
+        self.clock = clock
         self.run_dir = Path(run_dir)
         self._t0 = time.perf_counter()
         self._file = None
@@ -122,6 +126,7 @@ class RunLogger:
         if not self.enabled:
             return
         row = {"step": int(step), "time_s": round(time.perf_counter() - self._t0, 4),
+               **({"train_s": round(self.clock(), 4)} if self.clock is not None else {}),
                **{k: _json_value(v) for k, v in values.items()}}
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()

@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
-__all__ = ["Key", "KEYS", "NAMES", "CLUSTER_PARTS", "STEP_TIME_PARTS", "OVERLAP_PARTS", "LOSS_METRICS", "empty_record",
+__all__ = ["Key", "KEYS", "NAMES", "CLUSTER_PARTS", "STEP_TIME_PARTS", "OVERLAP_PARTS", "TARGET_PARTS", "LOSS_METRICS",
+           "empty_record",
            "check", "get", "declared_metrics", "headline_metric", "ordered_metrics", "metric_names"]
 
 CLUSTER_PARTS = ("name", "nodes", "gpus_per_node", "interconnect", "link_mbit")
@@ -28,6 +29,9 @@ STEP_TIME_PARTS = ("total", "compute", "communication", "compression", "data_wai
 # the seconds per step the hook spent in collectives and in compression work, hidden or not
 OVERLAP_PARTS = ("overlapped", "exposed", "collectives", "compression_work")
 LOSS_METRICS = ("eval_loss", "loss")  # every task's, after its own metrics
+# time to accuracy (birder_repro.train.target): the target (task.target), whether and when it was reached
+TARGET_PARTS = ("metric", "target", "direction", "reached", "step", "samples", "seconds", "wall_s", "value",
+                "evaluations", "eval_every", "clock_from_step")
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,12 @@ KEYS: tuple[Key, ...] = (
     Key("overlap_s", "the hook's overlap with compute: overlapped (its work runs beside backward), exposed "
                      "(step - compute), collectives and compression_work (seconds per step, hidden or not)",
         OVERLAP_PARTS, empty={}),
+    Key("startup_s", "seconds from the start of rank 0's worker process to its first training step (imports, "
+                     "process group, data, model, DDP); not in time_to_target"),
+    Key("first_step_s", "rank 0's first training step, in seconds: it holds one-time work (JIT compilation or "
+                        "its cache load, DDP's first iteration)"),
+    Key("compile_s", "first_step_s less the median step: the first step's one-time work, left out of "
+                     "time_to_target.seconds and of Figure 2's time axis"),
     Key("forward_backward_s", "forward + backward without communication (median of the calibration passes)"),
     Key("compute_calibration_passes", "how many calibration passes measured forward_backward_s"),
     Key("data_wait_s_per_step", "mean wait for the data loader per step (also step_time_s.data_wait)"),
@@ -107,6 +117,13 @@ KEYS: tuple[Key, ...] = (
     Key("loss_definition", "how final_loss was taken"),
     Key("headline_metric", "the task's main metric (its Task.headline_metric), a key of metrics"),
     Key("metrics", "the task's metrics at the end, headline first, then eval_loss and loss", empty={}),
+    Key("time_to_target", "time to accuracy (birder_repro.train.target; null without task.target): metric, "
+        "target and direction (higher | lower is better), reached (true | false), and at the first evaluation "
+        "that reached it: step, samples (all processes), seconds (training clock from the first step: step "
+        "times summed, evaluations, checkpoints and compile_s left out), wall_s (wall-clock from the first "
+        "step's start to the end of that evaluation, everything included), value; evaluations (how many ran), "
+        "eval_every (train.eval_every: 0 = the final one only), clock_from_step (a resumed run's first step)",
+        TARGET_PARTS),
     # ---- where and when
     Key("device", "cpu, or cuda with the GPU's name"),
     Key("backend", "the torch.distributed backend: gloo | nccl"),
@@ -135,7 +152,7 @@ def check(record: Mapping[str, Any]) -> None:
     unknown = sorted(set(record) - NAMES)
     if unknown:
         raise ValueError(f"run record keys not documented in birder_repro.schema.KEYS: {', '.join(unknown)}")
-    for key in ("cluster", "step_time_s", "overlap_s"):
+    for key in ("cluster", "step_time_s", "overlap_s", "time_to_target"):
         value = record.get(key)
         if isinstance(value, Mapping) and set(value) - set(_BY_NAME[key].parts):
             raise ValueError(f"record[{key!r}] has keys {sorted(set(value) - set(_BY_NAME[key].parts))}, "

@@ -80,6 +80,28 @@ def _throughput_line(record: Mapping[str, Any]) -> str:
     return line
 
 
+def target_text(record: Mapping[str, Any]) -> Optional[str]:
+    """"top1 >= 98: 4.21 s (step 40, 5120 samples; wall-clock 5.02 s)" or "top1 >= 98: not reached (12
+    evaluations)"; None without a target (time to accuracy, birder_repro.train.target)."""
+    t = get(record, "time_to_target")
+    if not t:
+        return None
+    goal = f"{t['metric']} {'>=' if t['direction'] == 'higher' else '<='} {t['target']:g}"
+    if not t.get("reached"):
+        return f"{goal}: not reached ({t.get('evaluations', 0)} evaluations)"
+    return (f"{goal}: {_num(t['seconds'], '.3g')} s (step {t['step']}, {t['samples']} samples; "
+            f"wall-clock {_num(t['wall_s'], '.3g')} s)")
+
+
+def _target_line(record: Mapping[str, Any]) -> Optional[str]:
+    text = target_text(record)
+    if text is None:
+        return None
+    startup, compile_s = get(record, "startup_s"), get(record, "compile_s")
+    return (f"target:     {text}\n            (training clock from the first step; apart: start-up "
+            f"{_num(startup, '.3g')} s, the first step's one-time work {_num(compile_s, '.3g')} s)")
+
+
 def _step_time_line(record: Mapping[str, Any]) -> str:
     total, compute, communication, compression, data_wait = (get(record, "step_time_s", part)
                                                              for part in schema.STEP_TIME_PARTS)
@@ -134,5 +156,7 @@ def format_summary(record: Mapping[str, Any]) -> str:
         lines.append(f"error:      {str(record['error']).strip().splitlines()[-1]}")
     if get(record, "throughput_samples_per_s") is None:
         return "\n".join(lines)
-    lines += [_throughput_line(record), _metrics_line(record), _step_time_line(record), *_bytes_lines(record)]
+    lines += [_throughput_line(record), _metrics_line(record)]
+    lines += [line for line in (_target_line(record),) if line]
+    lines += [_step_time_line(record), *_bytes_lines(record)]
     return "\n".join(lines)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import socket
+import time
 import traceback
 from pathlib import Path
 
@@ -74,6 +75,7 @@ def _train(ddp, attach, rank: int, steps: range = range(STEPS), resume_from: dic
         opt.load_state_dict(resume_from["optimizer"])
         state.load_state_dict(resume_from["hook"])
     out = {"grads": [], "intra": [], "inter": [], "params": [], "hook_states": [], "stages": []}
+    t0 = time.perf_counter()
     for step in steps:
         out["stages"].append(state.stage(step) if state is not None else None)
         x, y = _batch(rank, step)
@@ -86,6 +88,7 @@ def _train(ddp, attach, rank: int, steps: range = range(STEPS), resume_from: dic
             out["hook_states"].append(state.state_dict())
         opt.step()
         out["params"].append([p.detach().clone() for p in ddp.parameters()])
+    out["wall_s"] = time.perf_counter() - t0
     if state is not None:
         out["compress_seconds"] = state.compress_seconds
         out["state_dict"] = state.state_dict()
@@ -211,7 +214,7 @@ def test_fp16_hook_is_close_and_sends_half_the_bytes(runs):
         assert any(not torch.equal(g, g_ref) for g, g_ref in zip(got["grads"][0], ref["grads"][0]))
         assert _per_step(got["intra"]) == pytest.approx([fp32_intra / 2] * STEPS)
         assert _per_step(got["inter"]) == pytest.approx([fp32_inter / 2] * STEPS)
-        assert got["compress_seconds"] > 0
+        assert 0 < got["compress_seconds"] <= got["wall_s"]  # the casts, timed in seconds inside the steps
         assert got["state_dict"]["dtype"] == "float16"
 
 
@@ -361,3 +364,21 @@ def test_bucket_store_follows_a_layout_change_and_loads_into_any_layout():
     assert resumed_mid.pending == set()
     with pytest.raises(ValueError, match="cut into parts"):
         store(parts=2).load_state_dict(checkpoint)
+
+
+def test_timing_adds_each_blocks_seconds_to_its_own_counter():
+    """CommState.timing: seconds (a sleep lasts at least its time), into the counter named, none into the other;
+    together no more than the wall time around them."""
+    from birder_repro.comm.state import CommState
+
+    state = CommState()
+    t0 = time.perf_counter()
+    with state.timing("compress"):
+        time.sleep(0.02)
+    after_compress = state.collective_seconds
+    with state.timing("comm"):
+        time.sleep(0.01)
+    wall = time.perf_counter() - t0
+    assert after_compress == 0 and state.compress_seconds >= 0.02 and state.collective_seconds >= 0.01
+    assert state.compress_seconds + state.collective_seconds <= wall
+

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
@@ -186,17 +188,23 @@ def test_a_value_of_the_wrong_type_is_one_error_naming_the_key(override, message
     assert str(err.value).startswith(message)
 
 
-@pytest.mark.parametrize("overrides", [
-    ["optim.lr=1"],                                   # an int where the default is a float
-    ["train.grad_clip=null", "task=vit"],             # null: "not set", anywhere
-    ["gpus_per_node=auto", "experiment=table1"],      # the experiment's 8 replaces config.yaml's auto
-    ["data.root=123"], ["+train.extra=abc"],          # text takes any single value; added keys are not checked
+@pytest.mark.parametrize("overrides,wrong", [
+    (["optim.lr=1"], "optim.lr=abc"),                 # an int where the default is a float
+    (["train.grad_clip=null", "task=vit"], "train.grad_clip=abc"),  # null: "not set", anywhere
+    (["gpus_per_node=auto", "experiment=table1"], "gpus_per_node=[1,2]"),  # the experiment's 8 replaces auto
+    (["data.root=123"], "data.root=[a,b]"),           # text takes any single value
+    (["+train.extra=abc"], "train.steps=abc"),        # added keys are not checked
 ])
-def test_values_of_the_right_kind_pass_the_type_check(overrides):
+def test_values_of_the_right_kind_pass_the_type_check(overrides, wrong):
+    """Each passes; the same config with one value of the wrong kind beside it is refused, naming that key, so
+    the pass is the check's verdict and not a check that looked at nothing."""
     from birder_repro import cli
 
     cfg = compose_config(overrides, hydra_config=True)
-    layout.validate(cfg, cli.reference_configs(cfg))
+    assert layout.validate(cfg, cli.reference_configs(cfg)) is None
+    bad = compose_config([*overrides, wrong], hydra_config=True)
+    with pytest.raises(layout.ConfigError, match=re.escape(wrong.split("=")[0])):
+        layout.validate(bad, cli.reference_configs(bad))
 
 
 def test_the_type_check_needs_no_hydra_node():

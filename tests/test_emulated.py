@@ -133,7 +133,6 @@ def test_require_tools_says_what_to_do(monkeypatch):
 
 
 def test_dry_run_prints_the_fabric_and_one_torchrun_per_namespace_and_makes_nothing(runs_dir):
-    before = set(netns.list_ours()) if CAN_NETNS else set()
     out = subprocess.run([sys.executable, "-m", "birder_repro.cli", "cluster=emulated", "nodes=4", "dry_run=true",
                           "cluster.link_mbit=100"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -142,8 +141,9 @@ def test_dry_run_prints_the_fabric_and_one_torchrun_per_namespace_and_makes_noth
     assert out.stdout.count("root tbf rate 100mbit burst 12500 latency 100ms") == 8
     assert "ip netns delete" in out.stdout
     assert not list(runs_dir.rglob(record.RECORD_FILE))
-    if CAN_NETNS:
-        assert set(netns.list_ours()) <= before
+    if CAN_NETNS:  # the fabric it printed was not made (others' runs may make theirs meanwhile: the machine is shared)
+        (run_id,) = set(re.findall(rf"ip netns add {netns.PREFIX}-(\w+)-0\b", out.stdout))
+        assert run_id not in netns.list_ours() and ours(run_id) == set()
 
 
 # ------------------------------------------------------------------------------- the link counters
@@ -160,14 +160,21 @@ def test_read_counters_from_sysfs_and_snmp(tmp_path):
 
 # ---------------------------------------------------------------------------------- running the nodes
 def test_a_failed_node_stops_the_others_and_its_code_is_returned(tmp_path, capsys):
-    py = sys.executable
-    cmds = [Command([py, "-c", "import time; print('waiting', flush=True); time.sleep(600)"]),
-            Command([py, "-c", "import sys; print('boom', flush=True); sys.exit(3)"])]
-    t0 = time.monotonic()
+    """Node 0 would wait 10 minutes; node 1 fails once node 0 is up. The launcher must stop node 0 (its SIGTERM
+    handler says so in the log: a node that ran to its end, or was killed outright, says nothing) and return
+    node 1's code. No clock: a launcher that never stopped node 0 would hit pytest's timeout instead."""
+    py, ready = sys.executable, tmp_path / "node0-ready"
+    waiting = (f"import pathlib, signal, sys, time\n"
+               f"signal.signal(signal.SIGTERM, lambda *a: (print('stopped by SIGTERM', flush=True), sys.exit(0)))\n"
+               f"print('waiting', flush=True); pathlib.Path({str(ready)!r}).touch(); time.sleep(600)")
+    failing = (f"import pathlib, sys, time\n"
+               f"while not pathlib.Path({str(ready)!r}).exists(): time.sleep(0.05)\n"
+               f"print('boom', flush=True); sys.exit(3)")
+    cmds = [Command([py, "-c", waiting]), Command([py, "-c", failing])]
     assert emulated.run_nodes(cmds, tmp_path / "output.log", grace_s=1.0) == 3
-    assert time.monotonic() - t0 < 30
     log = (tmp_path / "output.log").read_text()
     assert "[node 0] waiting\n" in log and "[node 1] boom\n" in log
+    assert "[node 0] stopped by SIGTERM\n" in log, log
     assert "[node 1] boom" in capsys.readouterr().out
 
 
@@ -202,18 +209,30 @@ def start_launcher(tmp_path: Path, node_code: str) -> tuple[subprocess.Popen, Pa
     return proc, run_dir
 
 
-def wait_for_fabric(before: set[str], timeout_s: float = 60) -> str:
-    """The run id of the fabric that appears, once both of its nodes run something."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        new = set(netns.list_ours()) - before
-        if new:
-            (run_id,) = new
-            spaces = [netns.netns_name(run_id, k) for k in range(2)]
-            if all(netns._pids_in(ns) for ns in spaces):
+def _descends_from(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return False
+        pid = int(re.search(r"^PPid:\s+(\d+)", status, re.M).group(1))
+    return False
+
+
+def wait_for_fabric(before: set[str], launcher: subprocess.Popen) -> str:
+    """The run id of the fabric the launcher made, once both of its nodes run something (the launcher's
+    children: other engineers' runs make fabrics on this machine too). No deadline (the machine is shared;
+    pytest's timeout ends a hang): it fails only if the launcher ends before."""
+    while launcher.poll() is None:
+        for run_id in set(netns.list_ours()) - before:
+            pids = [netns._pids_in(netns.netns_name(run_id, k)) for k in range(2)]
+            if all(pids) and any(_descends_from(pid, launcher.pid) for node in pids for pid in node):
                 return run_id
         time.sleep(0.2)
-    raise AssertionError("no fabric appeared")
+    raise AssertionError(f"the launcher ended ({launcher.returncode}) before its fabric appeared: "
+                         f"{launcher.communicate()[0]}")
 
 
 def test_hosts_file_names_every_node_in_ipv4_and_ipv4_mapped_ipv6_form():
@@ -278,7 +297,9 @@ def test_links_are_shaped_and_counted_by_the_kernel():
         server.wait(timeout=30)
         assert out.returncode == 0, out.stderr
         got = json.loads(out.stdout)
-        assert 100 < got["mbit"] < 200 * 1.05  # TCP goodput under a 200 Mbit/s bucket (1448 of 1514 bytes)
+        # TCP goodput under a 200 Mbit/s bucket (1448 of 1514 bytes): never above it (unshaped veths carry Gbit/s);
+        # no lower bound, which a busy shared machine could break.
+        assert got["mbit"] < 200 * 1.05
         assert got["bytes"] - netns.FRAME_HEADER_BYTES * got["packets"] == pytest.approx(5_000_000, rel=1e-3)
     finally:
         assert netns.destroy(fabric) == []
@@ -309,7 +330,7 @@ def test_a_run_that_fails_leaves_nothing(tmp_path):
 def test_a_run_stopped_by_a_signal_leaves_nothing(tmp_path, sig, code):
     before = set(netns.list_ours())
     proc, run_dir = start_launcher(tmp_path, WAIT)
-    run_id = wait_for_fabric(before)
+    run_id = wait_for_fabric(before, proc)
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == code, out
@@ -320,18 +341,21 @@ def test_a_run_stopped_by_a_signal_leaves_nothing(tmp_path, sig, code):
 def test_a_run_killed_with_sigkill_is_cleaned_by_the_next_run(tmp_path):
     before = set(netns.list_ours())
     proc, _ = start_launcher(tmp_path, WAIT)
-    run_id = wait_for_fabric(before)
+    run_id = wait_for_fabric(before, proc)
     node_pids = [pid for k in range(2) for pid in netns._pids_in(netns.netns_name(run_id, k))]
     proc.kill()
     proc.wait(timeout=30)
     assert ours(run_id), "SIGKILL leaves the fabric behind: nothing could remove it"
-    deadline = time.monotonic() + 30  # the nodes got SIGTERM from the kernel when the launcher died
-    while any(Path(f"/proc/{pid}").exists() for pid in node_pids) and time.monotonic() < deadline:
+    # The nodes got SIGTERM from the kernel when the launcher died (PR_SET_PDEATHSIG): they end. No deadline
+    # here (pytest's timeout ends a node that never does).
+    while any(Path(f"/proc/{pid}").exists() for pid in node_pids):
         time.sleep(0.1)
-    assert not any(Path(f"/proc/{pid}").exists() for pid in node_pids)
     nxt, next_dir = start_launcher(tmp_path, CHECK_LINK)
     out, _ = nxt.communicate(timeout=120)
-    assert nxt.returncode == 0 and f"removed the emulated cluster(s) {run_id}" in out, out
+    # The next run on this machine removes it: ours, which says so, or another engineer's that started first
+    # (the machine is shared), which then leaves ours nothing to remove. Either way it is gone.
+    assert nxt.returncode == 0, out
+    assert f"removed the emulated cluster(s) {run_id}" in out or run_id not in netns.list_ours(), out
     assert ours(run_id) == set()
     assert ours(json.loads((next_dir / emulated.INFO_FILE).read_text())["run_id"]) == set()
     assert not [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
@@ -343,7 +367,7 @@ def test_a_live_run_is_not_taken_for_a_stale_one(tmp_path):
     before = set(netns.list_ours())
     proc, _ = start_launcher(tmp_path, WAIT)
     try:
-        run_id = wait_for_fabric(before)
+        run_id = wait_for_fabric(before, proc)
         assert run_id not in netns.clean_stale()
         assert netns.netns_name(run_id, 0) in netns.list_ours()[run_id]
     finally:
@@ -370,16 +394,10 @@ def records(runs: Path) -> list[dict]:
     return [record.read_record(p.parent) for p in sorted(runs.rglob(record.RECORD_FILE))]
 
 
-@pytest.mark.slow
-@needs_netns
-@pytest.mark.parametrize("optim", ["sgdm", "birder"])
-def test_emulated_run_counts_the_bytes_the_hook_sends(compose, runs_dir, optim):
-    """Two nodes through the CLI, on ResNet-20 (0.27M parameters: SGDM sends 1.1 MB per step per node, Birder
-    34 kB): the kernel's payload (tx_bytes - 66 x packets) within 10 % of what the run sends, which is the
-    hook's count plus, from rank 0's node, DDP's broadcast of the model's buffers before every forward pass
-    (BatchNorm statistics: 5.6 kB here), which no hook sees."""
-    overrides = ["cluster=emulated", "nodes=2", f"optim={optim}", *TINY, "model.size=full", "train.steps=12",
-                 "train.timing_warmup_steps=2"]
+def check_link_bytes_match_the_hook(compose, runs_dir, overrides: list[str]) -> None:
+    """Two nodes through the CLI: the kernel's payload (tx_bytes - 66 x packets) of each node's link within
+    10 % of what the run sends, which is the hook's count plus, from rank 0's node, DDP's broadcast of the
+    model's buffers before every forward pass (BatchNorm statistics), which no hook sees."""
     out = birder_repro(*overrides)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     (rec,) = records(runs_dir)
@@ -392,6 +410,25 @@ def test_emulated_run_counts_the_bytes_the_hook_sends(compose, runs_dir, optim):
         assert payload == pytest.approx(expected, rel=0.10), (node, payload, expected)
     info = json.loads((Path(rec["run_dir"]) / emulated.INFO_FILE).read_text())
     assert ours(info["run_id"]) == set()
+
+
+@needs_netns
+def test_emulated_link_bytes_match_the_hooks_count(compose, runs_dir):
+    """The fast version (default run): SGDM on digits (30,762 parameters: 92 kB per process per step through
+    the link, 2.3 kB of BatchNorm buffers), 6 steps on 2 nodes of one process."""
+    check_link_bytes_match_the_hook(compose, runs_dir, [
+        "cluster=emulated", "nodes=2", "gpus_per_node=1", "task=digits", "optim=sgdm", "logger=none",
+        "train.steps=6", "train.timing_warmup_steps=2", "train.eval=false", "cluster.link_mbit=200"])
+
+
+@pytest.mark.slow
+@needs_netns
+@pytest.mark.parametrize("optim", ["sgdm", "birder"])
+def test_emulated_run_counts_the_bytes_the_hook_sends(compose, runs_dir, optim):
+    """ResNet-20 (0.27M parameters: SGDM sends 1.1 MB per step per node, Birder 34 kB; buffers 5.6 kB)."""
+    check_link_bytes_match_the_hook(compose, runs_dir, [
+        "cluster=emulated", "nodes=2", f"optim={optim}", *TINY, "model.size=full", "train.steps=12",
+        "train.timing_warmup_steps=2"])
 
 
 @pytest.mark.slow

@@ -97,11 +97,43 @@ def test_uniform_is_a_pure_function_of_seed_and_position():
     assert not torch.equal(u, kernels.uniform(SEED + 1, offsets))
 
 
-def test_derive_seed_is_pure_and_independent_across_roles_and_ranks():
+# splitmix64 as its paper writes it (Steele, Lea and Flood, "Fast splittable pseudorandom number generators",
+# OOPSLA 2014: nextLong() adds GOLDEN_GAMMA to the seed, then mix64 with the finaliser's constants), written here
+# apart from birder_repro's copy; checked below against the generator's published outputs.
+_GAMMA, _M64 = 0x9E3779B97F4A7C15, (1 << 64) - 1
+
+
+def _splitmix64_outputs(seed: int, n: int) -> list[int]:
+    out = []
+    for _ in range(n):
+        seed = (seed + _GAMMA) & _M64
+        z = ((seed ^ (seed >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+        out.append(z ^ (z >> 31))
+    return out
+
+
+# (run seed, step, role, rank) -> derive_seed's documented chain: h = next(run seed), then h = next(h ^ value)
+# for the step, the role's number (worker 1, server 2) and the rank, computed with _splitmix64_outputs above.
+DERIVED_SEEDS = {(5, 1, "worker", 0): 0xE408D4E4A7EEF798, (5, 1, "server", 0): 0x94BE6A1B7FBC8C52,
+                 (5, 1, "worker", 1): 0x9A21AB65D9B51C61, (0, 0, "worker", 0): 0xD9EEF7F073D37C42,
+                 (123456789, 1000000, "server", 3): 0xA4533DF800FFCADF}
+
+
+def test_derive_seed_gives_the_splitmix64_chain_and_independent_draws():
+    # The independent splitmix64 gives the generator's known outputs (seed 1234567, and seed 0's first).
+    assert _splitmix64_outputs(1234567, 5) == [6457827717110365317, 3203168211198807973, 9817491932198370423,
+                                               4593380528125082431, 16408922859458223821]
+    assert _splitmix64_outputs(0, 1) == [0xE220A8397B1DCDAF]
+    for (run_seed, step, role, rank), expected in DERIVED_SEEDS.items():
+        h = _splitmix64_outputs(run_seed, 1)[0]
+        for value in (step, {"worker": 1, "server": 2}[role], rank):
+            h = _splitmix64_outputs(h ^ value, 1)[0]
+        assert h == expected  # the table is the chain, not a copy of what the code returned
+        assert kernels.derive_seed(run_seed, step, role, rank) == expected, (run_seed, step, role, rank)
     seeds = {kernels.derive_seed(5, step, role, rank) for step in range(4) for role in ("worker", "server")
              for rank in range(4)}
     assert len(seeds) == 32 and all(0 <= s < 1 << 64 for s in seeds)
-    assert kernels.derive_seed(5, 1, "worker", 0) == kernels.derive_seed(5, 1, "worker", 0)
     pos = torch.arange(200_000)
     draws = torch.stack([kernels.uniform(kernels.derive_seed(5, 1, role, rank), pos)
                          for role, rank in (("worker", 0), ("worker", 1), ("server", 0))])

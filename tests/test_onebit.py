@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import io
+import time
 
 import pytest
 import torch
@@ -101,6 +102,7 @@ def _scenario_allreduce(rank: int, topology) -> dict:
         we, se = torch.zeros(padded), torch.zeros(padded // WORLD)
         stats = CommState()
         steps = []
+        t0 = time.perf_counter()
         for step in range(ALLREDUCE_STEPS if numel != LARGE else 1):
             x, mask = _allreduce_inputs(numel, step, rank)
             xp, mp = torch.zeros(padded), torch.zeros(padded, dtype=torch.bool)
@@ -109,7 +111,8 @@ def _scenario_allreduce(rank: int, topology) -> dict:
             if numel != LARGE:
                 steps.append({**ex._asdict(), "worker_error": we.clone(), "server_error": se.clone()})
         out[numel] = {"steps": steps, "intra": stats.intra_node_bytes, "inter": stats.inter_node_bytes,
-                      "compress_s": stats.compress_seconds, "comm_s": stats.collective_seconds}
+                      "compress_s": stats.compress_seconds, "comm_s": stats.collective_seconds,
+                      "wall_s": time.perf_counter() - t0}
     return out
 
 
@@ -162,11 +165,13 @@ def _run(make_opt, rank: int, topology) -> dict:
     opt = make_opt(ddp.parameters())
     state = attach_onebit(ddp, opt, topology=topology)
     steps, blob = [], None
+    t0 = time.perf_counter()
     for step in range(STEPS):
         steps.append(_train_step(ddp, opt, state, rank, step))
         if step + 1 == SAVE_AFTER:
             blob = _checkpoint(ddp, opt, state)
-    changes, seconds = state.layout_changes, (state.compress_seconds, state.collective_seconds)
+    changes = state.layout_changes
+    seconds = (state.compress_seconds, state.collective_seconds, time.perf_counter() - t0)
 
     # Resume into the same objects: the hook state round-trips through state_dict / torch.save.
     _restore(blob, ddp, opt, state)
@@ -251,7 +256,10 @@ def test_compressed_allreduce_bytes(dist_results):
             r = dist_results[rank]["allreduce"][numel]
             assert r["intra"] + r["inter"] == pytest.approx(exact)
             assert r["intra"] == pytest.approx(exact / 3)  # peers: 1 on this node, 2 on the other
-            assert r["compress_s"] > 0 and r["comm_s"] > 0
+            # The counters time disjoint parts of the calls (compression, collectives) in seconds: both ran,
+            # and together they fit in the wall time around the calls (a counter in ms, or counting a block
+            # twice, would not).
+            assert r["compress_s"] > 0 and r["comm_s"] > 0 and r["compress_s"] + r["comm_s"] <= r["wall_s"]
     ideal = 2 * (n - 1) / n * LARGE / 8 + 2 * (n - 1) * SCALE_BYTES  # the paper's volume, without padding
     got = dist_results[0]["allreduce"][LARGE]
     assert abs(got["intra"] + got["inter"] - ideal) / ideal < 0.01
@@ -361,8 +369,8 @@ def test_stage_switch_and_bytes_per_stage(dist_results):
             assert total == pytest.approx(exact)
             assert abs(total - unpadded) <= padding + 1e-9
             assert s["intra"] == pytest.approx(total / 3)
-    compress_s, comm_s = res["seconds"]
-    assert compress_s > 0 and comm_s > 0
+    compress_s, comm_s, wall_s = res["seconds"]
+    assert compress_s > 0 and comm_s > 0 and compress_s + comm_s <= wall_s  # disjoint parts of the steps
 
 
 @pytest.mark.parametrize("which", ["adam", "lamb"])

@@ -63,15 +63,25 @@ def test_check_data_names_each_missing_file_and_passes_once_all_are_there(compos
     check_data(cfg)
 
 
-@pytest.mark.parametrize("overrides", [
-    ["task=resnet50", "data.source=synthetic"],        # synthetic data is made, never missing
-    ["task=resnet20", "data.download=true"],           # torchvision fetches it
-    ["task=bert_squad", "data.hf_name=squad"],         # the datasets library fetches it, in the workers
-    ["task=bert_pretrain", "data.hf_name=wikimedia/wikipedia"],
-    ["task=digits"],                                   # scikit-learn's bundled copy
+@pytest.mark.parametrize("overrides,files", [
+    (["task=resnet50", "data.source=synthetic"], "data.source=real"),  # synthetic data is made, never missing
+    (["task=resnet20", "data.download=true"], "data.download=false"),  # torchvision fetches it
+    (["task=bert_squad", "data.hf_name=squad"], "data.hf_name=null"),  # the datasets library fetches it
+    (["task=bert_pretrain", "data.hf_name=wikimedia/wikipedia"], "data.hf_name=null"),
+    (["task=digits"], None),                                            # scikit-learn's bundled copy
 ])
-def test_check_data_leaves_data_that_is_not_files_under_data_root(compose, tmp_path, overrides):
-    cfg = compose(overrides)
-    if cfg.data.root is not None:
-        cfg.data.root = str(tmp_path / "nothing")
-    check_data(cfg)
+def test_check_data_leaves_data_that_is_not_files_under_data_root(compose, tmp_path, overrides, files):
+    """Passes with nothing under data.root; the same run reading its files from data.root (``files``) is
+    refused, so the check did look at the setting that decides it."""
+    def check(extra):
+        cfg = compose([*overrides, *extra])
+        if cfg.data.root is not None:
+            cfg.data.root = str(tmp_path / "nothing")
+        return check_data(cfg)
+
+    assert check([]) is None
+    if files is None:
+        assert compose(overrides).data.root is None  # no data.root at all: nothing that could be missing
+    else:
+        with pytest.raises(DatasetNotFound, match="data.root"):
+            check([files])

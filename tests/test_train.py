@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
@@ -37,6 +37,7 @@ from dist_utils import run_distributed  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FREEZE_STEP = 6  # the test hook's stage switch: "warmup" before, "compression" from this step
+TARGET_TOP1 = 90.0  # the full run's task.target
 
 
 # ------------------------------------------------------------------------------------------ a tiny task
@@ -163,7 +164,9 @@ def runs(tmp_path_factory):
     env = {"WANDB_DIR": str(tmp), "WANDB_CACHE_DIR": str(tmp / "cache"), "WANDB_CONFIG_DIR": str(tmp / "cfg"),
            "WANDB_SILENT": "true"}
     schedule = {"name": "multistep", "milestones": [0.5], "gamma": 0.1}  # lr / 10 from step 6 on
-    full = make_config(full_dir, logger="wandb", steps=12, checkpoint_every=8, schedule=schedule)
+    full = make_config(full_dir, logger="wandb", steps=12, checkpoint_every=8, schedule=schedule, eval_every=4)
+    with open_dict(full):  # time to accuracy: evaluations after steps 4 and 8, and the final one
+        full.task.target = {"metric": "top1", "value": TARGET_TOP1, "direction": "higher"}
     resumed = make_config(resumed_dir, logger="none", steps=12, resume=str(full_dir),
                           schedule=schedule)
     by_rank = run_distributed(_train_worker, 2, [(OmegaConf.to_yaml(c), str(d)) for c, d in
@@ -186,16 +189,53 @@ def test_record_has_every_key_and_parts_sum_to_the_step(full_run):
     assert "loss_history" not in record
     assert record["steps"] == 12 and record["samples"] == 12 * 16 and record["timing_warmup_steps"] == 2
     st = record["step_time_s"]
-    assert st["total"] > 0 and min(st["compute"], st["communication"], st["compression"]) >= 0
+    assert min(st["compute"], st["communication"], st["compression"], st["data_wait"]) >= 0
     # Throughput counts the whole step: the wait for the batch is its fourth part.
-    assert st["data_wait"] == pytest.approx(record["data_wait_s_per_step"]) and st["data_wait"] >= 0
-    assert st["compute"] + st["communication"] + st["compression"] + st["data_wait"] == \
-        pytest.approx(st["total"], rel=1e-9)
-    assert st["compression"] > 0  # the hook's timed fp16 casts
+    assert st["data_wait"] == pytest.approx(record["data_wait_s_per_step"])
+    # Each part is its own measurement, not a remainder: compute is the calibrated forward + backward (no_sync
+    # passes) plus the optimizer step; compression the hook's timed fp16 casts; communication what is left of
+    # the step, which is never negative: where noise would make it so, compute gives up the difference.
+    own_compute = record["forward_backward_s"] + record["profile"]["optimizer_s"]
+    assert record["forward_backward_s"] > 0 and record["profile"]["optimizer_s"] > 0
+    assert st["compression"] == pytest.approx(record["overlap_s"]["compression_work"]) and st["compression"] > 0
+    if st["communication"] > 0:
+        assert st["compute"] == pytest.approx(own_compute, rel=1e-9)
+    else:
+        assert st["compute"] <= own_compute
+    step = st["total"] - st["data_wait"]
+    assert st["communication"] == pytest.approx(max(0.0, step - own_compute - st["compression"]), abs=1e-12)
     assert record["compute_calibration_passes"] == 3 and record["timed_steps"] == 10
     assert record["throughput_samples_per_s"] == pytest.approx(16 / st["total"], rel=1e-6)
     assert set(record["throughput_by_stage"]) == {"warmup", "compression"}
     assert all(v > 0 for v in record["throughput_by_stage"].values())
+
+
+def test_time_to_target_is_the_first_logged_evaluation_that_reached_it(full_run):
+    """The record's time to target, from what metrics.jsonl logged independently: the first evaluation line
+    (steps 4 and 8) or else the final metrics at step 12 reaching top-1 90, at that line's training clock less
+    the first step's one-time work; the training clock never runs ahead of the wall clock."""
+    run_dir, [(record, _), (record1, _)] = full_run
+    rows = [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
+    evals = [(r["step"], r["eval/top1"], r["train_s"]) for r in rows if "eval/top1" in r]
+    assert [s for s, _, _ in evals] == [4, 8]
+    final_clock = max(r["train_s"] for r in rows if r["step"] == 12)
+    candidates = evals + [(12, record["metrics"]["top1"], final_clock)]
+    hit = next(((s, v, t) for s, v, t in candidates if v >= TARGET_TOP1), None)
+    got = record["time_to_target"]
+    assert (got["metric"], got["target"], got["direction"]) == ("top1", TARGET_TOP1, "higher")
+    assert got["evaluations"] == 3 and got["eval_every"] == 4 and got["clock_from_step"] == 0
+    if hit is None:
+        assert got["reached"] is False and got["seconds"] is None
+    else:
+        step, value, clock = hit
+        assert got["reached"] is True and (got["step"], got["samples"]) == (step, step * 16)
+        assert got["value"] == pytest.approx(value)
+        assert got["seconds"] == pytest.approx(clock - record["compile_s"], abs=2e-4)  # the line's 4 decimals
+        assert got["wall_s"] >= got["seconds"] + record["compile_s"] - 1e-9  # evaluations and all in the wall
+    assert record["first_step_s"] >= record["compile_s"] >= 0 and record["startup_s"] > 0
+    assert record1["time_to_target"]["step"] == got["step"]  # every rank found the same evaluation
+    clocks = [r["train_s"] for r in rows]
+    assert clocks == sorted(clocks) and all(r["train_s"] <= r["time_s"] + 1e-3 for r in rows)
 
 
 def test_record_has_a_profile_the_performance_model_loads(full_run):

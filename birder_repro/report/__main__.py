@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 import pandas as pd
 
 from . import figures, paper, tables
+from . import target as time_to_target
 from .records import load_frame, runs_root
 
 
@@ -71,6 +72,11 @@ def write_overview(out: Path, frame: pd.DataFrame, cells: pd.DataFrame, mode: st
     _write(out / "summary.csv", cells[tables.csv_columns(cells)].to_csv(index=False), written)
     if not others.empty:
         _write(out / "not_completed.csv", tables.not_completed_table(others).to_csv(index=False), written)
+    if tables.has_targets(frame):  # time to accuracy over seeds (birder_repro.report.target)
+        rows = time_to_target.target_rows(frame)
+        _write(out / "time_to_target.md", time_to_target.target_markdown(rows), written)
+        if not rows.empty:
+            _write(out / "time_to_target.csv", time_to_target.csv_text(rows), written)
     paper_rows = paper.load_paper_tables(Path(paper_dir) if paper_dir else None)
     _write(out / "paper_comparison.md", paper.comparison_markdown(cells, paper_rows), written)
     joined = paper.comparison_frame(cells, paper_rows)

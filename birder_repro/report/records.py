@@ -36,6 +36,9 @@ COLUMNS = (
     "per_node_link_mb",
     "intra_mb_per_step_compression", "inter_mb_per_step_compression",
     "headline_metric", "device", "git_sha", "started", "ended",
+    # time to accuracy (schema key time_to_target, birder_repro.train.target) and what is reported apart from it
+    "target_metric", "target_value", "target_direction", "target_reached", "target_s", "target_step",
+    "target_samples", "target_wall_s", "target_evaluations", "startup_s", "compile_s", "seed",
 )
 
 
@@ -161,12 +164,27 @@ def flatten_record(record: dict, run_dir: Path | str) -> dict:
         "git_sha": get(record, "git_sha"),
         "started": get(record, "started"),
         "ended": get(record, "ended"),
+        **_target_columns(record),
+        "startup_s": get(record, "startup_s"),
+        "compile_s": get(record, "compile_s"),
+        "seed": config("seed"),
     }
     for part in schema.STEP_TIME_PARTS:
         row[f"step_ms_{part}"] = _scaled(get(record, "step_time_s", part), 1e3)
     for name, value in get(record, "metrics", default={}).items():
         row[metric_column(name)] = value
     return row
+
+
+def _target_columns(record: dict) -> dict:
+    """The ``target_*`` columns from the record's ``time_to_target`` (all None where it has none)."""
+    def part(name: str) -> Any:
+        return get(record, "time_to_target", name)
+
+    return {"target_metric": part("metric"), "target_value": part("target"), "target_direction": part("direction"),
+            "target_reached": part("reached"), "target_s": part("seconds"), "target_step": part("step"),
+            "target_samples": part("samples"), "target_wall_s": part("wall_s"),
+            "target_evaluations": part("evaluations")}
 
 
 def _headline(record: dict) -> Optional[str]:
@@ -196,9 +214,11 @@ def records_frame(pairs: Iterable[tuple[Path | str, dict]]) -> pd.DataFrame:
     metrics = [metric_column(m) for m in schema.metric_names(record for _, record in ordered)]
     rows = [flatten_record(record, run_dir) for run_dir, record in pairs]
     frame = pd.DataFrame(rows, columns=[*COLUMNS, *metrics])
-    for col in ("nodes", "gpus_per_node", "gpus", "batch_size", "global_batch_size", "steps"):
+    for col in ("nodes", "gpus_per_node", "gpus", "batch_size", "global_batch_size", "steps", "target_step",
+                "target_samples", "target_evaluations", "seed"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("Int64")
-    numeric = ["link_mbit", "lr", "throughput", "throughput_warmup", "throughput_compression",
+    numeric = ["link_mbit", "lr", "throughput", "throughput_warmup", "throughput_compression", "target_value",
+               "target_s", "target_wall_s", "startup_s", "compile_s",
                *[c for c in COLUMNS if c.startswith(("step_ms_", "intra_", "inter_", "fp32_", "link_mb"))],
                *metrics]
     for col in numeric:

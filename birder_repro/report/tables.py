@@ -47,6 +47,7 @@ METRIC_LABELS = {"top1": "top-1", "top5": "top-5", "f1": "F1", "exact_match": "E
                  "val_perplexity": "val ppl", "mlm_loss": "MLM loss", "mlm_accuracy": "MLM acc.",
                  "nsp_accuracy": "NSP acc.", "eval_loss": "eval loss", "loss": "train loss"}
 STAGE_MARK = "*"  # marks a throughput taken from the compression stage only (--throughput stage)
+TARGET_HEADER = "time to target"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -189,6 +190,8 @@ CSV_HEAD = (
     *CELL, "gpus", "optim", "variant", "baseline",
     "throughput_shown", "throughput_basis", "throughput", "throughput_warmup", "throughput_compression",
     "speedup", "scale_efficiency", "scale_ref", "headline_metric",
+    "target_metric", "target_direction", "target_value", "target_reached", "target_s", "target_step",
+    "target_samples", "target_wall_s", "target_evaluations", "startup_s", "compile_s",
 )
 CSV_TAIL = (
     "bytes_basis", "intra_mb_shown", "inter_mb_shown", "intra_mb_per_step", "inter_mb_per_step",
@@ -242,6 +245,27 @@ def fmt_scale(row) -> str:
     return f"{fmt_percent(row['scale_efficiency'])} (vs {row['scale_ref']})"
 
 
+def target_goal(row) -> str:
+    """"top1 >= 98": the target of a row's run (time to accuracy); "" where it has none."""
+    if is_missing(row.get("target_metric")) or is_missing(row.get("target_value")):
+        return ""
+    sign = ">=" if row.get("target_direction") == "higher" else "<="
+    return f"{metric_label(row['target_metric'])} {sign} {fmt_number(row['target_value'])}"
+
+
+def fmt_time_to_target(row) -> str:
+    """"5.70 s (step 55)", "not reached", or "—" where the run had no target (birder_repro.train.target)."""
+    if not target_goal(row):
+        return "—"
+    if row.get("target_reached") is not True:
+        return "not reached"
+    return f"{fmt_number(row['target_s'], 3)} s (step {int(row['target_step'])})"
+
+
+def has_targets(cells: pd.DataFrame) -> bool:
+    return "target_metric" in cells and cells["target_metric"].notna().any()
+
+
 def fmt_stages(row) -> str:
     if is_missing(row["throughput_warmup"]) and is_missing(row["throughput_compression"]):
         return ""
@@ -286,6 +310,8 @@ def display_frame(cells: pd.DataFrame, mode: str, with_setting: bool = False) ->
         out["warmup / compression stage"] = cells.apply(fmt_stages, axis=1)
     for m in metric_columns(cells):
         out[metric_label(m)] = cells[m].map(fmt_number)
+    if has_targets(cells):  # time to accuracy, beside throughput and accuracy
+        out[TARGET_HEADER] = cells.apply(fmt_time_to_target, axis=1)
     out["scale efficiency"] = cells.apply(fmt_scale, axis=1)
     mark = cells["bytes_basis"].map({"compression stage": STAGE_MARK, "whole run": ""})
     out["intra MB/step"] = cells["intra_mb_shown"].map(fmt_number) + mark
@@ -365,6 +391,14 @@ def notes(cells: pd.DataFrame, mode: str) -> list[str]:
         f"One run per cell and optimizer: where several completed runs exist, the newest (by `started`) is "
         f"shown; {older} older run(s) left out." ,
     ]
+    if has_targets(cells):
+        goals = sorted({f"{t}: {target_goal(r)}" for t, (_, r) in zip(cells["task"], cells.iterrows())
+                        if target_goal(r)})
+        lines.append(f"Time to target ({'; '.join(goals)}; `task.target`): the training clock at the first "
+                     "evaluation that reached it, from the first training step, with evaluations, checkpoints "
+                     "and the first step's one-time work (JIT compilation) left out; start-up too "
+                     "(birder_repro.train.target). Only as fine as `train.eval_every`. Over seeds: "
+                     "time_to_target.md.")
     if "link_mb_per_step" in cells and cells["link_mb_per_step"].notna().any():
         lines.append("Link MB/step: what each node's link (emulated clusters) sent per timed step, as the kernel "
                      "counted it: the payload (the hook's bytes; from rank 0's node also DDP's broadcast of the "
@@ -421,6 +455,8 @@ def summary_frame(cells: pd.DataFrame, mode: str) -> pd.DataFrame:
     keep = ["source", "task", "cluster", "data", "model", "batch/proc", "optimizer", "#GPUs (nodes x GPUs/node)",
             throughput_header(mode), "metric", "scale efficiency", "inter MB/step", "inter / fp32 inter",
             "step ms"]
+    if TARGET_HEADER in full:
+        keep.insert(keep.index("metric") + 1, TARGET_HEADER)
     return full[keep]
 
 

@@ -30,6 +30,7 @@ from birder_repro.train.precision import Precision
 from birder_repro.train.progress import LogInterval, Progress, log_interval
 from birder_repro.train.restarts import Attempts, inject_fault, restart_count
 from birder_repro.train.settings import RunPlan, TrainSettings
+from birder_repro.train.target import TimeToTarget, target_from_config
 from birder_repro.train.timing import StepPlan, StepResult, calibrate_forward_backward, run_step, stage_of
 
 __all__ = ["train", "fp32_allreduce_bytes"]
@@ -57,6 +58,7 @@ class _Run:
     tail: deque = field(default_factory=deque)  # (loss_sum, samples) of the last steps
     interval: LogInterval = field(default_factory=LogInterval)  # since the last log line
     epoch: int = 0
+    target: TimeToTarget = field(default_factory=lambda: TimeToTarget(None, 1))  # birder_repro.train.target
 
 
 @dataclass
@@ -106,6 +108,8 @@ def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir,
         if is_main:
             print(f"[birder-repro] resuming from {start}", flush=True)
     attempts.started(run.step)
+    run.target = TimeToTarget(target_from_config(cfg, schema.declared_metrics(task)), topology.world_size,
+                              run.step, settings.eval_every)
     timing = StepPlan.build(settings, steps, start_step=run.step)
     run.tail = deque(maxlen=max(1, math.ceil(LOSS_TAIL * steps)))
     if is_main:
@@ -113,7 +117,7 @@ def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir,
               f"{plan.global_batch} ({topology.world_size} processes x {settings.batch_size}); data: "
               f"{data.description}; throughput and step times leave out the first {timing.warmup_steps} steps",
               flush=True)
-    logger = RunLogger(cfg, run_dir, enabled=is_main)
+    logger = RunLogger(cfg, run_dir, enabled=is_main, clock=run.target.training_seconds)
     progress = Progress(steps, run.step, enabled=is_main)
     parts = _Parts(cfg, task, data, model, optimizer, comm, topology, device, run_dir, settings, precision, logger,
                    progress, identity)
@@ -169,6 +173,7 @@ def _record_step(run: _Run, timing: StepPlan, result: StepResult, stage: Optiona
         run.buckets.append(result.buckets)
     run.step += 1
     run.samples += result.samples
+    run.target.step_done(result.seconds + data_wait, result.samples)
     if math.isfinite(result.loss_sum):  # a step skipped for a non-finite gradient (comm/nonfinite.py) is left out
         run.tail.append((result.loss_sum, result.samples))
     run.interval.add(result)
@@ -183,6 +188,7 @@ def _between_steps(p: _Parts, run: _Run, timing: StepPlan, lr: float, stage: Opt
     if s.eval_every and run.step % s.eval_every == 0 and run.step < timing.steps and p.data.eval is not None:
         metrics = evaluate(p.task, p.model, p.data, p.device, s.eval_max_batches)
         p.logger.log(run.step, {f"eval/{k}": v for k, v in metrics.items()})
+        run.target.evaluated(run.step, metrics)
     if s.checkpoint_every and run.step % s.checkpoint_every == 0:
         save_checkpoint(p.run_dir, run.step, run.samples, p.model, p.optimizer, p.comm, p.topology.rank,
                         p.topology.world_size, p.device, p.identity, s.keep_checkpoints, p.precision)
@@ -211,6 +217,8 @@ def _finish(p: _Parts, run: _Run, timing: StepPlan, plan: RunPlan) -> tuple[dict
     backward /= world
     final_loss = tail_loss / tail_samples if tail_samples else float("nan")
     metrics = _final_metrics(p, final_loss)
+    if p.settings.eval and p.data.eval is not None:  # the final evaluation counts for time to target too
+        run.target.evaluated(run.step, metrics)
     num_params = sum(q.numel() for q in getattr(p.model, "module", p.model).parameters() if q.requires_grad)
     fp32_total, fp32_intra, fp32_inter = fp32_allreduce_bytes(num_params, world, p.topology.gpus_per_node)
     figures = breakdown.stage_figures(run.stages, world, p.device)
@@ -241,6 +249,7 @@ def _finish(p: _Parts, run: _Run, timing: StepPlan, plan: RunPlan) -> tuple[dict
         "loss_definition": f"mean training loss over the last {len(run.tail)} steps, all processes",
         "headline_metric": schema.headline_metric(p.task),
         "metrics": metrics,
+        **run.target.figures(),
     }, profile_inputs
 
 
