@@ -221,6 +221,18 @@ def validate(cfg: DictConfig, references: Sequence[Any] = ()) -> None:
     if scaling is not None and not (isinstance(scaling, (int, float)) and scaling > 0):
         raise ConfigError(f"optim.lr_batch_scaling={scaling!r}: give a reference batch size > 0, or null")
     _check_registered(cfg)
+    _check_parallel(cfg)
+
+
+def _check_parallel(cfg: DictConfig) -> None:
+    """``parallel=fsdp`` only with a scheme that has an FSDP path (birder_repro.train.parallel)."""
+    from birder_repro.optim import get_optim_info
+    from birder_repro.train.parallel import check_parallel
+
+    try:
+        check_parallel(cfg, get_optim_info(cfg.optim.name).comm)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _check_positive_int(cfg: DictConfig, key: str) -> None:

@@ -177,6 +177,8 @@ class AWDLSTM(nn.Module):
         """
         if not (self.training and self.reg.wdrop > 0):
             return rnn(x, state)
+        if hasattr(rnn, "unshard"):  # an FSDP unit (parallel=fsdp): its whole weights, to drop from
+            rnn.unshard()
         params = dict(rnn.named_parameters())
         params["weight_hh_l0"] = F.dropout(rnn.weight_hh_l0, p=self.reg.wdrop, training=True)
         return torch.func.functional_call(rnn, params, (x, state))
@@ -438,6 +440,9 @@ class LSTMPTBTask(Task):
     baseline = "sgdm"
     metrics = ("perplexity", "val_perplexity")
     headline_metric = "perplexity"  # on the test split
+
+    def fsdp_units(self, model: nn.Module) -> list[nn.Module]:
+        return list(model.rnns)  # the LSTM layers; the tied embedding / decoder stays with the root
 
     def build_model(self, cfg) -> nn.Module:
         return lstm_lm(int(cfg.model.vocab_size), cfg.model.size, Regularization.from_cfg(cfg.model))
