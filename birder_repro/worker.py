@@ -137,8 +137,9 @@ def build_and_train(cfg: DictConfig, env: DistEnv, device: torch.device, run_dir
     # (birder_repro.train.parallel)
     ddp, opt, hook = train.build_parallel(cfg, task, model, device, topology, ocfg, is_main=env.is_main)
     # Emulated clusters: each node's kernel link counters over the timed steps (birder_repro.probes).
-    return train.train(cfg, task=task, data=data, model=ddp, optimizer=opt, comm=hook, topology=topology,
-                       device=device, run_dir=run_dir, probes=probes.probes_for(topology), plan=plan)
+    result = train.train(cfg, task=task, data=data, model=ddp, optimizer=opt, comm=hook, topology=topology,
+                         device=device, run_dir=run_dir, probes=probes.probes_for(topology), plan=plan)
+    return {**result, "memory": train.parallel.memory_report(ddp, opt, hook, device)}
 
 
 def describe_device(device: torch.device) -> str:

@@ -265,7 +265,7 @@ def attach_birder_fsdp(model: torch.nn.Module, optimizer, mesh, kernel_backend: 
     traffic = FsdpTraffic(state, units, topology)
     hooks = _UnitHooks(state, units, topology, traffic,
                        lambda unit, shard, flag: state.reduce_node_shard(unit.index, shard, unit.signature, flag))
-    _remember(state, model, units, hooks, traffic)
+    _remember(state, model, mesh, units, hooks, traffic)
     optimizer.compressed_by_hook = True
     optimizer.hook_state = state
     return state
@@ -299,7 +299,7 @@ def attach_onebit_fsdp(model: torch.nn.Module, optimizer, mesh, overlap: bool = 
             state.compress_bucket(unit.index, shard, unit.params, unit.signature, node_flag=flag)
 
     hooks = _UnitHooks(state, units, topology, traffic, work)
-    _remember(state, model, units, hooks, traffic)
+    _remember(state, model, mesh, units, hooks, traffic)
     optimizer.momentum_by_hook = True
     optimizer.hook_state = state
     return state
@@ -334,7 +334,7 @@ def attach_hsdp(model: torch.nn.Module, mesh) -> HsdpState:
     state = HsdpState()
     units = fsdp_units(model)
     traffic = FsdpTraffic(state, units, topology, native_hsdp=topology.nodes > 1)
-    _remember(state, model, units, None, traffic)
+    _remember(state, model, mesh, units, None, traffic)
     return state
 
 
@@ -343,10 +343,11 @@ class FsdpAttachment:
     """What an FSDP attach leaves on its state (``state.fsdp``): the units, the hooks' driver, the counter."""
 
     model: torch.nn.Module
+    mesh: Any  # the ("replicate", "shard") device mesh
     units: list
     hooks: Optional[_UnitHooks]
     traffic: FsdpTraffic
 
 
-def _remember(state: CommState, model, units, hooks, traffic) -> None:
-    state.fsdp = FsdpAttachment(model, list(units), hooks, traffic)
+def _remember(state: CommState, model, mesh, units, hooks, traffic) -> None:
+    state.fsdp = FsdpAttachment(model, mesh, list(units), hooks, traffic)

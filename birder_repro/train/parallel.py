@@ -160,3 +160,50 @@ class _EvalCopy:
                 buffers[name].copy_(b)
         self.plain.train(self.model.training)
         return self.plain
+
+
+def _local_bytes(t: Optional[torch.Tensor]) -> int:
+    if t is None:
+        return 0
+    local = t.to_local() if hasattr(t, "to_local") else t
+    return local.numel() * local.element_size()
+
+
+def _state_bytes(obj) -> int:
+    """Bytes of the tensors (this process's parts) in a nested state."""
+    if isinstance(obj, torch.Tensor):
+        return _local_bytes(obj)
+    if isinstance(obj, dict):
+        return sum(_state_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_state_bytes(v) for v in obj)
+    return 0
+
+
+def peak_memory(device: torch.device) -> int:
+    """This process's peak memory so far: allocated on CUDA, resident (ru_maxrss) elsewhere."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
+
+
+def memory_report(model: torch.nn.Module, optimizer, comm, device: torch.device) -> list[dict[str, int]]:
+    """Per rank (gathered: collective): the bytes of the parameters, gradients and optimizer state this process
+    holds, and its peak memory. Gradients: what a step holds, this process's parameter elements in fp32 (DDP's
+    buckets hold all of them, FSDP's sharded gradients this process's shard); optimizer state: the optimizer's
+    tensors and the hook's per-bucket state (Birder's m, b, e, e_bar; 1-bit Adam's errors)."""
+    import torch.distributed as dist
+
+    params = sum(_local_bytes(p) for p in model.parameters())
+    grads = sum((p.to_local() if hasattr(p, "to_local") else p).numel() * 4 for p in model.parameters())
+    store = getattr(comm, "store", None)
+    hook = sum(_state_bytes(b.state) for b in store.buckets.values()) if store is not None else 0
+    mine = {"parameters": params, "gradients": grads,
+            "optimizer_state": _state_bytes(list(optimizer.state.values())) + hook, "peak": peak_memory(device)}
+    if not (dist.is_available() and dist.is_initialized()):
+        return [mine]
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return every
