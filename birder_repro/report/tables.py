@@ -23,7 +23,8 @@ import pandas as pd
 from . import records
 from .records import STAGED_OPTIMIZERS
 
-SETTING = ("source", "task", "cluster", "interconnect", "link_mbit", "data_source", "model_size", "batch_size")
+SETTING = ("source", "task", "parallel", "cluster", "interconnect", "link_mbit", "data_source", "model_size",
+           "batch_size")
 LAYOUT = ("nodes", "gpus_per_node")
 CELL = SETTING + LAYOUT
 THROUGHPUT_MODES = ("whole", "stage")
