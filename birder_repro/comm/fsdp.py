@@ -119,7 +119,7 @@ def fsdp_units(model: torch.nn.Module) -> list[Unit]:
                 raise ValueError("the 1-bit FSDP hooks need parameters sharded on dim 0 (FSDP's default Shard(0))")
             padded = fp.padded_sharded_param_size.numel()
             real = fp.sharded_size.numel()
-            rank = fp.mesh_info.shard_mesh_rank if hasattr(fp.mesh_info, "shard_mesh_rank") else 0
+            rank = fp.mesh_info.shard_mesh_rank  # this process's dim-0 chunk of the parameter
             signature.append((index[id(fp.sharded_param)], offset, real, rank * padded if real else 0))
             offset += padded
             dtype = fp.param_dtype if getattr(fp, "param_dtype", None) is not None else fp.sharded_param.dtype
@@ -137,8 +137,8 @@ def mesh_topology(mesh) -> Topology:
     nodes, per_node = mesh.shape
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != nodes * per_node or mesh.mesh.flatten().tolist() != list(range(world)):
-        raise ValueError("the device mesh must hold ranks 0..world-1 node by node "
-                         "(init_device_mesh(device, (nodes, gpus_per_node), mesh_dim_names=(\"replicate\", \"shard\")))")
+        raise ValueError("the device mesh must hold ranks 0..world-1 node by node (init_device_mesh(device, "
+                         "(nodes, gpus_per_node), mesh_dim_names=(\"replicate\", \"shard\")))")
     names = mesh.mesh_dim_names or ("replicate", "shard")
     intra = mesh.get_group(names[1]) if per_node > 1 else None
     inter = mesh.get_group(names[0]) if nodes > 1 else None
