@@ -169,7 +169,7 @@ def save_checkpoint(run_dir, step: int, samples: float, model, optimizer, comm, 
             fsdp_checkpoint.save_sharded(where, model, optimizer, comm, device)
         shard = {"step": step, "world_size": world_size, "samples": samples,
                  "optimizer": None if sharded else optimizer.state_dict(),
-                 "comm": fsdp_checkpoint.hook_meta(comm, optimizer) if sharded else
+                 "comm": fsdp_checkpoint.hook_meta(comm, optimizer, model) if sharded else
                  (comm.state_dict() if hasattr(comm, "state_dict") else None), "rng": rng_state(device)}
         _atomic(where / shard_name(rank), lambda tmp: torch.save(shard, tmp))
         if rank == 0 and not sharded:

@@ -120,14 +120,17 @@ def _server_group(comm):
     return comm.server_group if hasattr(comm, "server_group") else comm.group
 
 
-def hook_meta(comm, optimizer=None) -> dict:
-    """What goes into the per-rank file: each unit's step, the counters, and the optimizer's own entries beside
-    its state and param groups (1-bit Adam's step count), which DCP's optimizer state dict leaves out."""
+def hook_meta(comm, optimizer=None, model=None) -> dict:
+    """What goes into the per-rank file: each unit's step, the counters, the optimizer's own entries beside
+    its state and param groups (1-bit Adam's step count), which DCP's optimizer state dict leaves out, and this
+    rank's buffers: FSDP does not keep them equal across ranks (BatchNorm's running statistics are each rank's
+    own, where DDP broadcasts rank 0's), and DCP saves a plain tensor once, as if every rank had it."""
     store = getattr(comm, "store", None)
     steps = {int(i): int(b.step) for i, b in store.buckets.items()} if store is not None else {}
     extra = {} if optimizer is None else {k: v for k, v in optimizer.state_dict().items()
                                           if k not in ("state", "param_groups")}
-    return {"unit_steps": steps, "counters": comm.snapshot(), "optimizer_extra": extra,
+    buffers = {} if model is None else {k: b.detach().clone() for k, b in model.named_buffers()}
+    return {"unit_steps": steps, "counters": comm.snapshot(), "optimizer_extra": extra, "buffers": buffers,
             "nonfinite": comm.guard.state_dict() if hasattr(comm, "guard") else None,
             "last_stage": getattr(comm, "last_stage", None)}
 
@@ -160,6 +163,10 @@ def load_sharded(where: Path, model, optimizer, comm, meta: dict, device: torch.
     if meta.get("optimizer_extra"):  # through the optimizer's own load, which knows its entries
         optimizer.load_state_dict({**optimizer.state_dict(), **meta["optimizer_extra"]})
     _put_hook_state(comm, states["hook"], meta, device)
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name in meta.get("buffers", {}):
+                b.copy_(meta["buffers"][name])
     comm.load_counters(meta["counters"])
     if hasattr(comm, "guard"):
         comm.guard.load_state_dict(meta.get("nonfinite"))
