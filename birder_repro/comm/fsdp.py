@@ -153,7 +153,8 @@ class FsdpTraffic:
     unit is resharded after forward (every unit but the root, by FSDP2's default), ``(m-1) * shard bytes``
     each; one reduce-scatter of the gradients, ``(m-1)/m * padded unit bytes``; with ``native_hsdp``, FSDP's
     fp32 all-reduce of the shard across the nodes, ``2 (n-1)/n * shard bytes``. Forward passes without grad
-    (evaluation) are not counted: the counters are per training step.
+    (evaluation) or without reduction (the loop's compute calibration) are not counted: the counters are per
+    training step.
     """
 
     def __init__(self, state: CommState, units: Sequence[Unit], topology: Topology, native_hsdp: bool = False):
@@ -167,9 +168,10 @@ class FsdpTraffic:
 
     def _gathered(self, unit: Unit):
         def count(module, args):
-            if not torch.is_grad_enabled() or self.topology.gpus_per_node == 1:
-                return
             group = _param_group(unit.module)
+            # not a training step's: evaluation, or compute calibration without reduction (model.no_sync())
+            if not torch.is_grad_enabled() or self.topology.gpus_per_node == 1 or not group.reduce_grads:
+                return
             times = 2 if getattr(group, "post_forward_mesh_info", None) is not None else 1
             self.state.add_bytes(times * (self.topology.gpus_per_node - 1) * unit.gather_nbytes, 0.0)
         return count
