@@ -177,8 +177,6 @@ class AWDLSTM(nn.Module):
         """
         if not (self.training and self.reg.wdrop > 0):
             return rnn(x, state)
-        if hasattr(rnn, "unshard"):  # an FSDP unit (parallel=fsdp): its whole weights, to drop from
-            rnn.unshard()
         params = dict(rnn.named_parameters())
         params["weight_hh_l0"] = F.dropout(rnn.weight_hh_l0, p=self.reg.wdrop, training=True)
         return torch.func.functional_call(rnn, params, (x, state))
@@ -442,7 +440,11 @@ class LSTMPTBTask(Task):
     headline_metric = "perplexity"  # on the test split
 
     def fsdp_units(self, model: nn.Module) -> list[nn.Module]:
-        return list(model.rnns)  # the LSTM layers; the tied embedding / decoder stays with the root
+        """The LSTM layers (the tied embedding / decoder stays with the root). With weight drop (model.wdrop > 0,
+        AWD-LSTM's default) a layer cannot be a unit of its own: its forward swaps in the dropped hidden-to-hidden
+        weight (torch.func.functional_call), and a unit's gradient for that weight is then lost (measured: the
+        unit reduced no gradient for weight_hh_l0). Then the whole model is one unit, the root."""
+        return [] if model.reg.wdrop > 0 else list(model.rnns)
 
     def build_model(self, cfg) -> nn.Module:
         return lstm_lm(int(cfg.model.vocab_size), cfg.model.size, Regularization.from_cfg(cfg.model))
