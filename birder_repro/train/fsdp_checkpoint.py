@@ -36,17 +36,6 @@ def is_fsdp(comm) -> bool:
     return getattr(comm, "fsdp", None) is not None
 
 
-def _mesh(model):
-    from birder_repro.comm.fsdp import _param_group
-
-    for module in model.modules():
-        if hasattr(module, "_get_fsdp_state"):
-            group = _param_group(module)
-            if group is not None and group.fsdp_params:
-                return group.fsdp_params[0].sharded_param.device_mesh
-    raise RuntimeError("no FSDP unit with parameters")
-
-
 def _hook_fields(store):
     """(node fields, server fields) of a hook's bucket store under FSDP (module doc)."""
     node = [f.name for f in store.fields if f.parts == 1]
@@ -61,18 +50,17 @@ def _hook_state(comm, device: torch.device) -> dict[str, Any]:
     store, att = getattr(comm, "store", None), comm.fsdp
     if store is None:
         return {}
-    topo = _topology(comm)
-    n = topo.nodes
+    n = comm.topology.nodes
+    mesh2d = att.mesh  # the node fields are sharded over both of its dimensions
     node_fields, server_fields = _hook_fields(store)
     out = {}
     for unit in att.units:
         bucket = store.buckets.get(unit.index)
         for p, (index, offset, numel, _first) in zip(unit.params, unit.signature):
-            mesh2d = _mesh2d(p, att)
             local_shape = p.to_local().shape
             for name in node_fields + server_fields:
-                if bucket is None:
-                    full = torch.zeros(unit.numel if name in node_fields else unit.numel, device=device)
+                if bucket is None:  # a unit never communicated yet (1-bit Adam's warmup): zeros
+                    full = torch.zeros(unit.numel, device=device)
                 elif name in node_fields:
                     full = bucket.state[name]
                 else:
@@ -95,14 +83,6 @@ def _contiguous(shape) -> tuple:
         stride.append(acc)
         acc *= int(d)
     return tuple(reversed(stride))
-
-
-def _mesh2d(p, att):
-    return att.mesh  # the 2-D mesh: the node fields are sharded over both of its dimensions
-
-
-def _topology(comm):
-    return comm.topology
 
 
 def _gather_server(part: torch.Tensor, comm, n: int) -> torch.Tensor:
@@ -178,7 +158,7 @@ def _put_hook_state(comm, hook: dict, meta: dict, device: torch.device) -> None:
     store = getattr(comm, "store", None)
     if store is None:
         return
-    topo = _topology(comm)
+    topo = comm.topology
     node_fields, server_fields = _hook_fields(store)
     steps = {int(k): int(v) for k, v in meta.get("unit_steps", {}).items()}
     for unit in comm.fsdp.units:
