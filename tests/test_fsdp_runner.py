@@ -13,7 +13,7 @@ import torch
 from test_restart import TINY, birder_repro, only_run
 
 FSDP = ["parallel=fsdp", "nodes=2", "gpus_per_node=2", "model.size=tiny", "data.source=synthetic",
-        "train.steps=4", "logger=none", "train.eval_max_batches=1", "data.num_workers=0"]
+        "train.steps=4", "train.batch_size=4", "logger=none", "train.eval_max_batches=1", "data.num_workers=0"]
 TASKS = {"digits": "sgdm", "resnet20": "sgdm", "resnet50": "sgdm", "vit": "adamw", "lstm_ptb": "sgdm",
          "bert_squad": "bertadam", "bert_pretrain": "bertadam"}
 
