@@ -225,6 +225,18 @@ def validate(cfg: DictConfig, references: Sequence[Any] = ()) -> None:
     from birder_repro.train.target import check_target  # task.target: a metric of the task, a direction
 
     check_target(cfg)
+    _check_parallel(cfg)
+
+
+def _check_parallel(cfg: DictConfig) -> None:
+    """``parallel=fsdp`` only with a scheme that has an FSDP path (birder_repro.train.parallel)."""
+    from birder_repro.optim import get_optim_info
+    from birder_repro.train.parallel import check_parallel
+
+    try:
+        check_parallel(cfg, get_optim_info(cfg.optim.name).comm)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _check_positive_int(cfg: DictConfig, key: str) -> None:

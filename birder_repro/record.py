@@ -139,6 +139,7 @@ def base_record(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     record.update({
         "task": cfg.task.name, "optim": cfg.optim.name,
         "cluster": _cluster(cfg), "world_size": _try(lambda: layout.world_size(cfg)),
+        "parallel": str(OmegaConf.select(cfg, "parallel", default="ddp")),
         "batch_size": cfg.train.batch_size, "global_batch_size": _try(lambda: layout.global_batch(cfg)),
         "lr": _try(lambda: effective_lr(cfg)), "versions": versions(), "git_sha": git_sha(),
         "precision": str(OmegaConf.select(cfg, "train.precision", default="fp32")),

@@ -51,6 +51,8 @@ KEYS: tuple[Key, ...] = (
     Key("cluster", "the layout: cluster name, nodes, processes (GPUs) per node, interconnect, link Mbit/s",
         CLUSTER_PARTS),
     Key("world_size", "processes in the layout: nodes x gpus_per_node"),
+    Key("parallel", "ddp (DDP and the scheme's hook) | fsdp (FSDP2, sharded inside each node: the 1-bit schemes' "
+                    "exchange between nodes in its all-reduce hook, the baselines on native HSDP)", empty="ddp"),
     Key("batch_size", "samples per step per process (train.batch_size)"),
     Key("global_batch_size", "samples per step over all processes"),
     Key("lr", "the peak learning rate the optimizer got (optim.lr, scaled by the global batch if asked)"),
@@ -98,6 +100,9 @@ KEYS: tuple[Key, ...] = (
     Key("intra_node_bytes_per_step_by_stage", "intra_node_bytes_per_step per stage of the hook", empty={}),
     Key("inter_node_bytes_per_step_by_stage", "inter_node_bytes_per_step per stage of the hook", empty={}),
     Key("parameters", "trainable parameters of the model"),
+    Key("memory", "bytes per process, one entry per rank (birder_repro.train.parallel.memory_report): parameters, "
+                  "gradients and optimizer_state (the optimizer's and the hook's state) this process holds, and "
+                  "peak (the process's peak resident memory on CPU, peak allocated on CUDA)"),
     Key("fp32_allreduce_bytes_per_step", "bytes a process would send in an fp32 ring all-reduce of the "
                                          "gradients (birder_repro.comm.accounting)"),
     Key("fp32_allreduce_intra_node_bytes_per_step", "the intra-node share of fp32_allreduce_bytes_per_step"),

@@ -140,7 +140,9 @@ def format_summary(record: Mapping[str, Any]) -> str:
     task = get(record, "task") or get(record, "config", "task", "name")
     optim = get(record, "optim") or get(record, "config", "optim", "name")
     precision = get(record, "precision") or get(record, "config", "train", "precision") or "fp32"
-    lines = [f"run:        {task} with {optim} on {_layout(record)}, {precision}"]
+    parallel = get(record, "parallel", default="ddp") or "ddp"
+    lines = [f"run:        {task} with {optim} on {_layout(record)}, {precision}"
+             + (f", parallel: {_parallel(parallel, optim)}" if parallel != "ddp" else "")]
     data = get(record, "data") or get(record, "config", "data", "source")
     if data:
         lines.append(f"data:       {data}")
@@ -159,4 +161,23 @@ def format_summary(record: Mapping[str, Any]) -> str:
     lines += [_throughput_line(record), _metrics_line(record)]
     lines += [line for line in (_target_line(record),) if line]
     lines += [_step_time_line(record), *_bytes_lines(record)]
+    memory = get(record, "memory")
+    if memory:  # the largest over the processes
+        parts = {k: max(m[k] for m in memory) for k in ("parameters", "gradients", "optimizer_state", "peak")}
+        lines.append("memory:     per process (max over processes): " + ", ".join(
+            f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in parts.items()))
     return "\n".join(lines)
+
+
+def _parallel(parallel: str, optim: str) -> str:
+    """ddp, or fsdp with how the nodes communicate."""
+    if parallel != "fsdp":
+        return "ddp"
+    from birder_repro.optim import get_optim_info
+
+    try:
+        scheme = get_optim_info(optim).comm
+    except KeyError:
+        return "fsdp"
+    return "fsdp (native HSDP: fp32 all-reduce across nodes)" if scheme == "allreduce" else \
+        f"fsdp (sharded in each node; {scheme}'s 1-bit exchange across nodes in its all-reduce hook)"

@@ -131,17 +131,15 @@ def build_and_train(cfg: DictConfig, env: DistEnv, device: torch.device, run_dir
     plan = train.RunPlan.build(cfg, topology.world_size, int(data.train_size))
     seed_everything(int(cfg.seed))  # the same initial weights on every rank (DDP also broadcasts rank 0's)
     model = task.build_model(cfg).to(device)
-    # optim.comm.bucket_cap_mb: the compressed hooks' bucket size (DDP's default where the optimizer has none)
-    cap = OmegaConf.select(cfg, "optim.comm.bucket_cap_mb", default=None)
-    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
-                                                    else None, **({"bucket_cap_mb": float(cap)} if cap else {}))
     seed_everything(int(cfg.seed) + env.rank)  # from here on, randomness (augmentation, dropout) differs per rank
     ocfg = optim_config(cfg, plan.steps)
-    opt = optim.build_optimizer(ddp.parameters(), ocfg)
-    hook = comm.attach_comm(optim.get_optim_info(cfg.optim.name).comm, ddp, opt, ocfg, topology)
+    # parallel=ddp: DDP (optim.comm.bucket_cap_mb) and the scheme's hook; parallel=fsdp: FSDP2 and its hooks
+    # (birder_repro.train.parallel)
+    ddp, opt, hook = train.build_parallel(cfg, task, model, device, topology, ocfg, is_main=env.is_main)
     # Emulated clusters: each node's kernel link counters over the timed steps (birder_repro.probes).
-    return train.train(cfg, task=task, data=data, model=ddp, optimizer=opt, comm=hook, topology=topology,
-                       device=device, run_dir=run_dir, probes=probes.probes_for(topology), plan=plan)
+    result = train.train(cfg, task=task, data=data, model=ddp, optimizer=opt, comm=hook, topology=topology,
+                         device=device, run_dir=run_dir, probes=probes.probes_for(topology), plan=plan)
+    return {**result, "memory": train.parallel.memory_report(ddp, opt, hook, device)}
 
 
 def precision_of(cfg: DictConfig) -> str:

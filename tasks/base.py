@@ -63,6 +63,11 @@ class Task:
         reads nothing). The CLI calls it for ``data.source=real`` before it launches anything, so that a missing
         dataset is one line rather than a traceback from every worker. Nothing to check by default."""
 
+    def fsdp_units(self, model: nn.Module) -> list[nn.Module]:
+        """The submodules ``parallel=fsdp`` shards as FSDP units, each with its own all-gather, reduce-scatter
+        and hook call (the root takes whatever parameters they leave): the model's repeated blocks."""
+        raise NotImplementedError(f"task {self.name!r} declares no FSDP units: parallel=fsdp needs them")
+
     def loss(self, model: nn.Module, batch, device: torch.device) -> tuple[torch.Tensor, int]:
         """Training loss of one batch and the number of samples it holds."""
         raise NotImplementedError

@@ -562,6 +562,9 @@ class BertPretrainTask(Task):
     metrics = ("mlm_loss", "mlm_accuracy", "nsp_accuracy")
     headline_metric = "mlm_accuracy"
 
+    def fsdp_units(self, model: nn.Module) -> list[nn.Module]:
+        return list(model.bert.encoder.layer)  # the transformer layers
+
     def build_model(self, cfg) -> nn.Module:
         return build_model(cfg)
 

@@ -424,6 +424,9 @@ class BertSquadTask(Task):
     metrics = ("exact_match", "f1")
     headline_metric = "f1"  # Table 2: F1-score, then exact match
 
+    def fsdp_units(self, model: nn.Module) -> list[nn.Module]:
+        return list(model.bert.encoder.layer)  # the transformer layers
+
     def build_model(self, cfg) -> nn.Module:
         return build_model(cfg)
 

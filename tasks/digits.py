@@ -148,6 +148,9 @@ class DigitsTask(ClassificationTask):
     metrics = ("top1",)
     headline_metric = "top1"
 
+    def fsdp_units(self, model: nn.Module) -> list[nn.Module]:
+        return [m for m in model.features if any(True for _ in m.parameters())]  # the conv-bn blocks
+
     def build_model(self, cfg) -> nn.Module:
         return DigitsCNN(pick_size(cfg.model.size, SIZES), int(cfg.model.num_classes))
 

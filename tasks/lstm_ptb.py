@@ -453,6 +453,13 @@ class LSTMPTBTask(Task):
     metrics = ("perplexity", "val_perplexity")
     headline_metric = "perplexity"  # on the test split
 
+    def fsdp_units(self, model: nn.Module) -> list[nn.Module]:
+        """The LSTM layers (the tied embedding / decoder stays with the root). With weight drop (model.wdrop > 0,
+        AWD-LSTM's default) a layer cannot be a unit of its own: its forward swaps in the dropped hidden-to-hidden
+        weight (torch.func.functional_call), and a unit's gradient for that weight is then lost (measured: the
+        unit reduced no gradient for weight_hh_l0). Then the whole model is one unit, the root."""
+        return [] if model.reg.wdrop > 0 else list(model.rnns)
+
     def build_model(self, cfg) -> nn.Module:
         return lstm_lm(int(cfg.model.vocab_size), cfg.model.size, Regularization.from_cfg(cfg.model))
 

@@ -201,6 +201,9 @@ class ResNet20Task(ClassificationTask):
     metrics = ("top1", "top5")
     headline_metric = "top1"
 
+    def fsdp_units(self, model: nn.Module) -> list[nn.Module]:
+        return list(model.blocks)  # the residual blocks
+
     def build_model(self, cfg) -> nn.Module:
         return resnet20(int(cfg.model.num_classes), cfg.model.size)
 

@@ -46,6 +46,9 @@ class ResNet50Task(ClassificationTask):
     metrics = ("top1", "top5")
     headline_metric = "top1"
 
+    def fsdp_units(self, model: nn.Module) -> list[nn.Module]:
+        return [block for stage in (model.layer1, model.layer2, model.layer3, model.layer4) for block in stage]
+
     def build_model(self, cfg) -> nn.Module:
         return pick_size(cfg.model.size, SIZES)(int(cfg.model.num_classes))
 

@@ -167,6 +167,9 @@ class ViTTask(ClassificationTask):
     metrics = ("top1", "top5")
     headline_metric = "top1"
 
+    def fsdp_units(self, model: nn.Module) -> list[nn.Module]:
+        return list(model.encoder.layers)  # the transformer blocks
+
     def build_model(self, cfg) -> nn.Module:
         return pick_size(cfg.model.size, SIZES)(int(cfg.model.num_classes), int(cfg.data.image_size))
 

@@ -22,7 +22,8 @@ from birder_repro.registry import Registry
 
 __all__ = ["CommState", "CommStats", "GRADIENT", "UPDATE", "MOMENTUM", "Topology", "build_topology",
            "flat_topology", "Scheme", "SCHEMES", "attach_comm", "list_schemes", "attach_birder", "BirderState",
-           "attach_onebit", "OneBitState", "attach_allreduce", "attach_powersgd"]
+           "attach_onebit", "OneBitState", "attach_allreduce", "attach_powersgd", "attach_birder_fsdp",
+           "attach_onebit_fsdp", "attach_hsdp"]
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,9 @@ def __getattr__(name: str):
     # Public attach functions and states, imported on first use so that `import birder_repro.comm` stays light.
     public = {"attach_birder": "birder_repro.comm.birder", "BirderState": "birder_repro.comm.birder",
               "attach_onebit": "birder_repro.comm.onebit", "OneBitState": "birder_repro.comm.onebit",
-              "attach_allreduce": "birder_repro.comm.allreduce", "attach_powersgd": "birder_repro.comm.powersgd"}
+              "attach_allreduce": "birder_repro.comm.allreduce", "attach_powersgd": "birder_repro.comm.powersgd",
+              "attach_birder_fsdp": "birder_repro.comm.fsdp", "attach_onebit_fsdp": "birder_repro.comm.fsdp",
+              "attach_hsdp": "birder_repro.comm.fsdp"}
     if name in public:
         return getattr(importlib.import_module(public[name]), name)
     raise AttributeError(f"module 'birder_repro.comm' has no attribute {name!r}")

@@ -88,7 +88,8 @@ class BirderState(CompressedCommState):
 
     def __init__(self, topology: Topology, scheme: str = "hierarchical", beta: float = 0.95, eps: float = 1e-8,
                  amsgrad_after: Optional[int] = None, seed: int = 0, param_numels: Sequence[int] = (),
-                 kernel_backend: str = "auto", overlap: bool = True, nonfinite: str = "skip"):
+                 kernel_backend: str = "auto", overlap: bool = True, nonfinite: str = "skip",
+                 node_averaged: bool = False):
         super().__init__()
         if scheme not in SCHEMES:
             raise ValueError(f"Birder scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
@@ -97,7 +98,14 @@ class BirderState(CompressedCommState):
         self.scheme, self.beta, self.eps, self.amsgrad_after, self.seed = scheme, beta, eps, amsgrad_after, seed
         self.kernel_backend = kernel_backend
         self.topology = topology
-        if scheme == "hierarchical":
+        if node_averaged and scheme != "hierarchical":
+            raise ValueError(f"node_averaged (FSDP's shards) needs Birder scheme 'hierarchical', not {scheme!r}")
+        if node_averaged:  # the node average of a shard comes from elsewhere (FSDP): this process is the worker
+            self.worker_group, self.server_group = None, topology.inter_group
+            self.worker_size, self.server_size = 1, topology.nodes
+            self.worker_rank, self.server_rank = 0, topology.node_rank
+            self.worker_id = topology.node_rank  # still keyed by the node: the same draws as the DDP hook's
+        elif scheme == "hierarchical":
             self.worker_group, self.server_group = topology.intra_group, topology.inter_group
             self.worker_size, self.server_size = topology.gpus_per_node, topology.nodes
             self.worker_rank, self.server_rank = topology.local_rank, topology.node_rank
@@ -153,37 +161,75 @@ class BirderState(CompressedCommState):
         """
         with torch.no_grad():
             bucket = self.store.bucket(index, buffer.numel(), signature, buffer.device)
-            st = bucket.state
             self.guard.begin(bucket)  # before any update: a skipped step restores the bucket
             bucket.step += 1
             g, node_flag = self._step1_node_average(buffer, bucket)
             self.unscale_(g)  # fp16: the true node-average gradient (train/precision.py, Step I)
-            with self.timing("compress", g.device):
-                amsgrad = self.amsgrad_after is not None and bucket.step > self.amsgrad_after
-                fields = ("m", "b", "e") + (("b_hat",) if "b_hat" in st else ())
-                # Skip mode: the kernel writes the new state beside the old, which stays whole for a skipped
-                # step (no copy); raise mode: in place.
-                new = self.guard.fresh(bucket, *fields)
-                out = st if new is None else new
-                shard = st["m"].numel()
-                seed, where = self._draws(bucket, "worker", self.worker_rank * shard, (self.worker_rank + 1) * shard)
-                packed = kernels.worker_compress(
-                    g, st["m"], st["b"], st["e"], self.beta, self.eps, seed, where, self.kernel_backend,
-                    b_hat=st["b_hat"] if amsgrad else None,
-                    state_out=tuple(out[k] for k in fields[: 4 if amsgrad else 3]) if new is not None else None)
-                if "b_hat" in st and not amsgrad:
-                    out["b_hat"].copy_(out["b"])  # until T0, b is the EMA itself (Algorithm 1, line 6)
-                self.guard.commit(bucket, new)
             if self.scheme == "allgather":
-                result, flag = self._gather_and_average(packed, node_flag)
+                result, flag = self._gather_and_average(self._step2_worker(bucket, g), node_flag)
                 buffer.copy_(result[: bucket.numel])
             else:
-                shard_packed, flag = self._step3_server(packed, bucket, node_flag)
+                shard_packed, flag = self.exchange_shard(bucket, g, node_flag)
                 self._step4_gather_node(shard_packed, bucket, buffer)
             self.rescale_(buffer, flag)  # fp16: what GradScaler divides back, or NaN on a skip (Step II)
             self.guard.note(flag, index, bucket.step)
             self.calls += 1
             return buffer
+
+    def reduce_node_shard(self, index: int, shard: torch.Tensor, signature: tuple,
+                          node_flag: torch.Tensor) -> torch.Tensor:
+        """Steps II-III on a shard whose node average (step I) was already taken elsewhere: FSDP's
+        reduce-scatter inside the node (:mod:`birder_repro.comm.fsdp`). Writes the +-1 result into ``shard``.
+
+        Needs a state built with ``node_averaged=True`` (the worker level is this process alone: the shard is
+        the "bucket"). ``node_flag``: the node's agreed non-finite flag for the shard (> 0: some process of the
+        node had a NaN or Inf), which travels with the all-to-all as in the DDP path, so every rank agrees.
+        """
+        if self.worker_size != 1 or self.scheme != "hierarchical":
+            raise RuntimeError("reduce_node_shard needs a hierarchical BirderState built with node_averaged=True")
+        with torch.no_grad():
+            bucket = self.store.bucket(index, shard.numel(), signature, shard.device)
+            self.guard.begin(bucket)
+            bucket.step += 1
+            g = shard.float()
+            if bucket.padded != bucket.numel:
+                padded = bucket.workspace("padded", numel=bucket.padded, device=g.device)
+                padded[: bucket.numel] = g  # the tail was zeroed when the workspace was made and stays zero
+                g = padded
+            shard_packed, flag = self.exchange_shard(bucket, g, node_flag)
+            with self.timing("compress", shard.device):
+                self._unpack_into(shard_packed, bucket.numel, shard)
+            self.guard.note(flag, index, bucket.step)
+            self.calls += 1
+            return shard
+
+    def exchange_shard(self, bucket: Bucket, g: torch.Tensor,
+                       node_flag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Steps II-III on this rank's node-average shard ``g`` of ``bucket`` (padded): the worker step, the
+        all-to-all among the processes with this local rank, the server step and the all-gather. Returns the
+        packed +-1 of the shard and the agreed non-finite flag. Shared by the DDP hook and the FSDP path."""
+        return self._step3_server(self._step2_worker(bucket, g), bucket, node_flag)
+
+    def _step2_worker(self, bucket: Bucket, g: torch.Tensor) -> torch.Tensor:
+        """Step II (Algorithm 1, lines 4-9) on the shard: m, b, e updated; returns u packed to 1 bit each."""
+        st = bucket.state
+        with self.timing("compress", g.device):
+            amsgrad = self.amsgrad_after is not None and bucket.step > self.amsgrad_after
+            fields = ("m", "b", "e") + (("b_hat",) if "b_hat" in st else ())
+            # Skip mode: the kernel writes the new state beside the old, which stays whole for a skipped
+            # step (no copy); raise mode: in place.
+            new = self.guard.fresh(bucket, *fields)
+            out = st if new is None else new
+            shard = st["m"].numel()
+            seed, where = self._draws(bucket, "worker", self.worker_rank * shard, (self.worker_rank + 1) * shard)
+            packed = kernels.worker_compress(
+                g, st["m"], st["b"], st["e"], self.beta, self.eps, seed, where, self.kernel_backend,
+                b_hat=st["b_hat"] if amsgrad else None,
+                state_out=tuple(out[k] for k in fields[: 4 if amsgrad else 3]) if new is not None else None)
+            if "b_hat" in st and not amsgrad:
+                out["b_hat"].copy_(out["b"])  # until T0, b is the EMA itself (Algorithm 1, line 6)
+            self.guard.commit(bucket, new)
+        return packed
 
     def _step1_node_average(self, buffer: torch.Tensor, bucket: Bucket) -> tuple[torch.Tensor, torch.Tensor]:
         """Step I: the node-average gradient of this rank's shard, fp32, padded with zeros; and the node's

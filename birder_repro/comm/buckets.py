@@ -44,7 +44,7 @@ from birder_repro.comm.pack import padded_size
 __all__ = ["Level", "Field", "Bucket", "BucketStore", "parameter_index", "bucket_signature", "ElementPositions",
            "adopt"]
 
-Signature = tuple  # ((parameter index, offset in the bucket, numel), ...)
+Signature = tuple  # ((parameter index, offset in the bucket, numel[, start within the parameter]), ...)
 
 
 # ------------------------------------------------------------------------------------ parameter identity
@@ -93,7 +93,7 @@ class ElementPositions:
         [starts[s], starts[s+1]) of the range (relative to lo) and its first element sits at positions[s]."""
         pieces = []  # (start in the bucket, its position), real elements and the padding between them
         cursor = 0
-        for p, offset, numel in sorted(signature, key=lambda s: s[1]):
+        for p, offset, numel, *first in sorted(signature, key=lambda s: s[1]):
             if numel <= 0:
                 continue
             if p >= len(self.offsets):
@@ -101,7 +101,8 @@ class ElementPositions:
                                  "parameters: the hook's positions were made for another model")
             if offset > cursor:
                 pieces.append((cursor, self.total + cursor))
-            pieces.append((offset, self.offsets[p]))
+            # A 4th entry: the piece starts that far into p (an FSDP shard of p's rows, birder_repro.comm.fsdp)
+            pieces.append((offset, self.offsets[p] + (first[0] if first else 0)))
             cursor = offset + numel
         if cursor < padded:
             pieces.append((cursor, self.total + cursor))
@@ -248,7 +249,7 @@ class BucketStore:
         bucket = self.buckets.get(index)
         if bucket is not None and bucket.signature == signature:
             return bucket
-        params = [p for p, _, _ in signature]
+        params = [p for p, *_ in signature]
         if bucket is not None or any(p in self.owner for p in params):
             self._migrate()
         padded = padded_size(numel, self.pad_to)
@@ -283,7 +284,7 @@ class BucketStore:
         for index in sorted(self.buckets):  # the same buckets, in the same order, on every rank
             bucket = self.buckets[index]
             full = {f.name: f.gather(bucket.state[f.name]) for f in self.fields}
-            for p, offset, numel in bucket.signature:
+            for p, offset, numel, *_ in bucket.signature:
                 for k, t in full.items():
                     out[k][p] = t[offset: offset + numel].clone()
                 out["step"][p] = bucket.step
@@ -297,16 +298,16 @@ class BucketStore:
         canon = self.canonical
         for f in self.fields:
             target, start = bucket.state[f.name], f.start(bucket.padded)
-            for p, offset, numel in bucket.signature:
+            for p, offset, numel, *_ in bucket.signature:
                 src = canon.get(f.name, {}).get(p)
                 if src is None:
                     continue
                 a, b = max(offset, start), min(offset + numel, start + target.numel())  # p's elements in my part
                 if a < b:
                     target[a - start: b - start] = src[a - offset: b - offset].to(target.device)
-        steps = [int(canon["step"][p]) for p, _, _ in bucket.signature if p in canon["step"]]
+        steps = [int(canon["step"][p]) for p, *_ in bucket.signature if p in canon["step"]]
         bucket.step = max(steps, default=0)
-        self.pending.difference_update(p for p, _, _ in bucket.signature)
+        self.pending.difference_update(p for p, *_ in bucket.signature)
         if not self.pending:
             self.canonical = None
 
@@ -329,7 +330,7 @@ class BucketStore:
             raise ValueError(f"checkpoint's hook state is cut into parts {saved} (field: group sizes), this run's "
                              f"into {mine}: it was saved with another layout of processes or another variant")
         self.buckets = {int(i): Bucket.from_saved(b) for i, b in sd["buckets"].items()}
-        self.owner = {p: i for i, b in self.buckets.items() for p, _, _ in b.signature}
+        self.owner = {p: i for i, b in self.buckets.items() for p, *_ in b.signature}
         canon = sd["canonical"]
         self.canonical = None if canon is None else {
             k: {int(p): (t.clone() if isinstance(t, torch.Tensor) else t) for p, t in per_param.items()}

@@ -172,6 +172,11 @@ def _count(stats: Optional[CommState], topology: Optional[Topology], group: dist
         stats.add_bytes(*peer_bytes(topology, group_peers(group, topology.rank), nbytes_each))
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This process's part of an FSDP parameter's state (a DTensor's local shard); a plain tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 # ------------------------------------------------------------------------------------------- the state
 class _Derived:
     """What the hook derives for a bucket from the optimizer, once (fixed in the compression stage; not saved)."""
@@ -256,8 +261,11 @@ class OneBitState(CompressedCommState):
 
     # -------------------------------------------------------------------------------------- compression
     def compress_bucket(self, index: int, buffer: torch.Tensor, params: Sequence[torch.Tensor],
-                        signature: tuple) -> torch.Tensor:
-        """Steps I-VI on one bucket; writes the averaged momentum into ``buffer`` and returns it."""
+                        signature: tuple, node_flag: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Steps I-VI on one bucket; writes the averaged momentum into ``buffer`` and returns it.
+
+        ``node_flag``: the non-finite flag this process sends, when its node agreed on one already (the FSDP
+        path, :mod:`birder_repro.comm.fsdp`); None: the bucket's own."""
         with torch.no_grad():
             bucket = self.store.bucket(index, buffer.numel(), signature, buffer.device)
             if bucket.derived is None:
@@ -265,7 +273,7 @@ class OneBitState(CompressedCommState):
             d = bucket.derived
             self.guard.backup(bucket)  # before any update: a skipped step restores it
             with self.timing("compress", buffer.device):
-                flag = local_flag(buffer)
+                flag = local_flag(buffer) if node_flag is None else node_flag
                 m = self._local_momentum(bucket, self.unscale_(buffer))  # fp16: true gradients (Step I)
             if self.world_size > 1:
                 ex = compressed_allreduce(m, bucket.state["worker_error"], bucket.state["server_error"], d.mask,
@@ -285,10 +293,10 @@ class OneBitState(CompressedCommState):
         """Step I: beta1 * m + (1-beta1) * g over the bucket, padded with zeros (times LAMB's scales)."""
         d = bucket.derived
         m = torch.zeros(bucket.padded, device=buffer.device, dtype=torch.float32)
-        for p, (_, offset, numel) in zip(d.params, bucket.signature):
+        for p, (_, offset, numel, *_) in zip(d.params, bucket.signature):
             prev = self.optimizer.momentum_of(p)
             if prev is not None:
-                m[offset: offset + numel] = prev.reshape(-1)
+                m[offset: offset + numel] = _local(prev).reshape(-1)
         m[: bucket.numel].mul_(d.beta1).add_(buffer.float(), alpha=1 - d.beta1)
         if d.scale is not None:
             m.mul_(d.scale)
@@ -301,11 +309,12 @@ class OneBitState(CompressedCommState):
         mask = torch.zeros(bucket.padded, device=device, dtype=torch.float32)  # padding stays 0
         scale = torch.ones(bucket.padded, device=device, dtype=torch.float32)
         betas = set()
-        for p, (_, offset, numel) in zip(params, bucket.signature):
+        for p, (_, offset, numel, *_) in zip(params, bucket.signature):
             inputs = self.optimizer.compression_inputs(p)
             betas.add(inputs.beta1)
-            mask[offset: offset + numel] = inputs.mask.reshape(-1)
-            scale[offset: offset + numel] = inputs.scale
+            mask[offset: offset + numel] = _local(inputs.mask).reshape(-1)
+            scale[offset: offset + numel] = _local(inputs.scale) if isinstance(inputs.scale, torch.Tensor) \
+                else inputs.scale
         if len(betas) > 1:
             raise ValueError(f"the parameters of one DDP bucket have different beta1 {sorted(betas)}: the 1-bit "
                              "hook forms one momentum per bucket")

@@ -52,7 +52,7 @@ class CommState:
     (one stage, gradients, DDP's own asynchronous collective).
     """
 
-    __slots__ = ("intra_node_bytes", "inter_node_bytes", "_seconds", "calls", "_pending", "_counter_lock")
+    __slots__ = ("intra_node_bytes", "inter_node_bytes", "_seconds", "calls", "_pending", "_counter_lock", "fsdp")
     COUNTERS = ("intra_node_bytes", "inter_node_bytes", "compress_seconds", "collective_seconds", "calls")
 
     def __init__(self) -> None:
@@ -62,6 +62,7 @@ class CommState:
         self.calls = 0
         self._pending: list = []  # (counter, start event, end event) of CUDA blocks not yet resolved
         self._counter_lock = threading.Lock()
+        self.fsdp = None  # an FSDP attachment's units and hooks (birder_repro.comm.fsdp); None under DDP
 
     # ------------------------------------------------------------------------------------ the interface
     def stage(self, step: int) -> Optional[str]:

@@ -125,8 +125,9 @@ def predict_run(profile: Profile, cluster: ClusterSpec, nodes: int, gpus_per_nod
         raise ValueError(f"warmup_fraction must be in [0, 1], got {warmup_fraction}")
     main = predict_step(profile, cluster, nodes, gpus_per_node, scheme, batch_size, rank, implementation)
     stages = {scheme: main}
-    if warmup_fraction > 0 and scheme != "fp32":
-        stages = {"warmup": predict_step(profile, cluster, nodes, gpus_per_node, "fp32", batch_size,
+    warmup = "fsdp_hsdp" if scheme.startswith("fsdp_") else "fp32"  # the uncompressed exchange of the warmup
+    if warmup_fraction > 0 and scheme != warmup:
+        stages = {"warmup": predict_step(profile, cluster, nodes, gpus_per_node, warmup, batch_size,
                                          implementation=implementation),
                   "compression": main}
         weights = {"warmup": warmup_fraction, "compression": 1 - warmup_fraction}

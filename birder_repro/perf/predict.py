@@ -37,8 +37,8 @@ def _plain(cfg: Any) -> dict:
 
 def _warmup_fraction(optim: Mapping[str, Any], scheme: str, steps: Any) -> float:
     """1-bit Adam / LAMB's ``freeze`` and PowerSGD's ``comm.start_iter``: a fraction (< 1) or steps."""
-    value = optim.get("freeze") if scheme == "onebit" else (optim.get("comm") or {}).get("start_iter")
-    if scheme not in ("onebit", "powersgd") or value is None:
+    value = optim.get("freeze") if scheme in ("onebit", "fsdp_onebit") else (optim.get("comm") or {}).get("start_iter")
+    if scheme not in ("onebit", "fsdp_onebit", "powersgd") or value is None:
         return 0.0
     value = float(value)
     if value < 1:
@@ -69,7 +69,8 @@ def predict_record(cfg: Any) -> dict[str, Any]:
         else load_profile(source)
     if profile.task != task:
         raise ValueError(f"profile {profile.name!r} is for task {profile.task!r}, not {task!r}")
-    scheme = scheme_for_optim(optim["name"], (optim.get("comm") or {}).get("scheme"))
+    parallel = str(c.get("parallel") or "ddp")
+    scheme = scheme_for_optim(optim["name"], (optim.get("comm") or {}).get("scheme"), parallel)
     rank = int((optim.get("comm") or {}).get("rank", 1) or 1)
     run = predict_run(profile, cluster, nodes, gpus, scheme, batch, rank,
                       warmup_fraction=_warmup_fraction(optim, scheme, train.get("steps")),
@@ -85,6 +86,7 @@ def predict_record(cfg: Any) -> dict[str, Any]:
         "cluster": {"name": c["cluster"].get("name"), "nodes": nodes, "gpus_per_node": gpus,
                     "interconnect": c["cluster"].get("interconnect"), "link_mbit": c["cluster"].get("link_mbit")},
         "world_size": nodes * gpus,
+        "parallel": parallel,
         "batch_size": batch,
         "global_batch_size": batch * nodes * gpus,
         "throughput_samples_per_s": mean["throughput_samples_per_s"],

@@ -30,6 +30,21 @@ Schemes (bucket of P elements, P' padded as the hook pads it; n nodes of m proce
     ``flat``        Birder with every process a worker (m = 1, n = N): world all-to-all + world all-gather.
     ``allgather``   Birder's "original All-Gather": a world all-gather of every worker's P'/8 bytes.
 
+Under ``parallel=fsdp`` (FSDP2, birder_repro.comm.fsdp) a bucket stands for an FSDP unit of P elements, P' a
+multiple of 8mn (FSDP's per-parameter row padding is not modelled); every unit all-gathers its parameters
+inside the node in forward and again in backward (4P' bytes out each; both are placed in the backward
+timeline here, a simplification that charges the forward all-gather to the exchange) and reduce-scatters its
+gradients (4P'):
+
+    ``fsdp_hsdp``    the baselines on native HSDP: then an fp32 all-reduce of the shard across the nodes
+                    (4P'/m over the inter group);
+    ``fsdp_birder``  Birder in the all-reduce hook: inter all-to-all of the shard's bits (P'/(8m) and one flag
+                    byte per node), inter all-gather of the chunks (P'/(8m) out), the node's flag (4 bytes)
+                    all-reduced inside the node; no intra all-gather of the result (parameters stay sharded);
+    ``fsdp_onebit``  1-bit Adam / LAMB in the hook: the compressed all-reduce among the n processes with the
+                    same local rank on the shard (P'/m): all-to-all, scales, all-gather, scales. Its warmup
+                    stage is ``fsdp_hsdp``.
+
 :func:`counted_bytes` gives the bytes per process each collective sends as the project's hooks count them
 (birder_repro.comm.accounting), split intra- and inter-node; tests check them against those functions.
 """
@@ -42,14 +57,17 @@ from typing import Optional, Sequence
 from birder_repro.comm.accounting import (all_gather_bytes, all_to_all_bytes, allreduce_bytes,
                                           flat_allreduce_split, reduce_scatter_bytes)
 
-__all__ = ["Collective", "SCHEMES", "COMPRESSION_BACKEND", "bucket_collectives", "compressed_elements",
+__all__ = ["Collective", "SCHEMES", "FSDP_SCHEMES", "COMPRESSION_BACKEND", "bucket_collectives", "compressed_elements",
            "counted_bytes", "padded_elements", "scheme_for_optim", "powersgd_elements"]
 
-SCHEMES = ("fp32", "fp16", "powersgd", "onebit", "hierarchical", "flat", "allgather")
+SCHEMES = ("fp32", "fp16", "powersgd", "onebit", "hierarchical", "flat", "allgather", "fsdp_hsdp", "fsdp_birder",
+           "fsdp_onebit")
+FSDP_SCHEMES = {"fp32": "fsdp_hsdp", "hierarchical": "fsdp_birder", "onebit": "fsdp_onebit"}  # DDP's -> FSDP's
 GROUPS = ("intra", "inter", "world")
 # Which per-element compression cost of a profile each scheme uses (Profile.compression_s_per_element).
 COMPRESSION_BACKEND = {"fp32": None, "fp16": "fp16", "powersgd": "powersgd", "onebit": "onebit",
-                       "hierarchical": "birder", "flat": "birder", "allgather": "birder"}
+                       "hierarchical": "birder", "flat": "birder", "allgather": "birder", "fsdp_hsdp": None,
+                       "fsdp_birder": "birder", "fsdp_onebit": "onebit"}
 SCALE_BYTES = 4  # 1-bit Adam's fp32 scale per worker and per server chunk
 
 
@@ -71,7 +89,8 @@ def _padded(numel: int, multiple: int) -> int:
 def padded_elements(scheme: str, numel: int, nodes: int, gpus_per_node: int) -> int:
     """P' as the hooks pad a bucket: every chunk at every level holds whole bytes."""
     world = nodes * gpus_per_node
-    multiple = {"onebit": 8 * world, "hierarchical": 8 * world, "flat": 8 * world, "allgather": 8}.get(scheme, 1)
+    multiple = {"onebit": 8 * world, "hierarchical": 8 * world, "flat": 8 * world, "allgather": 8,
+                "fsdp_birder": 8 * world, "fsdp_onebit": 8 * world, "fsdp_hsdp": gpus_per_node}.get(scheme, 1)
     return _padded(numel, multiple)
 
 
@@ -123,7 +142,28 @@ def bucket_collectives(scheme: str, numel: int, nodes: int, gpus_per_node: int, 
         return ops
     if scheme == "flat":
         return [Collective("all_to_all", "world", padded / 8), Collective("all_gather", "world", padded / 8)]
+    if scheme.startswith("fsdp_"):
+        return _fsdp_collectives(scheme, padded, n, m)
     return [Collective("all_gather", "world", world * padded / 8)]  # allgather
+
+
+def _fsdp_collectives(scheme: str, padded: int, n: int, m: int) -> list[Collective]:
+    """One FSDP unit's collectives (module doc): FSDP's own inside the node, then the exchange across nodes."""
+    ops = []
+    if m > 1:
+        ops += [Collective("all_gather", "intra", 4.0 * padded), Collective("all_gather", "intra", 4.0 * padded),
+                Collective("reduce_scatter", "intra", 4.0 * padded)]
+    shard = padded / m
+    if n > 1 and scheme == "fsdp_hsdp":
+        ops.append(Collective("allreduce", "inter", 4.0 * shard))
+    elif n > 1 and scheme == "fsdp_birder":
+        ops += [Collective("all_to_all", "inter", shard / 8 + n), Collective("all_gather", "inter", shard / 8)]
+    elif n > 1:  # fsdp_onebit
+        ops += [Collective("all_to_all", "inter", shard / 8), Collective("all_gather", "inter", SCALE_BYTES * n),
+                Collective("all_gather", "inter", shard / 8), Collective("all_gather", "inter", SCALE_BYTES * n)]
+    if m > 1 and scheme == "fsdp_birder":
+        ops.append(Collective("allreduce", "intra", 4.0))
+    return ops
 
 
 def _square(numel: int) -> list[list[int]]:
@@ -186,6 +226,10 @@ def compressed_elements(scheme: str, numel: int, nodes: int, gpus_per_node: int,
         return numel + 3.0 * rank * compressed
     if scheme == "onebit":
         return 3.0 * p + p / world
+    if scheme in ("fsdp_birder", "fsdp_onebit"):  # compress, the server's unpack, re-compress, unpack: the shard
+        return 3.0 * p / m + p / world
+    if scheme == "fsdp_hsdp":
+        return 0.0
     if scheme == "hierarchical":
         return 2.0 * p / m + p / world + p
     if scheme == "flat":
@@ -193,8 +237,13 @@ def compressed_elements(scheme: str, numel: int, nodes: int, gpus_per_node: int,
     return p + world * p  # allgather
 
 
-def scheme_for_optim(optim_name: str, comm_scheme: Optional[str] = None) -> str:
-    """The communication scheme an optimizer config runs with (conf/optim/*.yaml)."""
+def scheme_for_optim(optim_name: str, comm_scheme: Optional[str] = None, parallel: str = "ddp") -> str:
+    """The communication scheme an optimizer config runs with (conf/optim/*.yaml), under ``parallel``."""
+    if parallel == "fsdp":
+        ddp = scheme_for_optim(optim_name, comm_scheme)
+        if ddp not in FSDP_SCHEMES:
+            raise ValueError(f"parallel=fsdp: optim={optim_name} runs scheme {ddp!r}, which has no FSDP path")
+        return FSDP_SCHEMES[ddp]
     if optim_name == "birder":
         return comm_scheme or "hierarchical"
     if optim_name in ("onebit_adam", "onebit_lamb"):

@@ -27,7 +27,7 @@ STAGED_OPTIMIZERS = ("onebit_adam", "onebit_lamb")
 
 # The fixed columns; the metric columns follow them.
 COLUMNS = (
-    "run_dir", "status", "error", "source", "implementation", "task", "optim", "variant", "baseline",
+    "run_dir", "status", "error", "source", "implementation", "task", "parallel", "optim", "variant", "baseline",
     "cluster", "interconnect", "link_mbit", "nodes", "gpus_per_node", "gpus",
     "data_source", "model_size", "precision", "batch_size", "global_batch_size", "steps", "lr",
     "throughput", "throughput_warmup", "throughput_compression",
@@ -128,6 +128,8 @@ def flatten_record(record: dict, run_dir: Path | str) -> dict:
         "source": "predicted" if get(record, "status") == "predicted" else "measured",
         "implementation": get(record, "prediction", "implementation"),
         "task": task,
+        # ddp | fsdp: sharded runs are their own setting (their baseline is FSDP's native HSDP)
+        "parallel": get(record, "parallel", default=config("parallel")) or "ddp",
         "optim": get(record, "optim", default=config("optim", "name")),
         # Birder's hierarchical / flat / allgather schemes are one optimizer name with different costs.
         "variant": config("optim", "comm", "scheme"),

@@ -24,7 +24,8 @@ import pandas as pd
 from . import records
 from .records import STAGED_OPTIMIZERS
 
-SETTING = ("source", "task", "cluster", "interconnect", "link_mbit", "data_source", "model_size", "precision",
+SETTING = ("source", "task", "parallel", "cluster", "interconnect", "link_mbit", "data_source", "model_size",
+           "precision",
            "batch_size")
 LAYOUT = ("nodes", "gpus_per_node")
 CELL = SETTING + LAYOUT

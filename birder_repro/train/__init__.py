@@ -38,8 +38,9 @@ least one), weighted by samples and averaged over all processes. If the task's e
 from birder_repro.train.breakdown import split_step_time
 from birder_repro.train.checkpoint import CHECKPOINTS
 from birder_repro.train.loop import fp32_allreduce_bytes, train
+from birder_repro.train.parallel import build_parallel
 from birder_repro.train.settings import RunPlan, TrainSettings, total_steps
 from birder_repro.train.timing import grads_are_gradients, run_step, stage_of
 
-__all__ = ["train", "TrainSettings", "RunPlan", "total_steps", "split_step_time", "fp32_allreduce_bytes",
-           "stage_of", "grads_are_gradients", "run_step", "CHECKPOINTS"]
+__all__ = ["train", "build_parallel", "TrainSettings", "RunPlan", "total_steps", "split_step_time",
+           "fp32_allreduce_bytes", "stage_of", "grads_are_gradients", "run_step", "CHECKPOINTS"]

@@ -161,13 +161,20 @@ def save_checkpoint(run_dir, step: int, samples: float, model, optimizer, comm, 
         where.mkdir(parents=True, exist_ok=True)
     barrier()
     error = ""
+    from birder_repro.train import fsdp_checkpoint
+
+    sharded = fsdp_checkpoint.is_fsdp(comm)  # parallel=fsdp: model, optimizer and hook state through DCP
     try:
         where.mkdir(parents=True, exist_ok=True)
-        shard = {"step": step, "world_size": world_size, "samples": samples, "optimizer": optimizer.state_dict(),
-                 "comm": comm.state_dict() if hasattr(comm, "state_dict") else None, "rng": rng_state(device),
+        if sharded:
+            fsdp_checkpoint.save_sharded(where, model, optimizer, comm, device)
+        shard = {"step": step, "world_size": world_size, "samples": samples,
+                 "optimizer": None if sharded else optimizer.state_dict(),
+                 "comm": fsdp_checkpoint.hook_meta(comm, optimizer, model) if sharded else
+                 (comm.state_dict() if hasattr(comm, "state_dict") else None), "rng": rng_state(device),
                  "scaler": precision.state_dict() if precision is not None else None}  # fp16's loss scale
         _atomic(where / shard_name(rank), lambda tmp: torch.save(shard, tmp))
-        if rank == 0:
+        if rank == 0 and not sharded:
             module = getattr(model, "module", model)
             _atomic(where / MODEL, lambda tmp: torch.save({"step": step, "model": module.state_dict()}, tmp))
     except OSError as exc:
@@ -178,7 +185,8 @@ def save_checkpoint(run_dir, step: int, samples: float, model, optimizer, comm, 
         raise CheckpointError(f"checkpoint of step {step} could not be written in {where} ({what}); it is left "
                               "incomplete and the earlier checkpoints are kept")
     if leader:
-        manifest = {"step": step, "files": [shard_name(r) for r in range(world_size)] + [MODEL],
+        manifest = {"step": step, "files": [shard_name(r) for r in range(world_size)]
+                    + [fsdp_checkpoint.DCP_DIR if sharded else MODEL], "sharded": sharded,
                     **(_identity_dict(identity) if identity else {"world_size": world_size}),
                     "versions": _versions()}
         _atomic_json(manifest, where / MANIFEST)
@@ -343,6 +351,10 @@ def load_checkpoint(where, model, optimizer, comm, rank: int, world_size: int, d
     manifest = read_manifest(where)
     change = check_manifest(manifest, identity, where) if identity else (
         "same" if manifest.get("world_size") == world_size else "nodes")
+    from birder_repro.train import fsdp_checkpoint
+
+    if fsdp_checkpoint.is_fsdp(comm) or manifest.get("sharded"):
+        return _load_sharded(where, manifest, change, model, optimizer, comm, rank, device)
     if change == "same":
         shard = load_file(where / shard_name(rank), device)
         comm_sd = shard["comm"]
@@ -364,5 +376,30 @@ def load_checkpoint(where, model, optimizer, comm, rank: int, world_size: int, d
     set_rng_state(shard["rng"], device)
     if precision is not None:
         precision.load_state_dict(shard.get("scaler"))
+    return step, float(shard["samples"])
+
+
+def _load_sharded(where: Path, manifest: dict, change: str, model, optimizer, comm, rank: int,
+                  device: torch.device) -> tuple[int, float]:
+    """A ``parallel=fsdp`` checkpoint (birder_repro.train.fsdp_checkpoint): DCP reshards it to this run's
+    gpus_per_node; another node count is refused (the nodes are Algorithm 1's workers)."""
+    from birder_repro.train import fsdp_checkpoint
+
+    if not (fsdp_checkpoint.is_fsdp(comm) and manifest.get("sharded")):
+        saved, now = ("fsdp", "ddp") if manifest.get("sharded") else ("ddp", "fsdp")
+        raise CheckpointError(f"{where} is a checkpoint of parallel={saved}; this run is parallel={now}: resume it "
+                              f"with parallel={saved}, or start afresh")
+    if change == "nodes":
+        layout = manifest.get("layout", {})
+        raise CheckpointError(f"{where} was saved on nodes={layout.get('nodes')} x gpus_per_node="
+                              f"{layout.get('gpus_per_node')}; under parallel=fsdp a checkpoint resumes only on "
+                              "the same number of nodes (any gpus_per_node): use that many nodes, or start afresh")
+    own = where / shard_name(rank)
+    shard = load_file(own if own.is_file() else where / shard_name(0), device)  # another gpus_per_node: rank 0's
+    step = int(manifest["step"])
+    if int(shard["step"]) != step:
+        raise CheckpointError(f"{where}: shard of rank {rank} is of step {shard['step']}, the manifest of {step}")
+    fsdp_checkpoint.load_sharded(where, model, optimizer, comm, shard["comm"], device)
+    set_rng_state(shard["rng"], device)
     return step, float(shard["samples"])
 

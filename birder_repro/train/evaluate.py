@@ -17,7 +17,8 @@ def evaluate(task, model, data, device: torch.device, max_batches: Optional[int]
 
     ``max_batches`` (``train.eval_max_batches``) caps the batches each process evaluates. Collective.
     """
-    module = getattr(model, "module", model)
+    # parallel=fsdp: a plain copy with the whole parameters (birder_repro.train.parallel)
+    module = model.eval_module() if hasattr(model, "eval_module") else getattr(model, "module", model)
     loader = data.eval
     if max_batches is not None:
         loader = itertools.islice(loader, int(max_batches))

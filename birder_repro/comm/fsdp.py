@@ -1,0 +1,355 @@
+"""Birder and 1-bit Adam / 1-bit LAMB under sharded training (FSDP2, HSDP): the inter-node 1-bit exchange in
+FSDP2's all-reduce hook (Birder paper, section 4: the Hierarchical-1-bit-All-Reduce is HSDP with a 1-bit step
+between the nodes).
+
+With a device mesh ("replicate", "shard") = (nodes, processes per node) and every unit sharded on the 1-D
+intra-node mesh (``fully_shard(unit, mesh=mesh["shard"])``), FSDP2 reduce-scatters each unit's gradients inside
+the node and hands the unit's shard to ``FSDPModule.set_all_reduce_hook`` before it becomes the parameters'
+sharded gradients. That shard is the node average, step I of the DDP hook (:mod:`birder_repro.comm.birder`),
+so per unit and per step:
+
+    Step I    (FSDP) intra-node reduce-scatter (average): this process's shard of the unit, laid out as each of
+              the unit's parameters' dim-0 shard in turn, every one padded to ceil(rows / m) rows;
+    Step II   (hook, autograd thread) the shard's non-finite flag, summed over the node's processes (one fp32,
+              asynchronous), so that the ranks of a node agree before the flag travels between the nodes;
+    Step III  (hook, communication thread) Birder's steps II-III on the shard (``BirderState.reduce_node_shard``:
+              worker step, all-to-all among the processes with this local rank, server step, all-gather) and
+              the +-1 written into the shard in place; 1-bit Adam's warmup all-reduce or compressed all-reduce
+              among them likewise (``OneBitState.compress_bucket`` with the replicate group);
+    Step IV   (FSDP) the shard becomes the parameters' sharded gradients (views of it), which the optimizer
+              applies to its shards; the DDP hook's step IV (intra-node all-gather) is not needed: parameters
+              stay sharded and FSDP all-gathers them in forward.
+
+A unit is a "bucket" of the shared bucket-state layer (:class:`~birder_repro.comm.buckets.BucketStore`): its
+signature lists each parameter's piece of the shard with the position of the piece's first element within the
+parameter (rank r holds rows [r ceil(d0/m), ...)), so every element's random draws sit at its position among
+all the model's parameters, as in the DDP hook, and are keyed by the node. Birder's state and draws are per
+element, so with an exact node average (2 processes per node: (a + b) / 2 rounds like a / 2 + b / 2) the
+result equals the DDP hook's (``scheme=hierarchical``) bit for bit, whatever the units and DDP's buckets
+(tests/test_fsdp.py). 1-bit Adam's scales are norms over the whole exchanged vector, here a unit's shard, so
+its result depends on the units (as it depends on DDP's buckets).
+
+Overlap: the hook returns once the work is queued on the state's communication thread; the shard's memory is
+the gradients' (FSDP makes them views of it), so the work writes them in place later. The first hook of a
+backward pass queues an autograd callback that waits for every queued unit when backward ends, so
+``loss.backward()`` returns with the gradients final (and raises any failure of the thread).
+
+Bytes: the hooks count what they send (:mod:`birder_repro.comm.accounting`); :class:`FsdpTraffic` counts
+FSDP's own collectives inside the node (the reduce-scatter and the parameters' all-gathers in forward and, for
+units resharded after forward, in backward) and, for native HSDP (the baselines), its fp32 all-reduce across
+the nodes.
+
+Per-process inter-node bytes per step of Birder under FSDP: sum over units of 2 (n-1)/n * S'/8 + (n-1), with
+S' the unit's shard padded to a multiple of 8 n (the extra byte per peer carries the node's non-finite flag).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from birder_repro.comm.accounting import allreduce_bytes, reduce_scatter_bytes
+from birder_repro.comm.buckets import parameter_index
+from birder_repro.comm.nonfinite import local_flag
+from birder_repro.comm.state import CommState
+from birder_repro.comm.topology import Topology
+
+__all__ = ["Unit", "fsdp_units", "mesh_topology", "FsdpTraffic", "attach_birder_fsdp", "attach_onebit_fsdp",
+           "attach_hsdp", "HsdpState", "FSDP_SCHEMES"]
+
+# The communication schemes that have an FSDP path (birder_repro.comm.SCHEMES names).
+FSDP_SCHEMES = ("allreduce", "birder", "onebit")
+
+
+# ------------------------------------------------------------------------------------------------- units
+@dataclass(frozen=True)
+class Unit:
+    """One FSDP unit (a module given to ``fully_shard`` that owns parameters) as this rank sees it.
+
+    ``signature``: ((parameter index, offset in this rank's shard, numel of its real elements, position of
+    the first of them within the parameter), ...), the parameters in FSDP's order; ``numel``: the shard's
+    length (padding included); ``gathered``: the bytes this rank sends in one all-gather of its parameters.
+    """
+
+    index: int
+    module: torch.nn.Module
+    params: tuple  # the sharded parameters (DTensors), in the shard's order
+    signature: tuple
+    numel: int
+    gather_nbytes: int
+
+
+def _param_group(module: torch.nn.Module):
+    state = module._get_fsdp_state()  # FSDPModule's own accessor
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is None:  # older layout: one group or none
+        group = getattr(state, "_fsdp_param_group", None)
+        groups = [group] if group is not None else []
+    if len(groups) > 1:
+        raise ValueError(f"FSDP unit {type(module).__name__} has {len(groups)} parameter groups (a per-parameter "
+                         "mesh): the 1-bit hooks need one group per unit")
+    return groups[0] if groups else None
+
+
+def fsdp_units(model: torch.nn.Module) -> list[Unit]:
+    """Every FSDP unit of ``model`` that owns parameters, in ``model.modules()`` order (the same on every rank).
+
+    Raises where ``model`` was not given to ``fully_shard`` or a unit's shard is not the dim-0 row layout.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(model, FSDPModule):
+        raise TypeError(f"{type(model).__name__} is not an FSDP2 module: call fully_shard(model, mesh=...) first")
+    index = parameter_index(model)
+    units = []
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        group = _param_group(module)
+        if group is None or not group.fsdp_params:
+            continue
+        signature, offset, gather = [], 0, 0
+        for fp in group.fsdp_params:
+            if fp.fsdp_placement.dim != 0:
+                raise ValueError("the 1-bit FSDP hooks need parameters sharded on dim 0 (FSDP's default Shard(0))")
+            padded = fp.padded_sharded_param_size.numel()
+            real = fp.sharded_size.numel()
+            rank = fp.mesh_info.shard_mesh_rank  # this process's dim-0 chunk of the parameter
+            signature.append((index[id(fp.sharded_param)], offset, real, rank * padded if real else 0))
+            offset += padded
+            dtype = fp.param_dtype if getattr(fp, "param_dtype", None) is not None else fp.sharded_param.dtype
+            gather += padded * torch.empty((), dtype=dtype).element_size()
+        units.append(Unit(len(units), module, tuple(fp.sharded_param for fp in group.fsdp_params),
+                          tuple(signature), offset, gather))
+    return units
+
+
+def mesh_topology(mesh) -> Topology:
+    """The :class:`Topology` of a ("replicate", "shard") device mesh: a node is a row of the mesh."""
+    if mesh.ndim != 2:
+        raise ValueError(f"the FSDP hooks need a 2-D device mesh (\"replicate\", \"shard\") = (nodes, processes "
+                         f"per node), got {mesh.ndim}-D")
+    nodes, per_node = mesh.shape
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world != nodes * per_node or mesh.mesh.flatten().tolist() != list(range(world)):
+        raise ValueError("the device mesh must hold ranks 0..world-1 node by node (init_device_mesh(device, "
+                         "(nodes, gpus_per_node), mesh_dim_names=(\"replicate\", \"shard\")))")
+    names = mesh.mesh_dim_names or ("replicate", "shard")
+    intra = mesh.get_group(names[1]) if per_node > 1 else None
+    inter = mesh.get_group(names[0]) if nodes > 1 else None
+    return Topology(rank=rank, world_size=world, gpus_per_node=per_node, intra_group=intra, inter_group=inter)
+
+
+# ----------------------------------------------------------------------------------------- FSDP's bytes
+class FsdpTraffic:
+    """Counts FSDP's own collectives into a hook state's counters (what FSDP sends; the hooks count theirs).
+
+    Per unit and training step: one all-gather of the parameters in forward and one more in backward when the
+    unit is resharded after forward (every unit but the root, by FSDP2's default), ``(m-1) * shard bytes``
+    each; one reduce-scatter of the gradients, ``(m-1)/m * padded unit bytes``; with ``native_hsdp``, FSDP's
+    fp32 all-reduce of the shard across the nodes, ``2 (n-1)/n * shard bytes``. Forward passes without grad
+    (evaluation) or without reduction (the loop's compute calibration) are not counted: the counters are per
+    training step.
+    """
+
+    def __init__(self, state: CommState, units: Sequence[Unit], topology: Topology, native_hsdp: bool = False):
+        self.state, self.topology, self.native_hsdp = state, topology, native_hsdp
+        self.handles = []
+        for unit in units:
+            self.handles.append(unit.module.register_forward_pre_hook(self._gathered(unit)))
+            if native_hsdp:  # no all-reduce hook to count in: FSDP calls this after the unit's reduction
+                first = unit.params[0]
+                self.handles.append(first.register_post_accumulate_grad_hook(lambda _, u=unit: self.reduced(u)))
+
+    def _gathered(self, unit: Unit):
+        def count(module, args):
+            group = _param_group(unit.module)
+            # not a training step's: evaluation, or compute calibration without reduction (model.no_sync())
+            if not torch.is_grad_enabled() or self.topology.gpus_per_node == 1 or not group.reduce_grads:
+                return
+            times = 2 if getattr(group, "post_forward_mesh_info", None) is not None else 1
+            self.state.add_bytes(times * (self.topology.gpus_per_node - 1) * unit.gather_nbytes, 0.0)
+        return count
+
+    def reduced(self, unit: Unit, shard_nbytes: Optional[int] = None) -> None:
+        """One unit's reduction: FSDP's reduce-scatter inside the node (and its HSDP all-reduce across)."""
+        m = self.topology.gpus_per_node
+        nbytes = shard_nbytes if shard_nbytes is not None else unit.numel * 4
+        inter = allreduce_bytes(nbytes, self.topology.nodes) if self.native_hsdp else 0.0
+        self.state.add_bytes(reduce_scatter_bytes(nbytes * m, m), inter)
+
+
+# ---------------------------------------------------------------------------------- the hooks' driver
+class _UnitHooks:
+    """Installs ``work(unit, shard, node_flag)`` as every unit's all-reduce hook, run by ``state.runner``, and
+    waits for all of them when backward ends (module doc, Overlap)."""
+
+    def __init__(self, state, units: Sequence[Unit], topology: Topology, traffic: FsdpTraffic, work):
+        self.state, self.topology, self.traffic, self.work = state, topology, traffic, work
+        self.pending: list[torch.futures.Future] = []
+        self.callback_queued = False
+        for unit in units:
+            unit.module.set_all_reduce_hook(lambda shard, u=unit: self.hook(u, shard))
+
+    def hook(self, unit: Unit, shard: torch.Tensor) -> None:
+        if shard.numel() != unit.numel:
+            raise RuntimeError(f"FSDP unit {unit.index} ({type(unit.module).__name__}) reduced {shard.numel()} "
+                               f"elements, its parameters' shards hold {unit.numel}: every parameter of a unit "
+                               "must get a gradient in every step with the 1-bit FSDP hooks")
+        self.traffic.reduced(unit, shard.numel() * shard.element_size())
+        flag, work = local_flag(shard), None
+        if self.topology.intra_group is not None:  # Step II: the node agrees on the flag
+            work = dist.all_reduce(flag, group=self.topology.intra_group, async_op=True)
+            self.state.add_bytes(allreduce_bytes(4, self.topology.gpus_per_node), 0.0)
+
+        def run() -> torch.Tensor:
+            if work is not None:
+                work.wait()
+            self.work(unit, shard, flag)
+            return shard
+
+        self.pending.append(self.state.runner.run(run, shard.device))
+        if not self.callback_queued:
+            self.callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self.wait)
+
+    def wait(self) -> None:
+        """Every unit's work of this backward pass done (re-raises a failure of the communication thread)."""
+        self.callback_queued = False
+        pending, self.pending = self.pending, []
+        for fut in pending:
+            fut.wait()
+
+
+def _check_mesh_and_units(model: torch.nn.Module, mesh) -> tuple[Topology, list[Unit]]:
+    topology = mesh_topology(mesh)
+    units = fsdp_units(model)
+    for unit in units:
+        group = _param_group(unit.module)
+        if type(group.mesh_info).__name__ == "HSDPMeshInfo" or group.mesh_info.mesh.ndim != 1:
+            raise ValueError("shard every unit on the intra-node mesh (fully_shard(unit, mesh=mesh['shard'])): "
+                             "with native HSDP FSDP's own all-reduce across nodes would run before the hook")
+    return topology, units
+
+
+# ------------------------------------------------------------------------------------------------ Birder
+def attach_birder_fsdp(model: torch.nn.Module, optimizer, mesh, kernel_backend: str = "auto",
+                       overlap: bool = True, nonfinite: str = "skip"):
+    """Birder's Hierarchical-1-bit-All-Reduce on an FSDP2 model: the same state as :func:`attach_birder`
+    (counters, ``stage()``, ``nonfinite_steps``, ``state_dict()``), its inter-node exchange in every unit's
+    all-reduce hook. Collective: call it on every rank, after ``fully_shard`` and before the first backward.
+
+    ``mesh``: the ("replicate", "shard") device mesh whose "shard" dimension every unit is sharded on.
+    """
+    from birder_repro.comm import kernels
+    from birder_repro.comm.birder import BirderState
+    from birder_repro.optim.birder import Birder
+
+    if not isinstance(optimizer, Birder):
+        raise TypeError(f"attach_birder_fsdp needs a birder_repro.optim.Birder optimizer, got "
+                        f"{type(optimizer).__name__}")
+    topology, units = _check_mesh_and_units(model, mesh)
+    kernels.resolve_backend(kernel_backend, next(model.parameters()).device)
+    groups = optimizer.param_groups
+    for key in ("beta", "eps", "amsgrad_after"):
+        if len({g[key] for g in groups}) != 1:
+            raise ValueError(f"attach_birder_fsdp: every parameter group must share {key}: the hook works per unit")
+    state = BirderState(topology, scheme="hierarchical", beta=groups[0]["beta"], eps=groups[0]["eps"],
+                        amsgrad_after=groups[0]["amsgrad_after"], seed=optimizer.seed,
+                        param_numels=[p.numel() for p in model.parameters()], kernel_backend=kernel_backend,
+                        overlap=overlap, nonfinite=nonfinite, node_averaged=True)
+    state.param_index = parameter_index(model)
+    traffic = FsdpTraffic(state, units, topology)
+    hooks = _UnitHooks(state, units, topology, traffic,
+                       lambda unit, shard, flag: state.reduce_node_shard(unit.index, shard, unit.signature, flag))
+    _remember(state, model, mesh, units, hooks, traffic)
+    optimizer.compressed_by_hook = True
+    optimizer.hook_state = state
+    return state
+
+
+# ----------------------------------------------------------------------------------- 1-bit Adam / LAMB
+def attach_onebit_fsdp(model: torch.nn.Module, optimizer, mesh, overlap: bool = True, nonfinite: str = "skip"):
+    """1-bit Adam / 1-bit LAMB on an FSDP2 model, hierarchically: FSDP's reduce-scatter averages inside the
+    node, and the error-compensated 1-bit all-reduce (or the fp32 all-reduce of the warmup) runs among the
+    processes with the same local rank, one per node, on each unit's shard. The state is :func:`attach_onebit`'s.
+    """
+    from birder_repro.comm.onebit import OneBitState
+    from birder_repro.optim.onebit_adam import WARMUP, OneBitOptimizer
+
+    if not isinstance(optimizer, OneBitOptimizer):
+        raise TypeError(f"attach_onebit_fsdp needs a OneBitAdam or OneBitLamb optimizer, got "
+                        f"{type(optimizer).__name__}")
+    topology, units = _check_mesh_and_units(model, mesh)
+    names = mesh.mesh_dim_names or ("replicate", "shard")
+    state = OneBitState(optimizer, mesh.get_group(names[0]), topology, parameter_index(model),
+                        overlap=overlap, nonfinite=nonfinite)
+    traffic = FsdpTraffic(state, units, topology)
+
+    def work(unit: Unit, shard: torch.Tensor, flag: torch.Tensor) -> None:
+        stage = optimizer.stage
+        state.last_stage = stage
+        state.calls += 1
+        if stage == WARMUP:
+            _warmup_allreduce(state, unit, shard, flag)
+        else:
+            state.compress_bucket(unit.index, shard, unit.params, unit.signature, node_flag=flag)
+
+    hooks = _UnitHooks(state, units, topology, traffic, work)
+    _remember(state, model, mesh, units, hooks, traffic)
+    optimizer.momentum_by_hook = True
+    optimizer.hook_state = state
+    return state
+
+
+def _warmup_allreduce(state, unit: Unit, shard: torch.Tensor, flag: torch.Tensor) -> None:
+    """1-bit Adam's warmup on a unit's shard: the fp32 average across the nodes, with the node's non-finite
+    flag as one more element, so that every rank learns every node's flag with the payload."""
+    n = state.world_size
+    buf = torch.empty(shard.numel() + 1, dtype=torch.float32, device=shard.device)
+    buf[:-1] = shard
+    buf[-1] = flag
+    if n > 1:
+        with state.timing("comm", shard.device):
+            dist.all_reduce(buf, group=state.group)
+        state.add_bytes(0.0, allreduce_bytes(buf.numel() * 4, n))
+    shard.copy_(buf[:-1].div_(n))
+    state.guard.note(buf[-1], unit.index, state.optimizer.steps_done + 1)
+
+
+# ------------------------------------------------------------------------------------ baselines: HSDP
+class HsdpState(CommState):
+    """The baselines under ``parallel=fsdp``: FSDP2's native HSDP (reduce-scatter inside the node, fp32
+    all-reduce across the nodes), counted by :class:`FsdpTraffic`; no hook."""
+
+    __slots__ = ()
+
+
+def attach_hsdp(model: torch.nn.Module, mesh) -> HsdpState:
+    """Count the collectives of a model sharded with native HSDP (``fully_shard(unit, mesh=mesh)``, 2-D)."""
+    topology = mesh_topology(mesh)
+    state = HsdpState()
+    units = fsdp_units(model)
+    traffic = FsdpTraffic(state, units, topology, native_hsdp=topology.nodes > 1)
+    _remember(state, model, mesh, units, None, traffic)
+    return state
+
+
+@dataclass
+class FsdpAttachment:
+    """What an FSDP attach leaves on its state (``state.fsdp``): the units, the hooks' driver, the counter."""
+
+    model: torch.nn.Module
+    mesh: Any  # the ("replicate", "shard") device mesh
+    units: list
+    hooks: Optional[_UnitHooks]
+    traffic: FsdpTraffic
+
+
+def _remember(state: CommState, model, mesh, units, hooks, traffic) -> None:
+    state.fsdp = FsdpAttachment(model, mesh, list(units), hooks, traffic)

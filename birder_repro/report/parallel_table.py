@@ -1,0 +1,76 @@
+"""DDP against FSDP side by side: ``python -m birder_repro.report.parallel_table --runs DIR``.
+
+One markdown row per completed run under ``DIR`` (newest first within a task, optimizer and ``parallel``):
+throughput, the step-time split, bytes per step and per process inside and across nodes, and memory per
+process (the largest over the processes: parameters, gradients, optimizer state with the hook's, peak).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+from birder_repro.report.records import load_records
+from birder_repro.schema import get
+
+__all__ = ["rows", "markdown", "main"]
+
+HEADER = ("task", "optim", "parallel", "layout", "link Mbit/s", "samples/s", "step ms", "compute", "communication",
+          "compression", "intra KiB/step", "inter KiB/step", "params MiB", "grads MiB", "optim state MiB",
+          "peak MiB")
+
+
+def _max_memory(record: dict, key: str) -> Optional[float]:
+    memory = get(record, "memory")
+    return max(m[key] for m in memory) / 2**20 if memory else None
+
+
+def _row(record: dict) -> tuple:
+    step = get(record, "step_time_s") or {}
+    ms = [None if step.get(k) is None else 1e3 * step[k] for k in ("total", "compute", "communication",
+                                                                  "compression")]
+    kib = [None if get(record, k) is None else get(record, k) / 1024
+           for k in ("intra_node_bytes_per_step", "inter_node_bytes_per_step")]
+    cluster = get(record, "cluster") or {}
+    return (get(record, "task"), get(record, "optim"), get(record, "parallel") or "ddp",
+            f"{cluster.get('nodes')}x{cluster.get('gpus_per_node')}", cluster.get("link_mbit"),
+            get(record, "throughput_samples_per_s"), *ms, *kib,
+            *(_max_memory(record, k) for k in ("parameters", "gradients", "optimizer_state", "peak")))
+
+
+def rows(records: Iterable[dict]) -> list[tuple]:
+    """The newest completed record of each (task, optimizer, parallel, layout, link), as table rows."""
+    newest: dict[tuple, dict] = {}
+    for rec in sorted(records, key=lambda r: str(get(r, "started") or "")):
+        if get(rec, "status") != "completed":
+            continue
+        row = _row(rec)
+        newest[row[:5]] = rec
+    return sorted((_row(r) for r in newest.values()), key=lambda r: tuple(str(x) for x in r[:5]))
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.1f}" if abs(value) >= 10 else f"{value:.3g}"
+    return str(value)
+
+
+def markdown(table: Sequence[tuple]) -> str:
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER)]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in table]
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m birder_repro.report.parallel_table", description=__doc__)
+    parser.add_argument("--runs", type=Path, required=True, help="searched for record.json at any depth")
+    args = parser.parse_args(argv)
+    print(markdown(rows(rec for _, rec in load_records(args.runs))))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,114 @@
+"""``parallel=fsdp`` in the runner: every task with Birder, 1-bit Adam and its baseline (the whole sweep is slow;
+one cell runs by default), the refusals, and a run killed mid-way that restarts from its DCP checkpoint and
+ends as the run left alone."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_restart import TINY, birder_repro, only_run
+
+FSDP = ["parallel=fsdp", "nodes=2", "gpus_per_node=2", "model.size=tiny", "data.source=synthetic",
+        "train.steps=4", "train.batch_size=4", "logger=none", "train.eval_max_batches=1", "data.num_workers=0"]
+TASKS = {"digits": "sgdm", "resnet20": "sgdm", "resnet50": "sgdm", "vit": "adamw", "lstm_ptb": "sgdm",
+         "bert_squad": "bertadam", "bert_pretrain": "bertadam"}
+
+
+def _run(tmp_path: Path, *args: str, name: str = "runs") -> tuple[subprocess.CompletedProcess, dict]:
+    done = birder_repro(*args, env={"BIRDER_RUNS": str(tmp_path / name)}, timeout=600)
+    _, rec = only_run(tmp_path / name)
+    return done, rec
+
+
+def _check_fsdp_record(done: subprocess.CompletedProcess, rec: dict, optim: str) -> None:
+    assert done.returncode == 0 and rec["status"] == "completed", done.stdout[-2000:] + done.stderr[-3000:]
+    assert rec["parallel"] == "fsdp" and rec["optim"] == optim
+    assert len(rec["memory"]) == 4 and all(m["parameters"] > 0 and m["peak"] > 0 for m in rec["memory"])
+    assert rec["inter_node_bytes_per_step"] > 0 and rec["intra_node_bytes_per_step"] > 0
+    assert "parallel: fsdp" in done.stdout  # the summary says which
+
+
+def test_digits_birder_under_fsdp_completes(tmp_path):
+    done, rec = _run(tmp_path, "task=digits", "optim=birder", *FSDP)
+    _check_fsdp_record(done, rec, "birder")
+    # Birder's 1-bit exchange across nodes against the fp32 all-reduce it replaces
+    assert rec["inter_node_bytes_per_step"] < rec["fp32_allreduce_inter_node_bytes_per_step"] / 10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_every_task_with_birder_onebit_adam_and_its_baseline_under_fsdp(tmp_path, task):
+    for optim in ("birder", "onebit_adam", TASKS[task]):
+        done, rec = _run(tmp_path, f"task={task}", f"optim={optim}", *FSDP, name=optim)
+        _check_fsdp_record(done, rec, optim)
+
+
+POWERSGD_SAYS = ("scheme 'powersgd', which has no FSDP path; the schemes that have one: allreduce, birder, "
+                 "onebit")
+
+
+@pytest.mark.parametrize("overrides, says", [
+    ({"optim": {"name": "sgdm_powersgd"}}, POWERSGD_SAYS),
+    ({"optim": {"name": "birder", "comm": {"scheme": "flat"}}}, "optim.comm.scheme='flat' has no FSDP path"),
+    ({"optim": {"name": "birder"}, "train": {"precision": "fp16"}}, "train.precision=fp16 is not supported"),
+    ({"optim": {"name": "birder"}, "parallel": "zero"}, "parallel='zero': use one of ddp, fsdp"),
+])
+def test_what_has_no_fsdp_path_is_refused_naming_the_setting(overrides, says):
+    from omegaconf import OmegaConf
+
+    from birder_repro.optim import get_optim_info
+    from birder_repro.train.parallel import check_parallel
+
+    cfg = OmegaConf.merge({"parallel": "fsdp"}, overrides)
+    with pytest.raises(ValueError, match=".*") as err:
+        check_parallel(cfg, get_optim_info(cfg.optim.name).comm)
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_cli_refuses_powersgd_under_fsdp_before_launching(tmp_path):
+    done = birder_repro("task=digits", *FSDP, "optim=sgdm_powersgd", env={"BIRDER_RUNS": str(tmp_path)})
+    assert done.returncode != 0 and POWERSGD_SAYS in done.stderr + done.stdout
+    _, rec = only_run(tmp_path)
+    assert rec["status"] == "failed" and POWERSGD_SAYS in rec["error"] and rec["parallel"] == "fsdp"
+
+
+@pytest.mark.slow
+def test_one_process_per_node_under_fsdp_runs_and_says_so_once(tmp_path):
+    done, rec = _run(tmp_path, "task=digits", "optim=birder", *FSDP, "gpus_per_node=1")
+    assert done.returncode == 0 and rec["status"] == "completed", done.stderr[-3000:]
+    assert (done.stdout + done.stderr).count("nothing to shard inside a node") == 1
+
+
+def _dcp_state(run_dir: Path, step: int, out: Path) -> dict:
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(run_dir / "checkpoints" / f"step-{step:06d}" / "dcp", out)
+    return torch.load(out, weights_only=False)
+
+
+@pytest.mark.slow
+def test_a_killed_fsdp_run_restarts_and_ends_as_if_uninterrupted(tmp_path):
+    """Birder under FSDP on 2 nodes x 2: rank 1 SIGKILLs itself before step 7; torchrun restarts every worker,
+    which resume from the DCP checkpoint of step 4. Loss, metrics and the final sharded state (model, hook:
+    m, b, e, e_bar per element) are bit-identical to the run left alone."""
+    common = [*TINY, "optim=birder", "parallel=fsdp", "nodes=2", "gpus_per_node=2", "train.steps=10",
+              "train.checkpoint_every=4", "train.keep_checkpoints=5"]
+    plain = birder_repro(*common, env={"BIRDER_RUNS": str(tmp_path / "plain")}, timeout=600)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    killed = birder_repro(*common, "train.max_restarts=2", env={"BIRDER_RUNS": str(tmp_path / "killed"),
+                                                                "BIRDER_TEST_FAULT": "kill:1:7"}, timeout=600)
+    assert killed.returncode == 0, killed.stdout[-3000:] + killed.stderr[-3000:]
+    assert "rank 1 kill before step 7" in killed.stdout
+    plain_dir, a = only_run(tmp_path / "plain")
+    killed_dir, b = only_run(tmp_path / "killed")
+    assert b["status"] == "completed" and b["restarts"] == 1 and b["steps_redone"] == 2
+    assert b["final_loss"] == a["final_loss"] and b["metrics"] == a["metrics"]
+    sa, sb = _dcp_state(plain_dir, 8, tmp_path / "a.pt"), _dcp_state(killed_dir, 8, tmp_path / "b.pt")
+    assert sa.keys() == sb.keys() and any(k.startswith("e_bar.") for k in sa["hook"])
+    for part in ("model", "hook"):
+        for k in sa[part]:
+            assert torch.equal(sa[part][k], sb[part][k]), f"{part}/{k}"
