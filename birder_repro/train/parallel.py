@@ -99,6 +99,11 @@ def _build_fsdp(cfg, task, model, device, topology, ocfg, scheme: str, is_main: 
     kwargs: dict[str, Any] = {"mesh": shard_mesh}
     if precision_of(cfg) == "bf16":
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        # BatchNorm keeps fp32 parameters, as its running statistics are (bf16 weights beside fp32 statistics
+        # fail: "expected scalar type BFloat16 but found Float"); it normalises the bf16 activations in fp32.
+        fp32 = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
+        for norm in [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]:
+            fully_shard(norm, mesh=shard_mesh, mp_policy=fp32)
     for unit in task.fsdp_units(model):
         fully_shard(unit, **kwargs)
     fully_shard(model, **kwargs)
