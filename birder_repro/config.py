@@ -25,7 +25,7 @@ AUTO_MAX_DATA_WORKERS = 8  # data.num_workers=auto never starts more loader proc
 # Values a setting may take, where the YAML type alone does not say (a typo in a value fails early, here,
 # rather than minutes later in a worker).
 CHOICES = {
-    "mode": ("train", "predict"),
+    "mode": ("train", "predict", "probe"),
     "predict.implementation": ("this", "paper"),
     "device": ("auto", "cpu", "cuda"),
     "cluster.backend": ("auto", "gloo", "nccl"),
@@ -221,6 +221,10 @@ def validate(cfg: DictConfig, references: Sequence[Any] = ()) -> None:
     if scaling is not None and not (isinstance(scaling, (int, float)) and scaling > 0):
         raise ConfigError(f"optim.lr_batch_scaling={scaling!r}: give a reference batch size > 0, or null")
     _check_registered(cfg)
+    if cfg.get("mode") == "probe":
+        from birder_repro.perf.probe import check_settings
+
+        check_settings(cfg)
 
 
 def _check_positive_int(cfg: DictConfig, key: str) -> None:

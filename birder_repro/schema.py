@@ -40,7 +40,8 @@ class Key:
 
 KEYS: tuple[Key, ...] = (
     # ---- what ran, from the config
-    Key("status", "completed | failed | predicted (mode=predict: the performance model's, nothing ran)"),
+    Key("status", "completed | failed | predicted (mode=predict: the performance model's, nothing ran) | probed "
+        "(mode=probe: collectives timed, no training)"),
     Key("error", "a failed run's traceback or reason; null when completed"),
     Key("task", "the task's name (conf/task)"),
     Key("optim", "the optimizer's name (conf/optim)"),
@@ -102,6 +103,9 @@ KEYS: tuple[Key, ...] = (
     Key("collectives_per_step", "predicted: collectives one process issues per step"),
     Key("prediction", "predicted: scheme, implementation, each stage's predicted step and the stages' weights"),
     Key("cluster_spec", "predicted: the cluster as the performance model saw it (birder_repro.perf.cluster)"),
+    Key("probe", "probed (mode=probe): per level (inter, intra) nccl-tests' rows (kind, bytes, seconds, algbw_Bps, "
+                 "busbw_Bps), each collective's fit (alpha_s, bandwidth_Bps), the sizes, and the cluster spec "
+                 "written (cluster_spec_file, its perf block as cluster_spec)"),
     # ---- how well
     Key("final_loss", "the training loss at the end (see loss_definition)"),
     Key("loss_definition", "how final_loss was taken"),

@@ -160,6 +160,10 @@ def run_worker(run_dir: Path, env: Optional[DistEnv] = None) -> int:
         fields.update(device=describe_device(device), backend=layout.resolve_backend(cfg, device.type))
         init_process_group(fields["backend"], env, device, collective_timeout(cfg))
         joined = True
+        if cfg.get("mode") == "probe":  # birder-repro mode=probe: time the collectives, no training
+            from birder_repro.perf.probe import probe_worker
+
+            return probe_worker(cfg, env.rank, device, run_dir, fields)
         result = build_and_train(cfg, env, device, run_dir)
         if env.is_main:
             done = record.completed_record(cfg, run_dir, result, ended=record.now(), **fields)

@@ -1,13 +1,14 @@
 """Collectives under the names the installed torch prefers, and the future of a hook that is already done.
 
-torch 2.14 renamed ``all_gather_into_tensor`` to ``all_gather_single`` (same arguments) and warns on the old
-name; older releases only have the old one.
+torch 2.14 renamed ``all_gather_into_tensor`` to ``all_gather_single`` and ``reduce_scatter_tensor`` to
+``reduce_scatter_single`` (same arguments) and warns on the old names; older releases only have the old ones.
 """
 
 import torch
 import torch.distributed as dist
 
 all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # likewise
 
 
 def completed_future(result: torch.Tensor) -> torch.futures.Future:
