@@ -116,15 +116,42 @@ def _call(kind: str, send, recv, p: int, group) -> None:
         dist.all_to_all_single(recv, send, group=group)
 
 
+def known_values(kind: str, p: int, rank: int, device=None, numel: int = 16):
+    """(input, the output it must give) of ``kind`` for the process ``rank`` of a group of ``p``, ``numel``
+    elements a chunk: :func:`measure` checks one call of each collective on them first, as nccl-tests checks
+    its results, so that a collective returning wrong data fails the probe instead of timing it."""
+    import torch
+
+    n = numel * p
+    expected = {"allreduce": torch.full((n,), p * (p + 1) / 2),        # every rank sends rank + 1
+                "reduce_scatter": torch.full((n,), p * (p + 1) / 2),   # its chunk of that sum
+                "all_gather": torch.arange(1, p + 1).repeat_interleave(numel).float(),
+                "all_to_all": (torch.arange(p) * p + rank).repeat_interleave(numel).float()}[kind]
+    if kind == "all_to_all":  # chunk j of rank r holds r p + j, so chunk i received here holds i p + rank
+        send = (rank * p + torch.arange(p)).repeat_interleave(numel).float()
+    else:
+        send = torch.full((n,), float(rank + 1))
+    return send.to(device), expected[: numel if kind == "reduce_scatter" else n].to(device)
+
+
 def measure(kinds: Sequence[str], sizes: Sequence[int], group=None, device=None, warmup: int = WARMUP,
             repeats: int = REPEATS) -> dict[str, dict[int, float]]:
     """Median seconds of each collective of ``kinds`` at each size in bytes (rounded up to whole float32
     elements on every process of ``group``), over ``repeats`` calls after ``warmup``; each call after a barrier
-    and taken at its slowest rank. Collective over ``group`` (the default group if None)."""
+    and taken at its slowest rank. Collective over ``group`` (the default group if None). Each kind's result is
+    first checked on known values (:func:`known_values`): a wrong one raises, naming the collective."""
     import torch
     import torch.distributed as dist
 
     p = dist.get_world_size(group)
+    for kind in kinds:
+        send, expected = known_values(kind, p, dist.get_rank(group), device)
+        recv = torch.empty_like(send)
+        _call(kind, send, recv, p, group)
+        got = send if kind == "allreduce" else recv[: expected.numel()]
+        if not torch.equal(got, expected):
+            raise RuntimeError(f"probe: {kind} over {p} processes returned wrong values (rank "
+                               f"{dist.get_rank(group)}: {got[:4].tolist()}..., expected {expected[:4].tolist()}...)")
     results: dict[str, dict[int, float]] = {k: {} for k in kinds}
     for size in sizes:
         size = -(-int(size) // (4 * p)) * 4 * p

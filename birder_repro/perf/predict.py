@@ -70,9 +70,12 @@ def predict_record(cfg: Any) -> dict[str, Any]:
     if spec_file:  # measured by mode=probe: its perf block replaces the cluster config's (its line rate too)
         from .probe import load_cluster_spec
 
-        cluster = ClusterSpec.from_config(load_cluster_spec(spec_file))
+        cluster_config = load_cluster_spec(spec_file)
     else:
-        cluster = ClusterSpec.from_config(c["cluster"])
+        cluster_config = c["cluster"]
+    cluster = ClusterSpec.from_config(cluster_config)
+    # the paper's rows the links were fitted on (the report marks those cells in-sample); none for a measured spec
+    fitted_on = (cluster_config.get("perf") or {}).get("fitted_on")
     profile = load_profile(source, task=task, batch_size=batch, node=cluster, implementation=implementation) \
         if source == "paper" \
         else load_profile(source)
@@ -106,7 +109,7 @@ def predict_record(cfg: Any) -> dict[str, Any]:
         "inter_node_bytes_per_step": mean["inter_node_bytes"],
         "collectives_per_step": mean["collectives"],
         "prediction": {"scheme": scheme, "implementation": implementation, "stages": stages,
-                       "weights": run["weights"]},
+                       "weights": run["weights"], "fitted_on": fitted_on, "cluster_spec_file": spec_file},
         "profile": profile.to_dict(),
         "cluster_spec": cluster.to_dict(),
     }

@@ -97,12 +97,15 @@ def table_rows(results: Mapping[str, Mapping[int, float]], p: int) -> list[dict[
 
 
 def fit_level(results: Mapping[str, Mapping[int, float]], p: int) -> dict[str, dict[str, float]]:
-    """Each collective's (alpha seconds, bus bandwidth bytes/s) fitted to the model's cost of it."""
+    """Each collective's (alpha seconds, bus bandwidth bytes/s) fitted to the model's cost of it. Where the
+    times did not grow with the size (messages too small for the link, or noise), the fit has no bandwidth:
+    the largest bus bandwidth measured stands for it, a lower bound (raise ``probe.max_bytes`` for more)."""
     fits = {}
     for kind, by_size in results.items():
         sizes = sorted(by_size)
         alpha, beta = fit_alpha_beta(sizes, [by_size[s] for s in sizes], p, kind, robust=True)
-        fits[kind] = {"alpha_s": alpha, "bandwidth_Bps": 1.0 / beta if beta > 0 else float("inf")}
+        measured = max(r["busbw_Bps"] for r in table_rows({kind: by_size}, p))
+        fits[kind] = {"alpha_s": alpha, "bandwidth_Bps": 1.0 / beta if beta > 0 else measured}
     return fits
 
 
@@ -116,13 +119,14 @@ def spec_from_fits(cluster: Mapping[str, Any], inter: Mapping[str, Mapping[str, 
                    intra: Optional[Mapping[str, Mapping[str, float]]]) -> dict[str, Any]:
     """The cluster config ``cluster`` with its ``perf`` block replaced by what the fits measured (the module
     doc's mapping); keys the probe cannot measure are kept."""
-    perf = dict(cluster.get("perf") or {})
+    perf = {k: v for k, v in (cluster.get("perf") or {}).items() if k != "fitted_on"}  # measured, not fitted
     line = cluster.get("link_mbit")
     median_alpha = statistics.median(inter[k]["alpha_s"] for k in INTER_KINDS)
     allreduce = inter["allreduce"]["bandwidth_Bps"]
     pairwise = statistics.fmean(inter[k]["bandwidth_Bps"] for k in PAIRWISE)
     if line is None:  # no line rate given: the all-reduce's rate is the link, the exchanges a fraction of it
-        perf.update(inter_mbit=allreduce / MBIT, inter_efficiency=1.0, exchange_efficiency=min(1.0, pairwise / allreduce))
+        perf.update(inter_mbit=allreduce / MBIT, inter_efficiency=1.0,
+                    exchange_efficiency=min(1.0, pairwise / allreduce))
     else:
         perf.update(inter_efficiency=_fraction(allreduce, line), exchange_efficiency=_fraction(pairwise, line))
     perf["inter_latency_us"] = 1e6 * median_alpha
