@@ -33,7 +33,7 @@ tables: $(STAMP)  ## build tables/ from every run record under runs/
 bench: $(STAMP)  ## compression / decompression time of the hooks against a copy of the same buffer
 	$(BIN)/python -m birder_repro.bench $(ARGS)
 
-validate: $(STAMP)  ## the performance model against the paper: Tables 1-4's multi-node rows from their 1-node rows
+validate: $(STAMP)  ## the performance model against the paper, out of sample (2-node fit -> 4 and 8 nodes) and in-sample
 	$(BIN)/python -m birder_repro.perf.validate $(ARGS)
 
 # The emulated sweep (cluster=emulated needs root and iproute2): ResNet-50 (tiny, synthetic 64x64 images), SGDM,
