@@ -205,7 +205,7 @@ def _finish(cfg: DictConfig, run_dir: Path, code: int, started: str) -> int:
 def _print_summary(rec: dict) -> None:
     from birder_repro.summary import format_summary
 
-    if rec.get("status") == "probed":  # mode=probe: the collectives' table and the cluster spec
+    if rec.get("probe"):  # mode=probe: the collectives' table and the cluster spec
         from birder_repro.perf.probe import format_probe as format_summary
 
     try:

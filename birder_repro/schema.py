@@ -40,8 +40,7 @@ class Key:
 
 KEYS: tuple[Key, ...] = (
     # ---- what ran, from the config
-    Key("status", "completed | failed | predicted (mode=predict: the performance model's, nothing ran) | probed "
-        "(mode=probe: collectives timed, no training)"),
+    Key("status", "completed | failed | predicted (mode=predict: the performance model's, nothing ran)"),
     Key("error", "a failed run's traceback or reason; null when completed"),
     Key("task", "the task's name (conf/task)"),
     Key("optim", "the optimizer's name (conf/optim)"),
@@ -105,7 +104,7 @@ KEYS: tuple[Key, ...] = (
                       "fitted_on (the paper rows the cluster's link numbers were fitted on: perf.fitted_on) and "
                       "cluster_spec_file (predict.cluster_spec, if given)"),
     Key("cluster_spec", "predicted: the cluster as the performance model saw it (birder_repro.perf.cluster)"),
-    Key("probe", "probed (mode=probe): per level (inter, intra) nccl-tests' rows (kind, bytes, seconds, algbw_Bps, "
+    Key("probe", "mode=probe (collectives timed, no training): per level (inter, intra) nccl-tests' rows (kind, bytes, seconds, algbw_Bps, "
                  "busbw_Bps), each collective's fit (alpha_s, bandwidth_Bps), the sizes, and the cluster spec "
                  "written (cluster_spec_file, its perf block as cluster_spec)"),
     # ---- how well

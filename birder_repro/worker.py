@@ -121,6 +121,10 @@ def optim_config(cfg: DictConfig, total_steps: Optional[int] = None) -> DictConf
 
 def build_and_train(cfg: DictConfig, env: DistEnv, device: torch.device, run_dir: Path) -> dict:
     """Topology, task, data, DDP model, optimizer and hook, then the training loop; returns its figures."""
+    if cfg.get("mode") == "probe":  # birder-repro mode=probe: collectives timed instead (birder_repro.perf.probe)
+        from birder_repro.perf.probe import probe_worker
+
+        return probe_worker(cfg, env.rank, device, run_dir)
     # Imported here: a worker whose layout check fails reports it without loading models and hooks.
     from birder_repro import comm, optim, probes, tasks, train
 
@@ -160,10 +164,6 @@ def run_worker(run_dir: Path, env: Optional[DistEnv] = None) -> int:
         fields.update(device=describe_device(device), backend=layout.resolve_backend(cfg, device.type))
         init_process_group(fields["backend"], env, device, collective_timeout(cfg))
         joined = True
-        if cfg.get("mode") == "probe":  # birder-repro mode=probe: time the collectives, no training
-            from birder_repro.perf.probe import probe_worker
-
-            return probe_worker(cfg, env.rank, device, run_dir, fields)
         result = build_and_train(cfg, env, device, run_dir)
         if env.is_main:
             done = record.completed_record(cfg, run_dir, result, ended=record.now(), **fields)

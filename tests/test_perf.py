@@ -555,7 +555,7 @@ def test_cli_probe_local_writes_a_spec_that_predict_reads(compose, tmp_path, cap
                      "probe.max_bytes=65536", "probe.iters=2", "probe.warmup_iters=1"], hydra_config=True)
     assert run(probe, tmp_path / "probe") == 0
     rec = json.loads((tmp_path / "probe" / "record.json").read_text())
-    assert rec["status"] == "probed" and rec["error"] is None
+    assert rec["status"] == "completed" and rec["error"] is None and rec["config"]["mode"] == "probe"
     got = rec["probe"]
     assert [(r["kind"], r["bytes"]) for r in got["inter"]] == \
         [(k, s) for k in ("allreduce", "reduce_scatter", "all_gather", "all_to_all") for s in (4096, 16384, 65536)]

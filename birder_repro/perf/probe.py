@@ -34,7 +34,8 @@ the fits to the model's parameters (birder_repro.perf.cluster):
                           process per node) the cluster config's values are kept, and the spec says so.
 
 Keys the probe cannot measure (``shared_host``: whether the nodes share one machine's cores) come from the
-cluster config. Rank 0 writes the record (``status: probed``, the table and fits under ``probe``) and the spec.
+cluster config. Rank 0 writes the spec, and the worker the record (``status: completed``, the table and the fits
+under ``probe``, which tells a probe's record from a training run's).
 """
 
 from __future__ import annotations
@@ -46,17 +47,21 @@ from typing import Any, Mapping, Optional, Sequence
 from .cluster import MBIT
 from .linkprobe import COLLECTIVES, bus_factor, fit_alpha_beta, measure
 
-__all__ = ["SPEC_FILE", "STATUS", "probe_sizes", "check_settings", "table_rows", "fit_level", "spec_from_fits",
+__all__ = ["SPEC_FILE", "is_probe_record", "probe_sizes", "check_settings", "table_rows", "fit_level", "spec_from_fits",
            "probe_worker", "format_probe", "load_cluster_spec"]
 
 SPEC_FILE = "cluster_spec.yaml"
-STATUS = "probed"
 # What crosses nodes in the model's schemes (birder_repro.perf.schemes): DDP's all-reduce, and the compressed
 # schemes' all-to-all and all-gather (their reduce-scatter stays inside a node). The inter-node spec comes from
 # these; the reduce-scatter is timed and shown all the same (measured on gloo between two emulated nodes: as
 # long as the all-reduce of the same vector, twice what the (p-1)/p of its formula gives).
 INTER_KINDS = ("allreduce", "all_gather", "all_to_all")
 PAIRWISE = ("all_gather", "all_to_all")
+
+
+def is_probe_record(rec: Mapping[str, Any]) -> bool:
+    """A record of ``mode=probe``: a link measured, no training run (the report leaves it out)."""
+    return rec.get("probe") is not None
 
 
 def probe_sizes(min_bytes: int, max_bytes: int, step_factor: int) -> list[int]:
@@ -153,9 +158,9 @@ def _groups(nodes: int, m: int):
     return inter, mine
 
 
-def probe_worker(cfg: Any, rank: int, device: Any, run_dir: Path, fields: Mapping[str, Any]) -> int:
-    """One worker of ``mode=probe`` in a joined process group: time, fit, and on rank 0 write the record and
-    the spec. Returns the exit code."""
+def probe_worker(cfg: Any, rank: int, device: Any, run_dir: Path) -> dict[str, Any]:
+    """One worker of ``mode=probe`` in a joined process group: time and fit; on rank 0 write the spec and return
+    what the record holds (``probe``); an empty result elsewhere."""
     import torch.distributed as dist
     from omegaconf import OmegaConf
 
@@ -171,12 +176,12 @@ def probe_worker(cfg: Any, rank: int, device: Any, run_dir: Path, fields: Mappin
     intra = measure(COLLECTIVES, sizes, intra_group, **timing) if intra_group is not None else None
     dist.barrier()
     if rank != 0:
-        return 0
+        return {}
     fits = {"inter": fit_level(inter, n), "intra": fit_level(intra, m) if intra else None}
     cluster = OmegaConf.to_container(cfg.cluster, resolve=True)
     spec = spec_from_fits(cluster, fits["inter"], fits["intra"])
     spec["probe"] = {"measured": record.now(), "command": record.read_command(run_dir), "nodes": n,
-                     "gpus_per_node": m, "backend": fields.get("backend"), "device": fields.get("device"),
+                     "gpus_per_node": m, "backend": dist.get_backend(), "device": str(device),
                      "intra_measured": intra is not None,
                      "fits": _plain(fits)}
     spec_path = Path(run_dir) / SPEC_FILE
@@ -185,13 +190,9 @@ def probe_worker(cfg: Any, rank: int, device: Any, run_dir: Path, fields: Mappin
     spec_path.write_text("# birder-repro mode=probe: the cluster as measured (birder_repro.perf.probe). Use it with\n"
                          f"#   birder-repro mode=predict ... predict.cluster_spec={spec_path.resolve()}\n"
                          + yaml.safe_dump(spec, sort_keys=False))
-    result = {"probe": {"inter": table_rows(inter, n), "intra": table_rows(intra, m) if intra else None,
-                        "fits": _plain(fits), "cluster_spec_file": str(spec_path.resolve()),
-                        "cluster_spec": spec["perf"], "sizes": sizes}}
-    done = record.completed_record(cfg, run_dir, result, ended=record.now(), **fields)
-    done["status"] = STATUS
-    record.write_record(run_dir, done)
-    return 0
+    return {"probe": {"inter": table_rows(inter, n), "intra": table_rows(intra, m) if intra else None,
+                      "fits": _plain(fits), "cluster_spec_file": str(spec_path.resolve()),
+                      "cluster_spec": spec["perf"], "sizes": sizes}}
 
 
 def _plain(value: Any) -> Any:
