@@ -36,7 +36,7 @@ bench: $(STAMP)  ## compression / decompression time of the hooks against a copy
 gpu-check: $(STAMP)  ## on a GPU node: kernels, 1-GPU runs of every task, NCCL hooks; one table, non-zero on a failure
 	$(BIN)/python -m birder_repro.gpucheck $(ARGS)
 
-validate: $(STAMP)  ## the performance model against the paper: Tables 1-4's multi-node rows from their 1-node rows
+validate: $(STAMP)  ## the performance model against the paper, out of sample (2-node fit -> 4 and 8 nodes) and in-sample
 	$(BIN)/python -m birder_repro.perf.validate $(ARGS)
 
 # The emulated sweep (cluster=emulated needs root and iproute2): ResNet-50 (tiny, synthetic 64x64 images), SGDM,

@@ -4,6 +4,7 @@
     birder-repro -m optim=sgdm,birder nodes=1,2                  # a sweep: one run directory per cell
     birder-repro ... dry_run=true                                # print the torchrun command(s), start nothing
     birder-repro mode=predict ... predict.profile=paper          # the performance model's record, nothing runs
+    birder-repro mode=probe nodes=2 ...                          # time the collectives, write a cluster spec
     birder-repro --help | --cfg job
 
 The Hydra app runs once per run, in this one process; the workers read the resolved ``config.yaml`` it writes
@@ -68,7 +69,7 @@ def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
         from birder_repro.launch import check, launch  # after resolving: a config error needs no launcher
 
         check(resolved)  # the launcher's refusals, then the data: nothing has started yet
-        missing = _missing_data(resolved)
+        missing = None if cfg.get("mode") == "probe" else _missing_data(resolved)  # a probe reads no data
         if missing is not None:
             return _fail(cfg, run_dir, missing, started, code=2)
         code = launch(resolved, run_dir)
@@ -218,6 +219,9 @@ def _finish(cfg: DictConfig, run_dir: Path, code: int, started: str) -> int:
 
 def _print_summary(rec: dict) -> None:
     from birder_repro.summary import format_summary
+
+    if rec.get("probe"):  # mode=probe: the collectives' table and the cluster spec
+        from birder_repro.perf.probe import format_probe as format_summary
 
     try:
         print(format_summary(rec), flush=True)

@@ -25,7 +25,7 @@ AUTO_MAX_DATA_WORKERS = 8  # data.num_workers=auto never starts more loader proc
 # Values a setting may take, where the YAML type alone does not say (a typo in a value fails early, here,
 # rather than minutes later in a worker).
 CHOICES = {
-    "mode": ("train", "predict"),
+    "mode": ("train", "predict", "probe"),
     "predict.implementation": ("this", "paper"),
     "device": ("auto", "cpu", "cuda"),
     "cluster.backend": ("auto", "gloo", "nccl"),
@@ -226,6 +226,10 @@ def validate(cfg: DictConfig, references: Sequence[Any] = ()) -> None:
 
     check_target(cfg)
     _check_parallel(cfg)
+    if cfg.get("mode") == "probe":
+        from birder_repro.perf.probe import check_settings
+
+        check_settings(cfg)
 
 
 def _check_parallel(cfg: DictConfig) -> None:

@@ -115,8 +115,13 @@ KEYS: tuple[Key, ...] = (
     Key("link_header_bytes_per_packet", "emulated clusters: header bytes per packet inside the link counts"),
     # ---- predicted records (mode=predict, status: predicted)
     Key("collectives_per_step", "predicted: collectives one process issues per step"),
-    Key("prediction", "predicted: scheme, implementation, each stage's predicted step and the stages' weights"),
+    Key("prediction", "predicted: scheme, implementation, each stage's predicted step and the stages' weights, "
+                      "fitted_on (the paper rows the cluster's link numbers were fitted on: perf.fitted_on) and "
+                      "cluster_spec_file (predict.cluster_spec, if given)"),
     Key("cluster_spec", "predicted: the cluster as the performance model saw it (birder_repro.perf.cluster)"),
+    Key("probe", "mode=probe (collectives timed, no training): per level (inter, intra) nccl-tests' rows (kind, bytes, seconds, algbw_Bps, "
+                 "busbw_Bps), each collective's fit (alpha_s, bandwidth_Bps), the sizes, and the cluster spec "
+                 "written (cluster_spec_file, its perf block as cluster_spec)"),
     # ---- how well
     Key("final_loss", "the training loss at the end (see loss_definition)"),
     Key("loss_definition", "how final_loss was taken"),

@@ -121,6 +121,10 @@ def optim_config(cfg: DictConfig, total_steps: Optional[int] = None) -> DictConf
 
 def build_and_train(cfg: DictConfig, env: DistEnv, device: torch.device, run_dir: Path) -> dict:
     """Topology, task, data, DDP model, optimizer and hook, then the training loop; returns its figures."""
+    if cfg.get("mode") == "probe":  # birder-repro mode=probe: collectives timed instead (birder_repro.perf.probe)
+        from birder_repro.perf.probe import probe_worker
+
+        return probe_worker(cfg, env.rank, device, run_dir)
     # Imported here: a worker whose layout check fails reports it without loading models and hooks.
     from birder_repro import comm, optim, probes, tasks, train
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import statistics
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -71,38 +74,33 @@ def test_op_time_levels():
 
 
 # ------------------------------------------------------------------------------------ bytes per scheme
-@pytest.mark.parametrize("n,m", [(2, 4), (4, 8), (1, 8), (3, 2)])
-def test_bytes_against_accounting(n, m):
-    numel, world = 100_003, n * m
+def test_bytes_by_hand():
+    """Bytes per process per step of a bucket of P = 100,003 elements on 2 nodes x 4 processes (N = 8), worked
+    out by hand from each scheme's collectives (DESIGN.md "Birder inside DDP"; the 1-bit Adam paper's
+    compressed all-reduce); the real hooks' counters are checked against the same algebra in test_birder.py
+    and test_onebit.py (there with the one-byte non-finite flags the hooks add, which the model leaves out)."""
+    n, m = 2, 4
 
     def counted(scheme):
-        ops = bucket_collectives(scheme, numel, n, m)
+        ops = bucket_collectives(scheme, 100_003, n, m)
         pairs = [counted_bytes(op, n, m) for op in ops]
         return sum(p[0] for p in pairs), sum(p[1] for p in pairs), len(ops)
 
-    assert counted("fp32")[:2] == pytest.approx(flat_allreduce_split(4 * numel, world, m))
-    assert counted("fp16")[:2] == pytest.approx(flat_allreduce_split(2 * numel, world, m))
-
-    # Birder, hierarchical (birder_repro.comm.birder's count; DESIGN.md: inter 2 (n-1)/n P'/(8m)).
-    p = padded_elements("hierarchical", numel, n, m)
-    assert p % (8 * m * n) == 0 and p >= numel
-    intra, inter, count = counted("hierarchical")
-    assert inter == pytest.approx(2 * (n - 1) / n * p / (8 * m))
-    assert intra == pytest.approx(reduce_scatter_bytes(4 * p, m) + all_gather_bytes(p // (8 * m), m))
-    assert count == (2 if m > 1 else 0) + (2 if n > 1 else 0)
-
-    # 1-bit Adam's flat compressed all-reduce: per peer chunk/8 + 4, twice (birder_repro.comm.onebit).
-    p = padded_elements("onebit", numel, n, m)
-    intra, inter, count = counted("onebit")
-    per_peer = 2 * (p // (8 * world) + 4)
-    assert (intra, inter) == pytest.approx(((m - 1) * per_peer, (world - m) * per_peer))
-    assert count == 4
-
-    # Birder flat and allgather: every process a worker.
-    p = padded_elements("flat", numel, n, m)
-    assert sum(counted("flat")[:2]) == pytest.approx(2 * (world - 1) * p / (8 * world))
-    p = padded_elements("allgather", numel, n, m)
-    assert sum(counted("allgather")[:2]) == pytest.approx((world - 1) * p / 8)
+    # fp32: a ring all-reduce in rank order sends 2 (N-1)/N x 4P = 700,021 bytes; a node's ring crosses to the
+    # next node once, so 1/m of it (175,005.25) is inter-node.
+    assert counted("fp32") == pytest.approx((525_015.75, 175_005.25, 1))
+    assert counted("fp16") == pytest.approx((262_507.875, 87_502.625, 1))
+    # Birder: P' = 100,032 (a multiple of 8 m n = 64). Intra: the fp32 reduce-scatter 3/4 x 400,128 = 300,096
+    # and the all-gather of the packed shards, 3 x P'/(8m) = 3 x 3,126; inter: all-to-all and all-gather of
+    # the shard's bits, (n-1)/n x 3,126 each.
+    assert counted("hierarchical") == pytest.approx((309_474.0, 3_126.0, 4))
+    assert counted("hierarchical")[2] == 4 and bucket_collectives("hierarchical", 100_003, 1, 1) == []
+    # 1-bit Adam, flat over N = 8: P' = 100,032 (8N = 64); each peer gets P'/(8N) = 1,563 sign bytes and a
+    # 4-byte scale, twice (worker and server): 3,134 per peer; 3 peers on the node, 4 off it.
+    assert counted("onebit") == pytest.approx((9_402.0, 12_536.0, 4))
+    # Birder flat: every process a worker, 2 (N-1) P'/(8N) = 21,882 bytes; allgather: (N-1) P'/8, P' = 100,008.
+    assert sum(counted("flat")[:2]) == pytest.approx(21_882.0)
+    assert sum(counted("allgather")[:2]) == pytest.approx(87_507.0)
 
 
 def test_powersgd_collectives():
@@ -194,10 +192,15 @@ def test_implementations():
     assert implementation_of(with_overlap("paper", 0.5), "fp32").overlap == 0.5
     assert implementation_of(with_overlap("paper", 0.5), "hierarchical").overlap == 0
     spec = V.cluster_spec("ethernet_10g")
-    for impl in IMPLEMENTATIONS:  # each implementation's profile gives back the 1-node rows
-        prof = load_profile("paper", task="resnet50", batch_size=32, node=spec, implementation=impl)
-        assert predict_step(prof, spec, 1, 8, "hierarchical", implementation=impl).throughput == \
+    # The profile is derived for the implementation asked for: the 1-node row comes back only when the model
+    # runs the same one (derived for one and run with the other, Birder's 1-node step differs).
+    derived = {impl: load_profile("paper", task="resnet50", batch_size=32, node=spec, implementation=impl)
+               for impl in IMPLEMENTATIONS}
+    for impl, other in (("paper", "this"), ("this", "paper")):
+        assert predict_step(derived[impl], spec, 1, 8, "hierarchical", implementation=impl).throughput == \
             pytest.approx(3462, rel=1e-6)
+        assert predict_step(derived[impl], spec, 1, 8, "hierarchical", implementation=other).throughput != \
+            pytest.approx(3462, rel=1e-3)
     # Not overlapped, Birder's communication is all exposed: the paper's implementation is slower at 4 nodes.
     this = predict_step(load_profile("paper", task="bert_squad", batch_size=3, node=spec, implementation="this"),
                         spec, 4, 8, "hierarchical", implementation="this")
@@ -241,15 +244,35 @@ def test_profile_round_trip_and_loader(tmp_path):
         load_profile(tmp_path / "missing")
 
 
-def test_paper_profile_reproduces_one_node_rows():
+def test_paper_profile_derivation_by_hand():
+    """The paper profile's derived numbers (birder_repro/perf/profiles/paper.yaml, steps 1-4) worked out by hand
+    from the paper's printed figures and the NVLink datasheet, not from the model's functions."""
     spec = V.cluster_spec("ethernet_10g")
     prof = load_profile("paper", task="resnet50", batch_size=32, node=spec)
     assert prof.parameter_count == 25_557_032
-    paper = dict(implementation="paper")  # what the paper profile is derived for unless told otherwise
-    assert predict_step(prof, spec, 1, 8, "fp32", **paper).throughput == pytest.approx(3693, rel=1e-6)
-    assert predict_step(prof, spec, 1, 8, "hierarchical", **paper).throughput == pytest.approx(3462, rel=1e-6)
-    run = predict_run(prof, spec, 1, 8, "onebit", warmup_fraction=0.15, **paper)
-    assert run["run"]["throughput_samples_per_s"] == pytest.approx(3243, rel=1e-6)
+    assert prof.buckets() == [262_144, 6_553_600, 6_553_600, 6_553_600, 5_634_088]  # DDP: 1 MiB, then 25 MiB
+    # Step 1: SGDM's 1-node step 8 x 32 / 3693 s less its all-reduce over NVLink, not overlapped in the paper's
+    # runs: 5 buckets x 2 x 7 steps x 3.4 us + 2 x 7/8 x 102,228,128 bytes / (300 GB/s x 0.78).
+    nvlink = 300e9 * 0.78
+    allreduce = 5 * 14 * 3.4e-6 + 1.75 * 4 * 25_557_032 / nvlink
+    fb = 256 / 3693 - allreduce
+    assert prof.forward_backward_s == pytest.approx(fb, rel=1e-9)
+    assert fb == pytest.approx(0.068318, abs=1e-6)
+    # Step 2: section 5.3's 15 ms over what one rank of 8 compresses: 1.375 x the padded 25,557,056 elements
+    # (its shard P'/8, the server's unpack P'/8 and re-quantization P'/8, the final unpack P').
+    per_element = 0.015 / (1.375 * 25_557_056)
+    assert prof.compression_s_per_element["birder"] == pytest.approx(per_element, rel=1e-9)
+    # Step 4, Birder: its 1-node step 256 / 3462 less compute, 15 ms of compression and the intra reduce-scatter
+    # (4 P') and all-gather (P'/8): NEGATIVE, -10.0 ms, as paper.yaml says (the paper's numbers disagree).
+    intra = 5 * 2 * 7 * 3.4e-6 + 0.875 * (4 + 1 / 8) * 25_557_056 / nvlink
+    assert prof.scheme_overhead_s["hierarchical"] == pytest.approx(256 / 3462 - fb - 0.015 - intra, abs=2e-6)
+    # Step 3 + 4, 1-bit Adam: the compression stage's step from the whole-run row, (t - 0.15 t_sgdm) / 0.85,
+    # less compute, 3.125 P' elements compressed and its 4 collectives on one node (two of P'/8 bytes).
+    t_c = (256 / 3243 - 0.15 * 256 / 3693) / 0.85
+    comm = 4 * 7 * 3.4e-6 + 2 * 0.875 * 25_557_056 / 8 / nvlink
+    assert prof.scheme_overhead_s["onebit"] == pytest.approx(t_c - fb - 3.125 * 25_557_056 * per_element - comm,
+                                                             abs=2e-6)
+    assert prof.scheme_overhead_s["onebit"] == pytest.approx(-0.0219, abs=1e-4)
     bert = load_profile("paper", task="bert_squad", batch_size=3, node=spec)
     assert 108e6 < bert.parameter_count < 110e6
     with pytest.raises(ValueError, match="no paper profile"):
@@ -265,18 +288,61 @@ def test_cluster_configs_load():
 
 
 # ------------------------------------------------------------------------------------ paper validation
-def test_paper_validation_runs_and_is_sane():
+def test_paper_validation_by_hand():
     frame = V.validate((3, 4))
     multi = frame[frame["nodes"] > 1]
-    assert len(multi) == 36 and multi["pred_throughput"].gt(0).all()
-    assert set(V.target_rows(frame)["optimizer"]) == {"onebit_adam", "birder"}
-    # The compressed schemes send fewer bytes, so the model never predicts them slower than fp32 on Ethernet.
-    eth = V.target_rows(frame)
-    assert (eth[eth["cluster"] == "ethernet_10g"]["pred_speedup"] > 1).all()
+    assert len(multi) == 36 and set(V.target_rows(frame)["optimizer"]) == {"onebit_adam", "birder"}
+    rows = multi.set_index(["cluster", "task", "optimizer", "nodes"])
+    # SGDM, ResNet-50, 8 nodes x 8 over Ethernet, by hand: compute (68.318 ms, the profile's, checked above) +
+    # per bucket, not overlapped: intra reduce-scatter and all-gather over NVLink and an inter-node ring
+    # all-reduce of 1/8 of the bucket on each of the NIC's 8 shares: 2 x 7 steps x 600 us x 5 buckets +
+    # 2 x 7/8 x 102,228,128 bytes / (0.76 x 1.25 GB/s) + the NVLink parts (1.0025 ms, as in the 1-node step).
+    step = 0.068318 + 5 * 14 * 600e-6 + 1.75 * 102_228_128 / (0.76 * 1.25e9) + 1.0025e-3
+    sgdm = rows.loc[("ethernet_10g", "resnet50", "sgdm", 8)]
+    assert sgdm["pred_throughput"] == pytest.approx(64 * 32 / step, rel=1e-4)
+    assert sgdm["throughput_error"] == pytest.approx(64 * 32 / step / 6189 - 1, rel=1e-3)  # the paper's 6189
+    # What the model cannot follow (README, "Where the model stands"): the paper's 1-bit Adam at 64 GPUs over
+    # Ethernet, 5546 samples/s, 0.89x its baseline; the model, whose link has no such collapse, predicts it
+    # well above 1.
+    onebit = rows.loc[("ethernet_10g", "resnet50", "onebit_adam", 8)]
+    assert (onebit["throughput"], onebit["speedup"]) == (5546, 0.89)
+    assert onebit["pred_speedup"] > 1.5 and onebit["speedup_error"] > 0.9
 
 
-def test_paper_validation_meets_target():
-    assert V.median_speedup_error(V.validate((3, 4))) <= V.TARGET
+def test_in_sample_figure_is_the_one_the_readme_names_in_sample():
+    """The shipped links were fitted on these very rows: 10.4 % is the in-sample figure, not a prediction."""
+    assert V.median_speedup_error(V.validate((3, 4))) == pytest.approx(0.104, abs=5e-4)
+
+
+def test_held_out_rows_never_reach_the_fit(tmp_path):
+    """A fit on the 2-node rows is the same whatever the 4- and 8-node rows say; a fit on all rows is not."""
+    import shutil
+
+    paper = tmp_path / "paper"
+    shutil.copytree(REPO / "tables" / "paper", paper)
+    for name in ("table3.csv", "table4.csv"):
+        rows = pd.read_csv(paper / name)
+        rows.loc[rows["nodes"] > 2, "throughput"] *= 3  # held-out rows three times faster
+        rows.to_csv(paper / name, index=False)
+    eth = "ethernet_10g"
+    assert V.fit_link(eth, nodes=(2,), paper_dir=paper) == V.fit_link(eth, nodes=(2,))
+    assert V.fit_link(eth, paper_dir=paper) != V.fit_link(eth)
+
+
+def test_out_of_sample_headline_as_the_readme_states_it():
+    """README's headline (fitted on the 2-node rows, 4 and 8 nodes predicted): 21.9 %, worst +98 %; it misses
+    the 15 % target, and make validate says so."""
+    frame = V.two_node_fit()
+    assert sorted(frame["nodes"].unique()) == [4, 8] and set(frame["fitted_on"]) == {"2 nodes"}
+    summary = V.error_summary(frame)
+    assert (summary["rows"], summary["throughput_rows"]) == (16, 24)
+    assert summary["median"] == pytest.approx(0.219, abs=5e-4) and summary["worst"] == pytest.approx(0.98, abs=5e-3)
+    assert summary["median"] > V.TARGET
+    # error_summary by hand on three rows: median of |-0.1|, |+0.3| over the compressed rows, worst signed
+    toy = pd.DataFrame({"optimizer": ["sgdm", "birder", "onebit_adam"], "speedup_error": [0.0, -0.1, 0.3],
+                        "throughput_error": [0.05, -0.2, 0.1]})
+    assert V.error_summary(toy) == {"rows": 2, "median": pytest.approx(0.2), "worst": 0.3, "throughput_rows": 3,
+                                    "throughput_median": pytest.approx(0.1), "throughput_worst": -0.2}
 
 
 def test_shipped_links_and_overlap_are_the_fit():
@@ -318,11 +384,8 @@ def test_predict_record_from_composed_config(compose):
                    "predict.profile=paper"])
     rec = predict_record(cfg)
     assert rec["prediction"]["scheme"] == "hierarchical" and rec["cluster"]["interconnect"] == "infiniband"
-    assert rec["throughput_by_stage"] is None
-    # The paper's 8-GPU row comes back exactly (the profile is derived from it).
-    one = predict_record(compose(["experiment=table3", "optim=birder", "nodes=1",
-                                  "predict.profile=paper"]))
-    assert one["throughput_samples_per_s"] == pytest.approx(3462, rel=1e-6)
+    assert rec["throughput_by_stage"] is None and rec["prediction"]["fitted_on"] == {"tables": [3, 4],
+                                                                                    "nodes": [2, 4, 8]}
 
 
 # --------------------------------------------------------------------------------- mode=predict, the CLI
@@ -407,3 +470,163 @@ def _slowest(rank: int, world: int) -> list[float]:
 def test_link_probe_takes_each_call_at_its_slowest_rank():
     # Rank 0 timed (0.1, 0.5), rank 1 (0.2, 0.4): every rank gets (0.2, 0.5), the calls as the step sees them.
     assert run_distributed(_slowest, 2) == [pytest.approx([0.2, 0.5])] * 2
+
+
+# ------------------------------------------------------------------------------------ mode=probe
+def test_bus_bandwidth_factors_and_sizes_as_nccl_tests():
+    from birder_repro.perf.linkprobe import bus_factor, latency_steps
+    from birder_repro.perf.probe import probe_sizes, table_rows
+
+    # nccl-tests (doc/PERFORMANCE.md): all-reduce 2(n-1)/n, reduce-scatter, all-gather, all-to-all (n-1)/n
+    assert [bus_factor(k, 8) for k in ("allreduce", "reduce_scatter", "all_gather", "all_to_all")] == \
+        [1.75, 0.875, 0.875, 0.875]
+    assert (latency_steps("allreduce", 4), latency_steps("all_to_all", 4)) == (6, 3)
+    assert probe_sizes(4096, 1 << 20, 4) == [4096, 16384, 65536, 262144, 1048576]
+    assert probe_sizes(1000, 5000, 2) == [1000, 2000, 4000, 5000]
+    # 1 MiB all-reduced over 2 processes in 0.1 s: algbw 10,485,760 B/s, busbw the same (factor 1); the
+    # all-to-all of the same size and time moves half of it off each process: busbw half the algbw.
+    rows = table_rows({"allreduce": {1 << 20: 0.1}, "all_to_all": {1 << 20: 0.1}}, 2)
+    assert [(r["algbw_Bps"], r["busbw_Bps"]) for r in rows] == [(10_485_760.0, 10_485_760.0),
+                                                                (10_485_760.0, 5_242_880.0)]
+    with pytest.raises(ValueError, match="unknown collective"):
+        bus_factor("gossip", 2)
+
+
+def test_robust_fit_recovers_the_link_despite_a_slow_call():
+    from birder_repro.perf.linkprobe import fit_alpha_beta
+
+    # 100 Mbit/s (12.5 MB/s) and 300 us a step, all-reduce over 2 processes: t = 2 alpha + S / bandwidth
+    sizes = [4096 * 4 ** k for k in range(7)]
+    times = [2 * 300e-6 + s / 12.5e6 for s in sizes]
+    assert fit_alpha_beta(sizes, times, 2, "allreduce", robust=True) == pytest.approx((300e-6, 1 / 12.5e6))
+    assert fit_alpha_beta(sizes, times, 2, "allreduce") == pytest.approx((300e-6, 1 / 12.5e6))
+    # The smallest call slowed 10x by a busy machine: the robust fit keeps both numbers, the relative errors of
+    # least squares would not.
+    slowed = [10 * times[0], *times[1:]]
+    alpha, beta = fit_alpha_beta(sizes, slowed, 2, "allreduce", robust=True)
+    assert alpha == pytest.approx(300e-6, rel=1e-6) and 1 / beta == pytest.approx(12.5e6, rel=1e-6)
+
+
+def test_spec_from_fits_by_hand():
+    from birder_repro.perf.probe import spec_from_fits
+
+    cluster = yaml.safe_load((REPO / "conf" / "cluster" / "emulated.yaml").read_text())
+    cluster["link_mbit"] = 100
+    inter = {"allreduce": {"alpha_s": 3e-4, "bandwidth_Bps": 11.5e6},        # 92 Mbit/s
+             "reduce_scatter": {"alpha_s": 9e-3, "bandwidth_Bps": 5.0e6},    # not priced across nodes
+             "all_gather": {"alpha_s": 1e-4, "bandwidth_Bps": 8.0e6},        # 64 Mbit/s
+             "all_to_all": {"alpha_s": 2e-4, "bandwidth_Bps": 6.0e6}}        # 48 Mbit/s
+    spec = spec_from_fits(cluster, inter, None)
+    perf = spec["perf"]
+    assert perf["inter_efficiency"] == pytest.approx(0.92)
+    assert perf["exchange_efficiency"] == pytest.approx(0.56)            # (64 + 48) / 2 of 100
+    assert perf["inter_latency_us"] == pytest.approx(200.0)              # median of 300, 100, 200
+    assert perf["shared_host"] is True and perf["intra_mbit"] == cluster["perf"]["intra_mbit"]  # kept
+    assert spec["link_mbit"] == 100 and spec["name"] == "emulated"
+    assert ClusterSpec.from_config(spec).exchange.bandwidth_Bps == pytest.approx(7.0e6)
+    # No line rate given: the all-reduce's rate is the link, the exchanges a fraction of it; intra measured.
+    intra = {k: {"alpha_s": 2e-5, "bandwidth_Bps": 1e9} for k in inter}
+    unlined = spec_from_fits({**cluster, "link_mbit": None}, inter, intra)["perf"]
+    assert unlined["inter_mbit"] == pytest.approx(92.0) and unlined["inter_efficiency"] == 1.0
+    assert unlined["exchange_efficiency"] == pytest.approx(7.0 / 11.5)
+    assert (unlined["intra_mbit"], unlined["intra_latency_us"]) == pytest.approx((8000.0, 20.0))
+    # Faster than the stated line: capped at 1 (the setting is low), never an invalid spec.
+    fast = {**inter, "allreduce": {"alpha_s": 3e-4, "bandwidth_Bps": 20e6}}
+    assert spec_from_fits(cluster, fast, None)["perf"]["inter_efficiency"] == 1.0
+
+
+def test_probe_settings_are_checked(compose):
+    from birder_repro.config import ConfigError, validate
+
+    with pytest.raises(ConfigError, match="probe.step_factor=1"):
+        validate(compose(["mode=probe", "probe.step_factor=1"]))
+    with pytest.raises(ConfigError, match="probe.max_bytes=100 is below"):
+        validate(compose(["mode=probe", "probe.min_bytes=4096", "probe.max_bytes=100"]))
+    with pytest.raises(ConfigError, match="nodes=1: mode=probe"):
+        validate(compose(["mode=probe", "nodes=1"]))
+
+
+def test_cli_probe_local_writes_a_spec_that_predict_reads(compose, tmp_path, capsys):
+    """mode=probe through the CLI and torchrun (2 nodes x 2 processes on this machine, loopback), then
+    mode=predict with its spec: the wiring, the record and the spec. The rates of loopback mean nothing."""
+    from birder_repro.cli import run
+
+    probe = compose(["mode=probe", "nodes=2", "gpus_per_node=2", "logger=none", "probe.min_bytes=4096",
+                     "probe.max_bytes=65536", "probe.iters=2", "probe.warmup_iters=1"], hydra_config=True)
+    assert run(probe, tmp_path / "probe") == 0
+    rec = json.loads((tmp_path / "probe" / "record.json").read_text())
+    assert rec["status"] == "completed" and rec["error"] is None and rec["config"]["mode"] == "probe"
+    got = rec["probe"]
+    assert [(r["kind"], r["bytes"]) for r in got["inter"]] == \
+        [(k, s) for k in ("allreduce", "reduce_scatter", "all_gather", "all_to_all") for s in (4096, 16384, 65536)]
+    assert len(got["intra"]) == 12 and set(got["fits"]) == {"inter", "intra"}
+    for r in got["inter"]:  # busbw = size / time x the factor, as the table prints it
+        factor = 1.0 if r["kind"] == "allreduce" else 0.5
+        assert r["busbw_Bps"] == pytest.approx(r["bytes"] / r["seconds"] * factor)
+    out = capsys.readouterr().out
+    assert "busbw (Mbit/s)" in out and "cluster spec:" in out
+    spec_file = Path(got["cluster_spec_file"])
+    spec = yaml.safe_load(spec_file.read_text())
+    assert spec["probe"]["intra_measured"] is True and "fitted_on" not in spec["perf"]
+    assert spec["perf"]["inter_latency_us"] == pytest.approx(1e6 * sorted(
+        got["fits"]["inter"][k]["alpha_s"] for k in ("allreduce", "all_gather", "all_to_all"))[1])
+    # mode=predict reads it: the record's cluster spec is the probe's, and no paper row was fitted on it.
+    pred = compose(["mode=predict", "experiment=table3", "optim=birder", "nodes=2", "gpus_per_node=2",
+                    "predict.profile=paper", f"predict.cluster_spec={spec_file}"], hydra_config=True)
+    assert run(pred, tmp_path / "pred") == 0
+    prec = json.loads((tmp_path / "pred" / "record.json").read_text())
+    assert prec["cluster_spec"]["inter_latency_us"] == pytest.approx(spec["perf"]["inter_latency_us"])
+    assert prec["prediction"]["fitted_on"] is None and prec["prediction"]["cluster_spec_file"] == str(spec_file)
+    missing = compose(["mode=predict", "experiment=table3", "predict.profile=paper",
+                       f"predict.cluster_spec={tmp_path / 'nowhere.yaml'}"], hydra_config=True)
+    assert run(missing, tmp_path / "missing") == 2
+    assert "predict.cluster_spec=" in json.loads((tmp_path / "missing" / "record.json").read_text())["error"]
+
+
+def test_predicted_cells_say_whether_their_row_was_fitted(compose, tmp_path):
+    """paper_comparison.md: with the shipped Ethernet links (fitted on Tables 3-4 at 2, 4, 8 nodes), Table 3's
+    2-node cell is in-sample, Table 1's 128-per-GPU cell held out, the 1-node cell the profile's own."""
+    from birder_repro.cli import run
+    from birder_repro.report.__main__ import main as tables_main
+
+    runs = tmp_path / "runs"
+    cells = [("table3", "1", "sgdm"), ("table3", "2", "sgdm"), ("table3", "2", "birder"),
+             ("table1", "2", "birder"), ("table1", "2", "sgdm")]
+    for i, (exp, nodes, optim) in enumerate(cells):
+        batch = ["train.batch_size=128"] if exp == "table1" else []
+        cfg = compose(["mode=predict", f"experiment={exp}", f"optim={optim}", f"nodes={nodes}",
+                       "predict.profile=paper", "predict.implementation=paper", *batch], hydra_config=True)
+        assert run(cfg, runs / f"{i}_{exp}_{optim}_{nodes}") == 0
+    tables_main(["--runs", str(runs), "--out", str(tmp_path / "out"), "--figures", str(tmp_path / "fig")])
+    text = (tmp_path / "out" / "paper_comparison.md").read_text()
+    lines = [line for line in text.splitlines() if line.startswith("| resnet50")]
+    by_cell = {(line.split("|")[2].strip(), line.split("|")[3].strip(), line.split("|")[4].strip()): line
+               for line in lines}
+    assert "IN-SAMPLE: fitted on" in by_cell[("16 (2x8)", "32", "Birder")]
+    assert "held out" in by_cell[("16 (2x8)", "128", "Birder")]
+    assert "1-node row" in by_cell[("8 (1x8)", "32", "SGDM")]
+    assert "Held-out multi-node rows (not used to fit the links)" in text
+
+
+@pytest.mark.slow
+def test_probe_on_the_emulated_cluster_measures_the_shaped_rate(compose, tmp_path):
+    """mode=probe between two emulated nodes at 100 Mbit/s (tc tbf): the all-reduce's bus bandwidth for large
+    messages (1-16 MiB) is within 10 % of what the shaping lets through as payload, 93.6 Mbit/s: each 1448-byte
+    TCP segment is a 1514-byte frame to the tbf, and since both directions carry data, each direction's tbf also
+    carries the other's ACKs (66 bytes per two segments, delayed ACKs): 100 x 1448 / (1514 + 33)."""
+    import shutil
+
+    from birder_repro.cli import run
+
+    if os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("tc")):
+        pytest.skip("cluster=emulated needs root and iproute2 (make emulated-setup)")
+    cfg = compose(["mode=probe", "nodes=2", "cluster=emulated", "cluster.link_mbit=100", "logger=none",
+                   "probe.min_bytes=65536", "probe.max_bytes=16777216", "probe.iters=3"], hydra_config=True)
+    assert run(cfg, tmp_path / "probe") == 0
+    rec = json.loads((tmp_path / "probe" / "record.json").read_text())
+    payload = 100e6 / 8 * 1448 / (1514 + 33)
+    large = [r["busbw_Bps"] for r in rec["probe"]["inter"] if r["kind"] == "allreduce" and r["bytes"] >= 1 << 20]
+    assert len(large) == 3 and statistics.median(large) == pytest.approx(payload, rel=0.10)
+    assert rec["probe"]["fits"]["inter"]["allreduce"]["bandwidth_Bps"] == pytest.approx(payload, rel=0.10)
+    spec = yaml.safe_load(Path(rec["probe"]["cluster_spec_file"]).read_text())
+    assert spec["perf"]["inter_efficiency"] == pytest.approx(1448 / (1514 + 33), rel=0.10)

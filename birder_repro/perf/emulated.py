@@ -46,13 +46,15 @@ def _warmup_fraction(rec: dict[str, Any]) -> float:
     return max(0, freeze_step - skip) / max(steps - skip, 1)
 
 
-def _spec(link_mbit) -> ClusterSpec:
-    """The model's emulated cluster (conf/cluster/emulated.yaml's perf block, as it is now) at the run's link."""
+def _spec(link_mbit, spec_file: Optional[Path] = None) -> ClusterSpec:
+    """The model's emulated cluster at the run's link: conf/cluster/emulated.yaml's perf block as it is now, or
+    ``spec_file`` (a cluster spec that ``birder-repro mode=probe`` wrote), whose efficiencies are fractions of
+    the line rate and so carry over to another ``link_mbit``."""
     import yaml
 
     from .validate import CLUSTER_DIR
 
-    cluster = yaml.safe_load((CLUSTER_DIR / "emulated.yaml").read_text())
+    cluster = yaml.safe_load(Path(spec_file or CLUSTER_DIR / "emulated.yaml").read_text())
     return ClusterSpec.from_config({**cluster, "link_mbit": link_mbit})
 
 
@@ -67,8 +69,9 @@ def _records(root: Path) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: str(r.get("started")))
 
 
-def emulated_frame(root: Path, implementation: str = "this") -> pd.DataFrame:
-    """One row per multi-node emulated run with a 1-node run of the same setting: measured and predicted."""
+def emulated_frame(root: Path, implementation: str = "this", spec_file: Optional[Path] = None) -> pd.DataFrame:
+    """One row per multi-node emulated run with a 1-node run of the same setting: measured and predicted
+    (with ``spec_file``'s cluster spec instead of conf/cluster/emulated.yaml, if given)."""
     recs = _records(root)
     profiles = {_setting(r): r for r in recs if r["cluster"]["nodes"] == 1 and r.get("profile")}  # newest wins
     rows = []
@@ -78,7 +81,7 @@ def emulated_frame(root: Path, implementation: str = "this") -> pd.DataFrame:
             continue
         cfg = rec["config"]
         profile = load_profile(one)
-        spec = _spec(rec["cluster"]["link_mbit"])
+        spec = _spec(rec["cluster"]["link_mbit"], spec_file)
         scheme = scheme_for_optim(rec["optim"], (cfg["optim"].get("comm") or {}).get("scheme"))
         nodes, gpus = int(rec["cluster"]["nodes"]), int(rec["cluster"]["gpus_per_node"])
         pred = predict_run(profile, spec, nodes, gpus, scheme, int(rec["batch_size"]),
@@ -117,8 +120,10 @@ def format_emulated(frame: pd.DataFrame) -> str:
             f"{100 * TARGET_MEDIAN:.0f}%, none over {100 * TARGET_MAX:.0f}%)")
 
 
-def main_emulated(root: str, implementation: str = "this") -> int:
-    frame = emulated_frame(Path(root), implementation)
+def main_emulated(root: str, implementation: str = "this", spec_file: Optional[str] = None) -> int:
+    if spec_file:
+        print(f"cluster spec: {spec_file}")
+    frame = emulated_frame(Path(root), implementation, Path(spec_file) if spec_file else None)
     print(format_emulated(frame))
     if frame.empty:
         return 1

@@ -4,12 +4,16 @@
 
 Builds a fabric of ``--nodes`` namespaces as ``cluster=emulated`` does (conf/cluster/emulated.yaml's queue and
 burst), runs one process per node (gloo bound to the node's veth), and times ``all_to_all_single`` and
-``all_gather`` of 4 KiB to 4 MiB per process (each call after a barrier, timed on every rank and taken as the
-slowest rank's time, as a training step waits for the slowest; the median of the repeats after a warmup). Each
+``all_gather`` of 4 KiB to 4 MiB (each call after a barrier, timed on every rank and taken as the slowest
+rank's time, as a training step waits for the slowest; the median of the repeats after a warmup). Each
 collective's times are fitted by least squares to the model's pairwise exchange (birder_repro.perf.collectives,
-Thakur, Rabenseifner and Gropp 2005): t = (n-1) alpha + (n-1)/n S / bandwidth, S the bytes per process. It
-prints the fit and what conf/cluster/emulated.yaml's ``perf`` block would say: ``inter_latency_us`` (alpha) and
-``exchange_efficiency`` (bandwidth over the tbf rate). Nothing of a training run goes into it.
+Thakur, Rabenseifner and Gropp 2005): t = (n-1) alpha + (n-1)/n S / bandwidth, S as NCCL-tests counts it (each
+process's all-to-all input, the all-gather's output). It prints the fit and what conf/cluster/emulated.yaml's
+``perf`` block would say: ``inter_latency_us`` (alpha) and ``exchange_efficiency`` (bandwidth over the tbf
+rate). Nothing of a training run goes into it.
+
+:func:`measure` (any collectives, any group, in a process group already joined) and :func:`fit_alpha_beta` are
+also what ``birder-repro mode=probe`` (birder_repro.perf.probe) times and fits with, on any launcher.
 """
 
 from __future__ import annotations
@@ -28,13 +32,36 @@ from typing import Optional, Sequence
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20]  # bytes per process
 KINDS = ("all_to_all", "all_gather")
 WARMUP, REPEATS = 3, 9
+# NCCL-tests' bus-bandwidth factors (its doc/PERFORMANCE.md), the same as the cost model's per-byte factors
+# (Thakur, Rabenseifner and Gropp 2005; birder_repro.perf.collectives): busbw = algbw x factor, where algbw is
+# "size" / time and "size" is the all-reduced vector, the reduce-scatter's input, the all-gather's output and
+# each process's all-to-all input.
+COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather", "all_to_all")
 
 
-def fit_alpha_beta(sizes: Sequence[float], seconds: Sequence[float], n: int) -> tuple[float, float]:
-    """Least squares of t = (n-1) alpha + (n-1)/n S beta over the points; returns (alpha s, beta s/byte), each
-    at least 0."""
-    xs = [(n - 1) / n * s for s in sizes]
-    k = n - 1
+def bus_factor(kind: str, p: int) -> float:
+    """busbw / algbw for ``kind`` over ``p`` processes: 2(p-1)/p for all-reduce, (p-1)/p for the others."""
+    if kind not in COLLECTIVES:
+        raise ValueError(f"unknown collective {kind!r}; known: {', '.join(COLLECTIVES)}")
+    return (2.0 if kind == "allreduce" else 1.0) * (p - 1) / p
+
+
+def latency_steps(kind: str, p: int) -> int:
+    """Network steps of ``kind`` (the alpha terms of its cost): 2(p-1) for the ring all-reduce, p-1 else."""
+    return (2 if kind == "allreduce" else 1) * (p - 1)
+
+
+def fit_alpha_beta(sizes: Sequence[float], seconds: Sequence[float], n: int, kind: str = "all_to_all",
+                   robust: bool = False) -> tuple[float, float]:
+    """Fit t = steps alpha + factor S beta (:func:`latency_steps`, :func:`bus_factor`: the model's cost of
+    ``kind``, S its size as NCCL-tests counts it) over the points; returns (alpha s, beta s/byte), each at
+    least 0, so 1/beta is the bus bandwidth. Least squares of the seconds, or with ``robust`` least absolute
+    relative deviations (:func:`_fit_relative_l1`): every size counts alike, the small ones carrying alpha and
+    the large ones beta, and one call slowed by a busy machine does not bend the fit."""
+    xs = [bus_factor(kind, n) * s for s in sizes]
+    k = latency_steps(kind, n)
+    if robust:
+        return _fit_relative_l1(xs, list(seconds), k)
     mx, my = statistics.fmean(xs), statistics.fmean(seconds)
     sxx = sum((x - mx) ** 2 for x in xs)
     beta = max(sum((x - mx) * (y - my) for x, y in zip(xs, seconds)) / sxx, 0.0) if sxx > 0 else 0.0
@@ -42,44 +69,114 @@ def fit_alpha_beta(sizes: Sequence[float], seconds: Sequence[float], n: int) -> 
     return alpha, beta
 
 
-def slowest_rank(times: Sequence[float]) -> list[float]:
-    """Each call's time as the slowest rank saw it (an all-reduce MAX over the default group, elementwise): a
-    collective is done when it is done everywhere, and a training step waits for that. Between two nodes the
-    two sides of one all-to-all finish up to 2x apart (measured: 29 and 55 ms for 339 KB each way at
-    100 Mbit/s), so a single rank's clock can make the link look twice as fast as the step finds it."""
+def _fit_relative_l1(xs: Sequence[float], ts: Sequence[float], k: int) -> tuple[float, float]:
+    """(alpha, beta) >= 0 minimising sum |k alpha + x beta - t| / t. The loss is linear in (alpha, beta) inside
+    each absolute value, so a minimum lies at a vertex: a line through two points, or through one with alpha
+    or beta at 0. Every such candidate is tried (a few dozen for nccl-tests' sizes): exact and deterministic."""
+    candidates = [(0.0, t / x) for x, t in zip(xs, ts) if x > 0] + [(t / k, 0.0) for t in ts]
+    for i in range(len(xs)):
+        for j in range(i + 1, len(xs)):
+            if xs[i] != xs[j]:
+                beta = (ts[j] - ts[i]) / (xs[j] - xs[i])
+                alpha = (ts[i] - beta * xs[i]) / k
+                if alpha >= 0 and beta >= 0:
+                    candidates.append((alpha, beta))
+
+    def loss(ab: tuple[float, float]) -> float:
+        return sum(abs(k * ab[0] + x * ab[1] - t) / t for x, t in zip(xs, ts))
+
+    return min(candidates, key=loss)
+
+
+def slowest_rank(times: Sequence[float], group=None) -> list[float]:
+    """Each call's time as the slowest rank saw it (an all-reduce MAX over ``group``, the default group if
+    None, elementwise): a collective is done when it is done everywhere, and a training step waits for that.
+    Between two nodes the two sides of one all-to-all finish up to 2x apart (measured: 29 and 55 ms for 339 KB
+    each way at 100 Mbit/s), so a single rank's clock can make the link look twice as fast as the step finds it."""
     import torch
     import torch.distributed as dist
 
     slowest = torch.tensor(list(times), dtype=torch.float64)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
     return slowest.tolist()
+
+
+def _call(kind: str, send, recv, p: int, group) -> None:
+    import torch.distributed as dist
+
+    from birder_repro.comm.collectives import all_gather_flat, reduce_scatter_flat
+
+    if kind == "allreduce":
+        dist.all_reduce(send, group=group)
+    elif kind == "reduce_scatter":
+        reduce_scatter_flat(recv[: send.numel() // p], send, group=group)
+    elif kind == "all_gather":
+        all_gather_flat(recv, send[: recv.numel() // p], group=group)
+    else:
+        dist.all_to_all_single(recv, send, group=group)
+
+
+def known_values(kind: str, p: int, rank: int, device=None, numel: int = 16):
+    """(input, the output it must give) of ``kind`` for the process ``rank`` of a group of ``p``, ``numel``
+    elements a chunk: :func:`measure` checks one call of each collective on them first, as nccl-tests checks
+    its results, so that a collective returning wrong data fails the probe instead of timing it."""
+    import torch
+
+    n = numel * p
+    expected = {"allreduce": torch.full((n,), p * (p + 1) / 2),        # every rank sends rank + 1
+                "reduce_scatter": torch.full((n,), p * (p + 1) / 2),   # its chunk of that sum
+                "all_gather": torch.arange(1, p + 1).repeat_interleave(numel).float(),
+                "all_to_all": (torch.arange(p) * p + rank).repeat_interleave(numel).float()}[kind]
+    if kind == "all_to_all":  # chunk j of rank r holds r p + j, so chunk i received here holds i p + rank
+        send = (rank * p + torch.arange(p)).repeat_interleave(numel).float()
+    else:
+        send = torch.full((n,), float(rank + 1))
+    return send.to(device), expected[: numel if kind == "reduce_scatter" else n].to(device)
+
+
+def measure(kinds: Sequence[str], sizes: Sequence[int], group=None, device=None, warmup: int = WARMUP,
+            repeats: int = REPEATS) -> dict[str, dict[int, float]]:
+    """Median seconds of each collective of ``kinds`` at each size in bytes (rounded up to whole float32
+    elements on every process of ``group``), over ``repeats`` calls after ``warmup``; each call after a barrier
+    and taken at its slowest rank. Collective over ``group`` (the default group if None). Each kind's result is
+    first checked on known values (:func:`known_values`): a wrong one raises, naming the collective."""
+    import torch
+    import torch.distributed as dist
+
+    p = dist.get_world_size(group)
+    for kind in kinds:
+        send, expected = known_values(kind, p, dist.get_rank(group), device)
+        recv = torch.empty_like(send)
+        _call(kind, send, recv, p, group)
+        got = send if kind == "allreduce" else recv[: expected.numel()]
+        if not torch.equal(got, expected):
+            raise RuntimeError(f"probe: {kind} over {p} processes returned wrong values (rank "
+                               f"{dist.get_rank(group)}: {got[:4].tolist()}..., expected {expected[:4].tolist()}...)")
+    results: dict[str, dict[int, float]] = {k: {} for k in kinds}
+    for size in sizes:
+        size = -(-int(size) // (4 * p)) * 4 * p
+        send = torch.zeros(size // 4, dtype=torch.float32, device=device)
+        recv = torch.empty_like(send)
+        for kind in kinds:
+            times = []
+            for i in range(warmup + repeats):
+                dist.barrier(group=group)
+                t0 = time.perf_counter()
+                _call(kind, send, recv, p, group)
+                if send.is_cuda:
+                    torch.cuda.synchronize(send.device)
+                if i >= warmup:
+                    times.append(time.perf_counter() - t0)
+            results[kind][size] = statistics.median(slowest_rank(times, group))
+    return results
 
 
 # ------------------------------------------------------------------------------------------- one node
 def _worker(rank: int, world: int, master: str, port: int, out: str) -> None:
-    import torch
     import torch.distributed as dist
 
-    from birder_repro.comm.collectives import all_gather_flat
-
     dist.init_process_group("gloo", init_method=f"tcp://{master}:{port}", rank=rank, world_size=world)
-    results: dict[str, dict[int, float]] = {k: {} for k in KINDS}
-    for size in SIZES:
-        size = -(-size // world) * world
-        send = torch.zeros(size, dtype=torch.uint8)
-        recv = torch.empty_like(send)
-        for kind in KINDS:
-            times = []
-            for i in range(WARMUP + REPEATS):
-                dist.barrier()
-                t0 = time.perf_counter()
-                if kind == "all_to_all":
-                    dist.all_to_all_single(recv, send)
-                else:
-                    all_gather_flat(recv, send[: size // world])
-                if i >= WARMUP:
-                    times.append(time.perf_counter() - t0)
-            results[kind][size] = statistics.median(slowest_rank(times))
+    results = measure(KINDS, SIZES)
     if rank == 0:
         Path(out).write_text(json.dumps(results))
     dist.destroy_process_group()
@@ -134,7 +231,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"{size:13d}  " + "  ".join(f"{results[k][size] * 1e3:10.2f}ms" for k in KINDS))
     for kind in KINDS:
         sizes = sorted(results[kind])
-        alpha, beta = fit_alpha_beta(sizes, [results[kind][s] for s in sizes], n)
+        alpha, beta = fit_alpha_beta(sizes, [results[kind][s] for s in sizes], n, kind)
         rate = 8 / beta / 1e6 if beta > 0 else float("inf")
         eff = f", {rate / args.link_mbit:.2f} of the link" if args.link_mbit else ""
         print(f"{kind}: alpha {alpha * 1e6:.0f} us per network step, {rate:.1f} Mbit/s{eff}")

@@ -7,6 +7,9 @@ records and tables") and ``status: "predicted"``, plus its inputs: the profile a
 ``predict.profile``: ``paper`` (the paper's 8 x A100 nodes, birder_repro.perf.paper_profiles, chosen by task
 and batch per GPU), a run directory or record.json holding a ``profile``, or a profile JSON file.
 
+``predict.cluster_spec``: a cluster spec YAML (``birder-repro mode=probe`` writes one, birder_repro.perf.probe),
+whose link figures the model uses instead of the cluster config's ``perf`` block; null: the cluster config's.
+
 ``predict.implementation`` (default ``this``): how the schemes run (birder_repro.perf.implementations):
 ``this`` project's hooks, every scheme overlapped with the backward pass; ``paper``: as the Birder paper's
 runs did (Birder's hook and 1-bit Adam's compressed all-reduce not overlapped).
@@ -63,7 +66,16 @@ def predict_record(cfg: Any) -> dict[str, Any]:
 
         gpus = resolve_gpus_per_node(gpus)
     nodes, gpus, batch = int(c["nodes"]), int(gpus), int(train["batch_size"])
-    cluster = ClusterSpec.from_config(c["cluster"])
+    spec_file = (c.get("predict") or {}).get("cluster_spec")
+    if spec_file:  # measured by mode=probe: its perf block replaces the cluster config's (its line rate too)
+        from .probe import load_cluster_spec
+
+        cluster_config = load_cluster_spec(spec_file)
+    else:
+        cluster_config = c["cluster"]
+    cluster = ClusterSpec.from_config(cluster_config)
+    # the paper's rows the links were fitted on (the report marks those cells in-sample); none for a measured spec
+    fitted_on = (cluster_config.get("perf") or {}).get("fitted_on")
     profile = load_profile(source, task=task, batch_size=batch, node=cluster, implementation=implementation) \
         if source == "paper" \
         else load_profile(source)
@@ -99,7 +111,7 @@ def predict_record(cfg: Any) -> dict[str, Any]:
         "inter_node_bytes_per_step": mean["inter_node_bytes"],
         "collectives_per_step": mean["collectives"],
         "prediction": {"scheme": scheme, "implementation": implementation, "stages": stages,
-                       "weights": run["weights"]},
+                       "weights": run["weights"], "fitted_on": fitted_on, "cluster_spec_file": spec_file},
         "profile": profile.to_dict(),
         "cluster_spec": cluster.to_dict(),
     }

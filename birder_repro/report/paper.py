@@ -69,6 +69,43 @@ def comparison_frame(cells: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
     return joined.sort_values(order, kind="stable").drop(columns="_rank").reset_index(drop=True)
 
 
+FIT_ROLES = {"one_node": "1-node row: the profile is derived from it", "in_sample": "IN-SAMPLE: fitted on",
+             "held_out": "held out"}
+
+
+def _fitted_on(run_dir) -> Optional[dict]:
+    """The paper rows the links of a predicted record were fitted on (its ``prediction.fitted_on``, from the
+    cluster config's ``perf.fitted_on``); None where they were fitted on none (a measured cluster spec)."""
+    from birder_repro.record import read_record
+
+    rec = read_record(Path(str(run_dir))) or {}
+    return (rec.get("prediction") or {}).get("fitted_on")
+
+
+def fit_role(row: pd.Series, fitted_on: Optional[dict]) -> str:
+    """Whether a predicted cell's paper row was used to fit the links it was predicted with: ``one_node`` (the
+    paper profile is derived from the 1-node rows), ``in_sample`` (its table, node count and interconnect are
+    among ``fitted_on``'s, e.g. ``{tables: [3, 4], nodes: [2, 4, 8]}`` in conf/cluster/ethernet_10g.yaml) or
+    ``held_out``. A row printed in two tables (Table 1's 32-per-GPU rows are Table 3's) counts as in-sample if
+    either table was fitted on."""
+    if int(row["nodes"]) == 1:
+        return "one_node"
+    if not fitted_on:
+        return "held_out"
+    tables = {int(t) for t in str(row["table"]).split(",")}
+    fitted = (tables & {int(t) for t in fitted_on.get("tables", [])}
+              and int(row["nodes"]) in {int(n) for n in fitted_on.get("nodes", [])}
+              and row["cluster"] == row["cluster_paper"])
+    return "in_sample" if fitted else "held_out"
+
+
+def with_fit_roles(joined: pd.DataFrame) -> pd.DataFrame:
+    """``joined`` with a ``fit_role`` column (:func:`fit_role`) on predicted rows; None on measured ones."""
+    roles = [fit_role(r, _fitted_on(r["run_dir"])) if r["source"] == "predicted" else None
+             for _, r in joined.iterrows()]
+    return joined.assign(fit_role=roles)
+
+
 def fmt_paper_percent(x) -> str:
     """As the paper prints them: 40.1%, and two decimals below 10% (7.20%, 4.78%)."""
     return "—" if is_missing(x) else f"{x:.2f}%" if x < 10 else f"{x:.1f}%"
@@ -94,6 +131,8 @@ def comparison_display(joined: pd.DataFrame) -> pd.DataFrame:
         "paper scale eff.": rows["scale_efficiency_paper"].map(fmt_paper_percent),
     })
     what = "predicted" if (rows["source"] == "predicted").all() else "reproduced"
+    if what == "predicted" and "fit_role" in rows:
+        out["paper row in the links' fit?"] = rows["fit_role"].map(FIT_ROLES)
     for m in PAPER_METRICS:
         if rows[f"{m}_paper"].notna().any():
             out[f"paper {m}"] = rows[f"{m}_paper"].map(fmt_number)
@@ -111,12 +150,22 @@ def comparison_display(joined: pd.DataFrame) -> pd.DataFrame:
 
 
 def error_line(joined: pd.DataFrame) -> str:
-    """Median and largest |throughput error| of the multi-node rows (1-node rows are the profile's own)."""
-    multi = joined[joined["nodes"] > 1]["throughput_error"].abs().dropna()
-    if multi.empty:
+    """Median and largest |throughput error| of the multi-node rows (1-node rows are the profile's own), the
+    held-out rows apart from the in-sample ones where the rows say which they are (``fit_role``)."""
+    multi = joined[joined["nodes"] > 1]
+    if multi["throughput_error"].dropna().empty:
         return "No multi-node row to compare."
-    return (f"Multi-node rows: median |throughput error| {100 * multi.median():.1f}%, largest "
-            f"{100 * multi.max():.1f}% ({len(multi)} rows).")
+
+    def figures(rows: pd.DataFrame) -> str:
+        err = rows["throughput_error"].abs().dropna()
+        return (f"median |throughput error| {100 * err.median():.1f}%, largest {100 * err.max():.1f}% "
+                f"({len(err)} rows)") if not err.empty else "no rows"
+
+    if "fit_role" not in multi:
+        return f"Multi-node rows: {figures(multi)}."
+    return (f"Held-out multi-node rows (not used to fit the links): {figures(multi[multi['fit_role'] == 'held_out'])}. "
+            f"In-sample rows (the links were fitted on them, so their error tests nothing): "
+            f"{figures(multi[multi['fit_role'] == 'in_sample'])}.")
 
 
 def comparison_markdown(cells: pd.DataFrame, paper: pd.DataFrame) -> str:
@@ -144,8 +193,12 @@ def comparison_markdown(cells: pd.DataFrame, paper: pd.DataFrame) -> str:
                 continue
             lines += ["", f"## {title}", ""]
             if source == "predicted":
+                part = with_fit_roles(part)
                 lines += ["Error: predicted / paper - 1. The paper's profile (`predict.profile=paper`) is derived "
-                          "from its 1-node rows, so those rows match by construction.", "", error_line(part), ""]
+                          "from its 1-node rows, so those rows match by construction. Each predicted cell says "
+                          "whether its paper row was used to fit the interconnect's two link numbers "
+                          "(conf/cluster/<name>.yaml, `perf.fitted_on`): only held-out rows test the model "
+                          "(`make validate` prints its out-of-sample figures).", "", error_line(part), ""]
             else:
                 lines += ["Error: reproduced / paper - 1 (on other hardware, a difference, not an error).", ""]
             lines += [to_markdown(comparison_display(part))]

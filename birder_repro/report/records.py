@@ -47,7 +47,7 @@ def load_records(root: Path) -> list[tuple[Path, dict]]:
     pairs = []
     for path in find_records(root):
         record = read_record(path.parent)
-        if record is not None:
+        if record is not None and record.get("probe") is None:  # mode=probe measured a link, not a run
             pairs.append((path.parent, record))
     return pairs
 

@@ -1,0 +1,246 @@
+"""``birder-repro mode=probe``: measure the network between nodes and write the cluster spec the model needs.
+
+    birder-repro mode=probe nodes=2 [gpus_per_node=M] [cluster=...] [launcher=...]
+    birder-repro mode=predict ... predict.cluster_spec=<run dir>/cluster_spec.yaml
+
+The run starts its workers as a training run does (the same launchers: local, torchrun on every node, SLURM,
+the emulated cluster), but each worker times collectives instead of training, as NVIDIA's nccl-tests do:
+all-reduce, reduce-scatter, all-gather and all-to-all of ``probe.min_bytes`` to ``probe.max_bytes`` (growing
+by ``probe.step_factor``), each call after a barrier and taken at its slowest rank, the median of
+``probe.iters`` calls after ``probe.warmup_iters`` (birder_repro.perf.linkprobe.measure). Its table has
+nccl-tests' columns: size, time, algorithm bandwidth (size / time) and bus bandwidth (algbw times nccl-tests'
+factor: 2(p-1)/p for all-reduce, (p-1)/p for the others), which for large messages approaches the link's rate.
+
+Two groups are timed, one after the other:
+
+    inter   one process per node (local rank 0 of each): the inter-node link as one process sees it;
+    intra   the processes of a node (with gpus_per_node > 1), every node at once, node 0's times kept.
+
+Each collective's times are fitted to the cost the model gives it (Thakur, Rabenseifner and Gropp 2005,
+birder_repro.perf.collectives): t = steps alpha + factor size / bandwidth, by least absolute relative
+deviations (small messages carry alpha, large ones the bandwidth; a call slowed by a busy machine does not
+bend it). The cluster spec (``cluster_spec.yaml`` in the
+run directory: the cluster config's keys, its ``perf`` block measured, and a ``probe`` block saying how) maps
+the fits to the model's parameters (birder_repro.perf.cluster):
+
+    inter_latency_us      the median alpha of the collectives the model's schemes send across nodes
+                          (all-reduce, all-gather, all-to-all; the reduce-scatter stays inside nodes);
+    inter_efficiency      the all-reduce's bandwidth over ``cluster.link_mbit`` (the model prices DDP's
+                          all-reduce on this link); where link_mbit is null, inter_mbit is the measured rate
+                          and the efficiency 1;
+    exchange_efficiency   the mean bandwidth of all-gather and all-to-all over the same rate (the model's
+                          pairwise exchanges);
+    intra_*               the median over all four collectives of the intra-node group; without one (one
+                          process per node) the cluster config's values are kept, and the spec says so.
+
+Keys the probe cannot measure (``shared_host``: whether the nodes share one machine's cores) come from the
+cluster config. Rank 0 writes the spec, and the worker the record (``status: completed``, the table and the fits
+under ``probe``, which tells a probe's record from a training run's).
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+from .cluster import MBIT
+from .linkprobe import COLLECTIVES, bus_factor, fit_alpha_beta, measure
+
+__all__ = ["SPEC_FILE", "is_probe_record", "probe_sizes", "check_settings", "table_rows", "fit_level", "spec_from_fits",
+           "probe_worker", "format_probe", "load_cluster_spec"]
+
+SPEC_FILE = "cluster_spec.yaml"
+# What crosses nodes in the model's schemes (birder_repro.perf.schemes): DDP's all-reduce, and the compressed
+# schemes' all-to-all and all-gather (their reduce-scatter stays inside a node). The inter-node spec comes from
+# these; the reduce-scatter is timed and shown all the same (measured on gloo between two emulated nodes: as
+# long as the all-reduce of the same vector, twice what the (p-1)/p of its formula gives).
+INTER_KINDS = ("allreduce", "all_gather", "all_to_all")
+PAIRWISE = ("all_gather", "all_to_all")
+
+
+def is_probe_record(rec: Mapping[str, Any]) -> bool:
+    """A record of ``mode=probe``: a link measured, no training run (the report leaves it out)."""
+    return rec.get("probe") is not None
+
+
+def probe_sizes(min_bytes: int, max_bytes: int, step_factor: int) -> list[int]:
+    """nccl-tests' sizes (-b, -e, -f): min_bytes, times step_factor, ... up to max_bytes (always included)."""
+    sizes, size = [], int(min_bytes)
+    while size < max_bytes:
+        sizes.append(size)
+        size *= int(step_factor)
+    return sizes + [int(max_bytes)]
+
+
+def check_settings(cfg: Any) -> None:
+    """The ``probe.*`` values and the layout a probe needs; a ConfigError names the key and what to do."""
+    from birder_repro.config import ConfigError
+
+    probe = cfg.probe
+    for key in ("min_bytes", "max_bytes", "step_factor", "iters", "warmup_iters"):
+        value = probe.get(key)
+        least = {"step_factor": 2, "warmup_iters": 0}.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ConfigError(f"probe.{key}={value!r}: use a whole number >= {least}")
+    if probe.max_bytes < probe.min_bytes:
+        raise ConfigError(f"probe.max_bytes={probe.max_bytes} is below probe.min_bytes={probe.min_bytes}: "
+                          "give max_bytes >= min_bytes")
+    if int(cfg.nodes) < 2:
+        raise ConfigError(f"nodes={cfg.nodes}: mode=probe measures the link between nodes; use nodes=2 or more")
+
+
+def table_rows(results: Mapping[str, Mapping[int, float]], p: int) -> list[dict[str, float]]:
+    """nccl-tests' table: one row per collective and size: bytes, seconds, algbw and busbw in bytes/s."""
+    rows = []
+    for kind, by_size in results.items():
+        for size, seconds in sorted(by_size.items()):
+            algbw = size / seconds
+            rows.append({"kind": kind, "bytes": int(size), "seconds": seconds, "algbw_Bps": algbw,
+                         "busbw_Bps": algbw * bus_factor(kind, p)})
+    return rows
+
+
+def fit_level(results: Mapping[str, Mapping[int, float]], p: int) -> dict[str, dict[str, float]]:
+    """Each collective's (alpha seconds, bus bandwidth bytes/s) fitted to the model's cost of it. Where the
+    times did not grow with the size (messages too small for the link, or noise), the fit has no bandwidth:
+    the largest bus bandwidth measured stands for it, a lower bound (raise ``probe.max_bytes`` for more)."""
+    fits = {}
+    for kind, by_size in results.items():
+        sizes = sorted(by_size)
+        alpha, beta = fit_alpha_beta(sizes, [by_size[s] for s in sizes], p, kind, robust=True)
+        measured = max(r["busbw_Bps"] for r in table_rows({kind: by_size}, p))
+        fits[kind] = {"alpha_s": alpha, "bandwidth_Bps": 1.0 / beta if beta > 0 else measured}
+    return fits
+
+
+def _fraction(rate_Bps: float, line_mbit: float) -> float:
+    """A measured rate as a fraction of the line rate, at most 1 (ClusterSpec's range): a link measured faster
+    than ``cluster.link_mbit`` says the setting is low; the record keeps the measured rate."""
+    return min(1.0, rate_Bps / (line_mbit * MBIT))
+
+
+def spec_from_fits(cluster: Mapping[str, Any], inter: Mapping[str, Mapping[str, float]],
+                   intra: Optional[Mapping[str, Mapping[str, float]]]) -> dict[str, Any]:
+    """The cluster config ``cluster`` with its ``perf`` block replaced by what the fits measured (the module
+    doc's mapping); keys the probe cannot measure are kept."""
+    perf = {k: v for k, v in (cluster.get("perf") or {}).items() if k != "fitted_on"}  # measured, not fitted
+    line = cluster.get("link_mbit")
+    median_alpha = statistics.median(inter[k]["alpha_s"] for k in INTER_KINDS)
+    allreduce = inter["allreduce"]["bandwidth_Bps"]
+    pairwise = statistics.fmean(inter[k]["bandwidth_Bps"] for k in PAIRWISE)
+    if line is None:  # no line rate given: the all-reduce's rate is the link, the exchanges a fraction of it
+        perf.update(inter_mbit=allreduce / MBIT, inter_efficiency=1.0,
+                    exchange_efficiency=min(1.0, pairwise / allreduce))
+    else:
+        perf.update(inter_efficiency=_fraction(allreduce, line), exchange_efficiency=_fraction(pairwise, line))
+    perf["inter_latency_us"] = 1e6 * median_alpha
+    if intra:
+        perf.update(intra_mbit=statistics.median(f["bandwidth_Bps"] for f in intra.values()) / MBIT,
+                    intra_efficiency=1.0,
+                    intra_latency_us=1e6 * statistics.median(f["alpha_s"] for f in intra.values()))
+    return {**{k: v for k, v in cluster.items() if k != "perf"}, "perf": perf}
+
+
+def _groups(nodes: int, m: int):
+    """(the inter-node group of local rank 0, this node's group or None); collective over the world."""
+    import torch.distributed as dist
+
+    from birder_repro.comm.topology import layout_groups
+
+    intra_ranks, inter_ranks = layout_groups(nodes * m, m)
+    inter = dist.new_group(inter_ranks[0])
+    mine = None
+    for ranks in intra_ranks:  # every rank creates every group, in the same order
+        group = dist.new_group(ranks) if m > 1 else None
+        if dist.get_rank() in ranks:
+            mine = group
+    return inter, mine
+
+
+def probe_worker(cfg: Any, rank: int, device: Any, run_dir: Path) -> dict[str, Any]:
+    """One worker of ``mode=probe`` in a joined process group: time and fit; on rank 0 write the spec and return
+    what the record holds (``probe``); an empty result elsewhere."""
+    import torch.distributed as dist
+    from omegaconf import OmegaConf
+
+    from birder_repro import record
+
+    n, m = int(cfg.nodes), int(cfg.gpus_per_node)
+    p = cfg.probe
+    sizes = probe_sizes(p.min_bytes, p.max_bytes, p.step_factor)
+    timing = dict(device=device, warmup=int(p.warmup_iters), repeats=int(p.iters))
+    inter_group, intra_group = _groups(n, m)
+    inter = measure(COLLECTIVES, sizes, inter_group, **timing) if rank % m == 0 else None
+    dist.barrier()
+    intra = measure(COLLECTIVES, sizes, intra_group, **timing) if intra_group is not None else None
+    dist.barrier()
+    if rank != 0:
+        return {}
+    fits = {"inter": fit_level(inter, n), "intra": fit_level(intra, m) if intra else None}
+    cluster = OmegaConf.to_container(cfg.cluster, resolve=True)
+    spec = spec_from_fits(cluster, fits["inter"], fits["intra"])
+    spec["probe"] = {"measured": record.now(), "command": record.read_command(run_dir), "nodes": n,
+                     "gpus_per_node": m, "backend": dist.get_backend(), "device": str(device),
+                     "intra_measured": intra is not None,
+                     "fits": _plain(fits)}
+    spec_path = Path(run_dir) / SPEC_FILE
+    import yaml
+
+    spec_path.write_text("# birder-repro mode=probe: the cluster as measured (birder_repro.perf.probe). Use it with\n"
+                         f"#   birder-repro mode=predict ... predict.cluster_spec={spec_path.resolve()}\n"
+                         + yaml.safe_dump(spec, sort_keys=False))
+    return {"probe": {"inter": table_rows(inter, n), "intra": table_rows(intra, m) if intra else None,
+                      "fits": _plain(fits), "cluster_spec_file": str(spec_path.resolve()),
+                      "cluster_spec": spec["perf"], "sizes": sizes}}
+
+
+def _plain(value: Any) -> Any:
+    """Floats and dicts only (YAML and JSON both take them)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return None if value is None else float(value)
+
+
+def format_probe(rec: Mapping[str, Any]) -> str:
+    """What ``birder-repro mode=probe`` prints: nccl-tests' table per level, the fits and the spec's path."""
+    probe = rec["probe"]
+    c = rec["cluster"]
+    lines = [f"probe: {c['nodes']} nodes x {c['gpus_per_node']} processes, cluster {c['name']}, "
+             f"link {c.get('link_mbit') or 'not given'} Mbit/s; median of each call's slowest rank"]
+    for level in ("inter", "intra"):
+        rows = probe.get(level)
+        if not rows:
+            continue
+        lines += ["", f"{level}-node ({'one process per node' if level == 'inter' else 'the processes of node 0'}):",
+                  f"{'collective':>15s} {'size (B)':>11s} {'time (us)':>11s} {'algbw (GB/s)':>13s} "
+                  f"{'busbw (GB/s)':>13s} {'busbw (Mbit/s)':>15s}"]
+        for r in rows:
+            lines.append(f"{r['kind']:>15s} {r['bytes']:11d} {1e6 * r['seconds']:11.1f} {r['algbw_Bps'] / 1e9:13.4f} "
+                         f"{r['busbw_Bps'] / 1e9:13.4f} {r['busbw_Bps'] / MBIT:15.1f}")
+        for kind, f in probe["fits"][level].items():
+            lines.append(f"  fit {kind}: alpha {1e6 * f['alpha_s']:.0f} us, bus bandwidth "
+                         f"{f['bandwidth_Bps'] / MBIT:.1f} Mbit/s")
+    perf = probe["cluster_spec"]
+    lines += ["", "cluster spec (perf): " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                                                      for k, v in perf.items()),
+              f"[birder-repro] cluster spec: {probe['cluster_spec_file']}",
+              f"[birder-repro] predict with it: birder-repro mode=predict ... "
+              f"predict.cluster_spec={probe['cluster_spec_file']}"]
+    return "\n".join(lines)
+
+
+def load_cluster_spec(path: Any) -> dict[str, Any]:
+    """A cluster spec YAML (mode=probe's, or any cluster config) as a mapping for ClusterSpec.from_config."""
+    import yaml
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / SPEC_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"predict.cluster_spec={path}: no such file (birder-repro mode=probe writes "
+                                f"{SPEC_FILE} in its run directory)")
+    spec = yaml.safe_load(path.read_text())
+    if not isinstance(spec, dict) or "perf" not in spec:
+        raise ValueError(f"predict.cluster_spec={path}: not a cluster spec (no perf block)")
+    return spec
