@@ -75,7 +75,7 @@ def throughput_figures(cells: pd.DataFrame, out_dir: Path, mode: str) -> list[Pa
         colours: dict[str, str] = {}
         for (optim, variant, source), line in rows.groupby(["optim", "variant", "source"], sort=False):
             line = line.dropna(subset=["gpus", "throughput_shown"]).sort_values("gpus")
-            label = f"{optim_label(optim, variant)} ({source})"
+            label = f"{optim_label(optim, variant)} ({source})" + diverged_note(rows, optim, variant, source)
             kwargs = dict(SOURCE_STYLE.get(source, {}))
             if (optim, variant) in colours:
                 kwargs["color"] = colours[(optim, variant)]
@@ -131,6 +131,23 @@ def step_time_figures(cells: pd.DataFrame, out_dir: Path) -> list[Path]:
     return written
 
 
+def curve_label(row) -> str:
+    """Figure 2's label of a run: its optimizer, and "diverged at step N" where it diverged (its curve stops
+    there: the loss it logged was non-finite)."""
+    label = optim_label(row["optim"], row["variant"])
+    if row.get("status") != "diverged":
+        return label
+    step = row.get("diverged_at_step")
+    return f"{label}: diverged" + ("" if pd.isna(step) else f" at step {int(step)}")
+
+
+def diverged_note(rows: pd.DataFrame, optim: str, variant: str, source: str) -> str:
+    """Figure 3's legend note for an optimizer's diverged layouts (no throughput point is drawn for them)."""
+    mine = rows[(rows["optim"] == optim) & (rows["variant"] == variant) & (rows["source"] == source)]
+    gpus = sorted(int(g) for g in mine.loc[mine["status"] == "diverged", "gpus"].dropna())
+    return f"; diverged at {', '.join(map(str, gpus))} GPUs" if gpus else ""
+
+
 def read_metrics(run_dir: str | Path) -> pd.DataFrame:
     """A run's ``metrics.jsonl`` (birder_repro.logger) as a frame; empty where it has none."""
     path = Path(run_dir) / "metrics.jsonl"
@@ -152,8 +169,7 @@ def convergence_figures(cells: pd.DataFrame, out_dir: Path) -> list[Path]:
     written = []
     measured = cells[cells["source"] == "measured"]
     for _, rows in measured.groupby([*SETTING, "nodes", "gpus_per_node"], dropna=False, sort=False):
-        curves = [(optim_label(r["optim"], r["variant"]), r["headline_metric"], read_metrics(r["run_dir"]))
-                  for _, r in rows.iterrows()]
+        curves = [(curve_label(r), r["headline_metric"], read_metrics(r["run_dir"])) for _, r in rows.iterrows()]
         curves = [c for c in curves if not c[2].empty and "loss" in c[2]]
         if not curves:
             continue
