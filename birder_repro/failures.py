@@ -108,11 +108,15 @@ _REPORT_BLOCK = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exi
                            r"(?:[^\n]*\n)*?\s*traceback\s*:\s*([^\n]*)")
 
 
+SIGTERM = 15  # how torchrun stops the other workers once one has failed: a consequence, never a cause
+
+
 def signal_deaths(log_text: str) -> dict[int, str]:
-    """Ranks that torchrun reports dead by a signal (exit code < 0) in ``log_text``: {rank: its description}."""
+    """Ranks that torchrun reports dead by a signal other than its own SIGTERM (exit code < 0, -15 left out)
+    in ``log_text``: {rank: its description}."""
     deaths = {}
     for rank, code, what in _REPORT_BLOCK.findall(log_text):
-        if int(code) < 0:
+        if int(code) < 0 and int(code) != -SIGTERM:
             deaths[int(rank)] = what.strip() or f"exit code {code}"
     return deaths
 
