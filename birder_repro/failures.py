@@ -33,7 +33,7 @@ __all__ = ["MARK", "RESTART_MARK", "FAILURES_DIR", "Failure", "cause_of", "write
 MARK = "[birder-repro] failure: "  # a worker's failure line starts with it (the terminal copy stops there)
 RESTART_MARK = "[birder-repro] restarted: "  # restarted workers say so (the terminal copy resumes)
 FAILURES_DIR = "failures"
-MAX_MESSAGE = 400  # characters of an exception's message kept in the one line
+MAX_MESSAGE = 1000  # characters of an exception's message kept in the one line (the rest: the traceback)
 
 
 @dataclass(frozen=True)
