@@ -192,10 +192,10 @@ def _command_line(cfg: DictConfig) -> str:
 
 
 def _fail(cfg: DictConfig, run_dir: Path, error: str, started: str, code: int, **fields) -> int:
-    """Report a run that could not be launched in one line, last; its record says why (a dry run writes none)."""
+    """Report a run that could not be launched in one line, its only one; its record (in the run directory the
+    line names where it can, else under runs/) says the same (a dry run writes none)."""
     if not cfg.get("dry_run"):
         record.write_failed_record(run_dir, cfg, error, started=started, **fields)
-        print(f"[birder-repro] failed; record: {run_dir / record.RECORD_FILE}", file=sys.stderr, flush=True)
     print(f"[birder-repro] {error.rstrip()}", file=sys.stderr, flush=True)
     return code
 

@@ -133,7 +133,9 @@ def final_line(run_dir: Path, code: int, log_text: str = "") -> tuple[str, Optio
         return f"rank {rank} died: {deaths[rank]} ({where})", None
     if first is not None:
         return f"{first.line} ({where})", first.traceback
-    return f"the workers exited with code {code} and none reported an exception ({where})", None
+    said = [s.strip() for s in log_text.splitlines() if s.strip()]
+    last = f"; the output's last line: {said[-1][:MAX_MESSAGE]!r}" if said else ""
+    return f"the workers exited with code {code} and none reported an exception{last} ({where})", None
 
 
 class TerminalEcho:
