@@ -24,7 +24,7 @@ import hydra
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from birder_repro import config as layout
 from birder_repro import record
@@ -37,6 +37,7 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 CONF_PACKAGE = "birder_repro.conf"
 INTERRUPTED = 130  # the shell's exit code for a command stopped by Ctrl-C
 TERMINATED = 143  # ... and by SIGTERM (the emulated launcher returns it after removing its namespaces)
+DIVERGED = 3  # a run stopped as diverged (train.diverge_after): not a crash, and no result either
 GROUPS = ("task", "optim", "cluster", "launcher", "logger", "experiment")  # conf/'s groups a user picks
 
 
@@ -69,14 +70,15 @@ def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
         from birder_repro.launch import check, launch  # after resolving: a config error needs no launcher
 
         check(resolved)  # the launcher's refusals, then the data: nothing has started yet
-        missing = None if cfg.get("mode") == "probe" else _missing_data(resolved)  # a probe reads no data
+        # a probe reads no data
+        missing = None if cfg.get("mode") == "probe" else (_missing_data(resolved) or _missing_resume(resolved))
         if missing is not None:
             return _fail(cfg, run_dir, missing, started, code=2)
         code = launch(resolved, run_dir)
     except layout.ConfigError as err:
         return _fail(cfg, run_dir, f"config error: {err}", started, code=2)
-    except Exception:  # noqa: BLE001 - a bug must not stop the other cells of a sweep either
-        return _fail(cfg, run_dir, traceback.format_exc(), started, code=1)
+    except Exception as err:  # noqa: BLE001 - a bug must not stop the other cells of a sweep either
+        return _fail(cfg, run_dir, f"{type(err).__name__}: {err}", started, code=1, traceback=traceback.format_exc())
     if cfg.dry_run or (code == 0 and _submitted(resolved)):
         return code
     return _finish(resolved, run_dir, code, started)
@@ -163,6 +165,24 @@ def _missing_data(cfg: DictConfig) -> Optional[str]:
     return None
 
 
+def _missing_resume(cfg: DictConfig) -> Optional[str]:
+    """The one line that says ``train.resume`` names no usable checkpoint (a missing path, an incomplete
+    checkpoint, a directory without one), or None; checked before anything starts. A dry run and a SLURM job
+    only warn, as for the data."""
+    spec = OmegaConf.select(cfg, "train.resume", default=None)
+    if spec in (None, "", "null", "auto"):
+        return None
+    from birder_repro.train.checkpoint import CheckpointError, resolve_path
+
+    try:
+        resolve_path(str(spec))
+    except CheckpointError as err:
+        if not (cfg.dry_run or _submitted(cfg)):
+            return f"{err}: give a checkpoint directory, a run directory holding one, auto, or null"
+        print(f"[birder-repro] warning, on this machine: {err}", file=sys.stderr, flush=True)
+    return None
+
+
 def _submitted(cfg: DictConfig) -> bool:
     """launcher=slurm returns once the job is queued: its workers write the record when the job runs."""
     from birder_repro.launch import choose_launcher
@@ -188,25 +208,34 @@ def _command_line(cfg: DictConfig) -> str:
     return record.format_command(["birder-repro", *overrides])
 
 
-def _fail(cfg: DictConfig, run_dir: Path, error: str, started: str, code: int) -> int:
-    """Report a run that could not be launched; its record says why (a dry run writes none)."""
-    print(f"[birder-repro] {error.rstrip()}", file=sys.stderr, flush=True)
+def _fail(cfg: DictConfig, run_dir: Path, error: str, started: str, code: int, **fields) -> int:
+    """Report a run that could not be launched in one line, its only one; its record (in the run directory the
+    line names where it can, else under runs/) says the same (a dry run writes none)."""
     if not cfg.get("dry_run"):
-        record.write_failed_record(run_dir, cfg, error, started=started)
-        print(f"[birder-repro] failed; record: {run_dir / record.RECORD_FILE}", file=sys.stderr, flush=True)
+        record.write_failed_record(run_dir, cfg, error, started=started, **fields)
+    print(f"[birder-repro] {error.rstrip()}", file=sys.stderr, flush=True)
     return code
 
 
 def _finish(cfg: DictConfig, run_dir: Path, code: int, started: str) -> int:
-    """After the workers: make sure a failed run has its record, then summarise a completed one."""
+    """After the workers: a failed or diverged run ends in one line (its record's ``error``), last; a
+    completed one in its summary."""
     rec = record.read_record(run_dir)
+    if rec is not None and rec.get("status") == "diverged":
+        print(f"[birder-repro] record: {run_dir / record.RECORD_FILE}", file=sys.stderr, flush=True)
+        print(f"[birder-repro] {rec['error']}", file=sys.stderr, flush=True)
+        return DIVERGED
     if code != 0 and (rec is None or rec.get("status") != "completed"):
+        from birder_repro.failures import final_line
+
+        line, trace = final_line(run_dir, code, _log_tail(run_dir, 20000))
         if rec is None:  # the workers died before rank 0 could write (killed, crashed, interrupted)
-            tail = _log_tail(run_dir)
-            rec = record.write_failed_record(run_dir, cfg, f"workers exited with code {code}\n{tail}",
-                                             started=started)
+            rec = record.failed_record(cfg, run_dir, line, started=started)
+        rec.update(status="failed", error=line, traceback=trace or rec.get("traceback"))
+        record.write_record(run_dir, rec)
         print(f"[birder-repro] run failed (exit code {code}); record: {run_dir / record.RECORD_FILE}",
               file=sys.stderr, flush=True)
+        print(f"[birder-repro] {line}", file=sys.stderr, flush=True)
         return code
     if rec is None:  # on a multi-node run, rank 0 writes the record into its own node's run directory
         print(f"[birder-repro] the workers finished; no {record.RECORD_FILE} in {run_dir}: rank 0 writes it, "
@@ -229,10 +258,10 @@ def _print_summary(rec: dict) -> None:
         print(f"[birder-repro] could not summarise the record:\n{traceback.format_exc()}", file=sys.stderr)
 
 
-def _log_tail(run_dir: Path) -> str:
+def _log_tail(run_dir: Path, max_chars: int = 4000) -> str:
     from birder_repro.launch import log_tail
 
-    return log_tail(run_dir / record.LOG_FILE)
+    return log_tail(run_dir / record.LOG_FILE, max_chars)
 
 
 @hydra.main(config_path=config_path() or str(CONF_DIR), config_name="config", version_base="1.3")

@@ -28,7 +28,7 @@ from birder_repro import schema
 __all__ = ["CONFIG_FILE", "COMMAND_FILE", "RECORD_FILE", "LOG_FILE", "runs_root", "new_run_dir",
            "write_run_files", "load_run_config", "read_command", "format_command", "now", "versions",
            "accelerator_versions", "git_sha",
-           "base_record", "completed_record", "failed_record", "write_record", "read_record",
+           "base_record", "completed_record", "failed_record", "diverged_record", "write_record", "read_record",
            "write_failed_record", "find_records", "effective_lr"]
 
 CONFIG_FILE = "config.yaml"
@@ -185,8 +185,19 @@ def failed_record(cfg: DictConfig, run_dir: Path, error: str, **fields: Any) -> 
     return record
 
 
+def diverged_record(cfg: DictConfig, run_dir: Path, step: int, line: str, **fields: Any) -> dict[str, Any]:
+    """The record of a run stopped as diverged (birder_repro.train.divergence): its step and one-line cause;
+    its measurements stay null, so that no table shows a number for it."""
+    record = base_record(cfg, run_dir)
+    record.update(fields)
+    record.update({"status": "diverged", "error": line, "diverged_at_step": int(step)})
+    record["ended"] = record.get("ended") or now()
+    return record
+
+
 def write_failed_record(run_dir: Path, cfg: DictConfig, error: str, **fields: Any) -> dict[str, Any]:
-    """Write ``record.json`` for a run that failed (``error``: the traceback or the reason) and return it."""
+    """Write ``record.json`` for a run that failed (``error``: one line, the reason; ``fields`` may add the
+    ``traceback``) and return it."""
     record = failed_record(cfg, Path(run_dir), error, **fields)
     write_record(Path(run_dir), record)
     return record

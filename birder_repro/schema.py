@@ -5,7 +5,8 @@ The writer (:mod:`birder_repro.record`, with the training loop's figures and the
 :mod:`birder_repro.summary`) read values through :func:`get`, which refuses an undocumented key, so that a
 misspelt name fails loudly instead of reading as missing. Outside scripts can rely on these names
 (DESIGN.md, "Run records and tables"). A failed run's record has the same keys, with ``status: failed``, the
-``error`` and null measurements. Units: bytes, seconds, samples; "per step" means per optimizer step and, for
+one-line ``error``, the ``traceback`` and null measurements; a diverged run's, ``status: diverged``, the
+one-line ``error`` and ``diverged_at_step``. Units: bytes, seconds, samples; "per step" means per optimizer step and, for
 times and bytes, per process (the mean over processes), over the timed steps only.
 
 Metrics: each task declares its own (``Task.metrics``, with ``Task.headline_metric`` the one the paper
@@ -44,8 +45,16 @@ class Key:
 
 KEYS: tuple[Key, ...] = (
     # ---- what ran, from the config
-    Key("status", "completed | failed | predicted (mode=predict: the performance model's, nothing ran)"),
-    Key("error", "a failed run's traceback or reason; null when completed"),
+    Key("status", "completed | failed | diverged (stopped after train.diverge_after consecutive non-finite steps; "
+        "its measurements are null) | predicted (mode=predict: the performance model's, nothing ran)"),
+    Key("error", "why the run did not complete, in one line (what the CLI printed last): a failed run's first "
+        "failing rank and cause (exception type and message) and where the full output is, or a diverged run's "
+        "step and likely cause; null when completed"),
+    Key("traceback", "a failed run's traceback (the first failing rank's; every rank's is in output.log); null "
+        "otherwise"),
+    Key("diverged_at_step", "a diverged run's last step: the last of train.diverge_after consecutive steps whose "
+        "training loss was non-finite on some rank or that the hook skipped for a non-finite gradient; null "
+        "otherwise"),
     Key("task", "the task's name (conf/task)"),
     Key("optim", "the optimizer's name (conf/optim)"),
     Key("cluster", "the layout: cluster name, nodes, processes (GPUs) per node, interconnect, link Mbit/s",

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from birder_repro import config as layout
-from birder_repro import record
+from birder_repro import failures, record
 
 __all__ = ["DistEnv", "read_dist_env", "check_world_matches_layout", "init_process_group", "seed_everything",
            "optim_config", "build_and_train", "main"]
@@ -140,6 +140,7 @@ def build_and_train(cfg: DictConfig, env: DistEnv, device: torch.device, run_dir
     # parallel=ddp: DDP (optim.comm.bucket_cap_mb) and the scheme's hook; parallel=fsdp: FSDP2 and its hooks
     # (birder_repro.train.parallel)
     ddp, opt, hook = train.build_parallel(cfg, task, model, device, topology, ocfg, is_main=env.is_main)
+    _warn_short_onebit_warmup(opt, env)
     # Emulated clusters: each node's kernel link counters over the timed steps (birder_repro.probes).
     result = train.train(cfg, task=task, data=data, model=ddp, optimizer=opt, comm=hook, topology=topology,
                          device=device, run_dir=run_dir, probes=probes.probes_for(topology), plan=plan)
@@ -159,16 +160,31 @@ def start_line(env: DistEnv, fields: dict) -> str:
             f"backend {fields['backend']}, precision {fields['precision']}; {stack}")
 
 
+def _warn_short_onebit_warmup(opt, env: DistEnv) -> None:
+    """Before training: 1-bit Adam / LAMB with a warmup too short for their frozen variance (one line)."""
+    from birder_repro.optim.onebit_adam import OneBitOptimizer, short_warmup_warning
+
+    if env.is_main and isinstance(opt, OneBitOptimizer) and opt.momentum_by_hook:
+        line = short_warmup_warning(opt, getattr(opt, "precondition_compression", False))
+        if line:
+            print(f"[birder-repro] {line}", flush=True)
+
+
 def describe_device(device: torch.device) -> str:
     return f"cuda ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "cpu"
 
 
 def run_worker(run_dir: Path, env: Optional[DistEnv] = None) -> int:
     """The whole life of one worker; rank 0 writes the record. Returns the process's exit code."""
+    from birder_repro.train.divergence import Diverged
+    from birder_repro.train.restarts import restart_count
+
     env = env or read_dist_env()
     cfg = record.load_run_config(run_dir)
     fields: dict[str, Any] = {"started": record.now()}
     joined = False
+    if restart_count() and env.is_main:  # the launchers' terminal copy resumes here (birder_repro.failures)
+        print(f"{failures.RESTART_MARK}attempt {restart_count() + 1} (train.max_restarts)", flush=True)
     try:
         check_world_matches_layout(cfg, env)
         device = pick_device(cfg, env)
@@ -186,14 +202,19 @@ def run_worker(run_dir: Path, env: Optional[DistEnv] = None) -> int:
             done = record.completed_record(cfg, run_dir, result, ended=record.now(), **fields)
             record.write_record(run_dir, done)
         return 0
-    except Exception as exc:  # noqa: BLE001 - every failure ends in a record, then a non-zero exit
-        text = traceback.format_exc()
-        text = f"{explain_collective_failure(exc, env.rank, cfg)}{text}"
-        print(f"[birder-repro] rank {env.rank} failed:\n{text}", file=sys.stderr, flush=True)
+    except Diverged as stop:  # every rank stops at the same step (train/divergence.py): not a failure to restart
         if env.is_main:
-            from birder_repro.train.restarts import restart_count
-
-            record.write_failed_record(run_dir, cfg, text, restarts=restart_count(), **fields)
+            record.write_record(run_dir, record.diverged_record(cfg, run_dir, stop.step, stop.line,
+                                                                restarts=restart_count(), **fields))
+        return 0
+    except Exception as exc:  # noqa: BLE001 - every failure ends in a record, then a non-zero exit
+        failure = failures.write_failure(run_dir, env.rank, restart_count(), exc,
+                                         explain_collective_failure(exc, env.rank, cfg))
+        # One line, then the traceback: output.log keeps both, the terminal stops at the line (failures.py).
+        print(f"{failures.MARK}{failure.line}\n{failure.traceback}", file=sys.stderr, flush=True)
+        if env.is_main:
+            record.write_failed_record(run_dir, cfg, failure.line, traceback=failure.traceback,
+                                       restarts=restart_count(), **fields)
         return 1
     finally:
         if joined and dist.is_initialized():

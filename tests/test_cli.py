@@ -245,7 +245,9 @@ def test_worker_failure_writes_the_traceback_and_exits_non_zero(compose, tmp_pat
     assert worker.run_worker(run_dir, _lone_process()) == 1
     assert not dist.is_initialized()
     rec = record.read_record(run_dir)
-    assert rec["status"] == "failed" and "Traceback" in rec["error"] and "data.root" in rec["error"]
+    assert rec["status"] == "failed" and rec["error"].startswith("rank 0 failed: DatasetNotFound: ")
+    assert "data.root" in rec["error"] and "\n" not in rec["error"]  # one line; the traceback kept apart
+    assert "Traceback (most recent call last)" in rec["traceback"] and "build_and_train" in rec["traceback"]
 
 
 def test_worker_refuses_a_world_that_is_not_the_layout(compose, tmp_path):

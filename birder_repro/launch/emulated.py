@@ -27,7 +27,6 @@ with SIGKILL is removed by the next emulated run (netns.clean_stale).
 
 from __future__ import annotations
 
-import codecs
 import ctypes
 import json
 import os
@@ -45,6 +44,7 @@ from omegaconf import DictConfig
 
 from birder_repro import config as layout
 from birder_repro import record
+from birder_repro.failures import TerminalEcho
 from birder_repro.launch import local, netns
 from birder_repro.launch.process import Command
 from birder_repro.launch.torchrun import Rendezvous, max_restarts, torchrun_argv
@@ -261,9 +261,11 @@ def run_nodes(cmds: Sequence[Command], log_path: Path, grace_s: float = STOP_GRA
     procs = [subprocess.Popen(c.argv, env=c.full_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               preexec_fn=_die_with_parent) for c in cmds]
     lock = threading.Lock()
+    first = TerminalEcho(sys.stdout)  # one a node, muted together: a failure on any node spares the terminal
+    echoes = [first] + [TerminalEcho(sys.stdout, shared=first) for _ in procs[1:]]
     with open(log_path, "ab") as log:
-        pumps = [threading.Thread(target=_pump, args=(p.stdout, log, f"[node {k}] ".encode(), lock), daemon=True)
-                 for k, p in enumerate(procs)]
+        pumps = [threading.Thread(target=_pump, args=(p.stdout, log, f"[node {k}] ".encode(), lock, echoes[k]),
+                                  daemon=True) for k, p in enumerate(procs)]
         for t in pumps:
             t.start()
         try:
@@ -307,10 +309,10 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
 
 
-def _pump(stream, log, prefix: bytes, lock: threading.Lock) -> None:
-    """Copy one node's output, prefixing every line (progress bars redraw with \\r: those are lines too)."""
+def _pump(stream, log, prefix: bytes, lock: threading.Lock, echo: TerminalEcho) -> None:
+    """Copy one node's output, prefixing every line (progress bars redraw with \\r: those are lines too), to
+    the log, and to the terminal through ``echo`` (whole lines, up to a worker's failure)."""
     at_line_start = True
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two chunks
     while chunk := stream.read1(65536):
         out = bytearray()
         for piece in chunk.splitlines(keepends=True):
@@ -321,8 +323,9 @@ def _pump(stream, log, prefix: bytes, lock: threading.Lock) -> None:
         with lock:
             log.write(out)
             log.flush()
-            sys.stdout.write(decoder.decode(bytes(out)))
-            sys.stdout.flush()
+            echo.write(bytes(out))
+    with lock:
+        echo.close()
 
 
 def _whole_run_bytes(fabric: netns.Fabric) -> list[Optional[int]]:

@@ -1,12 +1,12 @@
 """A command to start (arguments and the environment it adds) and running it with its output streamed.
 
-The output of the processes goes to the terminal as it comes and into the run directory's ``output.log``,
-so that a failed run's record can quote what the workers printed before they died.
+The output of the processes goes into the run directory's ``output.log`` in full, and to the terminal as it
+comes until a worker fails: from there the terminal is spared the tracebacks (birder_repro.failures), and the
+CLI ends with one line.
 """
 
 from __future__ import annotations
 
-import codecs
 import os
 import shlex
 import subprocess
@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Optional
+
+from birder_repro.failures import TerminalEcho
 
 __all__ = ["Command", "run_streaming", "log_tail"]
 
@@ -56,13 +58,13 @@ def run_streaming(command: Command, log_path: Path, stop_timeout_s: float = 30.0
 
 
 def _pump(fd: int, log) -> None:
-    # Raw chunks rather than lines: progress bars redraw with carriage returns and no newline.
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    # Raw chunks to the log; the terminal gets whole lines up to a worker's failure (birder_repro.failures).
+    echo = TerminalEcho(sys.stdout)
     while chunk := os.read(fd, 65536):
         log.write(chunk)
         log.flush()
-        sys.stdout.write(decoder.decode(chunk))
-        sys.stdout.flush()
+        echo.write(chunk)
+    echo.close()
 
 
 def _stop(proc: subprocess.Popen, timeout_s: float) -> None:

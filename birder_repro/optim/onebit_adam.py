@@ -20,6 +20,19 @@ from the frozen variance: elements with v == 0 after warmup never had a non-zero
 momentum is forced to 0 and they move only by weight decay. A parameter group may narrow it further with an
 ``exp_avg_mask`` entry (a tensor per parameter, 1 keep / 0 drop), as in DeepSpeed.
 
+Opt-in deviation, ``precondition_compression`` (``optim.compress_preconditioned``; off by default, the paper's
+way): compress the preconditioned momentum m/(sqrt(v)+eps) instead of m, and divide it back after the
+averaging. With v frozen and the same on every rank the average is unchanged; what changes is what 1 bit
+costs. 1 bit cannot say "small": the compressor sends every element at the bucket's scale (the RMS of the
+whole bucket, Algorithm 1 lines 7-8) and error feedback makes an element with nothing to send oscillate by
+that scale, step after step. Divided by a frozen sqrt(v) of 1e-10 (an element that saw almost no gradient
+during the warmup: a rarely active ReLU unit), that is a step of scale/eps: 0.34 -> 93 in one step on the
+reproduction in the README ("1-bit Adam: the warmup"). The paper's bound (1-bit Adam paper, section 5,
+Theorem 1) grows as the compression error squared over v_min, the smallest frozen variance: the same effect.
+Compressed after preconditioning, the oscillation is at most the RMS of the update itself. The mechanism is
+1-bit LAMB's (1-bit LAMB paper, appendix A.5.2: momentum scaled per tensor before compression, divided
+after), here with the frozen preconditioner as the scale.
+
 Without the communication hook (a single process), the compression stage has no communication to compress:
 it is the frozen-variance momentum step of Algorithm 1 with one worker and exact momentum (the paper's
 "1-bit Adam (32-bits)" of section 7.2; DeepSpeed also skips compression when its world size is 1).
@@ -57,6 +70,12 @@ def preconditioned_update(m: torch.Tensor, v: torch.Tensor, eps: float) -> torch
     return m / (v.sqrt() + eps)
 
 
+def compression_preconditioner(v: torch.Tensor, eps: float) -> torch.Tensor:
+    """1/(sqrt(v)+eps): what the momentum is multiplied by before 1-bit compression (and divided by after)
+    with ``precondition_compression``, so that the compressed quantity is the update direction itself."""
+    return 1.0 / (v.sqrt() + eps)
+
+
 def apply_update_(p: torch.Tensor, update: torch.Tensor, lr: float, weight_decay: float) -> None:
     """x = x - lr * (update + weight_decay * x)."""
     if weight_decay:
@@ -86,6 +105,32 @@ def freeze_step_from_config(cfg: Mapping[str, Any]) -> int:
         raise ValueError(f"optim.freeze must be a fraction of the run in (0, 1) or a number of steps >= 1, "
                          f"got {freeze}")
     return max(2, steps_of(freeze, cfg.get("total_steps"), "optim.freeze"))
+
+
+# The fraction of its steady value the frozen variance should at least hold: the 1-bit Adam paper's shortest
+# warmup (SQuAD fine-tuning, 400 of 1848 steps, section 7.1) kept 1 - 0.999^400 = 33 %; DeepSpeed's tutorial
+# advises 15-25 % of the run.
+MIN_FROZEN_FRACTION = 0.3
+
+
+def frozen_fraction(beta2: float, freeze_step: int) -> float:
+    """1 - beta2^T: Adam's variance without bias correction (Eq. (1)) after T steps from zero, as a fraction
+    of its steady value; 1-bit Adam freezes it there (Algorithm 1, line 2)."""
+    return 1.0 - beta2 ** freeze_step
+
+
+def short_warmup_warning(optimizer: "OneBitOptimizer", preconditioned: bool = False) -> Optional[str]:
+    """One line for a run whose warmup leaves the frozen variance below :data:`MIN_FROZEN_FRACTION` of its
+    steady value, or None. Not an error: the paper's behaviour, which short test runs use on purpose."""
+    beta2 = optimizer.param_groups[0]["betas"][1]
+    fraction = frozen_fraction(beta2, optimizer.freeze_step)
+    if fraction >= MIN_FROZEN_FRACTION or preconditioned:
+        return None
+    return (f"warning: 1-bit warmup of {optimizer.freeze_step} steps (optim.freeze): the frozen variance is "
+            f"1 - beta2^T = {fraction:.1%} of its steady value (the paper's shortest warmup kept 33 %), and "
+            "elements that saw almost no gradient divide the 1-bit scale by a near-zero sqrt(v): compressed steps "
+            "may blow up (README, '1-bit Adam: the warmup'). Lengthen optim.freeze, or set "
+            "optim.compress_preconditioned=true (1-bit Adam)")
 
 
 class CompressionInputs(NamedTuple):
@@ -264,12 +309,21 @@ class OneBitAdam(OneBitOptimizer):
         eps: eta, added to sqrt(v).
         weight_decay: decoupled weight decay lambda (1e-4 for ResNet-50 in Birder paper, section 5.1).
         freeze_step: T_w, the number of warmup (Adam, uncompressed) steps; >= 1, and >= 2 with the hook.
+        precondition_compression: compress m/(sqrt(v)+eps) rather than m (module doc); False: the paper.
     """
 
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0, freeze_step: int = 100_000):
+                 eps: float = 1e-8, weight_decay: float = 0.0, freeze_step: int = 100_000,
+                 precondition_compression: bool = False):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         super().__init__(params, defaults, freeze_step, "OneBitAdam")
+        self.precondition_compression = bool(precondition_compression)
+
+    def _compression_scale(self, p: torch.Tensor):
+        """1 (the paper), or 1/(sqrt(v)+eps) per element with ``precondition_compression`` (module doc)."""
+        if not self.precondition_compression:
+            return 1.0
+        return compression_preconditioner(self.state[p]["exp_avg_sq"], self._group_of(p)["eps"]).reshape(-1)
 
     def _warmup_update(self, p: torch.Tensor, g: torch.Tensor, group: dict) -> None:
         state = self.state[p]
@@ -288,4 +342,5 @@ class OneBitAdam(OneBitOptimizer):
 def build_onebit_adam(params: Iterable, cfg: Mapping[str, Any]) -> OneBitAdam:
     """The registry's builder: ``optim.freeze`` (fraction or steps) with ``optim.total_steps``."""
     return OneBitAdam(params, lr=cfg["lr"], betas=tuple(cfg.get("betas", (0.9, 0.999))), eps=cfg.get("eps", 1e-8),
-                      weight_decay=cfg.get("weight_decay", 0.0), freeze_step=freeze_step_from_config(cfg))
+                      weight_decay=cfg.get("weight_decay", 0.0), freeze_step=freeze_step_from_config(cfg),
+                      precondition_compression=bool(cfg.get("compress_preconditioned", False)))

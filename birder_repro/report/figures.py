@@ -92,7 +92,7 @@ def throughput_figures(cells: pd.DataFrame, out_dir: Path, mode: str) -> list[Pa
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
         for (optim, variant, source), line in rows.groupby(["optim", "variant", "source"], sort=False):
             line = line.dropna(subset=["gpus", "throughput_shown"]).sort_values("gpus")
-            label = f"{optim_label(optim, variant)} ({source})"
+            label = f"{optim_label(optim, variant)} ({source})" + diverged_note(rows, optim, variant, source)
             kwargs = {**SOURCE_STYLE.get(source, {}), "color": optim_style(optim, variant)["color"]}
             ax.plot(line["gpus"].astype(float), line["throughput_shown"], label=label, **kwargs)
         gpus = sorted(int(g) for g in rows["gpus"].dropna().unique())
@@ -145,6 +145,23 @@ def step_time_figures(cells: pd.DataFrame, out_dir: Path) -> list[Path]:
     return written
 
 
+def curve_label(row) -> str:
+    """Figure 2's label of a run: its optimizer, and "diverged at step N" where it diverged (its curve stops
+    there: the loss it logged was non-finite)."""
+    label = optim_label(row["optim"], row["variant"])
+    if row.get("status") != "diverged":
+        return label
+    step = row.get("diverged_at_step")
+    return f"{label}: diverged" + ("" if pd.isna(step) else f" at step {int(step)}")
+
+
+def diverged_note(rows: pd.DataFrame, optim: str, variant: str, source: str) -> str:
+    """Figure 3's legend note for an optimizer's diverged layouts (no throughput point is drawn for them)."""
+    mine = rows[(rows["optim"] == optim) & (rows["variant"] == variant) & (rows["source"] == source)]
+    gpus = sorted(int(g) for g in mine.loc[mine["status"] == "diverged", "gpus"].dropna())
+    return f"; diverged at {', '.join(map(str, gpus))} GPUs" if gpus else ""
+
+
 def read_metrics(run_dir: str | Path) -> pd.DataFrame:
     """A run's ``metrics.jsonl`` (birder_repro.logger) as a frame; empty where it has none."""
     path = Path(run_dir) / "metrics.jsonl"
@@ -183,7 +200,7 @@ def _curves(rows: pd.DataFrame) -> list[dict]:
         hit = None
         if r.get("target_reached") is True:
             hit = (float(r["target_step"]), float(r["target_s"]))
-        curves.append({"label": optim_label(r["optim"], r["variant"]), "style": optim_style(r["optim"], r["variant"]),
+        curves.append({"label": curve_label(r), "style": optim_style(r["optim"], r["variant"]),
                        "headline": r["headline_metric"], "metrics": m, "xlabel": xlabel, "hit": hit,
                        "target": None if is_missing(r.get("target_value")) else
                        (r["target_metric"], float(r["target_value"]))})

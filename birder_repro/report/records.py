@@ -27,7 +27,8 @@ STAGED_OPTIMIZERS = ("onebit_adam", "onebit_lamb")
 
 # The fixed columns; the metric columns follow them.
 COLUMNS = (
-    "run_dir", "status", "error", "source", "implementation", "task", "parallel", "optim", "variant", "baseline",
+    "run_dir", "status", "error", "diverged_at_step", "source", "implementation", "task", "parallel", "optim",
+    "variant", "baseline",
     "cluster", "interconnect", "link_mbit", "nodes", "gpus_per_node", "gpus",
     "data_source", "model_size", "precision", "batch_size", "global_batch_size", "steps", "lr",
     "throughput", "throughput_warmup", "throughput_compression",
@@ -124,6 +125,7 @@ def flatten_record(record: dict, run_dir: Path | str) -> dict:
         "run_dir": str(run_dir),
         "status": get(record, "status"),
         "error": first_line(get(record, "error")),
+        "diverged_at_step": get(record, "diverged_at_step"),
         # measured (a run) | predicted (mode=predict, the performance model): never mixed in one table.
         "source": "predicted" if get(record, "status") == "predicted" else "measured",
         "implementation": get(record, "prediction", "implementation"),

@@ -24,6 +24,8 @@ import pandas as pd
 from . import records
 from .records import STAGED_OPTIMIZERS
 
+DIVERGED = "diverged"  # a record's status (birder_repro.schema)
+
 SETTING = ("source", "task", "parallel", "cluster", "interconnect", "link_mbit", "data_source", "model_size",
            "precision",
            "batch_size")
@@ -80,10 +82,25 @@ def volume_ratio(inter_node_bytes: float, fp32_inter_node_bytes: float) -> float
 # ---------------------------------------------------------------------------------------------------------
 
 def split_by_status(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(completed runs and predicted records, every other run): failed or unfinished runs are listed, never
-    dropped silently."""
-    done = frame["status"].isin(["completed", "predicted"])
+    """(completed runs, diverged runs and predicted records, every other run): failed or unfinished runs are
+    listed, never dropped silently; a diverged run is a result of its cell, shown as "diverged"
+    (:func:`mark_diverged`)."""
+    done = frame["status"].isin(["completed", "predicted", DIVERGED])
     return frame[done].copy(), frame[~done].copy()
+
+
+def mark_diverged(shown: pd.DataFrame, cells: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """The displayed ``columns`` of diverged runs say "diverged at step N", never a number (their records
+    hold no measurements; a number there would read as a result)."""
+    diverged = (cells["status"] == DIVERGED).to_numpy()
+    if not diverged.any():
+        return shown
+    shown = shown.copy()
+    steps = cells["diverged_at_step"].to_numpy()
+    text = ["diverged" if is_missing(s) else f"diverged at step {int(s)}" for s in steps]
+    for col in columns:
+        shown.loc[diverged, col] = [t for t, d in zip(text, diverged) if d]
+    return shown
 
 
 def _fill_keys(frame: pd.DataFrame) -> pd.DataFrame:
@@ -200,6 +217,7 @@ CSV_TAIL = (
     "fp32_mb_per_step", "fp32_inter_mb_per_step", "inter_vs_fp32", "link_mb_per_step", "per_node_link_mb",
     "step_ms_total", "step_ms_compute", "step_ms_communication", "step_ms_compression", "step_ms_data_wait",
     "implementation", "steps", "global_batch_size", "device", "n_runs", "run_dir", "started",
+    "status", "diverged_at_step",  # a diverged run's row: status diverged, its numbers empty
 )
 
 
@@ -327,7 +345,9 @@ def display_frame(cells: pd.DataFrame, mode: str, with_setting: bool = False) ->
         out[label] = cells[f"step_ms_{part}"].map(lambda x: fmt_number(x, 3))
     # The run directory's last two parts (date/time_task_optim..., or multirun/<sweep>/<job>) name it.
     out["run"] = cells["run_dir"].map(lambda p: "/".join(Path(p).parts[-2:]))
-    return out.reset_index(drop=True)
+    fixed = {"source", "task", "cluster", "data", "model", "batch/proc", "optimizer", "#GPUs (nodes x GPUs/node)",
+             "run"}
+    return mark_diverged(out, cells, [c for c in out.columns if c not in fixed]).reset_index(drop=True)
 
 
 def to_markdown(table: pd.DataFrame) -> str:

@@ -24,6 +24,7 @@ from birder_repro.train.checkpoint import (RunIdentity, choose_resume, load_chec
                                            settle_ddp_buckets)
 from birder_repro.train.collectives import allreduce_sum
 from birder_repro.train.data import batches, steps_per_epoch
+from birder_repro.train.divergence import DivergenceWatch
 from birder_repro.train.evaluate import evaluate
 from birder_repro.train.profile import measured_profile
 from birder_repro.train.precision import Precision
@@ -123,6 +124,7 @@ def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir,
                    progress, identity)
     exit_code = 1
     probing = False
+    diverging = DivergenceWatch(settings.diverge_after, cfg.optim, device)  # train/divergence.py
     try:
         model.train()
         stream = batches(data, steps_per_epoch(data, int(data.train_size), plan.global_batch), run.step, device)
@@ -141,6 +143,7 @@ def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir,
                 probing = True
             result = run_step(task, model, optimizer, batch, device, comm, settings.grad_clip, precision)
             _record_step(run, timing, result, stage, data_wait)
+            diverging.after_step(run.step, result.loss_sum, comm, lr, stage)
             progress.step()
             attempts.reached(run.step)
             _between_steps(parts, run, timing, lr, stage)

@@ -9,7 +9,8 @@ attempt to ``run_dir/restarts.json``.
 
 Fault injection (tests only): ``BIRDER_TEST_FAULT=kill:<rank>:<step>`` makes that rank SIGKILL itself before
 step ``<step>`` (1-based) on the first attempt only; ``hang:<rank>:<step>`` makes it sleep instead (a hung
-peer, for ``train.timeout_s``).
+peer, for ``train.timeout_s``); ``raise:<rank>:<step>`` makes it raise :class:`InjectedFault` (any exception
+inside training, for the one-line failure report of birder_repro.failures).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Mapping, Optional
 
-__all__ = ["RESTART_ENV", "FAULT_ENV", "restart_count", "Attempts", "inject_fault"]
+__all__ = ["RESTART_ENV", "FAULT_ENV", "restart_count", "Attempts", "inject_fault", "InjectedFault"]
 
 RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
 FAULT_ENV = "BIRDER_TEST_FAULT"
@@ -96,5 +97,11 @@ def inject_fault(rank: int, next_step: int, env: Mapping[str, str] = os.environ)
     elif kind == "hang":
         while True:
             time.sleep(3600)
+    elif kind == "raise":
+        raise InjectedFault(f"{FAULT_ENV}={spec}: rank {rank} raised before step {next_step}")
     else:
-        raise ValueError(f"{FAULT_ENV}={spec!r}: use kill:<rank>:<step> or hang:<rank>:<step>")
+        raise ValueError(f"{FAULT_ENV}={spec!r}: use kill:<rank>:<step>, hang:<rank>:<step> or raise:<rank>:<step>")
+
+
+class InjectedFault(RuntimeError):
+    """The exception ``BIRDER_TEST_FAULT=raise:<rank>:<step>`` raises (tests only)."""

@@ -63,6 +63,7 @@ class TrainSettings:
     resume_policy: str = "strict"  # strict | reset_errors (another layout: start the hook's error buffers afresh)
     timeout_s: float = 300.0  # collectives waiting longer than this on a peer fail (process group timeout)
     precision: str = "fp32"  # fp32 | bf16 | fp16 (birder_repro.train.precision)
+    diverge_after: int = 10  # consecutive non-finite steps that stop the run as diverged (0: never; train.divergence)
 
     @classmethod
     def from_config(cls, cfg) -> "TrainSettings":
@@ -89,6 +90,7 @@ class TrainSettings:
         _whole("eval_max_batches", self.eval_max_batches, 1, allow_none=True)
         _whole("keep_checkpoints", self.keep_checkpoints, 1)
         _whole("max_restarts", self.max_restarts, 0)
+        _whole("diverge_after", self.diverge_after, 0)
         if self.resume_policy not in ("strict", "reset_errors"):
             raise ConfigError(f"train.resume_policy={self.resume_policy!r}: use strict or reset_errors")
         if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0:
