@@ -61,13 +61,16 @@ class DivergenceWatch:
     since_lr: float = math.nan
     since_stage: Optional[str] = None
     skips_seen: int = 0  # the hook's nonfinite_steps at the last step
+    # fp16 (train/precision.py): GradScaler's skipped steps are its normal search for a scale that does not
+    # overflow (the hooks count them as non-finite too), so there only a non-finite loss counts
+    count_skips: bool = True
 
     def after_step(self, step: int, loss_sum: float, comm: Any, lr: float, stage: Optional[str]) -> None:
         """After step ``step`` (1-based; collective on every rank when the check is on)."""
         if not self.limit:
             return
         skips = int(getattr(comm, "nonfinite_steps", 0))
-        local = (not math.isfinite(loss_sum)) or skips > self.skips_seen
+        local = (not math.isfinite(loss_sum)) or (self.count_skips and skips > self.skips_seen)
         self.skips_seen = skips
         if allreduce_sum([1.0 if local else 0.0], self.device)[0] == 0:
             self.run = 0

@@ -124,7 +124,8 @@ def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir,
                    progress, identity)
     exit_code = 1
     probing = False
-    diverging = DivergenceWatch(settings.diverge_after, cfg.optim, device)  # train/divergence.py
+    diverging = DivergenceWatch(settings.diverge_after, cfg.optim, device,  # train/divergence.py
+                                count_skips=precision.scaler is None)
     try:
         model.train()
         stream = batches(data, steps_per_epoch(data, int(data.train_size), plan.global_batch), run.step, device)
