@@ -110,7 +110,11 @@ def _check_gpus_per_node_knowable(cfg: DictConfig) -> None:
         return
     from birder_repro.launch import choose_launcher
 
-    if choose_launcher(cfg) == "slurm":
+    try:
+        launcher = choose_launcher(cfg)
+    except layout.ConfigError:  # a refused launcher is reported by the launcher's own check, after this one
+        return
+    if launcher == "slurm":
         raise layout.ConfigError("gpus_per_node=auto with launcher=slurm: the machine that submits the job cannot "
                                  "count the compute nodes' GPUs; set gpus_per_node=<processes per node>")
 
