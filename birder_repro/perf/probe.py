@@ -17,9 +17,12 @@ Two groups are timed, one after the other:
     intra   the processes of a node (with gpus_per_node > 1), every node at once, node 0's times kept.
 
 Each collective's times are fitted to the cost the model gives it (Thakur, Rabenseifner and Gropp 2005,
-birder_repro.perf.collectives): t = steps alpha + factor size / bandwidth, by least absolute relative
-deviations (small messages carry alpha, large ones the bandwidth; a call slowed by a busy machine does not
-bend it). The cluster spec (``cluster_spec.yaml`` in the
+birder_repro.perf.collectives): t = steps alpha + factor size / bandwidth, as Hockney's model is read from
+nccl-tests' tables: the bandwidth is the rate three in four calls of the larger half of the sizes reach (the
+plateau), alpha the median of the smaller half's calls (a call slowed by a busy machine bends neither; small
+messages that beat the link, as the emulated link's burst lets them, do not raise its rate, nor do spells of
+calls at twice the usual rate; birder_repro.perf.linkprobe._fit_two_regimes). The
+cluster spec (``cluster_spec.yaml`` in the
 run directory: the cluster config's keys, its ``perf`` block measured, and a ``probe`` block saying how) maps
 the fits to the model's parameters (birder_repro.perf.cluster):
 
@@ -45,7 +48,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from .cluster import MBIT
-from .linkprobe import COLLECTIVES, bus_factor, fit_alpha_beta, measure
+from .linkprobe import COLLECTIVES, bus_factor, call_points, fit_alpha_beta, measure
 
 __all__ = ["SPEC_FILE", "is_probe_record", "probe_sizes", "check_settings", "table_rows", "fit_level", "spec_from_fits",
            "probe_worker", "format_probe", "load_cluster_spec"]
@@ -90,25 +93,27 @@ def check_settings(cfg: Any) -> None:
         raise ConfigError(f"nodes={cfg.nodes}: mode=probe measures the link between nodes; use nodes=2 or more")
 
 
-def table_rows(results: Mapping[str, Mapping[int, float]], p: int) -> list[dict[str, float]]:
-    """nccl-tests' table: one row per collective and size: bytes, seconds, algbw and busbw in bytes/s."""
+def table_rows(results: Mapping[str, Mapping[int, Sequence[float]]], p: int) -> list[dict[str, Any]]:
+    """nccl-tests' table: one row per collective and size: bytes, the median call's seconds, algbw and busbw in
+    bytes/s, and every call's seconds (``calls_s``, what the fit takes)."""
     rows = []
     for kind, by_size in results.items():
-        for size, seconds in sorted(by_size.items()):
+        for size, calls in sorted(by_size.items()):
+            seconds = statistics.median(calls)
             algbw = size / seconds
             rows.append({"kind": kind, "bytes": int(size), "seconds": seconds, "algbw_Bps": algbw,
-                         "busbw_Bps": algbw * bus_factor(kind, p)})
+                         "busbw_Bps": algbw * bus_factor(kind, p), "calls_s": [float(t) for t in calls]})
     return rows
 
 
-def fit_level(results: Mapping[str, Mapping[int, float]], p: int) -> dict[str, dict[str, float]]:
-    """Each collective's (alpha seconds, bus bandwidth bytes/s) fitted to the model's cost of it. Where the
+def fit_level(results: Mapping[str, Mapping[int, Sequence[float]]], p: int) -> dict[str, dict[str, float]]:
+    """Each collective's (alpha seconds, bus bandwidth bytes/s) fitted to the model's cost of it over every
+    call (``{kind: {size: [seconds of each call]}}``, :func:`measure`'s). Where the
     times did not grow with the size (messages too small for the link, or noise), the fit has no bandwidth:
     the largest bus bandwidth measured stands for it, a lower bound (raise ``probe.max_bytes`` for more)."""
     fits = {}
     for kind, by_size in results.items():
-        sizes = sorted(by_size)
-        alpha, beta = fit_alpha_beta(sizes, [by_size[s] for s in sizes], p, kind, robust=True)
+        alpha, beta = fit_alpha_beta(*call_points(by_size), p, kind, robust=True)
         measured = max(r["busbw_Bps"] for r in table_rows({kind: by_size}, p))
         fits[kind] = {"alpha_s": alpha, "bandwidth_Bps": 1.0 / beta if beta > 0 else measured}
     return fits
