@@ -657,7 +657,9 @@ def test_probe_on_the_emulated_cluster_measures_the_shaped_rate(compose, tmp_pat
     """mode=probe between two emulated nodes at 100 Mbit/s (tc tbf): the all-reduce's bus bandwidth for large
     messages (1-16 MiB) is within 10 % of what the shaping lets through as payload, 93.6 Mbit/s: each 1448-byte
     TCP segment is a 1514-byte frame to the tbf, and since both directions carry data, each direction's tbf also
-    carries the other's ACKs (66 bytes per two segments, delayed ACKs): 100 x 1448 / (1514 + 33)."""
+    carries the other's ACKs (66 bytes per two segments, delayed ACKs): 100 x 1448 / (1514 + 33). The fit, the rate
+    three calls in four reach, lies below the median calls by their spread (83.9-88.4 Mbit/s over 8 probes), and
+    the all-to-all's stays at its usual 48 Mbit/s whatever spells of calls at twice that rate the probe met."""
     import shutil
 
     from birder_repro.cli import run
@@ -665,12 +667,14 @@ def test_probe_on_the_emulated_cluster_measures_the_shaped_rate(compose, tmp_pat
     if os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("tc")):
         pytest.skip("cluster=emulated needs root and iproute2 (make emulated-setup)")
     cfg = compose(["mode=probe", "nodes=2", "cluster=emulated", "cluster.link_mbit=100", "logger=none",
-                   "probe.min_bytes=65536", "probe.max_bytes=16777216", "probe.iters=3"], hydra_config=True)
+                   "probe.min_bytes=65536", "probe.max_bytes=16777216"], hydra_config=True)
     assert run(cfg, tmp_path / "probe") == 0
     rec = json.loads((tmp_path / "probe" / "record.json").read_text())
     payload = 100e6 / 8 * 1448 / (1514 + 33)
     large = [r["busbw_Bps"] for r in rec["probe"]["inter"] if r["kind"] == "allreduce" and r["bytes"] >= 1 << 20]
     assert len(large) == 3 and statistics.median(large) == pytest.approx(payload, rel=0.10)
-    assert rec["probe"]["fits"]["inter"]["allreduce"]["bandwidth_Bps"] == pytest.approx(payload, rel=0.10)
+    fits = rec["probe"]["fits"]["inter"]
+    assert 0.85 * payload <= fits["allreduce"]["bandwidth_Bps"] <= max(large)
+    assert fits["all_to_all"]["bandwidth_Bps"] * 8 / 1e6 == pytest.approx(48.2, rel=0.10)
     spec = yaml.safe_load(Path(rec["probe"]["cluster_spec_file"]).read_text())
-    assert spec["perf"]["inter_efficiency"] == pytest.approx(1448 / (1514 + 33), rel=0.10)
+    assert spec["perf"]["inter_efficiency"] == pytest.approx(fits["allreduce"]["bandwidth_Bps"] * 8 / 100e6)
