@@ -21,10 +21,9 @@ birder_repro.perf.collectives): t = steps alpha + factor size / bandwidth, as Ho
 nccl-tests' tables: the bandwidth is the rate three in four calls of the larger half of the sizes reach (the
 plateau), alpha the median of the smaller half's calls (a call slowed by a busy machine bends neither; small
 messages that beat the link, as the emulated link's burst lets them, do not raise its rate, nor do spells of
-calls at twice the usual rate; birder_repro.perf.linkprobe._fit_two_regimes). The
-cluster spec (``cluster_spec.yaml`` in the
-run directory: the cluster config's keys, its ``perf`` block measured, and a ``probe`` block saying how) maps
-the fits to the model's parameters (birder_repro.perf.cluster):
+calls at twice the usual rate; birder_repro.perf.linkprobe._fit_two_regimes). The cluster spec
+(``cluster_spec.yaml`` in the run directory: the cluster config's keys, its ``perf`` block measured, and a
+``probe`` block saying how) maps the fits to the model's parameters (birder_repro.perf.cluster):
 
     inter_latency_us      the median alpha of the collectives the model's schemes send across nodes
                           (all-reduce, all-gather, all-to-all; the reduce-scatter stays inside nodes);
@@ -108,9 +107,9 @@ def table_rows(results: Mapping[str, Mapping[int, Sequence[float]]], p: int) -> 
 
 def fit_level(results: Mapping[str, Mapping[int, Sequence[float]]], p: int) -> dict[str, dict[str, float]]:
     """Each collective's (alpha seconds, bus bandwidth bytes/s) fitted to the model's cost of it over every
-    call (``{kind: {size: [seconds of each call]}}``, :func:`measure`'s). Where the
-    times did not grow with the size (messages too small for the link, or noise), the fit has no bandwidth:
-    the largest bus bandwidth measured stands for it, a lower bound (raise ``probe.max_bytes`` for more)."""
+    call (``{kind: {size: [seconds of each call]}}``, :func:`measure`'s). Where the times did not grow with
+    the size (messages too small for the link, or noise), the fit has no bandwidth: the largest bus bandwidth
+    measured stands for it, a lower bound (raise ``probe.max_bytes`` for more)."""
     fits = {}
     for kind, by_size in results.items():
         alpha, beta = fit_alpha_beta(*call_points(by_size), p, kind, robust=True)
