@@ -1,9 +1,11 @@
-"""Fixtures every test file may use: composing the project's config, and a private runs directory."""
+"""Fixtures every test file may use: composing the project's config, a private runs directory, and run records
+written as runs write them."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import pytest
 from hydra import compose as hydra_compose
@@ -17,6 +19,15 @@ def compose_config(overrides: Sequence[str] = (), hydra_config: bool = False) ->
     """The config ``birder-repro <overrides>`` would run with (struct mode on, as in the app)."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return hydra_compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra_config)
+
+
+def write_records(root: Path, records: Sequence[dict], run_name: Callable[[int, dict], str]) -> Path:
+    """Each record as ``<root>/<run_name(i, record)>/record.json``, as a run leaves it; returns ``root``."""
+    for i, record in enumerate(records):
+        run = root / run_name(i, record)
+        run.mkdir(parents=True)
+        (run / "record.json").write_text(json.dumps(record))
+    return root
 
 
 @pytest.fixture

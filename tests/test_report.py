@@ -6,7 +6,6 @@ Table 1 / Table 3 figures so the expected speedups and efficiencies are the pape
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -15,6 +14,7 @@ import pytest
 from birder_repro.report import figures, paper, tables
 from birder_repro.report.__main__ import main
 from birder_repro.report.records import load_frame
+from conftest import write_records
 
 PAPER_DIR = Path(__file__).resolve().parents[1] / "tables" / "paper"
 
@@ -49,11 +49,7 @@ def make_record(optim="birder", nodes=1, gpus_per_node=8, throughput=100.0, *, t
 
 
 def write_runs(root: Path, records: list[dict]) -> Path:
-    for i, record in enumerate(records):
-        run = root / f"2025-01-01/10-00-{i:02d}_{record['task']}_{record['optim']}"
-        run.mkdir(parents=True)
-        (run / "record.json").write_text(json.dumps(record))
-    return root
+    return write_records(root, records, lambda i, rec: f"2025-01-01/10-00-{i:02d}_{rec['task']}_{rec['optim']}")
 
 
 def paper_cell_records() -> list[dict]:

@@ -5,7 +5,6 @@ records whose means and deviations are worked out by hand). The loop's own use o
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from birder_repro.report.__main__ import main
 from birder_repro.report.records import load_frame
 from birder_repro.train import target as target_mod
 from birder_repro.train.target import Target, TimeToTarget, target_from_config
-from conftest import CONF_DIR, compose_config
+from conftest import CONF_DIR, compose_config, write_records
 
 TASKS = sorted(p.stem for p in (CONF_DIR / "task").glob("*.yaml"))
 
@@ -145,11 +144,7 @@ def target_record(optim: str, seed: int, seconds, *, step=None, status="complete
 
 
 def write(root: Path, records: list[dict]) -> Path:
-    for i, rec in enumerate(records):
-        run = root / f"{i:02d}_{rec['optim']}_{rec['config']['seed']}"
-        run.mkdir(parents=True)
-        (run / "record.json").write_text(json.dumps(rec))
-    return root
+    return write_records(root, records, lambda i, rec: f"{i:02d}_{rec['optim']}_{rec['config']['seed']}")
 
 
 def test_time_to_target_over_seeds_gives_mean_spread_and_counts(tmp_path):
