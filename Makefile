@@ -18,8 +18,8 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)  ## create .venv and install the package with its test tools
 
-run: $(STAMP)  ## the default experiment: ResNet-20, synthetic CIFAR-100, Birder, 2 nodes x 1 process (ARGS= adds overrides)
-	$(BIN)/birder-repro experiment=quickstart $(ARGS)
+run: $(STAMP)  ## the quick start: SGDM, 1-bit Adam and Birder on real digits, 2 nodes x 1 process (ARGS= adds overrides)
+	$(BIN)/birder-repro -m experiment=quickstart optim=sgdm,onebit_adam,birder $(ARGS)
 
 test: $(STAMP)  ## the fast test suite (the one CI runs)
 	$(BIN)/python -m pytest -q $(ARGS)

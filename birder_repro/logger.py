@@ -32,6 +32,11 @@ def wandb_mode(configured: Optional[str], environ: Mapping[str, str] = os.enviro
     return "online" if environ.get("WANDB_API_KEY") else "offline"
 
 
+def offline_hint(sync_dir: str | os.PathLike) -> str:
+    """The one line an offline W&B run prints at start: where the run is kept and how to upload it later."""
+    return f"W&B: offline run in {sync_dir} (upload it later: wandb sync {sync_dir})"
+
+
 def _json_value(value: Any) -> Any:
     """JSON has no NaN or infinity: write them as null so that every line stays parseable."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -97,7 +102,7 @@ class RunLogger:
 
             config = _plain_config(cfg)
             mode = wandb_mode(logger_cfg.get("mode"))
-            return wandb.init(
+            run = wandb.init(
                 project=logger_cfg.get("project") or "birder-repro",
                 entity=logger_cfg.get("entity"),
                 dir=str(self.run_dir),
@@ -109,13 +114,17 @@ class RunLogger:
                 tags=[*(logger_cfg.get("tags") or []), str(OmegaConf.select(cfg, "train.precision", default="fp32"))],
                 mode=mode,
                 # Console capture would wrap the worker's stdout; the progress bar and summary stay ours.
-                # Offline, W&B's own report (run history, sync hint) would bury the summary: keep it quiet;
-                # the run is under <run dir>/wandb for `wandb sync`.
-                settings=wandb.Settings(console="off", quiet=mode == "offline"),
+                # Offline, W&B's own header says "Run `wandb online`", the wrong advice here (the mode follows
+                # WANDB_API_KEY / WANDB_MODE, wandb_mode above), and it prints whatever `quiet` says
+                # (wandb 0.31, Run._header_sync_info): only `silent` stops it. We print our own line instead.
+                settings=wandb.Settings(console="off", quiet=mode == "offline", silent=mode == "offline"),
             )
         except Exception as err:  # ImportError, wandb.Error, network and permission errors alike
             self._warn(f"W&B is off for this run ({type(err).__name__}: {err}); metrics go to {METRICS_FILE} only")
             return None
+        if mode == "offline":
+            print(offline_hint(getattr(run, "sync_dir", None) or self.run_dir / "wandb"), flush=True)
+        return run
 
     @staticmethod
     def _warn(message: str) -> None:

@@ -22,7 +22,7 @@ from birder_repro.train.checkpoint import CheckpointError, RunIdentity, load_che
 REPO = Path(__file__).resolve().parent.parent
 CPU = torch.device("cpu")
 ID = RunIdentity(task="blobs", optim="sgdm", scheme="allreduce", nodes=1, gpus_per_node=1, world_size=1)
-QUICK = ["experiment=quickstart", "logger=none", "model.size=tiny", "train.batch_size=8",
+QUICK = ["experiment=smoke", "logger=none", "model.size=tiny", "train.batch_size=8",
          "data.synthetic_train_size=64", "data.synthetic_eval_size=16", "train.eval_max_batches=1", "nodes=1",
          "gpus_per_node=1", "train.steps=2"]
 

@@ -22,7 +22,7 @@ from birder_repro import cli, record, worker
 from birder_repro.launch import choose_launcher, local, slurm_env, torchrun
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = ["experiment=quickstart", "logger=none", "model.size=tiny", "train.batch_size=8",
+TINY = ["experiment=smoke", "logger=none", "model.size=tiny", "train.batch_size=8",
         "data.synthetic_train_size=64", "data.synthetic_eval_size=16", "train.eval_max_batches=1"]
 
 
@@ -304,7 +304,7 @@ def _resolved(compose, overrides):
 
 
 def _run_dir(compose, tmp_path, overrides) -> Path:
-    """A run directory as the CLI leaves it for the workers (tiny synthetic quickstart plus ``overrides``)."""
+    """A run directory as the CLI leaves it for the workers (tiny synthetic smoke run plus ``overrides``)."""
     run_dir = tmp_path / "run"
     record.write_run_files(run_dir, _resolved(compose, TINY + overrides), "birder-repro (test)")
     return run_dir

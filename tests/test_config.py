@@ -77,8 +77,17 @@ def test_task_settings_win_over_the_top_level_defaults(compose):
     assert not lost, "\n".join(lost)
 
 
-def test_quickstart_experiment_composes(compose):
-    cfg = compose(["experiment=quickstart"])
+@pytest.mark.parametrize("optim", ["sgdm", "onebit_adam", "birder"])
+def test_quickstart_experiment_composes(compose, optim):
+    """make run's sweep: real data that ships with scikit-learn (no download), curves for the figures."""
+    cfg = compose(["experiment=quickstart", f"optim={optim}"])
+    layout.validate(cfg)
+    assert (cfg.task.name, cfg.optim.name, cfg.nodes, cfg.gpus_per_node) == ("digits", optim, 2, 1)
+    assert cfg.data.source == "real" and cfg.train.eval_every > 0
+
+
+def test_smoke_experiment_composes(compose):
+    cfg = compose(["experiment=smoke"])
     layout.validate(cfg)
     assert (cfg.task.name, cfg.optim.name, cfg.nodes, cfg.gpus_per_node) == ("resnet20", "birder", 2, 1)
     assert cfg.data.source == "synthetic"

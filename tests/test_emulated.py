@@ -33,7 +33,7 @@ TESTS = Path(__file__).resolve().parent
 CAN_NETNS = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
 needs_netns = pytest.mark.skipif(not CAN_NETNS, reason="needs root and iproute2 (ip, tc) to make network "
                                                        "namespaces (apt-get install -y iproute2)")
-TINY = ["experiment=quickstart", "logger=none", "model.size=tiny", "train.batch_size=8",
+TINY = ["experiment=smoke", "logger=none", "model.size=tiny", "train.batch_size=8",
         "data.synthetic_train_size=64", "data.synthetic_eval_size=16", "train.eval_max_batches=1"]
 
 

@@ -14,7 +14,7 @@ from birder_repro import failures, record
 from birder_repro.failures import MARK, RESTART_MARK, Failure, TerminalEcho
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = ["experiment=quickstart", "logger=none", "model.size=tiny", "train.batch_size=8",
+TINY = ["experiment=smoke", "logger=none", "model.size=tiny", "train.batch_size=8",
         "data.synthetic_train_size=64", "data.synthetic_eval_size=16", "train.eval_max_batches=1"]
 
 # torchrun's report of a run where rank 1 was SIGKILLed and rank 0 stopped by torchrun (its format:

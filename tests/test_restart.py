@@ -15,7 +15,7 @@ from birder_repro import record
 from birder_repro.launch.torchrun import torchrun_argv
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = ["experiment=quickstart", "logger=none", "model.size=tiny", "train.batch_size=8",
+TINY = ["experiment=smoke", "logger=none", "model.size=tiny", "train.batch_size=8",
         "data.synthetic_train_size=64", "data.synthetic_eval_size=16", "train.eval_max_batches=1"]
 
 

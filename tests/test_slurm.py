@@ -18,7 +18,7 @@ from birder_repro.launch import slurm
 
 REPO = Path(__file__).resolve().parent.parent
 LAYOUT_8x8 = ["task=resnet50", "optim=birder", "nodes=8", "gpus_per_node=8", "launcher=slurm"]
-TINY = ["experiment=quickstart", "logger=none", "model.size=tiny", "train.batch_size=8",
+TINY = ["experiment=smoke", "logger=none", "model.size=tiny", "train.batch_size=8",
         "data.synthetic_train_size=64", "data.synthetic_eval_size=16", "train.eval_max_batches=1"]
 
 
