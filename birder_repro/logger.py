@@ -34,7 +34,7 @@ def wandb_mode(configured: Optional[str], environ: Mapping[str, str] = os.enviro
 
 def offline_hint(sync_dir: str | os.PathLike) -> str:
     """The one line an offline W&B run prints at start: where the run is kept and how to upload it later."""
-    return f"W&B: offline run in {sync_dir} (upload it later: wandb sync {sync_dir})"
+    return f"W&B: offline run; upload it later with: wandb sync {sync_dir}"
 
 
 def _json_value(value: Any) -> Any:

@@ -59,21 +59,68 @@ def test_cli_bad_input(tmp_path, args, line, recorded):
         assert "Traceback" not in said
 
 
-# ------------------------------------------------------------------ the README's table, checked
-def readme_rows() -> dict[str, str]:
-    """The README's bad-input table: {input: the first `quoted` text of what the user sees}."""
-    text = (REPO / "README.md").read_text()
-    table = text[text.index("**Bad input**"):].split("\n\n")[1]
+# ------------------------------------------------------------ the docs' bad-input table, checked
+TABLE_PAGE = REPO / "docs" / "bad-inputs.md"
+TABLE_HEADING = "## Bad input"
+# Every row the table must hold (its first column): a row deleted from the page, or one added without a check
+# in _shown_for, fails test_the_bad_input_table_holds_every_row.
+ROWS = [
+    "misspelt key `train.stepz=3`",
+    "wrong type `optim.lr=abc`",
+    "missing dataset",
+    "impossible layout `nodes=0`",
+    "resume from a missing path",
+    "resume from an incomplete checkpoint",
+    "resume from a truncated or corrupt file",
+    "any exception inside training on one rank",
+    "a checkpoint carrying a pickled object",
+    "a checkpoint of another task / optimizer / scheme",
+    "a checkpoint of another layout",
+    "disk full while checkpointing",
+    "runs directory not writable",
+    "namespaces and bridges left by a killed emulated run",
+    "`train.resume_policy=maybe`",
+]
+NOT_HERE = {"namespaces and bridges left by a killed emulated run"}  # tests/test_emulated.py (needs root)
+
+
+def table_rows(text: str) -> dict[str, str]:
+    """The page's bad-input table: {input: the first `quoted` text of what the user sees}. The table is the first
+    block of lines starting with "|" after the heading."""
+    after = text[text.index(TABLE_HEADING):].splitlines()
+    start = next(i for i, line in enumerate(after) if line.startswith("|"))
+    end = next((i for i in range(start, len(after)) if not after[i].startswith("|")), len(after))
     rows = {}
-    for line in table.splitlines()[2:]:
+    for line in after[start + 2:end]:  # after the header and its --- line
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         quoted = re.search(r"`([^`]+)`", cells[1])
         rows[cells[0]] = quoted.group(1) if quoted else cells[1]
     return rows
 
 
+def docs_rows() -> dict[str, str]:
+    return table_rows(TABLE_PAGE.read_text())
+
+
+def test_the_bad_input_table_holds_every_row():
+    rows = docs_rows()
+    missing, unchecked = [r for r in ROWS if r not in rows], [r for r in rows if r not in ROWS]
+    assert not missing, f"{TABLE_PAGE}: rows missing from the bad-input table: {missing}"
+    assert not unchecked, f"{TABLE_PAGE}: rows with no check here (add them to ROWS and _shown_for): {unchecked}"
+
+
+@pytest.mark.parametrize("cut", ["a row", "every row"])
+def test_the_table_check_notices_a_row_deleted_or_the_table_emptied(cut):
+    text = TABLE_PAGE.read_text()
+    lines = text.splitlines()
+    rows = [i for i, line in enumerate(lines) if line.startswith("| ") and line.split("|")[1].strip() in ROWS]
+    gone = rows[:1] if cut == "a row" else rows
+    left = table_rows("\n".join(line for i, line in enumerate(lines) if i not in gone))
+    assert [r for r in ROWS if r not in left]
+
+
 def as_pattern(shown: str) -> str:
-    """The README's text as a regular expression: <placeholders> and ... stand for anything."""
+    """The page's text as a regular expression: <placeholders> and ... stand for anything."""
     return ".*".join(re.escape(part) for part in re.split(r"<[^>]+>|\.\.\.", shown))
 
 
@@ -98,7 +145,7 @@ def _checkpoint_dir(tmp_path) -> Path:
 
 
 def _shown_for(row: str, tmp_path) -> str:
-    """What the user sees for the README's ``row``, produced for real."""
+    """What the user sees for the table's ``row``, produced for real."""
     if row.startswith("misspelt key"):
         out = cli(*QUICK, "train.stepz=3", runs=tmp_path / "runs")
         return out.stdout + out.stderr
@@ -148,12 +195,11 @@ def _shown_for(row: str, tmp_path) -> str:
     raise KeyError(row)
 
 
-NOT_HERE = {"namespaces and bridges left by a killed emulated run"}  # tests/test_emulated.py (needs root)
-
-
-@pytest.mark.parametrize("row", [r for r in readme_rows() if r not in NOT_HERE])
-def test_the_readme_bad_input_table_is_what_users_see(tmp_path, row):
-    shown = readme_rows()[row]
+@pytest.mark.parametrize("row", [r for r in ROWS if r not in NOT_HERE])
+def test_the_bad_input_table_is_what_users_see(tmp_path, row):
+    rows = docs_rows()
+    assert row in rows, f"{TABLE_PAGE}: the bad-input table has no row {row!r}"
+    shown = rows[row]
     assert re.search(as_pattern(shown), _shown_for(row, tmp_path)), shown
 
 
