@@ -1,6 +1,6 @@
 """1-bit Adam's blow-up at its first compressed step, reproduced, and the opt-in that prevents it.
 
-The reproduction (README, "1-bit Adam: the warmup"): a small CNN (conv 1->32 and 32->64, 3x3, ReLU, 2x2
+The reproduction (docs/optimizers.md, "1-bit Adam: the warmup"): a small CNN (conv 1->32 and 32->64, 3x3, ReLU, 2x2
 max-pool; linear 3136->128->10) on synthetic N(0, 1) 28x28 inputs with random labels, 2 gloo processes,
 1-bit Adam with its DDP hook, lr 1e-3, weight decay 1e-2, a warmup of 12 steps. Elements whose gradients
 were almost always zero during the warmup (rarely active ReLU units) have a frozen variance near 1e-21; the

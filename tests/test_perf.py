@@ -301,9 +301,9 @@ def test_paper_validation_by_hand():
     sgdm = rows.loc[("ethernet_10g", "resnet50", "sgdm", 8)]
     assert sgdm["pred_throughput"] == pytest.approx(64 * 32 / step, rel=1e-4)
     assert sgdm["throughput_error"] == pytest.approx(64 * 32 / step / 6189 - 1, rel=1e-3)  # the paper's 6189
-    # What the model cannot follow (README, "Where the model stands"): the paper's 1-bit Adam at 64 GPUs over
-    # Ethernet, 5546 samples/s, 0.89x its baseline; the model, whose link has no such collapse, predicts it
-    # well above 1.
+    # What the model cannot follow (docs/performance-model.md, "Where the model stands"): the paper's 1-bit
+    # Adam at 64 GPUs over Ethernet, 5546 samples/s, 0.89x its baseline; the model, whose link has no such
+    # collapse, predicts it well above 1.
     onebit = rows.loc[("ethernet_10g", "resnet50", "onebit_adam", 8)]
     assert (onebit["throughput"], onebit["speedup"]) == (5546, 0.89)
     assert onebit["pred_speedup"] > 1.5 and onebit["speedup_error"] > 0.9
@@ -330,8 +330,8 @@ def test_held_out_rows_never_reach_the_fit(tmp_path):
 
 
 def test_out_of_sample_headline_as_the_readme_states_it():
-    """README's headline (fitted on the 2-node rows, 4 and 8 nodes predicted): 21.9 %, worst +98 %; it misses
-    the 15 % target, and make validate says so."""
+    """The headline of docs/performance-model.md (fitted on the 2-node rows, 4 and 8 nodes predicted): 21.9 %,
+    worst +98 %; it misses the 15 % target, and make validate says so."""
     frame = V.two_node_fit()
     assert sorted(frame["nodes"].unique()) == [4, 8] and set(frame["fitted_on"]) == {"2 nodes"}
     summary = V.error_summary(frame)

@@ -27,7 +27,7 @@ costs. 1 bit cannot say "small": the compressor sends every element at the bucke
 whole bucket, Algorithm 1 lines 7-8) and error feedback makes an element with nothing to send oscillate by
 that scale, step after step. Divided by a frozen sqrt(v) of 1e-10 (an element that saw almost no gradient
 during the warmup: a rarely active ReLU unit), that is a step of scale/eps: 0.34 -> 93 in one step on the
-reproduction in the README ("1-bit Adam: the warmup"). The paper's bound (1-bit Adam paper, section 5,
+reproduction in docs/optimizers.md ("1-bit Adam: the warmup"). The paper's bound (1-bit Adam paper, section 5,
 Theorem 1) grows as the compression error squared over v_min, the smallest frozen variance: the same effect.
 Compressed after preconditioning, the oscillation is at most the RMS of the update itself. The mechanism is
 1-bit LAMB's (1-bit LAMB paper, appendix A.5.2: momentum scaled per tensor before compression, divided
@@ -129,7 +129,7 @@ def short_warmup_warning(optimizer: "OneBitOptimizer", preconditioned: bool = Fa
     return (f"warning: 1-bit warmup of {optimizer.freeze_step} steps (optim.freeze): the frozen variance is "
             f"1 - beta2^T = {fraction:.1%} of its steady value (the paper's shortest warmup kept 33 %), and "
             "elements that saw almost no gradient divide the 1-bit scale by a near-zero sqrt(v): compressed steps "
-            "may blow up (README, '1-bit Adam: the warmup'). Lengthen optim.freeze, or set "
+            "may blow up (docs/optimizers.md, '1-bit Adam: the warmup'). Lengthen optim.freeze, or set "
             "optim.compress_preconditioned=true (1-bit Adam)")
 
 

@@ -43,7 +43,7 @@ def likely_cause(optim: Any, since: int, lr: float, stage: Optional[str]) -> str
     name = str(optim.get("name", ""))
     if name in ONEBIT and stage == "compression":
         return ("1-bit compression with a frozen variance: elements whose warmup gradients were near zero get "
-                "the bucket's whole 1-bit scale divided by their tiny sqrt(v) (README, '1-bit Adam: the "
+                "the bucket's whole 1-bit scale divided by their tiny sqrt(v) (docs/optimizers.md, '1-bit Adam: the "
                 "warmup'); set optim.compress_preconditioned=true, or lengthen optim.freeze")
     return (f"a learning rate too large for this model and batch (lr {lr:g} at step {since}; optim.lr="
             f"{optim.get('lr')}): lower optim.lr, or set train.grad_clip")
