@@ -24,7 +24,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from .tables import OPTIM_ORDER, SETTING, is_missing, optim_label, settings
+from .cells import SETTING
+from .display import OPTIM_ORDER, is_missing, optim_label
+from .documents import settings
 
 PARTS = (("compute", "compute", "#4c72b0"), ("communication", "communication", "#dd8452"),
          ("compression", "compression", "#55a868"), ("data_wait", "data wait", "#c44e52"))
