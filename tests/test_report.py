@@ -341,10 +341,11 @@ def test_figures_drawn_where_matplotlib_is_installed(tmp_path, monkeypatch):
     write_runs(tmp_path / "runs" / "pred", predicted)
     main(["--runs", str(root), "--out", str(tmp_path / "out"), "--figures", str(tmp_path / "fig")])
     drawn = sorted(p.name for p in (tmp_path / "fig").iterdir())
-    # Figure 3 holds both sources (solid / dashed); Figure 4 one per source; Figure 2 needs metrics.jsonl.
-    assert drawn == ["fig3_resnet50_ethernet_10g_10000mbit_synthetic_b32.png",
-                     "fig4_measured_resnet50_ethernet_10g_10000mbit_synthetic_b32.png",
-                     "fig4_predicted_resnet50_ethernet_10g_10000mbit_synthetic_b32.png"]
+    # Figure 3 holds both sources (solid / dashed); Figure 4 one per source; Figure 2 needs metrics.jsonl. The
+    # run's length is part of the setting, so of the name (runs of 50 and 2000 steps never share a figure).
+    assert drawn == ["fig3_resnet50_ethernet_10g_10000mbit_synthetic_b32_50steps.png",
+                     "fig4_measured_resnet50_ethernet_10g_10000mbit_synthetic_b32_50steps.png",
+                     "fig4_predicted_resnet50_ethernet_10g_10000mbit_synthetic_b32_50steps.png"]
 
 
 def test_predicted_records_stay_apart_from_measured_ones(tmp_path):

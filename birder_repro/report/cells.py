@@ -149,6 +149,8 @@ def _aggregate_row(runs: pd.DataFrame, means: list[str], spreads: list[str]) -> 
     row.update({c: reached[c].astype("float64").mean() for c in TARGET_MEANS})
     row["target_s_sd"] = reached["target_s"].std(ddof=1) if len(reached) > 1 else float("nan")
     row["target_reached_n"] = len(reached)
+    row["target_hits"] = {d: (float(step), float(sec)) for d, step, sec in  # each run's, for Figure 2's stars
+                          zip(reached["run_dir"], reached["target_step"], reached["target_s"])}
     row["target_reached"] = True if len(reached) else row.get("target_reached")
     seeds = sorted({int(s) for s in done["seed"].dropna()})
     row.update(n=len(done), seeds=" ".join(map(str, seeds)), run_dirs=list(done["run_dir"]),
