@@ -77,7 +77,7 @@ def write_overview(out: Path, frame: pd.DataFrame, cells: pd.DataFrame, left: pd
         _write(stale, documents.left_out_table(left).to_csv(index=False), written)
     elif stale.exists():  # a list from an earlier report would read as this one's
         stale.unlink()
-    if "target_metric" in frame and frame["target_metric"].notna().any():  # time to accuracy over seeds (birder_repro.report.target)
+    if "target_metric" in frame and frame["target_metric"].notna().any():  # time to accuracy (report.target)
         rows = time_to_target.target_rows(frame)
         _write(out / "time_to_target.md", time_to_target.target_markdown(rows), written)
         if not rows.empty:
