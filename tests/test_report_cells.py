@@ -178,3 +178,14 @@ def test_an_old_style_resume_in_a_new_directory_is_left_out(tmp_path):
     rows, left, _ = report(tmp_path, [full, tail])
     assert only(rows, optim="birder")["throughput_shown"] == 3700.0
     assert left["reason"].iloc[0].startswith("resumed from step 50 in a new directory")
+
+
+def test_the_ddp_fsdp_table_keeps_a_row_per_configuration():
+    from birder_repro.report import parallel_table
+
+    sweep = run_record("birder", 3700.0, started="2026-01-01T10:00:00")
+    other_seed = run_record("birder", 3800.0, seed=1, started="2026-01-01T10:30:00")
+    smoke = run_record("birder", 7000.0, steps=2, started="2026-01-01T11:00:00")
+    rows = parallel_table.rows([sweep, other_seed, smoke])
+    steps_at = parallel_table.HEADER.index("steps")
+    assert sorted((r[steps_at], r[steps_at + 1]) for r in rows) == [(2, 7000.0), (60, 3800.0)]

@@ -139,8 +139,8 @@ def step_time_figures(cells: pd.DataFrame, out_dir: Path) -> list[Path]:
         rows = rows.dropna(subset=["step_ms_total"]).sort_values(["gpus", "nodes"], kind="stable")
         if rows.empty:
             continue
-        labels = [f"{optim_label(o, v)}\n{int(g)} ({int(n)}x{int(m)})" for o, v, g, n, m in
-                  zip(rows["optim"], rows["variant"], rows["gpus"], rows["nodes"], rows["gpus_per_node"])]
+        labels = [f"{_label(r)}\n{int(r['gpus'])} ({int(r['nodes'])}x{int(r['gpus_per_node'])})"
+                  for _, r in rows.iterrows()]
         fig, ax = plt.subplots(figsize=(max(5.0, 0.75 * len(rows) + 2), 4.2))
         bottom = pd.Series(0.0, index=rows.index)
         for part, name, colour in PARTS:
@@ -148,7 +148,8 @@ def step_time_figures(cells: pd.DataFrame, out_dir: Path) -> list[Path]:
             ax.bar(range(len(rows)), values, bottom=bottom, label=name, color=colour)
             bottom = bottom + values
         ax.set_xticks(range(len(rows)), labels, fontsize=7, rotation=45, ha="right")
-        ax.set_ylabel("time per iteration, ms")
+        ax.set_xlabel("optimizer, #GPUs (nodes x GPUs/node)", fontsize=8)
+        ax.set_ylabel("time per iteration, ms (mean over seeds)")
         source = rows.iloc[0]["source"]
         ax.set_title(f"{source.upper()}: {short_title(rows)}", fontsize=9)
         # Headroom above the tallest bar, and the legend in a row there, so that it covers no bar.
