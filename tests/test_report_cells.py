@@ -81,6 +81,7 @@ def test_the_cell_key_leaves_out_the_seed_and_what_cannot_change_a_result():
     other["launcher"] = {"name": "slurm", "node_rank": 1, "rdzv_id": "job-17"}
     other["train"].update(checkpoint_every=10, resume="auto", max_restarts=3, log_every=1)
     other["predict"] = {"implementation": "paper"}  # a measured run never reads it
+    other["cluster"]["perf"] = {"inter_efficiency": 0.9}  # nor the performance model's links
     assert identity.config_key(base) == identity.config_key(other)
     for change in ({"steps": 2}, {"eval_every": 0}, {"precision": "bf16"}):
         changed = copy.deepcopy(base)

@@ -38,8 +38,8 @@ def settings(cells: pd.DataFrame):
 
 
 def _ignored_text() -> str:
-    names = [*IGNORED_KEYS, *(f"{k} (measured runs)" for k in MEASURED_ONLY_KEYS)]
-    return ", ".join(f"`{n}`" for n in names)
+    names = [f"`{k}`" for k in IGNORED_KEYS] + [f"`{k}` (measured runs)" for k in MEASURED_ONLY_KEYS]
+    return ", ".join(names)
 
 
 def notes(cells: pd.DataFrame, mode: str) -> list[str]:

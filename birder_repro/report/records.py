@@ -210,13 +210,20 @@ def run_length(record: dict) -> Optional[str]:
     return None if steps is None else f"{int(steps)} steps"
 
 
+def _attempt_count(attempts: Any) -> int:
+    """How many attempts a run took: its ``attempts`` list's length (a count where one is given), else 1."""
+    if isinstance(attempts, list) and attempts:
+        return len(attempts)
+    return int(attempts) if isinstance(attempts, int) and attempts > 0 else 1
+
+
 def _identity_columns(record: dict, source: str) -> dict:
     attempts = optional(record, "attempts")
     return {"cell_key": config_key(get(record, "config"), source),
             "config_items": config_items(get(record, "config"), source),
             "run_length": run_length(record),
             "eval_every": _train_config(record).get("eval_every"),
-            "attempts": len(attempts) if isinstance(attempts, list) and attempts else 1,
+            "attempts": _attempt_count(attempts),
             "resumed_from_step": get(record, "resumed_from_step")}
 
 
