@@ -75,55 +75,66 @@ def status_reason(row) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- selection
-def _partial_resumes(frame: pd.DataFrame) -> pd.Series:
+# Each rule takes the runs no earlier rule left out and gives the reason it leaves each out (None: kept).
+def _unfinished(runs: pd.DataFrame) -> pd.Series:
+    """Failed, interrupted or otherwise unfinished runs: no result."""
+    unfinished = ~runs["status"].isin(SHOWN_STATUSES)
+    return runs.apply(status_reason, axis=1).where(unfinished)
+
+
+def _partial_resume(runs: pd.DataFrame) -> pd.Series:
     """Runs resumed into a new directory (records from before a resumed run kept its directory and its
     attempts): their clock and samples start at the checkpoint's step."""
-    return frame["resumed_from_step"].notna() & (frame["attempts"].fillna(1) <= 1)
+    partial = runs["resumed_from_step"].notna() & (runs["attempts"].fillna(1) <= 1)
+    return runs["resumed_from_step"].map(lambda s: f"resumed from step {_int_text(s)} in a new directory (an old "
+                                                   "record): its figures cover only the steps after it").where(partial)
 
 
-def _cell_longest(frame: pd.DataFrame) -> pd.Series:
-    """The steps of the longest run of each run's cell (any optimizer, any length asked for)."""
-    steps = frame["steps"].astype("float64")
-    return steps.groupby([frame[k] for k in CELL if k != "run_length"], dropna=False).transform("max")
+def _smoke(runs: pd.DataFrame) -> pd.Series:
+    """Measured runs with at most SMOKE_FRACTION of the steps of the longest run of their cell (any optimizer,
+    any length asked for)."""
+    steps = runs["steps"].astype("float64")
+    longest = steps.groupby([runs[k] for k in CELL if k != "run_length"], dropna=False).transform("max")
+    smoke = (runs["source"] == "measured") & (steps <= SMOKE_FRACTION * longest)
+    text = [f"smoke run: {_int_text(n)} steps, at most a tenth of the {_int_text(m)} of its cell's longest run"
+            for n, m in zip(steps, longest)]
+    return pd.Series(text, index=runs.index, dtype="object").where(smoke)
 
 
-def _superseded(frame: pd.DataFrame) -> pd.Series:
-    """Older runs of a configuration and seed that a newer one repeats; the newest's directory, else None."""
-    ordered = frame.sort_values(["started_at", "run_dir"], na_position="first", kind="stable")
+def _superseded(runs: pd.DataFrame) -> pd.Series:
+    """Older runs of a configuration and seed that a newer one repeats."""
+    ordered = runs.sort_values(["started_at", "run_dir"], na_position="first", kind="stable")
     newest = ordered.groupby([*ROW, "seed"], dropna=False, sort=False)["run_dir"].transform("last")
-    newest = newest.reindex(frame.index)
-    return newest.where(newest != frame["run_dir"])
+    newest = newest.reindex(runs.index)
+    text = newest.map(lambda n: f"superseded by a newer run of the same configuration and seed ({short_run(n)})")
+    return text.where(newest != runs["run_dir"])
+
+
+def _diverged_seed(runs: pd.DataFrame) -> pd.Series:
+    """A diverged run of a row whose other seeds completed (a row whose every run diverged shows as such)."""
+    done = runs["status"].isin(DONE_STATUSES).groupby([runs[k] for k in ROW], dropna=False).transform("any")
+    text = "diverged: left out of the means of its row, whose other seeds completed"
+    return pd.Series(text, index=runs.index, dtype="object").where((runs["status"] == DIVERGED) & done)
+
+
+def _none(runs: pd.DataFrame) -> pd.Series:
+    return pd.Series(None, index=runs.index, dtype="object")
+
+
+RULES = (_unfinished, _partial_resume, _smoke, _superseded, _diverged_seed)
 
 
 def select_runs(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(the runs the tables aggregate, the runs left out with a ``reason`` column), keys filled."""
+    """(the runs the tables aggregate, the runs left out with a ``reason`` column), keys filled: the
+    :data:`RULES` in turn, each on the runs the earlier ones kept."""
     frame = fill_keys(frame)
-    reason = pd.Series(None, index=frame.index, dtype="object")
-    unfinished = ~frame["status"].isin(SHOWN_STATUSES)
-    reason[unfinished] = frame[unfinished].apply(status_reason, axis=1)
-    partial = reason.isna() & _partial_resumes(frame)
-    reason[partial] = [f"resumed from step {_int_text(s)} in a new directory (an old record): its figures "
-                       f"cover only the steps after it" for s in frame.loc[partial, "resumed_from_step"]]
-    open_ = reason.isna()
-    steps, longest = frame["steps"].astype("float64"), _cell_longest(frame[open_]).reindex(frame.index)
-    smoke = open_ & (frame["source"] == "measured") & (steps <= SMOKE_FRACTION * longest)
-    reason[smoke] = [f"smoke run: {_int_text(steps[i])} steps, at most a tenth of the {_int_text(longest[i])} of "
-                     f"its cell's longest run" for i in frame.index[smoke]]
-    open_ = reason.isna()
-    newer = _superseded(frame[open_]).reindex(frame.index)
-    superseded = open_ & newer.notna()
-    reason[superseded] = [f"superseded by a newer run of the same configuration and seed ({short_run(n)})"
-                          for n in newer[superseded]]
-    open_ = reason.isna()
-    reason[open_ & _diverged_beside_completed(frame[open_]).reindex(frame.index, fill_value=False)] = \
-        "diverged: left out of the means of its row, whose other seeds completed"
+    reason = _none(frame)
+    for rule in RULES:
+        open_ = frame[reason.isna()]
+        if len(open_):
+            reason.update(rule(open_).dropna())
     left = frame[reason.notna()].assign(reason=reason[reason.notna()])
     return frame[reason.isna()].copy(), left
-
-
-def _diverged_beside_completed(frame: pd.DataFrame) -> pd.Series:
-    done = frame["status"].isin(DONE_STATUSES).groupby([frame[k] for k in ROW], dropna=False).transform("any")
-    return (frame["status"] == DIVERGED) & done
 
 
 # ---------------------------------------------------------------------------------------------- aggregation
