@@ -68,10 +68,11 @@ def _int_text(value) -> str:
 def status_reason(row) -> str:
     """Why a run that is not a result is left out: its status and what it says."""
     status = row["status"] if isinstance(row["status"], str) else "unknown status"
-    if status == "interrupted":
-        return f"interrupted at step {_int_text(row['steps'])}: not a result until resumed and completed"
-    error = row.get("error")
-    return f"{status}: {error}" if isinstance(error, str) and error else status
+    error = row.get("error") if isinstance(row.get("error"), str) and row.get("error") else None
+    if status == "interrupted":  # its error line, where it has one, says how to resume it
+        return f"interrupted at step {_int_text(row['steps'])}: " + (
+            error or "not a result until resumed and completed")
+    return f"{status}: {error}" if error else status
 
 
 # ---------------------------------------------------------------------------------------------- selection

@@ -108,9 +108,10 @@ def left_out_table(left: pd.DataFrame) -> pd.DataFrame:
 def left_out_section(left: pd.DataFrame) -> list[str]:
     if left.empty:
         return []
-    return ["", "## Runs left out", "",
-            f"{len(left)} run(s) are not in the tables above (smoke runs: at most {SMOKE_FRACTION:.0%} of the "
-            "steps of their cell's longest run):", "", to_markdown(left_out_table(left))]
+    smoke = left["reason"].str.startswith("smoke run").any()
+    why = f" (smoke runs: at most {SMOKE_FRACTION:.0%} of the steps of their cell's longest run)" if smoke else ""
+    return ["", "## Runs left out", "", f"{len(left)} run(s) are not in the tables above{why}:", "",
+            to_markdown(left_out_table(left))]
 
 
 def task_markdown(task: str, cells: pd.DataFrame, left: pd.DataFrame, mode: str) -> str:
