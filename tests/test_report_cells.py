@@ -134,7 +134,7 @@ def test_three_seeds_are_one_row_with_mean_spread_and_n(tmp_path):
     assert birder["throughput_shown"] == pytest.approx(110.0) and birder["throughput_shown_sd"] == pytest.approx(10.0)
     assert birder["top1"] == pytest.approx(98.0) and birder["top1_sd"] == pytest.approx(1.0)
     line = next(x for x in md.splitlines() if x.startswith("| Birder"))
-    assert "3 (seeds 0 1 2)" in line and "110 ± 10 (1.10x)" in line and "98 ± 1" in line
+    assert "3 (seeds 0 1 2)" in line and "110 ± 10 (1.10x)" in line and "98.0 ± 1.0" in line
 
 
 def test_rows_that_differ_in_a_setting_say_so_and_compare_with_the_same_setting(tmp_path):

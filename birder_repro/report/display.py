@@ -49,9 +49,12 @@ def fmt_number(x, digits: int = 4) -> str:
 
 
 def fmt_spread(mean, sd, digits: int = 4) -> str:
-    """"98.3 ± 0.42": a mean over seeds and its sample standard deviation (none for one seed)."""
-    text = fmt_number(mean, digits)
-    return text if is_missing(mean) or is_missing(sd) else f"{text} ± {fmt_number(sd, 2)}"
+    """"98.52 ± 0.16", "3261 ± 1009": a mean over seeds and its sample standard deviation (none for one seed),
+    the sd to two significant digits and the mean to the same decimal place."""
+    if is_missing(mean) or is_missing(sd):
+        return fmt_number(mean, digits)
+    places = 0 if float(sd) == 0 else max(0, 1 - math.floor(math.log10(abs(float(sd)))))
+    return f"{float(mean):.{places}f} ± {float(sd):.{places}f}"
 
 
 def fmt_percent(x, digits: int = 1) -> str:
