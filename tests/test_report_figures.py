@@ -121,3 +121,16 @@ def test_figure_3_starts_at_zero_and_names_only_its_marks(tmp_path):
     assert legend == ["SGDM (measured)", "Birder (measured)"]
     assert "error bars: ± 1 sd over seeds" in ax.get_title() and "dashed" not in ax.get_title()
     close(fig)
+
+
+def test_figure_2_draws_every_seed_on_its_own_clock(tmp_path):
+    """A row's seeds are drawn each on its own time axis: its own first-step one-time work left out, never the
+    row's mean (a seed that compiled for 5 s would start 2.5 s late, the others at zero)."""
+    slow = record("birder", seed=1)
+    slow["compile_s"] = 0.05
+    fig = figures.convergence_figure(cells_of(write_runs(tmp_path, [record("birder", seed=0), slow])))
+    loss_time = fig.axes[1]
+    starts = sorted(round(float(line.get_xdata()[0]), 3) for line in loss_time.get_lines())
+    assert starts == [0.05, 0.1]  # train_s 0.1 at step 10, less 0.05 and less 0
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["Birder (2 seeds)"]
+    close(fig)

@@ -92,18 +92,20 @@ def curves(rows: pd.DataFrame) -> list[dict]:
     column ``t``, and its time-to-target point (step, seconds) where it reached the target."""
     found = []
     for _, r in rows.iterrows():
-        hits = r.get("target_hits") if isinstance(r.get("target_hits"), dict) else {}
-        for i, run_dir in enumerate(_runs_of(r)):
+        per_run = r.get("per_run") if isinstance(r.get("per_run"), dict) else {}
+        target = None if is_missing(r.get("target_value")) else (r["target_metric"], float(r["target_value"]))
+        for run_dir in _runs_of(r):
             m = read_metrics(run_dir)
             if m.empty or "loss" not in m:
                 continue
+            own = per_run.get(run_dir, {"compile_s": r.get("compile_s"), "hit": None})
             xlabel = "time, s"
             if "time_s" in m or "train_s" in m:
-                m["t"], xlabel = time_axis(m, r.get("compile_s"))
-            target = None if is_missing(r.get("target_value")) else (r["target_metric"], float(r["target_value"]))
-            found.append({"label": row_label(r) if i == 0 else None, "style": row_style(r),
-                          "headline": r["headline_metric"], "metrics": m, "xlabel": xlabel,
-                          "hit": hits.get(run_dir), "target": target})
+                m["t"], xlabel = time_axis(m, own["compile_s"])
+            first = not any(c["row"] == r.name for c in found)  # the row's legend entry, once
+            found.append({"row": r.name, "label": row_label(r) if first else None, "style": row_style(r),
+                          "headline": r["headline_metric"], "metrics": m, "xlabel": xlabel, "hit": own["hit"],
+                          "target": target})
     return found
 
 
