@@ -1,6 +1,9 @@
 """``python -m birder_repro.report`` (what ``make tables`` runs): run records -> tables/*.md|csv|tex, figures.
 
     python -m birder_repro.report [--runs DIR] [--out DIR] [--figures DIR] [--throughput whole|stage]
+
+``--runs DIR`` is the runs root, searched at any depth: a sweep's own directory tabulates that sweep alone.
+The runs the tables leave out are printed, one line each with the reason, and listed in the files.
 """
 
 from __future__ import annotations
@@ -72,11 +75,12 @@ def write_overview(out: Path, frame: pd.DataFrame, cells: pd.DataFrame, left: pd
     md_names = [p.name for p in task_files if p.suffix == ".md"]
     _write(out / "summary.md", documents.summary_markdown(frame, cells, left, mode, md_names), written)
     _write(out / "summary.csv", cells[tables.csv_columns(cells)].to_csv(index=False), written)
-    stale = out / "left_out.csv"
     if not left.empty:
-        _write(stale, documents.left_out_table(left).to_csv(index=False), written)
-    elif stale.exists():  # a list from an earlier report would read as this one's
-        stale.unlink()
+        _write(out / "left_out.csv", documents.left_out_table(left).to_csv(index=False), written)
+    # An earlier report's list (not_completed.csv: its name before left_out.csv) would read as this one's.
+    for stale in ("left_out.csv", "not_completed.csv"):
+        if (out / stale) not in written and (out / stale).exists():
+            (out / stale).unlink()
     if "target_metric" in frame and frame["target_metric"].notna().any():  # time to accuracy (report.target)
         rows = time_to_target.target_rows(frame)
         _write(out / "time_to_target.md", time_to_target.target_markdown(rows), written)
