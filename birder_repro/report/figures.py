@@ -51,12 +51,14 @@ def _bars(ax, rows: pd.DataFrame) -> None:
     labels = []
     for x, (_, r) in enumerate(rows.iterrows()):
         labels.append(_label(r) + ("" if r["source"] == "measured" else "\n(predicted)"))
-        if pd.isna(r["throughput_shown"]):
+        if r["status"] == "diverged" or pd.isna(r["throughput_shown"]):
             ax.text(x, 0, " " + (r["status"] if isinstance(r["status"], str) else "no figure"), rotation=90,
                     ha="center", va="bottom", fontsize=8)
             continue
-        ax.bar(x, r["throughput_shown"], color=row_style(r)["color"], edgecolor="black", linewidth=0.5,
-               hatch=None if r["source"] == "measured" else "//", yerr=r.get("throughput_shown_sd"), capsize=4)
+        colour = row_style(r)["color"]
+        looks = dict(color=colour, edgecolor="black") if r["source"] == "measured" else \
+            dict(facecolor="white", edgecolor=colour, hatch="//")  # predicted: hatched in the optimizer's colour
+        ax.bar(x, r["throughput_shown"], linewidth=0.8, yerr=r.get("throughput_shown_sd"), capsize=4, **looks)
     ax.set_xticks(range(len(rows)), labels, fontsize=8)
     first = rows.iloc[0]
     ax.set_xlabel(f"optimizer, at {int(first['gpus'])} GPUs ({int(first['nodes'])}x{int(first['gpus_per_node'])})")
