@@ -106,7 +106,7 @@ def test_bert_baseline_is_bertadam(tmp_path):
 
 # --- which runs are shown ---------------------------------------------------------------------------------
 
-def test_newest_completed_run_per_cell_is_kept(tmp_path):
+def test_a_repeated_run_of_one_configuration_and_seed_supersedes_the_older(tmp_path):
     records = [make_record("birder", 1, 8, 111.0, started="2025-01-01T09:00:00"),
                make_record("birder", 1, 8, 333.0, started="2025-01-03T09:00:00"),
                make_record("birder", 1, 8, 222.0, started="2025-01-02T09:00:00"),
@@ -114,10 +114,11 @@ def test_newest_completed_run_per_cell_is_kept(tmp_path):
     root = write_runs(tmp_path / "runs", records)
     cells = cells_of(root)
     assert row(cells, "birder", 1)["throughput_shown"] == 333.0
-    assert row(cells, "birder", 1)["n_runs"] == 3
+    assert row(cells, "birder", 1)["n"] == 1
     main(["--runs", str(root), "--out", str(tmp_path / "out"), "--figures", str(tmp_path / "fig")])
     text = (tmp_path / "out" / "resnet50.md").read_text()
-    assert "newest" in text and "2 older run(s) left out" in text
+    assert text.count("superseded by a newer run of the same configuration and seed (2025-01-01/10-00-01") == 2
+    assert "failed: x" in text
 
 
 def test_failed_runs_are_listed_not_dropped(tmp_path, capsys):
@@ -128,7 +129,7 @@ def test_failed_runs_are_listed_not_dropped(tmp_path, capsys):
     assert main(["--runs", str(root), "--out", str(tmp_path / "out"), "--figures", str(tmp_path / "f")]) == 0
     assert "3 run record(s) under" in capsys.readouterr().out
     resnet = (tmp_path / "out" / "resnet50.md").read_text()
-    assert "Runs that did not complete" in resnet and "RuntimeError: gloo timeout" in resnet
+    assert "Runs left out" in resnet and "failed: RuntimeError: gloo timeout" in resnet
     assert "Traceback" not in resnet  # first line of the error only
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "1 completed, 2 not completed" in summary and "OOM" in summary
@@ -340,10 +341,11 @@ def test_figures_drawn_where_matplotlib_is_installed(tmp_path, monkeypatch):
     write_runs(tmp_path / "runs" / "pred", predicted)
     main(["--runs", str(root), "--out", str(tmp_path / "out"), "--figures", str(tmp_path / "fig")])
     drawn = sorted(p.name for p in (tmp_path / "fig").iterdir())
-    # Figure 3 holds both sources (solid / dashed); Figure 4 one per source; Figure 2 needs metrics.jsonl.
-    assert drawn == ["fig3_resnet50_ethernet_10g_10000mbit_synthetic_b32.png",
-                     "fig4_measured_resnet50_ethernet_10g_10000mbit_synthetic_b32.png",
-                     "fig4_predicted_resnet50_ethernet_10g_10000mbit_synthetic_b32.png"]
+    # Figure 3 holds both sources (solid / dashed); Figure 4 one per source; Figure 2 needs metrics.jsonl. The
+    # run's length is part of the setting, so of the name (runs of 50 and 2000 steps never share a figure).
+    assert drawn == ["fig3_resnet50_ethernet_10g_10000mbit_synthetic_b32_50steps.png",
+                     "fig4_measured_resnet50_ethernet_10g_10000mbit_synthetic_b32_50steps.png",
+                     "fig4_predicted_resnet50_ethernet_10g_10000mbit_synthetic_b32_50steps.png"]
 
 
 def test_predicted_records_stay_apart_from_measured_ones(tmp_path):

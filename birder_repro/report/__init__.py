@@ -1,10 +1,13 @@
 """Run records -> the paper's tables: ``python -m birder_repro.report`` (``make tables``).
 
 - ``records``: read every ``record.json`` under ``runs/`` into one flat DataFrame (one row per run);
-- ``tables``: one row per (cell, optimizer) with speedup, scale efficiency and bytes per step; markdown,
-  CSV and LaTeX writers;
+- ``identity``: which config keys make a cell (all but the seed and those that cannot change a result);
+- ``cells``: which runs a table shows (one row per configuration, seeds aggregated) and which it leaves out, why;
+- ``tables``: speedup, scale efficiency and bytes per step of each row (the numbers, also the CSV files);
+- ``display`` and ``documents``: the strings a reader sees, and the markdown files;
 - ``paper``: the paper's own numbers (``tables/paper/*.csv``) beside the reproduced cells;
-- ``figures``: throughput against #GPUs where matplotlib is installed.
+- ``target``: time to accuracy over seeds;
+- ``figures``: the paper's Figures 2-4 where matplotlib is installed.
 """
 
 from .records import flatten_record, load_frame, load_records, records_frame, runs_root

@@ -1,6 +1,9 @@
 """``python -m birder_repro.report`` (what ``make tables`` runs): run records -> tables/*.md|csv|tex, figures.
 
     python -m birder_repro.report [--runs DIR] [--out DIR] [--figures DIR] [--throughput whole|stage]
+
+``--runs DIR`` is the runs root, searched at any depth: a sweep's own directory tabulates that sweep alone.
+The runs the tables leave out are printed, one line each with the reason, and listed in the files.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ from typing import Optional, Sequence
 
 import pandas as pd
 
-from . import figures, paper, tables
+from . import documents, figures, paper, tables
 from . import target as time_to_target
+from .cells import select_runs
+from .display import to_latex
 from .records import load_frame, runs_root
 
 
@@ -24,7 +29,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         description="Tables in the paper's shape (markdown, CSV, LaTeX) and throughput figures from every run "
                     "record (record.json) under the runs directory; `make tables ARGS=...` passes options.")
     p.add_argument("--runs", metavar="DIR",
-                   help="searched for record.json at any depth (default: $BIRDER_RUNS, else runs/)")
+                   help="the runs root, searched for record.json at any depth (default: $BIRDER_RUNS, else "
+                        "runs/); e.g. a sweep's own directory, runs/multirun/<sweep>, for its runs alone")
     p.add_argument("--out", metavar="DIR", default="tables", help="where the tables go (default: tables/)")
     p.add_argument("--figures", metavar="DIR", default="figures",
                    help="where the figures go (default: figures/)")
@@ -46,33 +52,36 @@ def _write(path: Path, text: str, written: list[Path]) -> None:
     written.append(path)
 
 
-def write_task_files(out: Path, frame: pd.DataFrame, cells: pd.DataFrame, mode: str) -> list[Path]:
+def write_task_files(out: Path, frame: pd.DataFrame, cells: pd.DataFrame, left: pd.DataFrame,
+                     mode: str) -> list[Path]:
     """tables/<task>.md, .csv (the numbers) and .tex for every task that has any record."""
     written: list[Path] = []
-    _, others = tables.split_by_status(frame)
     for task in sorted(frame["task"].astype("object").fillna("unknown").unique()):
         task_cells = cells[cells["task"] == task]
-        task_others = others[others["task"].astype("object").fillna("unknown") == task]
+        task_left = left[left["task"] == task]
         stem = out / file_stem(task)
-        _write(stem.with_suffix(".md"), tables.task_markdown(task, task_cells, task_others, mode), written)
+        _write(stem.with_suffix(".md"), documents.task_markdown(task, task_cells, task_left, mode), written)
         _write(stem.with_suffix(".csv"), task_cells[tables.csv_columns(task_cells)].to_csv(index=False), written)
-        latex = tables.to_latex(tables.display_frame(task_cells, mode, with_setting=True))
+        latex = to_latex(tables.display_frame(task_cells, mode, with_setting=True))
         if latex is not None and not task_cells.empty:
             _write(stem.with_suffix(".tex"), latex, written)
     return written
 
 
-def write_overview(out: Path, frame: pd.DataFrame, cells: pd.DataFrame, mode: str, task_files: list[Path],
-                   paper_dir: Optional[str]) -> list[Path]:
-    """tables/summary.md|csv and tables/paper_comparison.md|csv."""
+def write_overview(out: Path, frame: pd.DataFrame, cells: pd.DataFrame, left: pd.DataFrame, mode: str,
+                   task_files: list[Path], paper_dir: Optional[str]) -> list[Path]:
+    """tables/summary.md|csv, left_out.csv and tables/paper_comparison.md|csv."""
     written: list[Path] = []
-    _, others = tables.split_by_status(frame)
     md_names = [p.name for p in task_files if p.suffix == ".md"]
-    _write(out / "summary.md", tables.summary_markdown(frame, cells, others, mode, md_names), written)
+    _write(out / "summary.md", documents.summary_markdown(frame, cells, left, mode, md_names), written)
     _write(out / "summary.csv", cells[tables.csv_columns(cells)].to_csv(index=False), written)
-    if not others.empty:
-        _write(out / "not_completed.csv", tables.not_completed_table(others).to_csv(index=False), written)
-    if tables.has_targets(frame):  # time to accuracy over seeds (birder_repro.report.target)
+    if not left.empty:
+        _write(out / "left_out.csv", documents.left_out_table(left).to_csv(index=False), written)
+    # An earlier report's list (not_completed.csv: its name before left_out.csv) would read as this one's.
+    for stale in ("left_out.csv", "not_completed.csv"):
+        if (out / stale) not in written and (out / stale).exists():
+            (out / stale).unlink()
+    if "target_metric" in frame and frame["target_metric"].notna().any():  # time to accuracy (report.target)
         rows = time_to_target.target_rows(frame)
         _write(out / "time_to_target.md", time_to_target.target_markdown(rows), written)
         if not rows.empty:
@@ -83,6 +92,15 @@ def write_overview(out: Path, frame: pd.DataFrame, cells: pd.DataFrame, mode: st
     if not joined.empty:
         _write(out / "paper_comparison.csv", joined.to_csv(index=False), written)
     return written
+
+
+def print_left_out(left: pd.DataFrame) -> None:
+    """One line per run the tables leave out, with the reason (also in the markdown files and left_out.csv)."""
+    if left.empty:
+        return
+    print(f"left out of the tables: {len(left)} run(s)")
+    for _, row in documents.left_out_table(left).iterrows():
+        print(f"  {row['run']} ({row['optimizer']}, {row['steps']} steps): {row['reason']}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -103,8 +121,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cells = tables.cell_table(frame, args.throughput)
-    written = write_task_files(out, frame, cells, args.throughput)
-    written += write_overview(out, frame, cells, args.throughput, written, args.paper)
+    _, left = select_runs(frame)
+    print_left_out(left)
+    written = write_task_files(out, frame, cells, left, args.throughput)
+    written += write_overview(out, frame, cells, left, args.throughput, written, args.paper)
     if cells.empty:
         print("figures: no completed run to plot")
     elif figures.have_matplotlib():

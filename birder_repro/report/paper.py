@@ -11,7 +11,7 @@ from typing import Optional
 
 import pandas as pd
 
-from .tables import fmt_layout, fmt_number, fmt_percent, is_missing, optim_label, optim_rank, to_markdown
+from .display import fmt_layout, fmt_number, fmt_percent, is_missing, optim_label, optim_rank, to_markdown
 
 PAPER_METRICS = ("top1", "f1", "exact_match")
 MATCH = ("task", "optimizer", "nodes", "gpus_per_node", "batch_per_gpu")

@@ -1,7 +1,8 @@
 """DDP against FSDP side by side: ``python -m birder_repro.report.parallel_table --runs DIR``.
 
-One markdown row per completed run under ``DIR`` (newest first within a task, optimizer and ``parallel``):
-throughput, the step-time split, bytes per step and per process inside and across nodes, and memory per
+One markdown row per configuration under ``DIR`` (its newest completed run; a configuration is the resolved
+config less the seed and the settings that cannot change a result, birder_repro.report.identity, so runs of
+another length or learning rate are rows of their own, with their steps shown): throughput, the step-time split, bytes per step and per process inside and across nodes, and memory per
 process (the largest over the processes: parameters, gradients, optimizer state with the hook's, peak).
 """
 
@@ -11,12 +12,13 @@ import argparse
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
+from birder_repro.report.identity import config_key
 from birder_repro.report.records import load_records
 from birder_repro.schema import get
 
 __all__ = ["rows", "markdown", "main"]
 
-HEADER = ("task", "optim", "parallel", "layout", "link Mbit/s", "samples/s", "step ms", "compute", "communication",
+HEADER = ("task", "optim", "parallel", "layout", "link Mbit/s", "steps", "samples/s", "step ms", "compute", "communication",
           "compression", "intra KiB/step", "inter KiB/step", "params MiB", "grads MiB", "optim state MiB",
           "peak MiB")
 
@@ -34,20 +36,19 @@ def _row(record: dict) -> tuple:
            for k in ("intra_node_bytes_per_step", "inter_node_bytes_per_step")]
     cluster = get(record, "cluster") or {}
     return (get(record, "task"), get(record, "optim"), get(record, "parallel") or "ddp",
-            f"{cluster.get('nodes')}x{cluster.get('gpus_per_node')}", cluster.get("link_mbit"),
+            f"{cluster.get('nodes')}x{cluster.get('gpus_per_node')}", cluster.get("link_mbit"), get(record, "steps"),
             get(record, "throughput_samples_per_s"), *ms, *kib,
             *(_max_memory(record, k) for k in ("parameters", "gradients", "optimizer_state", "peak")))
 
 
 def rows(records: Iterable[dict]) -> list[tuple]:
-    """The newest completed record of each (task, optimizer, parallel, layout, link), as table rows."""
+    """The newest completed record of each configuration (seed left out), as table rows."""
     newest: dict[tuple, dict] = {}
     for rec in sorted(records, key=lambda r: str(get(r, "started") or "")):
         if get(rec, "status") != "completed":
             continue
-        row = _row(rec)
-        newest[row[:5]] = rec
-    return sorted((_row(r) for r in newest.values()), key=lambda r: tuple(str(x) for x in r[:5]))
+        newest[(*_row(rec)[:5], config_key(get(rec, "config")))] = rec
+    return sorted((_row(r) for r in newest.values()), key=lambda r: tuple(str(x) for x in r[:6]))
 
 
 def _cell(value: Any) -> str:

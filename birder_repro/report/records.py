@@ -19,6 +19,8 @@ from birder_repro.comm.accounting import allreduce_bytes, flat_allreduce_split
 from birder_repro.record import find_records, read_record, runs_root
 from birder_repro.schema import get
 
+from .identity import config_items, config_key
+
 __all__ = ["COLUMNS", "STAGED_OPTIMIZERS", "runs_root", "find_records", "load_records", "flatten_record",
            "metric_column", "metric_columns", "records_frame", "load_frame"]
 
@@ -40,6 +42,9 @@ COLUMNS = (
     # time to accuracy (schema key time_to_target, birder_repro.train.target) and what is reported apart from it
     "target_metric", "target_value", "target_direction", "target_reached", "target_s", "target_step",
     "target_samples", "target_wall_s", "target_evaluations", "startup_s", "compile_s", "seed",
+    # which cell a run is of (birder_repro.report.identity) and how it ran: its length, its attempts (a run
+    # stopped and resumed in its own directory), or the step an old-style resume in a new directory began at
+    "cell_key", "config_items", "run_length", "eval_every", "attempts", "resumed_from_step",
 )
 
 
@@ -172,12 +177,54 @@ def flatten_record(record: dict, run_dir: Path | str) -> dict:
         "startup_s": get(record, "startup_s"),
         "compile_s": get(record, "compile_s"),
         "seed": config("seed"),
+        **_identity_columns(record, "predicted" if get(record, "status") == "predicted" else "measured"),
     }
     for part in schema.STEP_TIME_PARTS:
         row[f"step_ms_{part}"] = _scaled(get(record, "step_time_s", part), 1e3)
     for name, value in get(record, "metrics", default={}).items():
         row[metric_column(name)] = value
     return row
+
+
+def optional(record: dict, key: str) -> Any:
+    """A key that newer records carry (``attempts``, ``config_digest``): read through ``schema.get`` once the
+    schema documents it, plainly before."""
+    return get(record, key) if key in schema.NAMES else record.get(key)
+
+
+def _train_config(record: dict) -> dict:
+    config = get(record, "config", default={})
+    train = config.get("train") if isinstance(config, dict) else None
+    return train if isinstance(train, dict) else {}
+
+
+def run_length(record: dict) -> Optional[str]:
+    """"60 steps" or "10 epochs": the length the run was asked for (train.steps, else train.epochs), the same
+    for every layout of a sweep by epochs; for records without it, the steps the run took."""
+    train = _train_config(record)
+    if train.get("steps") is not None:
+        return f"{int(train['steps'])} steps"
+    if isinstance(train.get("epochs"), (int, float)):
+        return f"{train['epochs']:g} epochs"
+    steps = get(record, "steps")
+    return None if steps is None else f"{int(steps)} steps"
+
+
+def _attempt_count(attempts: Any) -> int:
+    """How many attempts a run took: its ``attempts`` list's length (a count where one is given), else 1."""
+    if isinstance(attempts, list) and attempts:
+        return len(attempts)
+    return int(attempts) if isinstance(attempts, int) and attempts > 0 else 1
+
+
+def _identity_columns(record: dict, source: str) -> dict:
+    attempts = optional(record, "attempts")
+    return {"cell_key": config_key(get(record, "config"), source),
+            "config_items": config_items(get(record, "config"), source),
+            "run_length": run_length(record),
+            "eval_every": _train_config(record).get("eval_every"),
+            "attempts": _attempt_count(attempts),
+            "resumed_from_step": get(record, "resumed_from_step")}
 
 
 def _target_columns(record: dict) -> dict:
@@ -219,7 +266,7 @@ def records_frame(pairs: Iterable[tuple[Path | str, dict]]) -> pd.DataFrame:
     rows = [flatten_record(record, run_dir) for run_dir, record in pairs]
     frame = pd.DataFrame(rows, columns=[*COLUMNS, *metrics])
     for col in ("nodes", "gpus_per_node", "gpus", "batch_size", "global_batch_size", "steps", "target_step",
-                "target_samples", "target_evaluations", "seed"):
+                "target_samples", "target_evaluations", "seed", "attempts", "resumed_from_step", "eval_every"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("Int64")
     numeric = ["link_mbit", "lr", "throughput", "throughput_warmup", "throughput_compression", "target_value",
                "target_s", "target_wall_s", "startup_s", "compile_s",

@@ -1,6 +1,6 @@
 """Time to accuracy over seeds: ``tables/time_to_target.md|csv``, one row per (cell, optimizer, target).
 
-The task tables show the newest run of each cell; this table gathers every measured run of a cell that has a
+The task tables show one row per configuration; this table gathers every measured run of a cell that has a
 target (``time_to_target`` in its record, birder_repro.train.target), typically the seeds of one sweep
 (``conf/experiment/time_to_accuracy.yaml``), and gives the time to the target as mean, sample standard
 deviation and range over the runs that reached it, how many did, the steps it took, the plain wall-clock, and
@@ -16,12 +16,17 @@ from typing import Optional, Sequence
 import pandas as pd
 
 from . import records
-from .tables import (CELL, SETTING, _fill_keys, fmt_layout, fmt_number, is_missing, metric_label, optim_label,
-                     optim_rank, settings, target_goal, to_markdown)
+from .cells import CELL, SETTING, fill_keys, select_runs
+from .display import (fmt_layout, fmt_number, is_missing, metric_label, optim_label, optim_rank, target_goal,
+                      to_markdown)
+from .documents import settings
 
 __all__ = ["GROUP", "spread", "target_rows", "target_markdown"]
 
-GROUP = (*CELL, "optim", "variant", "target_metric", "target_value", "target_direction", "steps", "lr")
+# cell_key: one configuration less its seed (birder_repro.report.identity), as the task tables' rows
+GROUP = (*CELL, "optim", "variant", "cell_key", "target_metric", "target_value", "target_direction", "steps", "lr")
+# Runs left out here as in the task tables; failed, interrupted and diverged runs stay, counted and never averaged.
+LEFT_OUT_HERE = ("smoke run", "superseded", "resumed from step")
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
@@ -36,9 +41,12 @@ def spread(values: Sequence[float]) -> dict[str, float]:
 
 
 def _fill(frame: pd.DataFrame) -> pd.DataFrame:
-    """Measured runs with a target, their text keys filled as the task tables fill them."""
+    """Measured runs with a target, their text keys filled as the task tables fill them, less smoke runs,
+    superseded repeats and old-style partial resumes (cells.select_runs)."""
     runs = frame[(frame["status"] != "predicted") & frame["target_metric"].notna()]
-    return _fill_keys(runs)
+    _, left = select_runs(runs)
+    dropped = left.index[left["reason"].str.startswith(LEFT_OUT_HERE)]
+    return fill_keys(runs.drop(index=dropped))
 
 
 def _row(keys: dict, runs: pd.DataFrame) -> dict:
