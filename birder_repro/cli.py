@@ -32,8 +32,8 @@ from birder_repro import record
 
 __all__ = ["CONF_DIR", "run", "main"]
 
-# conf/ sits beside the package in the repository (installed editable, or run from a checkout). A wheel would
-# have to ship it as the package birder_repro.conf (pyproject package-dir + package-data), read as pkg://.
+# conf/ sits beside the package in the repository (installed editable, or run from a checkout); a wheel ships it
+# as the package birder_repro.conf (pyproject.toml's package-dir and package-data), read as pkg://.
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 CONF_PACKAGE = "birder_repro.conf"
 INTERRUPTED = 130  # the shell's exit code for a command stopped by Ctrl-C
@@ -134,11 +134,12 @@ def reference_configs(cfg: DictConfig) -> list[DictConfig]:
 def _added_groups(cfg: DictConfig, choices: dict) -> list[str]:
     """The command line's picks of other config groups (``+mygroup=x`` from a ``--config-dir`` of the user's),
     as written: the keys they add are known keys too."""
-    def group(override: str) -> str:
-        return override.split("=", 1)[0].lstrip("+~")
-
-    return [o for o in _task_overrides(cfg) if group(o) in choices and group(o) not in (*GROUPS, "recipe")
-            and not group(o).startswith("hydra")]
+    picks = []
+    for override in _task_overrides(cfg):
+        group = override.split("=", 1)[0].lstrip("+~")
+        if group in choices and group not in (*GROUPS, "recipe") and not group.startswith("hydra"):
+            picks.append(override)
+    return picks
 
 
 def _task_overrides(cfg: DictConfig) -> list[str]:
@@ -318,7 +319,8 @@ def missing_recipe_line(cfg: DictConfig) -> Optional[str]:
     task, optim = choices.get("task"), choices.get("optim")
     if not task or not optim or cfg.get("mode") == "probe" or _has_recipe(task, optim):
         return None
-    settings = ", ".join(f"{key}={_yaml_value(value)}" for key, value in _leaves(cfg.optim) if key != "name")
+    optim_settings = _leaves(OmegaConf.to_container(cfg.optim, resolve=True))
+    settings = ", ".join(f"{key}={_yaml_value(value)}" for key, value in optim_settings if key != "name")
     return (f"no paper recipe for task={task} optim={optim} (no conf/recipe/{task}/{optim}.yaml): the generic "
             f"settings of conf/optim/{optim}.yaml apply: {settings}")
 
@@ -328,11 +330,11 @@ def _has_recipe(task: str, optim: str) -> bool:
         return optim in GlobalHydra.instance().config_loader().get_group_options(f"recipe/{task}")
 
 
-def _leaves(node: DictConfig, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """(dotted key, value) of every value of a config section, lists as values."""
-    for key, value in OmegaConf.to_container(node, resolve=True).items():
+def _leaves(node: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every value of a plain config section, lists as values."""
+    for key, value in node.items():
         if isinstance(value, dict):
-            yield from _leaves(OmegaConf.create(value), f"{prefix}{key}.")
+            yield from _leaves(value, f"{prefix}{key}.")
         else:
             yield f"{prefix}{key}", value
 
@@ -350,7 +352,8 @@ def main() -> None:
     """The ``birder-repro`` console script."""
     if config_path() is None:
         sys.exit(f"birder-repro: the config tree is not at {CONF_DIR} and no {CONF_PACKAGE} package is installed: "
-                 "reinstall the project (pip install . or its wheel carries conf/ as birder_repro.conf)")
+                 "reinstall the project (pip install <checkout>, or a wheel built from it: both carry conf/ as "
+                 f"{CONF_PACKAGE})")
     problem = _runs_dir_problem()
     if problem:
         sys.exit(f"birder-repro: {problem}")

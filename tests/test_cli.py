@@ -346,9 +346,12 @@ def test_a_sweep_with_a_failed_cell_exits_non_zero_and_lists_it(runs_dir):
 
 
 def test_a_sweep_whose_cells_all_pass_exits_zero_and_lists_nothing(runs_dir):
-    out = birder_repro("-m", "optim.lr=0.1,0.2", "task=digits", "logger=none", "dry_run=true")
+    """Hydra's own settings (hydra.*) are no unknown keys."""
+    out = birder_repro("-m", "optim.lr=0.1,0.2", "task=digits", "logger=none", "dry_run=true",
+                       f"hydra.sweep.dir={runs_dir / 'mine'}", "+hydra.job.env_set.BIRDER_TEST=1")
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("torch.distributed.run") == 2 and "sweep:" not in out.stderr
+    assert [d.parent for d in run_dirs(runs_dir)] == [runs_dir / "mine"] * 2
 
 
 def test_the_table3_dry_run_prints_all_twelve_cells(runs_dir):
