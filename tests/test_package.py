@@ -58,11 +58,12 @@ def installed(tmp_path_factory) -> Path:
     (wheel,) = (root / "dist").glob("birder_repro-*.whl")
     _run([sys.executable, "-m", "venv", "--without-pip", root / "venv"], root)
     python = root / "venv" / "bin" / "python"
+    _run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--no-index", wheel], root,
+         timeout=300)
+    # After the install: pip would otherwise see (and decline to replace) this environment's own birder-repro.
     purelib = _run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], root).stdout.strip()
     ours = {sysconfig.get_paths()["purelib"], *site.getsitepackages()}
     (Path(purelib) / "birder_repro_test_deps.pth").write_text("\n".join(sorted(ours)) + "\n")
-    _run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--no-index", wheel], root,
-         timeout=300)
     return python.parent
 
 
