@@ -13,12 +13,13 @@ and never compose a config again. :func:`run` is what the decorated entry point 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Optional
+from typing import Any, Iterator, Optional
 
 import hydra
 from hydra.core.global_hydra import GlobalHydra
@@ -31,8 +32,8 @@ from birder_repro import record
 
 __all__ = ["CONF_DIR", "run", "main"]
 
-# conf/ sits beside the package in the repository (installed editable, or run from a checkout). A wheel would
-# have to ship it as the package birder_repro.conf (pyproject package-dir + package-data), read as pkg://.
+# conf/ sits beside the package in the repository (installed editable, or run from a checkout); a wheel ships it
+# as the package birder_repro.conf (pyproject.toml's package-dir and package-data), read as pkg://.
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 CONF_PACKAGE = "birder_repro.conf"
 INTERRUPTED = 130  # the shell's exit code for a command stopped by Ctrl-C
@@ -120,13 +121,34 @@ def _check_gpus_per_node_knowable(cfg: DictConfig) -> None:
 
 
 def reference_configs(cfg: DictConfig) -> list[DictConfig]:
-    """What the YAML files say each key holds, for :func:`birder_repro.config.check_types`: the config of the
-    same group choices without the command line's ``key=value`` overrides, and of the task alone (so that a
-    top-level default an experiment replaces, such as ``gpus_per_node: auto``, still counts)."""
+    """What the YAML files say each key holds, for :func:`birder_repro.config.check_types` and which keys exist,
+    for :func:`birder_repro.config.check_known_keys`: the config of the same group choices without the command
+    line's ``key=value`` overrides, and of the task alone (so that a top-level default an experiment replaces,
+    such as ``gpus_per_node: auto``, still counts)."""
     choices = _group_choices(cfg)
     picked = [f"{group}={choices[group]}" for group in GROUPS if choices.get(group)]
     task = [f"task={choices['task']}"] if choices.get("task") else []
-    return [_compose(picked), _compose(task)]
+    return [_compose(picked + _added_groups(cfg, choices)), _compose(task)]
+
+
+def _added_groups(cfg: DictConfig, choices: dict) -> list[str]:
+    """The command line's picks of other config groups (``+mygroup=x`` from a ``--config-dir`` of the user's),
+    as written: the keys they add are known keys too."""
+    picks = []
+    for override in _task_overrides(cfg):
+        group = override.split("=", 1)[0].lstrip("+~")
+        if group in choices and group not in (*GROUPS, "recipe") and not group.startswith("hydra"):
+            picks.append(override)
+    return picks
+
+
+def _task_overrides(cfg: DictConfig) -> list[str]:
+    """This job's command-line overrides (a sweep's cell alone); none for a config composed elsewhere."""
+    if HydraConfig.initialized():
+        return list(HydraConfig.get().overrides.task)
+    if "hydra" in cfg:  # composed with return_hydra_config=True (tests)
+        return list(cfg.hydra.overrides.task)
+    return []
 
 
 def _group_choices(cfg: DictConfig) -> dict:
@@ -142,13 +164,21 @@ def _group_choices(cfg: DictConfig) -> dict:
 
 def _compose(overrides: list[str]) -> DictConfig:
     """Compose conf/ with ``overrides``, inside the Hydra app (which has initialised Hydra) or outside it."""
-    if GlobalHydra.instance().is_initialized():
+    with _hydra_initialized():
         return hydra.compose(config_name="config", overrides=overrides)
+
+
+@contextlib.contextmanager
+def _hydra_initialized() -> Iterator[None]:
+    """Hydra as the app initialised it (its search path: conf/ and any --config-dir), or on conf/ alone."""
+    if GlobalHydra.instance().is_initialized():
+        yield
+        return
     path = config_path()
     init = (hydra.initialize_config_module(config_module=path.removeprefix("pkg://"), version_base="1.3")
             if path.startswith("pkg://") else hydra.initialize_config_dir(config_dir=path, version_base="1.3"))
     with init:
-        return hydra.compose(config_name="config", overrides=overrides)
+        yield
 
 
 def _missing_data(cfg: DictConfig) -> Optional[str]:
@@ -270,6 +300,9 @@ def _log_tail(run_dir: Path, max_chars: int = 4000) -> str:
 
 @hydra.main(config_path=config_path() or str(CONF_DIR), config_name="config", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> int:
+    note = missing_recipe_line(cfg)
+    if note is not None:
+        print(f"[birder-repro] {note}", file=sys.stderr, flush=True)
     code = run(cfg)
     # A single run exits with its code; in a sweep every cell runs and keeps its own record, but Ctrl-C stops
     # the sweep rather than only its current cell (SIGTERM too).
@@ -278,12 +311,49 @@ def _hydra_main(cfg: DictConfig) -> int:
     return code
 
 
+def missing_recipe_line(cfg: DictConfig) -> Optional[str]:
+    """One line when the run's (task, optimizer) pair has no paper recipe (conf/recipe/<task>/<optim>.yaml is
+    optional in the defaults list) and which settings apply instead; None when it has one, and for
+    ``mode=probe``, which trains nothing."""
+    choices = _group_choices(cfg)
+    task, optim = choices.get("task"), choices.get("optim")
+    if not task or not optim or cfg.get("mode") == "probe" or _has_recipe(task, optim):
+        return None
+    optim_settings = _leaves(OmegaConf.to_container(cfg.optim, resolve=True))
+    settings = ", ".join(f"{key}={_yaml_value(value)}" for key, value in optim_settings if key != "name")
+    return (f"no paper recipe for task={task} optim={optim} (no conf/recipe/{task}/{optim}.yaml): the generic "
+            f"settings of conf/optim/{optim}.yaml apply: {settings}")
+
+
+def _has_recipe(task: str, optim: str) -> bool:
+    with _hydra_initialized():
+        return optim in GlobalHydra.instance().config_loader().get_group_options(f"recipe/{task}")
+
+
+def _leaves(node: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every value of a plain config section, lists as values."""
+    for key, value in node.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def _yaml_value(value: Any) -> str:
+    """A value as the YAML files and the command line write it (null, true, 0.001, [0.9, 0.999])."""
+    if isinstance(value, list):
+        return "[" + ", ".join(_yaml_value(v) for v in value) + "]"
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    return str(value)
+
+
 def main() -> None:
     """The ``birder-repro`` console script."""
     if config_path() is None:
-        sys.exit(f"birder-repro: the config tree is not at {CONF_DIR} and no {CONF_PACKAGE} package is installed. "
-                 "Install the project from its repository checkout (pip install -e .), which keeps conf/ beside "
-                 "the package.")
+        sys.exit(f"birder-repro: the config tree is not at {CONF_DIR} and no {CONF_PACKAGE} package is installed: "
+                 "reinstall the project (pip install <checkout>, or a wheel built from it: both carry conf/ as "
+                 f"{CONF_PACKAGE})")
     problem = _runs_dir_problem()
     if problem:
         sys.exit(f"birder-repro: {problem}")

@@ -7,18 +7,21 @@ see the same numbers.
 
 Types: the YAML files declare them by example. :func:`check_types` compares every value with the same key in
 reference configs (the same choice of task, optimizer, cluster, ... before the command line's ``key=value``
-overrides, composed by the CLI), so that ``optim.lr=abc`` is one error line naming ``optim.lr``.
+overrides, composed by the CLI), so that ``optim.lr=abc`` is one error line naming ``optim.lr``; and
+:func:`check_known_keys` refuses a key that the first of them lacks (``+train.stepz=3``), naming the closest one.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 __all__ = ["ConfigError", "resolve_gpus_per_node", "world_size", "global_batch", "effective_lr",
-           "resolve_device", "resolve_backend", "cpu_count", "data_workers", "check_types", "validate", "resolve"]
+           "resolve_device", "resolve_backend", "cpu_count", "data_workers", "check_types", "check_known_keys",
+           "validate", "resolve"]
 
 AUTO_MAX_DATA_WORKERS = 8  # data.num_workers=auto never starts more loader processes per training process
 
@@ -170,7 +173,7 @@ def _fits(value: Any, want: Any) -> bool:
 
 def check_types(cfg: Any, references: Sequence[Any], prefix: str = "") -> None:
     """Every value must fit its key's value in at least one reference config that has the key (a number stays a
-    number, a flag a flag, a list a list); keys no reference has (``+key=``) are not checked. Raises
+    number, a flag a flag, a list a list); keys no reference has (``+key=``) are :func:`check_known_keys`'s. Raises
     :class:`ConfigError` naming the first key that does not fit."""
     values, refs = _plain(cfg), [_plain(r) for r in references]
     for key, value in values.items():
@@ -186,6 +189,45 @@ def check_types(cfg: Any, references: Sequence[Any], prefix: str = "") -> None:
             raise ConfigError(f"{name}={_show(value)}: {_KIND_HINTS[_kind(want)]}{default}")
 
 
+def check_known_keys(cfg: Any, reference: Any) -> None:
+    """Every key must be one that ``reference`` has, the config of the same group choices (task, optimizer,
+    cluster, ..., experiment) without the command line's values: struct mode refuses ``train.stepz=3``, but
+    ``+train.stepz=3`` adds the key, and nothing would ever read it. Keys that the chosen groups add are in the
+    reference; a section it leaves empty (``{}``) takes any key. Raises :class:`ConfigError` naming the key and
+    the closest known one."""
+    ref = _plain(reference)
+    unknown = _unknown_key(_plain(cfg), ref, prefix="")
+    if unknown is None:
+        return
+    close = difflib.get_close_matches(unknown, sorted(_dotted_keys(ref)), n=1)
+    hint = f"did you mean {close[0]}?" if close else "check the spelling (birder-repro --cfg job lists the keys)"
+    raise ConfigError(f"{unknown}: no such setting; {hint} (a '+key=' override cannot add a setting that no config "
+                      "file declares)")
+
+
+def _unknown_key(values: Mapping, reference: Mapping, prefix: str) -> Optional[str]:
+    """The dotted name of the first key of ``values`` that ``reference`` lacks, or None."""
+    if not reference:  # a section the config files leave empty: its keys are the user's
+        return None
+    for key, value in values.items():
+        if key not in reference:
+            return f"{prefix}{key}"
+        # A section where the reference has a single value or null is check_types' to judge, not this check's.
+        if isinstance(value, Mapping) and isinstance(reference[key], Mapping):
+            unknown = _unknown_key(value, reference[key], prefix=f"{prefix}{key}.")
+            if unknown is not None:
+                return unknown
+    return None
+
+
+def _dotted_keys(node: Mapping, prefix: str = "") -> Iterator[str]:
+    """Every key of a plain config as a dotted path, sections included."""
+    for key, value in node.items():
+        yield f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            yield from _dotted_keys(value, f"{prefix}{key}.")
+
+
 def _show(value: Any) -> str:
     """A value as it would be written on the command line."""
     if value is None or isinstance(value, bool):
@@ -196,10 +238,14 @@ def _show(value: Any) -> str:
 def validate(cfg: DictConfig, references: Sequence[Any] = ()) -> None:
     """Check the values a run needs before anything is started; raise :class:`ConfigError` naming the key.
 
-    ``references``: configs that give each key's type (see :func:`check_types`); without them only the keys
+    ``references``: configs that give each key's type (see :func:`check_types`), the first one of this run's
+    group choices, which gives the keys that exist (see :func:`check_known_keys`); without them only the keys
     checked one by one below are.
     """
     if references:
+        # The first reference has this run's group choices; the others (the task alone) would let keys of
+        # other choices through (another optimizer's, say).
+        check_known_keys(cfg, references[0])
         check_types(cfg, references)
     _check_positive_int(cfg, "nodes")
     _check_positive_int(cfg, "train.batch_size")

@@ -78,7 +78,7 @@ def test_a_typo_names_the_key():
 def test_a_failed_cell_of_a_sweep_does_not_stop_the_others(runs_dir):
     # Both cells are refused (more processes than allowed here): each must still get its failed record.
     out = birder_repro("-m", "launcher=local", "launcher.max_local_processes=1", "gpus_per_node=1", "nodes=2,3")
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 1, out.stderr  # the sweep as a whole failed (its cells' lines end the output)
     records = [record.read_record(d) for d in run_dirs(runs_dir)]
     assert [r["cluster"]["nodes"] for r in records] == [2, 3]
     assert all(r["status"] == "failed" and "max_local_processes" in r["error"] for r in records)
@@ -125,9 +125,17 @@ def test_local_layout_too_large_is_refused_with_what_to_do(compose, capsys):
 
 
 def test_dry_run_refusal_writes_no_record(compose, runs_dir):
+    cfg = compose(["optim.lr=-1", "dry_run=true"])
+    assert cli.run(cfg) == 2
+    assert not list(runs_dir.rglob(record.RECORD_FILE))
+
+
+def test_a_dry_run_prints_a_layout_too_large_for_this_machine(compose, runs_dir, capsys):
     cfg = compose(["nodes=8", "gpus_per_node=8", "launcher=local", "launcher.max_local_processes=8",
                    "dry_run=true"])
-    assert cli.run(cfg) != 0
+    assert cli.run(cfg) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if "torch.distributed.run" in line]
+    assert "--nproc-per-node=64" in line and "launcher.max_local_processes=8" in line
     assert not list(runs_dir.rglob(record.RECORD_FILE))
 
 
@@ -312,3 +320,84 @@ def _run_dir(compose, tmp_path, overrides) -> Path:
 
 def _lone_process() -> worker.DistEnv:
     return worker.DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, rendezvous=False)
+
+
+# ------------------------------------------------------------------------------------ strict keys, honest sweeps
+def last_line(text: str) -> str:
+    return text.rstrip().splitlines()[-1]
+
+
+def test_an_added_key_no_config_declares_ends_in_one_line_naming_the_closest(runs_dir):
+    out = birder_repro("+train.stepz=3", "logger=none")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert last_line(out.stderr).startswith("[birder-repro] config error: train.stepz: no such setting; "
+                                            "did you mean train.steps?")
+    assert "torch.distributed.run" not in out.stdout
+
+
+def test_a_sweep_with_a_failed_cell_exits_non_zero_and_lists_it(runs_dir):
+    out = birder_repro("-m", "optim.lr=0.1,abc", "task=digits", "logger=none", "dry_run=true")
+    assert out.returncode == 1, out.stderr
+    assert out.stdout.count("torch.distributed.run") == 1  # the good cell still ran (a dry run: printed)
+    head, cell = out.stderr.rstrip().splitlines()[-2:]
+    assert head == "[birder-repro] sweep: 1 of 2 cells failed or were refused:"
+    assert cell.startswith("[birder-repro]   #1 optim.lr=abc task=digits logger=none dry_run=")
+    assert ": config error: optim.lr='abc': use a number" in cell and cell.endswith("(exit code 2)")
+
+
+def test_a_sweep_whose_cells_all_pass_exits_zero_and_lists_nothing(runs_dir):
+    """Hydra's own settings (hydra.*) are no unknown keys."""
+    out = birder_repro("-m", "optim.lr=0.1,0.2", "task=digits", "logger=none", "dry_run=true",
+                       f"hydra.sweep.dir={runs_dir / 'mine'}", "+hydra.job.env_set.BIRDER_TEST=1")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("torch.distributed.run") == 2 and "sweep:" not in out.stderr
+    assert [d.parent for d in run_dirs(runs_dir)] == [runs_dir / "mine"] * 2
+
+
+def test_the_table3_dry_run_prints_all_twelve_cells(runs_dir):
+    out = birder_repro("-m", "experiment=table3", "optim=sgdm,onebit_adam,birder", "nodes=1,2,4,8", "dry_run=true")
+    assert out.returncode == 0, out.stderr[-3000:]
+    commands = [line for line in out.stdout.splitlines() if "torch.distributed.run" in line]
+    assert len(commands) == 12 and "config error" not in out.stderr
+    assert sum("--nproc-per-node=64" in c and "launcher.max_local_processes" in c for c in commands) == 3
+
+
+def test_ctrl_c_in_a_cell_stops_the_whole_sweep(runs_dir):
+    """A cell interrupted (the CLI's run returns 130) ends the sweep at once, with 130, and no report."""
+    code = ("import sys; from birder_repro import cli; "
+            "cli.run = lambda cfg, run_dir=None: print('cell', flush=True) or cli.INTERRUPTED; "
+            "sys.argv = ['birder-repro', '-m', 'nodes=1,2', 'logger=none']; cli.main()")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == cli.INTERRUPTED and out.stdout.count("cell") == 1
+    assert "sweep:" not in out.stderr
+
+
+def test_a_pair_without_a_paper_recipe_says_so_at_start(runs_dir):
+    out = birder_repro("task=resnet50", "optim=adamw", "logger=none", "dry_run=true")
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.splitlines()[0] == (
+        "[birder-repro] no paper recipe for task=resnet50 optim=adamw (no conf/recipe/resnet50/adamw.yaml): the "
+        "generic settings of conf/optim/adamw.yaml apply: lr=0.001, lr_batch_scaling=null, betas=[0.9, 0.999], "
+        "eps=1e-08, weight_decay=0.01")
+
+
+@pytest.mark.parametrize("overrides", [["task=resnet50", "optim=sgdm"], ["task=digits", "optim=birder"],
+                                       ["mode=probe", "task=resnet50", "optim=adamw"]])
+def test_a_pair_with_a_recipe_or_a_probe_says_nothing_of_one(overrides):
+    from conftest import compose_config
+
+    assert cli.missing_recipe_line(compose_config(overrides, hydra_config=True)) is None
+
+
+def test_a_group_of_the_users_own_config_dir_adds_its_keys(runs_dir, tmp_path):
+    """--config-dir adds a directory of the user's: its ``+group=option`` may add keys; a bare ``+key=`` may not."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "fast.yaml").write_text("# @package _global_\ntrain:\n  steps: 2\nnote: mine\n")
+    common = ["--config-dir", str(tmp_path), "task=digits", "logger=none", "dry_run=true"]
+    out = birder_repro(*common, "+mine=fast")
+    assert out.returncode == 0, out.stderr
+    (run_dir,) = run_dirs(runs_dir)
+    resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert resolved["note"] == "mine" and resolved["train"]["steps"] == 2
+    refused = birder_repro(*common, "+note=mine")
+    assert refused.returncode == 2 and "note: no such setting" in last_line(refused.stderr)

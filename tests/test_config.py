@@ -202,7 +202,7 @@ def test_a_value_of_the_wrong_type_is_one_error_naming_the_key(override, message
     (["train.grad_clip=null", "task=vit"], "train.grad_clip=abc"),  # null: "not set", anywhere
     (["gpus_per_node=auto", "experiment=table1"], "gpus_per_node=[1,2]"),  # the experiment's 8 replaces auto
     (["data.root=123"], "data.root=[a,b]"),           # text takes any single value
-    (["+train.extra=abc"], "train.steps=abc"),        # added keys are not checked
+    (["task=lstm_ptb", "data.bptt=35"], "data.bptt=abc"),  # a key the task group adds
 ])
 def test_values_of_the_right_kind_pass_the_type_check(overrides, wrong):
     """Each passes; the same config with one value of the wrong kind beside it is refused, naming that key, so
@@ -244,3 +244,46 @@ def test_data_workers_auto_reads_this_machines_processes_and_a_number_wins(compo
 def test_data_workers_must_be_auto_or_a_whole_number(compose, value):
     with pytest.raises(layout.ConfigError, match=r"data\.num_workers="):
         layout.validate(compose(["task=resnet50", f"data.num_workers={value}"]))
+
+
+# ------------------------------------------------------------------------------- a key no config declares
+@pytest.mark.parametrize("override,named,closest", [
+    ("+train.stepz=3", "train.stepz", "train.steps"),
+    ("+optim.betaz=[0.9,0.9]", "optim.betaz", "optim.betas"),
+    ("+nodez=2", "nodez", "nodes"),
+])
+def test_an_added_key_no_config_declares_is_refused_with_the_closest_one(override, named, closest):
+    from birder_repro import cli
+
+    cfg = compose_config(["optim=adamw", override], hydra_config=True)
+    with pytest.raises(layout.ConfigError) as err:
+        layout.validate(cfg, cli.reference_configs(cfg))
+    assert str(err.value).startswith(f"{named}: no such setting; did you mean {closest}?")
+
+
+@pytest.mark.parametrize("overrides", [["task=lstm_ptb"], ["experiment=table2"], ["task=vit", "optim=onebit_adam"],
+                                       ["cluster=emulated", "launcher=slurm"], ["hydra.job.chdir=false"]])
+def test_the_keys_the_chosen_groups_add_are_known(overrides):
+    from birder_repro import cli
+
+    cfg = compose_config(overrides, hydra_config=True)
+    reference = cli.reference_configs(cfg)[0]
+    layout.check_known_keys(cfg, reference)
+    with pytest.raises(layout.ConfigError, match=r"^data\.rooot: no such setting; did you mean data\.root\?"):
+        layout.check_known_keys(compose_config([*overrides, "+data.rooot=x"]), reference)
+
+
+def test_another_optimizers_key_is_not_known():
+    """optim=adamw has no ``beta`` (Birder's, the default optimizer's): the task-alone reference must not let it
+    through."""
+    from birder_repro import cli
+
+    cfg = compose_config(["optim=adamw", "+optim.beta=0.9"], hydra_config=True)
+    with pytest.raises(layout.ConfigError, match=r"^optim\.beta: no such setting; did you mean optim\.betas\?"):
+        layout.validate(cfg, cli.reference_configs(cfg))
+
+
+def test_a_section_every_reference_leaves_empty_takes_any_key():
+    layout.check_known_keys({"env": {"NCCL_DEBUG": "INFO"}}, {"env": {}})
+    with pytest.raises(layout.ConfigError, match="env.NCCL_DEBUG"):
+        layout.check_known_keys({"env": {"NCCL_DEBUG": "INFO"}}, {"env": {"OTHER": 1}})

@@ -31,9 +31,10 @@ def max_local_processes(cfg: DictConfig) -> int:
 
 
 def check_fits_this_machine(cfg: DictConfig) -> None:
-    """Refuse a layout whose processes, all on this machine, far outnumber its cores; say what to do."""
+    """Refuse a layout whose processes, all on this machine, far outnumber its cores; say what to do. A dry run
+    starts nothing, so it prints the command of any layout (its note says when this machine is too small)."""
     world, limit = layout.world_size(cfg), max_local_processes(cfg)
-    if world <= limit:
+    if world <= limit or cfg.get("dry_run"):
         return
     raise LocalLayoutTooLarge(
         f"nodes={cfg.nodes} x gpus_per_node={cfg.gpus_per_node} needs {world} processes; launcher=local runs "
@@ -60,9 +61,23 @@ def command(cfg: DictConfig, run_dir: Path, env: Mapping[str, str] = os.environ)
     world = layout.world_size(cfg)
     argv = torchrun_argv(Path(run_dir).resolve(), world, restarts=max_restarts(cfg))
     extra = {}
-    if layout.resolve_device(cfg, local_processes=world) == "cpu":
+    if _device(cfg, world) == "cpu":
         threads = omp_threads(world, env)
         if threads is not None:
             extra["OMP_NUM_THREADS"] = threads
     note = f"nodes={cfg.nodes} x gpus_per_node={cfg.gpus_per_node} as {world} processes on this machine"
+    if world > max_local_processes(cfg):  # only a dry run gets here (check_fits_this_machine)
+        note += (f"; more than launcher=local runs here (launcher.max_local_processes={max_local_processes(cfg)}): "
+                 "on a cluster, launcher=torchrun prints one command per node")
     return Command(argv=argv, env=extra, note=note)
+
+
+def _device(cfg: DictConfig, world: int) -> str:
+    """The workers' device; in a dry run, cuda where this machine has too few GPUs for the layout (it prints
+    the command of any layout, and the machine it is meant for has them)."""
+    try:
+        return layout.resolve_device(cfg, local_processes=world)
+    except layout.ConfigError:
+        if not cfg.get("dry_run"):
+            raise
+        return "cuda"

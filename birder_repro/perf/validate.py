@@ -69,6 +69,8 @@ from typing import Optional, Sequence
 import pandas as pd
 import yaml
 
+from birder_repro.resources import conf_dir, paper_tables_dir
+
 from .cluster import ClusterSpec
 from .implementations import IMPLEMENTATIONS, ImplementationLike, with_overlap
 from .model import predict_run
@@ -82,8 +84,8 @@ __all__ = ["TARGET", "FIT_CHOICES", "validate", "target_rows", "median_speedup_e
 TARGET = 0.15
 CLUSTERS = ("ethernet_10g", "infiniband_200g")  # the interconnects of Tables 3 and 4
 REPO = Path(__file__).resolve().parents[2]
-PAPER_DIR = REPO / "tables" / "paper"
-CLUSTER_DIR = REPO / "conf" / "cluster"
+PAPER_DIR = paper_tables_dir()  # tables/paper, of the checkout or installed with the package
+CLUSTER_DIR = (conf_dir() or REPO / "conf") / "cluster"
 
 
 def cluster_spec(name: str, link: Optional[dict[str, float]] = None) -> ClusterSpec:

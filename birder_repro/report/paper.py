@@ -18,9 +18,10 @@ MATCH = ("task", "optimizer", "nodes", "gpus_per_node", "batch_per_gpu")
 
 
 def default_paper_dir() -> Path:
-    """tables/paper of this checkout (the package is installed editable), else of the working directory."""
-    beside_package = Path(__file__).resolve().parents[2] / "tables" / "paper"
-    return beside_package if beside_package.is_dir() else Path("tables") / "paper"
+    """tables/paper of this checkout, else the installed package's copy, else of the working directory."""
+    from birder_repro.resources import paper_tables_dir
+
+    return paper_tables_dir()
 
 
 def load_paper_tables(paper_dir: Optional[Path] = None) -> pd.DataFrame:
