@@ -39,12 +39,13 @@ def records(runs: Path) -> list[dict]:
 # --------------------------------------------------------------------------------- through the CLI
 @pytest.mark.parametrize("args,line,recorded", [
     (["train.stepz=3"], "Could not override 'train.stepz'", False),  # misspelt key: Hydra, before any run
+    (["+train.stepz=3"], "train.stepz: no such setting; did you mean train.steps?", True),  # added unknown key
     (["optim.lr=abc"], "optim.lr='abc': use a number", True),
     (["data.source=real", "data.root=/nonexistent/cifar"], "not found at '/nonexistent/cifar", True),
     (["nodes=0"], "nodes=0: use a whole number >= 1", True),
     (["train.resume=/nonexistent/run"], "train.resume=/nonexistent/run: no such file or directory", True),
     (["train.resume_policy=maybe"], "train.resume_policy='maybe': use strict or reset_errors", True),
-], ids=["misspelt-key", "wrong-type", "missing-dataset", "impossible-layout", "resume-missing", "bad-policy"])
+], ids=["misspelt-key", "added-unknown-key", "wrong-type", "missing-dataset", "impossible-layout", "resume-missing", "bad-policy"])
 def test_cli_bad_input(tmp_path, args, line, recorded):
     runs = tmp_path / "runs"
     out = cli(*QUICK, *args, runs=runs)
@@ -66,6 +67,7 @@ TABLE_HEADING = "## Bad input"
 # in _shown_for, fails test_the_bad_input_table_holds_every_row.
 ROWS = [
     "misspelt key `train.stepz=3`",
+    "added unknown key `+train.stepz=3`",
     "wrong type `optim.lr=abc`",
     "missing dataset",
     "impossible layout `nodes=0`",
@@ -149,6 +151,8 @@ def _shown_for(row: str, tmp_path) -> str:
     if row.startswith("misspelt key"):
         out = cli(*QUICK, "train.stepz=3", runs=tmp_path / "runs")
         return out.stdout + out.stderr
+    if row.startswith("added unknown key"):
+        return _cli_last_line(tmp_path, "+train.stepz=3")
     if row.startswith("wrong type"):
         return _cli_last_line(tmp_path, "optim.lr=abc")
     if row == "missing dataset":
