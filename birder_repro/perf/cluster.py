@@ -26,14 +26,16 @@ Costs of one collective (Thakur, Rabenseifner and Gropp 2005 formulas, birder_re
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from .collectives import Link, collective_time
 from .schemes import Collective, counted_bytes
 
-__all__ = ["ClusterSpec", "op_time", "host_contention", "no_spare_core"]
+__all__ = ["CLUSTER_DIR", "ClusterSpec", "op_time", "host_contention", "no_spare_core"]
 
 MBIT = 1e6 / 8  # bytes per second in one Mbit/s
+CLUSTER_DIR = Path(__file__).resolve().parents[2] / "conf" / "cluster"  # the cluster configs specs come from
 
 
 @dataclass(frozen=True)
