@@ -31,7 +31,8 @@ from birder_repro.comm.accounting import (all_gather_bytes, all_to_all_bytes, fl
 from birder_repro.comm.pack import padded_size, unpack_signs
 from birder_repro.gpucheck.scenarios import (BIRDER_SIZES, BIRDER_STEPS, BIRDER_VARIANTS, DDP_STEPS, ONEBIT_ADAM,
                                              ONEBIT_DDP_STEPS, ONEBIT_FREEZE, ONEBIT_LAMB, ONEBIT_SIZES, ONEBIT_STEPS,
-                                             birder_grads, layout, onebit_inputs, run_processes)
+                                             allreduce_model, birder_grads, layout, onebit_inputs,
+                                             run_processes)
 from birder_repro.gpucheck.table import FAIL, Check, verdict
 
 __all__ = ["birder_expected_bytes", "check_birder", "check_onebit", "check_allreduce", "check_birder_ddp",
@@ -130,7 +131,7 @@ def check_allreduce(per_rank: list[dict], gpus_per_node: int) -> list[Check]:
     if failed:
         return [failed]
     world = len(per_rank)
-    numel = sum(p.numel() for p in _model("cpu").parameters())
+    numel = sum(p.numel() for p in allreduce_model("cpu").parameters())
     fp32_bytes = sum(flat_allreduce_split(numel * 4, world, gpus_per_node)) * DDP_STEPS
     rows = []
     for name, exact, nbytes in (("fp32", True, fp32_bytes), ("fp16", False, fp32_bytes / 2)):

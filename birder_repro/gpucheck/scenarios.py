@@ -23,7 +23,8 @@ from birder_repro.comm.pack import padded_size
 
 __all__ = ["BIRDER_SIZES", "BIRDER_STEPS", "ONEBIT_STEPS", "DDP_STEPS", "BIRDER_VARIANTS", "ONEBIT_SIZES",
            "DDP_BIRDER_LR", "DDP_BIRDER_STEPS", "ONEBIT_FREEZE", "ONEBIT_DDP_STEPS",
-           "ONEBIT_ADAM", "ONEBIT_LAMB", "layout", "birder_grads", "onebit_inputs", "run_processes"]
+           "ONEBIT_ADAM", "ONEBIT_LAMB", "layout", "birder_grads", "onebit_inputs", "allreduce_model",
+           "run_processes"]
 
 BIRDER_SIZES = (1001, 37)  # two buckets, neither a multiple of 8 x m x n
 BIRDER_STEPS, ONEBIT_STEPS, DDP_STEPS = 4, 3, 3
@@ -97,7 +98,7 @@ def _onebit(topology, device) -> dict:
     return out
 
 
-def _model(device) -> torch.nn.Module:
+def allreduce_model(device) -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(24, 48), torch.nn.Tanh(), torch.nn.Linear(48, 3)).to(device)
 
@@ -107,7 +108,7 @@ def _allreduce(topology, device) -> dict:
 
     out = {}
     for name, dtype in (("ddp", None), ("fp32", torch.float32), ("fp16", torch.float16)):
-        ddp = torch.nn.parallel.DistributedDataParallel(_model(device), bucket_cap_mb=0.004,
+        ddp = torch.nn.parallel.DistributedDataParallel(allreduce_model(device), bucket_cap_mb=0.004,
                                                         device_ids=[device] if device.type == "cuda" else None)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
         state = attach_allreduce(ddp, opt, topology, dtype=dtype) if dtype is not None else None
