@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 __all__ = ["PREFIX", "STATE_DIR", "FRAME_HEADER_BYTES", "EmulationUnavailable", "FabricError", "Shaping",
-           "Node", "Fabric", "require_tools", "burst_bytes", "plan_fabric", "setup_commands",
+           "Node", "Fabric", "require_tools", "cluster_shaping", "burst_bytes", "plan_fabric", "setup_commands",
            "teardown_commands", "create", "destroy", "list_ours", "clean_stale", "read_counters"]
 
 PREFIX = "bdrp"  # "birder-repro": every namespace, veth and bridge of ours starts with it
