@@ -116,3 +116,20 @@ def test_the_cycle_finder_finds_one(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     found = cycles(grimp.build_graph("circular", cache_dir=None), "circular")
     assert ("circular.a", "circular.b", "circular.c", "circular.a") in found and len(found) == 3
+
+
+def test_config_runs_the_section_checks_the_app_hands_it(compose):
+    """config imports no owner of a section: the table in birder_repro.checks is handed to it, and it runs
+    exactly what it was handed."""
+    from birder_repro import checks, config
+
+    assert config.section_checks() == [name for name, _ in checks.SECTION_CHECKS]
+    cfg = compose(["task=digits", "task.target.direction=up"])
+    with pytest.raises(config.ConfigError, match=r"task\.target\.direction='up'"):
+        config.validate(cfg)
+    try:
+        config.install_section_checks([])
+        config.validate(cfg)  # the config's own keys only: task.target belongs to a higher layer
+    finally:
+        checks.install()
+    assert config.section_checks() == ["optim.name", "task.name", "task.target", "parallel", "probe"]
