@@ -27,6 +27,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from birder_repro import checks  # noqa: F401 - installs the checks of the sections higher layers own
 from birder_repro import config as layout
 from birder_repro import record
 

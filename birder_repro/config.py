@@ -9,19 +9,24 @@ Types: the YAML files declare them by example. :func:`check_types` compares ever
 reference configs (the same choice of task, optimizer, cluster, ... before the command line's ``key=value``
 overrides, composed by the CLI), so that ``optim.lr=abc`` is one error line naming ``optim.lr``; and
 :func:`check_known_keys` refuses a key that the first of them lacks (``+train.stepz=3``), naming the closest one.
+
+Sections that higher layers own (the task and optimizer names, ``task.target``, ``parallel``, ``probe.*``) are
+checked by their owners' functions, which :func:`validate` runs from a table it is handed
+(:func:`install_section_checks`; birder_repro.checks writes the table out and the CLI loads it): this module
+sits below them all and imports none of them (docs/architecture.md).
 """
 
 from __future__ import annotations
 
 import difflib
 import os
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 __all__ = ["ConfigError", "resolve_gpus_per_node", "world_size", "global_batch", "effective_lr",
            "resolve_device", "resolve_backend", "cpu_count", "data_workers", "check_types", "check_known_keys",
-           "validate", "resolve"]
+           "validate", "resolve", "install_section_checks", "section_checks"]
 
 AUTO_MAX_DATA_WORKERS = 8  # data.num_workers=auto never starts more loader processes per training process
 
@@ -240,7 +245,8 @@ def validate(cfg: DictConfig, references: Sequence[Any] = ()) -> None:
 
     ``references``: configs that give each key's type (see :func:`check_types`), the first one of this run's
     group choices, which gives the keys that exist (see :func:`check_known_keys`); without them only the keys
-    checked one by one below are.
+    checked one by one below are. Then the checks of the sections higher layers own, where their table is
+    installed (:func:`install_section_checks`; ``import birder_repro.checks`` installs it, as the CLI does).
     """
     if references:
         # The first reference has this run's group choices; the others (the task alone) would let keys of
@@ -267,45 +273,30 @@ def validate(cfg: DictConfig, references: Sequence[Any] = ()) -> None:
     scaling = cfg.optim.get("lr_batch_scaling")
     if scaling is not None and not (isinstance(scaling, (int, float)) and scaling > 0):
         raise ConfigError(f"optim.lr_batch_scaling={scaling!r}: give a reference batch size > 0, or null")
-    _check_registered(cfg)
-    from birder_repro.train.target import check_target  # task.target: a metric of the task, a direction
-
-    check_target(cfg)
-    _check_parallel(cfg)
-    if cfg.get("mode") == "probe":
-        from birder_repro.perf.probe import check_settings
-
-        check_settings(cfg)
+    for _, check in _SECTION_CHECKS:  # the sections higher layers own, in the table's order
+        check(cfg)
 
 
-def _check_parallel(cfg: DictConfig) -> None:
-    """``parallel=fsdp`` only with a scheme that has an FSDP path (birder_repro.train.parallel)."""
-    from birder_repro.optim import get_optim_info
-    from birder_repro.train.parallel import check_parallel
+# (section, check) of the sections that higher layers own; empty until birder_repro.checks installs its table.
+_SECTION_CHECKS: list[tuple[str, Callable[[DictConfig], None]]] = []
 
-    try:
-        check_parallel(cfg, get_optim_info(cfg.optim.name).comm)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+
+def install_section_checks(checks: Iterable[tuple[str, Callable[[DictConfig], None]]]) -> None:
+    """Have :func:`validate` run ``check(cfg)`` for each ``(section, check)``, in this order, after its own
+    checks (each raises :class:`ConfigError` naming its key). Replaces any table installed before. The table is
+    handed in, not imported, because its checks belong to layers above this one (birder_repro.checks)."""
+    _SECTION_CHECKS[:] = list(checks)
+
+
+def section_checks() -> list[str]:
+    """The sections whose checks :func:`validate` runs besides its own (empty: no table installed)."""
+    return [section for section, _ in _SECTION_CHECKS]
 
 
 def _check_positive_int(cfg: DictConfig, key: str) -> None:
     value = OmegaConf.select(cfg, key)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{key}={value!r}: use a whole number >= 1")
-
-
-def _check_registered(cfg: DictConfig) -> None:
-    """The task and optimizer named in the config have code behind them (configs may come before code)."""
-    from birder_repro.optim import list_optimizers
-    from birder_repro.tasks import list_tasks
-
-    if cfg.optim.name not in list_optimizers():
-        raise ConfigError(f"optim={cfg.optim.name!r} has a config but no registered optimizer; "
-                          f"registered: {', '.join(list_optimizers())}")
-    if cfg.task.name not in list_tasks():
-        raise ConfigError(f"task={cfg.task.name!r} has a config but no registered task; "
-                          f"registered: {', '.join(list_tasks())}")
 
 
 def resolve(cfg: DictConfig, gpu_count: Optional[int] = None, references: Sequence[Any] = ()) -> DictConfig:

@@ -35,13 +35,13 @@ def stop_probes(probes: Sequence, timed_steps: int) -> dict[str, Any]:
 
 def _read_counters(iface: str) -> dict[str, int]:
     # The reader lives with the fabric whose interfaces it reads; imported only where a link is counted.
-    from birder_repro.launch import netns
+    from birder_repro import netns
 
     return netns.read_counters(iface)
 
 
 def _header_bytes() -> int:
-    from birder_repro.launch import netns
+    from birder_repro import netns
 
     return netns.FRAME_HEADER_BYTES
 

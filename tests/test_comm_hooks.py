@@ -382,3 +382,120 @@ def test_timing_adds_each_blocks_seconds_to_its_own_counter():
     assert after_compress == 0 and state.compress_seconds >= 0.02 and state.collective_seconds >= 0.01
     assert state.compress_seconds + state.collective_seconds <= wall
 
+
+
+# ------------------------------------------------------------------- what an attach assumed, and per step
+def test_bytes_last_step_is_one_steps_bytes_while_the_counters_stay_cumulative():
+    from birder_repro.comm.state import CommState, StepBytes
+
+    state = CommState()
+    state.add_bytes(10.0, 2.0)
+    assert state.bytes_last_step() == StepBytes(10.0, 2.0)
+    state.add_bytes(5.0, 1.0)
+    state.add_bytes(1.0, 0.0)
+    assert state.bytes_last_step() == (6.0, 1.0)
+    assert (state.intra_node_bytes, state.inter_node_bytes) == (16.0, 3.0)  # cumulative: never reset
+    assert state.bytes_last_step() == (0.0, 0.0)
+    state.load_counters({"intra_node_bytes": 100.0, "inter_node_bytes": 50.0})  # a checkpoint's counters
+    state.add_bytes(1.0, 1.0)
+    assert state.bytes_last_step() == (1.0, 1.0)
+
+
+def test_gpus_per_node_comes_from_the_argument_or_torchruns_local_world_size():
+    from birder_repro.comm.topology import gpus_per_node_from
+
+    assert gpus_per_node_from(2, {"LOCAL_WORLD_SIZE": "8"}) == (2, "gpus_per_node=2 as given")
+    m, source = gpus_per_node_from(None, {"LOCAL_WORLD_SIZE": "8"})
+    assert m == 8 and "LOCAL_WORLD_SIZE=8" in source and "not given" in source
+    assert gpus_per_node_from(None, {})[0] == 1
+
+
+@pytest.mark.parametrize("rank,nodes,m,between,guessed,says,warns", [
+    (0, 1, 4, True, True, "1 node x 4 processes per node (here): one node, so nothing is compressed", True),
+    (0, 1, 4, True, False, "1 node x 4 processes per node (here): one node, so nothing is compressed", False),
+    (0, 1, 4, False, True, "1 node x 4 processes per node (here): one node, so every byte counts as intra", False),
+    (0, 2, 2, True, True, "2 nodes x 2 processes per node (here)", False),
+    (0, 1, 1, True, True, "1 node x 1 process per node (here)", False),  # one process: nothing to compress anyway
+    (1, 1, 4, True, True, None, False),                                   # only rank 0 says it
+])
+def test_an_attach_says_its_layout_on_rank_0_and_warns_where_one_node_compresses_nothing(
+        caplog, rank, nodes, m, between, guessed, says, warns):
+    import warnings
+
+    from birder_repro.comm.topology import Topology, announce_layout
+
+    with caplog.at_level("INFO", logger="birder_repro.comm"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        announce_layout("attach_x", Topology(rank=rank, world_size=nodes * m, gpus_per_node=m), "here",
+                        between_nodes=between, guessed=guessed)
+    lines = [r.getMessage() for r in caplog.records if r.name == "birder_repro.comm"]
+    assert len(lines) == (says is not None) and all(line.startswith(f"attach_x: {says}") for line in lines)
+    assert len(caught) == warns
+    if warns:
+        assert str(caught[0].message).startswith("attach_x: all 4 processes form one node (here), so nothing is "
+                                                 "compressed between nodes")
+        assert "gpus_per_node=<processes per machine>" in str(caught[0].message)
+
+
+def test_the_layout_line_goes_to_stderr_where_logging_is_not_configured(monkeypatch, capsys):
+    import logging
+
+    from birder_repro.comm import topology
+
+    bare = logging.Logger("bare")  # no handlers, not under the root logger
+    monkeypatch.setattr(topology, "log", bare)
+    topology.announce_layout("attach_x", topology.Topology(rank=0, world_size=4, gpus_per_node=2), "here")
+    assert capsys.readouterr().err == "[birder_repro.comm] attach_x: 2 nodes x 2 processes per node (here)\n"
+
+
+def _attach_birder_without_gpus_per_node(rank: int, world: int, local_world_size: str) -> dict:
+    """``attach_birder(ddp, opt)`` as a script on one machine would call it, 3 steps: what it said, warned and
+    counted per step."""
+    import logging
+    import os
+    import warnings
+
+    from birder_repro.comm import attach_birder
+    from birder_repro.optim import Birder
+
+    os.environ["LOCAL_WORLD_SIZE"] = local_world_size
+    said = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    logging.getLogger("birder_repro.comm").addHandler(handler)
+    logging.getLogger("birder_repro.comm").setLevel(logging.INFO)
+    torch.manual_seed(0)
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(24, 3))
+    opt = Birder(ddp.parameters(), lr=1e-3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state = attach_birder(ddp, opt)
+    steps = []
+    for step in range(3):
+        x, y = _batch(rank, step)
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        steps.append(tuple(state.bytes_last_step()))
+    state.close()
+    return {"said": said, "warned": [str(w.message) for w in caught], "steps": steps,
+            "total": (state.intra_node_bytes, state.inter_node_bytes)}
+
+
+@pytest.mark.parametrize("local_world_size", ["2", "1"])
+def test_attach_birder_without_gpus_per_node_says_what_it_took(local_world_size):
+    """LOCAL_WORLD_SIZE=2 (2 processes on one machine): one node, said and warned on rank 0 only, and no
+    inter-node byte; LOCAL_WORLD_SIZE=1: 2 nodes of 1, no warning, bytes between them. Per-step bytes add up to
+    the cumulative counters."""
+    from dist_utils import run_distributed
+
+    ranks = run_distributed(_attach_birder_without_gpus_per_node, 2, local_world_size)
+    one_node = local_world_size == "2"
+    layout = "1 node x 2 processes per node" if one_node else "2 nodes x 1 process per node"
+    assert len(ranks[0]["said"]) == 1 and f"attach_birder (scheme=hierarchical): {layout}" in ranks[0]["said"][0]
+    assert f"LOCAL_WORLD_SIZE={local_world_size}" in ranks[0]["said"][0]
+    assert [len(ranks[0]["warned"]), ranks[1]["said"], ranks[1]["warned"]] == [int(one_node), [], []]
+    for r in ranks:
+        assert tuple(map(sum, zip(*r["steps"]))) == pytest.approx(r["total"])
+        assert all(intra > 0 for intra, _ in r["steps"]) if one_node else all(inter > 0 for _, inter in r["steps"])
+        assert all(inter == 0 for _, inter in r["steps"]) == one_node

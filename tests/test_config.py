@@ -8,6 +8,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
+from birder_repro import checks  # noqa: F401 - validate runs the higher layers' section checks too
 from birder_repro import config as layout
 from conftest import CONF_DIR, compose_config
 

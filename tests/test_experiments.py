@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
+from birder_repro import checks  # noqa: F401 - validate runs the higher layers' section checks too
 from birder_repro import config as layout
 from conftest import CONF_DIR, compose_config
 

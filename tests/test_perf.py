@@ -17,6 +17,7 @@ from birder_repro.comm.accounting import all_gather_bytes, flat_allreduce_split,
 from birder_repro.perf import collectives as C
 from birder_repro.perf.cluster import ClusterSpec, no_spare_core, op_time
 from birder_repro.perf.model import predict_run, predict_step
+from birder_repro.perf.paper_profiles import paper_profile
 from birder_repro.perf.predict import predict_record
 from birder_repro.perf.profile import Profile, ddp_bucket_elements, load_profile
 from birder_repro.perf.schemes import (Collective, bucket_collectives, compressed_elements, counted_bytes,
@@ -185,7 +186,7 @@ def test_implementations():
     # A mapping works wherever a name does: the paper's set with its DDP baselines half overlapped lies
     # between the paper's (not overlapped) and fully overlapped baselines.
     spec = V.cluster_spec("infiniband_200g")
-    prof = load_profile("paper", task="resnet50", batch_size=32, node=spec)
+    prof = paper_profile(task="resnet50", batch_size=32, node=spec)
     steps = [predict_step(prof, spec, 4, 8, "fp32", implementation=with_overlap("paper", o)).total_s
              for o in (0.0, 0.5, 1.0)]
     assert steps[0] > steps[1] > steps[2]
@@ -194,7 +195,7 @@ def test_implementations():
     spec = V.cluster_spec("ethernet_10g")
     # The profile is derived for the implementation asked for: the 1-node row comes back only when the model
     # runs the same one (derived for one and run with the other, Birder's 1-node step differs).
-    derived = {impl: load_profile("paper", task="resnet50", batch_size=32, node=spec, implementation=impl)
+    derived = {impl: paper_profile(task="resnet50", batch_size=32, node=spec, implementation=impl)
                for impl in IMPLEMENTATIONS}
     for impl, other in (("paper", "this"), ("this", "paper")):
         assert predict_step(derived[impl], spec, 1, 8, "hierarchical", implementation=impl).throughput == \
@@ -202,13 +203,13 @@ def test_implementations():
         assert predict_step(derived[impl], spec, 1, 8, "hierarchical", implementation=other).throughput != \
             pytest.approx(3462, rel=1e-3)
     # Not overlapped, Birder's communication is all exposed: the paper's implementation is slower at 4 nodes.
-    this = predict_step(load_profile("paper", task="bert_squad", batch_size=3, node=spec, implementation="this"),
+    this = predict_step(paper_profile(task="bert_squad", batch_size=3, node=spec, implementation="this"),
                         spec, 4, 8, "hierarchical", implementation="this")
-    paper = predict_step(load_profile("paper", task="bert_squad", batch_size=3, node=spec), spec, 4, 8,
+    paper = predict_step(paper_profile(task="bert_squad", batch_size=3, node=spec), spec, 4, 8,
                          "hierarchical", implementation="paper")
     assert paper.total_s > this.total_s and paper.communication_s == pytest.approx(paper.comm_busy_s)
     # 1-bit Adam in the paper's runs: one compressed all-reduce of the whole vector (4 collectives).
-    onebit = predict_step(load_profile("paper", task="resnet50", batch_size=32, node=spec), spec, 2, 8, "onebit",
+    onebit = predict_step(paper_profile(task="resnet50", batch_size=32, node=spec), spec, 2, 8, "onebit",
                           implementation="paper")
     assert onebit.collectives == 4
 
@@ -248,7 +249,7 @@ def test_paper_profile_derivation_by_hand():
     """The paper profile's derived numbers (birder_repro/perf/profiles/paper.yaml, steps 1-4) worked out by hand
     from the paper's printed figures and the NVLink datasheet, not from the model's functions."""
     spec = V.cluster_spec("ethernet_10g")
-    prof = load_profile("paper", task="resnet50", batch_size=32, node=spec)
+    prof = paper_profile(task="resnet50", batch_size=32, node=spec)
     assert prof.parameter_count == 25_557_032
     assert prof.buckets() == [262_144, 6_553_600, 6_553_600, 6_553_600, 5_634_088]  # DDP: 1 MiB, then 25 MiB
     # Step 1: SGDM's 1-node step 8 x 32 / 3693 s less its all-reduce over NVLink, not overlapped in the paper's
@@ -273,10 +274,10 @@ def test_paper_profile_derivation_by_hand():
     assert prof.scheme_overhead_s["onebit"] == pytest.approx(t_c - fb - 3.125 * 25_557_056 * per_element - comm,
                                                              abs=2e-6)
     assert prof.scheme_overhead_s["onebit"] == pytest.approx(-0.0219, abs=1e-4)
-    bert = load_profile("paper", task="bert_squad", batch_size=3, node=spec)
+    bert = paper_profile(task="bert_squad", batch_size=3, node=spec)
     assert 108e6 < bert.parameter_count < 110e6
     with pytest.raises(ValueError, match="no paper profile"):
-        load_profile("paper", task="digits", batch_size=3)
+        paper_profile(task="digits", batch_size=3)
 
 
 def test_cluster_configs_load():
@@ -452,7 +453,7 @@ def test_validate_emulated_from_records(tmp_path):
 
 # ------------------------------------------------------------------------------------------ link probe
 def test_link_probe_fit_recovers_alpha_and_bandwidth():
-    from birder_repro.perf.linkprobe import fit_alpha_beta
+    from birder_repro.perf.measure import fit_alpha_beta
 
     n, alpha, beta = 4, 2e-4, 1 / 12.5e6  # 100 Mbit/s
     sizes = [4096, 65536, 1 << 20, 4 << 20]
@@ -462,7 +463,7 @@ def test_link_probe_fit_recovers_alpha_and_bandwidth():
 
 
 def _slowest(rank: int, world: int) -> list[float]:
-    from birder_repro.perf.linkprobe import slowest_rank
+    from birder_repro.perf.measure import slowest_rank
 
     return slowest_rank([0.1 * (rank + 1), 0.5 - 0.1 * rank])
 
@@ -474,8 +475,8 @@ def test_link_probe_takes_each_call_at_its_slowest_rank():
 
 # ------------------------------------------------------------------------------------ mode=probe
 def test_bus_bandwidth_factors_and_sizes_as_nccl_tests():
-    from birder_repro.perf.linkprobe import bus_factor, latency_steps
-    from birder_repro.perf.probe import probe_sizes, table_rows
+    from birder_repro.perf.measure import bus_factor, latency_steps, table_rows
+    from birder_repro.perf.probe import probe_sizes
 
     # nccl-tests (doc/PERFORMANCE.md): all-reduce 2(n-1)/n, reduce-scatter, all-gather, all-to-all (n-1)/n
     assert [bus_factor(k, 8) for k in ("allreduce", "reduce_scatter", "all_gather", "all_to_all")] == \
@@ -494,7 +495,7 @@ def test_bus_bandwidth_factors_and_sizes_as_nccl_tests():
 
 
 def test_robust_fit_recovers_the_link_despite_a_slow_call():
-    from birder_repro.perf.linkprobe import fit_alpha_beta
+    from birder_repro.perf.measure import fit_alpha_beta
 
     # 100 Mbit/s (12.5 MB/s) and 300 us a step, all-reduce over 2 processes: t = 2 alpha + S / bandwidth
     sizes = [4096 * 4 ** k for k in range(7)]
@@ -522,8 +523,7 @@ EMULATED_100M = {
 
 
 def test_probe_fit_takes_the_bandwidth_from_the_large_messages():
-    from birder_repro.perf.linkprobe import bus_factor
-    from birder_repro.perf.probe import fit_level
+    from birder_repro.perf.measure import bus_factor, fit_level
 
     results = {k: {s: [us * 1e-6] for s, us in v.items()} for k, v in EMULATED_100M.items()}
     fits = fit_level(results, 2)
@@ -580,6 +580,7 @@ def test_spec_from_fits_by_hand():
 
 
 def test_probe_settings_are_checked(compose):
+    from birder_repro import checks  # noqa: F401 - the probe section's check is installed by the app's table
     from birder_repro.config import ConfigError, validate
 
     with pytest.raises(ConfigError, match="probe.step_factor=1"):

@@ -50,7 +50,6 @@ results bit for bit).
 
 from __future__ import annotations
 
-import os
 from typing import Any, Mapping, Optional, Sequence
 
 import torch
@@ -64,7 +63,7 @@ from birder_repro.comm.collectives import all_gather_flat, reduce_scatter_flat
 from birder_repro.comm.nonfinite import NonFiniteGuard, local_flag
 from birder_repro.comm.overlap import HookRunner
 from birder_repro.comm.state import UPDATE, CompressedCommState
-from birder_repro.comm.topology import Topology, build_topology, group_peers
+from birder_repro.comm.topology import Topology, announce_layout, build_topology, gpus_per_node_from, group_peers
 from birder_repro.optim.birder import Birder
 
 SCHEMES = ("hierarchical", "flat", "allgather")
@@ -386,13 +385,20 @@ def attach_birder(ddp_model: torch.nn.parallel.DistributedDataParallel, optimize
                   overlap: bool = True, nonfinite: str = "skip") -> BirderState:
     """Register the Birder hook on ``ddp_model`` and hand the optimizer its update: three lines in a script.
 
-    ``gpus_per_node`` (processes per node; default: LOCAL_WORLD_SIZE from torchrun) builds the topology when
-    none is given. Collective: call it on every rank. beta, eps, amsgrad_after and seed come from the
-    optimizer, which from then on only applies the hook's +-1 (see :class:`birder_repro.optim.Birder`).
+    ``gpus_per_node`` (processes per node; default: LOCAL_WORLD_SIZE from torchrun, which is every process of
+    this machine) builds the topology when none is given. Rank 0 says the layout and where it came from, and
+    warns where all processes form one node: the hierarchical scheme then compresses nothing between nodes
+    (:func:`~birder_repro.comm.topology.announce_layout`). Collective: call it on every rank. beta, eps,
+    amsgrad_after and seed come from the optimizer, which from then on only applies the hook's +-1 (see
+    :class:`birder_repro.optim.Birder`).
     ``kernel_backend``: the compression kernels' (:mod:`birder_repro.comm.kernels`; auto: the fastest here);
     ``overlap``: run the hook's work on a communication thread beside the backward pass (false: inside it).
     ``nonfinite``: a NaN or Inf in any rank's gradient skips the whole step on every rank (``skip``: parameters
     and hook state untouched, ``state.nonfinite_steps`` counts it) or fails it (``raise``).
+
+    The state's counters (``intra_node_bytes``, ``inter_node_bytes``, ``compress_seconds``,
+    ``collective_seconds``) are cumulative from the attach on; ``state.bytes_last_step()`` gives one step's
+    bytes (:class:`~birder_repro.comm.state.CommState`).
     """
     # Resolved and, on a GPU, self-tested here: a broken backend fails in one line now, not on the thread later.
     kernel_backend = kernels.check_backend(kernel_backend, next(ddp_model.module.parameters()).device)
@@ -403,9 +409,13 @@ def attach_birder(ddp_model: torch.nn.parallel.DistributedDataParallel, optimize
         if len({g[key] for g in groups}) != 1:
             raise ValueError(f"attach_birder: every parameter group must share {key}: the hook works per bucket")
     if topology is None:
-        if gpus_per_node is None:
-            gpus_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        gpus_per_node, source = gpus_per_node_from(gpus_per_node)
         topology = build_topology(gpus_per_node)
+    else:
+        source = "topology given"
+    # Workers are nodes only in the hierarchical scheme; flat and allgather compress between all processes.
+    announce_layout(f"attach_birder (scheme={scheme})", topology, source, between_nodes=scheme == "hierarchical",
+                    guessed=source != "topology given")
     state = BirderState(topology, scheme=scheme, beta=groups[0]["beta"], eps=groups[0]["eps"],
                         amsgrad_after=groups[0]["amsgrad_after"], seed=optimizer.seed,
                         param_numels=[p.numel() for p in ddp_model.module.parameters()],

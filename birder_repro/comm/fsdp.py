@@ -57,13 +57,14 @@ from birder_repro.comm.accounting import allreduce_bytes, reduce_scatter_bytes
 from birder_repro.comm.buckets import parameter_index
 from birder_repro.comm.nonfinite import local_flag
 from birder_repro.comm.state import CommState
-from birder_repro.comm.topology import Topology
+from birder_repro.comm.topology import Topology, announce_layout
 
 __all__ = ["Unit", "fsdp_units", "mesh_topology", "FsdpTraffic", "attach_birder_fsdp", "attach_onebit_fsdp",
            "attach_hsdp", "HsdpState", "FSDP_SCHEMES"]
 
 # The communication schemes that have an FSDP path (birder_repro.comm.SCHEMES names).
 FSDP_SCHEMES = ("allreduce", "birder", "onebit")
+MESH_SOURCE = "the device mesh's (replicate, shard) sizes"  # where an FSDP attach's layout comes from
 
 
 # ------------------------------------------------------------------------------------------------- units
@@ -244,7 +245,9 @@ def attach_birder_fsdp(model: torch.nn.Module, optimizer, mesh, kernel_backend: 
     (counters, ``stage()``, ``nonfinite_steps``, ``state_dict()``), its inter-node exchange in every unit's
     all-reduce hook. Collective: call it on every rank, after ``fully_shard`` and before the first backward.
 
-    ``mesh``: the ("replicate", "shard") device mesh whose "shard" dimension every unit is sharded on.
+    ``mesh``: the ("replicate", "shard") device mesh whose "shard" dimension every unit is sharded on; rank 0
+    says the layout it gives (nodes x processes per node). The counters are cumulative from the attach on;
+    ``state.bytes_last_step()`` gives one step's bytes.
     """
     from birder_repro.comm import kernels
     from birder_repro.comm.birder import BirderState
@@ -259,6 +262,7 @@ def attach_birder_fsdp(model: torch.nn.Module, optimizer, mesh, kernel_backend: 
     for key in ("beta", "eps", "amsgrad_after"):
         if len({g[key] for g in groups}) != 1:
             raise ValueError(f"attach_birder_fsdp: every parameter group must share {key}: the hook works per unit")
+    announce_layout("attach_birder_fsdp", topology, MESH_SOURCE, guessed=False)
     state = BirderState(topology, scheme="hierarchical", beta=groups[0]["beta"], eps=groups[0]["eps"],
                         amsgrad_after=groups[0]["amsgrad_after"], seed=optimizer.seed,
                         param_numels=[p.numel() for p in model.parameters()], kernel_backend=kernel_backend,
@@ -287,6 +291,7 @@ def attach_onebit_fsdp(model: torch.nn.Module, optimizer, mesh, overlap: bool = 
                         f"{type(optimizer).__name__}")
     topology, units = _check_mesh_and_units(model, mesh)
     names = mesh.mesh_dim_names or ("replicate", "shard")
+    announce_layout("attach_onebit_fsdp", topology, MESH_SOURCE, guessed=False)
     state = OneBitState(optimizer, mesh.get_group(names[0]), topology, parameter_index(model),
                         overlap=overlap, nonfinite=nonfinite)
     traffic = FsdpTraffic(state, units, topology)

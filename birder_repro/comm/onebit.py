@@ -57,7 +57,7 @@ from birder_repro.comm.nonfinite import NonFiniteGuard, local_flag
 from birder_repro.comm.overlap import HookRunner
 from birder_repro.comm.pack import pack_bits, unpack_signs
 from birder_repro.comm.state import GRADIENT, MOMENTUM, CommState, CompressedCommState
-from birder_repro.comm.topology import Topology, flat_topology, group_peers
+from birder_repro.comm.topology import Topology, announce_layout, flat_topology, group_peers
 from birder_repro.optim.onebit_adam import COMPRESSION, WARMUP, OneBitOptimizer
 
 __all__ = ["OneBitState", "Exchange", "attach_onebit", "attach_from_config", "onebit_hook", "compress_",
@@ -380,17 +380,24 @@ def attach_onebit(ddp_model: torch.nn.parallel.DistributedDataParallel, optimize
         nonfinite: a NaN or Inf in any rank's gradient skips the whole step on every rank (``skip``: parameters,
             momentum, variance and errors untouched, counted in ``state.nonfinite_steps``) or fails it
             (``raise``).
+
+    Rank 0 says the layout the counts are split by and where it came from. The state's counters are cumulative
+    from the attach on; ``state.bytes_last_step()`` gives one step's bytes.
     """
     if not isinstance(optimizer, OneBitOptimizer):
         raise TypeError(f"attach_onebit needs a OneBitAdam or OneBitLamb optimizer, got {type(optimizer).__name__}")
     if optimizer.freeze_step < 2:
         raise ValueError(f"attach_onebit: freeze_step must be >= 2 with DDP (got {optimizer.freeze_step}): DDP "
                          "rebuilds its buckets after the first iteration, so at least two steps run uncompressed")
+    source = "topology given" if topology is not None else ("topology not given: every process its own node, "
+                                                            "so every byte counts as inter-node")
     topology = topology if topology is not None else flat_topology()
     process_group = getattr(ddp_model, "process_group", None)
     world = dist.get_world_size(process_group if process_group is not None else dist.group.WORLD)
     if topology.world_size != world:
         raise ValueError(f"topology has {topology.world_size} processes but the DDP process group has {world}")
+    # Every process is a worker of the compressed all-reduce whatever the layout: it only splits the counts.
+    announce_layout("attach_onebit", topology, source, between_nodes=False)
     state = OneBitState(optimizer, process_group, topology, parameter_index(ddp_model.module),
                         overlap=overlap, nonfinite=nonfinite)
     ddp_model.register_comm_hook(state, onebit_hook)

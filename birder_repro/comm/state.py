@@ -4,8 +4,9 @@ Every scheme's state (:mod:`~birder_repro.comm.allreduce`, :mod:`~birder_repro.c
 :mod:`~birder_repro.comm.birder`, :mod:`~birder_repro.comm.onebit`) subclasses :class:`CommState`:
 
 - the counters: payload bytes this rank sent within its node and across nodes, seconds of compression work
-  (``compress_seconds``) and of collectives (``collective_seconds``), bucket calls (all only grow; the loop
-  reads their differences per step);
+  (``compress_seconds``) and of collectives (``collective_seconds``), bucket calls. They are CUMULATIVE: they
+  only grow, from the attach on (a checkpoint restores them); the loop reads their differences per step, and
+  ``bytes_last_step()`` gives one step's bytes to a script that calls it once a step;
 - ``stage(step)``: the name of the stage the step about to run is in (``warmup`` / ``compression`` for the
   schemes with two stages, for throughput per stage in the run record), None for single-stage schemes;
 - ``grad_holds()``: what the parameters' ``.grad`` hold once this step's hook has run and before
@@ -30,9 +31,9 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Iterator, NamedTuple, Optional
 
-__all__ = ["CommState", "GRADIENT", "UPDATE", "MOMENTUM"]
+__all__ = ["CommState", "StepBytes", "GRADIENT", "UPDATE", "MOMENTUM"]
 
 GRADIENT = "gradient"  # the average of the processes' gradients (exact, or approximated as by fp16 or PowerSGD)
 UPDATE = "update"  # the update itself, e.g. Birder's u_bar in {-1, +1}
@@ -41,18 +42,27 @@ MOMENTUM = "momentum"  # an averaged momentum, e.g. 1-bit Adam's in its compress
 _KINDS = {"compress": "compress_seconds", "comm": "collective_seconds"}
 
 
+class StepBytes(NamedTuple):
+    """Payload bytes one rank sent in one step (:meth:`CommState.bytes_last_step`)."""
+
+    intra_node: float
+    inter_node: float
+
+
 class CommState:
     """Counters, stage and the meaning of ``.grad``: what every scheme's state has, on each rank.
 
     ``intra_node_bytes`` / ``inter_node_bytes`` count what this rank sent in collectives within its node and
     across nodes; ``compress_seconds`` the time in quantize / pack / unpack work, ``collective_seconds`` the
-    time in collectives (``comm_seconds`` is its former name). The counters may grow on a communication thread
+    time in collectives (``comm_seconds`` is its former name). All are cumulative from the attach on, never reset;
+    :meth:`bytes_last_step` gives the bytes of one step. The counters may grow on a communication thread
     or in a future's callback while the hook runs on the autograd thread: additions take a lock. Subclasses
     override :meth:`stage`, :meth:`grad_holds` and :meth:`overlaps` where they differ from a plain all-reduce
     (one stage, gradients, DDP's own asynchronous collective).
     """
 
-    __slots__ = ("intra_node_bytes", "inter_node_bytes", "_seconds", "calls", "_pending", "_counter_lock", "fsdp")
+    __slots__ = ("intra_node_bytes", "inter_node_bytes", "_seconds", "calls", "_pending", "_counter_lock", "fsdp",
+                 "_step_mark")
     COUNTERS = ("intra_node_bytes", "inter_node_bytes", "compress_seconds", "collective_seconds", "calls")
 
     def __init__(self) -> None:
@@ -63,6 +73,7 @@ class CommState:
         self._pending: list = []  # (counter, start event, end event) of CUDA blocks not yet resolved
         self._counter_lock = threading.Lock()
         self.fsdp = None  # an FSDP attachment's units and hooks (birder_repro.comm.fsdp); None under DDP
+        self._step_mark = (0.0, 0.0)  # the byte counters at the last bytes_last_step()
 
     # ------------------------------------------------------------------------------------ the interface
     def stage(self, step: int) -> Optional[str]:
@@ -107,6 +118,16 @@ class CommState:
         for key, value in snapshot.items():
             key = "collective_seconds" if key == "comm_seconds" else key
             setattr(self, key, type(getattr(self, key))(value))
+        self._step_mark = (self.intra_node_bytes, self.inter_node_bytes)
+
+    def bytes_last_step(self) -> StepBytes:
+        """The bytes this rank sent since the previous call (or since the attach, or a :meth:`load_counters`):
+        called once a step, after ``optimizer.step()``, that step's ``(intra_node, inter_node)``. The counters
+        themselves stay cumulative (the training loop reads them around each step instead)."""
+        with self._counter_lock:
+            now = (self.intra_node_bytes, self.inter_node_bytes)
+            before, self._step_mark = self._step_mark, now
+        return StepBytes(now[0] - before[0], now[1] - before[1])
 
     def add_bytes(self, intra: float, inter: float) -> None:
         with self._counter_lock:

@@ -2,14 +2,25 @@
 
 A node is ``rank // gpus_per_node`` (torchrun numbers ranks node by node). Every rank creates every group, in
 the same order, because ``new_group`` is collective over the whole world even for ranks outside the group.
+
+What a hook was attached with is said once, on rank 0 (:func:`announce_layout`): the layout and where it came
+from, through the ``birder_repro.comm`` logger (printed to stderr where logging is not configured); and a
+warning where every process is on one node, so that a hook whose compression runs between nodes compresses
+nothing, which ``attach_birder(ddp, opt)`` on one multi-GPU machine would otherwise do silently.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
+import warnings
 from dataclasses import dataclass
-from typing import Optional
+from typing import Mapping, Optional
 
 import torch.distributed as dist
+
+log = logging.getLogger("birder_repro.comm")
 
 
 @dataclass(frozen=True)
@@ -91,3 +102,49 @@ def _my_group(rank_lists: list[list[int]], rank: int) -> Optional[dist.ProcessGr
         if rank in ranks:
             mine = g
     return mine
+
+
+# --------------------------------------------------------------------------- saying what was assumed
+def gpus_per_node_from(gpus_per_node: Optional[int], env: Mapping[str, str] = os.environ) -> tuple[int, str]:
+    """Processes per node for an attach without a topology, and where that number came from: the argument, or
+    torchrun's ``LOCAL_WORLD_SIZE`` (the processes it started on this machine), or 1 without either."""
+    if gpus_per_node is not None:
+        return int(gpus_per_node), f"gpus_per_node={gpus_per_node} as given"
+    local = env.get("LOCAL_WORLD_SIZE")
+    if local is not None:
+        return int(local), (f"gpus_per_node not given: LOCAL_WORLD_SIZE={local}, the processes torchrun "
+                            "started on this machine")
+    return 1, "gpus_per_node not given and LOCAL_WORLD_SIZE unset: 1 process per node"
+
+
+def layout_line(topology: Topology) -> str:
+    """``2 nodes x 4 processes per node``."""
+    n, m = topology.nodes, topology.gpus_per_node
+    return f"{n} node{'' if n == 1 else 's'} x {m} process{'' if m == 1 else 'es'} per node"
+
+
+def announce_layout(hook: str, topology: Topology, source: str, between_nodes: bool = True,
+                    guessed: bool = True) -> None:
+    """On rank 0: one line saying the layout ``hook`` uses and ``source`` (where it came from); and where every
+    process is on one node while the hook compresses only ``between_nodes``, that nothing is compressed. The
+    line goes to the ``birder_repro.comm`` logger at INFO, or to stderr where no logging handler is configured
+    (a script that set none still sees it). The one-node case is also a ``UserWarning`` where the layout was
+    ``guessed`` (from ``gpus_per_node`` or the environment, not a topology or device mesh the caller built),
+    naming the setting to change."""
+    if topology.rank != 0:
+        return
+    world = topology.world_size
+    line = f"{hook}: {layout_line(topology)} ({source})"
+    one_node = topology.nodes == 1 and world > 1
+    if one_node:
+        line += (": one node, so nothing is compressed between nodes (inter-node bytes 0)" if between_nodes
+                 else ": one node, so every byte counts as intra-node")
+    if log.hasHandlers():
+        log.info(line)
+    else:
+        print(f"[birder_repro.comm] {line}", file=sys.stderr, flush=True)
+    if one_node and between_nodes and guessed:
+        warnings.warn(f"{hook}: all {world} processes form one node ({source}), so nothing is compressed between "
+                      "nodes (inter-node bytes 0). On several machines pass gpus_per_node=<processes per machine> "
+                      "(or a topology from birder_repro.comm.build_topology); on one machine, scheme='flat' "
+                      "makes every process a worker", UserWarning, stacklevel=3)

@@ -15,6 +15,7 @@ from typing import Mapping
 
 from omegaconf import DictConfig
 
+from birder_repro import netns  # noqa: F401 - moved below launch/; this keeps `from birder_repro.launch import netns`
 from birder_repro import record
 from birder_repro.launch import emulated, local, slurm, slurm_env, torchrun
 from birder_repro.launch.process import Command, log_tail, run_streaming

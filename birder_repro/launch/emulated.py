@@ -3,7 +3,7 @@
     birder-repro cluster=emulated nodes=4 cluster.link_mbit=200 ...      # needs root and iproute2
     birder-repro cluster=emulated nodes=4 dry_run=true                   # prints the ip/tc commands and the nodes'
 
-The fabric (birder_repro.launch.netns) gives every node a namespace with its own loopback and one veth to a
+The fabric (birder_repro.netns) gives every node a namespace with its own loopback and one veth to a
 bridge, shaped by ``tc ... tbf`` to ``cluster.link_mbit`` in both directions. Each node runs the command a real
 node would (``torchrun --nnodes=N --nproc-per-node=M``, rendezvous on node 0's address, ``launcher.rdzv_backend``
 as on a cluster), started with ``ip netns exec``; gloo binds to the node's veth (``GLOO_SOCKET_IFNAME``), so
@@ -43,9 +43,9 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 from omegaconf import DictConfig
 
 from birder_repro import config as layout
-from birder_repro import record
+from birder_repro import netns, record
 from birder_repro.failures import TerminalEcho
-from birder_repro.launch import local, netns
+from birder_repro.launch import local
 from birder_repro.launch.process import Command
 from birder_repro.launch.torchrun import Rendezvous, max_restarts, torchrun_argv
 from birder_repro.probes import LINK_IFACE_ENV  # the interface whose counters a node's local rank 0 reads
@@ -96,11 +96,7 @@ def check_config(cfg: DictConfig) -> None:
 
 
 def shaping(cfg: DictConfig) -> netns.Shaping:
-    rate = cfg.cluster.get("link_mbit")
-    if rate is None:
-        return netns.Shaping(rate_mbit=None, queue_ms=float(cfg.cluster.queue_ms))
-    return netns.Shaping(rate_mbit=float(rate), burst_bytes=netns.burst_bytes(float(rate), float(cfg.cluster.burst_ms)),
-                         queue_ms=float(cfg.cluster.queue_ms))
+    return netns.cluster_shaping(cfg.cluster)
 
 
 def fabric_for(cfg: DictConfig, run_id: Optional[str] = None) -> netns.Fabric:

@@ -26,14 +26,19 @@ Costs of one collective (Thakur, Rabenseifner and Gropp 2005 formulas, birder_re
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Mapping, Optional
+
+from birder_repro.resources import conf_dir
 
 from .collectives import Link, collective_time
 from .schemes import Collective, counted_bytes
 
-__all__ = ["ClusterSpec", "op_time", "host_contention", "no_spare_core"]
+__all__ = ["CLUSTER_DIR", "ClusterSpec", "op_time", "host_contention", "no_spare_core"]
 
 MBIT = 1e6 / 8  # bytes per second in one Mbit/s
+# The cluster configs specs come from: conf/cluster of the checkout, or of the installed package.
+CLUSTER_DIR = (conf_dir() or Path(__file__).resolve().parents[2] / "conf") / "cluster"
 
 
 @dataclass(frozen=True)

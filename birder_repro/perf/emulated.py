@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import pandas as pd
 
-from .cluster import ClusterSpec
+from .cluster import CLUSTER_DIR, ClusterSpec
 from .model import predict_run
 from .profile import load_profile
 from .schemes import scheme_for_optim
@@ -51,8 +51,6 @@ def _spec(link_mbit, spec_file: Optional[Path] = None) -> ClusterSpec:
     ``spec_file`` (a cluster spec that ``birder-repro mode=probe`` wrote), whose efficiencies are fractions of
     the line rate and so carry over to another ``link_mbit``."""
     import yaml
-
-    from .validate import CLUSTER_DIR
 
     cluster = yaml.safe_load(Path(spec_file or CLUSTER_DIR / "emulated.yaml").read_text())
     return ClusterSpec.from_config({**cluster, "link_mbit": link_mbit})

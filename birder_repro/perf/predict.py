@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 from .cluster import ClusterSpec
 from .model import predict_run
+from .paper_profiles import paper_profile
 from .profile import load_profile
 from .schemes import scheme_for_optim
 
@@ -76,7 +77,7 @@ def predict_record(cfg: Any) -> dict[str, Any]:
     cluster = ClusterSpec.from_config(cluster_config)
     # the paper's rows the links were fitted on (the report marks those cells in-sample); none for a measured spec
     fitted_on = (cluster_config.get("perf") or {}).get("fitted_on")
-    profile = load_profile(source, task=task, batch_size=batch, node=cluster, implementation=implementation) \
+    profile = paper_profile(task=task, batch_size=batch, node=cluster, implementation=implementation) \
         if source == "paper" \
         else load_profile(source)
     if profile.task != task:

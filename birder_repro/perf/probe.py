@@ -7,7 +7,7 @@ The run starts its workers as a training run does (the same launchers: local, to
 the emulated cluster), but each worker times collectives instead of training, as NVIDIA's nccl-tests do:
 all-reduce, reduce-scatter, all-gather and all-to-all of ``probe.min_bytes`` to ``probe.max_bytes`` (growing
 by ``probe.step_factor``), each call after a barrier and taken at its slowest rank, the median of
-``probe.iters`` calls after ``probe.warmup_iters`` (birder_repro.perf.linkprobe.measure). Its table has
+``probe.iters`` calls after ``probe.warmup_iters`` (birder_repro.perf.measure.measure). Its table has
 nccl-tests' columns: size, time, algorithm bandwidth (size / time) and bus bandwidth (algbw times nccl-tests'
 factor: 2(p-1)/p for all-reduce, (p-1)/p for the others), which for large messages approaches the link's rate.
 
@@ -21,7 +21,7 @@ birder_repro.perf.collectives): t = steps alpha + factor size / bandwidth, as Ho
 nccl-tests' tables: the bandwidth is the rate three in four calls of the larger half of the sizes reach (the
 plateau), alpha the median of the smaller half's calls (a call slowed by a busy machine bends neither; small
 messages that beat the link, as the emulated link's burst lets them, do not raise its rate, nor do spells of
-calls at twice the usual rate; birder_repro.perf.linkprobe._fit_two_regimes). The cluster spec
+calls at twice the usual rate; birder_repro.perf.measure._fit_two_regimes). The cluster spec
 (``cluster_spec.yaml`` in the run directory: the cluster config's keys, its ``perf`` block measured, and a
 ``probe`` block saying how) maps the fits to the model's parameters (birder_repro.perf.cluster):
 
@@ -44,13 +44,13 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional
 
 from .cluster import MBIT
-from .linkprobe import COLLECTIVES, bus_factor, call_points, fit_alpha_beta, measure
+from .measure import COLLECTIVES, fit_level, measure, table_rows
 
-__all__ = ["SPEC_FILE", "is_probe_record", "probe_sizes", "check_settings", "table_rows", "fit_level", "spec_from_fits",
-           "probe_worker", "format_probe", "load_cluster_spec"]
+__all__ = ["SPEC_FILE", "is_probe_record", "probe_sizes", "check_settings", "spec_from_fits", "probe_worker",
+           "format_probe", "load_cluster_spec"]
 
 SPEC_FILE = "cluster_spec.yaml"
 # What crosses nodes in the model's schemes (birder_repro.perf.schemes): DDP's all-reduce, and the compressed
@@ -90,32 +90,6 @@ def check_settings(cfg: Any) -> None:
                           "give max_bytes >= min_bytes")
     if int(cfg.nodes) < 2:
         raise ConfigError(f"nodes={cfg.nodes}: mode=probe measures the link between nodes; use nodes=2 or more")
-
-
-def table_rows(results: Mapping[str, Mapping[int, Sequence[float]]], p: int) -> list[dict[str, Any]]:
-    """nccl-tests' table: one row per collective and size: bytes, the median call's seconds, algbw and busbw in
-    bytes/s, and every call's seconds (``calls_s``, what the fit takes)."""
-    rows = []
-    for kind, by_size in results.items():
-        for size, calls in sorted(by_size.items()):
-            seconds = statistics.median(calls)
-            algbw = size / seconds
-            rows.append({"kind": kind, "bytes": int(size), "seconds": seconds, "algbw_Bps": algbw,
-                         "busbw_Bps": algbw * bus_factor(kind, p), "calls_s": [float(t) for t in calls]})
-    return rows
-
-
-def fit_level(results: Mapping[str, Mapping[int, Sequence[float]]], p: int) -> dict[str, dict[str, float]]:
-    """Each collective's (alpha seconds, bus bandwidth bytes/s) fitted to the model's cost of it over every
-    call (``{kind: {size: [seconds of each call]}}``, :func:`measure`'s). Where the times did not grow with
-    the size (messages too small for the link, or noise), the fit has no bandwidth: the largest bus bandwidth
-    measured stands for it, a lower bound (raise ``probe.max_bytes`` for more)."""
-    fits = {}
-    for kind, by_size in results.items():
-        alpha, beta = fit_alpha_beta(*call_points(by_size), p, kind, robust=True)
-        measured = max(r["busbw_Bps"] for r in table_rows({kind: by_size}, p))
-        fits[kind] = {"alpha_s": alpha, "bandwidth_Bps": 1.0 / beta if beta > 0 else measured}
-    return fits
 
 
 def _fraction(rate_Bps: float, line_mbit: float) -> float:

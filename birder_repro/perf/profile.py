@@ -115,25 +115,21 @@ def ddp_bucket_elements(numel: int, cap_mb: float = 25.0, first_mb: float = 1.0,
     return sizes
 
 
-def load_profile(source: Any, **select: Any) -> Profile:
-    """A profile from a Profile, a dict, a JSON file, a record.json (its ``profile`` key), a run directory
-    (its record.json), or the name of a shipped set (``paper``: birder_repro.perf.paper_profiles, chosen by
-    ``task`` and ``batch_size`` in ``select``)."""
+def load_profile(source: Any) -> Profile:
+    """A profile from a Profile, a dict, a JSON file, a record.json (its ``profile`` key) or a run directory
+    (its record.json). The paper's profiles are derived, not loaded: birder_repro.perf.paper_profiles (which
+    builds on this module, not the other way round)."""
     if isinstance(source, Profile):
         return source
     if isinstance(source, Mapping):
         return Profile.from_dict(source.get("profile", source))
     text = str(source)
-    if text == "paper":
-        from .paper_profiles import paper_profile
-
-        return paper_profile(**select)
     path = Path(text)
     if path.is_dir():
         path = path / "record.json"
     if not path.is_file():
-        raise FileNotFoundError(f"no profile at {text!r}: give a run directory, a record.json, a profile "
-                                f"JSON file, or 'paper'")
+        raise FileNotFoundError(f"no profile at {text!r}: give a run directory, a record.json or a profile "
+                                f"JSON file (the paper's: birder_repro.perf.paper_profiles.paper_profile)")
     data = json.loads(path.read_text())
     if "profile" in data:
         if data["profile"] is None:

@@ -69,9 +69,9 @@ from typing import Optional, Sequence
 import pandas as pd
 import yaml
 
-from birder_repro.resources import conf_dir, paper_tables_dir
+from birder_repro.resources import paper_tables_dir
 
-from .cluster import ClusterSpec
+from .cluster import CLUSTER_DIR, ClusterSpec
 from .implementations import IMPLEMENTATIONS, ImplementationLike, with_overlap
 from .model import predict_run
 from .paper_profiles import PAPER_GPUS_PER_NODE, _data as _paper_data, paper_profile
@@ -85,7 +85,6 @@ TARGET = 0.15
 CLUSTERS = ("ethernet_10g", "infiniband_200g")  # the interconnects of Tables 3 and 4
 REPO = Path(__file__).resolve().parents[2]
 PAPER_DIR = paper_tables_dir()  # tables/paper, of the checkout or installed with the package
-CLUSTER_DIR = (conf_dir() or REPO / "conf") / "cluster"
 
 
 def cluster_spec(name: str, link: Optional[dict[str, float]] = None) -> ClusterSpec:

@@ -39,7 +39,6 @@ import hashlib
 import itertools
 import json
 import os
-import pickle
 import re
 import shutil
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from birder_repro.train.checkpoint_files import CheckpointError, load_file, shard_name
 from birder_repro.train.collectives import allreduce_sum, barrier
 from birder_repro.train.rng import rng_state, set_rng_state
 
@@ -61,10 +61,6 @@ COMPLETE = "COMPLETE"
 MANIFEST = "manifest.json"
 MODEL = "model.pt"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be written, found, read or used by this run; the message says which and why."""
 
 
 @dataclass(frozen=True)
@@ -102,10 +98,6 @@ class RunIdentity:
 # ------------------------------------------------------------------------------------------------ names
 def step_dir(run_dir, step: int) -> Path:
     return Path(run_dir) / CHECKPOINTS / f"step-{step:06d}"
-
-
-def shard_name(rank: int) -> str:
-    return f"rank{rank:05d}.pt"
 
 
 def _is_complete(path: Path) -> bool:
@@ -284,21 +276,6 @@ def choose_resume(spec: Optional[str], run_dir, restarted: bool, device: torch.d
 
 
 # ---------------------------------------------------------------------------------------------- loading
-def load_file(path: Path, device: torch.device) -> Any:
-    """``torch.load`` of one checkpoint file as data only (weights_only), onto ``device``; clear errors."""
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint file {path} is missing")
-    try:
-        return torch.load(path, map_location=device, weights_only=True)
-    except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"{path} is not a plain checkpoint: it holds something other than tensors and "
-                              f"plain values, which is refused (weights_only loading; {first})") from None
-    except Exception as exc:  # noqa: BLE001 - corrupt bytes fail the unpickler in any way (IndexError, KeyError, ...)
-        raise CheckpointError(f"{path} cannot be read: truncated or corrupt ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
-
-
 def read_manifest(where: Path) -> dict:
     try:
         return json.loads((where / MANIFEST).read_text())

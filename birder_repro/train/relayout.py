@@ -45,7 +45,7 @@ def _stateless(comm) -> bool:
 def adapt(where: Path, manifest: dict, change: str, comm, rank: int, world_size: int, device: torch.device,
           policy: str, identity) -> tuple[dict, Optional[dict]]:
     """(this rank's shard, the hook state to load or None) for a checkpoint of another layout."""
-    from birder_repro.train.checkpoint import CheckpointError, load_file, shard_name
+    from birder_repro.train.checkpoint_files import CheckpointError, load_file, shard_name
 
     old = manifest.get("layout") or {}
     old_world, old_nodes, old_m = int(old.get("world_size", 0)), old.get("nodes"), old.get("gpus_per_node")

@@ -1,5 +1,10 @@
 """Network namespaces as the nodes of an emulated cluster: plan, create, shape, count and remove them.
 
+It sits below every layer that needs it (docs/architecture.md), and imports nothing of the project: the
+emulated launcher (birder_repro.launch.emulated) builds a run's fabric with it, the link probe
+(birder_repro.perf.linkprobe) builds its own, and the training loop's link-byte probe (birder_repro.probes)
+reads a node's kernel counters with it. ``from birder_repro.launch import netns`` still finds it.
+
 One run's fabric (``<id>``: 6 hex digits, new for every run)::
 
     root namespace                              node k's namespace  bdrp-<id>-<k>
@@ -40,7 +45,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 __all__ = ["PREFIX", "STATE_DIR", "FRAME_HEADER_BYTES", "EmulationUnavailable", "FabricError", "Shaping",
-           "Node", "Fabric", "require_tools", "burst_bytes", "plan_fabric", "setup_commands",
+           "Node", "Fabric", "require_tools", "cluster_shaping", "burst_bytes", "plan_fabric", "setup_commands",
            "teardown_commands", "create", "destroy", "list_ours", "clean_stale", "read_counters"]
 
 PREFIX = "bdrp"  # "birder-repro": every namespace, veth and bridge of ours starts with it
@@ -78,6 +83,15 @@ class Shaping:
             return []
         return ["tbf", "rate", f"{_number(self.rate_mbit)}mbit", "burst", str(self.burst_bytes),
                 "latency", f"{_number(self.queue_ms)}ms"]
+
+
+def cluster_shaping(cluster) -> Shaping:
+    """The links of the ``cluster`` config node (``link_mbit``, null: unshaped; ``queue_ms``, ``burst_ms``)."""
+    rate = cluster.get("link_mbit")
+    if rate is None:
+        return Shaping(rate_mbit=None, queue_ms=float(cluster["queue_ms"]))
+    return Shaping(rate_mbit=float(rate), burst_bytes=burst_bytes(float(rate), float(cluster["burst_ms"])),
+                   queue_ms=float(cluster["queue_ms"]))
 
 
 def burst_bytes(rate_mbit: float, burst_ms: float) -> int:
