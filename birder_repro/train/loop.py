@@ -138,8 +138,8 @@ def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir,
         stream = batches(data, steps_per_epoch(data, int(data.train_size), plan.global_batch), run.step, device)
         stop.in_loop()
         while run.step < steps:
-            _stop_if_signalled(parts, run)  # collective: every rank stops after the same step
             inject_fault(topology.rank, run.step + 1)  # tests only (BIRDER_TEST_FAULT)
+            _stop_if_signalled(parts, run)  # collective: every rank stops after the same step
             t_data = time.perf_counter()
             run.epoch, batch = next(stream)
             data_wait = time.perf_counter() - t_data
