@@ -317,6 +317,9 @@ def _fail(cfg: DictConfig, run_dir: Path, error: str, started: str, code: int, *
     """Report a run that could not be launched in one line, its only one; its record (in the run directory the
     line names where it can, else under runs/) says the same (a dry run writes none, nor a node other than 0)."""
     if not cfg.get("dry_run") and _writes_record(cfg):
+        from birder_repro.train.restarts import previous_attempts  # a resumed run's earlier attempts stay listed
+
+        fields.setdefault("attempts", previous_attempts(record.read_record(run_dir)))
         record.write_failed_record(run_dir, cfg, error, started=started, **fields)
     print(f"[birder-repro] {error.rstrip()}", file=sys.stderr, flush=True)
     return code
