@@ -209,12 +209,11 @@ def _submitted(cfg: DictConfig) -> bool:
 def _job_dir(cfg: DictConfig, resolved: Optional[DictConfig] = None) -> Path:
     """The run directory (birder_repro.rundir): ``hydra.run.dir`` where given (the same on every node); else,
     once the config is resolved, the run ``train.resume=auto`` continues, or a torchrun run's directory named
-    after its rendezvous id (every node derives the same one); else Hydra's (run.dir, or sweep.dir/subdir in a
-    sweep); a fresh one outside Hydra. Hydra's own directory is removed where another is chosen and it holds
+    after its rendezvous id (every node derives the same one, in a sweep too: each cell has its own id); else
+    Hydra's (run.dir, or sweep.dir/subdir in a sweep); a fresh one outside Hydra. Hydra's own directory is removed where another is chosen and it holds
     nothing but Hydra's files."""
     hydra_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
-    if resolved is None or (hydra_dir is not None and (_run_dir_given() or HydraConfig.get().mode ==
-                                                        RunMode.MULTIRUN)):
+    if resolved is None or (hydra_dir is not None and _run_dir_given()):
         return hydra_dir or record.new_run_dir(cfg)
     chosen = _chosen_dir(resolved)
     if chosen is None:
@@ -225,7 +224,9 @@ def _job_dir(cfg: DictConfig, resolved: Optional[DictConfig] = None) -> Path:
 
 
 def _run_dir_given() -> bool:
-    return any(o.split("=", 1)[0].lstrip("+~") == "hydra.run.dir" for o in HydraConfig.get().overrides.hydra)
+    """``hydra.run.dir=`` (or a sweep's ``hydra.sweep.dir=``) on the command line: the user's choice wins."""
+    return any(o.split("=", 1)[0].lstrip("+~") in ("hydra.run.dir", "hydra.sweep.dir")
+               for o in HydraConfig.get().overrides.hydra)
 
 
 def _chosen_dir(cfg: DictConfig) -> Optional[Path]:
@@ -286,8 +287,9 @@ def _prepare_in_place(cfg: DictConfig, run_dir: Path) -> bool:
         (run_dir / rundir.NODES_DIR / f"cli-node{torchrun.node_rank(cfg)}.done").unlink(missing_ok=True)
     if decision.action == "resume":
         cfg.train.resume = "auto"  # the workers take the directory's newest complete checkpoint
-        print(f"[birder-repro] {run_dir} holds a {decision.record.get('status')} run: resuming it from "
-              f"{decision.checkpoint.name}", flush=True)
+        status = decision.record.get("status")
+        print(f"[birder-repro] {run_dir} holds {'an' if status == 'interrupted' else 'a'} {status} run: resuming "
+              f"it from {decision.checkpoint.name}", flush=True)
     return True
 
 

@@ -188,6 +188,10 @@ class TerminalEcho:
     def muted(self) -> bool:
         return self._state["muted"]
 
+    def own_lines_only(self) -> None:
+        """From now on (the CLI passed a stop signal on) only birder-repro's own lines, none of torchrun's."""
+        self._state["own_only"] = True
+
     def _emit(self, pieces: list[str]) -> None:
         shown = []
         for piece in pieces:
@@ -199,7 +203,7 @@ class TerminalEcho:
                 self._state["muted"] = True
             elif RESTART_MARK in piece:
                 self._state["muted"] = False
-            if not self.muted:
+            if not self.muted and (not self._state.get("own_only") or "[birder-repro]" in piece):
                 shown.append(piece)
         if shown:
             self.out.write("".join(shown))

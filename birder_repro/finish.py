@@ -77,8 +77,7 @@ def interrupted(cfg: DictConfig, run_dir: Path, code: int, started: str, rec: Op
                                         started=started, attempts=[*_stale_attempts(run_dir),
                                                                    _this_attempt(run_dir, "interrupted", started)])
         record.write_record(run_dir, rec)
-    _say(f"record: {Path(run_dir) / record.RECORD_FILE}")
-    _say(rec["error"].split("; resume: ")[0])
+    _say(f"{rec['error'].split('; resume: ')[0]}; record: {Path(run_dir) / record.RECORD_FILE}")
     if _multi_node(cfg):
         _say("resume: run on every node its own command with this hydra.run.dir (node 0's below)")
     _say(f"resume: {rec['resume_command']}")
