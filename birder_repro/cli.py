@@ -9,6 +9,11 @@
 
 The Hydra app runs once per run, in this one process; the workers read the resolved ``config.yaml`` it writes
 and never compose a config again. :func:`run` is what the decorated entry point calls, and what tests call.
+
+One run, one directory (birder_repro.rundir): a torchrun run's is named after its rendezvous id, the same on
+every node; a directory that holds an interrupted or failed run with a checkpoint is resumed in place, one that
+holds a completed run is never run again. Ctrl-C or SIGTERM stops the workers after their current step, with a
+checkpoint; the CLI waits for them and ends with the command that resumes the run (birder_repro.finish).
 """
 
 from __future__ import annotations
