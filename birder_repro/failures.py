@@ -7,10 +7,10 @@ collective that timed out or whose peer closed its connection), then prints :dat
 followed by its traceback, to its stderr. That output reaches ``output.log`` in full; the launchers' copy to
 the terminal (:class:`TerminalEcho`) stops at the first :data:`MARK` and resumes when restarted workers
 announce themselves (:data:`RESTART_MARK`, ``train.max_restarts``), so that neither the other ranks' tracebacks
-nor torchrun's error report reach it; it also stops after rank 0's line of a run a signal stopped
-(:data:`STOP_MARK`), before torchrun's report of the signal. The CLI then ends with :func:`final_line`: the first failing rank, the
-cause (exception type and message) and where the full output is; the record's ``error`` is that line and its
-``traceback`` the rank's traceback.
+nor torchrun's error report reach it; it also stops at rank 0's line of a run a signal stopped
+(:data:`STOP_MARK`): the CLI says the same, then how to resume (birder_repro.finish). A failed run's CLI then
+ends with :func:`final_line`: the first failing rank, the cause (exception type and message) and where the full
+output is; the record's ``error`` is that line and its ``traceback`` the rank's traceback.
 
 The first failing rank: the earliest of the ranks whose failure is not a consequence of another's; else a
 rank that died without a Python exception (a signal, as torchrun's report lists it: SIGKILL, out of memory);
@@ -33,7 +33,7 @@ __all__ = ["MARK", "RESTART_MARK", "STOP_MARK", "FAILURES_DIR", "Failure", "caus
 
 MARK = "[birder-repro] failure: "  # a worker's failure line starts with it (the terminal copy stops there)
 RESTART_MARK = "[birder-repro] restarted: "  # restarted workers say so (the terminal copy resumes)
-STOP_MARK = "[birder-repro] stopped: "  # rank 0 after a stop signal: shown, then the rest (torchrun's) is not
+STOP_MARK = "[birder-repro] stopped: "  # rank 0 after a stop signal (the terminal copy stops there too)
 FAILURES_DIR = "failures"
 MAX_MESSAGE = 1000  # characters of an exception's message kept in the one line (the rest: the traceback)
 
@@ -195,11 +195,7 @@ class TerminalEcho:
     def _emit(self, pieces: list[str]) -> None:
         shown = []
         for piece in pieces:
-            if STOP_MARK in piece and not self.muted:
-                shown.append(piece)
-                self._state["muted"] = True
-                continue
-            if MARK in piece:
+            if MARK in piece or STOP_MARK in piece:
                 self._state["muted"] = True
             elif RESTART_MARK in piece:
                 self._state["muted"] = False

@@ -131,7 +131,8 @@ def other_node(cfg: DictConfig, run_dir: Path, code: int, rec: Optional[dict], c
     marker.write_text(f"{code}\n")
     status = (rec or {}).get("status")
     if status == "interrupted" or code in SIGNALLED:
-        _say(f"node {node}: interrupted; rank 0 writes the run's record: {where}")
+        what = rec["error"].split("; resume: ")[0] if status == "interrupted" else "interrupted"
+        _say(f"node {node}: {what}; the run's record (rank 0 writes it): {where}")
         _say(f"resume (this node): {own_resume_command(run_dir, command)}")
         return code if code in SIGNALLED else 130
     if code != 0:  # the first failure this node sees (all of them, where the run directory is shared), last
