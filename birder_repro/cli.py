@@ -290,11 +290,13 @@ def _prepare_in_place(cfg: DictConfig, run_dir: Path) -> bool:
         shutil.rmtree(run_dir / "failures", ignore_errors=True)
     if not _writes_record(cfg):  # this node's CLI says it is done afresh (birder_repro.finish)
         (run_dir / rundir.NODES_DIR / f"cli-node{torchrun.node_rank(cfg)}.done").unlink(missing_ok=True)
+    status = (decision.record or {}).get("status")
+    held = f"{run_dir} holds {'an' if status == 'interrupted' else 'a'} {status} run"
     if decision.action == "resume":
         cfg.train.resume = "auto"  # the workers take the directory's newest complete checkpoint
-        status = decision.record.get("status")
-        print(f"[birder-repro] {run_dir} holds {'an' if status == 'interrupted' else 'a'} {status} run: resuming "
-              f"it from {decision.checkpoint.name}", flush=True)
+        print(f"[birder-repro] {held}: resuming it from {decision.checkpoint.name}", flush=True)
+    elif decision.record is not None:
+        print(f"[birder-repro] {held} without a complete checkpoint: running it again from step 0", flush=True)
     return True
 
 
