@@ -148,6 +148,22 @@ def test_workers_that_die_without_a_record_get_a_failed_one(compose, monkeypatch
     assert rec["world_size"] == 2 and rec["lr"] == pytest.approx(0.005)
 
 
+def test_a_stopped_run_whose_workers_wrote_no_record_gets_an_interrupted_one_and_its_resume_command(
+        compose, monkeypatch, tmp_path, capsys):
+    def stopped_launch(cfg, run_dir):  # the workers were killed after torchrun's grace, at step 7
+        (run_dir / "progress.json").write_text('{"step": 7}')
+        return 130
+
+    monkeypatch.setattr("birder_repro.launch.launch", stopped_launch)
+    cfg = compose(TINY, hydra_config=True)
+    assert cli.run(cfg, run_dir=tmp_path / "run") == 130
+    rec = record.read_record(tmp_path / "run")
+    assert rec["status"] == "interrupted" and rec["stopped_at_step"] == 7 and rec["checkpoint"] is None
+    assert rec["resume_command"] == "birder-repro " + " ".join(TINY) + f" hydra.run.dir={(tmp_path / 'run').resolve()}"
+    assert [a["status"] for a in rec["attempts"]] == ["interrupted"]
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"[birder-repro] resume: {rec['resume_command']}"
+
+
 def test_write_failed_record_has_every_key_and_is_atomic(compose, tmp_path):
     cfg = compose(["nodes=2", "gpus_per_node=1"])
     rec = record.write_failed_record(tmp_path, cfg, "Traceback: boom")
