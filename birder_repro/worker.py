@@ -184,14 +184,14 @@ def run_worker(run_dir: Path, env: Optional[DistEnv] = None) -> int:
     from birder_repro.train.restarts import restart_count
 
     env = env or read_dist_env()
-    if env.rendezvous:  # started by torchrun: a signal stops the run at a step boundary (train/stop.py)
-        stop.install()
     cfg = record.load_run_config(run_dir)
-    ended = _Ending(run_dir, cfg, env)
-    fields: dict[str, Any] = {"started": ended.first_started, "config_digest": cell_digest(cfg)}
+    attempt = _Attempt(run_dir, cfg, env)
+    fields: dict[str, Any] = {"started": attempt.first_started, "config_digest": cell_digest(cfg)}
     joined = False
     if restart_count() and env.is_main:  # the launchers' terminal copy resumes here (birder_repro.failures)
         print(f"{failures.RESTART_MARK}attempt {restart_count() + 1} (train.max_restarts)", flush=True)
+    if env.rendezvous:  # started by torchrun: a signal stops the run at a step boundary (train/stop.py)
+        stop.install()
     try:
         check_world_matches_layout(cfg, env)
         device = pick_device(cfg, env)
@@ -207,7 +207,7 @@ def run_worker(run_dir: Path, env: Optional[DistEnv] = None) -> int:
             print(start_line(env, fields), flush=True)
         result = build_and_train(cfg, env, device, run_dir)
         if env.is_main:
-            attempts = ended.attempts("completed", result.get("resumed_from_step") or 0, result.get("steps"))
+            attempts = attempt.history("completed", result.get("resumed_from_step") or 0, result.get("steps"))
             done = record.completed_record(cfg, run_dir, result, ended=record.now(), attempts=attempts, **fields)
             record.write_record(run_dir, done)
         return 0
@@ -215,11 +215,11 @@ def run_worker(run_dir: Path, env: Optional[DistEnv] = None) -> int:
         if env.is_main:
             record.write_record(run_dir, record.diverged_record(
                 cfg, run_dir, halt.step, halt.line, restarts=restart_count(),
-                attempts=ended.attempts("diverged", None, halt.step), **fields))
+                attempts=attempt.history("diverged", None, halt.step), **fields))
         return 0
     except stop.Stopped as halt:  # every rank after the same step, checkpointed: not a failure to restart either
         if env.is_main:
-            ended.interrupted(halt, fields)
+            attempt.interrupted(halt, fields)
         return 0
     except Exception as exc:  # noqa: BLE001 - every failure ends in a record, then a non-zero exit
         failure = failures.write_failure(run_dir, env.rank, restart_count(), exc,
@@ -228,14 +228,14 @@ def run_worker(run_dir: Path, env: Optional[DistEnv] = None) -> int:
         print(f"{failures.MARK}{failure.line}\n{failure.traceback}", file=sys.stderr, flush=True)
         if env.is_main:
             record.write_failed_record(run_dir, cfg, failure.line, traceback=failure.traceback,
-                                       restarts=restart_count(), attempts=ended.attempts("failed", None), **fields)
+                                       restarts=restart_count(), attempts=attempt.history("failed", None), **fields)
         return 1
     finally:
         if joined and dist.is_initialized():
             dist.destroy_process_group()
 
 
-class _Ending:
+class _Attempt:
     """Rank 0's account of this attempt for the record: the run's earlier attempts (a run resumed in its own
     directory keeps one record), read before anything of this attempt is written, and this one's entry."""
 
@@ -246,7 +246,8 @@ class _Ending:
         self.earlier = previous_attempts(record.read_record(run_dir)) if env.is_main else []
         self.first_started = (self.earlier[0].get("started") if self.earlier else None) or self.started
 
-    def attempts(self, status: str, from_step: Optional[int], to_step: Optional[int] = None) -> list[dict]:
+    def history(self, status: str, from_step: Optional[int], to_step: Optional[int] = None) -> list[dict]:
+        """The record's ``attempts``: the earlier ones, then this one ending with ``status``."""
         from birder_repro.train.restarts import attempt_entry, reached_step, restart_count
 
         to_step = to_step if to_step is not None else reached_step(self.run_dir)
@@ -263,7 +264,7 @@ class _Ending:
         checkpoint = halt.checkpoint or (found[-1][1] if found else None)
         rec = record.interrupted_record(self.cfg, self.run_dir, halt.step, signal_name(halt.signum), checkpoint,
                                         restarts=restart_count(),
-                                        attempts=self.attempts("interrupted", halt.from_step, halt.step), **fields)
+                                        attempts=self.history("interrupted", halt.from_step, halt.step), **fields)
         record.write_record(self.run_dir, rec)
         print(f"{failures.STOP_MARK}{rec['error'].split('; resume: ')[0]}", flush=True)
 

@@ -23,8 +23,8 @@ from birder_repro.logger import RunLogger
 from birder_repro.probes import start_probes, stop_probes
 from birder_repro.schedule import lr_factor
 from birder_repro.train import breakdown, stop
-from birder_repro.train.checkpoint import (RunIdentity, choose_resume, complete_checkpoints, load_checkpoint,
-                                           save_checkpoint, settle_ddp_buckets, step_dir)
+from birder_repro.train.checkpoint import (COMPLETE, RunIdentity, choose_resume, complete_checkpoints,
+                                           load_checkpoint, save_checkpoint, settle_ddp_buckets, step_dir)
 from birder_repro.train.collectives import allreduce_sum
 from birder_repro.train.data import batches, steps_per_epoch
 from birder_repro.train.divergence import DivergenceWatch
@@ -222,7 +222,7 @@ def _stop_if_signalled(p: _Parts, run: _Run) -> None:
         return
     where = step_dir(p.run_dir, run.step)
     wanted = p.settings.checkpoint_on_stop or p.settings.checkpoint_every > 0
-    if wanted and run.step > 0 and not (where / "COMPLETE").is_file():
+    if wanted and run.step > 0 and not (where / COMPLETE).is_file():
         _save(p, run)
     found = complete_checkpoints(where.parent)
     raise stop.Stopped(signum, run.step, found[-1][1] if found else None, run.start)
