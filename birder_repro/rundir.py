@@ -95,22 +95,23 @@ def _newest_checkpoint(run_dir: Path) -> Optional[Path]:
 def decide(run_dir: Path, cell: Optional[str] = None) -> Decision:
     """What the directory's record (and checkpoints) say a run of cell digest ``cell`` started there should do
     (module docstring). A directory with config files but no record is a run another node's CLI has just
-    started: join it. A record of another configuration is never continued or overwritten."""
+    started: join it. A finished run, or one with a checkpoint, of another configuration is never continued
+    or overwritten."""
     from birder_repro import record
 
     rec = record.read_record(run_dir)
-    status = (rec or {}).get("status")
     if rec is None:
         return Decision("start")
-    if cell and rec.get("config_digest") not in (None, cell):
+    status, checkpoint = rec.get("status"), _newest_checkpoint(run_dir)
+    keeps = status in FINISHED or (status in RESUMABLE and checkpoint is not None)  # something not to lose
+    if keeps and cell and rec.get("config_digest") not in (None, cell):
         return Decision("stop", f"{run_dir} holds a {status} run of another configuration (config digest "
                                 f"{rec.get('config_digest')}, this one {cell}): resume it with its own settings "
                                 f"(its command.txt), or choose another hydra.run.dir or launcher.rdzv_id", record=rec)
     if status in FINISHED:
         return Decision("stop", f"{run_dir} already holds a {status} run: set launcher.rdzv_id=<a new name> (or "
                                 "hydra.run.dir=<a new directory>) for a new run", record=rec)
-    checkpoint = _newest_checkpoint(run_dir)
-    if status in RESUMABLE and checkpoint is not None:
+    if keeps:
         return Decision("resume", checkpoint=checkpoint, record=rec)
     return Decision("start", record=rec)  # nothing to continue from: the same run, afresh, in the same place
 

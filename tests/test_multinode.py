@@ -202,6 +202,9 @@ def test_a_directory_holding_a_completed_run_or_another_config_is_never_rerun(tm
     assert rundir.decide(stopped, "cell").action == "resume"
     assert rundir.decide(stopped, "another").action == "stop"
     assert rundir.decide(tmp_path / "new", "cell").action == "start"
+    # a failed run with nothing to continue from (refused before it started) is simply run again
+    refused = _fake_run(tmp_path, "refused", "failed", "composed", "2026-01-01T10:00:00+00:00", checkpoint=False)
+    assert rundir.decide(refused, "cell").action == "start"
 
 
 def test_a_checkpoint_missing_a_rank_file_is_never_marked_complete(tmp_path):
