@@ -7,9 +7,10 @@ collective that timed out or whose peer closed its connection), then prints :dat
 followed by its traceback, to its stderr. That output reaches ``output.log`` in full; the launchers' copy to
 the terminal (:class:`TerminalEcho`) stops at the first :data:`MARK` and resumes when restarted workers
 announce themselves (:data:`RESTART_MARK`, ``train.max_restarts``), so that neither the other ranks' tracebacks
-nor torchrun's error report reach it. The CLI then ends with :func:`final_line`: the first failing rank, the
-cause (exception type and message) and where the full output is; the record's ``error`` is that line and its
-``traceback`` the rank's traceback.
+nor torchrun's error report reach it; it also stops at rank 0's line of a run a signal stopped
+(:data:`STOP_MARK`): the CLI says the same, then how to resume (birder_repro.finish). A failed run's CLI then
+ends with :func:`final_line`: the first failing rank, the cause (exception type and message) and where the full
+output is; the record's ``error`` is that line and its ``traceback`` the rank's traceback.
 
 The first failing rank: the earliest of the ranks whose failure is not a consequence of another's; else a
 rank that died without a Python exception (a signal, as torchrun's report lists it: SIGKILL, out of memory);
@@ -27,11 +28,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional, TextIO
 
-__all__ = ["MARK", "RESTART_MARK", "FAILURES_DIR", "Failure", "cause_of", "write_failure", "read_failures",
-           "first_failure", "signal_deaths", "final_line", "TerminalEcho"]
+__all__ = ["MARK", "RESTART_MARK", "STOP_MARK", "FAILURES_DIR", "Failure", "cause_of", "write_failure", "read_failures",
+           "first_failure", "signal_deaths", "write_signal_deaths", "final_line", "TerminalEcho"]
 
 MARK = "[birder-repro] failure: "  # a worker's failure line starts with it (the terminal copy stops there)
 RESTART_MARK = "[birder-repro] restarted: "  # restarted workers say so (the terminal copy resumes)
+STOP_MARK = "[birder-repro] stopped: "  # rank 0 after a stop signal (the terminal copy stops there too)
 FAILURES_DIR = "failures"
 MAX_MESSAGE = 1000  # characters of an exception's message kept in the one line (the rest: the traceback)
 
@@ -111,14 +113,37 @@ _REPORT_BLOCK = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exi
 SIGTERM = 15  # how torchrun stops the other workers once one has failed: a consequence, never a cause
 
 
+_FORCED = re.compile(r"Unable to shutdown process (\d+) via")  # torchrun's SIGKILL after its stop grace
+
+
 def signal_deaths(log_text: str) -> dict[int, str]:
-    """Ranks that torchrun reports dead by a signal other than its own SIGTERM (exit code < 0, -15 left out)
-    in ``log_text``: {rank: its description}."""
+    """Ranks that torchrun reports dead by a signal in ``log_text``, {rank: its description}, less its own
+    stops: the SIGTERM (or SIGINT) it sends the others once one has failed, and the SIGKILL after its
+    ``--shutdown-timeout`` for a worker that did not stop in time (a hung one; train.stop_timeout_s)."""
+    forced = set(_FORCED.findall(log_text))
     deaths = {}
     for rank, code, what in _REPORT_BLOCK.findall(log_text):
-        if int(code) < 0 and int(code) != -SIGTERM:
+        pid = re.search(r"PID (\d+)", what)
+        if int(code) < 0 and int(code) != -SIGTERM and not (pid and pid.group(1) in forced):
             deaths[int(rank)] = what.strip() or f"exit code {code}"
     return deaths
+
+
+def write_signal_deaths(run_dir: Path, log_text: str, node: int) -> None:
+    """A node other than 0 (multi-node torchrun): the ranks its torchrun reports dead by a signal, as failure
+    files, so that node 0's CLI, which sees only its own torchrun's report, can name them (birder_repro.finish)."""
+    known = {f.rank for f in read_failures(run_dir)}
+    attempt = max((f.attempt for f in read_failures(run_dir)), default=0)
+    for rank, what in signal_deaths(log_text).items():
+        if rank in known:
+            continue
+        failure = Failure(rank, attempt, time.time(), "", f"died: {what} (on node {node})", "", False)
+        try:
+            path = _path(run_dir, attempt, rank)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(asdict(failure), indent=1) + "\n")
+        except OSError:
+            pass
 
 
 def final_line(run_dir: Path, code: int, log_text: str = "") -> tuple[str, Optional[str]]:
@@ -163,14 +188,18 @@ class TerminalEcho:
     def muted(self) -> bool:
         return self._state["muted"]
 
+    def own_lines_only(self) -> None:
+        """From now on (the CLI passed a stop signal on) only birder-repro's own lines, none of torchrun's."""
+        self._state["own_only"] = True
+
     def _emit(self, pieces: list[str]) -> None:
         shown = []
         for piece in pieces:
-            if MARK in piece:
+            if MARK in piece or STOP_MARK in piece:
                 self._state["muted"] = True
             elif RESTART_MARK in piece:
                 self._state["muted"] = False
-            if not self.muted:
+            if not self.muted and (not self._state.get("own_only") or "[birder-repro]" in piece):
                 shown.append(piece)
         if shown:
             self.out.write("".join(shown))

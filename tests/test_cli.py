@@ -49,6 +49,9 @@ def test_dry_run_prints_one_torchrun_per_node_and_starts_nothing(runs_dir):
     assert len({re.search(r"--rdzv-id=(\S+)", line).group(1) for line in lines}) == 1
     (run_dir,) = run_dirs(runs_dir)
     assert f"--run-dir {run_dir}" in lines[0]
+    # the run directory every node derives from the rendezvous id; Hydra's timestamped one is gone
+    assert run_dir == runs_dir / re.search(r"--rdzv-id=(\S+)", lines[0]).group(1)
+    assert [p.name for p in runs_dir.iterdir()] == [run_dir.name]
     # Nothing started: no record, no output log, just the files a node needs to start its workers.
     assert not (run_dir / record.RECORD_FILE).exists() and not (run_dir / "output.log").exists()
     assert (run_dir / "command.txt").read_text().startswith("birder-repro task=resnet50 optim=birder nodes=8")
@@ -151,6 +154,22 @@ def test_workers_that_die_without_a_record_get_a_failed_one(compose, monkeypatch
     assert rec["status"] == "failed" and "code 137" in rec["error"] and "out of memory" in rec["error"]
     assert rec["command"] == "birder-repro " + " ".join(TINY)
     assert rec["world_size"] == 2 and rec["lr"] == pytest.approx(0.005)
+
+
+def test_a_stopped_run_whose_workers_wrote_no_record_gets_an_interrupted_one_and_its_resume_command(
+        compose, monkeypatch, tmp_path, capsys):
+    def stopped_launch(cfg, run_dir):  # the workers were killed after torchrun's grace, at step 7
+        (run_dir / "progress.json").write_text('{"step": 7}')
+        return 130
+
+    monkeypatch.setattr("birder_repro.launch.launch", stopped_launch)
+    cfg = compose(TINY, hydra_config=True)
+    assert cli.run(cfg, run_dir=tmp_path / "run") == 130
+    rec = record.read_record(tmp_path / "run")
+    assert rec["status"] == "interrupted" and rec["stopped_at_step"] == 7 and rec["checkpoint"] is None
+    assert rec["resume_command"] == "birder-repro " + " ".join(TINY) + f" hydra.run.dir={(tmp_path / 'run').resolve()}"
+    assert [a["status"] for a in rec["attempts"]] == ["interrupted"]
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"[birder-repro] resume: {rec['resume_command']}"
 
 
 def test_write_failed_record_has_every_key_and_is_atomic(compose, tmp_path):
