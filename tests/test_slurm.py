@@ -40,14 +40,15 @@ def shim(bin_dir: Path, name: str, body: str) -> None:
     path.chmod(0o755)
 
 
-def job_env(bin_dir: Path, nodes: int, job_id: str = "777", first: str = "gpu001") -> dict:
-    """What SLURM sets for a batch script, and a PATH whose srun and scontrol are stand-ins."""
+def job_env(bin_dir: Path, nodes: int, job_id: str = "777", first: str = "gpu001", cpus: int = 2) -> dict:
+    """What SLURM sets for a batch script (SLURM_CPUS_PER_TASK: sbatch --cpus-per-task), and a PATH whose srun
+    and scontrol are stand-ins."""
     shim(bin_dir, "scontrol", f"""\
         [ "$1 $2" = "show hostnames" ] || exit 2
         echo {first}; for i in $(seq 2 {nodes}); do printf 'gpu%03d\\n' $i; done
     """)
     return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": job_id, "SLURM_NNODES": str(nodes),
-            "SLURM_JOB_NODELIST": f"gpu[001-{nodes:03d}]"}
+            "SLURM_JOB_NODELIST": f"gpu[001-{nodes:03d}]", "SLURM_CPUS_PER_TASK": str(cpus)}
 
 
 # ------------------------------------------------------------------------------------------ dry run
@@ -60,7 +61,8 @@ def test_dry_run_writes_and_prints_the_batch_script_for_8_nodes_of_8_gpus(runs_d
     assert script in out.stdout and "nothing was submitted" in out.stdout
     directives = re.findall(r"^#SBATCH (\S+)$", script, flags=re.M)
     for d in ("--nodes=8", "--ntasks-per-node=1", "--gpus-per-node=8", "--partition=gpu", "--account=proj",
-              "--time=02:30:00", f"--output={run_dir.resolve()}/slurm-%j.out", "--job-name=birder-resnet50-birder-n8"):
+              "--time=02:30:00", f"--output={run_dir.resolve()}/slurm-%j.out", "--job-name=birder-resnet50-birder-n8",
+              "--cpus-per-task=40", "--signal=B:USR1@120", "--requeue", "--open-mode=append"):
         assert d in directives, d
     command = " ".join(line.rstrip("\\").strip() for line in script.splitlines() if not line.startswith("#")
                        and ("srun" in line or line.startswith("  ")))
@@ -88,7 +90,7 @@ def test_the_script_runs_one_torchrun_per_node_at_the_first_node(compose, tmp_pa
     out = subprocess.run(["bash", str(script)], capture_output=True, text=True, env={**os.environ, **env},
                          timeout=60)
     assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
+    lines = [line for line in out.stdout.splitlines() if line.startswith("node ")]
     assert len(lines) == 8 and [line.split(":")[0] for line in lines] == [f"node {k}" for k in range(8)]
     for line in lines:
         for arg in ("-m torch.distributed.run", "--nnodes=8", "--nproc-per-node=8", "--rdzv-backend=c10d",
