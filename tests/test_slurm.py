@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,7 @@ def job_env(bin_dir: Path, nodes: int, job_id: str = "777", first: str = "gpu001
     """What SLURM sets for a batch script (SLURM_CPUS_PER_TASK: sbatch --cpus-per-task), and a PATH whose srun
     and scontrol are stand-ins."""
     shim(bin_dir, "scontrol", f"""\
+        if [ "$1" = requeue ]; then echo "$2" >> {bin_dir / 'requeued'}; exit 0; fi
         [ "$1 $2" = "show hostnames" ] || exit 2
         echo {first}; for i in $(seq 2 {nodes}); do printf 'gpu%03d\\n' $i; done
     """)
@@ -117,6 +120,143 @@ def test_the_script_trains_two_nodes_on_this_machine(compose, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     rec = record.read_record(tmp_path)
     assert rec["status"] == "completed" and rec["world_size"] == 2 and rec["inter_node_bytes_per_step"] > 0
+
+
+# ------------------------------------------------------------------------------------------ directives
+def slurm_cfg(compose, *overrides: str, layout_args=LAYOUT_8x8):
+    return layout.resolve(compose([*layout_args, *overrides]), gpu_count=0)
+
+
+def directives(cfg, run_dir: Path) -> list[str]:
+    return re.findall(r"^#SBATCH (\S+)$", slurm.batch_script(cfg, run_dir), flags=re.M)
+
+
+DIGITS_1x2 = ["task=digits", "optim=sgdm", "nodes=1", "gpus_per_node=2", "launcher=slurm", "launcher.gpus=false"]
+
+
+def test_cpus_per_task_auto_asks_for_every_process_and_its_loaders(compose, tmp_path):
+    """resnet50 loads with data.num_workers=auto (counted as AUTO_LOADERS), digits with none."""
+    assert slurm.cpus_per_task(slurm_cfg(compose)) == 8 * (slurm.AUTO_LOADERS + 1)
+    assert slurm.cpus_per_task(slurm_cfg(compose, "data.num_workers=2")) == 8 * 3
+    assert slurm.cpus_per_task(slurm_cfg(compose, layout_args=DIGITS_1x2)) == 2
+    given = slurm_cfg(compose, "launcher.cpus_per_task=64")
+    assert "--cpus-per-task=64" in directives(given, tmp_path)
+    assert 'srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 --cpus-per-task="$SLURM_CPUS_PER_TASK"' \
+        in slurm.batch_script(given, tmp_path)  # srun is told again (SLURM 22.05-23.02 did not pass it on)
+    default = slurm.batch_script(slurm_cfg(compose, "launcher.cpus_per_task=null"), tmp_path)
+    assert "--cpus-per-task" not in default
+
+
+def test_requeue_directives_and_the_shells_traps(compose, tmp_path):
+    script = slurm.batch_script(slurm_cfg(compose, "launcher.signal_s=300"), tmp_path)
+    found = re.findall(r"^#SBATCH (\S+)$", script, flags=re.M)
+    assert {"--signal=B:USR1@300", "--requeue", "--open-mode=append"} <= set(found)
+    for line in ("trap 'stop_workers USR1' USR1", "trap 'stop_workers TERM' TERM", 'scontrol requeue "$SLURM_JOB_ID"',
+                 "export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=270", "-m birder_repro.launch.summary_cli"):
+        assert line in script, line
+    off = slurm.batch_script(slurm_cfg(compose, "launcher.requeue=false"), tmp_path)
+    assert "--signal" not in off and "--requeue" not in off and "scontrol requeue" not in off
+    assert "USR1" not in off and "trap 'stop_workers TERM' TERM" in off and "--open-mode=append" in off
+
+
+@pytest.mark.parametrize("override,key", [("launcher.time=1h", "launcher.time"),
+                                          ("launcher.signal_s=0", "launcher.signal_s"),
+                                          ("launcher.time=2", "launcher.signal_s=120 is not shorter"),
+                                          ("launcher.cpus_per_task=0", "launcher.cpus_per_task")])
+def test_bad_job_settings_are_refused_naming_the_key(compose, override, key):
+    with pytest.raises(layout.ConfigError, match=re.escape(key)):
+        slurm.check_config(slurm_cfg(compose, override))
+
+
+def test_slurm_time_limits_in_every_form_of_man_sbatch():
+    from birder_repro.launch.slurm_env import time_limit_s
+
+    forms = {"90": 5400, "90:30": 5430, "01:00:00": 3600, "2-12": 216000, "2-12:30": 217800, "1-00:00:01": 86401,
+             "0": None, "UNLIMITED": None}
+    assert {text: time_limit_s(text) for text in forms} == forms
+    for bad in ("1h", "1:2:3:4", "-5", "x-1"):
+        with pytest.raises(ValueError, match="not a SLURM time"):
+            time_limit_s(bad)
+
+
+# ------------------------------------------------------------------------------------------ warnings
+def test_a_time_limit_the_run_outlasts_without_a_checkpoint_is_warned_of(compose):
+    """ResNet-50 on 8 x 8 for 100 epochs: 62,600 steps, 1.4 h by the performance model (the paper's profile)."""
+    stops = ["launcher.requeue=false"]  # no checkpoint at the stop either
+    (warning,) = [w for w in slurm.warnings(slurm_cfg(compose, *stops, "cluster=ethernet_10g"))]
+    assert warning.startswith("warning: the run is predicted to take 1.") and "62600 steps" in warning
+    assert "launcher.time=01:00:00" in warning and "train.checkpoint_every=" in warning
+    assert slurm.warnings(slurm_cfg(compose, *stops, "cluster=ethernet_10g", "launcher.time=04:00:00")) == []
+    assert slurm.warnings(slurm_cfg(compose, *stops, "cluster=ethernet_10g", "train.checkpoint_every=1000")) == []
+    # a checkpoint interval the limit does not reach saves nothing either
+    assert slurm.warnings(slurm_cfg(compose, *stops, "cluster=ethernet_10g", "train.checkpoint_every=60000"))
+
+
+def test_without_a_prediction_a_job_that_never_checkpoints_is_warned_of(compose):
+    """digits has no paper profile: the rule, no checkpoint ever saved."""
+    (warning,) = slurm.warnings(slurm_cfg(compose, "launcher.requeue=false", "cluster=ethernet_10g",
+                                          layout_args=DIGITS_1x2))
+    assert "no checkpoint is ever saved" in warning and "train.checkpoint_every=<steps>" in warning
+    assert slurm.warnings(slurm_cfg(compose, "launcher.requeue=false", "cluster=ethernet_10g",
+                                    "train.checkpoint_every=50", layout_args=DIGITS_1x2)) == []
+
+
+def test_cluster_local_under_slurm_is_warned_of(compose, runs_dir):
+    warned = [w for w in slurm.warnings(slurm_cfg(compose, "launcher.time=04:00:00")) if "cluster=local" in w]
+    assert warned and "cluster=ethernet_10g" in warned[0] and "infiniband_200g" in warned[0]
+    assert not [w for w in slurm.warnings(slurm_cfg(compose, "cluster=infiniband_200g")) if "cluster=" in w]
+    out = birder_repro(*LAYOUT_8x8, "dry_run=true")
+    assert "[birder-repro] warning: cluster=local under launcher=slurm" in out.stderr
+
+
+# ------------------------------------------------------------------------------------------ stop and requeue
+FAKE_STEP = textwrap.dedent("""
+    import json, pathlib, signal, sys, time
+    run, mode = pathlib.Path(sys.argv[1]), sys.argv[2]
+    def stop(*_):  # what the workers do on SIGTERM: a checkpoint (or none), an interrupted record
+        if mode == "checkpoint":
+            step = run / "checkpoints" / "step-000007"
+            step.mkdir(parents=True)
+            (step / "manifest.json").write_text("{}")
+            (step / "COMPLETE").write_text("")
+        (run / "record.json").write_text(json.dumps({"status": "interrupted", "error": "stopped at step 7"}))
+        sys.exit(143)
+    signal.signal(signal.SIGTERM, stop)
+    (run / "step-running").touch()
+    while True:
+        time.sleep(0.05)
+""")
+
+
+@pytest.mark.parametrize("sig,mode,requeued,code", [(signal.SIGUSR1, "checkpoint", True, 0),
+                                                    (signal.SIGUSR1, "none", False, 1),
+                                                    (signal.SIGTERM, "checkpoint", False, 143)])
+def test_the_batch_shell_stops_the_step_and_requeues_only_after_usr1_with_a_newer_checkpoint(
+        compose, tmp_path, sig, mode, requeued, code):
+    """srun: a stand-in step that checkpoints on SIGTERM (or not). USR1 (the limit is near) with a new checkpoint:
+    requeued; without one: not (the next attempt would start where this one did); TERM (scancel): never."""
+    cfg = slurm_cfg(compose, layout_args=DIGITS_1x2)
+    run_dir = tmp_path / "run"
+    record.write_run_files(run_dir, cfg, "birder-repro (test)")
+    script = slurm.write_script(cfg, run_dir)
+    bin_dir = tmp_path / "bin"
+    env = job_env(bin_dir, nodes=1, first="127.0.0.1")
+    (tmp_path / "step.py").write_text(FAKE_STEP)
+    shim(bin_dir, "srun", f"exec {sys.executable} {tmp_path / 'step.py'} {run_dir} {mode}\n")
+    proc = subprocess.Popen(["bash", str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **env})
+    while not (run_dir / "step-running").exists():  # the traps are set once srun runs
+        assert proc.poll() is None, proc.communicate()[0]
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == code, out
+    assert (bin_dir / "requeued").exists() == requeued, out
+    assert f"stopped by {sig.name}" in out
+    if requeued:
+        assert (bin_dir / "requeued").read_text().split() == ["777"] and "requeueing job 777" in out
+    elif sig == signal.SIGUSR1:
+        assert "not requeued" in out
 
 
 # ------------------------------------------------------------------------------------------ submission
