@@ -26,8 +26,10 @@ def choose_launcher(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> str
     """``launcher.name``; for ``auto``: torchrun (this node's share) when SLURM gave this job step more than
     one node, local otherwise (on a single SLURM node the whole layout fits as local processes)."""
     name = cfg.launcher.name
-    if emulated.is_emulated(cfg):  # the emulated cluster starts its own nodes; it needs launcher=auto
-        emulated.check_launcher(cfg)
+    if emulated.is_emulated(cfg):
+        if emulated.node_index(env) is not None:  # one node's CLI, which the emulated cluster started in its namespace
+            return "torchrun"
+        emulated.check_launcher(cfg)  # the emulated cluster starts its own nodes; it needs launcher=auto
         return "emulated"
     if name != "auto":
         return name
