@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import socket
 import sys
 import traceback
 from pathlib import Path
@@ -28,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from birder_repro import config as layout
 from birder_repro import record
+from birder_repro.rundir import LAUNCH_ENV
 
 __all__ = ["CONF_DIR", "run", "main"]
 
@@ -54,19 +56,25 @@ def config_path() -> Optional[str]:
 
 
 def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
-    """One run: resolve and check the config, write the run directory, launch; return the exit code.
+    """One run: resolve and check the config, choose and write the run directory, launch; return the exit code.
 
     Never raises for a failed run: the failure is printed and written to ``record.json`` (except in a dry run,
-    which writes no record), so that one failed cell of a sweep does not stop the others.
+    which writes no record, and on nodes other than node 0 of a multi-node run, whose record is rank 0's), so
+    that one failed cell of a sweep does not stop the others.
     """
-    run_dir = Path(run_dir) if run_dir is not None else _job_dir(cfg)
     started = record.now()
     if cfg.get("mode") == "predict":
-        return _predict(cfg, run_dir, started)
+        return _predict(cfg, Path(run_dir) if run_dir is not None else _job_dir(cfg), started)
+    given = Path(run_dir) if run_dir is not None else None
+    run_dir = given
     try:
         _check_gpus_per_node_knowable(cfg)
         resolved = layout.resolve(cfg, references=reference_configs(cfg))
-        record.write_run_files(run_dir, resolved, _command_line(cfg))
+        run_dir = given or _job_dir(cfg, resolved)
+        if not _prepare_in_place(resolved, run_dir):
+            return 2
+        os.environ[LAUNCH_ENV] = f"{started} {socket.gethostname()} {os.getpid()}"  # this attempt's id
+        record.write_run_files(run_dir, resolved, _command_line(cfg) if _writes_record(resolved) else None)
         from birder_repro.launch import check, launch  # after resolving: a config error needs no launcher
 
         check(resolved)  # the launcher's refusals, then the data: nothing has started yet
@@ -76,12 +84,16 @@ def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
             return _fail(cfg, run_dir, missing, started, code=2)
         code = launch(resolved, run_dir)
     except layout.ConfigError as err:
-        return _fail(cfg, run_dir, f"config error: {err}", started, code=2)
+        return _fail(cfg, run_dir or _job_dir(cfg), f"config error: {err}", started, code=2)
     except Exception as err:  # noqa: BLE001 - a bug must not stop the other cells of a sweep either
-        return _fail(cfg, run_dir, f"{type(err).__name__}: {err}", started, code=1, traceback=traceback.format_exc())
+        return _fail(cfg, run_dir or _job_dir(cfg), f"{type(err).__name__}: {err}", started, code=1,
+                     traceback=traceback.format_exc())
     if cfg.dry_run or (code == 0 and _submitted(resolved)):
         return code
-    return _finish(resolved, run_dir, code, started)
+    from birder_repro.launch.process import signals_deferred
+
+    with signals_deferred():  # a second Ctrl-C must not cut the record and the resume command short
+        return _finish(resolved, run_dir, code, started)
 
 
 def _predict(cfg: DictConfig, run_dir: Path, started: str) -> int:
@@ -194,11 +206,100 @@ def _submitted(cfg: DictConfig) -> bool:
     return choose_launcher(cfg) == "slurm"
 
 
-def _job_dir(cfg: DictConfig) -> Path:
-    """Hydra's directory for this job (run.dir, or sweep.dir/subdir in a sweep); a fresh one outside Hydra."""
-    if HydraConfig.initialized():
-        return Path(HydraConfig.get().runtime.output_dir)
-    return record.new_run_dir(cfg)
+def _job_dir(cfg: DictConfig, resolved: Optional[DictConfig] = None) -> Path:
+    """The run directory (birder_repro.rundir): ``hydra.run.dir`` where given (the same on every node); else,
+    once the config is resolved, the run ``train.resume=auto`` continues, or a torchrun run's directory named
+    after its rendezvous id (every node derives the same one); else Hydra's (run.dir, or sweep.dir/subdir in a
+    sweep); a fresh one outside Hydra. Hydra's own directory is removed where another is chosen and it holds
+    nothing but Hydra's files."""
+    hydra_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
+    if resolved is None or (hydra_dir is not None and (_run_dir_given() or HydraConfig.get().mode ==
+                                                        RunMode.MULTIRUN)):
+        return hydra_dir or record.new_run_dir(cfg)
+    chosen = _chosen_dir(resolved)
+    if chosen is None:
+        return hydra_dir or record.new_run_dir(cfg)
+    if hydra_dir is not None and hydra_dir.resolve() != chosen.resolve():
+        _remove_if_unused(hydra_dir)
+    return chosen
+
+
+def _run_dir_given() -> bool:
+    return any(o.split("=", 1)[0].lstrip("+~") == "hydra.run.dir" for o in HydraConfig.get().overrides.hydra)
+
+
+def _chosen_dir(cfg: DictConfig) -> Optional[Path]:
+    """``train.resume=auto``'s run (saying in one line when there is none), else a torchrun run's directory
+    under the runs root named by its rendezvous id; None: the caller's (Hydra's) directory."""
+    from birder_repro import rundir
+    from birder_repro.launch import choose_launcher, torchrun
+
+    if OmegaConf.select(cfg, "train.resume", default=None) == "auto" and not cfg.get("dry_run"):
+        cell = rundir.cell_digest(cfg)
+        found = rundir.find_resumable(record.runs_root(), cell)
+        if found is not None:
+            print(f"[birder-repro] train.resume=auto: continuing {found}", flush=True)
+            return found
+        print(f"[birder-repro] train.resume=auto: no interrupted or failed run of this configuration (config digest "
+              f"{cell}) with a complete checkpoint under {record.runs_root()}: starting afresh", flush=True)
+    if choose_launcher(cfg) == "torchrun":
+        return record.runs_root() / torchrun.rdzv_id(cfg)
+    return None
+
+
+def _remove_if_unused(path: Path) -> None:
+    """Remove Hydra's directory for this job where it holds only Hydra's own files (.hydra/, an empty log)."""
+    import shutil
+
+    if not path.is_dir():
+        return
+    if any(p.name != ".hydra" and not (p.suffix == ".log" and p.is_file() and p.stat().st_size == 0)
+           for p in path.iterdir()):
+        return
+    shutil.rmtree(path, ignore_errors=True)
+    try:
+        path.parent.rmdir()  # the day's directory, if this was its only run
+    except OSError:
+        pass
+
+
+def _prepare_in_place(cfg: DictConfig, run_dir: Path) -> bool:
+    """What the run directory already holds decides (birder_repro.rundir.decide): a completed or diverged run
+    stops here in one line (False); an interrupted or failed one with a checkpoint is resumed in place, as its
+    next attempt. A torchrun run's rendezvous id is pinned into the config the workers read."""
+    from birder_repro import rundir
+    from birder_repro.launch import choose_launcher, torchrun
+
+    if choose_launcher(cfg) == "torchrun" and not cfg.launcher.get("rdzv_id"):
+        cfg.launcher.rdzv_id = torchrun.rdzv_id(cfg)
+    if cfg.get("dry_run"):
+        return True
+    decision = rundir.decide(run_dir, rundir.cell_digest(cfg))
+    if decision.action == "stop":
+        print(f"[birder-repro] {decision.line}", file=sys.stderr, flush=True)
+        return False
+    if decision.record is not None and _writes_record(cfg):  # this launch's failures only (birder_repro.failures)
+        import shutil
+
+        shutil.rmtree(run_dir / "failures", ignore_errors=True)
+    if not _writes_record(cfg):  # this node's CLI says it is done afresh (birder_repro.finish)
+        (run_dir / rundir.NODES_DIR / f"cli-node{torchrun.node_rank(cfg)}.done").unlink(missing_ok=True)
+    if decision.action == "resume":
+        cfg.train.resume = "auto"  # the workers take the directory's newest complete checkpoint
+        print(f"[birder-repro] {run_dir} holds a {decision.record.get('status')} run: resuming it from "
+              f"{decision.checkpoint.name}", flush=True)
+    return True
+
+
+def _writes_record(cfg: DictConfig) -> bool:
+    """Whether this CLI may write the run's record: all but the CLIs of nodes other than 0 of a torchrun run
+    (rank 0's worker writes it; node 0's CLI where the workers could not)."""
+    from birder_repro.launch import choose_launcher, torchrun
+
+    try:
+        return choose_launcher(cfg) != "torchrun" or torchrun.node_rank(cfg) == 0
+    except Exception:  # noqa: BLE001 - a config the launcher refuses: that failure is this CLI's to report
+        return True
 
 
 def _command_line(cfg: DictConfig) -> str:
@@ -214,36 +315,33 @@ def _command_line(cfg: DictConfig) -> str:
 
 def _fail(cfg: DictConfig, run_dir: Path, error: str, started: str, code: int, **fields) -> int:
     """Report a run that could not be launched in one line, its only one; its record (in the run directory the
-    line names where it can, else under runs/) says the same (a dry run writes none)."""
-    if not cfg.get("dry_run"):
+    line names where it can, else under runs/) says the same (a dry run writes none, nor a node other than 0)."""
+    if not cfg.get("dry_run") and _writes_record(cfg):
         record.write_failed_record(run_dir, cfg, error, started=started, **fields)
     print(f"[birder-repro] {error.rstrip()}", file=sys.stderr, flush=True)
     return code
 
 
 def _finish(cfg: DictConfig, run_dir: Path, code: int, started: str) -> int:
-    """After the workers: a failed or diverged run ends in one line (its record's ``error``), last; a
-    completed one in its summary."""
-    rec = record.read_record(run_dir)
-    if rec is not None and rec.get("status") == "diverged":
+    """After the workers: an interrupted run ends with the command that resumes it, last; a failed or diverged
+    run in one line (its record's ``error``), last; a completed one in its summary. Only a record written
+    since this launch started counts (a resumed run's directory holds the previous attempt's)."""
+    from birder_repro import finish
+
+    rec = finish.fresh_record(run_dir, started)
+    if not _writes_record(cfg):
+        return finish.other_node(cfg, run_dir, code, rec, _command_line(cfg))
+    status = (rec or {}).get("status")
+    if status == "diverged":
         print(f"[birder-repro] record: {run_dir / record.RECORD_FILE}", file=sys.stderr, flush=True)
         print(f"[birder-repro] {rec['error']}", file=sys.stderr, flush=True)
         return DIVERGED
-    if code != 0 and (rec is None or rec.get("status") != "completed"):
-        from birder_repro.failures import final_line
-
-        line, trace = final_line(run_dir, code, _log_tail(run_dir, 20000))
-        if rec is None:  # the workers died before rank 0 could write (killed, crashed, interrupted)
-            rec = record.failed_record(cfg, run_dir, line, started=started)
-        rec.update(status="failed", error=line, traceback=trace or rec.get("traceback"))
-        record.write_record(run_dir, rec)
-        print(f"[birder-repro] run failed (exit code {code}); record: {run_dir / record.RECORD_FILE}",
-              file=sys.stderr, flush=True)
-        print(f"[birder-repro] {line}", file=sys.stderr, flush=True)
-        return code
-    if rec is None:  # on a multi-node run, rank 0 writes the record into its own node's run directory
-        print(f"[birder-repro] the workers finished; no {record.RECORD_FILE} in {run_dir}: rank 0 writes it, "
-              "on its own node's run directory", flush=True)
+    if status == "interrupted" or (code in finish.SIGNALLED and status != "completed"):
+        return finish.interrupted(cfg, run_dir, code, started, rec)
+    if code != 0 and status != "completed":
+        return finish.failed(cfg, run_dir, code, started, rec, _log_tail(run_dir, 20000))
+    if rec is None:
+        print(f"[birder-repro] the workers finished; no {record.RECORD_FILE} in {run_dir}", flush=True)
         return code
     _print_summary(rec)
     print(f"[birder-repro] record: {run_dir / record.RECORD_FILE}", flush=True)

@@ -7,7 +7,8 @@ collective that timed out or whose peer closed its connection), then prints :dat
 followed by its traceback, to its stderr. That output reaches ``output.log`` in full; the launchers' copy to
 the terminal (:class:`TerminalEcho`) stops at the first :data:`MARK` and resumes when restarted workers
 announce themselves (:data:`RESTART_MARK`, ``train.max_restarts``), so that neither the other ranks' tracebacks
-nor torchrun's error report reach it. The CLI then ends with :func:`final_line`: the first failing rank, the
+nor torchrun's error report reach it; it also stops after rank 0's line of a run a signal stopped
+(:data:`STOP_MARK`), before torchrun's report of the signal. The CLI then ends with :func:`final_line`: the first failing rank, the
 cause (exception type and message) and where the full output is; the record's ``error`` is that line and its
 ``traceback`` the rank's traceback.
 
@@ -27,11 +28,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional, TextIO
 
-__all__ = ["MARK", "RESTART_MARK", "FAILURES_DIR", "Failure", "cause_of", "write_failure", "read_failures",
-           "first_failure", "signal_deaths", "final_line", "TerminalEcho"]
+__all__ = ["MARK", "RESTART_MARK", "STOP_MARK", "FAILURES_DIR", "Failure", "cause_of", "write_failure", "read_failures",
+           "first_failure", "signal_deaths", "write_signal_deaths", "final_line", "TerminalEcho"]
 
 MARK = "[birder-repro] failure: "  # a worker's failure line starts with it (the terminal copy stops there)
 RESTART_MARK = "[birder-repro] restarted: "  # restarted workers say so (the terminal copy resumes)
+STOP_MARK = "[birder-repro] stopped: "  # rank 0 after a stop signal: shown, then the rest (torchrun's) is not
 FAILURES_DIR = "failures"
 MAX_MESSAGE = 1000  # characters of an exception's message kept in the one line (the rest: the traceback)
 
@@ -121,6 +123,23 @@ def signal_deaths(log_text: str) -> dict[int, str]:
     return deaths
 
 
+def write_signal_deaths(run_dir: Path, log_text: str, node: int) -> None:
+    """A node other than 0 (multi-node torchrun): the ranks its torchrun reports dead by a signal, as failure
+    files, so that node 0's CLI, which sees only its own torchrun's report, can name them (birder_repro.finish)."""
+    known = {f.rank for f in read_failures(run_dir)}
+    attempt = max((f.attempt for f in read_failures(run_dir)), default=0)
+    for rank, what in signal_deaths(log_text).items():
+        if rank in known:
+            continue
+        failure = Failure(rank, attempt, time.time(), "", f"died: {what} (on node {node})", "", False)
+        try:
+            path = _path(run_dir, attempt, rank)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(asdict(failure), indent=1) + "\n")
+        except OSError:
+            pass
+
+
 def final_line(run_dir: Path, code: int, log_text: str = "") -> tuple[str, Optional[str]]:
     """(the CLI's last line for a failed run, the traceback to record) from the failure files and torchrun's
     report in ``log_text`` (the end of output.log)."""
@@ -166,6 +185,10 @@ class TerminalEcho:
     def _emit(self, pieces: list[str]) -> None:
         shown = []
         for piece in pieces:
+            if STOP_MARK in piece and not self.muted:
+                shown.append(piece)
+                self._state["muted"] = True
+                continue
             if MARK in piece:
                 self._state["muted"] = True
             elif RESTART_MARK in piece:

@@ -24,12 +24,13 @@ from typing import Any, Mapping, Optional, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from birder_repro import schema
+from birder_repro.rundir import cell_digest
 
 __all__ = ["CONFIG_FILE", "COMMAND_FILE", "RECORD_FILE", "LOG_FILE", "runs_root", "new_run_dir",
            "write_run_files", "load_run_config", "read_command", "format_command", "now", "versions",
            "accelerator_versions", "git_sha",
-           "base_record", "completed_record", "failed_record", "diverged_record", "write_record", "read_record",
-           "write_failed_record", "find_records", "effective_lr"]
+           "base_record", "completed_record", "failed_record", "diverged_record", "interrupted_record",
+           "resume_command", "write_record", "read_record", "write_failed_record", "find_records", "effective_lr"]
 
 CONFIG_FILE = "config.yaml"
 COMMAND_FILE = "command.txt"
@@ -53,11 +54,14 @@ def new_run_dir(cfg: DictConfig, root: Optional[Path] = None) -> Path:
     return path
 
 
-def write_run_files(run_dir: Path, cfg: DictConfig, command: str) -> None:
-    """Write the resolved config and the command line: all a worker, on any node, needs to start."""
+def write_run_files(run_dir: Path, cfg: DictConfig, command: Optional[str]) -> None:
+    """Write the resolved config and the command line: all a worker, on any node, needs to start. Every node of
+    a multi-node run writes the config (its workers may start before node 0's CLI has written it; the copies
+    differ only in ``launcher.node_rank``); ``command=None`` (nodes other than 0) leaves node 0's command."""
     run_dir.mkdir(parents=True, exist_ok=True)
     _atomic_write(run_dir / CONFIG_FILE, OmegaConf.to_yaml(cfg))
-    _atomic_write(run_dir / COMMAND_FILE, command + "\n")
+    if command is not None:
+        _atomic_write(run_dir / COMMAND_FILE, command + "\n")
 
 
 def load_run_config(run_dir: Path) -> DictConfig:
@@ -144,6 +148,7 @@ def base_record(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "lr": _try(lambda: effective_lr(cfg)), "versions": versions(), "git_sha": git_sha(),
         "precision": str(OmegaConf.select(cfg, "train.precision", default="fp32")),
         "run_dir": str(run_dir), "command": read_command(run_dir), "config": _plain(cfg),
+        "config_digest": _try(lambda: cell_digest(cfg)),
     })
     return record
 
@@ -193,6 +198,29 @@ def diverged_record(cfg: DictConfig, run_dir: Path, step: int, line: str, **fiel
     record.update({"status": "diverged", "error": line, "diverged_at_step": int(step)})
     record["ended"] = record.get("ended") or now()
     return record
+
+
+def interrupted_record(cfg: DictConfig, run_dir: Path, step: Optional[int], signal: str,
+                       checkpoint: Optional[Path], **fields: Any) -> dict[str, Any]:
+    """The record of a run a signal stopped (birder_repro.train.stop): the last step its workers completed, its
+    newest complete checkpoint and the command that resumes it; its measurements stay null."""
+    record = base_record(cfg, run_dir)
+    record.update(fields)
+    command = resume_command(run_dir)
+    when = "before its first step" if not step else f"after step {step}"
+    kept = f"checkpoint {checkpoint}" if checkpoint else "no checkpoint (it will start afresh)"
+    record.update({"status": "interrupted", "stopped_at_step": step, "checkpoint": str(checkpoint) if checkpoint
+                   else None, "resume_command": command,
+                   "error": f"interrupted by {signal} {when}; {kept}; resume: {command}"})
+    record["ended"] = record.get("ended") or now()
+    return record
+
+
+def resume_command(run_dir: Path) -> str:
+    """The command that continues the run in its own directory: its command line and ``hydra.run.dir`` (a run
+    directory holding an interrupted or failed run with a checkpoint resumes; birder_repro.rundir.decide)."""
+    command = read_command(run_dir) or "birder-repro"
+    return f"{command} {shlex.quote(f'hydra.run.dir={Path(run_dir).resolve()}')}"
 
 
 def write_failed_record(run_dir: Path, cfg: DictConfig, error: str, **fields: Any) -> dict[str, Any]:

@@ -6,7 +6,10 @@ The writer (:mod:`birder_repro.record`, with the training loop's figures and the
 misspelt name fails loudly instead of reading as missing. Outside scripts can rely on these names
 (DESIGN.md, "Run records and tables"). A failed run's record has the same keys, with ``status: failed``, the
 one-line ``error``, the ``traceback`` and null measurements; a diverged run's, ``status: diverged``, the
-one-line ``error`` and ``diverged_at_step``. Units: bytes, seconds, samples; "per step" means per optimizer step and, for
+one-line ``error`` and ``diverged_at_step``; an interrupted run's (a signal stopped it: Ctrl-C, SIGTERM),
+``status: interrupted``, ``stopped_at_step``, ``checkpoint`` and ``resume_command``. A run resumed in its own
+directory keeps one record, with one entry per attempt in ``attempts``; its ``steps``, ``samples`` and
+``time_to_target`` count across the attempts. Units: bytes, seconds, samples; "per step" means per optimizer step and, for
 times and bytes, per process (the mean over processes), over the timed steps only.
 
 Metrics: each task declares its own (``Task.metrics``, with ``Task.headline_metric`` the one the paper
@@ -46,15 +49,28 @@ class Key:
 KEYS: tuple[Key, ...] = (
     # ---- what ran, from the config
     Key("status", "completed | failed | diverged (stopped after train.diverge_after consecutive non-finite steps; "
-        "its measurements are null) | predicted (mode=predict: the performance model's, nothing ran)"),
-    Key("error", "why the run did not complete, in one line (what the CLI printed last): a failed run's first "
-        "failing rank and cause (exception type and message) and where the full output is, or a diverged run's "
-        "step and likely cause; null when completed"),
+        "its measurements are null) | interrupted (a signal stopped it, Ctrl-C or SIGTERM: every rank after the "
+        "same step, with a checkpoint there by default; its measurements are null; resume_command continues it) "
+        "| predicted (mode=predict: the performance model's, nothing ran)"),
+    Key("error", "why the run did not complete, in one line: a failed run's first failing rank and cause "
+        "(exception type and message) and where the full output is, a diverged run's step and likely cause, or an "
+        "interrupted run's signal, step, checkpoint and resume command; null when completed"),
     Key("traceback", "a failed run's traceback (the first failing rank's; every rank's is in output.log); null "
         "otherwise"),
     Key("diverged_at_step", "a diverged run's last step: the last of train.diverge_after consecutive steps whose "
         "training loss was non-finite on some rank or that the hook skipped for a non-finite gradient; null "
         "otherwise"),
+    Key("stopped_at_step", "an interrupted run's last step, the one every rank completed before stopping (null: "
+        "it stopped before its first step); null otherwise"),
+    Key("checkpoint", "an interrupted run's newest complete checkpoint directory (null: none, it resumes afresh)"),
+    Key("resume_command", "an interrupted run's command that resumes it in its own directory: its command line "
+        "and hydra.run.dir=<run directory> (multi-node: on every node, with that node's launcher.node_rank)"),
+    Key("attempts", "one entry per launch of this run directory (a resumed run has several): launch (its id), "
+        "started, ended, status, from_step (the checkpoint's step it started from; null where unknown), to_step "
+        "(the last step it completed), restarts (torchrun's within it)", empty=[]),
+    Key("config_digest", "16 hex digits of the resolved config less the settings that cannot change a result "
+        "(birder_repro.rundir.NO_RESULT: logger, launcher, dry_run, checkpointing and resume settings): runs of "
+        "one digest are the same experiment, seed included; train.resume=auto continues only such a run"),
     Key("task", "the task's name (conf/task)"),
     Key("optim", "the optimizer's name (conf/optim)"),
     Key("cluster", "the layout: cluster name, nodes, processes (GPUs) per node, interconnect, link Mbit/s",
@@ -163,7 +179,7 @@ _BY_NAME = {k.name: k for k in KEYS}
 
 def empty_record() -> dict[str, Any]:
     """Every key with its empty value, in the documented order."""
-    return {k.name: (dict(k.empty) if isinstance(k.empty, dict) else k.empty) for k in KEYS}
+    return {k.name: (type(k.empty)(k.empty) if isinstance(k.empty, (dict, list)) else k.empty) for k in KEYS}
 
 
 def check(record: Mapping[str, Any]) -> None:

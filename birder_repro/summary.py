@@ -135,6 +135,17 @@ def _bytes_lines(record: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _attempts_text(record: Mapping[str, Any]) -> str:
+    """", over 2 attempts (resumed at step 59)" for a run resumed in its own directory: steps, samples and the
+    time to target above count across them."""
+    attempts = get(record, "attempts", default=[])
+    if len(attempts) < 2:
+        return ""
+    resumed = [a.get("from_step") for a in attempts[1:] if a.get("from_step")]
+    at = f" (resumed at step {', '.join(map(str, resumed))})" if resumed else ""
+    return f", over {len(attempts)} attempts{at}"
+
+
 def format_summary(record: Mapping[str, Any]) -> str:
     """A few lines: what ran, on what data, how it ended, how fast, how well, and what it sent."""
     task = get(record, "task") or get(record, "config", "task", "name")
@@ -153,6 +164,7 @@ def format_summary(record: Mapping[str, Any]) -> str:
         status_line += f", {record['samples']} samples"
     if get(record, "global_batch_size") is not None:
         status_line += f" (global batch {record['global_batch_size']})"
+    status_line += _attempts_text(record)
     lines.append(status_line)
     if get(record, "error"):
         lines.append(f"error:      {str(record['error']).strip().splitlines()[-1]}")

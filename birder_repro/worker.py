@@ -1,8 +1,10 @@
 """One worker process of a run: ``python -m birder_repro.worker --run-dir DIR``, started by torchrun.
 
 It reads the resolved config the CLI wrote into the run directory (it never composes one: Hydra runs once, in
-the CLI), joins the process group, builds the topology, task, DDP model, optimizer and communication hook,
-trains, and on rank 0 writes ``record.json``, completed or failed. Only rank 0 prints and writes.
+the CLI), joins the process group, checks that every node sees the run directory (birder_repro.rundir), builds
+the topology, task, DDP model, optimizer and communication hook, trains, and on rank 0 writes ``record.json``:
+completed, failed, diverged, or interrupted (a stop signal, birder_repro.train.stop). Only rank 0 prints and
+writes the record, the one record of the run, whichever node rank 0 runs on.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from birder_repro import config as layout
 from birder_repro import failures, record
+from birder_repro.rundir import cell_digest, check_shared
 
 __all__ = ["DistEnv", "read_dist_env", "check_world_matches_layout", "init_process_group", "seed_everything",
            "optim_config", "build_and_train", "main"]
@@ -176,12 +179,16 @@ def describe_device(device: torch.device) -> str:
 
 def run_worker(run_dir: Path, env: Optional[DistEnv] = None) -> int:
     """The whole life of one worker; rank 0 writes the record. Returns the process's exit code."""
+    from birder_repro.train import stop
     from birder_repro.train.divergence import Diverged
     from birder_repro.train.restarts import restart_count
 
     env = env or read_dist_env()
+    if env.rendezvous:  # started by torchrun: a signal stops the run at a step boundary (train/stop.py)
+        stop.install()
     cfg = record.load_run_config(run_dir)
-    fields: dict[str, Any] = {"started": record.now()}
+    ended = _Ending(run_dir, cfg, env)
+    fields: dict[str, Any] = {"started": ended.first_started, "config_digest": cell_digest(cfg)}
     joined = False
     if restart_count() and env.is_main:  # the launchers' terminal copy resumes here (birder_repro.failures)
         print(f"{failures.RESTART_MARK}attempt {restart_count() + 1} (train.max_restarts)", flush=True)
@@ -195,17 +202,24 @@ def run_worker(run_dir: Path, env: Optional[DistEnv] = None) -> int:
                                                              **record.accelerator_versions(device.type)})
         init_process_group(fields["backend"], env, device, collective_timeout(cfg))
         joined = True
+        check_shared(run_dir, env.rank, env.local_rank, env.local_world_size, env.world_size, device)
         if env.is_main:
             print(start_line(env, fields), flush=True)
         result = build_and_train(cfg, env, device, run_dir)
         if env.is_main:
-            done = record.completed_record(cfg, run_dir, result, ended=record.now(), **fields)
+            attempts = ended.attempts("completed", result.get("resumed_from_step") or 0, result.get("steps"))
+            done = record.completed_record(cfg, run_dir, result, ended=record.now(), attempts=attempts, **fields)
             record.write_record(run_dir, done)
         return 0
-    except Diverged as stop:  # every rank stops at the same step (train/divergence.py): not a failure to restart
+    except Diverged as halt:  # every rank stops at the same step (train/divergence.py): not a failure to restart
         if env.is_main:
-            record.write_record(run_dir, record.diverged_record(cfg, run_dir, stop.step, stop.line,
-                                                                restarts=restart_count(), **fields))
+            record.write_record(run_dir, record.diverged_record(
+                cfg, run_dir, halt.step, halt.line, restarts=restart_count(),
+                attempts=ended.attempts("diverged", None, halt.step), **fields))
+        return 0
+    except stop.Stopped as halt:  # every rank after the same step, checkpointed: not a failure to restart either
+        if env.is_main:
+            ended.interrupted(halt, fields)
         return 0
     except Exception as exc:  # noqa: BLE001 - every failure ends in a record, then a non-zero exit
         failure = failures.write_failure(run_dir, env.rank, restart_count(), exc,
@@ -214,11 +228,44 @@ def run_worker(run_dir: Path, env: Optional[DistEnv] = None) -> int:
         print(f"{failures.MARK}{failure.line}\n{failure.traceback}", file=sys.stderr, flush=True)
         if env.is_main:
             record.write_failed_record(run_dir, cfg, failure.line, traceback=failure.traceback,
-                                       restarts=restart_count(), **fields)
+                                       restarts=restart_count(), attempts=ended.attempts("failed", None), **fields)
         return 1
     finally:
         if joined and dist.is_initialized():
             dist.destroy_process_group()
+
+
+class _Ending:
+    """Rank 0's account of this attempt for the record: the run's earlier attempts (a run resumed in its own
+    directory keeps one record), read before anything of this attempt is written, and this one's entry."""
+
+    def __init__(self, run_dir: Path, cfg: DictConfig, env: DistEnv):
+        from birder_repro.train.restarts import previous_attempts
+
+        self.run_dir, self.cfg, self.started = Path(run_dir), cfg, record.now()
+        self.earlier = previous_attempts(record.read_record(run_dir)) if env.is_main else []
+        self.first_started = (self.earlier[0].get("started") if self.earlier else None) or self.started
+
+    def attempts(self, status: str, from_step: Optional[int], to_step: Optional[int] = None) -> list[dict]:
+        from birder_repro.train.restarts import attempt_entry, reached_step, restart_count
+
+        to_step = to_step if to_step is not None else reached_step(self.run_dir)
+        return [*self.earlier, attempt_entry(status, self.started, record.now(), from_step, to_step,
+                                             restart_count())]
+
+    def interrupted(self, halt, fields: dict) -> None:
+        """Write the interrupted record and say so, last, in the workers' output (birder_repro.failures)."""
+        from birder_repro.train.checkpoint import CHECKPOINTS, complete_checkpoints
+        from birder_repro.train.restarts import restart_count
+        from birder_repro.train.stop import signal_name
+
+        found = complete_checkpoints(self.run_dir / CHECKPOINTS)
+        checkpoint = halt.checkpoint or (found[-1][1] if found else None)
+        rec = record.interrupted_record(self.cfg, self.run_dir, halt.step, signal_name(halt.signum), checkpoint,
+                                        restarts=restart_count(),
+                                        attempts=self.attempts("interrupted", halt.from_step, halt.step), **fields)
+        record.write_record(self.run_dir, rec)
+        print(f"{failures.STOP_MARK}{rec['error']}", flush=True)
 
 
 def explain_collective_failure(exc: BaseException, rank: int, cfg: DictConfig) -> str:

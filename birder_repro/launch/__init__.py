@@ -92,4 +92,5 @@ def launch(cfg: DictConfig, run_dir: Path, env: Mapping[str, str] = os.environ) 
         print(f"[birder-repro] node {mine} of {cfg.nodes}: the other nodes must start at the same rendezvous "
               f"({endpoint}); inside SLURM: srun --ntasks-per-node=1 birder-repro ...", flush=True)
     print(f"[birder-repro] {command.shell()}", flush=True)
-    return run_streaming(command, Path(run_dir) / record.LOG_FILE)
+    log = torchrun.log_name(cfg, env) if name == "torchrun" else record.LOG_FILE  # one file per node
+    return run_streaming(command, Path(run_dir) / log, stop_timeout_s=torchrun.stop_timeout(cfg))

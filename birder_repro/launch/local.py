@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 from birder_repro import config as layout
 from birder_repro.launch.process import Command
-from birder_repro.launch.torchrun import max_restarts, torchrun_argv
+from birder_repro.launch.torchrun import max_restarts, stop_timeout, torchrun_argv
 
 __all__ = ["LocalLayoutTooLarge", "max_local_processes", "check_fits_this_machine", "omp_threads", "command"]
 
@@ -58,7 +58,8 @@ def command(cfg: DictConfig, run_dir: Path, env: Mapping[str, str] = os.environ)
     """The one torchrun command that starts every worker of the layout on this machine."""
     check_fits_this_machine(cfg)
     world = layout.world_size(cfg)
-    argv = torchrun_argv(Path(run_dir).resolve(), world, restarts=max_restarts(cfg))
+    argv = torchrun_argv(Path(run_dir).resolve(), world, restarts=max_restarts(cfg),
+                         shutdown_timeout=stop_timeout(cfg))
     extra = {}
     if layout.resolve_device(cfg, local_processes=world) == "cpu":
         threads = omp_threads(world, env)

@@ -28,8 +28,8 @@ from birder_repro import config as layout
 from birder_repro.launch import slurm_env
 from birder_repro.launch.process import Command
 
-__all__ = ["Rendezvous", "torchrun_argv", "max_restarts", "node_rank", "master_addr", "rdzv_id", "check_slurm_layout",
-           "node_command", "commands"]
+__all__ = ["Rendezvous", "torchrun_argv", "max_restarts", "node_rank", "master_addr", "rdzv_id", "log_name",
+           "stop_timeout", "check_slurm_layout", "node_command", "commands"]
 
 WORKER = ["-m", "birder_repro.worker"]
 DEFAULT_ADDR = "127.0.0.1"
@@ -51,7 +51,7 @@ def max_restarts(cfg: DictConfig) -> int:
 
 def torchrun_argv(run_dir: str, nproc_per_node: object, rendezvous: Optional[Rendezvous] = None,
                   nnodes: object = 1, extra: Sequence[str] = (), python: str = sys.executable,
-                  restarts: int = 0) -> list[str]:
+                  restarts: int = 0, shutdown_timeout: Optional[int] = None) -> list[str]:
     """``python -m torch.distributed.run ... -m birder_repro.worker --run-dir RUN_DIR``.
 
     Without ``rendezvous`` the command runs the whole layout on one machine (``--standalone``); with it, it is
@@ -59,7 +59,8 @@ def torchrun_argv(run_dir: str, nproc_per_node: object, rendezvous: Optional[Ren
     ``--local-addr``, ``--rdzv-conf``). Values are taken as given, so that the SLURM script can pass shell
     variables (``$SLURM_NNODES``) and quote them itself. ``restarts`` (``train.max_restarts``): torchrun's
     ``--max-restarts``, after which every worker is started again and resumes from the run directory's newest
-    complete checkpoint (birder_repro.train.restarts).
+    complete checkpoint (birder_repro.train.restarts). ``shutdown_timeout``: torchrun's grace for its workers
+    to stop after a signal (:func:`stop_timeout`).
     """
     argv = [python, "-m", "torch.distributed.run"]
     if rendezvous is None:
@@ -67,6 +68,8 @@ def torchrun_argv(run_dir: str, nproc_per_node: object, rendezvous: Optional[Ren
     argv += [f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}"]
     if restarts:
         argv.append(f"--max-restarts={restarts}")
+    if shutdown_timeout is not None:
+        argv.append(f"--shutdown-timeout={shutdown_timeout}")
     if rendezvous is not None:
         argv += [f"--rdzv-backend={rendezvous.backend}", f"--rdzv-endpoint={rendezvous.endpoint}",
                  f"--rdzv-id={rendezvous.id}"]
@@ -90,11 +93,12 @@ def master_addr(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> str:
 
 
 def rdzv_id(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> str:
-    """The rendezvous id, which must be the same on every node.
+    """The rendezvous id, which must be the same on every node, and which names the run directory.
 
     ``launcher.rdzv_id``, else the SLURM job (and step), which every node of the job shares, else a name made
-    of the layout: each node may compose its own run directory (with its own time stamp), so nothing
-    node-specific can go into it. Two jobs cannot meet by mistake: each rendezvous lives in the store its own
+    of the layout and a digest of the config less the per-node settings (birder_repro.rundir.run_digest): every
+    node composes the same config, so every node derives the same id and run directory, and two different
+    configs never share one. Two jobs cannot meet by mistake: each rendezvous lives in the store its own
     node 0 serves on the endpoint's port.
     """
     if cfg.launcher.get("rdzv_id"):
@@ -102,7 +106,24 @@ def rdzv_id(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> str:
     if slurm_env.in_allocation(env):
         step = env.get("SLURM_STEP_ID")
         return f"slurm-{env['SLURM_JOB_ID']}" + (f".{step}" if step else "")
-    return f"birder-{cfg.task.name}-{cfg.optim.name}-{cfg.nodes}x{cfg.gpus_per_node}"
+    from birder_repro.rundir import run_digest
+
+    return f"birder-{cfg.task.name}-{cfg.optim.name}-{cfg.nodes}x{cfg.gpus_per_node}-{run_digest(cfg)[:8]}"
+
+
+def log_name(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> str:
+    """This node's copy of its torchrun's output in the shared run directory: ``output.log`` on node 0 (the
+    one the failure report reads), ``output.node<k>.log`` on node k (appends from several machines to one
+    file are not safe on network file systems)."""
+    rank = node_rank(cfg, env)
+    return "output.log" if rank == 0 else f"output.node{rank}.log"
+
+
+def stop_timeout(cfg: DictConfig) -> int:
+    """``train.stop_timeout_s``: seconds torchrun gives its workers to stop after SIGINT / SIGTERM (to finish
+    the step, save a checkpoint and write the record) before it SIGKILLs them (torchrun --shutdown-timeout;
+    torch's default, 30 s, elastic/multiprocessing/api.py)."""
+    return int(cfg.get("train", {}).get("stop_timeout_s") or 30)
 
 
 def check_slurm_layout(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> None:
@@ -121,7 +142,7 @@ def node_command(cfg: DictConfig, run_dir: Path, rank: int, env: Mapping[str, st
     # static is the only rendezvous that reads --node-rank (see the module docstring)
     extra = [f"--node-rank={rank}"] if backend == "static" else []
     argv = torchrun_argv(Path(run_dir).resolve(), cfg.gpus_per_node, meet, nnodes=cfg.nodes, extra=extra,
-                         restarts=max_restarts(cfg))
+                         restarts=max_restarts(cfg), shutdown_timeout=stop_timeout(cfg))
     return Command(argv=argv, note=f"node {rank} of {cfg.nodes}")
 
 

@@ -4,16 +4,19 @@ One directory per checkpointed step, marked complete only once everything in it 
 
     run_dir/checkpoints/step-000040/
         rank00000.pt ...   every rank: its optimizer state, hook state (Birder's shards of m, b, e, e_bar;
-                           1-bit Adam's errors), RNG states, samples so far
+                           1-bit Adam's errors), RNG states, samples so far, and what a resumed run carries
+                           on (``carry``: the time-to-target clock, the last steps' losses)
         model.pt           rank 0: the model
         manifest.json      step, layout (nodes, gpus_per_node, world size), scheme, task, optim, config digest,
                            versions
-        COMPLETE           written last, atomically, after every rank has reported its files written
+        COMPLETE           written last, atomically, by rank 0, once every rank has reported its file written
+                           and rank 0 sees every file the manifest lists (:func:`mark_complete`)
 
 A crash (or a full disk) while writing leaves a directory without ``COMPLETE``, which resume ignores; the
 earlier complete checkpoints are untouched: older ones are removed only after a newer one is complete, keeping
-``train.keep_checkpoints``. Every file goes to a temporary name first and is renamed into place. On a cluster
-without a shared run directory each machine's first process writes the manifest and the marker into its own.
+``train.keep_checkpoints``. Every file goes to a temporary name first and is renamed into place. The run
+directory is one directory every node shares (the worker checks it at start, birder_repro.rundir), so a
+checkpoint whose files rank 0 does not all see is refused rather than marked complete.
 
 Files hold tensors and plain values only and load with ``torch.load(weights_only=True)``: resuming from
 someone else's checkpoint never runs code from it. Shards load with ``map_location`` set to this rank's device.
@@ -54,7 +57,7 @@ from birder_repro.train.collectives import allreduce_sum, barrier
 from birder_repro.train.rng import rng_state, set_rng_state
 
 __all__ = ["CHECKPOINTS", "COMPLETE", "MANIFEST", "MODEL", "CheckpointError", "RunIdentity", "step_dir",
-           "save_checkpoint", "load_checkpoint", "complete_checkpoints", "choose_resume", "read_manifest",
+           "save_checkpoint", "mark_complete", "load_checkpoint", "complete_checkpoints", "choose_resume", "read_manifest",
            "check_manifest", "load_file", "shard_name", "settle_ddp_buckets"]
 
 CHECKPOINTS = "checkpoints"
@@ -142,21 +145,17 @@ def _atomic_json(obj: Any, path: Path) -> None:
     _atomic(path, write)
 
 
-def _machine_leader(rank: int) -> bool:
-    """Rank 0 and the first process of every machine (each may have its own run directory)."""
-    return rank == 0 or os.environ.get("LOCAL_RANK") == "0"
-
-
 def save_checkpoint(run_dir, step: int, samples: float, model, optimizer, comm, rank: int, world_size: int,
                     device: torch.device, identity: Optional[RunIdentity] = None, keep: int = 2,
-                    precision=None) -> Path:
+                    precision=None, carry: Optional[dict] = None) -> Path:
     """Write the checkpoint of ``step`` and mark it complete; keep the newest ``keep``. Collective.
 
-    A rank that fails to write (a full disk) makes every rank raise :class:`CheckpointError` alike, with the
-    checkpoint left incomplete and the earlier ones untouched.
+    A rank that fails to write (a full disk), or a file rank 0 cannot see, makes every rank raise
+    :class:`CheckpointError` alike, with the checkpoint left incomplete and the earlier ones untouched.
+    ``carry``: plain values this rank's shard keeps for a resumed run (:func:`load_checkpoint` gives them back).
     """
     where = step_dir(run_dir, step)
-    leader = _machine_leader(rank)
+    leader = rank == 0
     if leader:  # a leftover of a crashed attempt at this step: make it incomplete before anyone writes into it
         (where / COMPLETE).unlink(missing_ok=True)
         where.mkdir(parents=True, exist_ok=True)
@@ -173,7 +172,8 @@ def save_checkpoint(run_dir, step: int, samples: float, model, optimizer, comm, 
                  "optimizer": None if sharded else optimizer.state_dict(),
                  "comm": fsdp_checkpoint.hook_meta(comm, optimizer, model) if sharded else
                  (comm.state_dict() if hasattr(comm, "state_dict") else None), "rng": rng_state(device),
-                 "scaler": precision.state_dict() if precision is not None else None}  # fp16's loss scale
+                 "scaler": precision.state_dict() if precision is not None else None,  # fp16's loss scale
+                 "carry": carry}
         _atomic(where / shard_name(rank), lambda tmp: torch.save(shard, tmp))
         if rank == 0 and not sharded:
             module = getattr(model, "module", model)
@@ -185,15 +185,35 @@ def save_checkpoint(run_dir, step: int, samples: float, model, optimizer, comm, 
         what = f"rank {rank}: {error}" if error else "another rank could not write its shard"
         raise CheckpointError(f"checkpoint of step {step} could not be written in {where} ({what}); it is left "
                               "incomplete and the earlier checkpoints are kept")
+    refused = ""
     if leader:
         manifest = {"step": step, "files": [shard_name(r) for r in range(world_size)]
                     + [fsdp_checkpoint.DCP_DIR if sharded else MODEL], "sharded": sharded,
                     **(_identity_dict(identity) if identity else {"world_size": world_size}),
                     "versions": _versions()}
-        _atomic_json(manifest, where / MANIFEST)
-        _atomic_json({"step": step}, where / COMPLETE)  # last: from here on resume may take it
-        _remove_old(Path(run_dir) / CHECKPOINTS, step, keep)
+        try:
+            mark_complete(where, manifest)
+            _remove_old(Path(run_dir) / CHECKPOINTS, step, keep)
+        except CheckpointError as exc:
+            refused = str(exc)
+    if allreduce_sum([1.0 if refused else 0.0], device)[0]:  # every rank learns it, none waits in vain
+        raise CheckpointError(refused or f"checkpoint of step {step} in {where} was refused by rank 0 (a rank's "
+                              "file is missing there); it is left incomplete")
     return where
+
+
+def mark_complete(where: Path, manifest: dict) -> None:
+    """Write the manifest, then ``COMPLETE``, but only if every file the manifest lists is there: a rank whose
+    file went elsewhere (a run directory that is not shared) must never leave a checkpoint that resumes
+    without it. Raises :class:`CheckpointError` naming the first missing file."""
+    missing = [name for name in manifest["files"] if not (where / name).exists()]
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise CheckpointError(f"checkpoint of step {manifest['step']} is not complete: {where / missing[0]}{more} "
+                              "is missing (the ranks wrote their files where rank 0 cannot see them: BIRDER_RUNS or "
+                              "hydra.run.dir must be on a file system every node shares); it is left incomplete")
+    _atomic_json(manifest, where / MANIFEST)
+    _atomic_json({"step": manifest["step"]}, where / COMPLETE)  # last: from here on resume may take it
 
 
 def _identity_dict(identity: RunIdentity) -> dict:
@@ -342,10 +362,11 @@ def settle_ddp_buckets(task, model, data, device: torch.device) -> None:
 
 def load_checkpoint(where, model, optimizer, comm, rank: int, world_size: int, device: torch.device,
                     identity: Optional[RunIdentity] = None, policy: str = "strict",
-                    precision=None) -> tuple[int, float]:
+                    precision=None, carry: Optional[dict] = None) -> tuple[int, float]:
     """Restore the checkpoint in directory ``where``; returns (step, this process's samples so far). Collective.
 
-    Rank 0 reads the model and broadcasts it, so that only the shards need to be on every node's disk.
+    Rank 0 reads the model and broadcasts it. ``carry``, if given, is filled with what the shard carries on
+    (empty for a checkpoint written before it did).
     """
     from birder_repro.train import relayout
 
@@ -356,7 +377,7 @@ def load_checkpoint(where, model, optimizer, comm, rank: int, world_size: int, d
     from birder_repro.train import fsdp_checkpoint
 
     if fsdp_checkpoint.is_fsdp(comm) or manifest.get("sharded"):
-        return _load_sharded(where, manifest, change, model, optimizer, comm, rank, device)
+        return _load_sharded(where, manifest, change, model, optimizer, comm, rank, device, carry)
     if change == "same":
         shard = load_file(where / shard_name(rank), device)
         comm_sd = shard["comm"]
@@ -378,11 +399,13 @@ def load_checkpoint(where, model, optimizer, comm, rank: int, world_size: int, d
     set_rng_state(shard["rng"], device)
     if precision is not None:
         precision.load_state_dict(shard.get("scaler"))
+    if carry is not None:
+        carry.update(shard.get("carry") or {})
     return step, float(shard["samples"])
 
 
 def _load_sharded(where: Path, manifest: dict, change: str, model, optimizer, comm, rank: int,
-                  device: torch.device) -> tuple[int, float]:
+                  device: torch.device, carry: Optional[dict] = None) -> tuple[int, float]:
     """A ``parallel=fsdp`` checkpoint (birder_repro.train.fsdp_checkpoint): DCP reshards it to this run's
     gpus_per_node; another node count is refused (the nodes are Algorithm 1's workers)."""
     from birder_repro.train import fsdp_checkpoint
@@ -403,5 +426,7 @@ def _load_sharded(where: Path, manifest: dict, change: str, model, optimizer, co
         raise CheckpointError(f"{where}: shard of rank {rank} is of step {shard['step']}, the manifest of {step}")
     fsdp_checkpoint.load_sharded(where, model, optimizer, comm, shard["comm"], device)
     set_rng_state(shard["rng"], device)
+    if carry is not None:
+        carry.update(shard.get("carry") or {})
     return step, float(shard["samples"])
 

@@ -1,6 +1,9 @@
 """The loop: steps with the lr schedule, logging, evaluation and checkpoints between them, the record's figures.
 
 The worker builds the task, data, DDP model, optimizer and communication hook, then calls :func:`train`.
+Before every step the ranks agree whether a stop signal came (birder_repro.train.stop); if one did, they save a
+checkpoint and raise :class:`~birder_repro.train.stop.Stopped`. A checkpoint carries what a resumed run needs to
+count across its attempts (the time-to-target clock and the last steps' losses of ``final_loss``).
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ from birder_repro.comm.accounting import CommStats, flat_allreduce_split
 from birder_repro.logger import RunLogger
 from birder_repro.probes import start_probes, stop_probes
 from birder_repro.schedule import lr_factor
-from birder_repro.train import breakdown
-from birder_repro.train.checkpoint import (RunIdentity, choose_resume, load_checkpoint, save_checkpoint,
-                                           settle_ddp_buckets)
+from birder_repro.train import breakdown, stop
+from birder_repro.train.checkpoint import (RunIdentity, choose_resume, complete_checkpoints, load_checkpoint,
+                                           save_checkpoint, settle_ddp_buckets, step_dir)
 from birder_repro.train.collectives import allreduce_sum
 from birder_repro.train.data import batches, steps_per_epoch
 from birder_repro.train.divergence import DivergenceWatch
@@ -60,6 +63,7 @@ class _Run:
     interval: LogInterval = field(default_factory=LogInterval)  # since the last log line
     epoch: int = 0
     target: TimeToTarget = field(default_factory=lambda: TimeToTarget(None, 1))  # birder_repro.train.target
+    start: int = 0  # the step this attempt started from (a resumed run's checkpoint)
 
 
 @dataclass
@@ -102,17 +106,20 @@ def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir,
     identity = RunIdentity.from_config(cfg, comm, topology.world_size)
     attempts = Attempts(run_dir, enabled=is_main)
     start = choose_resume(settings.resume, run_dir, restart_count() > 0, device)
+    carried: dict = {}
     if start is not None:
         settle_ddp_buckets(task, model, data, device)
         run.step, run.samples = load_checkpoint(start, model, optimizer, comm, topology.rank, topology.world_size,
-                                                device, identity, settings.resume_policy, precision)
+                                                device, identity, settings.resume_policy, precision, carried)
         if is_main:
             print(f"[birder-repro] resuming from {start}", flush=True)
+    run.start = run.step
     attempts.started(run.step)
     run.target = TimeToTarget(target_from_config(cfg, schema.declared_metrics(task)), topology.world_size,
                               run.step, settings.eval_every)
+    run.target.load_state_dict(carried.get("target"))
     timing = StepPlan.build(settings, steps, start_step=run.step)
-    run.tail = deque(maxlen=max(1, math.ceil(LOSS_TAIL * steps)))
+    run.tail = deque((tuple(t) for t in carried.get("tail") or ()), maxlen=max(1, math.ceil(LOSS_TAIL * steps)))
     if is_main:
         print(f"train: {steps} steps{f' from step {run.step}' if run.step else ''}, global batch "
               f"{plan.global_batch} ({topology.world_size} processes x {settings.batch_size}); data: "
@@ -129,8 +136,10 @@ def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir,
     try:
         model.train()
         stream = batches(data, steps_per_epoch(data, int(data.train_size), plan.global_batch), run.step, device)
+        stop.in_loop()
         while run.step < steps:
             inject_fault(topology.rank, run.step + 1)  # tests only (BIRDER_TEST_FAULT)
+            _stop_if_signalled(parts, run)  # collective: every rank stops after the same step
             t_data = time.perf_counter()
             run.epoch, batch = next(stream)
             data_wait = time.perf_counter() - t_data
@@ -194,8 +203,29 @@ def _between_steps(p: _Parts, run: _Run, timing: StepPlan, lr: float, stage: Opt
         p.logger.log(run.step, {f"eval/{k}": v for k, v in metrics.items()})
         run.target.evaluated(run.step, metrics)
     if s.checkpoint_every and run.step % s.checkpoint_every == 0:
-        save_checkpoint(p.run_dir, run.step, run.samples, p.model, p.optimizer, p.comm, p.topology.rank,
-                        p.topology.world_size, p.device, p.identity, s.keep_checkpoints, p.precision)
+        _save(p, run)
+
+
+def _save(p: _Parts, run: _Run):
+    """This step's checkpoint, with what a resumed run carries on (collective)."""
+    carry = {"target": run.target.state_dict(), "tail": [list(t) for t in run.tail]}
+    return save_checkpoint(p.run_dir, run.step, run.samples, p.model, p.optimizer, p.comm, p.topology.rank,
+                           p.topology.world_size, p.device, p.identity, p.settings.keep_checkpoints, p.precision,
+                           carry)
+
+
+def _stop_if_signalled(p: _Parts, run: _Run) -> None:
+    """Where the ranks agree a stop signal came: save this step's checkpoint (``train.checkpoint_on_stop``, or
+    with ``train.checkpoint_every`` > 0; unless it exists or no step was trained) and raise ``Stopped``."""
+    signum = stop.agreed(p.device)
+    if not signum:
+        return
+    where = step_dir(p.run_dir, run.step)
+    wanted = p.settings.checkpoint_on_stop or p.settings.checkpoint_every > 0
+    if wanted and run.step > 0 and not (where / "COMPLETE").is_file():
+        _save(p, run)
+    found = complete_checkpoints(where.parent)
+    raise stop.Stopped(signum, run.step, found[-1][1] if found else None, run.start)
 
 
 def _final_metrics(p: _Parts, final_loss: float) -> dict[str, float]:

@@ -1,4 +1,5 @@
-"""Restarts after a failure, counted for the record, and the test-only fault injection that provokes them.
+"""Restarts after a failure, counted for the record; the attempts of a run resumed in its own directory; and the
+test-only fault injection that provokes them.
 
 With ``train.max_restarts=N`` torchrun (``--max-restarts``) starts every worker again after one fails, at most
 N times; it tells the new workers their attempt in ``TORCHELASTIC_RESTART_COUNT``. A restarted run resumes from
@@ -7,10 +8,15 @@ the steps after that checkpoint are trained again: ``steps_redone`` in the recor
 reached in ``run_dir/progress.json`` (rewritten after every step, a few bytes) and, on a restart, appends the
 attempt to ``run_dir/restarts.json``.
 
+Attempts: every launch of a run directory (the CLI's, ``BIRDER_LAUNCH``; torchrun's restarts within it are
+one attempt) is one entry of the record's ``attempts``. Rank 0 takes the earlier entries from the record already
+in the directory (:func:`previous_attempts`) and adds its own when it writes the record (:func:`attempt_entry`).
+
 Fault injection (tests only): ``BIRDER_TEST_FAULT=kill:<rank>:<step>`` makes that rank SIGKILL itself before
 step ``<step>`` (1-based) on the first attempt only; ``hang:<rank>:<step>`` makes it sleep instead (a hung
 peer, for ``train.timeout_s``); ``raise:<rank>:<step>`` makes it raise :class:`InjectedFault` (any exception
-inside training, for the one-line failure report of birder_repro.failures).
+inside training, for the one-line failure report of birder_repro.failures); ``wait:<rank>:<step>`` makes it
+wait before that step until a stop signal comes (at most two minutes), so that a test stops the run there.
 """
 
 from __future__ import annotations
@@ -22,9 +28,13 @@ import time
 from pathlib import Path
 from typing import Mapping, Optional
 
-__all__ = ["RESTART_ENV", "FAULT_ENV", "restart_count", "Attempts", "inject_fault", "InjectedFault"]
+from birder_repro.rundir import LAUNCH_ENV
+
+__all__ = ["RESTART_ENV", "FAULT_ENV", "LAUNCH_ENV", "restart_count", "Attempts", "previous_attempts",
+           "attempt_entry", "reached_step", "inject_fault", "InjectedFault"]
 
 RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
+
 FAULT_ENV = "BIRDER_TEST_FAULT"
 PROGRESS = "progress.json"
 RESTARTS = "restarts.json"
@@ -60,10 +70,7 @@ class Attempts:
         os.replace(tmp, self.run_dir / RESTARTS)
 
     def _reached(self) -> int:
-        try:
-            return int(json.loads((self.run_dir / PROGRESS).read_text())["step"])
-        except (OSError, ValueError, KeyError):
-            return 0
+        return reached_step(self.run_dir) or 0
 
     def reached(self, step: int) -> None:
         """After every step (rank 0): the step reached, written in place (fixed width, no new file)."""
@@ -83,6 +90,35 @@ class Attempts:
         return {"restarts": self.attempt, "steps_redone": sum(a["steps_redone"] for a in self.history)}
 
 
+def reached_step(run_dir) -> Optional[int]:
+    """The last step rank 0 completed in this run directory (its ``progress.json``), None where unknown."""
+    try:
+        return int(json.loads((Path(run_dir) / PROGRESS).read_text())["step"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def previous_attempts(record: Optional[Mapping], env: Mapping[str, str] = os.environ) -> list[dict]:
+    """The attempts before this launch, from the record already in the run directory (None: a new run). A record
+    from before attempts were kept counts as one attempt."""
+    if not record:
+        return []
+    launch = env.get(LAUNCH_ENV)
+    attempts = list(record.get("attempts") or [])
+    if not attempts and record.get("status") in ("interrupted", "failed"):
+        attempts = [{"launch": None, "started": record.get("started"), "ended": record.get("ended"),
+                     "status": record["status"], "from_step": record.get("resumed_from_step"),
+                     "to_step": record.get("stopped_at_step"), "restarts": record.get("restarts")}]
+    return [a for a in attempts if launch is None or a.get("launch") != launch]
+
+
+def attempt_entry(status: str, started: Optional[str], ended: Optional[str], from_step: Optional[int],
+                  to_step: Optional[int], restarts: int = 0, env: Mapping[str, str] = os.environ) -> dict:
+    """This launch's entry of the record's ``attempts``."""
+    return {"launch": env.get(LAUNCH_ENV), "started": started, "ended": ended, "status": status,
+            "from_step": from_step, "to_step": to_step, "restarts": restarts}
+
+
 def inject_fault(rank: int, next_step: int, env: Mapping[str, str] = os.environ) -> None:
     """Tests only (module doc): kill or hang this rank before step ``next_step`` (1-based), first attempt only."""
     spec = env.get(FAULT_ENV)
@@ -99,8 +135,15 @@ def inject_fault(rank: int, next_step: int, env: Mapping[str, str] = os.environ)
             time.sleep(3600)
     elif kind == "raise":
         raise InjectedFault(f"{FAULT_ENV}={spec}: rank {rank} raised before step {next_step}")
+    elif kind == "wait":
+        from birder_repro.train.stop import requested
+
+        for _ in range(2400):
+            if requested():
+                return
+            time.sleep(0.05)
     else:
-        raise ValueError(f"{FAULT_ENV}={spec!r}: use kill:<rank>:<step>, hang:<rank>:<step> or raise:<rank>:<step>")
+        raise ValueError(f"{FAULT_ENV}={spec!r}: use kill:, hang:, raise: or wait:<rank>:<step>")
 
 
 class InjectedFault(RuntimeError):

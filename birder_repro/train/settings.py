@@ -57,6 +57,8 @@ class TrainSettings:
     compute_calibration_passes: int = 3  # forward + backward passes under no_sync() after the timing warm-up
     compute_calibration_every: int = 100  # one more every this many timed steps (0: never again)
     checkpoint_every: int = 0  # steps between checkpoints (0: none)
+    checkpoint_on_stop: bool = True  # a checkpoint when a signal stops the run (train.stop)
+    stop_timeout_s: int = 30  # torchrun's grace for the workers to stop on a signal before it kills them
     resume: Optional[str] = None  # auto | a checkpoint directory (or a run directory) | None (train.checkpoint)
     keep_checkpoints: int = 2  # complete checkpoints kept in the run directory (older ones are removed)
     max_restarts: int = 0  # torchrun restarts the workers after a failure, at most this often
@@ -85,6 +87,9 @@ class TrainSettings:
             raise ConfigError(f"train.epochs={self.epochs!r}: give a number of passes > 0 (or train.steps)")
         for key in ("timing_warmup_steps", "eval_every", "compute_calibration_every", "checkpoint_every"):
             _whole(key, getattr(self, key), 0)
+        _whole("stop_timeout_s", self.stop_timeout_s, 1)
+        if not isinstance(self.checkpoint_on_stop, bool):
+            raise ConfigError(f"train.checkpoint_on_stop={self.checkpoint_on_stop!r}: use true or false")
         for key in ("log_every", "compute_calibration_passes"):
             _whole(key, getattr(self, key), 1)
         _whole("eval_max_batches", self.eval_max_batches, 1, allow_none=True)

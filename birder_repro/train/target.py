@@ -119,6 +119,7 @@ class TimeToTarget:
         self.startup_s: Optional[float] = None
         self.evaluations = 0
         self.hit: Optional[dict[str, Any]] = None  # the first reaching evaluation
+        self.wall_before_s = 0.0  # a resumed run: the earlier attempts' wall-clock from their first step on
 
     def step_done(self, seconds: float, samples: int) -> None:
         """One training step of ``seconds`` (data wait included) and ``samples`` on this process just ended."""
@@ -145,7 +146,8 @@ class TimeToTarget:
         self.evaluations += 1
         if self.target is None or self.hit is not None or not self.target.reached_by(metrics.get(self.target.metric)):
             return
-        wall = time.perf_counter() - self.first_step_start if self.first_step_start is not None else None
+        wall = (self.wall_before_s + time.perf_counter() - self.first_step_start
+                if self.first_step_start is not None else None)
         self.hit = {"step": int(step), "samples": self.samples * self.world_size, "clock_s": self.clock_s,
                     "wall_s": wall, "value": float(metrics[self.target.metric])}
 
@@ -164,8 +166,32 @@ class TimeToTarget:
         out["time_to_target"] = {
             "metric": self.target.metric, "target": self.target.value, "direction": self.target.direction,
             "reached": self.hit is not None, "step": hit.get("step"), "samples": hit.get("samples"),
-            "seconds": max(0.0, hit["clock_s"] - compile_s) if self.hit else None,
+            # an earlier attempt's hit carries its seconds with that attempt's one-time work already taken off
+            "seconds": (hit["clock_s"] if hit.get("carried") else max(0.0, hit["clock_s"] - compile_s))
+            if self.hit else None,
             "wall_s": hit.get("wall_s"), "value": hit.get("value"),
             "evaluations": self.evaluations, "eval_every": self.eval_every, "clock_from_step": self.start_step,
         }
         return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint carries so that a resumed run counts across its attempts (plain values): the
+        clock (this attempt's one-time first-step work taken off), samples, evaluations, wall-clock, the hit."""
+        compile_s = self.compile_s()
+        wall = self.wall_before_s + (time.perf_counter() - self.first_step_start
+                                     if self.first_step_start is not None else 0.0)
+        hit = dict(self.hit) if self.hit else None
+        if hit and not hit.get("carried"):
+            hit.update(clock_s=max(0.0, hit["clock_s"] - compile_s), carried=True)
+        return {"clock_s": max(0.0, self.clock_s - compile_s), "samples": self.samples,
+                "evaluations": self.evaluations, "wall_s": wall, "hit": hit}
+
+    def load_state_dict(self, state: Optional[Mapping[str, Any]]) -> None:
+        """Continue the counts of :meth:`state_dict` (a resumed run); the clock then runs from the run's first
+        step (``clock_from_step`` 0). Without a state (an older checkpoint) the counts start at the resume."""
+        if not state:
+            return
+        self.clock_s, self.samples = float(state["clock_s"]), int(state["samples"])
+        self.evaluations, self.wall_before_s = int(state["evaluations"]), float(state["wall_s"])
+        self.hit = dict(state["hit"]) if state.get("hit") else None
+        self.start_step = 0

@@ -1,0 +1,142 @@
+"""How the CLI ends a run that did not complete: interrupted (the command that resumes it, last), failed (one
+line, last), and what the CLIs of nodes other than 0 say.
+
+One record per run: rank 0's worker writes it, whichever node it runs on. Node 0's CLI (``launcher.node_rank``
+0) writes it only where the workers could not (killed before rank 0 wrote, a SIGKILL after the stop grace), and
+improves a failed record's line from every rank's failure files. The CLIs of the other nodes never write the
+record: they print where it is, and hand node 0's CLI what only they saw, the ranks their torchrun reports dead
+by a signal, as failure files (birder_repro.failures), then say they are done (``nodes/cli-node<k>.done``), which
+node 0's CLI waits for a few seconds before it names the failing rank.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from omegaconf import DictConfig
+
+from birder_repro import record
+
+__all__ = ["SIGNALLED", "fresh_record", "interrupted", "failed", "other_node", "own_resume_command"]
+
+SIGNALLED = (129, 130, 143)  # 128 + SIGHUP, SIGINT, SIGTERM: the CLI passed a stop signal on (launch.process)
+WAIT_FOR_NODES_S = 10.0
+
+
+def _say(line: str) -> None:
+    print(f"[birder-repro] {line}", file=sys.stderr, flush=True)
+
+
+def fresh_record(run_dir: Path, started: str) -> Optional[dict]:
+    """The run directory's record if it was written since this launch ``started``, else None."""
+    rec = record.read_record(run_dir)
+    try:
+        ended = _dt.datetime.fromisoformat(str((rec or {}).get("ended")))
+        return rec if ended >= _dt.datetime.fromisoformat(started) else None
+    except ValueError:
+        return None
+
+
+def _stale_attempts(run_dir: Path) -> list:
+    from birder_repro.train.restarts import previous_attempts
+
+    return previous_attempts(record.read_record(run_dir))
+
+
+def _this_attempt(run_dir: Path, status: str, started: str) -> dict:
+    from birder_repro.train.restarts import attempt_entry, reached_step
+
+    return attempt_entry(status, started, record.now(), None, reached_step(run_dir))
+
+
+def own_resume_command(run_dir: Path, command: str) -> str:
+    """This CLI's own command (its node's) with the run directory: what resumes the run on this node."""
+    return f"{command} {shlex.quote(f'hydra.run.dir={Path(run_dir).resolve()}')}"
+
+
+def _multi_node(cfg: DictConfig) -> bool:
+    from birder_repro.launch import choose_launcher
+
+    return choose_launcher(cfg) == "torchrun" and int(cfg.nodes) > 1
+
+
+def interrupted(cfg: DictConfig, run_dir: Path, code: int, started: str, rec: Optional[dict]) -> int:
+    """A run a signal stopped: its record (the CLI's where rank 0 wrote none), then the resume command, last."""
+    from birder_repro.train.checkpoint import CHECKPOINTS, complete_checkpoints
+    from birder_repro.train.restarts import reached_step
+
+    if rec is None or rec.get("status") != "interrupted":  # the workers did not get to write it in time
+        found = complete_checkpoints(Path(run_dir) / CHECKPOINTS)
+        signal = {129: "SIGHUP", 143: "SIGTERM"}.get(code, "SIGINT")
+        rec = record.interrupted_record(cfg, run_dir, reached_step(run_dir), signal, found[-1][1] if found else None,
+                                        started=started, attempts=[*_stale_attempts(run_dir),
+                                                                   _this_attempt(run_dir, "interrupted", started)])
+        record.write_record(run_dir, rec)
+    _say(f"record: {Path(run_dir) / record.RECORD_FILE}")
+    _say(rec["error"].split("; resume: ")[0])
+    if _multi_node(cfg):
+        _say("resume: run on every node its own command with this hydra.run.dir (node 0's below)")
+    _say(f"resume: {rec['resume_command']}")
+    return code if code in SIGNALLED else 130
+
+
+def failed(cfg: DictConfig, run_dir: Path, code: int, started: str, rec: Optional[dict], log_text: str) -> int:
+    """A failed run: the first failing rank (every node's failure files), the record, one line last."""
+    from birder_repro.failures import final_line
+
+    if _multi_node(cfg):
+        _wait_for_other_nodes(cfg, run_dir)
+    line, trace = final_line(run_dir, code, log_text)
+    if rec is None:  # the workers died before rank 0 could write (killed, crashed)
+        rec = record.failed_record(cfg, run_dir, line, started=started, attempts=[
+            *_stale_attempts(run_dir), _this_attempt(run_dir, "failed", started)])
+    rec.update(status="failed", error=line, traceback=trace or rec.get("traceback"))
+    record.write_record(run_dir, rec)
+    _say(f"run failed (exit code {code}); record: {Path(run_dir) / record.RECORD_FILE}")
+    _say(line)
+    return code
+
+
+def _done_marker(run_dir: Path, node: int) -> Path:
+    from birder_repro.rundir import NODES_DIR
+
+    return Path(run_dir) / NODES_DIR / f"cli-node{node}.done"
+
+
+def _wait_for_other_nodes(cfg: DictConfig, run_dir: Path) -> None:
+    """Give the other nodes' CLIs a few seconds to report their ranks' deaths (their ``.done`` markers)."""
+    deadline = time.monotonic() + WAIT_FOR_NODES_S
+    others = [_done_marker(run_dir, k) for k in range(1, int(cfg.nodes))]
+    while time.monotonic() < deadline and not all(m.is_file() for m in others):
+        time.sleep(0.2)
+
+
+def other_node(cfg: DictConfig, run_dir: Path, code: int, rec: Optional[dict], command: str) -> int:
+    """A node other than 0 (``launcher.node_rank`` > 0): never a record of its own; where the run's is, and
+    what its own torchrun saw, for node 0's CLI to name."""
+    from birder_repro.failures import write_signal_deaths
+    from birder_repro.launch import log_tail, torchrun
+
+    node = torchrun.node_rank(cfg)
+    where = Path(run_dir) / record.RECORD_FILE
+    if code != 0 and code not in SIGNALLED:
+        write_signal_deaths(run_dir, log_tail(Path(run_dir) / torchrun.log_name(cfg), 20000), node)
+    marker = _done_marker(run_dir, node)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(f"{code}\n")
+    status = (rec or {}).get("status")
+    if status == "interrupted" or code in SIGNALLED:
+        _say(f"node {node}: interrupted; rank 0 writes the run's record: {where}")
+        _say(f"resume (this node): {own_resume_command(run_dir, command)}")
+        return code if code in SIGNALLED else 130
+    if code != 0:
+        _say(f"node {node}: the workers exited with code {code}; the run's record (rank 0's, or node 0's CLI's): "
+             f"{where}")
+        return code
+    print(f"[birder-repro] node {node}: the workers finished; the run's record: {where}", flush=True)
+    return code

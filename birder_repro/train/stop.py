@@ -1,0 +1,80 @@
+"""Stopping on SIGINT or SIGTERM at a step boundary, every rank after the same step.
+
+Ctrl-C reaches the CLI, which passes it on to torchrun; torchrun's agent passes SIGINT / SIGTERM on to its
+workers (each in a session of its own) and SIGKILLs them after its ``--shutdown-timeout``
+(``train.stop_timeout_s``). Here a worker only notes the signal (:func:`install`). The loop asks
+:func:`agreed` before every step: one 2-element all-reduce, so that a rank signalled a moment later than
+another still stops after the same step, none left waiting in a collective. The loop then saves a checkpoint
+(``train.checkpoint_on_stop``, or where ``train.checkpoint_every`` > 0) and raises :class:`Stopped`, which the
+worker turns into a record with ``status: interrupted`` and the command that resumes the run.
+
+Before the loop (start-up, rendezvous) there is no step to finish: a signal then raises :class:`Stopped` at
+once. After the last step it is ignored: the run is finishing its evaluation and record.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Optional
+
+__all__ = ["Stopped", "install", "agreed", "in_loop", "requested", "signal_name"]
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Stopped(Exception):
+    """The run stopped on a signal after ``step`` steps (None: before training); ``checkpoint`` is the newest
+    complete checkpoint it has (None: none); ``from_step``: the step this attempt started from."""
+
+    def __init__(self, signum: int, step: Optional[int] = None, checkpoint: Optional[Path] = None,
+                 from_step: Optional[int] = None):
+        self.signum, self.step, self.checkpoint, self.from_step = signum, step, checkpoint, from_step
+        when = "before training started" if step is None else f"after step {step}"
+        super().__init__(f"stopped by {signal_name(signum)} {when}")
+
+
+class _State:
+    signum = 0  # the first stop signal this process received (0: none)
+    looping = False  # inside the training loop: stop at the next step boundary instead of at once
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _handle(signum: int, frame) -> None:
+    if not _State.signum:
+        _State.signum = signum
+    if not _State.looping:
+        raise Stopped(signum)
+
+
+def install() -> None:
+    """The worker's handlers for SIGINT and SIGTERM (instead of KeyboardInterrupt and death)."""
+    _State.signum, _State.looping = 0, False
+    for s in SIGNALS:
+        signal.signal(s, _handle)
+
+
+def in_loop() -> None:
+    """From here on a signal stops the run at the next step boundary (:func:`agreed`)."""
+    _State.looping = True
+
+
+def agreed(device) -> int:
+    """The stop signal every rank agrees on (SIGINT before SIGTERM where ranks got different ones), or 0 to go on.
+    Collective: every rank calls it before the same step."""
+    from birder_repro.train.collectives import allreduce_sum
+
+    got_int, got_term = allreduce_sum([float(_State.signum == signal.SIGINT),
+                                       float(_State.signum not in (0, signal.SIGINT))], device)
+    return signal.SIGINT if got_int else signal.SIGTERM if got_term else 0
+
+
+def requested() -> int:
+    """This process's stop signal so far (0: none); not agreed with the other ranks."""
+    return _State.signum

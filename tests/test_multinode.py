@@ -1,0 +1,185 @@
+"""One run, one directory, however it is launched; stopped runs that say so and resume with one command.
+
+The end-to-end test starts the CLI twice, as node 0 and node 1 of one run (``launcher=torchrun``, the same
+command but ``launcher.node_rank``, both from the same working directory as on a cluster's shared home), stops
+both with SIGINT as Ctrl-C on two terminals would, and resumes with the command the run printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from birder_repro import cli, record, rundir
+from birder_repro.launch import torchrun
+from birder_repro.train.checkpoint import COMPLETE, MANIFEST, step_dir
+
+REPO = Path(__file__).resolve().parent.parent
+DIGITS = ["task=digits", "optim=birder", "logger=none", "model.size=tiny", "nodes=2", "gpus_per_node=1",
+          "train.batch_size=8", "train.steps=16", "train.log_every=4"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(runs: Path, **extra: str) -> dict:
+    return {**os.environ, "BIRDER_RUNS": str(runs), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **extra}
+
+
+def _start(args: list[str], env: dict, out: Path) -> subprocess.Popen:
+    """A CLI in a session of its own, as in a terminal of its own (SIGINT to its group is Ctrl-C there)."""
+    with open(out, "w") as f:
+        return subprocess.Popen([sys.executable, "-m", "birder_repro.cli", *args], cwd=REPO, env=env, stdout=f,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _wait_for(runs: Path, text: str, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(text in p.read_text(errors="replace") for p in runs.glob("*/output*.log")):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} never appeared in {runs}")
+
+
+def _two_nodes(args: list[str], runs: Path, tmp: Path, name: str, **env: str) -> list[subprocess.Popen]:
+    return [_start([*args, f"launcher.node_rank={k}"], _env(runs, **env), tmp / f"{name}{k}.out") for k in (0, 1)]
+
+
+@pytest.mark.slow
+def test_two_node_run_is_one_directory_stops_on_sigint_and_resumes_bit_exactly(tmp_path):
+    """Node 0 and node 1 of one run share one directory (every rank's checkpoint file, one record); SIGINT to
+    both stops every rank after step 9 (rank 0 waits there for it, BIRDER_TEST_FAULT) with a checkpoint and an
+    interrupted record; the printed command, run on both nodes, ends the run bit-equal to an uninterrupted one."""
+    plain = subprocess.run([sys.executable, "-m", "birder_repro.cli", *DIGITS, "launcher=local"], cwd=REPO,
+                           env=_env(tmp_path / "plain"), capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0, plain.stdout[-2000:] + plain.stderr[-2000:]
+    [(plain_rec)] = [record.read_record(p.parent) for p in (tmp_path / "plain").rglob(record.RECORD_FILE)]
+
+    runs = tmp_path / "runs"
+    args = [*DIGITS, "launcher=torchrun", "launcher.master_addr=127.0.0.1", f"launcher.master_port={_free_port()}"]
+    nodes = _two_nodes(args, runs, tmp_path, "stop", BIRDER_TEST_FAULT="wait:0:10")
+    _wait_for(runs, "rank 0 wait before step 10")
+    for p in nodes:
+        os.killpg(p.pid, signal.SIGINT)
+    assert [p.wait(timeout=120) for p in nodes] == [130, 130]
+    out = [(tmp_path / f"stop{k}.out").read_text() for k in (0, 1)]
+    [run_dir] = [p.parent for p in runs.rglob(record.CONFIG_FILE) if p.parent.name != ".hydra"]
+    assert [p.parent for p in runs.rglob(record.RECORD_FILE)] == [run_dir]  # one record, node 1 wrote none
+    rec = record.read_record(run_dir)
+    assert rec["status"] == "interrupted" and rec["stopped_at_step"] == 9, out[0][-3000:]
+    ckpt = step_dir(run_dir, 9)
+    assert {"rank00000.pt", "rank00001.pt", "model.pt", COMPLETE} <= {p.name for p in ckpt.iterdir()}
+    assert rec["checkpoint"] == str(ckpt) and f"hydra.run.dir={run_dir.resolve()}" in rec["resume_command"]
+    assert str(run_dir / record.RECORD_FILE) in out[1] and "rank 0 writes the run's record" in out[1]
+    commands = [o.strip().splitlines()[-1] for o in out]
+    assert commands[0] == f"[birder-repro] resume: {rec['resume_command']}"
+    assert commands[1].startswith("[birder-repro] resume (this node): birder-repro ")
+
+    resumed = [_start(shlex.split(c.split(": ", 1)[1])[1:], _env(runs), tmp_path / f"resume{k}.out")
+               for k, c in enumerate(commands)]
+    codes = [p.wait(timeout=300) for p in resumed]
+    assert codes == [0, 0], (tmp_path / "resume0.out").read_text()[-3000:]
+    done = record.read_record(run_dir)
+    assert done["status"] == "completed" and [a["status"] for a in done["attempts"]] == ["interrupted", "completed"]
+    assert done["resumed_from_step"] == 9 and done["steps"] == plain_rec["steps"] == 16
+    assert done["final_loss"] == plain_rec["final_loss"] and done["metrics"] == plain_rec["metrics"]
+    assert done["samples"] == plain_rec["samples"]
+    assert len(list(runs.rglob(record.RECORD_FILE))) == 1
+
+
+# ------------------------------------------------------------------------------------ the directory
+def test_every_node_derives_the_same_run_directory_and_other_configs_another(compose):
+    def rdzv(*extra):
+        return torchrun.rdzv_id(cli.layout.resolve(compose([*DIGITS, "launcher=torchrun", *extra]), gpu_count=0), {})
+
+    assert rdzv("launcher.node_rank=0") == rdzv("launcher.node_rank=1") == rdzv("dry_run=true")
+    assert rdzv("seed=1") != rdzv() and rdzv("train.steps=17") != rdzv()
+    assert rdzv("launcher.rdzv_id=mine") == "mine"
+
+
+def test_the_cell_digest_survives_the_config_file_and_leaves_out_what_cannot_change_results(compose, tmp_path):
+    cfg = cli.layout.resolve(compose(DIGITS), gpu_count=0)
+    record.write_run_files(tmp_path, cfg, "birder-repro")
+    assert rundir.cell_digest(record.load_run_config(tmp_path)) == rundir.cell_digest(cfg)
+    same = cli.layout.resolve(compose([*DIGITS, "logger=wandb", "train.checkpoint_every=5", "train.resume=auto",
+                                       "launcher=torchrun", "launcher.master_port=1"]), gpu_count=0)
+    assert rundir.cell_digest(same) == rundir.cell_digest(cfg)
+    assert rundir.cell_digest(cli.layout.resolve(compose([*DIGITS, "seed=3"]), gpu_count=0)) != rundir.cell_digest(cfg)
+
+
+def test_the_shared_file_system_check_fails_in_one_line_when_a_node_marker_is_missing(tmp_path):
+    # rank 0 of a 2-node run, alone: node 1's first process never wrote its marker where rank 0 looks
+    with pytest.raises(rundir.RunDirNotShared) as err:
+        rundir.check_shared(tmp_path, rank=0, local_rank=0, local_world=1, world=2, device=torch.device("cpu"))
+    line = str(err.value)
+    assert "\n" not in line and str(tmp_path.resolve()) in line and "node(s) 1" in line
+    assert "BIRDER_RUNS or hydra.run.dir must be on a file system every node shares" in line
+    rundir.check_shared(tmp_path, rank=0, local_rank=0, local_world=2, world=2, device=torch.device("cpu"))
+
+
+def _fake_run(root: Path, name: str, status: str, digest: str, ended: str, checkpoint: bool = True) -> Path:
+    run = root / name
+    run.mkdir(parents=True)
+    (run / record.RECORD_FILE).write_text(json.dumps({"status": status, "config_digest": digest, "ended": ended}))
+    if checkpoint:
+        where = step_dir(run, 4)
+        where.mkdir(parents=True)
+        (where / MANIFEST).write_text(json.dumps({"step": 4}))
+        (where / COMPLETE).write_text("{}")
+    return run
+
+
+def test_resume_auto_picks_the_newest_stopped_run_of_the_same_config_with_a_checkpoint(tmp_path):
+    _fake_run(tmp_path, "a", "interrupted", "cell", "2026-01-01T10:00:00+00:00")
+    newest = _fake_run(tmp_path, "b", "failed", "cell", "2026-01-01T11:00:00+00:00")
+    _fake_run(tmp_path, "c", "interrupted", "cell", "2026-01-01T12:00:00+00:00", checkpoint=False)
+    _fake_run(tmp_path, "d", "interrupted", "other", "2026-01-01T13:00:00+00:00")
+    _fake_run(tmp_path, "e", "completed", "cell", "2026-01-01T14:00:00+00:00")
+    assert rundir.find_resumable(tmp_path, "cell") == newest
+    assert rundir.find_resumable(tmp_path, "nothing") is None
+
+
+def test_resume_auto_says_in_one_line_when_it_starts_afresh(compose, runs_dir, capsys):
+    cfg = cli.layout.resolve(compose([*DIGITS, "train.resume=auto"]), gpu_count=0)
+    assert cli._chosen_dir(cfg) is None  # launcher=local: Hydra's fresh directory
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("[birder-repro] train.resume=auto: no interrupted or failed run of this configuration")
+    assert line.endswith("starting afresh") and "\n" not in line
+    run = _fake_run(runs_dir, "old", "interrupted", rundir.cell_digest(cfg), "2026-01-01T10:00:00+00:00")
+    assert cli._chosen_dir(cfg) == run
+
+
+def test_a_directory_holding_a_completed_run_or_another_config_is_never_rerun(tmp_path):
+    done = _fake_run(tmp_path, "done", "completed", "cell", "2026-01-01T10:00:00+00:00")
+    decision = rundir.decide(done, "cell")
+    assert decision.action == "stop" and "launcher.rdzv_id" in decision.line
+    stopped = _fake_run(tmp_path, "stopped", "interrupted", "cell", "2026-01-01T10:00:00+00:00")
+    assert rundir.decide(stopped, "cell").action == "resume"
+    assert rundir.decide(stopped, "another").action == "stop"
+    assert rundir.decide(tmp_path / "new", "cell").action == "start"
+
+
+def test_a_checkpoint_missing_a_rank_file_is_never_marked_complete(tmp_path):
+    from birder_repro.train.checkpoint import CheckpointError, complete_checkpoints, save_checkpoint
+
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    # rank 0 of 2, alone: rank 1's file never reaches the directory rank 0 sees
+    with pytest.raises(CheckpointError, match="rank00001.pt is missing"):
+        save_checkpoint(tmp_path, 3, 12.0, model, opt, None, 0, 2, torch.device("cpu"))
+    assert not (step_dir(tmp_path, 3) / COMPLETE).exists() and complete_checkpoints(tmp_path / "checkpoints") == []
