@@ -152,7 +152,7 @@ def test_requeue_directives_and_the_shells_traps(compose, tmp_path):
     found = re.findall(r"^#SBATCH (\S+)$", script, flags=re.M)
     assert {"--signal=B:USR1@300", "--requeue", "--open-mode=append"} <= set(found)
     for line in ("trap 'stop_workers USR1' USR1", "trap 'stop_workers TERM' TERM", 'scontrol requeue "$SLURM_JOB_ID"',
-                 "export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=270", "-m birder_repro.launch.summary_cli"):
+                 "--shutdown-timeout=30", "-m birder_repro.launch.summary_cli"):
         assert line in script, line
     off = slurm.batch_script(slurm_cfg(compose, "launcher.requeue=false"), tmp_path)
     assert "--signal" not in off and "--requeue" not in off and "scontrol requeue" not in off
@@ -162,6 +162,7 @@ def test_requeue_directives_and_the_shells_traps(compose, tmp_path):
 @pytest.mark.parametrize("override,key", [("launcher.time=1h", "launcher.time"),
                                           ("launcher.signal_s=0", "launcher.signal_s"),
                                           ("launcher.time=2", "launcher.signal_s=120 is not shorter"),
+                                          ("train.stop_timeout_s=200", "train.stop_timeout_s=200"),
                                           ("launcher.cpus_per_task=0", "launcher.cpus_per_task")])
 def test_bad_job_settings_are_refused_naming_the_key(compose, override, key):
     with pytest.raises(layout.ConfigError, match=re.escape(key)):
@@ -211,15 +212,14 @@ def test_cluster_local_under_slurm_is_warned_of(compose, runs_dir):
 
 # ------------------------------------------------------------------------------------------ stop and requeue
 FAKE_STEP = textwrap.dedent("""
-    import json, pathlib, signal, sys, time
+    import pathlib, signal, sys, time
     run, mode = pathlib.Path(sys.argv[1]), sys.argv[2]
-    def stop(*_):  # what the workers do on SIGTERM: a checkpoint (or none), an interrupted record
+    def stop(*_):  # on SIGTERM the workers stop, with a checkpoint (or none), and no record: the CLI's end writes it
         if mode == "checkpoint":
             step = run / "checkpoints" / "step-000007"
             step.mkdir(parents=True)
             (step / "manifest.json").write_text("{}")
             (step / "COMPLETE").write_text("")
-        (run / "record.json").write_text(json.dumps({"status": "interrupted", "error": "stopped at step 7"}))
         sys.exit(143)
     signal.signal(signal.SIGTERM, stop)
     (run / "step-running").touch()
@@ -229,7 +229,7 @@ FAKE_STEP = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("sig,mode,requeued,code", [(signal.SIGUSR1, "checkpoint", True, 0),
-                                                    (signal.SIGUSR1, "none", False, 1),
+                                                    (signal.SIGUSR1, "none", False, 143),
                                                     (signal.SIGTERM, "checkpoint", False, 143)])
 def test_the_batch_shell_stops_the_step_and_requeues_only_after_usr1_with_a_newer_checkpoint(
         compose, tmp_path, sig, mode, requeued, code):
@@ -252,7 +252,8 @@ def test_the_batch_shell_stops_the_step_and_requeues_only_after_usr1_with_a_newe
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == code, out
     assert (bin_dir / "requeued").exists() == requeued, out
-    assert f"stopped by {sig.name}" in out
+    assert f"[birder-repro] {sig.name} at " in out and "[birder-repro] resume: " in out, out
+    assert record.read_record(run_dir)["status"] == "interrupted"
     if requeued:
         assert (bin_dir / "requeued").read_text().split() == ["777"] and "requeueing job 777" in out
     elif sig == signal.SIGUSR1:

@@ -25,12 +25,13 @@ of the training loop), and the record gets ``link_bytes_per_step``: one figure p
 Cores: with ``cluster.pin_cores`` (the default) node k runs under ``taskset`` on its own block of this machine's
 cores (cores // nodes each; no pinning with fewer cores than nodes), as a real node owns its CPU.
 
-Output: each node's CLI writes its workers' output to the run's ``output.log`` as on a cluster with a shared
-run directory; every line of every node, prefixed with its node, goes to the terminal and to ``emulated.log``.
+Output: each node's CLI keeps its torchrun's output in the run directory as on a cluster (``output.log`` on
+node 0, ``output.node<k>.log`` on node k); every line of every node's CLI, prefixed with its node, goes to the
+terminal and to ``emulated.log``.
 
-The fabric is removed when the run ends, fails, or is stopped with SIGINT or SIGTERM (each node's process group
-gets SIGTERM: its workers stop at a step boundary); one left by a run killed with SIGKILL is removed by the next
-emulated run (netns.clean_stale).
+The fabric is removed when the run ends, fails, or is stopped with SIGINT or SIGTERM (each node's CLI gets
+SIGTERM and passes it on: its workers stop after their step and checkpoint); one left by a run killed with
+SIGKILL is removed by the next emulated run (netns.clean_stale).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from birder_repro import record
 from birder_repro.failures import TerminalEcho
 from birder_repro.launch import local, netns
 from birder_repro.launch.process import Command
+from birder_repro.launch.torchrun import stop_timeout
 from birder_repro.probes import LINK_IFACE_ENV  # the interface whose counters a node's local rank 0 reads
 
 __all__ = ["CLUSTER", "LINK_IFACE_ENV", "INFO_FILE", "is_emulated", "check_launcher", "check_config",
@@ -67,7 +69,7 @@ NODE_ENV = "BIRDER_EMULATED_NODE"  # set for each node's CLI: k, the node it run
 INFO_FILE = "emulated.json"  # in the run directory: the fabric, its commands and whole-run link bytes
 NODES_LOG = "emulated.log"  # in the run directory: every node's output, each line prefixed with its node
 STOP_GRACE_S = 20.0  # after one node fails, how long the others get to notice before they are stopped
-STOP_TIMEOUT_S = 60.0  # SIGTERM to SIGKILL: torchrun gives its workers 30 s (TORCH_ELASTIC_SHUTDOWN_TIMEOUT)
+STOP_TIMEOUT_S = 30.0  # SIGTERM to SIGKILL of a node's CLI, beyond the workers' grace (train.stop_timeout_s)
 SIGNAL_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}  # the shell's codes for a command stopped by them
 
 
@@ -242,7 +244,8 @@ def launch(cfg: DictConfig, run_dir: Path, env: Mapping[str, str] = os.environ) 
             print(f"[birder-repro] emulated cluster {fabric.run_id}: {len(fabric.nodes)} namespaces on "
                   f"{cfg.cluster.subnet}, links {' '.join(fabric.shaping.tbf()) or 'unshaped'}", flush=True)
             before = _whole_run_bytes(fabric)
-            code = run_nodes(cmds, run_dir / NODES_LOG)
+            # a node's CLI waits train.stop_timeout_s for its workers after SIGTERM, and a minute more for torchrun
+            code = run_nodes(cmds, run_dir / NODES_LOG, stop_timeout_s=stop_timeout(cfg) + 60 + STOP_TIMEOUT_S)
             info["link_bytes_whole_run"] = _difference(_whole_run_bytes(fabric), before)
         except _Interrupted as stop:
             code = SIGNAL_CODES[stop.signum]
@@ -316,14 +319,16 @@ def _signals_raise() -> Iterator[_SignalGuard]:
             signal.signal(sig, old)
 
 
-def run_nodes(cmds: Sequence[Command], log_path: Path, grace_s: float = STOP_GRACE_S) -> int:
+def run_nodes(cmds: Sequence[Command], log_path: Path, grace_s: float = STOP_GRACE_S,
+              stop_timeout_s: float = STOP_TIMEOUT_S) -> int:
     """Start every node's command at once, stream their output (prefixed by node) to stdout and ``log_path``.
 
     Returns 0, or the exit code of the first node that failed. When one fails the others may wait on it for
     ever (gloo's timeout is 30 minutes): they get ``grace_s`` to end, then are stopped. On an exception
     (an interruption) every node is stopped before it propagates.
     """
-    # each node in its own process group (session), so that stopping a node reaches its CLI, torchrun and workers
+    # each node in a session of its own: a Ctrl-C at the terminal reaches this launcher only, which stops each
+    # node once, through its CLI
     procs = [subprocess.Popen(c.argv, env=c.full_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               start_new_session=True, preexec_fn=_die_with_parent) for c in cmds]
     lock = threading.Lock()
@@ -335,9 +340,9 @@ def run_nodes(cmds: Sequence[Command], log_path: Path, grace_s: float = STOP_GRA
         for t in pumps:
             t.start()
         try:
-            first_failure = _wait_all(procs, grace_s)
+            first_failure = _wait_all(procs, grace_s, stop_timeout_s)
         except BaseException:
-            _stop_all(procs)
+            _stop_all(procs, stop_timeout_s)
             raise
         finally:
             for t in pumps:
@@ -345,49 +350,29 @@ def run_nodes(cmds: Sequence[Command], log_path: Path, grace_s: float = STOP_GRA
     return first_failure
 
 
-def _wait_all(procs: Sequence[subprocess.Popen], grace_s: float) -> int:
+def _wait_all(procs: Sequence[subprocess.Popen], grace_s: float, stop_timeout_s: float) -> int:
     first_failure, failed_at = 0, None
     while None in [p.poll() for p in procs]:  # a list, not any(): every process must be polled
         for p in procs:
             if p.returncode not in (None, 0) and failed_at is None:
                 first_failure, failed_at = p.returncode, time.monotonic()
         if failed_at is not None and time.monotonic() - failed_at > grace_s:
-            _stop_all(procs)
+            _stop_all(procs, stop_timeout_s)
         time.sleep(0.1)
     failures = [p.returncode for p in procs if p.returncode != 0]
     return first_failure or (failures[0] if failures else 0)
 
 
-def _stop_all(procs: Sequence[subprocess.Popen]) -> None:
-    """SIGTERM to every node's process group: its CLI ends, torchrun and the workers stop (the workers at a step
-    boundary, with a checkpoint); once every group is empty, or after :data:`STOP_TIMEOUT_S`, SIGKILL to what is
-    left. A node's CLI ends at once: its group, not the CLI, is waited for."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        groups = [p.pid for p in procs if _group_alive(p)]
-        for pgid in groups:
-            _signal_group(pgid, sig)
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        while any(_group_alive(p) for p in procs) and time.monotonic() < deadline:
+def _stop_all(procs: Sequence[subprocess.Popen], timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM to every node's CLI, which passes it on to its torchrun and waits for the workers (they stop after
+    their step and checkpoint, birder_repro.launch.process); SIGKILL to a CLI still running ``timeout_s`` later."""
+    for stop in ("terminate", "kill"):
+        running = [p for p in procs if p.poll() is None]
+        for p in running:
+            getattr(p, stop)()
+        deadline = time.monotonic() + timeout_s
+        while any(p.poll() is None for p in running) and time.monotonic() < deadline:
             time.sleep(0.1)
-
-
-def _group_alive(proc: subprocess.Popen) -> bool:
-    """Whether anything still runs in the node's process group (its leader reaped first: a zombie counts)."""
-    proc.poll()
-    try:
-        os.killpg(proc.pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _die_with_parent() -> None:

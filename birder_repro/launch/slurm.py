@@ -19,7 +19,8 @@ What an HPC user expects of a long job, each checked against ``man sbatch`` / ``
 - Time limit: ``--signal=B:USR1@<launcher.signal_s>`` tells the batch shell (only it) that the limit is near
   (SLURM may send it up to 60 s early); the shell sends SIGTERM to the srun step, which srun forwards to its
   tasks, torchrun to its workers, which stop at a step boundary and save a checkpoint
-  (``train.checkpoint_on_stop``); torchrun waits ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` seconds for them. The shell
+  (``train.checkpoint_on_stop``); torchrun waits ``train.stop_timeout_s`` for them (``--shutdown-timeout``),
+  which must be shorter than ``launcher.signal_s``. The shell
   then prints the run's summary and, when a complete checkpoint newer than the attempt's start exists,
   ``scontrol requeue``: with ``--requeue`` the script starts again from its beginning with the same job id and
   ``SLURM_RESTART_COUNT`` > 0, and the workers resume from the run directory's newest complete checkpoint
@@ -52,7 +53,7 @@ from omegaconf import DictConfig, OmegaConf
 from birder_repro import config as layout
 from birder_repro import record
 from birder_repro.launch import slurm_env
-from birder_repro.launch.torchrun import WORKER, Rendezvous, max_restarts, torchrun_argv
+from birder_repro.launch.torchrun import WORKER, Rendezvous, max_restarts, stop_timeout, torchrun_argv
 
 __all__ = ["SCRIPT_FILE", "JOB_ID_FILE", "check_config", "job_name", "cpus_per_task", "batch_script",
            "write_script", "warnings", "submit", "launch"]
@@ -65,7 +66,6 @@ OPTIONAL_DIRECTIVES = {"partition": "--partition", "account": "--account", "qos"
 # data.num_workers=auto: the loader processes per training process that cpus_per_task=auto asks cores for
 # (the default of pytorch/examples' ImageNet training, --workers 4); inside the job, auto then finds them.
 AUTO_LOADERS = 4
-KILL_WAIT_S = 30  # slurm.conf KillWait's default: SIGTERM at the time limit, SIGKILL this much later
 SUMMARY = "birder_repro.launch.summary_cli"
 
 
@@ -95,6 +95,10 @@ def check_config(cfg: DictConfig) -> None:
     if lc.get("requeue") and limit is not None and signal_s >= limit:
         raise layout.ConfigError(f"launcher.signal_s={signal_s} is not shorter than launcher.time={lc.time}: "
                                  "the job would be stopped as it starts; lower launcher.signal_s")
+    if lc.get("requeue") and signal_s <= stop_timeout(cfg):
+        raise layout.ConfigError(f"launcher.signal_s={signal_s} is not longer than train.stop_timeout_s="
+                                 f"{stop_timeout(cfg)}: the workers could still be saving their checkpoint at the "
+                                 "time limit; raise launcher.signal_s or lower train.stop_timeout_s")
 
 
 def job_name(cfg: DictConfig) -> str:
@@ -111,13 +115,6 @@ def cpus_per_task(cfg: DictConfig) -> Optional[int]:
     loaders = OmegaConf.select(cfg, "data.num_workers", default=0)
     loaders = AUTO_LOADERS if loaders == "auto" else int(loaders or 0)
     return int(cfg.gpus_per_node) * (loaders + 1)
-
-
-def shutdown_timeout_s(cfg: DictConfig) -> int:
-    """How long torchrun waits for its workers after SIGTERM before it kills them: what is left of the
-    warning (``launcher.signal_s``) once SLURM's own SIGTERM-to-SIGKILL interval is set aside, at least
-    torchrun's default of 30 s."""
-    return max(30, int(cfg.launcher.signal_s) - KILL_WAIT_S)
 
 
 # ------------------------------------------------------------------------------------------ the script
@@ -152,11 +149,10 @@ def batch_script(cfg: DictConfig, run_dir: Path, command_line: str = "") -> str:
     lines += [f"RUN_DIR={shlex.quote(str(run_dir))}", f"PYTHON={shlex.quote(python)}",
               'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
               f"MASTER_PORT={int(lc.master_port)}",
-              "# after SIGTERM, torchrun gives the workers this long to stop at a step boundary and checkpoint",
-              f"export TORCH_ELASTIC_SHUTDOWN_TIMEOUT={shutdown_timeout_s(cfg)}",
               'ATTEMPT=$((${SLURM_RESTART_COUNT:-0} + 1))',
               'echo "[birder-repro] job $SLURM_JOB_ID, attempt $ATTEMPT, on $SLURM_JOB_NODELIST, $(date -u \'+%F %T UTC\')"',
-              f'SINCE=$("$PYTHON" -m {SUMMARY} "$RUN_DIR" --newest-step)  # a requeue needs a newer checkpoint',
+              "# the newest complete checkpoint now (a requeue needs a newer one), and the time",
+              f'read -r SINCE STARTED <<< "$("$PYTHON" -m {SUMMARY} "$RUN_DIR" --attempt-start)"',
               "", *_traps(cfg), ""]
     # srun does not pass sbatch's --cpus-per-task on to its tasks (SLURM 22.05 to 23.02): say it again.
     lines += ['srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1'
@@ -189,8 +185,9 @@ def _ending(cfg: DictConfig) -> list[str]:
              "# a trapped signal ends wait early, srun still running: wait for srun itself",
              'while kill -0 "$SRUN_PID" 2>/dev/null; do CODE=0; wait "$SRUN_PID" || CODE=$?; done',
              "",
-             f'END=0; "$PYTHON" -m {SUMMARY} "$RUN_DIR" --exit-code "$CODE" --stopped "$STOPPED" --since-step '
-             '"$SINCE" || END=$?']
+             "# the run's end as the CLI prints it; 75: stopped, with a checkpoint newer than the attempt's start",
+             f'END=0; "$PYTHON" -m {SUMMARY} "$RUN_DIR" --exit-code "$CODE" --stopped "$STOPPED" '
+             '--since-step "${SINCE:-0}" --started "${STARTED:-}" || END=$?']
     if cfg.launcher.requeue:
         lines += ['if [ "$STOPPED" = USR1 ] && [ "$END" = 75 ]; then',
                   '  echo "[birder-repro] requeueing job $SLURM_JOB_ID: attempt $((ATTEMPT + 1)) resumes from the '
@@ -207,7 +204,7 @@ def _torchrun_line(cfg: DictConfig, run_dir: Path) -> str:
     wrapped before the rendezvous and the worker."""
     meet = Rendezvous("c10d", "$MASTER_ADDR:$MASTER_PORT", "$SLURM_JOB_ID")
     argv = torchrun_argv(run_dir, cfg.gpus_per_node, meet, nnodes="$SLURM_NNODES", python="$PYTHON",
-                         restarts=max_restarts(cfg))
+                         restarts=max_restarts(cfg), shutdown_timeout=stop_timeout(cfg))
     words = [_shell_word(a) for a in argv]
     breaks = [words.index(_shell_word(f"--rdzv-backend={meet.backend}")), len(words) - len(WORKER) - 2]
     return " \\\n  ".join(" ".join(part) for part in (words[:breaks[0]], words[breaks[0]:breaks[1]],
