@@ -260,6 +260,88 @@ def test_the_batch_shell_stops_the_step_and_requeues_only_after_usr1_with_a_newe
         assert "not requeued" in out
 
 
+# ------------------------------------------------------------------------------------------ a whole job
+JOB_RUNNER = textwrap.dedent("""
+    # sbatch's stand-in, in the background: runs the batch script as SLURM would, its output appended to the job's
+    # --output file; on the first attempt delivers USR1 to the batch shell once rank 0 holds before step STOP (the
+    # fake time limit is near); runs the script again, with SLURM_RESTART_COUNT, while scontrol requeue was called.
+    import json, os, pathlib, re, signal, subprocess, sys, time
+    script, job_id, stop_at = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    text = script.read_text()
+    output = re.search(r"^#SBATCH --output=(\\S+)$", text, re.M).group(1).replace("%j", job_id)
+    cpus = re.search(r"^#SBATCH --cpus-per-task=(\\d+)$", text, re.M).group(1)
+    run_dir = pathlib.Path(output).parent
+    requeued, attempt, code = pathlib.Path(os.environ["REQUEUED_FILE"]), 0, None
+    while code is None or requeued.exists():
+        requeued.unlink(missing_ok=True)
+        env = {**os.environ, "SLURM_JOB_ID": job_id, "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "localhost",
+               "SLURM_CPUS_PER_TASK": cpus}
+        if attempt:
+            env["SLURM_RESTART_COUNT"] = str(attempt)
+            env.pop("BIRDER_TEST_FAULT", None)  # the time limit came once
+        with open(output, "a") as out:
+            shell = subprocess.Popen(["bash", str(script)], stdout=out, stderr=subprocess.STDOUT, env=env)
+            while attempt == 0 and shell.poll() is None:
+                try:
+                    reached = json.loads((run_dir / "progress.json").read_text())["step"]
+                except (OSError, ValueError, KeyError):
+                    reached = 0
+                if reached >= stop_at - 1:
+                    shell.send_signal(signal.SIGUSR1)
+                    break
+                time.sleep(0.1)
+            code = shell.wait()
+        attempt += 1
+    (run_dir / "job-done").write_text(f"{code} {attempt}")
+""")
+
+
+@pytest.mark.slow
+def test_a_job_signalled_before_its_time_limit_saves_is_requeued_resumes_and_completes(runs_dir, tmp_path):
+    """The whole path through stand-ins for sbatch, srun and scontrol: submitted by the CLI; USR1 when rank 0
+    holds before step 6 (BIRDER_TEST_FAULT=wait); the batch shell stops the step, the workers checkpoint step 5
+    (train.checkpoint_every=0: the stop's own checkpoint), the shell requeues; attempt 2 (SLURM_RESTART_COUNT=1)
+    resumes from step 5 and completes; both attempts and the summary are in the job's output file."""
+    bin_dir = tmp_path / "bin"
+    (tmp_path / "runner.py").write_text(JOB_RUNNER)
+    shim(bin_dir, "sbatch", f"""\
+        [ "$1" = --parsable ] || exit 2
+        {sys.executable} {tmp_path / 'runner.py'} "$2" 4242 6 > {tmp_path / 'runner.log'} 2>&1 &
+        echo 4242
+    """)
+    shim(bin_dir, "srun", """\
+        while [[ "$1" == --* ]]; do shift; done   # srun's own options; one node: its task here, signals forwarded
+        SLURM_NODEID=0 "$@" & task=$!
+        trap 'kill -TERM $task' TERM
+        wait $task; code=$?
+        while kill -0 $task 2>/dev/null; do wait $task; code=$?; done
+        exit $code
+    """)
+    shim(bin_dir, "scontrol", f"""\
+        if [ "$1" = requeue ]; then echo "$2" >> {tmp_path / 'requeued'}; exit 0; fi
+        [ "$1 $2" = "show hostnames" ] && echo localhost
+    """)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "REQUEUED_FILE": str(tmp_path / "requeued"),
+           "BIRDER_TEST_FAULT": "wait:0:6", "OMP_NUM_THREADS": "1"}
+    out = birder_repro("task=digits", "optim=sgdm", "nodes=1", "gpus_per_node=2", "launcher=slurm", "logger=none",
+                       "launcher.gpus=false", "cluster=ethernet_10g", "model.size=tiny", "train.steps=12",
+                       "train.batch_size=8", "train.eval_max_batches=1", f"launcher.master_port={_free_port()}",
+                       env=env)
+    assert out.returncode == 0 and "submitted SLURM job 4242" in out.stdout, out.stderr
+    run_dir = run_dir_of(runs_dir)
+    while not (run_dir / "job-done").exists():  # no deadline: pytest's timeout ends a hang
+        time.sleep(0.5)
+    job_out = (run_dir / "slurm-4242.out").read_text()
+    assert (run_dir / "job-done").read_text().split() == ["0", "2"], job_out + (tmp_path / "runner.log").read_text()
+    first, second = job_out.split("attempt 2,")
+    assert "SIGUSR1 at" in first and "requeueing job 4242" in first and "resume: " in first
+    assert "status:     completed, 12 steps" in second, second[-3000:]
+    rec = record.read_record(run_dir)
+    assert rec["status"] == "completed" and rec["steps"] == 12
+    assert [(a["status"], a["from_step"], a["to_step"]) for a in rec["attempts"]] == [("interrupted", 0, 5),
+                                                                                       ("completed", 5, 12)], rec["attempts"]
+
+
 # ------------------------------------------------------------------------------------------ submission
 def test_submission_through_sbatch_records_the_job_and_returns(runs_dir, tmp_path):
     bin_dir = tmp_path / "bin"
