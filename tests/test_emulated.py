@@ -476,14 +476,18 @@ def test_emulated_run_counts_the_bytes_the_hook_sends(compose, runs_dir, optim):
 @pytest.mark.slow
 @needs_netns
 def test_an_emulated_sweep_records_a_failed_cell_and_runs_the_others(runs_dir):
-    """One cell fails in its workers (no such checkpoint to resume from), the other completes; both recorded,
-    nothing left. (A missing dataset would not do: the CLI refuses it before it makes any namespace.)"""
-    out = birder_repro("-m", "cluster=emulated", "nodes=2", *TINY, "train.steps=4",
-                       f"train.resume=null,{runs_dir / 'no-such-run' / 'checkpoint.pt'}")
+    """One cell fails in its workers (a checkpoint of another task to resume from: complete on disk, so the CLI
+    takes it; the workers refuse it), the other completes; both recorded, nothing left. (A missing dataset or
+    checkpoint would not do: the CLI refuses those before it makes any namespace.)"""
+    other = runs_dir.parent / "other-task" / "checkpoints" / "step-000001"
+    other.mkdir(parents=True)
+    (other / "manifest.json").write_text(json.dumps({"step": 1, "task": "lstm_ptb", "files": []}))
+    (other / "COMPLETE").write_text(json.dumps({"step": 1}))
+    out = birder_repro("-m", "cluster=emulated", "nodes=2", *TINY, "train.steps=4", f"train.resume=null,{other}")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     recs = records(runs_dir)
     assert [r["status"] for r in recs] == ["completed", "failed"]
-    assert "no-such-run" in recs[1]["error"]
+    assert "lstm_ptb" in recs[1]["error"], recs[1]["error"]
     for r in recs:
         info = json.loads((Path(r["run_dir"]) / emulated.INFO_FILE).read_text())
         assert info["left_after_removal"] == [] and ours(info["run_id"]) == set()
