@@ -493,6 +493,37 @@ def test_an_emulated_sweep_records_a_failed_cell_and_runs_the_others(runs_dir):
         assert info["left_after_removal"] == [] and ours(info["run_id"]) == set()
 
 
+@pytest.mark.slow
+@needs_netns
+def test_an_emulated_run_stopped_by_sigterm_checkpoints_and_resumes_in_place(runs_dir):
+    """SIGTERM to the launcher while rank 0 holds before step 4 (BIRDER_TEST_FAULT=wait): every node's CLI passes
+    it on, the workers save step 3 and record the run interrupted, the fabric goes; the user's command with the
+    run directory resumes it there, through new node CLIs, and completes."""
+    args = ["cluster=emulated", "nodes=2", "gpus_per_node=1", "task=digits", "optim=sgdm", "logger=none",
+            "model.size=tiny", "train.steps=8", "train.batch_size=8", "train.eval_max_batches=1"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "BIRDER_TEST_FAULT": "wait:0:4"}
+    proc = subprocess.Popen([sys.executable, "-m", "birder_repro.cli", *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    progress = None
+    while progress is None or json.loads(progress.read_text() or "{}").get("step", 0) < 3:
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        progress = next(iter(runs_dir.rglob("progress.json")), None)
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 143, out[-3000:]
+    run_dir = progress.parent
+    rec = record.read_record(run_dir)
+    assert rec["status"] == "interrupted" and rec["stopped_at_step"] == 3, rec.get("error")
+    assert rec["command"] == record.format_command(["birder-repro", *args])  # the user's, not a node's
+    assert ours(json.loads((run_dir / emulated.INFO_FILE).read_text())["run_id"]) == set()
+    again = birder_repro(*args, f"hydra.run.dir={run_dir}")
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    rec = record.read_record(run_dir)
+    assert rec["status"] == "completed" and rec["steps"] == 8 and len(rec["link_bytes_per_step"]) == 2
+    assert [(a["status"], a["to_step"]) for a in rec["attempts"]] == [("interrupted", 3), ("completed", 8)]
+
+
 def test_cli_refusal_of_emulated_with_another_launcher_is_recorded(compose, tmp_path):
     cfg = compose(["cluster=emulated", "launcher=torchrun", "logger=none"], hydra_config=True)
     assert cli.run(cfg, run_dir=tmp_path / "run") != 0
