@@ -121,7 +121,8 @@ def test_a_nodes_cli_starts_that_nodes_torchrun_at_node_0(compose, tmp_path):
     cfg, run_dir = node_run_dir(compose, tmp_path, overrides)
     cmd = emulated.commands(cfg, run_dir, emulated.fabric_for(cfg, run_id="a1b2c3"), env={})[1]
     cli_args = cmd.argv[cmd.argv.index(sys.executable):]
-    assert choose_launcher(compose(["cluster=emulated", "launcher=torchrun"]), env={emulated.NODE_ENV: "1"}) == "torchrun"
+    node_cli = compose(["cluster=emulated", "launcher=torchrun"])
+    assert choose_launcher(node_cli, env={emulated.NODE_ENV: "1"}) == "torchrun"
     out = subprocess.run([*cli_args, "dry_run=true"], cwd=REPO, capture_output=True, text=True, timeout=120,
                          env={**os.environ, **cmd.env, "BIRDER_RUNS": str(tmp_path / "elsewhere")})
     assert out.returncode == 0, out.stderr

@@ -141,8 +141,9 @@ def test_cpus_per_task_auto_asks_for_every_process_and_its_loaders(compose, tmp_
     assert slurm.cpus_per_task(slurm_cfg(compose, layout_args=DIGITS_1x2)) == 2
     given = slurm_cfg(compose, "launcher.cpus_per_task=64")
     assert "--cpus-per-task=64" in directives(given, tmp_path)
-    assert 'srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 --cpus-per-task="$SLURM_CPUS_PER_TASK"' \
-        in slurm.batch_script(given, tmp_path)  # srun is told again (SLURM 22.05-23.02 did not pass it on)
+    srun = ('srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 '
+            '--cpus-per-task="$SLURM_CPUS_PER_TASK"')
+    assert srun in slurm.batch_script(given, tmp_path)  # srun is told again (SLURM 22.05-23.02 did not pass it on)
     default = slurm.batch_script(slurm_cfg(compose, "launcher.cpus_per_task=null"), tmp_path)
     assert "--cpus-per-task" not in default
 
@@ -338,8 +339,8 @@ def test_a_job_signalled_before_its_time_limit_saves_is_requeued_resumes_and_com
     assert "status:     completed, 12 steps" in second, second[-3000:]
     rec = record.read_record(run_dir)
     assert rec["status"] == "completed" and rec["steps"] == 12
-    assert [(a["status"], a["from_step"], a["to_step"]) for a in rec["attempts"]] == [("interrupted", 0, 5),
-                                                                                       ("completed", 5, 12)], rec["attempts"]
+    attempts = [(a["status"], a["from_step"], a["to_step"]) for a in rec["attempts"]]
+    assert attempts == [("interrupted", 0, 5), ("completed", 5, 12)], rec["attempts"]
 
 
 # ------------------------------------------------------------------------------------------ submission

@@ -53,8 +53,8 @@ from omegaconf import DictConfig, OmegaConf
 from birder_repro import config as layout
 from birder_repro import record
 from birder_repro.launch import slurm_env
-from birder_repro.rundir import LAUNCH_ENV
 from birder_repro.launch.torchrun import WORKER, Rendezvous, max_restarts, stop_timeout, torchrun_argv
+from birder_repro.rundir import LAUNCH_ENV
 
 __all__ = ["SCRIPT_FILE", "JOB_ID_FILE", "check_config", "job_name", "cpus_per_task", "batch_script",
            "write_script", "warnings", "submit", "launch"]
@@ -153,7 +153,8 @@ def batch_script(cfg: DictConfig, run_dir: Path, command_line: str = "") -> str:
               'ATTEMPT=$((${SLURM_RESTART_COUNT:-0} + 1))',
               '# each attempt is one entry of the record\'s attempts (birder_repro.train.restarts)',
               f'export {LAUNCH_ENV}="slurm job $SLURM_JOB_ID, attempt $ATTEMPT"',
-              'echo "[birder-repro] job $SLURM_JOB_ID, attempt $ATTEMPT, on $SLURM_JOB_NODELIST, $(date -u \'+%F %T UTC\')"',
+              'echo "[birder-repro] job $SLURM_JOB_ID, attempt $ATTEMPT, on $SLURM_JOB_NODELIST, '
+              '$(date -u \'+%F %T UTC\')"',
               "# the newest complete checkpoint now (a requeue needs a newer one), and the time",
               f'read -r SINCE STARTED <<< "$("$PYTHON" -m {SUMMARY} "$RUN_DIR" --attempt-start)"',
               "", *_traps(cfg), ""]
