@@ -517,6 +517,8 @@ def test_an_emulated_run_stopped_by_sigterm_checkpoints_and_resumes_in_place(run
     rec = record.read_record(run_dir)
     assert rec["status"] == "interrupted" and rec["stopped_at_step"] == 3, rec.get("error")
     assert rec["command"] == record.format_command(["birder-repro", *args])  # the user's, not a node's
+    assert rec["resume_command"] == record.resume_command(run_dir) and "launcher=torchrun" not in rec["error"]
+    assert out.strip().endswith(f"resume: {rec['resume_command']}"), out[-2000:]
     assert ours(json.loads((run_dir / emulated.INFO_FILE).read_text())["run_id"]) == set()
     again = birder_repro(*args, f"hydra.run.dir={run_dir}")
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]

@@ -194,6 +194,15 @@ def test_a_time_limit_the_run_outlasts_without_a_checkpoint_is_warned_of(compose
     assert slurm.warnings(slurm_cfg(compose, *stops, "cluster=ethernet_10g", "train.checkpoint_every=60000"))
 
 
+def test_a_run_that_checkpoints_when_stopped_is_told_the_requeues_to_expect(compose):
+    """The defaults: requeue on the limit, a checkpoint on the stop (train.checkpoint_on_stop): a note, no warning;
+    without the stop's checkpoint, the warning names the setting."""
+    (note,) = slurm.warnings(slurm_cfg(compose, "cluster=ethernet_10g"))
+    assert note.startswith("note: the run is predicted to take 1.") and "expect about 1 requeue(s)" in note
+    (warning,) = slurm.warnings(slurm_cfg(compose, "cluster=ethernet_10g", "train.checkpoint_on_stop=false"))
+    assert warning.startswith("warning: ") and "train.checkpoint_on_stop=false" in warning
+
+
 def test_without_a_prediction_a_job_that_never_checkpoints_is_warned_of(compose):
     """digits has no paper profile: the rule, no checkpoint ever saved."""
     (warning,) = slurm.warnings(slurm_cfg(compose, "launcher.requeue=false", "cluster=ethernet_10g",

@@ -274,10 +274,15 @@ def _restore_run_files(run_dir: Path, files: dict[str, str], cfg: DictConfig) ->
     for name, text in files.items():
         (run_dir / name).write_text(text)
     rec = record.read_record(run_dir)
-    if rec is not None and isinstance(rec.get("config"), dict):
-        rec["command"] = files.get(record.COMMAND_FILE, "").strip() or rec.get("command")
-        rec["config"]["launcher"] = OmegaConf.to_container(cfg.launcher, resolve=True)
-        record.write_record(run_dir, rec)
+    if rec is None or not isinstance(rec.get("config"), dict):
+        return
+    rec["command"] = files.get(record.COMMAND_FILE, "").strip() or rec.get("command")
+    rec["config"]["launcher"] = OmegaConf.to_container(cfg.launcher, resolve=True)
+    if rec.get("resume_command"):  # an interrupted run: resumed by the user's command, not node 0's
+        users = record.resume_command(run_dir)
+        rec["error"] = str(rec.get("error") or "").replace(rec["resume_command"], users)
+        rec["resume_command"] = users
+    record.write_record(run_dir, rec)
 
 
 class _Interrupted(BaseException):
@@ -377,7 +382,8 @@ def _stop_all(procs: Sequence[subprocess.Popen], timeout_s: float = STOP_TIMEOUT
 
 def _die_with_parent() -> None:
     # PR_SET_PDEATHSIG (1): should this launcher die without cleaning up (SIGKILL), the kernel sends each
-    # node's torchrun SIGTERM, so no worker outlives it; the next run then removes the stale namespaces.
+    # node's CLI SIGTERM, which it passes on to its torchrun, so no worker outlives it; the next run then
+    # removes the stale namespaces.
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
 
 
