@@ -217,7 +217,19 @@ def test_cluster_local_under_slurm_is_warned_of(compose, runs_dir):
     assert warned and "cluster=ethernet_10g" in warned[0] and "infiniband_200g" in warned[0]
     assert not [w for w in slurm.warnings(slurm_cfg(compose, "cluster=infiniband_200g")) if "cluster=" in w]
     out = birder_repro(*LAYOUT_8x8, "dry_run=true")
-    assert "[birder-repro] warning: cluster=local under launcher=slurm" in out.stderr
+    assert "[birder-repro] warning: cluster=local under SLURM" in out.stderr
+
+
+def test_cluster_local_is_warned_of_by_node_0_of_a_torchrun_run_inside_an_allocation(compose, tmp_path, capsys):
+    """A user's own sbatch script with srun birder-repro ...: launcher=auto is torchrun on each node."""
+    from birder_repro.launch import launch
+
+    inside = {"SLURM_JOB_ID": "9", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "gpu[1-2]"}
+    for cluster, node, warned in (("local", "0", True), ("local", "1", False), ("ethernet_10g", "0", False)):
+        cfg = layout.resolve(compose(["nodes=2", "gpus_per_node=1", f"cluster={cluster}", "dry_run=true"]),
+                             gpu_count=0)
+        assert launch(cfg, tmp_path, env={**inside, "SLURM_NODEID": node}) == 0
+        assert ("warning: cluster=local under SLURM" in capsys.readouterr().err) == warned, (cluster, node)
 
 
 # ------------------------------------------------------------------------------------------ stop and requeue

@@ -10,6 +10,7 @@ submit the whole layout themselves.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Mapping
 
@@ -83,6 +84,8 @@ def launch(cfg: DictConfig, run_dir: Path, env: Mapping[str, str] = os.environ) 
     if own is not None:
         return own(cfg, run_dir, env)
     name, commands, mine = plan(cfg, run_dir, env)
+    if name == "torchrun" and mine == 0 and slurm_env.in_allocation(env) and slurm.cluster_warning(cfg):
+        print(f"[birder-repro] {slurm.cluster_warning(cfg)}", file=sys.stderr, flush=True)
     if cfg.dry_run:
         print(format_dry_run(cfg, run_dir, name, commands), flush=True)
         return 0

@@ -57,7 +57,7 @@ from birder_repro.launch.torchrun import WORKER, Rendezvous, max_restarts, stop_
 from birder_repro.rundir import LAUNCH_ENV
 
 __all__ = ["SCRIPT_FILE", "JOB_ID_FILE", "check_config", "job_name", "cpus_per_task", "batch_script",
-           "write_script", "warnings", "submit", "launch"]
+           "write_script", "warnings", "cluster_warning", "submit", "launch"]
 
 SCRIPT_FILE = "job.sbatch"
 JOB_ID_FILE = "slurm_job_id"
@@ -237,12 +237,16 @@ def write_script(cfg: DictConfig, run_dir: Path) -> Path:
 def warnings(cfg: DictConfig) -> list[str]:
     """What a user should hear before the job is queued, one line each ("warning: ..." or "note: ...");
     printed, never refused."""
-    found = [_time_limit_advice(cfg)]
-    if cfg.cluster.name == "local":
-        found.append("warning: cluster=local under launcher=slurm: the record will say the nodes talk over loopback "
-                     f"(interconnect: {cfg.cluster.interconnect}); name the job's network: cluster=ethernet_10g or "
-                     "cluster=infiniband_200g (or a conf/cluster/<yours>.yaml)")
-    return [w for w in found if w]
+    return [w for w in (_time_limit_advice(cfg), cluster_warning(cfg)) if w]
+
+
+def cluster_warning(cfg: DictConfig) -> Optional[str]:
+    """``cluster=local`` for a run on SLURM's nodes: its record would say they talk over loopback."""
+    if cfg.cluster.name != "local":
+        return None
+    return ("warning: cluster=local under SLURM: the record will say the nodes talk over loopback (interconnect: "
+            f"{cfg.cluster.interconnect}); name the job's network: cluster=ethernet_10g or cluster=infiniband_200g "
+            "(or a conf/cluster/<yours>.yaml)")
 
 
 def _time_limit_advice(cfg: DictConfig) -> Optional[str]:
