@@ -9,6 +9,11 @@
 
 The Hydra app runs once per run, in this one process; the workers read the resolved ``config.yaml`` it writes
 and never compose a config again. :func:`run` is what the decorated entry point calls, and what tests call.
+
+One run, one directory (birder_repro.rundir): a torchrun run's is named after its rendezvous id, the same on
+every node; a directory that holds an interrupted or failed run with a checkpoint is resumed in place, one that
+holds a completed run is never run again. Ctrl-C or SIGTERM stops the workers after their current step, with a
+checkpoint; the CLI waits for them and ends with the command that resumes the run (birder_repro.finish).
 """
 
 from __future__ import annotations
@@ -209,12 +214,11 @@ def _submitted(cfg: DictConfig) -> bool:
 def _job_dir(cfg: DictConfig, resolved: Optional[DictConfig] = None) -> Path:
     """The run directory (birder_repro.rundir): ``hydra.run.dir`` where given (the same on every node); else,
     once the config is resolved, the run ``train.resume=auto`` continues, or a torchrun run's directory named
-    after its rendezvous id (every node derives the same one); else Hydra's (run.dir, or sweep.dir/subdir in a
-    sweep); a fresh one outside Hydra. Hydra's own directory is removed where another is chosen and it holds
+    after its rendezvous id (every node derives the same one, in a sweep too: each cell has its own id); else
+    Hydra's (run.dir, or sweep.dir/subdir in a sweep); a fresh one outside Hydra. Hydra's own directory is removed where another is chosen and it holds
     nothing but Hydra's files."""
     hydra_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
-    if resolved is None or (hydra_dir is not None and (_run_dir_given() or HydraConfig.get().mode ==
-                                                        RunMode.MULTIRUN)):
+    if resolved is None or (hydra_dir is not None and _run_dir_given()):
         return hydra_dir or record.new_run_dir(cfg)
     chosen = _chosen_dir(resolved)
     if chosen is None:
@@ -225,7 +229,9 @@ def _job_dir(cfg: DictConfig, resolved: Optional[DictConfig] = None) -> Path:
 
 
 def _run_dir_given() -> bool:
-    return any(o.split("=", 1)[0].lstrip("+~") == "hydra.run.dir" for o in HydraConfig.get().overrides.hydra)
+    """``hydra.run.dir=`` (or a sweep's ``hydra.sweep.dir=``) on the command line: the user's choice wins."""
+    return any(o.split("=", 1)[0].lstrip("+~") in ("hydra.run.dir", "hydra.sweep.dir")
+               for o in HydraConfig.get().overrides.hydra)
 
 
 def _chosen_dir(cfg: DictConfig) -> Optional[Path]:
@@ -286,8 +292,9 @@ def _prepare_in_place(cfg: DictConfig, run_dir: Path) -> bool:
         (run_dir / rundir.NODES_DIR / f"cli-node{torchrun.node_rank(cfg)}.done").unlink(missing_ok=True)
     if decision.action == "resume":
         cfg.train.resume = "auto"  # the workers take the directory's newest complete checkpoint
-        print(f"[birder-repro] {run_dir} holds a {decision.record.get('status')} run: resuming it from "
-              f"{decision.checkpoint.name}", flush=True)
+        status = decision.record.get("status")
+        print(f"[birder-repro] {run_dir} holds {'an' if status == 'interrupted' else 'a'} {status} run: resuming "
+              f"it from {decision.checkpoint.name}", flush=True)
     return True
 
 
@@ -317,6 +324,9 @@ def _fail(cfg: DictConfig, run_dir: Path, error: str, started: str, code: int, *
     """Report a run that could not be launched in one line, its only one; its record (in the run directory the
     line names where it can, else under runs/) says the same (a dry run writes none, nor a node other than 0)."""
     if not cfg.get("dry_run") and _writes_record(cfg):
+        from birder_repro.train.restarts import previous_attempts  # a resumed run's earlier attempts stay listed
+
+        fields.setdefault("attempts", previous_attempts(record.read_record(run_dir)))
         record.write_failed_record(run_dir, cfg, error, started=started, **fields)
     print(f"[birder-repro] {error.rstrip()}", file=sys.stderr, flush=True)
     return code

@@ -113,12 +113,18 @@ _REPORT_BLOCK = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exi
 SIGTERM = 15  # how torchrun stops the other workers once one has failed: a consequence, never a cause
 
 
+_FORCED = re.compile(r"Unable to shutdown process (\d+) via")  # torchrun's SIGKILL after its stop grace
+
+
 def signal_deaths(log_text: str) -> dict[int, str]:
-    """Ranks that torchrun reports dead by a signal other than its own SIGTERM (exit code < 0, -15 left out)
-    in ``log_text``: {rank: its description}."""
+    """Ranks that torchrun reports dead by a signal in ``log_text``, {rank: its description}, less its own
+    stops: the SIGTERM (or SIGINT) it sends the others once one has failed, and the SIGKILL after its
+    ``--shutdown-timeout`` for a worker that did not stop in time (a hung one; train.stop_timeout_s)."""
+    forced = set(_FORCED.findall(log_text))
     deaths = {}
     for rank, code, what in _REPORT_BLOCK.findall(log_text):
-        if int(code) < 0 and int(code) != -SIGTERM:
+        pid = re.search(r"PID (\d+)", what)
+        if int(code) < 0 and int(code) != -SIGTERM and not (pid and pid.group(1) in forced):
             deaths[int(rank)] = what.strip() or f"exit code {code}"
     return deaths
 
@@ -182,6 +188,10 @@ class TerminalEcho:
     def muted(self) -> bool:
         return self._state["muted"]
 
+    def own_lines_only(self) -> None:
+        """From now on (the CLI passed a stop signal on) only birder-repro's own lines, none of torchrun's."""
+        self._state["own_only"] = True
+
     def _emit(self, pieces: list[str]) -> None:
         shown = []
         for piece in pieces:
@@ -193,7 +203,7 @@ class TerminalEcho:
                 self._state["muted"] = True
             elif RESTART_MARK in piece:
                 self._state["muted"] = False
-            if not self.muted:
+            if not self.muted and (not self._state.get("own_only") or "[birder-repro]" in piece):
                 shown.append(piece)
         if shown:
             self.out.write("".join(shown))

@@ -77,8 +77,7 @@ def interrupted(cfg: DictConfig, run_dir: Path, code: int, started: str, rec: Op
                                         started=started, attempts=[*_stale_attempts(run_dir),
                                                                    _this_attempt(run_dir, "interrupted", started)])
         record.write_record(run_dir, rec)
-    _say(f"record: {Path(run_dir) / record.RECORD_FILE}")
-    _say(rec["error"].split("; resume: ")[0])
+    _say(f"{rec['error'].split('; resume: ')[0]}; record: {Path(run_dir) / record.RECORD_FILE}")
     if _multi_node(cfg):
         _say("resume: run on every node its own command with this hydra.run.dir (node 0's below)")
     _say(f"resume: {rec['resume_command']}")
@@ -119,13 +118,14 @@ def _wait_for_other_nodes(cfg: DictConfig, run_dir: Path) -> None:
 def other_node(cfg: DictConfig, run_dir: Path, code: int, rec: Optional[dict], command: str) -> int:
     """A node other than 0 (``launcher.node_rank`` > 0): never a record of its own; where the run's is, and
     what its own torchrun saw, for node 0's CLI to name."""
-    from birder_repro.failures import write_signal_deaths
+    from birder_repro.failures import final_line, write_signal_deaths
     from birder_repro.launch import log_tail, torchrun
 
     node = torchrun.node_rank(cfg)
     where = Path(run_dir) / record.RECORD_FILE
+    own_log = log_tail(Path(run_dir) / torchrun.log_name(cfg), 20000)
     if code != 0 and code not in SIGNALLED:
-        write_signal_deaths(run_dir, log_tail(Path(run_dir) / torchrun.log_name(cfg), 20000), node)
+        write_signal_deaths(run_dir, own_log, node)
     marker = _done_marker(run_dir, node)
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(f"{code}\n")
@@ -134,9 +134,10 @@ def other_node(cfg: DictConfig, run_dir: Path, code: int, rec: Optional[dict], c
         _say(f"node {node}: interrupted; rank 0 writes the run's record: {where}")
         _say(f"resume (this node): {own_resume_command(run_dir, command)}")
         return code if code in SIGNALLED else 130
-    if code != 0:
+    if code != 0:  # the first failure this node sees (all of them, where the run directory is shared), last
         _say(f"node {node}: the workers exited with code {code}; the run's record (rank 0's, or node 0's CLI's): "
              f"{where}")
+        _say(final_line(run_dir, code, own_log)[0])
         return code
     print(f"[birder-repro] node {node}: the workers finished; the run's record: {where}", flush=True)
     return code

@@ -237,6 +237,7 @@ def write_record(run_dir: Path, record: Mapping[str, Any]) -> Path:
     Every key must be documented in :mod:`birder_repro.schema` (a ValueError names any that is not).
     """
     schema.check(record)
+    Path(run_dir).mkdir(parents=True, exist_ok=True)  # a run refused before its files were written has none yet
     path = Path(run_dir) / RECORD_FILE
     _atomic_write(path, json.dumps(record, indent=2, default=_json_default) + "\n")
     return path

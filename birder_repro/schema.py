@@ -157,7 +157,9 @@ KEYS: tuple[Key, ...] = (
         "that reached it: step, samples (all processes), seconds (training clock from the first step: step "
         "times summed, evaluations, checkpoints and compile_s left out), wall_s (wall-clock from the first "
         "step's start to the end of that evaluation, everything included), value; evaluations (how many ran), "
-        "eval_every (train.eval_every: 0 = the final one only), clock_from_step (a resumed run's first step)",
+        "eval_every (train.eval_every: 0 = the final one only), clock_from_step (0: the clock, samples and "
+        "evaluations count from the run's first step, across the attempts of a resumed run, whose checkpoints carry "
+        "them; else the step a resume started from, for a checkpoint that did not carry them)",
         TARGET_PARTS),
     # ---- where and when
     Key("device", "cpu, or cuda with the GPU's name"),

@@ -265,7 +265,7 @@ class _Ending:
                                         restarts=restart_count(),
                                         attempts=self.attempts("interrupted", halt.from_step, halt.step), **fields)
         record.write_record(self.run_dir, rec)
-        print(f"{failures.STOP_MARK}{rec['error']}", flush=True)
+        print(f"{failures.STOP_MARK}{rec['error'].split('; resume: ')[0]}", flush=True)
 
 
 def explain_collective_failure(exc: BaseException, rank: int, cfg: DictConfig) -> str:

@@ -49,6 +49,9 @@ def test_dry_run_prints_one_torchrun_per_node_and_starts_nothing(runs_dir):
     assert len({re.search(r"--rdzv-id=(\S+)", line).group(1) for line in lines}) == 1
     (run_dir,) = run_dirs(runs_dir)
     assert f"--run-dir {run_dir}" in lines[0]
+    # the run directory every node derives from the rendezvous id; Hydra's timestamped one is gone
+    assert run_dir == runs_dir / re.search(r"--rdzv-id=(\S+)", lines[0]).group(1)
+    assert [p.name for p in runs_dir.iterdir()] == [run_dir.name]
     # Nothing started: no record, no output log, just the files a node needs to start its workers.
     assert not (run_dir / record.RECORD_FILE).exists() and not (run_dir / "output.log").exists()
     assert (run_dir / "command.txt").read_text().startswith("birder-repro task=resnet50 optim=birder nodes=8")

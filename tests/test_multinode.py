@@ -27,7 +27,7 @@ from birder_repro.train.checkpoint import COMPLETE, MANIFEST, step_dir
 
 REPO = Path(__file__).resolve().parent.parent
 DIGITS = ["task=digits", "optim=birder", "logger=none", "model.size=tiny", "nodes=2", "gpus_per_node=1",
-          "train.batch_size=8", "train.steps=16", "train.log_every=4"]
+          "train.batch_size=8", "train.steps=16", "train.log_every=4", "task.target.value=1"]
 
 
 def _free_port() -> int:
@@ -99,7 +99,35 @@ def test_two_node_run_is_one_directory_stops_on_sigint_and_resumes_bit_exactly(t
     assert done["resumed_from_step"] == 9 and done["steps"] == plain_rec["steps"] == 16
     assert done["final_loss"] == plain_rec["final_loss"] and done["metrics"] == plain_rec["metrics"]
     assert done["samples"] == plain_rec["samples"]
+    # time to target (reached at the final evaluation) counts across the attempts, as the plain run's
+    reached = ("reached", "step", "samples", "evaluations", "clock_from_step")
+    assert [done["time_to_target"][k] for k in reached] == [plain_rec["time_to_target"][k] for k in reached]
+    assert done["time_to_target"]["samples"] == done["samples"] == 16 * 16
     assert len(list(runs.rglob(record.RECORD_FILE))) == 1
+    assert [p.name for p in runs.iterdir()] == [run_dir.name]  # Hydra's timestamped directories are gone
+
+
+def test_time_to_target_counts_across_attempts():
+    """A checkpoint carries the clock, samples, evaluations and a hit; the resumed attempt goes on counting."""
+    from birder_repro.train.target import Target, TimeToTarget
+
+    target = Target("top1", 50.0, "higher")
+    first = TimeToTarget(target, world_size=2)
+    for _ in range(3):
+        first.step_done(0.5, 8)
+    first.evaluated(3, {"top1": 10.0})
+    second = TimeToTarget(target, world_size=2, start_step=3)
+    second.load_state_dict(first.state_dict())
+    for _ in range(2):
+        second.step_done(0.5, 8)
+    second.evaluated(5, {"top1": 60.0})
+    t = second.figures()["time_to_target"]
+    assert (t["step"], t["samples"], t["evaluations"], t["clock_from_step"]) == (5, 5 * 8 * 2, 2, 0)
+    assert t["seconds"] == pytest.approx(2.5)  # five steps of 0.5 s (no one-time first-step work here)
+    third = TimeToTarget(target, world_size=2, start_step=5)  # a hit of an earlier attempt is kept as it was
+    third.load_state_dict(second.state_dict())
+    third.step_done(0.5, 8)
+    assert third.figures()["time_to_target"]["seconds"] == pytest.approx(2.5)
 
 
 # ------------------------------------------------------------------------------------ the directory
@@ -183,3 +211,27 @@ def test_a_checkpoint_missing_a_rank_file_is_never_marked_complete(tmp_path):
     with pytest.raises(CheckpointError, match="rank00001.pt is missing"):
         save_checkpoint(tmp_path, 3, 12.0, model, opt, None, 0, 2, torch.device("cpu"))
     assert not (step_dir(tmp_path, 3) / COMPLETE).exists() and complete_checkpoints(tmp_path / "checkpoints") == []
+
+
+REPORT = """Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-25_01:08:38
+  host      : node1
+  rank      : 1 (local_rank: 0)
+  exitcode  : -9 (pid: 26432)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 26432
+"""
+
+
+def test_a_rank_killed_on_another_node_reaches_node_0s_failure_line(tmp_path):
+    """Node 1's CLI hands the death its torchrun saw to node 0's CLI, whose own report shows only rank 0's
+    consequence (a closed connection)."""
+    from birder_repro.failures import final_line, signal_deaths, write_signal_deaths
+
+    write_signal_deaths(tmp_path, REPORT, node=1)
+    line, _ = final_line(tmp_path, 1, "")
+    assert line.startswith("rank 1 failed: died: Signal 9 (SIGKILL) received by PID 26432 (on node 1)"), line
+    # ... but a SIGKILL torchrun sent after its stop grace (a hung rank) is its own doing, not a cause
+    forced = "Unable to shutdown process 26432 via 15, forcefully exiting via 9\n" + REPORT
+    assert signal_deaths(REPORT) == {1: "Signal 9 (SIGKILL) received by PID 26432"} and signal_deaths(forced) == {}

@@ -87,8 +87,10 @@ def test_without_max_restarts_a_killed_worker_fails_the_run_with_a_record(tmp_pa
 
 
 def test_a_hung_peer_ends_the_run_after_train_timeout_s_naming_rank_and_collective(tmp_path):
+    # train.stop_timeout_s: how long torchrun lets the hung rank (which waits for a step boundary) stop
     out = birder_repro(*TINY, "nodes=2", "gpus_per_node=1", "train.steps=6", "train.checkpoint_every=2",
-                       "train.timeout_s=5", env={"BIRDER_RUNS": str(tmp_path), "BIRDER_TEST_FAULT": "hang:1:4"})
+                       "train.timeout_s=5", "train.stop_timeout_s=3",
+                       env={"BIRDER_RUNS": str(tmp_path), "BIRDER_TEST_FAULT": "hang:1:4"})
     assert out.returncode != 0
     _, rec = only_run(tmp_path)
     assert rec["status"] == "failed"
@@ -98,7 +100,7 @@ def test_a_hung_peer_ends_the_run_after_train_timeout_s_naming_rank_and_collecti
 
 def test_a_hung_peer_is_restarted_with_max_restarts(tmp_path):
     out = birder_repro(*TINY, "nodes=2", "gpus_per_node=1", "train.steps=6", "train.checkpoint_every=2",
-                       "train.timeout_s=5", "train.max_restarts=1",
+                       "train.timeout_s=5", "train.max_restarts=1", "train.stop_timeout_s=3",
                        env={"BIRDER_RUNS": str(tmp_path), "BIRDER_TEST_FAULT": "hang:1:4"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     _, rec = only_run(tmp_path)

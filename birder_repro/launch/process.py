@@ -58,9 +58,11 @@ def run_streaming(command: Command, log_path: Path, stop_timeout_s: float = 30.0
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(command.argv, env=command.full_env(), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-        with ForwardSignals(proc, stop_timeout_s) as forward:
+        echo = TerminalEcho(sys.stdout)
+        # once stopping, the terminal is spared torchrun's report of the signal: our own lines only
+        with ForwardSignals(proc, stop_timeout_s, on_signal=echo.own_lines_only) as forward:
             try:
-                _pump(proc.stdout.fileno(), log)
+                _pump(proc.stdout.fileno(), log, echo)
                 code = proc.wait()
             finally:
                 proc.stdout.close()
@@ -73,8 +75,8 @@ class ForwardSignals:
     write and print the run's end. Should the child outlive its own grace by a minute, it is killed.
     Outside the main thread (where Python cannot take signals) it does nothing."""
 
-    def __init__(self, proc: subprocess.Popen, grace_s: float):
-        self.proc, self.grace_s, self.signum = proc, grace_s, 0
+    def __init__(self, proc: subprocess.Popen, grace_s: float, on_signal=None):
+        self.proc, self.grace_s, self.signum, self.on_signal = proc, grace_s, 0, on_signal
         self._saved: dict = {}
         self._timer: Optional[threading.Timer] = None
 
@@ -96,6 +98,8 @@ class ForwardSignals:
                   "(train.stop_timeout_s) before torchrun kills them", file=sys.stderr, flush=True)
             return
         self.signum = signum
+        if self.on_signal is not None:
+            self.on_signal()
         print(f"[birder-repro] {name}: the workers stop after their current step, save a checkpoint and write the "
               f"record (within train.stop_timeout_s={self.grace_s:g} s)", file=sys.stderr, flush=True)
         if self.proc.poll() is None:
@@ -123,9 +127,8 @@ def signals_deferred():
             signal.signal(s, handler)
 
 
-def _pump(fd: int, log) -> None:
+def _pump(fd: int, log, echo: TerminalEcho) -> None:
     # Raw chunks to the log; the terminal gets whole lines up to a worker's failure (birder_repro.failures).
-    echo = TerminalEcho(sys.stdout)
     while chunk := os.read(fd, 65536):
         log.write(chunk)
         log.flush()

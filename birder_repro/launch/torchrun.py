@@ -1,6 +1,9 @@
 """``launcher=torchrun``: this node's share of a multi-node layout, one torchrun per node.
 
-Every node runs ``torchrun --nnodes=N --nproc-per-node=M`` with the same rendezvous (endpoint and id).
+Every node runs ``torchrun --nnodes=N --nproc-per-node=M`` with the same rendezvous (endpoint and id), and
+its workers write into the same run directory, ``$BIRDER_RUNS/<rendezvous id>`` (or the ``hydra.run.dir`` given
+on every node), which must be on a file system every node shares (the workers check it at start:
+birder_repro.rundir). Each node's CLI keeps its torchrun's output in its own log file there (:func:`log_name`).
 
 How ranks come out (torch/distributed/run.py and elastic/agent/server/api.py, torch 2.14): with the ``c10d``
 rendezvous, ``--node-rank`` is ignored (torchrun warns so); the rendezvous numbers the nodes ("group rank")

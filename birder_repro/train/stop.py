@@ -14,6 +14,7 @@ once. After the last step it is ignored: the run is finishing its evaluation and
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 from typing import Optional
@@ -37,6 +38,8 @@ class Stopped(Exception):
 class _State:
     signum = 0  # the first stop signal this process received (0: none)
     looping = False  # inside the training loop: stop at the next step boundary instead of at once
+    pid = 0  # the worker's: its forked data-loader processes inherit the handler and ignore the signal, so
+    #          that they live on until the worker stops (a killed one would fail the worker's next batch)
 
 
 def signal_name(signum: int) -> str:
@@ -47,6 +50,8 @@ def signal_name(signum: int) -> str:
 
 
 def _handle(signum: int, frame) -> None:
+    if os.getpid() != _State.pid:
+        return
     if not _State.signum:
         _State.signum = signum
     if not _State.looping:
@@ -55,7 +60,7 @@ def _handle(signum: int, frame) -> None:
 
 def install() -> None:
     """The worker's handlers for SIGINT and SIGTERM (instead of KeyboardInterrupt and death)."""
-    _State.signum, _State.looping = 0, False
+    _State.signum, _State.looping, _State.pid = 0, False, os.getpid()
     for s in SIGNALS:
         signal.signal(s, _handle)
 
