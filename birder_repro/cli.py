@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 from birder_repro import checks  # noqa: F401 - installs the checks of the sections higher layers own
 from birder_repro import config as layout
 from birder_repro import record
-from birder_repro.rundir import LAUNCH_ENV
+from birder_repro.digest import LAUNCH_ENV
 
 __all__ = ["CONF_DIR", "run", "main"]
 
@@ -46,7 +46,6 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 CONF_PACKAGE = "birder_repro.conf"
 INTERRUPTED = 130  # the shell's exit code for a command stopped by Ctrl-C
 TERMINATED = 143  # ... and by SIGTERM (the emulated launcher returns it after removing its namespaces)
-DIVERGED = 3  # a run stopped as diverged (train.diverge_after): not a crash, and no result either
 GROUPS = ("task", "optim", "cluster", "launcher", "logger", "experiment")  # conf/'s groups a user picks
 
 
@@ -366,47 +365,11 @@ def _fail(cfg: DictConfig, run_dir: Path, error: str, started: str, code: int, *
 
 
 def _finish(cfg: DictConfig, run_dir: Path, code: int, started: str) -> int:
-    """After the workers: an interrupted run ends with the command that resumes it, last; a failed or diverged
-    run in one line (its record's ``error``), last; a completed one in its summary. Only a record written
-    since this launch started counts (a resumed run's directory holds the previous attempt's)."""
+    """After the workers: how the run ended, told once (birder_repro.finish.finish_run)."""
     from birder_repro import finish
 
-    rec = finish.fresh_record(run_dir, started)
-    if not _writes_record(cfg):
-        return finish.other_node(cfg, run_dir, code, rec, _command_line(cfg))
-    status = (rec or {}).get("status")
-    if status == "diverged":
-        print(f"[birder-repro] record: {run_dir / record.RECORD_FILE}", file=sys.stderr, flush=True)
-        print(f"[birder-repro] {rec['error']}", file=sys.stderr, flush=True)
-        return DIVERGED
-    if status == "interrupted" or (code in finish.SIGNALLED and status != "completed"):
-        return finish.interrupted(cfg, run_dir, code, started, rec)
-    if code != 0 and status != "completed":
-        return finish.failed(cfg, run_dir, code, started, rec, _log_tail(run_dir, 20000))
-    if rec is None:
-        print(f"[birder-repro] the workers finished; no {record.RECORD_FILE} in {run_dir}", flush=True)
-        return code
-    _print_summary(rec)
-    print(f"[birder-repro] record: {run_dir / record.RECORD_FILE}", flush=True)
-    return code
-
-
-def _print_summary(rec: dict) -> None:
-    from birder_repro.summary import format_summary
-
-    if rec.get("probe"):  # mode=probe: the collectives' table and the cluster spec
-        from birder_repro.perf.probe import format_probe as format_summary
-
-    try:
-        print(format_summary(rec), flush=True)
-    except Exception:  # noqa: BLE001 - the run is done and recorded; a summary bug must not stop a sweep
-        print(f"[birder-repro] could not summarise the record:\n{traceback.format_exc()}", file=sys.stderr)
-
-
-def _log_tail(run_dir: Path, max_chars: int = 4000) -> str:
-    from birder_repro.launch import log_tail
-
-    return log_tail(run_dir / record.LOG_FILE, max_chars)
+    return finish.finish_run(cfg, run_dir, code, started, writes_record=_writes_record(cfg),
+                             command_line=_command_line(cfg))
 
 
 @hydra.main(config_path=config_path() or str(CONF_DIR), config_name="config", version_base="1.3")

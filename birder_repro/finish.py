@@ -1,5 +1,6 @@
-"""How the CLI ends a run that did not complete: interrupted (the command that resumes it, last), failed (one
-line, last), and what the CLIs of nodes other than 0 say.
+"""How a run's end is told, once, by the CLI after its workers and by a SLURM job's batch script after srun
+(:func:`finish_run`): a completed run's summary; interrupted, the command that resumes it, last; failed or
+diverged, one line, last; and what the CLIs of nodes other than 0 say.
 
 One record per run: rank 0's worker writes it, whichever node it runs on. Node 0's CLI (``launcher.node_rank``
 0) writes it only where the workers could not (killed before rank 0 wrote, a SIGKILL after the stop grace), and
@@ -22,10 +23,55 @@ from omegaconf import DictConfig
 
 from birder_repro import record
 
-__all__ = ["SIGNALLED", "fresh_record", "interrupted", "failed", "other_node", "own_resume_command"]
+__all__ = ["SIGNALLED", "DIVERGED", "finish_run", "print_summary", "fresh_record", "interrupted", "failed",
+           "other_node", "own_resume_command"]
 
 SIGNALLED = (129, 130, 143)  # 128 + SIGHUP, SIGINT, SIGTERM: the CLI passed a stop signal on (launch.process)
 WAIT_FOR_NODES_S = 10.0
+DIVERGED = 3  # the exit code of a run stopped as diverged (train.diverge_after): not a crash, and no result either
+
+
+def finish_run(cfg: DictConfig, run_dir: Path, code: int, started: str, writes_record: bool = True,
+               command_line: str = "") -> int:
+    """After the workers: an interrupted run ends with the command that resumes it, last; a failed or diverged
+    run in one line (its record's ``error``), last; a completed one in its summary. Only a record written
+    since this launch ``started`` counts (a resumed run's directory holds the previous attempt's).
+    ``writes_record``: false on the CLIs of nodes other than 0, which only say where rank 0's record is."""
+    from birder_repro.launch import log_tail
+
+    rec = fresh_record(run_dir, started)
+    if not writes_record:
+        return other_node(cfg, run_dir, code, rec, command_line or record.read_command(run_dir) or "")
+    status = (rec or {}).get("status")
+    if status == "diverged":
+        _say(f"record: {run_dir / record.RECORD_FILE}")
+        _say(str(rec["error"]))
+        return DIVERGED
+    if status == "interrupted" or (code in SIGNALLED and status != "completed"):
+        return interrupted(cfg, run_dir, code, started, rec)
+    if code != 0 and status != "completed":
+        return failed(cfg, run_dir, code, started, rec, log_tail(run_dir / record.LOG_FILE, 20000))
+    if rec is None:
+        print(f"[birder-repro] the workers finished; no {record.RECORD_FILE} in {run_dir}", flush=True)
+        return code
+    print_summary(rec)
+    print(f"[birder-repro] record: {run_dir / record.RECORD_FILE}", flush=True)
+    return code
+
+
+def print_summary(rec: dict) -> None:
+    """The run's summary (mode=probe: the collectives' table and the cluster spec)."""
+    import traceback
+
+    from birder_repro.summary import format_summary
+
+    if rec.get("probe"):
+        from birder_repro.perf.probe import format_probe as format_summary
+
+    try:
+        print(format_summary(rec), flush=True)
+    except Exception:  # noqa: BLE001 - the run is done and recorded; a summary bug must not stop a sweep
+        print(f"[birder-repro] could not summarise the record:\n{traceback.format_exc()}", file=sys.stderr)
 
 
 def _say(line: str) -> None:
@@ -102,7 +148,7 @@ def failed(cfg: DictConfig, run_dir: Path, code: int, started: str, rec: Optiona
 
 
 def _done_marker(run_dir: Path, node: int) -> Path:
-    from birder_repro.rundir import NODES_DIR
+    from birder_repro.digest import NODES_DIR
 
     return Path(run_dir) / NODES_DIR / f"cli-node{node}.done"
 

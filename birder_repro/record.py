@@ -24,7 +24,7 @@ from typing import Any, Mapping, Optional, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from birder_repro import schema
-from birder_repro.rundir import cell_digest
+from birder_repro.digest import cell_digest
 
 __all__ = ["CONFIG_FILE", "COMMAND_FILE", "RECORD_FILE", "LOG_FILE", "runs_root", "new_run_dir",
            "write_run_files", "load_run_config", "read_command", "format_command", "now", "versions",

@@ -1,7 +1,7 @@
 """One run, one directory, however it is launched: the run's identity, what a directory already holds, the check
 that every node sees it, and the run that ``train.resume=auto`` continues.
 
-- Two digests of the resolved config (:func:`digest`): :func:`run_digest` leaves out only what differs between
+- Two digests of the resolved config (birder_repro.digest): :func:`run_digest` leaves out only what differs between
   the nodes of one run (``launcher.node_rank``) or starts nothing (``dry_run``); it names the default rendezvous
   id, hence the run directory every node of a torchrun run derives alike (birder_repro.launch.torchrun).
   :func:`cell_digest` also leaves out what cannot change a result (:data:`NO_RESULT`): runs with the same cell
@@ -15,7 +15,6 @@ that every node sees it, and the run that ``train.resume=auto`` continues.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import socket
@@ -24,53 +23,15 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 __all__ = ["PER_NODE", "NO_RESULT", "digest", "run_digest", "cell_digest", "Decision", "decide",
-           "find_resumable", "LAUNCH_ENV", "RunDirNotShared", "missing_nodes", "not_shared_line", "check_shared"]
+           "find_resumable", "LAUNCH_ENV", "NODES_DIR", "RunDirNotShared", "missing_nodes", "not_shared_line",
+           "check_shared"]
 
-# Settings that differ between the nodes of one run, or that start nothing.
-PER_NODE = ("launcher.node_rank", "dry_run")
-# Settings that cannot change what a run computes: where and how it is launched and logged, how often it
-# checkpoints and how it resumes. Everything else (the seed included) makes another cell.
-NO_RESULT = ("logger", "launcher", "dry_run", "train.resume", "train.resume_policy", "train.log_every",
-             "train.checkpoint_every", "train.keep_checkpoints", "train.checkpoint_on_stop", "train.max_restarts",
-             "train.timeout_s", "train.stop_timeout_s")
+# The run's identity (digests) and the shared names live one layer down, where the record and the launchers
+# can import them too; re-exported here for the callers that decide about a directory.
+from birder_repro.digest import LAUNCH_ENV, NODES_DIR, NO_RESULT, PER_NODE, cell_digest, digest, run_digest  # noqa: E402
+
 RESUMABLE = ("interrupted", "failed")  # statuses a run directory can be continued from (with a checkpoint)
 FINISHED = ("completed", "diverged")  # ... and those it cannot: running it again would redo the same run
-NODES_DIR = "nodes"
-LAUNCH_ENV = "BIRDER_LAUNCH"  # set by the CLI for its workers: the id of this launch (attempt) of the directory
-
-
-def _plain(cfg: Any) -> dict:
-    """The config as plain data without Hydra's node (resolved key by key: Hydra's fields resolve only in a job)."""
-    from omegaconf import OmegaConf
-
-    if not OmegaConf.is_config(cfg):
-        return json.loads(json.dumps(cfg, default=str))
-    return {key: OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key]) else cfg[key]
-            for key in cfg if key != "hydra"}
-
-
-def digest(cfg: Any, leave_out: Iterable[str]) -> str:
-    """16 hex digits of sha256 over the config (plain data, keys sorted) less the dotted keys ``leave_out``."""
-    data = _plain(cfg)
-    for dotted in leave_out:
-        *parents, last = dotted.split(".")
-        node = data
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(last, None)
-    text = json.dumps(data, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def run_digest(cfg: Any) -> str:
-    """The same on every node of one run, different for any other config (the default rendezvous id's)."""
-    return digest(cfg, PER_NODE)
-
-
-def cell_digest(cfg: Any) -> str:
-    """The experiment this config runs, less the settings that cannot change its results (:data:`NO_RESULT`)."""
-    return digest(cfg, NO_RESULT)
 
 
 # ------------------------------------------------------------------------------ what a directory holds

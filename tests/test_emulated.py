@@ -82,23 +82,64 @@ def test_setup_shapes_both_directions_and_teardown_removes_everything():
     assert not any(c[0] == "tc" for c in netns.setup_commands(unshaped))
 
 
-def test_node_commands_run_torchrun_in_each_namespace_bound_to_its_veth(compose, tmp_path):
-    cfg = resolved(compose, ["nodes=3", "gpus_per_node=2", "launcher.master_port=4321"])
+def node_run_dir(compose, tmp_path: Path, overrides: list[str]) -> tuple:
+    """The resolved config and a run directory holding its files, as the user's CLI leaves them."""
+    cfg = resolved(compose, overrides)
+    run_dir = tmp_path / "run"
+    record.write_run_files(run_dir, cfg, record.format_command(["birder-repro", "cluster=emulated", *overrides]))
+    return cfg, run_dir
+
+
+def test_each_node_runs_the_cli_with_the_users_overrides_as_one_node_in_its_namespace(compose, tmp_path):
+    overrides = ["nodes=3", "gpus_per_node=2", "launcher.master_port=4321", "train.steps=5"]
+    cfg, run_dir = node_run_dir(compose, tmp_path, overrides)
     fabric = emulated.fabric_for(cfg, run_id="a1b2c3")
-    cmds = emulated.commands(cfg, tmp_path, fabric, env={})
+    cmds = emulated.commands(cfg, run_dir, fabric, env={})
     for k, cmd in enumerate(cmds):
         assert cmd.argv[:4] == ["ip", "netns", "exec", f"bdrp-a1b2c3-{k}"]
         pin = emulated.pin_prefix(cfg, k)  # taskset where this machine has a core per node
         assert cmd.argv[4:4 + len(pin)] == pin
-        assert cmd.argv[5 + len(pin):7 + len(pin)] == ["-m", "torch.distributed.run"]
-        for arg in ("--nnodes=3", "--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=10.77.0.1:4321",
-                    "--rdzv-id=emulated-a1b2c3", f"--local-addr=10.77.0.{k + 1}", f"--rdzv-conf=is_host={int(k == 0)}"):
-            assert arg in cmd.argv, arg
+        cli_args = cmd.argv[4 + len(pin):]
+        assert cli_args[1:3] == ["-m", "birder_repro.cli"]
+        assert cli_args[3:] == ["cluster=emulated", *overrides, "launcher=torchrun", f"launcher.node_rank={k}",
+                                "launcher.master_addr=10.77.0.1", "launcher.rdzv_id=emulated-a1b2c3",
+                                f"hydra.run.dir={run_dir.resolve()}", "hydra.output_subdir=null"]
+        assert cmd.env[emulated.NODE_ENV] == str(k)  # the node's CLI builds no fabric
+        assert cmd.env["PET_LOCAL_ADDR"] == f"10.77.0.{k + 1}"  # torchrun --local-addr
+        assert cmd.env["PET_RDZV_CONF"] == f"is_host={int(k == 0)}"  # torchrun --rdzv-conf
         assert cmd.env["GLOO_SOCKET_IFNAME"] == cmd.env[emulated.LINK_IFACE_ENV] == f"bdrpa1b2c3n{k}"
         assert cmd.env["CUDA_VISIBLE_DEVICES"] == ""
-        assert cmd.argv[-2:] == ["--run-dir", str(tmp_path.resolve())]
-    static = emulated.commands(resolved(compose, ["nodes=2", "launcher.rdzv_backend=static"]), tmp_path, fabric, {})
-    assert "--node-rank=1" in static[1].argv and not any("is_host" in a for a in static[1].argv)
+    static_cfg, static_dir = node_run_dir(compose, tmp_path / "static", ["nodes=2", "launcher.rdzv_backend=static"])
+    static = emulated.commands(static_cfg, static_dir, fabric, {})
+    assert "launcher.node_rank=1" in static[1].argv and "PET_RDZV_CONF" not in static[1].env
+
+
+def test_a_nodes_cli_starts_that_nodes_torchrun_at_node_0(compose, tmp_path):
+    """The node's command line, run as a dry run in its environment: one node's torchrun, at node 0's address,
+    with the emulated cluster's rendezvous id, in the one run directory."""
+    overrides = ["nodes=2", "gpus_per_node=2", "launcher.master_port=4321", "logger=none"]
+    cfg, run_dir = node_run_dir(compose, tmp_path, overrides)
+    cmd = emulated.commands(cfg, run_dir, emulated.fabric_for(cfg, run_id="a1b2c3"), env={})[1]
+    cli_args = cmd.argv[cmd.argv.index(sys.executable):]
+    node_cli = compose(["cluster=emulated", "launcher=torchrun"])
+    assert choose_launcher(node_cli, env={emulated.NODE_ENV: "1"}) == "torchrun"
+    out = subprocess.run([*cli_args, "dry_run=true"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, **cmd.env, "BIRDER_RUNS": str(tmp_path / "elsewhere")})
+    assert out.returncode == 0, out.stderr
+    assert f"Run directory with the resolved config: {run_dir.resolve()}" in out.stdout
+    lines = [line for line in out.stdout.splitlines() if "torch.distributed.run" in line]
+    assert len(lines) == 2  # a torchrun dry run prints every node's line; they are the same with c10d
+    for arg in ("--nnodes=2", "--nproc-per-node=2", "--rdzv-endpoint=10.77.0.1:4321", "--rdzv-id=emulated-a1b2c3",
+                f"--run-dir {run_dir.resolve()}"):
+        assert arg in lines[1], arg
+    assert not (tmp_path / "elsewhere").exists() and not (run_dir / ".hydra").exists()
+
+
+def test_a_run_whose_overrides_are_unknown_is_refused(compose, tmp_path):
+    cfg = resolved(compose, ["nodes=2"])
+    record.write_run_files(tmp_path, cfg, "birder-repro  # run(cfg) called with a config composed elsewhere")
+    with pytest.raises(layout.ConfigError, match="overrides are unknown"):
+        emulated.commands(cfg, tmp_path, emulated.fabric_for(cfg, run_id="a1b2c3"), env={})
 
 
 def test_each_node_gets_its_own_block_of_cores(compose, monkeypatch):
@@ -132,12 +173,14 @@ def test_require_tools_says_what_to_do(monkeypatch):
     assert "root" in str(err.value) and "apt-get install -y iproute2" in str(err.value)
 
 
-def test_dry_run_prints_the_fabric_and_one_torchrun_per_namespace_and_makes_nothing(runs_dir):
+def test_dry_run_prints_the_fabric_and_one_cli_per_namespace_and_makes_nothing(runs_dir):
     out = subprocess.run([sys.executable, "-m", "birder_repro.cli", "cluster=emulated", "nodes=4", "dry_run=true",
                           "cluster.link_mbit=100"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    nodes = [line for line in out.stdout.splitlines() if "torch.distributed.run" in line]
-    assert len(nodes) == 4 and all(line.startswith("GLOO_SOCKET_IFNAME=") and " &  # node " in line for line in nodes)
+    nodes = [line for line in out.stdout.splitlines() if "-m birder_repro.cli" in line]
+    assert len(nodes) == 4 and all(line.startswith(f"{emulated.NODE_ENV}=") and " &  # node " in line
+                                   and "cluster=emulated nodes=4 cluster.link_mbit=100 launcher=torchrun" in line
+                                   for line in nodes)
     assert out.stdout.count("root tbf rate 100mbit burst 12500 latency 100ms") == 8
     assert "ip netns delete" in out.stdout
     assert not list(runs_dir.rglob(record.RECORD_FILE))
@@ -434,17 +477,54 @@ def test_emulated_run_counts_the_bytes_the_hook_sends(compose, runs_dir, optim):
 @pytest.mark.slow
 @needs_netns
 def test_an_emulated_sweep_records_a_failed_cell_and_runs_the_others(runs_dir):
-    """One cell fails in its workers (no such checkpoint to resume from), the other completes; both recorded,
-    nothing left. (A missing dataset would not do: the CLI refuses it before it makes any namespace.)"""
-    out = birder_repro("-m", "cluster=emulated", "nodes=2", *TINY, "train.steps=4",
-                       f"train.resume=null,{runs_dir / 'no-such-run' / 'checkpoint.pt'}")
+    """One cell fails in its workers (a checkpoint of another task to resume from: complete on disk, so the CLI
+    takes it; the workers refuse it), the other completes; both recorded, nothing left. (A missing dataset or
+    checkpoint would not do: the CLI refuses those before it makes any namespace.)"""
+    other = runs_dir.parent / "other-task" / "checkpoints" / "step-000001"
+    other.mkdir(parents=True)
+    (other / "manifest.json").write_text(json.dumps({"step": 1, "task": "lstm_ptb", "files": []}))
+    (other / "COMPLETE").write_text(json.dumps({"step": 1}))
+    out = birder_repro("-m", "cluster=emulated", "nodes=2", *TINY, "train.steps=4", f"train.resume=null,{other}")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     recs = records(runs_dir)
     assert [r["status"] for r in recs] == ["completed", "failed"]
-    assert "no-such-run" in recs[1]["error"]
+    assert "lstm_ptb" in recs[1]["error"], recs[1]["error"]
     for r in recs:
         info = json.loads((Path(r["run_dir"]) / emulated.INFO_FILE).read_text())
         assert info["left_after_removal"] == [] and ours(info["run_id"]) == set()
+
+
+@pytest.mark.slow
+@needs_netns
+def test_an_emulated_run_stopped_by_sigterm_checkpoints_and_resumes_in_place(runs_dir):
+    """SIGTERM to the launcher while rank 0 holds before step 4 (BIRDER_TEST_FAULT=wait): every node's CLI passes
+    it on, the workers save step 3 and record the run interrupted, the fabric goes; the user's command with the
+    run directory resumes it there, through new node CLIs, and completes."""
+    args = ["cluster=emulated", "nodes=2", "gpus_per_node=1", "task=digits", "optim=sgdm", "logger=none",
+            "model.size=tiny", "train.steps=8", "train.batch_size=8", "train.eval_max_batches=1"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "BIRDER_TEST_FAULT": "wait:0:4"}
+    proc = subprocess.Popen([sys.executable, "-m", "birder_repro.cli", *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    progress = None
+    while progress is None or json.loads(progress.read_text() or "{}").get("step", 0) < 3:
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        progress = next(iter(runs_dir.rglob("progress.json")), None)
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 143, out[-3000:]
+    run_dir = progress.parent
+    rec = record.read_record(run_dir)
+    assert rec["status"] == "interrupted" and rec["stopped_at_step"] == 3, rec.get("error")
+    assert rec["command"] == record.format_command(["birder-repro", *args])  # the user's, not a node's
+    assert rec["resume_command"] == record.resume_command(run_dir) and "launcher=torchrun" not in rec["error"]
+    assert out.strip().endswith(f"resume: {rec['resume_command']}"), out[-2000:]
+    assert ours(json.loads((run_dir / emulated.INFO_FILE).read_text())["run_id"]) == set()
+    again = birder_repro(*args, f"hydra.run.dir={run_dir}")
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    rec = record.read_record(run_dir)
+    assert rec["status"] == "completed" and rec["steps"] == 8 and len(rec["link_bytes_per_step"]) == 2
+    assert [(a["status"], a["to_step"]) for a in rec["attempts"]] == [("interrupted", 3), ("completed", 8)]
 
 
 def test_cli_refusal_of_emulated_with_another_launcher_is_recorded(compose, tmp_path):

@@ -67,7 +67,7 @@ def package_view(where: Path) -> Path:
 
 
 def test_lint_imports_keeps_every_contract(tmp_path):
-    result = lint_imports(package_view(tmp_path), "--config", str(REPO / "pyproject.toml"))
+    result = lint_imports(package_view(tmp_path), str(REPO / "pyproject.toml"))
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-6000:]
     assert "0 broken" in out and "BROKEN" not in out

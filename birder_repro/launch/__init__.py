@@ -10,6 +10,7 @@ submit the whole layout themselves.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Mapping
 
@@ -27,8 +28,10 @@ def choose_launcher(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> str
     """``launcher.name``; for ``auto``: torchrun (this node's share) when SLURM gave this job step more than
     one node, local otherwise (on a single SLURM node the whole layout fits as local processes)."""
     name = cfg.launcher.name
-    if emulated.is_emulated(cfg):  # the emulated cluster starts its own nodes; it needs launcher=auto
-        emulated.check_launcher(cfg)
+    if emulated.is_emulated(cfg):
+        if emulated.node_index(env) is not None:  # one node's CLI, which the emulated cluster started in its namespace
+            return "torchrun"
+        emulated.check_launcher(cfg)  # the emulated cluster starts its own nodes; it needs launcher=auto
         return "emulated"
     if name != "auto":
         return name
@@ -82,6 +85,8 @@ def launch(cfg: DictConfig, run_dir: Path, env: Mapping[str, str] = os.environ) 
     if own is not None:
         return own(cfg, run_dir, env)
     name, commands, mine = plan(cfg, run_dir, env)
+    if name == "torchrun" and mine == 0 and slurm_env.in_allocation(env) and slurm.cluster_warning(cfg):
+        print(f"[birder-repro] {slurm.cluster_warning(cfg)}", file=sys.stderr, flush=True)
     if cfg.dry_run:
         print(format_dry_run(cfg, run_dir, name, commands), flush=True)
         return 0

@@ -4,15 +4,19 @@
     birder-repro cluster=emulated nodes=4 dry_run=true                   # prints the ip/tc commands and the nodes'
 
 The fabric (birder_repro.netns) gives every node a namespace with its own loopback and one veth to a
-bridge, shaped by ``tc ... tbf`` to ``cluster.link_mbit`` in both directions. Each node runs the command a real
-node would (``torchrun --nnodes=N --nproc-per-node=M``, rendezvous on node 0's address, ``launcher.rdzv_backend``
-as on a cluster), started with ``ip netns exec``; gloo binds to the node's veth (``GLOO_SOCKET_IFNAME``), so
-every byte between nodes crosses a shaped link and intra-node traffic stays on the node's loopback.
+bridge, shaped by ``tc ... tbf`` to ``cluster.link_mbit`` in both directions. Each node runs what a user runs
+on every node of a real cluster: the birder-repro CLI with the run's own overrides, as one node's share
+(``launcher=torchrun launcher.node_rank=k launcher.master_addr=<node 0's address>``, the one run directory as
+``hydra.run.dir``), started with ``ip netns exec``; that CLI starts the node's torchrun, as on a cluster.
+gloo binds to the node's veth (``GLOO_SOCKET_IFNAME``), so every byte between nodes crosses a shaped link and
+intra-node traffic stays on the node's loopback.
 
-Two additions that a real cluster does not need, both torchrun options: ``--local-addr`` (the address other
-nodes reach this one at; torchrun would otherwise publish the machine's host name, which every namespace
-shares) and, with the c10d rendezvous, ``--rdzv-conf=is_host=...`` (torchrun recognises the store's host by
-its host name, which resolves to no namespace's address).
+What a real node does not need goes in the node CLI's environment: ``BIRDER_EMULATED_NODE`` (the CLI is one
+node's, and builds no fabric of its own), and two torchrun options as torchrun reads them from ``PET_*``
+variables: ``--local-addr`` (the address other nodes reach this one at; torchrun would otherwise publish the
+machine's host name, which every namespace shares) and, with the c10d rendezvous, ``--rdzv-conf=is_host=...``
+(torchrun recognises the store's host by its host name). The nodes' CLIs rewrite the run's config and command
+with their own launcher settings; the user's are put back when the nodes end (and into the record).
 
 Real bytes: the launcher sets ``BIRDER_LINK_IFACE`` for each node; the worker on each node's local rank 0 reads
 that interface's kernel counters at the start and the end of the timed steps (``birder_repro.probes``, a probe
@@ -21,8 +25,13 @@ of the training loop), and the record gets ``link_bytes_per_step``: one figure p
 Cores: with ``cluster.pin_cores`` (the default) node k runs under ``taskset`` on its own block of this machine's
 cores (cores // nodes each; no pinning with fewer cores than nodes), as a real node owns its CPU.
 
-The fabric is removed when the run ends, fails, or is stopped with SIGINT or SIGTERM; one left by a run killed
-with SIGKILL is removed by the next emulated run (netns.clean_stale).
+Output: each node's CLI keeps its torchrun's output in the run directory as on a cluster (``output.log`` on
+node 0, ``output.node<k>.log`` on node k); every line of every node's CLI, prefixed with its node, goes to the
+terminal and to ``emulated.log``.
+
+The fabric is removed when the run ends, fails, or is stopped with SIGINT or SIGTERM (each node's CLI gets
+SIGTERM and passes it on: its workers stop after their step and checkpoint); one left by a run killed with
+SIGKILL is removed by the next emulated run (netns.clean_stale).
 """
 
 from __future__ import annotations
@@ -30,6 +39,8 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -40,23 +51,25 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from birder_repro import config as layout
 from birder_repro import netns, record
 from birder_repro.failures import TerminalEcho
 from birder_repro.launch import local
 from birder_repro.launch.process import Command
-from birder_repro.launch.torchrun import Rendezvous, max_restarts, torchrun_argv
+from birder_repro.launch.torchrun import stop_timeout
 from birder_repro.probes import LINK_IFACE_ENV  # the interface whose counters a node's local rank 0 reads
 
 __all__ = ["CLUSTER", "LINK_IFACE_ENV", "INFO_FILE", "is_emulated", "check_launcher", "check_config",
            "shaping", "fabric_for", "node_command", "commands", "format_dry_run", "launch"]
 
 CLUSTER = "emulated"
+NODE_ENV = "BIRDER_EMULATED_NODE"  # set for each node's CLI: k, the node it runs as (it builds no fabric)
 INFO_FILE = "emulated.json"  # in the run directory: the fabric, its commands and whole-run link bytes
+NODES_LOG = "emulated.log"  # in the run directory: every node's output, each line prefixed with its node
 STOP_GRACE_S = 20.0  # after one node fails, how long the others get to notice before they are stopped
-STOP_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 30.0  # SIGTERM to SIGKILL of a node's CLI, beyond the workers' grace (train.stop_timeout_s)
 SIGNAL_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}  # the shell's codes for a command stopped by them
 
 
@@ -126,25 +139,59 @@ def pin_prefix(cfg: DictConfig, k: int) -> list[str]:
     return ["taskset", "-c", ",".join(map(str, cores))] if cores else []
 
 
+def node_overrides(run_dir: Path) -> list[str]:
+    """The user's overrides of this run (its ``command.txt``, as the CLI wrote it), which every node's CLI is
+    started with, as a user starts the same command on every node of a real cluster."""
+    command = record.read_command(run_dir)
+    words = shlex.split(command, comments=True) if command else []
+    if not words or "#" in command:
+        raise layout.ConfigError(f"cluster=emulated starts `birder-repro <overrides>` on every node, but this run's "
+                                 f"overrides are unknown ({run_dir / record.COMMAND_FILE}: {command!r}): start it "
+                                 "with the birder-repro command")
+    # a dry run starts no node: the lines it prints are what the nodes would run
+    return [w for w in words[1:] if not w.startswith("dry_run=")]
+
+
 def node_command(cfg: DictConfig, run_dir: Path, fabric: netns.Fabric, k: int,
                  env: Mapping[str, str] = os.environ) -> Command:
-    """What node ``k`` runs: torchrun for its processes, inside its namespace, bound to its veth."""
-    node = fabric.nodes[k]
+    """What node ``k`` runs, inside its namespace: the birder-repro CLI with the run's overrides, as one node's
+    share (``launcher=torchrun``, its node rank, node 0's address, the one run directory), bound to its veth.
+
+    What a real node would not need goes in the environment: :data:`NODE_ENV` (the CLI is one node's: it
+    builds no fabric), and the two torchrun options as torchrun reads them from ``PET_*`` variables
+    (``--local-addr``; with c10d ``--rdzv-conf=is_host``, see the module doc).
+    """
+    node, run_dir = fabric.nodes[k], Path(run_dir).resolve()
     backend = cfg.launcher.get("rdzv_backend") or "c10d"
-    meet = Rendezvous(backend, f"{fabric.nodes[0].address}:{cfg.launcher.master_port}",
-                      cfg.launcher.get("rdzv_id") or f"emulated-{fabric.run_id}")
-    # static: node k is namespace k; c10d: ranks by join order, and node 0 must be told it hosts the store.
-    extra = [f"--local-addr={node.address}",
-             f"--node-rank={k}" if backend == "static" else f"--rdzv-conf=is_host={int(k == 0)}"]
-    argv = ["ip", "netns", "exec", node.netns, *pin_prefix(cfg, k),
-            *torchrun_argv(Path(run_dir).resolve(), cfg.gpus_per_node, meet, nnodes=cfg.nodes, extra=extra,
-                          restarts=max_restarts(cfg))]
-    extra = {"GLOO_SOCKET_IFNAME": node.node_veth, LINK_IFACE_ENV: node.node_veth,
+    argv = ["ip", "netns", "exec", node.netns, *pin_prefix(cfg, k), sys.executable, "-m", "birder_repro.cli",
+            *node_overrides(run_dir), "launcher=torchrun", f"launcher.node_rank={k}",
+            f"launcher.master_addr={fabric.nodes[0].address}",
+            f"launcher.rdzv_id={cfg.launcher.get('rdzv_id') or f'emulated-{fabric.run_id}'}",
+            f"hydra.run.dir={_hydra_value(str(run_dir))}", "hydra.output_subdir=null"]
+    extra = {NODE_ENV: str(k), "PET_LOCAL_ADDR": node.address,
+             "GLOO_SOCKET_IFNAME": node.node_veth, LINK_IFACE_ENV: node.node_veth,
              "CUDA_VISIBLE_DEVICES": ""}  # device=auto resolves to the CPU in every node (check_config)
+    if backend == "c10d":
+        extra["PET_RDZV_CONF"] = f"is_host={int(k == 0)}"
     threads = local.omp_threads(layout.world_size(cfg), env)  # every node shares this machine's cores
     if threads is not None:
         extra["OMP_NUM_THREADS"] = threads
+    if env.get("SLURM_JOB_ID"):  # inside a SLURM allocation: the node's CLI must not take the job's layout for its own
+        extra["SLURM_JOB_ID"] = ""
     return Command(argv=argv, env=extra, note=f"node {k} of {cfg.nodes}, namespace {node.netns} ({node.address})")
+
+
+def node_index(env: Mapping[str, str] = os.environ) -> Optional[int]:
+    """Which node of an emulated cluster this CLI runs as (:data:`NODE_ENV`), or None for the one that builds it."""
+    value = env.get(NODE_ENV, "")
+    return int(value) if value.isdigit() else None
+
+
+def _hydra_value(text: str) -> str:
+    """A value for a Hydra override, quoted where its grammar would read characters of it otherwise."""
+    if re.fullmatch(r"[\w./-]+", text):
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def commands(cfg: DictConfig, run_dir: Path, fabric: netns.Fabric,
@@ -160,7 +207,7 @@ def format_dry_run(cfg: DictConfig, run_dir: Path, fabric: netns.Fabric, cmds: S
              f"# Run directory with the resolved config: {Path(run_dir).resolve()}",
              "# 1. the fabric (as root), and /etc/netns/<namespace>/hosts naming every node in each namespace:"]
     lines += [" ".join(c) for c in netns.setup_commands(fabric)]
-    lines.append("# 2. one torchrun per node, all at once:")
+    lines.append("# 2. one birder-repro CLI per node (it starts the node's torchrun), all at once:")
     lines += [f"{Command(c.argv, c.env).shell()} &  # {c.note}" for c in cmds]
     lines.append("wait")
     lines.append("# 3. removal (also on failure or interruption):")
@@ -185,6 +232,7 @@ def launch(cfg: DictConfig, run_dir: Path, env: Mapping[str, str] = os.environ) 
               flush=True)
     info: dict[str, Any] = {**fabric.describe(), "setup": [" ".join(c) for c in netns.setup_commands(fabric)],
                             "nodes_commands": [c.shell() for c in cmds]}
+    users = _run_files(run_dir)
     code = 1
     with _signals_raise() as signals:
         try:
@@ -192,7 +240,8 @@ def launch(cfg: DictConfig, run_dir: Path, env: Mapping[str, str] = os.environ) 
             print(f"[birder-repro] emulated cluster {fabric.run_id}: {len(fabric.nodes)} namespaces on "
                   f"{cfg.cluster.subnet}, links {' '.join(fabric.shaping.tbf()) or 'unshaped'}", flush=True)
             before = _whole_run_bytes(fabric)
-            code = run_nodes(cmds, run_dir / record.LOG_FILE)
+            # a node's CLI waits train.stop_timeout_s for its workers after SIGTERM, and a minute more for torchrun
+            code = run_nodes(cmds, run_dir / NODES_LOG, stop_timeout_s=stop_timeout(cfg) + 60 + STOP_TIMEOUT_S)
             info["link_bytes_whole_run"] = _difference(_whole_run_bytes(fabric), before)
         except _Interrupted as stop:
             code = SIGNAL_CODES[stop.signum]
@@ -202,10 +251,34 @@ def launch(cfg: DictConfig, run_dir: Path, env: Mapping[str, str] = os.environ) 
             signals.disarm()  # a second Ctrl-C must not cut the removal short
             info["left_after_removal"] = netns.destroy(fabric)
             _write_info(run_dir, info)
+            _restore_run_files(run_dir, users, cfg)
     if info["left_after_removal"]:
         print(f"[birder-repro] could not remove {', '.join(info['left_after_removal'])}; the next emulated run "
               "removes them (or: ip netns delete / ip link delete)", file=sys.stderr, flush=True)
     return code
+
+
+def _run_files(run_dir: Path) -> dict[str, str]:
+    """The config and command the user's CLI wrote, which each node's CLI rewrites with its own launcher."""
+    return {name: (run_dir / name).read_text() for name in (record.CONFIG_FILE, record.COMMAND_FILE)
+            if (run_dir / name).is_file()}
+
+
+def _restore_run_files(run_dir: Path, files: dict[str, str], cfg: DictConfig) -> None:
+    """Put the user's config and command back, in the run directory and in the record, so that the run is
+    described (and can be run again) by what the user typed, not by one node's share of it."""
+    for name, text in files.items():
+        (run_dir / name).write_text(text)
+    rec = record.read_record(run_dir)
+    if rec is None or not isinstance(rec.get("config"), dict):
+        return
+    rec["command"] = files.get(record.COMMAND_FILE, "").strip() or rec.get("command")
+    rec["config"]["launcher"] = OmegaConf.to_container(cfg.launcher, resolve=True)
+    if rec.get("resume_command"):  # an interrupted run: resumed by the user's command, not node 0's
+        users = record.resume_command(run_dir)
+        rec["error"] = str(rec.get("error") or "").replace(rec["resume_command"], users)
+        rec["resume_command"] = users
+    record.write_record(run_dir, rec)
 
 
 class _Interrupted(BaseException):
@@ -247,15 +320,18 @@ def _signals_raise() -> Iterator[_SignalGuard]:
             signal.signal(sig, old)
 
 
-def run_nodes(cmds: Sequence[Command], log_path: Path, grace_s: float = STOP_GRACE_S) -> int:
+def run_nodes(cmds: Sequence[Command], log_path: Path, grace_s: float = STOP_GRACE_S,
+              stop_timeout_s: float = STOP_TIMEOUT_S) -> int:
     """Start every node's command at once, stream their output (prefixed by node) to stdout and ``log_path``.
 
     Returns 0, or the exit code of the first node that failed. When one fails the others may wait on it for
     ever (gloo's timeout is 30 minutes): they get ``grace_s`` to end, then are stopped. On an exception
     (an interruption) every node is stopped before it propagates.
     """
+    # each node in a session of its own: a Ctrl-C at the terminal reaches this launcher only, which stops each
+    # node once, through its CLI
     procs = [subprocess.Popen(c.argv, env=c.full_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              preexec_fn=_die_with_parent) for c in cmds]
+                              start_new_session=True, preexec_fn=_die_with_parent) for c in cmds]
     lock = threading.Lock()
     first = TerminalEcho(sys.stdout)  # one a node, muted together: a failure on any node spares the terminal
     echoes = [first] + [TerminalEcho(sys.stdout, shared=first) for _ in procs[1:]]
@@ -265,9 +341,9 @@ def run_nodes(cmds: Sequence[Command], log_path: Path, grace_s: float = STOP_GRA
         for t in pumps:
             t.start()
         try:
-            first_failure = _wait_all(procs, grace_s)
+            first_failure = _wait_all(procs, grace_s, stop_timeout_s)
         except BaseException:
-            _stop_all(procs)
+            _stop_all(procs, stop_timeout_s)
             raise
         finally:
             for t in pumps:
@@ -275,33 +351,35 @@ def run_nodes(cmds: Sequence[Command], log_path: Path, grace_s: float = STOP_GRA
     return first_failure
 
 
-def _wait_all(procs: Sequence[subprocess.Popen], grace_s: float) -> int:
+def _wait_all(procs: Sequence[subprocess.Popen], grace_s: float, stop_timeout_s: float) -> int:
     first_failure, failed_at = 0, None
     while None in [p.poll() for p in procs]:  # a list, not any(): every process must be polled
         for p in procs:
             if p.returncode not in (None, 0) and failed_at is None:
                 first_failure, failed_at = p.returncode, time.monotonic()
         if failed_at is not None and time.monotonic() - failed_at > grace_s:
-            _stop_all(procs)
+            _stop_all(procs, stop_timeout_s)
         time.sleep(0.1)
     failures = [p.returncode for p in procs if p.returncode != 0]
     return first_failure or (failures[0] if failures else 0)
 
 
-def _stop_all(procs: Sequence[subprocess.Popen]) -> None:
-    """SIGTERM (torchrun stops its workers on it), then SIGKILL what is still running."""
+def _stop_all(procs: Sequence[subprocess.Popen], timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM to every node's CLI, which passes it on to its torchrun and waits for the workers (they stop after
+    their step and checkpoint, birder_repro.launch.process); SIGKILL to a CLI still running ``timeout_s`` later."""
     for stop in ("terminate", "kill"):
         running = [p for p in procs if p.poll() is None]
         for p in running:
             getattr(p, stop)()
-        deadline = time.monotonic() + STOP_TIMEOUT_S
+        deadline = time.monotonic() + timeout_s
         while any(p.poll() is None for p in running) and time.monotonic() < deadline:
             time.sleep(0.1)
 
 
 def _die_with_parent() -> None:
     # PR_SET_PDEATHSIG (1): should this launcher die without cleaning up (SIGKILL), the kernel sends each
-    # node's torchrun SIGTERM, so no worker outlives it; the next run then removes the stale namespaces.
+    # node's CLI SIGTERM, which it passes on to its torchrun, so no worker outlives it; the next run then
+    # removes the stale namespaces.
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Mapping, Optional
 
-__all__ = ["in_allocation", "allocation_nodes", "node_id", "first_host", "expand_hostlist"]
+__all__ = ["in_allocation", "allocation_nodes", "node_id", "first_host", "expand_hostlist", "time_limit_s"]
 
 
 def in_allocation(env: Mapping[str, str]) -> bool:
@@ -86,3 +86,28 @@ def _expand_ranges(spec: str) -> list[str]:
         width = len(lo)
         items.extend(str(k).zfill(width) for k in range(int(lo), int(hi) + 1))
     return items
+
+
+def time_limit_s(text: str) -> Optional[int]:
+    """A ``--time`` value in seconds; None for no limit (0, ``UNLIMITED``, ``INFINITE``).
+
+    The forms ``man sbatch`` lists: ``minutes``, ``minutes:seconds``, ``hours:minutes:seconds``, ``days-hours``,
+    ``days-hours:minutes``, ``days-hours:minutes:seconds``. Raises ValueError for anything else.
+    """
+    text = str(text).strip()
+    if text.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    days, dash, rest = text.rpartition("-") if "-" in text else ("0", "", text)
+    parts = rest.split(":")
+    if not (days.isdigit() and all(p.isdigit() for p in parts) and 1 <= len(parts) <= 3):
+        raise ValueError(f"{text!r} is not a SLURM time ([days-]hours:minutes:seconds, or minutes)")
+    numbers = [int(p) for p in parts]
+    if dash:  # after "days-" the first field is hours
+        numbers += [0] * (3 - len(numbers))
+        seconds = numbers[0] * 3600 + numbers[1] * 60 + numbers[2]
+    elif len(numbers) == 3:
+        seconds = numbers[0] * 3600 + numbers[1] * 60 + numbers[2]
+    else:  # minutes, or minutes:seconds
+        seconds = numbers[0] * 60 + (numbers[1] if len(numbers) == 2 else 0)
+    seconds += int(days) * 86400
+    return seconds or None

@@ -109,7 +109,7 @@ def rdzv_id(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> str:
     if slurm_env.in_allocation(env):
         step = env.get("SLURM_STEP_ID")
         return f"slurm-{env['SLURM_JOB_ID']}" + (f".{step}" if step else "")
-    from birder_repro.rundir import run_digest
+    from birder_repro.digest import run_digest
 
     return f"birder-{cfg.task.name}-{cfg.optim.name}-{cfg.nodes}x{cfg.gpus_per_node}-{run_digest(cfg)[:8]}"
 

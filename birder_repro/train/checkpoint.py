@@ -23,8 +23,9 @@ someone else's checkpoint never runs code from it. Shards load with ``map_locati
 
 Which checkpoint a run starts from (:func:`choose_resume`):
 
-    ``train.resume=null``     a fresh run; but a worker torchrun restarted (``train.max_restarts``) takes the
-                              newest complete checkpoint of its own run directory, if any;
+    ``train.resume=null``     a fresh run; but a worker torchrun restarted (``train.max_restarts``), or one of a
+                              requeued SLURM job (``SLURM_RESTART_COUNT`` > 0), takes the newest complete
+                              checkpoint of its own run directory, if any;
     ``train.resume=auto``     the newest complete checkpoint of this run directory (a fresh start if none);
     ``train.resume=<path>``   a step directory (``.../checkpoints/step-000040``), or a run directory or its
                               ``checkpoints/`` (its newest complete one); after a restart, this run's own newer
@@ -286,6 +287,7 @@ def choose_resume(spec: Optional[str], run_dir, restarted: bool, device: torch.d
     """The checkpoint directory this run starts from, or None for a fresh start (rules in the module doc).
     Collective when the run's own directory is searched."""
     spec = None if spec in (None, "", "null") else str(spec)
+    restarted = restarted or os.environ.get("SLURM_RESTART_COUNT", "0") not in ("", "0")  # a requeued SLURM job
     if restarted or spec == "auto":
         own = _agreed_newest(run_dir, device)
         if own is not None:

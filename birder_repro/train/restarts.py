@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Mapping, Optional
 
-from birder_repro.rundir import LAUNCH_ENV
+from birder_repro.digest import LAUNCH_ENV
 
 __all__ = ["RESTART_ENV", "FAULT_ENV", "LAUNCH_ENV", "restart_count", "Attempts", "previous_attempts",
            "attempt_entry", "reached_step", "inject_fault", "InjectedFault"]

@@ -1,0 +1,63 @@
+"""A run's identity as digests of its resolved config, and the names every layer shares for a run directory.
+
+:func:`run_digest` leaves out only what differs between the nodes of one run (``launcher.node_rank``) or starts
+nothing (``dry_run``): it names the default rendezvous id, hence the run directory every node of a torchrun run
+derives alike (birder_repro.launch.torchrun). :func:`cell_digest` also leaves out what cannot change a result
+(:data:`NO_RESULT`): runs with the same cell digest are the same experiment, seed included; the record carries
+it as ``config_digest`` and ``train.resume=auto`` continues only such a run (birder_repro.rundir).
+
+Plain data in, hex out: this module sits at the bottom of the layers (docs/architecture.md), so that the record,
+the launchers and the training loop can all name a run the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Iterable
+
+__all__ = ["PER_NODE", "NO_RESULT", "NODES_DIR", "LAUNCH_ENV", "digest", "run_digest", "cell_digest"]
+
+# Settings that differ between the nodes of one run, or that start nothing.
+PER_NODE = ("launcher.node_rank", "dry_run")
+# Settings that cannot change what a run computes: where and how it is launched and logged, how often it
+# checkpoints and how it resumes. Everything else (the seed included) makes another cell.
+NO_RESULT = ("logger", "launcher", "dry_run", "train.resume", "train.resume_policy", "train.log_every",
+             "train.checkpoint_every", "train.keep_checkpoints", "train.checkpoint_on_stop", "train.max_restarts",
+             "train.timeout_s", "train.stop_timeout_s")
+NODES_DIR = "nodes"
+LAUNCH_ENV = "BIRDER_LAUNCH"  # set by the CLI for its workers: the id of this launch (attempt) of the directory
+
+
+def _plain(cfg: Any) -> dict:
+    """The config as plain data without Hydra's node (resolved key by key: Hydra's fields resolve only in a job)."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.is_config(cfg):
+        return json.loads(json.dumps(cfg, default=str))
+    return {key: OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key]) else cfg[key]
+            for key in cfg if key != "hydra"}
+
+
+def digest(cfg: Any, leave_out: Iterable[str]) -> str:
+    """16 hex digits of sha256 over the config (plain data, keys sorted) less the dotted keys ``leave_out``."""
+    data = _plain(cfg)
+    for dotted in leave_out:
+        *parents, last = dotted.split(".")
+        node = data
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    text = json.dumps(data, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def run_digest(cfg: Any) -> str:
+    """The same on every node of one run, different for any other config (the default rendezvous id's)."""
+    return digest(cfg, PER_NODE)
+
+
+def cell_digest(cfg: Any) -> str:
+    """The experiment this config runs, less the settings that cannot change its results (:data:`NO_RESULT`)."""
+    return digest(cfg, NO_RESULT)
