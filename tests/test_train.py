@@ -169,9 +169,20 @@ def runs(tmp_path_factory):
         full.task.target = {"metric": "top1", "value": TARGET_TOP1, "direction": "higher"}
     resumed = make_config(resumed_dir, logger="none", steps=12, resume=str(full_dir),
                           schedule=schedule)
+    no_eval_dir = tmp / "no-eval"  # train.eval=false: no evaluation at all, those every eval_every steps too
+    no_eval = make_config(no_eval_dir, logger="none", steps=4, eval_every=2, eval=False)
     by_rank = run_distributed(_train_worker, 2, [(OmegaConf.to_yaml(c), str(d)) for c, d in
-                                                 ((full, full_dir), (resumed, resumed_dir))], env)
-    return {"full": (full_dir, [r[0] for r in by_rank]), "resumed": (resumed_dir, [r[1] for r in by_rank])}
+                                                 ((full, full_dir), (resumed, resumed_dir),
+                                                  (no_eval, no_eval_dir))], env)
+    return {"full": (full_dir, [r[0] for r in by_rank]), "resumed": (resumed_dir, [r[1] for r in by_rank]),
+            "no_eval": (no_eval_dir, [r[2] for r in by_rank])}
+
+
+def test_eval_false_turns_off_the_evaluations_during_training_too(runs):
+    run_dir, [(record, _), _] = runs["no_eval"]
+    rows = [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
+    assert rows and not [r for r in rows if any(k.startswith("eval/") for k in r)]
+    assert record["steps"] == 4
 
 
 @pytest.fixture

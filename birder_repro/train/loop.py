@@ -198,7 +198,9 @@ def _between_steps(p: _Parts, run: _Run, timing: StepPlan, lr: float, stage: Opt
     if run.step % s.log_every == 0 or run.step == timing.steps:
         log_interval(run.step, run.epoch, run.interval, p.logger, p.progress, lr, stage, p.device)
         run.interval = LogInterval()
-    if s.eval_every and run.step % s.eval_every == 0 and run.step < timing.steps and p.data.eval is not None:
+    # train.eval=false turns off every evaluation, those during training too (a throughput run measures steps)
+    if (s.eval and s.eval_every and run.step % s.eval_every == 0 and run.step < timing.steps
+            and p.data.eval is not None):
         metrics = evaluate(p.task, p.model, p.data, p.device, s.eval_max_batches)
         p.logger.log(run.step, {f"eval/{k}": v for k, v in metrics.items()})
         run.target.evaluated(run.step, metrics)
