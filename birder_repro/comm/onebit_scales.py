@@ -1,0 +1,186 @@
+"""1-bit Adam's compressed all-reduce with a scale per tensor (``optim.comm.scale=tensor``), as DeepSpeed's
+OnebitAdam compresses: each tensor with its own worker scale, and each server chunk of a tensor with its own
+server scale (its ``runtime/fp16/onebit/adam.py`` calls the compressed all-reduce of ``runtime/comm/nccl.py``
+once per tensor). :mod:`birder_repro.comm.onebit` holds the hook; this module only the arithmetic and the
+collectives of one bucket.
+
+The bucket keeps DDP's layout (its elements in bucket order, padded at the end to a multiple of 8 N) and its
+chunking: server k serves elements [k C, (k+1) C) of the padded bucket, C = P'/N, so the per-element errors and
+their checkpoints (:class:`~birder_repro.comm.buckets.BucketStore`) are those of the bucket scale. What changes
+is only where a scale's norm stops:
+
+    worker   one segment per tensor of the bucket (a gap or the padding joins the tensor before it: masked,
+             it adds nothing to the norm nor to the count): T scales per worker;
+    server   the tensors' segments cut at the chunk's edges: server k has S_k segments, each with its own scale
+             (DeepSpeed's per-chunk server scales; there a chunk is a tensor's, here the bucket's: with one
+             tensor per bucket the two agree, docs/optimizers.md "1-bit Adam next to DeepSpeed's").
+
+Each scale is ||c|| / sqrt(#mask) over its segment (Sign(0) = 0 where the mask is 0, as the bucket scale).
+Bytes per process per bucket: 2 (N-1)/N * P'/8 for the bits plus (N-1) 4 T for the worker scales and (N-1) 4 S
+for the server scales, S = max_k S_k (every server sends S scales: an all-gather needs equal parts; the unused
+ones are zeros that nothing reads).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import NamedTuple, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from birder_repro.comm.accounting import peer_bytes
+from birder_repro.comm.collectives import all_gather_flat
+from birder_repro.comm.pack import pack_bits, unpack_signs
+from birder_repro.comm.state import CommState
+from birder_repro.comm.topology import Topology, group_peers
+
+__all__ = ["SCALES", "SCALE_BYTES", "TensorLayout", "tensor_layout", "compress_segments_",
+           "compressed_allreduce_per_tensor"]
+
+SCALES = ("bucket", "tensor")  # optim.comm.scale
+SCALE_BYTES = 4  # one fp32 scale
+
+
+# ------------------------------------------------------------------------------------------------ layout
+@dataclass(frozen=True)
+class TensorLayout:
+    """Where the scales of one bucket stop, on the process that serves chunk ``me`` (fixed for a bucket).
+
+    ``worker``: (start, end, unmasked count) of each tensor's segment of the padded bucket; ``server``: the
+    same for this server's chunk, relative to the chunk, with the tensor each piece belongs to in
+    ``server_tensor``; ``all_lengths``: (N * S,) every server's segment lengths, zero in the unused slots.
+    """
+
+    worker: tuple[tuple[int, int, int], ...]
+    server: tuple[tuple[int, int, int], ...]
+    server_tensor: torch.Tensor  # (S_me,) int64
+    server_lengths: torch.Tensor  # (S_me,) int64
+    all_lengths: torch.Tensor  # (N * S,) int64
+    per_server: int  # S: server scales each server sends
+
+    @property
+    def tensors(self) -> int:
+        return len(self.worker)
+
+
+def _cut(starts: Sequence[int], lo: int, hi: int) -> list[tuple[int, int, int]]:
+    """Segments [a, b) of range [lo, hi), cut at ``starts`` (the segments' first elements; starts[0] == 0),
+    as (a - lo, b - lo, index of the segment a lies in)."""
+    out = []
+    for j, a in enumerate(starts):
+        b = starts[j + 1] if j + 1 < len(starts) else None
+        a2, b2 = max(a, lo), hi if b is None else min(b, hi)
+        if a2 < b2:
+            out.append((a2 - lo, b2 - lo, j))
+    return out
+
+
+def tensor_layout(signature: Sequence[tuple], padded: int, mask: torch.Tensor, world: int, me: int) -> TensorLayout:
+    """The segments of a bucket with DDP signature ((parameter, offset, numel), ...) padded to ``padded``."""
+    offsets = sorted(offset for _, offset, numel, *_ in signature if numel > 0) or [0]
+    starts = [0] + offsets[1:]  # a gap before the first tensor joins it; the padding joins the last
+    counts = [int(c) for c in _segment_counts(mask, starts, padded)]
+    worker = tuple((a, b, counts[j]) for a, b, j in _cut(starts, 0, padded))
+    chunk = padded // world
+    cuts = [_cut(starts, k * chunk, (k + 1) * chunk) for k in range(world)]
+    per_server = max(len(c) for c in cuts)
+    mine = cuts[me]
+    chunk_mask = mask[me * chunk:(me + 1) * chunk]
+    server = tuple((a, b, int(torch.count_nonzero(chunk_mask[a:b]))) for a, b, _ in mine)
+    lengths = [[b - a for a, b, _ in c] + [0] * (per_server - len(c)) for c in cuts]
+    return TensorLayout(worker, server, torch.tensor([j for _, _, j in mine], dtype=torch.int64),
+                        torch.tensor([b - a for a, b, _ in mine], dtype=torch.int64),
+                        torch.tensor(lengths, dtype=torch.int64).reshape(-1), per_server)
+
+
+def _segment_counts(mask: torch.Tensor, starts: Sequence[int], padded: int) -> list[int]:
+    ends = list(starts[1:]) + [padded]
+    return [int(torch.count_nonzero(mask[a:b])) for a, b in zip(starts, ends)]
+
+
+# ------------------------------------------------------------------------------------------- the formulas
+def compress_segments_(x: torch.Tensor, error: torch.Tensor, mask: torch.Tensor,
+                       segments: Sequence[tuple[int, int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Error-compensated 1-bit compression with a scale per segment (a, b, unmasked count), in place on
+    ``error``: c = (x + error) * mask; s_j = ||c[a:b]|| / sqrt(count_j); error = (c - s_j sign(c)) * mask,
+    sign(c) = +1 for c > 0, -1 otherwise. Returns the packed bits of c > 0 and the (S,) scales."""
+    c = torch.add(x, error, out=error).mul_(mask)  # c lives in the error's buffer until it becomes the error
+    scales = torch.stack([torch.linalg.vector_norm(c[a:b]) / max(n, 1) ** 0.5 for a, b, n in segments])
+    bits = c > 0
+    for (a, b, _), s in zip(segments, scales):
+        c[a:b].sub_(torch.where(bits[a:b], s, -s))
+    c.mul_(mask)
+    return pack_bits(bits), scales
+
+
+class TensorExchange(NamedTuple):
+    """What one per-tensor compressed all-reduce produced on this process (the tests compare every field)."""
+
+    result: torch.Tensor  # (P',) the averaged momentum, zero where masked
+    worker_bits: torch.Tensor  # (P'/8,) this process's packed signs
+    worker_scales: torch.Tensor  # (N, T) every worker's scale of every tensor
+    server_bits: torch.Tensor  # (N, P'/(8N)) every server's packed chunk
+    server_scales: torch.Tensor  # (N, S) every server's scale of every piece of its chunk (zeros past S_k)
+
+
+def compressed_allreduce_per_tensor(x: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,
+                                    mask: torch.Tensor, layout: TensorLayout,
+                                    group: Optional[dist.ProcessGroup] = None, stats: Optional[CommState] = None,
+                                    topology: Optional[Topology] = None,
+                                    nonfinite: Optional[torch.Tensor] = None) -> TensorExchange:
+    """The compressed all-reduce of :func:`birder_repro.comm.onebit.compressed_allreduce` with the scales of
+    ``layout`` (module doc); the same arguments, the same steps, the same errors updated in place."""
+    group = group if group is not None else dist.group.WORLD
+    n, me = dist.get_world_size(group), dist.get_rank(group)
+    if x.numel() % (8 * n):
+        raise ValueError(f"compressed_allreduce needs a multiple of 8 x {n} elements, got {x.numel()}: pad first")
+    chunk, device = x.numel() // n, x.device
+
+    def timing(what: str):
+        return stats.timing(what, device) if stats is not None else contextlib.nullcontext()
+
+    with timing("compress"):  # Step II: each tensor of the bucket with its own worker scale
+        worker_bits, worker_scale = compress_segments_(x, worker_error, mask, layout.worker)
+        if nonfinite is not None:
+            worker_scale = torch.where(nonfinite > 0, torch.full_like(worker_scale, float("nan")), worker_scale)
+    received = torch.empty_like(worker_bits)
+    worker_scales = torch.empty(n * layout.tensors, device=device, dtype=worker_scale.dtype)
+    with timing("comm"):  # Step III
+        works = [dist.all_to_all_single(received, worker_bits, group=group, async_op=True),
+                 all_gather_flat(worker_scales, worker_scale, group=group, async_op=True)]
+        for w in works:
+            w.wait()
+    _count(stats, topology, group, chunk // 8 + SCALE_BYTES * layout.tensors)
+    worker_scales = worker_scales.view(n, layout.tensors)
+
+    with timing("compress"):  # Step IV: every worker's scale of the tensor each element belongs to
+        per_element = worker_scales[:, layout.server_tensor.to(device)].repeat_interleave(
+            layout.server_lengths.to(device), dim=1, output_size=chunk)
+        mean = unpack_signs(received.view(n, chunk // 8)).mul_(per_element).mean(dim=0)
+        server_chunk_bits, server_scale = compress_segments_(mean, server_error, mask[me * chunk:(me + 1) * chunk],
+                                                             layout.server)
+        sent_scales = torch.zeros(layout.per_server, device=device, dtype=server_scale.dtype)
+        sent_scales[: server_scale.numel()] = server_scale
+    server_bits = torch.empty(n, chunk // 8, device=device, dtype=torch.uint8)
+    server_scales = torch.empty(n * layout.per_server, device=device, dtype=server_scale.dtype)
+    with timing("comm"):  # Step V
+        works = [all_gather_flat(server_bits.view(-1), server_chunk_bits, group=group, async_op=True),
+                 all_gather_flat(server_scales, sent_scales, group=group, async_op=True)]
+        for w in works:
+            w.wait()
+    _count(stats, topology, group, chunk // 8 + SCALE_BYTES * layout.per_server)
+
+    with timing("compress"):  # Step VI: every piece of every chunk with its server's scale
+        scales = server_scales.repeat_interleave(layout.all_lengths.to(device), output_size=x.numel())
+        result = unpack_signs(server_bits).view(-1).mul_(scales).mul_(mask)
+    return TensorExchange(result, worker_bits, worker_scales, server_bits,
+                          server_scales.view(n, layout.per_server))
+
+
+def _count(stats: Optional[CommState], topology: Optional[Topology], group: dist.ProcessGroup,
+           nbytes_each: int) -> None:
+    """Add ``nbytes_each`` sent to every other process of ``group``, split by whether it is on this node."""
+    if stats is not None and topology is not None:
+        stats.add_bytes(*peer_bytes(topology, group_peers(group, topology.rank), nbytes_each))
