@@ -49,15 +49,14 @@ class TensorLayout:
     """Where the scales of one bucket stop, on the process that serves chunk ``me`` (fixed for a bucket).
 
     ``worker``: (start, end, unmasked count) of each tensor's segment of the padded bucket; ``server``: the
-    same for this server's chunk, relative to the chunk, with the tensor each piece belongs to in
-    ``server_tensor``; ``all_lengths``: (N * S,) every server's segment lengths, zero in the unused slots.
+    same for this server's chunk, relative to the chunk; ``server_tensor``: the tensor each of those pieces
+    belongs to; ``chunks``: every server's pieces (start, end), relative to its chunk.
     """
 
     worker: tuple[tuple[int, int, int], ...]
     server: tuple[tuple[int, int, int], ...]
-    server_tensor: torch.Tensor  # (S_me,) int64
-    server_lengths: torch.Tensor  # (S_me,) int64
-    all_lengths: torch.Tensor  # (N * S,) int64
+    server_tensor: tuple[int, ...]
+    chunks: tuple[tuple[tuple[int, int], ...], ...]
     per_server: int  # S: server scales each server sends
 
     @property
@@ -89,10 +88,8 @@ def tensor_layout(signature: Sequence[tuple], padded: int, mask: torch.Tensor, w
     mine = cuts[me]
     chunk_mask = mask[me * chunk:(me + 1) * chunk]
     server = tuple((a, b, int(torch.count_nonzero(chunk_mask[a:b]))) for a, b, _ in mine)
-    lengths = [[b - a for a, b, _ in c] + [0] * (per_server - len(c)) for c in cuts]
-    return TensorLayout(worker, server, torch.tensor([j for _, _, j in mine], dtype=torch.int64),
-                        torch.tensor([b - a for a, b, _ in mine], dtype=torch.int64),
-                        torch.tensor(lengths, dtype=torch.int64).reshape(-1), per_server)
+    chunks = tuple(tuple((a, b) for a, b, _ in c) for c in cuts)
+    return TensorLayout(worker, server, tuple(j for _, _, j in mine), chunks, per_server)
 
 
 def _segment_counts(mask: torch.Tensor, starts: Sequence[int], padded: int) -> list[int]:
@@ -155,10 +152,11 @@ def compressed_allreduce_per_tensor(x: torch.Tensor, worker_error: torch.Tensor,
     _count(stats, topology, group, chunk // 8 + SCALE_BYTES * layout.tensors)
     worker_scales = worker_scales.view(n, layout.tensors)
 
-    with timing("compress"):  # Step IV: every worker's scale of the tensor each element belongs to
-        per_element = worker_scales[:, layout.server_tensor.to(device)].repeat_interleave(
-            layout.server_lengths.to(device), dim=1, output_size=chunk)
-        mean = unpack_signs(received.view(n, chunk // 8)).mul_(per_element).mean(dim=0)
+    with timing("compress"):  # Step IV: every worker's scale of the tensor each piece belongs to
+        signs = unpack_signs(received.view(n, chunk // 8))
+        for (a, b, _), j in zip(layout.server, layout.server_tensor):
+            signs[:, a:b].mul_(worker_scales[:, j: j + 1])
+        mean = signs.mean(dim=0)
         server_chunk_bits, server_scale = compress_segments_(mean, server_error, mask[me * chunk:(me + 1) * chunk],
                                                              layout.server)
         sent_scales = torch.zeros(layout.per_server, device=device, dtype=server_scale.dtype)
@@ -173,10 +171,13 @@ def compressed_allreduce_per_tensor(x: torch.Tensor, worker_error: torch.Tensor,
     _count(stats, topology, group, chunk // 8 + SCALE_BYTES * layout.per_server)
 
     with timing("compress"):  # Step VI: every piece of every chunk with its server's scale
-        scales = server_scales.repeat_interleave(layout.all_lengths.to(device), output_size=x.numel())
-        result = unpack_signs(server_bits).view(-1).mul_(scales).mul_(mask)
-    return TensorExchange(result, worker_bits, worker_scales, server_bits,
-                          server_scales.view(n, layout.per_server))
+        server_scales = server_scales.view(n, layout.per_server)
+        signs = unpack_signs(server_bits)
+        for k, pieces in enumerate(layout.chunks):
+            for (a, b), s in zip(pieces, server_scales[k]):
+                signs[k, a:b].mul_(s)
+        result = signs.view(-1).mul_(mask)
+    return TensorExchange(result, worker_bits, worker_scales, server_bits, server_scales)
 
 
 def _count(stats: Optional[CommState], topology: Optional[Topology], group: dist.ProcessGroup,
