@@ -25,10 +25,12 @@ import torch.distributed as dist
 from torch import nn
 
 from birder_repro.comm.onebit import attach_onebit
-from birder_repro.comm.onebit_scales import SCALE_BYTES, compress_segments_, tensor_layout
+from birder_repro.comm.onebit_scales import (SCALE_BYTES, compress_segments_, compressed_allreduce_per_tensor,
+                                             scale_counts, tensor_layout)
 from birder_repro.comm.pack import padded_size
 from birder_repro.comm.topology import build_topology
 from birder_repro.optim import OneBitAdam
+from birder_repro.perf.schemes import bucket_collectives, counted_bytes
 from birder_repro.references.deepspeed_onebit import Choices, DeepSpeedOnebitAdamReference
 from dist_utils import run_distributed
 from test_onebit import ADAM, _batch, _buckets, _checkpoint, _loss, _net, _restore, _train_step
@@ -62,11 +64,28 @@ def _run(rank: int, topology, cap_mb: float, resume: bool) -> dict:
     return out
 
 
+def _both_paths(rank: int) -> dict:
+    """The loop (CPU) and the vectorised (CUDA) path of the per-tensor all-reduce on the same 3 steps."""
+    numel, sig = 1001, ((0, 0, 300), (1, 300, 1), (2, 301, 700))
+    padded = padded_size(numel, 8 * WORLD)
+    mask = (torch.rand(padded, generator=torch.Generator().manual_seed(1)) > 0.1).float()
+    mask[numel:] = 0
+    layout = tensor_layout(sig, padded, mask, WORLD, rank)
+    out = {}
+    for vectorised in (False, True):
+        we, se, results = torch.zeros(padded), torch.zeros(padded // WORLD), []
+        for step in range(3):
+            x = torch.randn(padded, generator=torch.Generator().manual_seed(100 * step + rank)) * mask
+            results.append(compressed_allreduce_per_tensor(x, we, se, mask, layout, vectorised=vectorised).result)
+        out[vectorised] = (torch.stack(results), we, se)
+    return out
+
+
 def _scenarios(rank: int, world: int) -> bytes:
     torch.manual_seed(0)
     topology = build_topology(GPUS_PER_NODE)
     results = {"alone": _run(rank, topology, ALONE, resume=False),
-               "grouped": _run(rank, topology, GROUPED, resume=True)}
+               "grouped": _run(rank, topology, GROUPED, resume=True), "paths": _both_paths(rank)}
     buf = io.BytesIO()
     torch.save(results, buf)
     return buf.getvalue()
@@ -135,6 +154,15 @@ def test_resume_into_fresh_ddp_keeps_the_per_tensor_errors(dist_results):
     assert res[0]["resumed_layout_changes"] == 2
 
 
+def test_vectorised_path_matches_the_loop(dist_results):
+    """The path a GPU takes (a fixed number of kernels) against the CPU's loop: results and both errors."""
+    for rank in range(WORLD):
+        loop, vectorised = dist_results[rank]["paths"][False], dist_results[rank]["paths"][True]
+        for got, want in zip(vectorised, loop):
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+        assert loop[0].abs().sum() > 0
+
+
 def test_bytes_count_every_scale(dist_results):
     """Per bucket and process: 2 (N-1)/N P'/8 for the bits, (N-1) 4 T worker scales, (N-1) 4 S server scales."""
     n = WORLD
@@ -149,6 +177,12 @@ def test_bytes_count_every_scale(dist_results):
         for s in steps[FREEZE:]:
             assert s["intra"] + s["inter"] == pytest.approx(want), which
             assert s["intra"] == pytest.approx(want / 3)  # one of 3 peers on this node
+        # the performance model's formula, from the tensors' sizes alone
+        predicted = sum(sum(counted_bytes(op, 2, 2)) for sig in steps[-1]["layout"].values()
+                        for op in bucket_collectives("onebit", sum(k for _, _, k in sig), 2, 2, scale="tensor",
+                                                     matrices=[[k] for _, _, k in sorted(sig, key=lambda e: e[1])]))
+        assert predicted == pytest.approx(want), which
+    assert scale_counts([10, 100, 5], 4) == (3, 2)  # 115 -> 128 in chunks of 32: the second tensor spans 4
 
 
 # ------------------------------------------------------------------ the reference itself: DeepSpeed's choices
@@ -201,10 +235,13 @@ def test_compress_segments_matches_the_reference_compression():
     segments = [(0, 10, int(mask[:10].sum())), (10, 40, int(mask[10:40].sum())), (40, 64, int(mask[40:].sum()))]
     error = torch.randn(64) * mask
     want, want_error = _compress((x + error) * mask, mask, [0, 10, 40], -1.0)
-    _, scales = compress_segments_(x, error, mask, segments)
-    torch.testing.assert_close(error, want_error)
-    for (a, b, _), s in zip(segments, scales):
-        torch.testing.assert_close(want[a:b].abs().max(), s)
+    tables = (torch.tensor([10, 30, 24]), torch.tensor([float(n) for *_, n in segments]))
+    for path in (None, tables):
+        e = error.clone()
+        _, scales = compress_segments_(x, e, mask, segments, path)
+        torch.testing.assert_close(e, want_error)
+        for (a, b, _), s in zip(segments, scales):
+            torch.testing.assert_close(want[a:b].abs().max(), s)
 
 
 def test_scale_setting_is_checked():
@@ -213,3 +250,18 @@ def test_scale_setting_is_checked():
         from birder_repro.comm.onebit import OneBitState
         from birder_repro.comm.topology import flat_topology
         OneBitState(OneBitAdam(dist_free.parameters(), freeze_step=2), None, flat_topology(), {}, scale="layer")
+
+
+def test_deepspeeds_exp_avg_mask_applies_after_the_allreduce():
+    """DeepSpeed: a masked element is still compressed (it keeps an error) and only its result is zeroed; the
+    project's choice masks it inside the compression (no error)."""
+    torch.manual_seed(0)
+    grads = [[[torch.randn(16)] for _ in range(2)] for _ in range(4)]
+    mask = {0: (torch.arange(16) % 4 != 0).float()}
+    for choices, error_left in ((Choices(), True), (Choices.project(2, by_bucket=False), False)):
+        ref = DeepSpeedOnebitAdamReference([torch.zeros(16)], 2, lr=1e-2, betas=(0.9, 0.999), eps=1e-8,
+                                           weight_decay=0.0, freeze_step=2, choices=choices, exp_avg_mask=mask)
+        for g in grads:
+            ref.step(g)
+        assert torch.count_nonzero(ref.m[0][::4]) == 0
+        assert bool(ref.errors[(0, 0)][::4].abs().sum() > 0) == error_left

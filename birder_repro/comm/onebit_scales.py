@@ -24,7 +24,7 @@ ones are zeros that nothing reads).
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, Optional, Sequence
 
 import torch
@@ -36,7 +36,7 @@ from birder_repro.comm.pack import pack_bits, unpack_signs
 from birder_repro.comm.state import CommState
 from birder_repro.comm.topology import Topology, group_peers
 
-__all__ = ["SCALES", "SCALE_BYTES", "TensorLayout", "tensor_layout", "compress_segments_",
+__all__ = ["SCALES", "SCALE_BYTES", "TensorLayout", "tensor_layout", "scale_counts", "compress_segments_",
            "compressed_allreduce_per_tensor"]
 
 SCALES = ("bucket", "tensor")  # optim.comm.scale
@@ -58,10 +58,26 @@ class TensorLayout:
     server_tensor: tuple[int, ...]
     chunks: tuple[tuple[tuple[int, int], ...], ...]
     per_server: int  # S: server scales each server sends
+    _tables: dict = field(default_factory=dict, compare=False, repr=False)  # device -> index tensors
 
     @property
     def tensors(self) -> int:
         return len(self.worker)
+
+    def tables(self, device: torch.device) -> dict[str, torch.Tensor]:
+        """The layout as tensors on ``device`` for the vectorised path (made once per bucket and device)."""
+        if device not in self._tables:
+            def ints(values):
+                return torch.tensor(values, dtype=torch.int64, device=device)
+            every = [[b - a for a, b in c] + [0] * (self.per_server - len(c)) for c in self.chunks]
+            self._tables[device] = {
+                "worker_lengths": ints([b - a for a, b, _ in self.worker]),
+                "worker_counts": torch.tensor([max(n, 1) for *_, n in self.worker], device=device).float(),
+                "server_lengths": ints([b - a for a, b, _ in self.server]),
+                "server_counts": torch.tensor([max(n, 1) for *_, n in self.server], device=device).float(),
+                "server_tensor": ints(list(self.server_tensor)),
+                "all_lengths": ints([x for row in every for x in row])}
+        return self._tables[device]
 
 
 def _cut(starts: Sequence[int], lo: int, hi: int) -> list[tuple[int, int, int]]:
@@ -92,6 +108,15 @@ def tensor_layout(signature: Sequence[tuple], padded: int, mask: torch.Tensor, w
     return TensorLayout(worker, server, tuple(j for _, _, j in mine), chunks, per_server)
 
 
+def scale_counts(numels: Sequence[int], world: int) -> tuple[int, int]:
+    """(T, S): the worker scales and the server scales each process sends for a bucket of tensors of
+    ``numels`` elements (in bucket order, padded to a multiple of 8 ``world``): the byte count's inputs."""
+    starts = [sum(numels[:j]) for j in range(len(numels))] or [0]
+    padded = -(-max(sum(numels), 1) // (8 * world)) * 8 * world
+    chunk = padded // world
+    return len(starts), max(len(_cut(starts, k * chunk, (k + 1) * chunk)) for k in range(world))
+
+
 def _segment_counts(mask: torch.Tensor, starts: Sequence[int], padded: int) -> list[int]:
     ends = list(starts[1:]) + [padded]
     return [int(torch.count_nonzero(mask[a:b])) for a, b in zip(starts, ends)]
@@ -99,13 +124,25 @@ def _segment_counts(mask: torch.Tensor, starts: Sequence[int], padded: int) -> l
 
 # ------------------------------------------------------------------------------------------- the formulas
 def compress_segments_(x: torch.Tensor, error: torch.Tensor, mask: torch.Tensor,
-                       segments: Sequence[tuple[int, int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+                       segments: Sequence[tuple[int, int, int]],
+                       tables: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Error-compensated 1-bit compression with a scale per segment (a, b, unmasked count), in place on
     ``error``: c = (x + error) * mask; s_j = ||c[a:b]|| / sqrt(count_j); error = (c - s_j sign(c)) * mask,
-    sign(c) = +1 for c > 0, -1 otherwise. Returns the packed bits of c > 0 and the (S,) scales."""
+    sign(c) = +1 for c > 0, -1 otherwise. Returns the packed bits of c > 0 and the (S,) scales.
+
+    Two paths, the same values to float rounding: a loop over the segments' views (2 S small operations, no
+    extra pass: the CPU's), or with ``tables`` (the segments' lengths and counts as tensors) a fixed number of
+    kernels whatever S, one of them an extra pass that spreads the scales over the elements (a GPU's, where
+    each operation costs a kernel launch)."""
     c = torch.add(x, error, out=error).mul_(mask)  # c lives in the error's buffer until it becomes the error
-    scales = torch.stack([torch.linalg.vector_norm(c[a:b]) / max(n, 1) ** 0.5 for a, b, n in segments])
     bits = c > 0
+    if tables is not None:
+        lengths, counts = tables
+        scales = torch.segment_reduce(c * c, "sum", lengths=lengths).div_(counts).sqrt_()
+        spread = scales.repeat_interleave(lengths, output_size=c.numel())
+        c.sub_(torch.where(bits, spread, spread.neg())).mul_(mask)
+        return pack_bits(bits), scales
+    scales = torch.stack([torch.linalg.vector_norm(c[a:b]) / max(n, 1) ** 0.5 for a, b, n in segments])
     for (a, b, _), s in zip(segments, scales):
         c[a:b].sub_(torch.where(bits[a:b], s, -s))
     c.mul_(mask)
@@ -126,20 +163,24 @@ def compressed_allreduce_per_tensor(x: torch.Tensor, worker_error: torch.Tensor,
                                     mask: torch.Tensor, layout: TensorLayout,
                                     group: Optional[dist.ProcessGroup] = None, stats: Optional[CommState] = None,
                                     topology: Optional[Topology] = None,
-                                    nonfinite: Optional[torch.Tensor] = None) -> TensorExchange:
+                                    nonfinite: Optional[torch.Tensor] = None,
+                                    vectorised: Optional[bool] = None) -> TensorExchange:
     """The compressed all-reduce of :func:`birder_repro.comm.onebit.compressed_allreduce` with the scales of
-    ``layout`` (module doc); the same arguments, the same steps, the same errors updated in place."""
+    ``layout`` (module doc); the same arguments, the same steps, the same errors updated in place.
+    ``vectorised``: a fixed number of kernels per step (:func:`compress_segments_`); None: on CUDA only."""
     group = group if group is not None else dist.group.WORLD
     n, me = dist.get_world_size(group), dist.get_rank(group)
     if x.numel() % (8 * n):
         raise ValueError(f"compressed_allreduce needs a multiple of 8 x {n} elements, got {x.numel()}: pad first")
     chunk, device = x.numel() // n, x.device
+    t = layout.tables(device) if (x.is_cuda if vectorised is None else vectorised) else None
 
     def timing(what: str):
         return stats.timing(what, device) if stats is not None else contextlib.nullcontext()
 
     with timing("compress"):  # Step II: each tensor of the bucket with its own worker scale
-        worker_bits, worker_scale = compress_segments_(x, worker_error, mask, layout.worker)
+        worker_bits, worker_scale = compress_segments_(x, worker_error, mask, layout.worker,
+                                                       t and (t["worker_lengths"], t["worker_counts"]))
         if nonfinite is not None:
             worker_scale = torch.where(nonfinite > 0, torch.full_like(worker_scale, float("nan")), worker_scale)
     received = torch.empty_like(worker_bits)
@@ -154,11 +195,16 @@ def compressed_allreduce_per_tensor(x: torch.Tensor, worker_error: torch.Tensor,
 
     with timing("compress"):  # Step IV: every worker's scale of the tensor each piece belongs to
         signs = unpack_signs(received.view(n, chunk // 8))
-        for (a, b, _), j in zip(layout.server, layout.server_tensor):
-            signs[:, a:b].mul_(worker_scales[:, j: j + 1])
+        if t is not None:
+            signs.mul_(worker_scales[:, t["server_tensor"]].repeat_interleave(t["server_lengths"], dim=1,
+                                                                               output_size=chunk))
+        else:
+            for (a, b, _), j in zip(layout.server, layout.server_tensor):
+                signs[:, a:b].mul_(worker_scales[:, j: j + 1])
         mean = signs.mean(dim=0)
         server_chunk_bits, server_scale = compress_segments_(mean, server_error, mask[me * chunk:(me + 1) * chunk],
-                                                             layout.server)
+                                                             layout.server,
+                                                             t and (t["server_lengths"], t["server_counts"]))
         sent_scales = torch.zeros(layout.per_server, device=device, dtype=server_scale.dtype)
         sent_scales[: server_scale.numel()] = server_scale
     server_bits = torch.empty(n, chunk // 8, device=device, dtype=torch.uint8)
@@ -173,9 +219,12 @@ def compressed_allreduce_per_tensor(x: torch.Tensor, worker_error: torch.Tensor,
     with timing("compress"):  # Step VI: every piece of every chunk with its server's scale
         server_scales = server_scales.view(n, layout.per_server)
         signs = unpack_signs(server_bits)
-        for k, pieces in enumerate(layout.chunks):
-            for (a, b), s in zip(pieces, server_scales[k]):
-                signs[k, a:b].mul_(s)
+        if t is not None:
+            signs.view(-1).mul_(server_scales.view(-1).repeat_interleave(t["all_lengths"], output_size=x.numel()))
+        else:
+            for k, pieces in enumerate(layout.chunks):
+                for (a, b), s in zip(pieces, server_scales[k]):
+                    signs[k, a:b].mul_(s)
         result = signs.view(-1).mul_(mask)
     return TensorExchange(result, worker_bits, worker_scales, server_bits, server_scales)
 
