@@ -265,3 +265,14 @@ def test_deepspeeds_exp_avg_mask_applies_after_the_allreduce():
             ref.step(g)
         assert torch.count_nonzero(ref.m[0][::4]) == 0
         assert bool(ref.errors[(0, 0)][::4].abs().sum() > 0) == error_left
+
+
+def test_deepspeeds_load_resets_the_errors():
+    """DeepSpeed's resume drops the errors; the project's keeps them, and the next compressed step shows it."""
+    ref, _, _ = _single(Choices(), steps=5)
+    kept, _, _ = _single(Choices(), steps=5)
+    ref.reset_errors()
+    assert not ref.errors and kept.errors
+    g = [[torch.full((5,), 0.1)], [torch.full((5,), -0.2)]]
+    assert ref.step(g) == kept.step(g) == "compression"
+    assert not torch.allclose(ref.x[0], kept.x[0])

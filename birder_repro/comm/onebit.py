@@ -27,7 +27,8 @@ padding, and elements whose frozen variance is 0 (the optimizer's ``compression_
 (1-bit LAMB paper, Algorithm 1, line 1) holds with Sign(0) = 0. Bits: LSB first, bit 1 = +1
 (:mod:`birder_repro.comm.pack`); a masked element's bit is 0 and means nothing.
 
-Bytes per process per bucket: 2 (N-1)/N * P'/8 for the bits plus 2 (N-1) * 4 for the scales, each peer's
+Bytes per process per bucket: 2 (N-1)/N * P'/8 for the bits plus 2 (N-1) * 4 for the scales (more with a
+scale per tensor: :mod:`birder_repro.comm.onebit_scales`), each peer's
 share counted intra- or inter-node by whether the peer is on this process's node (the compressed all-reduce
 itself is flat over all processes, as in the paper's comparison). With one process nothing is sent and the
 momentum is used as it is (DeepSpeed's OnebitAdam skips compression at world size 1 too).

@@ -118,6 +118,12 @@ class DeepSpeedOnebitAdamReference:
             self.x[j] = self.x[j] - self.lr * update
         return stage
 
+    def reset_errors(self) -> None:
+        """What DeepSpeed's ``load_state_dict`` does to the compression errors: drops them (each rank's are its
+        own and only rank 0's would be saved). The project saves every rank's and loads them: a resume
+        continues the reference without calling this."""
+        self.errors.clear()
+
     def _keep(self, j: int) -> torch.Tensor:
         """1 where parameter j's compressed momentum may be non-zero (the project: v > 0 and exp_avg_mask)."""
         keep = torch.ones_like(self.x[j]).reshape(-1)
