@@ -81,11 +81,27 @@ def _both_paths(rank: int) -> dict:
     return out
 
 
+def _nonfinite(rank: int, topology) -> dict:
+    """An Inf in rank 1's gradient at a compressed step: its NaN scales tell every rank to skip the step."""
+    ddp = nn.parallel.DistributedDataParallel(_net(), bucket_cap_mb=GROUPED)
+    opt = OneBitAdam(ddp.parameters(), freeze_step=FREEZE, **ADAM)
+    state = attach_onebit(ddp, opt, topology=topology, scale="tensor")
+    params = []
+    for step in range(FREEZE + 3):
+        opt.zero_grad()
+        loss = _loss(ddp, _batch(rank, step))
+        (loss * float("inf") if step == FREEZE + 1 and rank == 1 else loss).backward()
+        opt.step()
+        params.append(torch.cat([p.detach().reshape(-1) for p in ddp.parameters()]))
+    return {"params": params, "skipped": state.nonfinite_steps, "steps_done": opt.steps_done}
+
+
 def _scenarios(rank: int, world: int) -> bytes:
     torch.manual_seed(0)
     topology = build_topology(GPUS_PER_NODE)
     results = {"alone": _run(rank, topology, ALONE, resume=False),
-               "grouped": _run(rank, topology, GROUPED, resume=True), "paths": _both_paths(rank)}
+               "grouped": _run(rank, topology, GROUPED, resume=True), "paths": _both_paths(rank),
+               "nonfinite": _nonfinite(rank, topology)}
     buf = io.BytesIO()
     torch.save(results, buf)
     return buf.getvalue()
@@ -161,6 +177,16 @@ def test_vectorised_path_matches_the_loop(dist_results):
         for got, want in zip(vectorised, loop):
             torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
         assert loop[0].abs().sum() > 0
+
+
+def test_a_nonfinite_gradient_skips_the_step_on_every_rank(dist_results):
+    for rank in range(WORLD):
+        run = dist_results[rank]["nonfinite"]
+        assert run["skipped"] == 1 and run["steps_done"] == FREEZE + 2, rank
+        assert torch.equal(run["params"][FREEZE], run["params"][FREEZE + 1]), rank  # the skipped step
+        assert not torch.equal(run["params"][FREEZE + 1], run["params"][FREEZE + 2]), rank
+        assert torch.isfinite(run["params"][-1]).all() and torch.equal(run["params"][-1],
+                                                                        dist_results[0]["nonfinite"]["params"][-1])
 
 
 def test_bytes_count_every_scale(dist_results):
