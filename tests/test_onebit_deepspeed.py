@@ -21,7 +21,6 @@ import io
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from birder_repro.comm.onebit import attach_onebit
