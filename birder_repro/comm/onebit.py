@@ -11,7 +11,9 @@ Compression (every later step), for a bucket of P elements padded to P' (a multi
               momentum of the last step, read from the optimizer's ``exp_avg`` (line 13 makes it every
               worker's momentum); 1-bit LAMB multiplies each tensor by its fixed momentum scale (A.5.2);
     Step II   worker compression (lines 7-8): c = (m_i + e_worker) * mask; s_i = ||c|| / sqrt(#mask);
-              bits = c > 0; e_worker = (c - s_i sign(c)) * mask; one scale for the whole bucket;
+              bits = c > 0; e_worker = (c - s_i sign(c)) * mask; one scale for the whole bucket (or, with
+              ``scale='tensor'``, one per tensor and per piece of a server's chunk, as DeepSpeed's OnebitAdam:
+              :mod:`birder_repro.comm.onebit_scales`);
     Step III  all-to-all of the packed bits (chunk k to process k) and all-gather of the N worker scales;
     Step IV   server k (lines 10-11) on chunk k: c = (mean_i s_i sign_i + e_server) * mask; its own scale
               s_k = ||c|| / sqrt(#mask) over the chunk; bits; e_server = (c - s_k sign(c)) * mask;
@@ -25,7 +27,8 @@ padding, and elements whose frozen variance is 0 (the optimizer's ``compression_
 (1-bit LAMB paper, Algorithm 1, line 1) holds with Sign(0) = 0. Bits: LSB first, bit 1 = +1
 (:mod:`birder_repro.comm.pack`); a masked element's bit is 0 and means nothing.
 
-Bytes per process per bucket: 2 (N-1)/N * P'/8 for the bits plus 2 (N-1) * 4 for the scales, each peer's
+Bytes per process per bucket: 2 (N-1)/N * P'/8 for the bits plus 2 (N-1) * 4 for the scales (more with a
+scale per tensor: :mod:`birder_repro.comm.onebit_scales`), each peer's
 share counted intra- or inter-node by whether the peer is on this process's node (the compressed all-reduce
 itself is flat over all processes, as in the paper's comparison). With one process nothing is sent and the
 momentum is used as it is (DeepSpeed's OnebitAdam skips compression at world size 1 too).
@@ -54,6 +57,7 @@ from birder_repro.comm.accounting import flat_allreduce_split, peer_bytes
 from birder_repro.comm.buckets import Bucket, BucketStore, Field, Level, bucket_signature, parameter_index
 from birder_repro.comm.collectives import all_gather_flat as _all_gather
 from birder_repro.comm.nonfinite import NonFiniteGuard, local_flag
+from birder_repro.comm.onebit_scales import SCALES, compressed_allreduce_per_tensor, tensor_layout
 from birder_repro.comm.overlap import HookRunner
 from birder_repro.comm.pack import pack_bits, unpack_signs
 from birder_repro.comm.state import GRADIENT, MOMENTUM, CommState, CompressedCommState
@@ -181,10 +185,11 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 class _Derived:
     """What the hook derives for a bucket from the optimizer, once (fixed in the compression stage; not saved)."""
 
-    __slots__ = ("params", "beta1", "mask", "scale")
+    __slots__ = ("params", "beta1", "mask", "scale", "layout")
 
     def __init__(self, params: list, beta1: float, mask: torch.Tensor, scale: Optional[torch.Tensor]):
         self.params, self.beta1, self.mask, self.scale = params, beta1, mask, scale
+        self.layout = None  # optim.comm.scale=tensor: where the scales stop (birder_repro.comm.onebit_scales)
 
 
 class OneBitState(CompressedCommState):
@@ -197,7 +202,7 @@ class OneBitState(CompressedCommState):
 
     __slots__ = (
         # user settings
-        "optimizer", "process_group", "topology",
+        "optimizer", "process_group", "topology", "scale",
         # internal state: per-bucket errors with their layouts; which parameter index each parameter has; the
         # communication thread
         "store", "param_index", "runner",
@@ -208,9 +213,13 @@ class OneBitState(CompressedCommState):
     )
 
     def __init__(self, optimizer: OneBitOptimizer, process_group: Optional[dist.ProcessGroup], topology: Topology,
-                 param_index: Mapping[int, int], overlap: bool = True, nonfinite: str = "skip"):
+                 param_index: Mapping[int, int], overlap: bool = True, nonfinite: str = "skip",
+                 scale: str = "bucket"):
         super().__init__()
+        if scale not in SCALES:
+            raise ValueError(f"optim.comm.scale must be one of {', '.join(SCALES)}, got {scale!r}")
         self.optimizer = optimizer
+        self.scale = scale  # one scale per bucket, or per tensor as DeepSpeed's OnebitAdam
         self.process_group = process_group
         self.topology = topology
         self.runner = HookRunner(overlap, name=f"onebit-comm-{topology.rank}")
@@ -276,8 +285,7 @@ class OneBitState(CompressedCommState):
                 flag = local_flag(buffer) if node_flag is None else node_flag
                 m = self._local_momentum(bucket, self.unscale_(buffer))  # fp16: true gradients (Step I)
             if self.world_size > 1:
-                ex = compressed_allreduce(m, bucket.state["worker_error"], bucket.state["server_error"], d.mask,
-                                          self.group, self, self.topology, nonfinite=flag)
+                ex = self._exchange(bucket, m, flag)
                 m, flag = ex.result, (~torch.isfinite(ex.worker_scales)).any().to(torch.float32)
             else:
                 m.mul_(d.mask)  # nothing to send: the exact momentum (DeepSpeed skips compression too)
@@ -288,6 +296,17 @@ class OneBitState(CompressedCommState):
                     out = out.div_(d.scale[: bucket.numel])
                 self.rescale_(buffer.copy_(out), flag)  # fp16: what GradScaler divides back (Step II)
             return buffer
+
+    def _exchange(self, bucket: Bucket, m: torch.Tensor, flag: torch.Tensor):
+        """Steps II-VI with the bucket's one scale, or a scale per tensor (``scale='tensor'``)."""
+        d, errors = bucket.derived, (bucket.state["worker_error"], bucket.state["server_error"])
+        if self.scale == "bucket":
+            return compressed_allreduce(m, *errors, d.mask, self.group, self, self.topology, nonfinite=flag)
+        if d.layout is None:
+            d.layout = tensor_layout(bucket.signature, bucket.padded, d.mask, self.world_size,
+                                     dist.get_rank(self.group))
+        return compressed_allreduce_per_tensor(m, *errors, d.mask, d.layout, self.group, self, self.topology,
+                                               nonfinite=flag)
 
     def _local_momentum(self, bucket: Bucket, buffer: torch.Tensor) -> torch.Tensor:
         """Step I: beta1 * m + (1-beta1) * g over the bucket, padded with zeros (times LAMB's scales)."""
@@ -328,6 +347,7 @@ class OneBitState(CompressedCommState):
         self.runner.check_idle("OneBitState.state_dict()")
         return {
             "world_size": self.world_size,
+            "scale": self.scale,  # informative: the errors are per element, so either setting loads them
             "buckets": self.store.state_dict(),
             "last_stage": self.last_stage,
             "counters": self.snapshot(),
@@ -365,7 +385,7 @@ def onebit_hook(state: OneBitState, bucket: dist.GradBucket) -> torch.futures.Fu
 
 def attach_onebit(ddp_model: torch.nn.parallel.DistributedDataParallel, optimizer: OneBitOptimizer,
                   topology: Optional[Topology] = None, overlap: bool = True,
-                  nonfinite: str = "skip") -> OneBitState:
+                  nonfinite: str = "skip", scale: str = "bucket") -> OneBitState:
     """Register the 1-bit hook on ``ddp_model`` and have ``optimizer`` take its averaged momentum.
 
     Args:
@@ -380,6 +400,9 @@ def attach_onebit(ddp_model: torch.nn.parallel.DistributedDataParallel, optimize
         nonfinite: a NaN or Inf in any rank's gradient skips the whole step on every rank (``skip``: parameters,
             momentum, variance and errors untouched, counted in ``state.nonfinite_steps``) or fails it
             (``raise``).
+        scale: ``bucket`` (one worker scale per DDP bucket, one server scale per chunk) or ``tensor`` (one per
+            tensor of the bucket and per piece of a tensor in a server's chunk, as DeepSpeed's OnebitAdam;
+            :mod:`birder_repro.comm.onebit_scales`).
 
     Rank 0 says the layout the counts are split by and where it came from. The state's counters are cumulative
     from the attach on; ``state.bytes_last_step()`` gives one step's bytes.
@@ -399,7 +422,7 @@ def attach_onebit(ddp_model: torch.nn.parallel.DistributedDataParallel, optimize
     # Every process is a worker of the compressed all-reduce whatever the layout: it only splits the counts.
     announce_layout("attach_onebit", topology, source, between_nodes=False)
     state = OneBitState(optimizer, process_group, topology, parameter_index(ddp_model.module),
-                        overlap=overlap, nonfinite=nonfinite)
+                        overlap=overlap, nonfinite=nonfinite, scale=scale)
     ddp_model.register_comm_hook(state, onebit_hook)
     optimizer.momentum_by_hook = True
     optimizer.hook_state = state  # its step() asks the hook whether to skip (end_step)
@@ -408,10 +431,10 @@ def attach_onebit(ddp_model: torch.nn.parallel.DistributedDataParallel, optimize
 
 def attach_from_config(ddp_model: torch.nn.parallel.DistributedDataParallel, optimizer: OneBitOptimizer,
                        cfg: Mapping[str, Any], topology: Topology, scheme: str = "onebit") -> OneBitState:
-    """The runner's entry (birder_repro.comm.attach_comm): ``optim.comm.overlap`` from the config
-    (``bucket_cap_mb`` is DDP's: the worker builds DDP with it)."""
+    """The runner's entry (birder_repro.comm.attach_comm): ``optim.comm.overlap``, ``.nonfinite`` and ``.scale``
+    from the config (``bucket_cap_mb`` is DDP's: the worker builds DDP with it)."""
     if scheme != "onebit":
         raise ValueError(f"birder_repro.comm.onebit handles scheme 'onebit', not {scheme!r}")
     comm = cfg.get("comm") or {}
     return attach_onebit(ddp_model, optimizer, topology=topology, overlap=bool(comm.get("overlap", True)),
-                         nonfinite=str(comm.get("nonfinite", "skip")))
+                         nonfinite=str(comm.get("nonfinite", "skip")), scale=str(comm.get("scale", "bucket")))

@@ -23,8 +23,8 @@ momentum is forced to 0 and they move only by weight decay. A parameter group ma
 Opt-in deviation, ``precondition_compression`` (``optim.compress_preconditioned``; off by default, the paper's
 way): compress the preconditioned momentum m/(sqrt(v)+eps) instead of m, and divide it back after the
 averaging. With v frozen and the same on every rank the average is unchanged; what changes is what 1 bit
-costs. 1 bit cannot say "small": the compressor sends every element at the bucket's scale (the RMS of the
-whole bucket, Algorithm 1 lines 7-8) and error feedback makes an element with nothing to send oscillate by
+costs. 1 bit cannot say "small": the compressor sends every element at its scale (the RMS of the whole
+bucket, Algorithm 1 lines 7-8, or of its tensor with the hook's ``scale='tensor'``) and error feedback makes an element with nothing to send oscillate by
 that scale, step after step. Divided by a frozen sqrt(v) of 1e-10 (an element that saw almost no gradient
 during the warmup: a rarely active ReLU unit), that is a step of scale/eps: 0.34 -> 93 in one step on the
 reproduction in docs/optimizers.md ("1-bit Adam: the warmup"). The paper's bound (1-bit Adam paper, section 5,

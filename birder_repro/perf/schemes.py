@@ -23,7 +23,10 @@ Schemes (bucket of P elements, P' padded as the hook pads it; n nodes of m proce
     ``onebit``      1-bit Adam / 1-bit LAMB compression stage (1-bit Adam paper, Algorithm 1; DeepSpeed's
                     compressed all-reduce), flat over all N processes, P' a multiple of 8N: all-to-all of the
                     signs (P'/8 bytes), all-gather of the N scales, all-gather of the server signs (P'/8
-                    bytes out), all-gather of the N server scales. Its warmup stage is ``fp32``.
+                    bytes out), all-gather of the N server scales. Its warmup stage is ``fp32``. With
+                    ``scale='tensor'`` (``optim.comm.scale``) each worker sends T scales, one per tensor of the
+                    bucket, and each server S, one per piece of a tensor in its chunk
+                    (birder_repro.comm.onebit_scales.scale_counts; tensors from ``matrices``).
     ``hierarchical`` Birder's Hierarchical-1-bit-All-Reduce (Birder paper, section 4), P' a multiple of 8mn:
                     intra reduce-scatter fp32 (4P'), inter all-to-all of the shard's bits (P'/(8m)), inter
                     all-gather of the chunks (P'/(8m) out), intra all-gather of the shards (P'/8 out).
@@ -51,11 +54,13 @@ gradients (4P'):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from birder_repro.comm.accounting import (all_gather_bytes, all_to_all_bytes, allreduce_bytes,
                                           flat_allreduce_split, reduce_scatter_bytes)
+from birder_repro.comm.onebit_scales import scale_counts
 
 __all__ = ["Collective", "SCHEMES", "FSDP_SCHEMES", "COMPRESSION_BACKEND", "bucket_collectives", "compressed_elements",
            "counted_bytes", "padded_elements", "scheme_for_optim", "powersgd_elements"]
@@ -111,8 +116,10 @@ def powersgd_elements(matrices: Sequence[Sequence[int]], rank: int) -> tuple[int
 
 
 def bucket_collectives(scheme: str, numel: int, nodes: int, gpus_per_node: int, *,
-                       matrices: Optional[Sequence[Sequence[int]]] = None, rank: int = 1) -> list[Collective]:
-    """The collectives ``scheme`` issues for one bucket of ``numel`` elements, in order."""
+                       matrices: Optional[Sequence[Sequence[int]]] = None, rank: int = 1,
+                       scale: str = "bucket") -> list[Collective]:
+    """The collectives ``scheme`` issues for one bucket of ``numel`` elements, in order. ``scale``: 1-bit
+    Adam's ``optim.comm.scale`` (``tensor`` counts a scale per tensor of ``matrices``; none given: one tensor)."""
     n, m = nodes, gpus_per_node
     world = n * m
     if scheme not in SCHEMES:
@@ -128,8 +135,12 @@ def bucket_collectives(scheme: str, numel: int, nodes: int, gpus_per_node: int, 
         unc, p, q = powersgd_elements(matrices if matrices is not None else _square(numel), rank)
         return [Collective("allreduce", "world", 4.0 * x) for x in (unc, p, q) if x]
     if scheme == "onebit":
-        return [Collective("all_to_all", "world", padded / 8), Collective("all_gather", "world", SCALE_BYTES * world),
-                Collective("all_gather", "world", padded / 8), Collective("all_gather", "world", SCALE_BYTES * world)]
+        tensors, pieces = (1, 1) if scale == "bucket" or not matrices else \
+            scale_counts([math.prod(int(d) for d in shape) for shape in matrices], world)
+        return [Collective("all_to_all", "world", padded / 8),
+                Collective("all_gather", "world", SCALE_BYTES * world * tensors),
+                Collective("all_gather", "world", padded / 8),
+                Collective("all_gather", "world", SCALE_BYTES * world * pieces)]
     if scheme == "hierarchical":
         ops = []
         if m > 1:
