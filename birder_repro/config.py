@@ -43,6 +43,8 @@ CHOICES = {
     "model.size": ("full", "tiny"),
     # Birder's variants (DESIGN.md "Birder inside DDP"): they share one implementation in birder_repro.comm.
     "optim.comm.scheme": ("hierarchical", "flat", "allgather"),
+    # 1-bit Adam's compression scale: one per tensor (DeepSpeed's) or one per DDP bucket (docs/optimizers.md).
+    "optim.comm.scale": ("tensor", "bucket"),
 }
 
 
