@@ -155,3 +155,30 @@ def test_a_killed_fsdp_run_restarts_and_ends_as_if_uninterrupted(tmp_path):
     for part in ("model", "hook"):
         for k in sa[part]:
             assert torch.equal(sa[part][k], sb[part][k]), f"{part}/{k}"
+
+
+def test_the_report_keeps_ddp_and_fsdp_runs_of_one_cell_apart(tmp_path, monkeypatch):
+    """``parallel`` is part of a cell (birder_repro.report.identity: not an ignored key; report/cells.py: a
+    setting column): a DDP run and an FSDP run of the same settings are two rows, each with its speedup over
+    its own baseline, never one in the other's place."""
+    from test_report_cells import config, only, report, run_record
+
+    from birder_repro.report import figures, identity
+
+    monkeypatch.setattr(figures, "have_matplotlib", lambda: False)
+    assert not identity.is_ignored("parallel")
+    ddp = config("birder")
+    assert identity.config_key(ddp) != identity.config_key({**ddp, "parallel": "fsdp"})
+
+    def under(parallel: str, rec: dict) -> dict:
+        rec["config"]["parallel"] = rec["parallel"] = parallel
+        return rec
+
+    records = [under("ddp", run_record("sgdm", 100.0)), under("ddp", run_record("birder", 150.0)),
+               under("fsdp", run_record("sgdm", 80.0, started="2026-01-01T11:00:00")),
+               under("fsdp", run_record("birder", 160.0, started="2026-01-01T11:00:00"))]
+    rows, left, md = report(tmp_path, records)
+    assert len(rows) == 4 and left.empty
+    assert only(rows, optim="birder", parallel="ddp")["speedup"] == pytest.approx(1.5)
+    assert only(rows, optim="birder", parallel="fsdp")["speedup"] == pytest.approx(2.0)
+    assert sum(line.startswith("| Birder") for line in md.splitlines()) == 2
