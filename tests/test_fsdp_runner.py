@@ -33,15 +33,21 @@ def _check_fsdp_record(done: subprocess.CompletedProcess, rec: dict, optim: str)
     assert "parallel: fsdp" in done.stdout  # the summary says which
 
 
-def _digits_units(m: int) -> list[list[torch.Tensor]]:
+def _digits_units(bf16: bool = False) -> list[list[torch.Tensor]]:
     """The tiny digits CNN's FSDP units as the runner makes them (tasks/digits.py ``fsdp_units``: the conv-bn
-    blocks, then the root with the rest), each as its parameters in FSDP's order."""
+    blocks, then the root with the rest; under bf16 every BatchNorm is a unit of its own, kept fp32,
+    birder_repro.train.parallel), each as its parameters in FSDP's order."""
     from birder_repro.tasks.digits import SIZES, DigitsCNN
 
     model = DigitsCNN(SIZES["tiny"])
-    blocks = [b for b in model.features if any(True for _ in b.parameters())]
-    inside = {id(p) for b in blocks for p in b.parameters()}
-    return [list(b.parameters()) for b in blocks] + [[p for p in model.parameters() if id(p) not in inside]]
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)] if bf16 else []
+    blocks = norms + [b for b in model.features if any(True for _ in b.parameters())]
+    units, taken = [], set()
+    for block in [*blocks, model]:
+        params = [p for p in block.parameters() if id(p) not in taken]
+        taken.update(id(p) for p in params)
+        units.append(params)
+    return units
 
 
 def _rows(p: torch.Tensor, m: int, r: int) -> int:
@@ -50,12 +56,12 @@ def _rows(p: torch.Tensor, m: int, r: int) -> int:
     return max(0, min(per, p.shape[0] - r * per))
 
 
-def _expected_birder_figures(n: int, m: int) -> dict:
+def _expected_birder_figures(n: int, m: int, bf16: bool = False) -> dict:
     """Per process: the bytes of parameters and gradients (rank r's real rows, fp32), of Birder's state (m, b, e
     over each unit's shard S padded to S' = a multiple of 8n, and e_bar, this node's 1/n of it; the optimizer
     keeps none) and the inter-node bytes per step: per unit, the all-to-all of n-1 chunks of S'/(8n) bytes
     and the node's flag byte each, and the all-gather of the n-1 others' chunks (birder_repro.comm.fsdp)."""
-    units = _digits_units(m)
+    units = _digits_units(bf16)
     shards = [sum(math.ceil(p.shape[0] / m) * (p.numel() // p.shape[0]) for p in u) for u in units]
     padded = [math.ceil(s / (8 * n)) * 8 * n for s in shards]
     local = [sum(_rows(p, m, r) * (p.numel() // p.shape[0]) * 4 for u in units for p in u) for r in range(m)]
@@ -155,6 +161,19 @@ def test_a_killed_fsdp_run_restarts_and_ends_as_if_uninterrupted(tmp_path):
     for part in ("model", "hook"):
         for k in sa[part]:
             assert torch.equal(sa[part][k], sb[part][k]), f"{part}/{k}"
+
+
+@pytest.mark.slow  # a whole run on 4 processes, ~50-80 s on 2 cores
+def test_digits_birder_under_fsdp_in_bf16_keeps_batchnorm_fp32_in_units_of_its_own(tmp_path):
+    """bf16 under FSDP (MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)): every BatchNorm is a unit
+    with fp32 parameters (bf16 weights beside fp32 running statistics fail), so the hook sees 3 more units, each
+    exchanged as the formula says; the loss stays finite."""
+    done, rec = _run(tmp_path, "task=digits", "optim=birder", *FSDP, "train.precision=bf16")
+    _check_fsdp_record(done, rec, "birder")
+    assert rec["config"]["train"]["precision"] == "bf16" and math.isfinite(rec["final_loss"])
+    want = _expected_birder_figures(n=2, m=2, bf16=True)
+    assert len(want["shards"]) == 7 and rec["inter_node_bytes_per_step"] == want["inter"]
+    assert all(mem["optimizer_state"] == want["hook_state"] for mem in rec["memory"])
 
 
 def test_the_report_keeps_ddp_and_fsdp_runs_of_one_cell_apart(tmp_path, monkeypatch):
