@@ -97,12 +97,34 @@ def _train(rank, optim: str, overlap: bool, log: _Log, pairs: list):
             "params": torch.cat([p.full_tensor().reshape(-1) for p in model.parameters()])}
 
 
+def _gradients_left(rank) -> str:
+    """A second backward without zero_grad on the thread path: FSDP would add the shard to the gradients before
+    the thread writes it, so the hook refuses (last: the failed backward leaves FSDP's state behind)."""
+    from birder_repro.comm import attach_birder_fsdp
+    from birder_repro.optim import Birder
+
+    model, mesh = _sharded_net()
+    opt = Birder(model.parameters(), lr=LR, beta=0.9)
+    state = attach_birder_fsdp(model, opt, mesh, overlap=True)
+    x, y = _batch(rank, 0)
+    nn.functional.mse_loss(model(x), y).backward()
+    try:
+        nn.functional.mse_loss(model(x), y).backward()
+    except RuntimeError as exc:
+        return str(exc)
+    finally:
+        state.close()
+    return "no error"
+
+
 def _all(rank, world):
     log = _Log()
     _record_collectives(log)  # once per process: the wrappers stay installed
     pairs = _flags_made_where_read()
-    return {(optim, overlap): _train(rank, optim, overlap, log, pairs)
-            for optim in ("birder", "onebit") for overlap in (False, True)}
+    out = {(optim, overlap): _train(rank, optim, overlap, log, pairs)
+           for optim in ("birder", "onebit") for overlap in (False, True)}
+    out["gradients_left"] = _gradients_left(rank)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +180,12 @@ def test_on_the_thread_no_group_is_used_from_two_threads_and_each_keeps_one_orde
 def test_inside_the_hook_and_on_the_thread_train_alike_bit_for_bit(runs, optim):
     for r in range(WORLD):
         assert torch.equal(runs[r][(optim, False)]["params"], runs[r][(optim, True)]["params"])
+
+
+def test_the_thread_refuses_a_unit_that_already_has_gradients(runs):
+    for r in range(WORLD):
+        says = runs[r]["gradients_left"]
+        assert "already has gradients" in says and "zero_grad(set_to_none=True)" in says and "\n" not in says
 
 
 def test_on_cuda_the_work_always_runs_inside_the_hook():

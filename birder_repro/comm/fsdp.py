@@ -236,18 +236,19 @@ class _UnitHooks:
             raise RuntimeError(f"FSDP unit {unit.index} ({type(unit.module).__name__}) reduced {shard.numel()} "
                                f"elements, its parameters' shards hold {unit.numel}: every parameter of a unit "
                                "must get a gradient in every step with the 1-bit FSDP hooks")
+        inside = runs_in_hook(shard.device, self.state.runner.overlap)
+        if not inside and any(p.grad is not None for p in unit.params):
+            raise RuntimeError(f"FSDP unit {unit.index} ({type(unit.module).__name__}) already has gradients: FSDP "
+                               "would add the shard to them before the communication thread writes it; call "
+                               "optimizer.zero_grad(set_to_none=True) before each backward, or set overlap=False")
         self.traffic.reduced(unit, shard.numel() * shard.element_size())
         flag, work = self._node_flag(shard)
-        if runs_in_hook(shard.device, self.state.runner.overlap):  # Step III now, on the hook's stream
+        if inside:  # Step III now, on the hook's stream
             with torch.no_grad():
                 if work is not None:
                     work.wait()
                 self.work(unit, shard, flag)
             return
-        if any(p.grad is not None for p in unit.params):
-            raise RuntimeError(f"FSDP unit {unit.index} ({type(unit.module).__name__}) already has gradients: FSDP "
-                               "would add the shard to them before the communication thread writes it; call "
-                               "optimizer.zero_grad(set_to_none=True) before each backward, or set overlap=False")
 
         def run() -> torch.Tensor:
             if work is not None:
