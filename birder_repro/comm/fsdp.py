@@ -222,7 +222,7 @@ def runs_in_hook(device, overlap: bool) -> bool:
 class _UnitHooks:
     """Installs ``work(unit, shard, node_flag)`` as every unit's all-reduce hook, run inside the hook or by
     ``state.runner`` (:func:`runs_in_hook`); the thread's work is waited for when backward ends (module doc,
-    Overlap)."""
+    Streams and order)."""
 
     def __init__(self, state, units: Sequence[Unit], topology: Topology, traffic: FsdpTraffic, work):
         self.state, self.topology, self.traffic, self.work = state, topology, traffic, work
