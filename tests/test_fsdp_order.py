@@ -10,6 +10,9 @@ compression) under FSDP2:
 - on the communication thread (CPU, ``overlap=True``) no group is used from two threads and every rank of a
   group issues the same sequence on it;
 - both give the same parameters bit for bit.
+
+Without a GPU, a stand-in shard that says it is on CUDA drives the real hook: its work runs in the hook call,
+never on the thread (whose side stream would read a flag made on FSDP's stream).
 """
 
 from __future__ import annotations
@@ -194,6 +197,38 @@ def test_on_cuda_the_work_always_runs_inside_the_hook():
     # CUDA: inside the hook whatever overlap says (one thread, one stream); CPU: the thread where asked.
     assert runs_in_hook(torch.device("cuda", 1), True) and runs_in_hook("cuda", False)
     assert not runs_in_hook(torch.device("cpu"), True) and runs_in_hook("cpu", False)
+
+
+class _CudaShard(torch.Tensor):
+    """A CPU tensor that says it lives on cuda:0: the hook's choice of path, without a GPU."""
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+
+def test_a_cuda_shard_is_worked_on_inside_the_hook_and_never_queued_to_the_thread():
+    """The real hook with stand-ins around it: a CUDA shard's flag is made and its work done in the hook call
+    (on CUDA: on FSDP's all-reduce stream, the stream the flag is made on), even with overlap on; nothing is
+    handed to the communication thread, whose side stream would read the flag."""
+    from birder_repro.comm.fsdp import Unit, _UnitHooks
+
+    calls = []
+
+    class Runner:
+        overlap = True
+
+        def run(self, work, device):
+            calls.append("queued to the thread")
+
+    state = types.SimpleNamespace(runner=Runner(), add_bytes=lambda *a: None)
+    unit = Unit(0, types.SimpleNamespace(set_all_reduce_hook=lambda hook: None), (), ((0, 0, 4, 0),), 4, 16)
+    topology = types.SimpleNamespace(intra_group=None, gpus_per_node=1)
+    traffic = types.SimpleNamespace(reduced=lambda *a: None)
+    hooks = _UnitHooks(state, [unit], topology, traffic,
+                       lambda u, shard, flag: calls.append((threading.current_thread().name, float(flag))))
+    hooks.hook(unit, torch.tensor([1.0, float("nan"), 0.0, 0.0]).as_subclass(_CudaShard))
+    assert calls == [(threading.current_thread().name, 1.0)] and not hooks.pending and not hooks.callback_queued
 
 
 def test_the_fsdp_attach_runs_the_triton_self_test_and_refuses_a_failing_one(monkeypatch):
