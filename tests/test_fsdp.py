@@ -174,9 +174,73 @@ def _dcp_round_trip(rank, world, where: str):
     return {"left_alone": left_alone, "resumed": resumed, "saved": saved, "loaded": loaded, "meta": meta}
 
 
+class NetBN(Net):
+    """Net with a BatchNorm after the first layer: its running statistics are each rank's own under FSDP."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers[0] = nn.Sequential(nn.Linear(8, 13), nn.BatchNorm1d(13))
+
+
+def _bn_birder():
+    from birder_repro.comm import attach_birder_fsdp
+    from birder_repro.optim import Birder
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = NetBN()
+    mesh = init_device_mesh("cpu", (NODES, GPUS), mesh_dim_names=("replicate", "shard"))
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh["shard"])
+    fully_shard(model, mesh=mesh["shard"])
+    opt = Birder(model.parameters(), lr=LR, beta=0.9, weight_decay=1e-3)
+    return model, opt, attach_birder_fsdp(model, opt, mesh)
+
+
+def _onebit_adam():
+    from birder_repro.comm import attach_onebit_fsdp
+    from birder_repro.optim import OneBitAdam
+
+    model, mesh = _sharded_net()
+    opt = OneBitAdam(model.parameters(), freeze_step=FREEZE, **ONEBIT)
+    return model, opt, attach_onebit_fsdp(model, opt, mesh)
+
+
+def _whole(model) -> dict:
+    return {"params": torch.cat([p.full_tensor().reshape(-1) for p in model.parameters()]),
+            "buffers": {k: b.clone() for k, b in model.named_buffers()}}
+
+
+def _resumes(rank, where: str, build, save_at: int, steps: int) -> dict:
+    """Train ``save_at`` steps, save (DCP and the per-rank meta), go on to ``steps``; a fresh build loads the
+    checkpoint and does the same steps. The two must end alike, bit for bit, on every rank."""
+    from pathlib import Path
+
+    from birder_repro.train import fsdp_checkpoint
+
+    model, opt, state = build()
+    _train_steps(model, opt, rank, range(save_at))
+    fsdp_checkpoint.save_sharded(Path(where), model, opt, state, torch.device("cpu"))
+    meta, saved = fsdp_checkpoint.hook_meta(state, opt, model), _whole(model)
+    _train_steps(model, opt, rank, range(save_at, steps))
+    left_alone, stage = _whole(model), state.stage(steps - 1)
+    state.close()
+    model, opt, state = build()
+    fsdp_checkpoint.load_sharded(Path(where), model, opt, state, meta, torch.device("cpu"))
+    loaded = _whole(model)
+    _train_steps(model, opt, rank, range(save_at, steps))
+    out = {"saved": saved, "loaded": loaded, "left_alone": left_alone, "resumed": _whole(model),
+           "stages": (stage, state.stage(steps - 1))}
+    state.close()
+    return out
+
+
 def _all(rank, world, where):
     return {"fsdp": _fsdp_birder(rank, world), "ddp": _ddp_birder(rank, world),
-            "onebit": _fsdp_onebit(rank, world), "dcp": _dcp_round_trip(rank, world, where)}
+            "onebit": _fsdp_onebit(rank, world), "dcp": _dcp_round_trip(rank, world, where),
+            "bn": _resumes(rank, where + "/bn", _bn_birder, 2, 4),
+            "onebit_resume": _resumes(rank, where + "/onebit", _onebit_adam, FREEZE + 1, ONEBIT_STEPS)}
 
 
 @pytest.fixture(scope="module")
@@ -192,6 +256,30 @@ def test_a_dcp_checkpoint_resumes_bit_for_bit(runs):
             "m", "b", "e", "e_bar"}
         for k in d["saved"]:
             assert torch.equal(d["saved"][k], d["loaded"][k]), k
+
+
+def _same(a: dict, b: dict) -> bool:
+    return torch.equal(a["params"], b["params"]) and a["buffers"].keys() == b["buffers"].keys() and all(
+        torch.equal(a["buffers"][k], b["buffers"][k]) for k in a["buffers"])
+
+
+def test_a_dcp_checkpoint_resumes_each_ranks_own_buffers(runs):
+    """BatchNorm's running statistics differ between the ranks under FSDP (each its own batches; DDP would
+    broadcast rank 0's): each rank gets its own back, and continues bit for bit."""
+    bn = [runs[r]["bn"] for r in range(WORLD)]
+    assert not torch.equal(bn[0]["saved"]["buffers"]["layers.0.1.running_mean"],
+                           bn[1]["saved"]["buffers"]["layers.0.1.running_mean"])
+    for r in range(WORLD):
+        assert _same(bn[r]["loaded"], bn[r]["saved"]), f"rank {r}"
+        assert _same(bn[r]["resumed"], bn[r]["left_alone"]), f"rank {r}"
+
+
+def test_onebit_adam_under_fsdp_resumes_in_its_compression_stage_bit_for_bit(runs):
+    """Saved after the warmup (the frozen variance, the step count and both error feedbacks in use)."""
+    for r in range(WORLD):
+        d = runs[r]["onebit_resume"]
+        assert d["stages"] == ("compression", "compression")
+        assert _same(d["resumed"], d["left_alone"]), f"rank {r}"
 
 
 def _load_into_one_per_node(rank, world, where: str, meta: dict):

@@ -4,6 +4,7 @@ ends as the run left alone."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 from pathlib import Path
 
@@ -32,11 +33,59 @@ def _check_fsdp_record(done: subprocess.CompletedProcess, rec: dict, optim: str)
     assert "parallel: fsdp" in done.stdout  # the summary says which
 
 
+def _digits_units(bf16: bool = False) -> list[list[torch.Tensor]]:
+    """The tiny digits CNN's FSDP units as the runner makes them (tasks/digits.py ``fsdp_units``: the conv-bn
+    blocks, then the root with the rest; under bf16 every BatchNorm is a unit of its own, kept fp32,
+    birder_repro.train.parallel), each as its parameters in FSDP's order."""
+    from birder_repro.tasks.digits import SIZES, DigitsCNN
+
+    model = DigitsCNN(SIZES["tiny"])
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)] if bf16 else []
+    blocks = norms + [b for b in model.features if any(True for _ in b.parameters())]
+    units, taken = [], set()
+    for block in [*blocks, model]:
+        params = [p for p in block.parameters() if id(p) not in taken]
+        taken.update(id(p) for p in params)
+        units.append(params)
+    return units
+
+
+def _rows(p: torch.Tensor, m: int, r: int) -> int:
+    """Rows of ``p`` that process r of a node holds: FSDP's dim-0 chunks of ceil(rows / m)."""
+    per = math.ceil(p.shape[0] / m)
+    return max(0, min(per, p.shape[0] - r * per))
+
+
+def _expected_birder_figures(n: int, m: int, bf16: bool = False) -> dict:
+    """Per process: the bytes of parameters and gradients (rank r's real rows, fp32), of Birder's state (m, b, e
+    over each unit's shard S padded to S' = a multiple of 8n, and e_bar, this node's 1/n of it; the optimizer
+    keeps none) and the inter-node bytes per step: per unit, the all-to-all of n-1 chunks of S'/(8n) bytes
+    and the node's flag byte each, and the all-gather of the n-1 others' chunks (birder_repro.comm.fsdp)."""
+    units = _digits_units(bf16)
+    shards = [sum(math.ceil(p.shape[0] / m) * (p.numel() // p.shape[0]) for p in u) for u in units]
+    padded = [math.ceil(s / (8 * n)) * 8 * n for s in shards]
+    local = [sum(_rows(p, m, r) * (p.numel() // p.shape[0]) * 4 for u in units for p in u) for r in range(m)]
+    return {"local": local, "shards": shards,
+            "hook_state": sum(3 * 4 * s + 4 * s // n for s in padded),
+            "inter": sum((n - 1) * (s // (8 * n) + 1) + (n - 1) * s // (8 * n) for s in padded)}
+
+
 def test_digits_birder_under_fsdp_completes(tmp_path):
     done, rec = _run(tmp_path, "task=digits", "optim=birder", *FSDP)
     _check_fsdp_record(done, rec, "birder")
-    # Birder's 1-bit exchange across nodes against the fp32 all-reduce it replaces
-    assert rec["inter_node_bytes_per_step"] < rec["fp32_allreduce_inter_node_bytes_per_step"] / 10
+    # The figures by formula, exactly: bytes are counted, not timed, so no tolerance.
+    want = _expected_birder_figures(n=2, m=2)
+    for rank, mem in enumerate(rec["memory"]):
+        assert mem["parameters"] == mem["gradients"] == want["local"][rank % 2], (rank, mem)
+        assert mem["optimizer_state"] == want["hook_state"], (rank, mem)
+        assert mem["peak"] > mem["parameters"] + mem["gradients"] + mem["optimizer_state"]
+    assert rec["inter_node_bytes_per_step"] == want["inter"]
+    # Against the fp32 all-reduce of the same shards across the nodes, 2 (n-1)/n x 4 bytes each: 1/32 of it
+    # for the payload; the rest is the padding to 8n elements and the flag byte per unit and peer, which the
+    # tiny model's small units make visible (the exact count is asserted above).
+    fp32 = sum(2 * (2 - 1) / 2 * 4 * s for s in want["shards"])
+    payload = sum(s / 8 for s in want["shards"])  # 1 bit per element, to and from the other node
+    assert payload == fp32 / 32 and payload <= rec["inter_node_bytes_per_step"] <= payload + 4 * 16 / 8 + 4 * 1
 
 
 @pytest.mark.slow
@@ -112,3 +161,43 @@ def test_a_killed_fsdp_run_restarts_and_ends_as_if_uninterrupted(tmp_path):
     for part in ("model", "hook"):
         for k in sa[part]:
             assert torch.equal(sa[part][k], sb[part][k]), f"{part}/{k}"
+
+
+@pytest.mark.slow  # a whole run on 4 processes, ~50-80 s on 2 cores
+def test_digits_birder_under_fsdp_in_bf16_keeps_batchnorm_fp32_in_units_of_its_own(tmp_path):
+    """bf16 under FSDP (MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)): every BatchNorm is a unit
+    with fp32 parameters (bf16 weights beside fp32 running statistics fail), so the hook sees 3 more units, each
+    exchanged as the formula says; the loss stays finite."""
+    done, rec = _run(tmp_path, "task=digits", "optim=birder", *FSDP, "train.precision=bf16")
+    _check_fsdp_record(done, rec, "birder")
+    assert rec["config"]["train"]["precision"] == "bf16" and math.isfinite(rec["final_loss"])
+    want = _expected_birder_figures(n=2, m=2, bf16=True)
+    assert len(want["shards"]) == 7 and rec["inter_node_bytes_per_step"] == want["inter"]
+    assert all(mem["optimizer_state"] == want["hook_state"] for mem in rec["memory"])
+
+
+def test_the_report_keeps_ddp_and_fsdp_runs_of_one_cell_apart(tmp_path, monkeypatch):
+    """``parallel`` is part of a cell (birder_repro.report.identity: not an ignored key; report/cells.py: a
+    setting column): a DDP run and an FSDP run of the same settings are two rows, each with its speedup over
+    its own baseline, never one in the other's place."""
+    from test_report_cells import config, only, report, run_record
+
+    from birder_repro.report import figures, identity
+
+    monkeypatch.setattr(figures, "have_matplotlib", lambda: False)
+    assert not identity.is_ignored("parallel")
+    ddp = config("birder")
+    assert identity.config_key(ddp) != identity.config_key({**ddp, "parallel": "fsdp"})
+
+    def under(parallel: str, rec: dict) -> dict:
+        rec["config"]["parallel"] = rec["parallel"] = parallel
+        return rec
+
+    records = [under("ddp", run_record("sgdm", 100.0)), under("ddp", run_record("birder", 150.0)),
+               under("fsdp", run_record("sgdm", 80.0, started="2026-01-01T11:00:00")),
+               under("fsdp", run_record("birder", 160.0, started="2026-01-01T11:00:00"))]
+    rows, left, md = report(tmp_path, records)
+    assert len(rows) == 4 and left.empty
+    assert only(rows, optim="birder", parallel="ddp")["speedup"] == pytest.approx(1.5)
+    assert only(rows, optim="birder", parallel="fsdp")["speedup"] == pytest.approx(2.0)
+    assert sum(line.startswith("| Birder") for line in md.splitlines()) == 2

@@ -11,11 +11,12 @@ so per unit and per step:
     Step I    (FSDP) intra-node reduce-scatter (average): this process's shard of the unit, laid out as each of
               the unit's parameters' dim-0 shard in turn, every one padded to ceil(rows / m) rows;
     Step II   (hook, autograd thread) the shard's non-finite flag, summed over the node's processes (one fp32,
-              asynchronous), so that the ranks of a node agree before the flag travels between the nodes;
-    Step III  (hook, communication thread) Birder's steps II-III on the shard (``BirderState.reduce_node_shard``:
-              worker step, all-to-all among the processes with this local rank, server step, all-gather) and
-              the +-1 written into the shard in place; 1-bit Adam's warmup all-reduce or compressed all-reduce
-              among them likewise (``OneBitState.compress_bucket`` with the replicate group);
+              on the node's group), so that the ranks of a node agree before the flag travels between the nodes;
+    Step III  (hook on CUDA; the communication thread on CPU) Birder's steps II-III on the shard
+              (``BirderState.reduce_node_shard``: worker step, all-to-all among the processes with this local
+              rank, server step, all-gather) and the +-1 written into the shard in place; 1-bit Adam's warmup
+              all-reduce or compressed all-reduce among them likewise (``OneBitState.compress_bucket`` with the
+              replicate group);
     Step IV   (FSDP) the shard becomes the parameters' sharded gradients (views of it), which the optimizer
               applies to its shards; the DDP hook's step IV (intra-node all-gather) is not needed: parameters
               stay sharded and FSDP all-gathers them in forward.
@@ -29,10 +30,30 @@ result equals the DDP hook's (``scheme=hierarchical``) bit for bit, whatever the
 (tests/test_fsdp.py). 1-bit Adam's scales are norms over the whole exchanged vector, here a unit's shard, so
 its result depends on the units (as it depends on DDP's buckets).
 
-Overlap: the hook returns once the work is queued on the state's communication thread; the shard's memory is
-the gradients' (FSDP makes them views of it), so the work writes them in place later. The first hook of a
-backward pass queues an autograd callback that waits for every queued unit when backward ends, so
-``loss.backward()`` returns with the gradients final (and raises any failure of the thread).
+Streams and order (:func:`runs_in_hook`). On CUDA the whole work of a unit runs inside the hook, on the
+stream FSDP runs it on (its all-reduce stream, beside the compute stream: that is the overlap). So:
+
+- every collective of a step is launched from the autograd thread, in FSDP's order (its reduce-scatters and
+  all-gathers on the node's group; per unit, after its reduce-scatter, the flag's all-reduce on the node's
+  group, then the all-to-all and all-gather, or 1-bit Adam's collectives, on the replicate group), the same
+  on every rank: NCCL asks that collectives on several communicators be launched in one order on every rank
+  (a device-wide synchronisation, e.g. the caching allocator's ``cudaFree`` under memory pressure, can
+  otherwise wait on a collective whose peers wait on this rank: a cycle across ranks);
+- the node's flag is made and read on that one stream (no other stream reads it, so no ``record_stream``
+  is needed; made there and read on a side stream, its block could be handed to the next unit's flag while
+  the side stream still waits behind the inter-node exchange);
+- what FSDP does with the shard after the hook (the gradients' views, adding to existing gradients, the event
+  the optimizer waits on) is ordered after the work on that stream.
+
+The hook blocks the host for nothing: NCCL collectives and Triton kernels are queued, and the flags are read
+once per step (:mod:`birder_repro.comm.nonfinite`). On CPU (gloo's collectives block the host) with
+``overlap=True`` the hook queues the work on the state's communication thread and returns; the shard's memory
+is the gradients' (FSDP makes them views of it), so the work writes them in place later, and the first hook of
+a backward pass queues an autograd callback that waits for every queued unit when backward ends
+(``loss.backward()`` returns with the gradients final and raises any failure of the thread). Each group is then
+used from one thread, in the same order on every rank: the node's group by the autograd thread (FSDP and the
+flags), the replicate group by the communication thread (tests/test_fsdp_order.py records them); gloo has no
+device-wide synchronisation to tie the two groups together.
 
 Bytes: the hooks count what they send (:mod:`birder_repro.comm.accounting`); :class:`FsdpTraffic` counts
 FSDP's own collectives inside the node (the reduce-scatter and the parameters' all-gathers in forward and, for
@@ -60,7 +81,7 @@ from birder_repro.comm.state import CommState
 from birder_repro.comm.topology import Topology, announce_layout
 
 __all__ = ["Unit", "fsdp_units", "mesh_topology", "FsdpTraffic", "attach_birder_fsdp", "attach_onebit_fsdp",
-           "attach_hsdp", "HsdpState", "FSDP_SCHEMES"]
+           "attach_hsdp", "HsdpState", "FSDP_SCHEMES", "runs_in_hook"]
 
 # The communication schemes that have an FSDP path (birder_repro.comm.SCHEMES names).
 FSDP_SCHEMES = ("allreduce", "birder", "onebit")
@@ -186,9 +207,22 @@ class FsdpTraffic:
 
 
 # ---------------------------------------------------------------------------------- the hooks' driver
+def runs_in_hook(device, overlap: bool) -> bool:
+    """Whether a unit's work runs inside FSDP's all-reduce hook (True) or on the state's communication thread.
+
+    On CUDA always inside (module doc, Streams and order): every collective of a step is then launched from
+    the autograd thread in FSDP's order, the same on every rank, as NCCL asks of several communicators; the
+    node's flag is made and read on the one stream the hook runs on; and FSDP orders what it does with the
+    shard after the hook (the gradients' views, their accumulation, the event the optimizer waits on) after
+    the work. Nothing there blocks the host: NCCL collectives and Triton kernels are queued, the flags are read
+    once per step. On CPU (gloo, whose collectives block the host) the thread keeps backward going."""
+    return not overlap or torch.device(device).type == "cuda"
+
+
 class _UnitHooks:
-    """Installs ``work(unit, shard, node_flag)`` as every unit's all-reduce hook, run by ``state.runner``, and
-    waits for all of them when backward ends (module doc, Overlap)."""
+    """Installs ``work(unit, shard, node_flag)`` as every unit's all-reduce hook, run inside the hook or by
+    ``state.runner`` (:func:`runs_in_hook`); the thread's work is waited for when backward ends (module doc,
+    Streams and order)."""
 
     def __init__(self, state, units: Sequence[Unit], topology: Topology, traffic: FsdpTraffic, work):
         self.state, self.topology, self.traffic, self.work = state, topology, traffic, work
@@ -202,11 +236,19 @@ class _UnitHooks:
             raise RuntimeError(f"FSDP unit {unit.index} ({type(unit.module).__name__}) reduced {shard.numel()} "
                                f"elements, its parameters' shards hold {unit.numel}: every parameter of a unit "
                                "must get a gradient in every step with the 1-bit FSDP hooks")
+        inside = runs_in_hook(shard.device, self.state.runner.overlap)
+        if not inside and any(p.grad is not None for p in unit.params):
+            raise RuntimeError(f"FSDP unit {unit.index} ({type(unit.module).__name__}) already has gradients: FSDP "
+                               "would add the shard to them before the communication thread writes it; call "
+                               "optimizer.zero_grad(set_to_none=True) before each backward, or set overlap=False")
         self.traffic.reduced(unit, shard.numel() * shard.element_size())
-        flag, work = local_flag(shard), None
-        if self.topology.intra_group is not None:  # Step II: the node agrees on the flag
-            work = dist.all_reduce(flag, group=self.topology.intra_group, async_op=True)
-            self.state.add_bytes(allreduce_bytes(4, self.topology.gpus_per_node), 0.0)
+        flag, work = self._node_flag(shard)
+        if inside:  # Step III now, on the hook's stream
+            with torch.no_grad():
+                if work is not None:
+                    work.wait()
+                self.work(unit, shard, flag)
+            return
 
         def run() -> torch.Tensor:
             if work is not None:
@@ -218,6 +260,17 @@ class _UnitHooks:
         if not self.callback_queued:
             self.callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self.wait)
+
+    def _node_flag(self, shard: torch.Tensor):
+        """Step II: this process's non-finite flag for the shard and, with several processes per node, their
+        sum over the node under way (the work to wait for; None: nothing to wait for). Issued here, on the
+        autograd thread, on the node's group, which FSDP's own collectives use from this thread too."""
+        flag = local_flag(shard)
+        if self.topology.intra_group is None:
+            return flag, None
+        work = dist.all_reduce(flag, group=self.topology.intra_group, async_op=True)
+        self.state.add_bytes(allreduce_bytes(4, self.topology.gpus_per_node), 0.0)
+        return flag, work
 
     def wait(self) -> None:
         """Every unit's work of this backward pass done (re-raises a failure of the communication thread)."""
@@ -256,8 +309,10 @@ def attach_birder_fsdp(model: torch.nn.Module, optimizer, mesh, kernel_backend: 
     if not isinstance(optimizer, Birder):
         raise TypeError(f"attach_birder_fsdp needs a birder_repro.optim.Birder optimizer, got "
                         f"{type(optimizer).__name__}")
+    # Resolved and, for Triton, self-tested here (compiles, tl.rand draws the CPU backends' numbers), as
+    # attach_birder does: a broken backend is refused in one line now, not inside the first backward.
+    kernel_backend = kernels.check_backend(kernel_backend, next(model.parameters()).device)
     topology, units = _check_mesh_and_units(model, mesh)
-    kernels.resolve_backend(kernel_backend, next(model.parameters()).device)
     groups = optimizer.param_groups
     for key in ("beta", "eps", "amsgrad_after"):
         if len({g[key] for g in groups}) != 1:
