@@ -143,7 +143,7 @@ def check_allreduce(per_rank: list[dict], gpus_per_node: int) -> list[Check]:
                  if not all(close(a, b) for a, b in zip(ours[rank][s], ddps[rank][s]))]
         rows.append(Check("hooks", f"{name} all-reduce hook = DDP's all-reduce, {world} processes", verdict(not wrong),
                           measured="equal" if not wrong else f"{len(wrong)} (rank, step) differ",
-                          expected="bit for bit" if exact else "within fp16 rounding (rtol 4e-3)"))
+                          expected="bit for bit (both scale by 1/n)" if exact else "within fp16 rounding (rtol 4e-3)"))
         got = [r["allreduce"][name]["intra"] + r["allreduce"][name]["inter"] for r in per_rank]
         ok = all(abs(b - nbytes) < 1e-6 * nbytes for b in got)
         rows.append(Check("hooks", f"{name} all-reduce bytes", verdict(ok),
