@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from birder_repro import gpucheck
+from birder_repro import cuda_env, gpucheck
 from birder_repro.comm.pack import padded_size
 from birder_repro.gpucheck import hooks, runs
 from birder_repro.gpucheck.kernels import _differences, compare_kernels, segments_of
@@ -24,16 +24,35 @@ HAS_TRITON = __import__("importlib").util.find_spec("triton") is not None
 
 
 # ---------------------------------------------------------------------------------------- without CUDA
-def test_without_cuda_one_line_exit_0_and_nothing_written(tmp_path):
-    """The real command on a machine whose CUDA devices are hidden: one line, exit 0, no table."""
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "-m", "birder_repro.gpucheck"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+def _gpucheck(cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    """The real command with CUDA hidden from torch and the NVIDIA probe pointed at ``env``'s stand-ins."""
+    return subprocess.run([sys.executable, "-m", "birder_repro.gpucheck"], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, **env, "CUDA_VISIBLE_DEVICES": ""}, timeout=300)
+
+
+def test_without_an_nvidia_device_one_line_exit_0_and_nothing_written(tmp_path):
+    """A machine without NVIDIA devices (an empty stand-in root, no nvidia-smi): one line, exit 0, no table."""
+    (tmp_path / "root").mkdir()
+    (tmp_path / "cwd").mkdir()
+    proc = _gpucheck(tmp_path / "cwd", {cuda_env.ROOT_ENV: str(tmp_path / "root"),
+                                        cuda_env.SMI_ENV: str(tmp_path / "no-such-nvidia-smi")})
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert len(lines) == 1 and "no CUDA device" in lines[0] and "nothing was checked" in lines[0]
+    assert len(lines) == 1 and "no NVIDIA GPU here" in lines[0] and "nothing was checked" in lines[0]
     assert "kernels" in lines[0] and "NCCL" in lines[0] and "bf16" in lines[0]  # it names what it would check
-    assert list(tmp_path.iterdir()) == []  # claims nothing: no table
+    assert list((tmp_path / "cwd").iterdir()) == []  # claims nothing: no table
+
+
+def test_on_a_gpu_node_without_usable_cuda_one_line_and_a_failure(tmp_path):
+    """A stand-in NVIDIA device and driver, CUDA unusable for torch: the cause and the fix in one line, exit 1."""
+    from test_cuda_env import stand_in
+
+    (tmp_path / "cwd").mkdir()
+    proc = _gpucheck(tmp_path / "cwd", stand_in(tmp_path, driver="570.124.06"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpu-check: FAILED: torch sees no CUDA device")
+    assert "1 NVIDIA GPU" in lines[0] and "CUDA_VISIBLE_DEVICES=''" in lines[0] and "nothing was checked" in lines[0]
 
 
 # ------------------------------------------------------------------------------------- table and verdict

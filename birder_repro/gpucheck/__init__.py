@@ -1,6 +1,8 @@
 """``make gpu-check``: does the project work on this GPU node? One command, one table, non-zero on a failure.
 
-Without CUDA it prints one line naming what it would check and exits 0, claiming nothing. With CUDA:
+Without CUDA it prints one line: on a machine with no NVIDIA device, what it would check, and exits 0, claiming
+nothing; on a machine whose NVIDIA GPUs torch cannot use (:mod:`birder_repro.cuda_env`: a driver older than the
+build's CUDA, an empty ``CUDA_VISIBLE_DEVICES``), the cause and the fix, and exits 1. With CUDA:
 
 1. kernels (:mod:`.kernels`): Birder's Triton kernels on the GPU against the CPU backend on the same inputs,
    bit for bit (worker, server, unpack; ``state_out``, ``b_hat``, several segments), on a ResNet-50-sized
@@ -25,7 +27,7 @@ import torch
 
 from birder_repro.gpucheck.table import FAIL, SKIP, Check, exit_code, markdown, write
 
-__all__ = ["main", "no_cuda_line", "WHAT"]
+__all__ = ["main", "no_cuda_line", "unusable_cuda_line", "WHAT"]
 
 WHAT = ("Birder's Triton kernels against the CPU backend bit for bit and against a device copy (25.6M and 110M "
         "elements); a 1-process DDP run of Birder, 1-bit Adam and the baseline of every task (tiny, synthetic, "
@@ -34,8 +36,12 @@ SECTIONS = ("kernels", "runs", "hooks")
 
 
 def no_cuda_line() -> str:
-    return (f"gpu-check: no CUDA device here (torch {torch.__version__}, built with CUDA "
-            f"{torch.version.cuda or 'none'}): nothing was checked. On a GPU node it checks {WHAT}.")
+    return (f"gpu-check: no NVIDIA GPU here (no /dev/nvidia*, nvidia-smi lists none; torch {torch.__version__}, "
+            f"built with CUDA {torch.version.cuda or 'none'}): nothing was checked. On a GPU node it checks {WHAT}.")
+
+
+def unusable_cuda_line(why: str) -> str:
+    return f"gpu-check: FAILED: torch sees no CUDA device, and {why}; nothing was checked."
 
 
 def environment() -> dict:
@@ -117,8 +123,11 @@ def _hooks() -> list[Check]:
 def main(argv: Optional[list[str]] = None) -> int:
     args = _parser().parse_args(argv)
     if not torch.cuda.is_available():
-        print(no_cuda_line(), flush=True)
-        return 0
+        from birder_repro.cuda_env import why_no_cuda
+
+        why = why_no_cuda()
+        print(unusable_cuda_line(why) if why else no_cuda_line(), flush=True)
+        return 1 if why else 0
     out = (args.out or Path("runs") / "gpu-check" / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
     env = environment()
     header = ", ".join(f"{k} {v}" for k, v in env.items())
