@@ -16,7 +16,7 @@ import torch
 
 from birder_repro import cuda_env, gpucheck
 from birder_repro.comm.pack import padded_size
-from birder_repro.gpucheck import hooks, runs
+from birder_repro.gpucheck import hooks, runs, training
 from birder_repro.gpucheck.kernels import _differences, compare_kernels, segments_of
 from birder_repro.gpucheck.table import FAIL, PASS, SKIP, Check, exit_code, markdown, write
 
@@ -226,9 +226,37 @@ def test_birder_bytes_formula_is_the_one_the_hook_tests_write_out():
 
 @pytest.mark.slow
 def test_every_hook_on_gloo_matches_its_reference():
-    """The hook section as the GPU runs it, on 2 gloo processes (NCCL needs a GPU each)."""
-    rows = hooks.check_hooks(2, backend="gloo")
+    """The hook scenarios on 2 plain gloo processes (NCCL needs a GPU each)."""
+    rows = hooks.check_hooks(2, backend="gloo", training=False)
     assert len(rows) == 16 and all(r.status == PASS for r in rows), [r for r in rows if r.status != PASS]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_the_multi_rank_section_runs_on_cpu_as_on_one_gpu(monkeypatch):
+    """The hooks section as a 1-GPU node runs it (2 ranks, every collective through the staged backend), here on
+    CPUs with Birder's Triton kernels interpreted: every hook against its reference, and Birder and 1-bit Adam
+    under DDP and FSDP2 in fp32, bf16 and fp16 (fp16 under FSDP2 is refused by the runner: a skip)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # read by the spawned processes' triton at import
+    monkeypatch.setenv(training.KERNELS_ENV, "triton")
+    rows = hooks.check_hooks(2, backend="staged:cpu")
+    assert [r for r in rows if r.status == FAIL] == []
+    names = {r.name for r in rows if r.status == PASS}
+    for frame, precisions in (("DDP", ("fp32", "bf16", "fp16")), ("FSDP2", ("fp32", "bf16"))):
+        for p in precisions:
+            assert f"birder {frame}, {p}, 2x1 = reference" in names
+            assert f"1-bit Adam {frame}, {p}, 2 processes = reference" in names
+    assert {r.name for r in rows if r.status == SKIP} == {"birder FSDP2, fp16", "1-bit Adam FSDP2, fp16"}
+    assert len(rows) == 16 + 12
+
+
+def test_the_hook_section_on_one_gpu_shares_it_through_the_staged_backend(monkeypatch):
+    """One GPU: 2 processes on it, staged (NCCL refuses two ranks on one GPU); 2+ GPUs: NCCL, one GPU each."""
+    called = []
+    monkeypatch.setattr(hooks, "check_hooks", lambda world, backend: called.append((world, backend)) or [])
+    for gpus, want in ((1, (2, "staged:cuda")), (4, (4, "nccl"))):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda gpus=gpus: gpus)
+        gpucheck._hooks()
+        assert called[-1] == want
 
 
 @pytest.mark.slow

@@ -9,8 +9,11 @@ build's CUDA, an empty ``CUDA_VISIBLE_DEVICES``), the cause and the fix, and exi
    (25.6M) and a BERT-base-sized (110M) bucket; and each kernel's time against a device-to-device copy;
 2. runs (:mod:`.runs`): a 1-process DDP run through the real runner of Birder, 1-bit Adam and the baseline of
    every task (tiny model, synthetic data, overlap on) in fp32 and bf16, and the record of each;
-3. hooks (:mod:`.hooks`), with two GPUs or more: every hook on NCCL against its single-process reference, and
-   the bytes it counted against the formulas.
+3. hooks (:mod:`.hooks`), across ranks: every hook against its single-process reference and the bytes it
+   counted against the formulas, and Birder and 1-bit Adam as training runs them (:mod:`.training`: DDP and
+   FSDP2, fp32, bf16 and fp16 with GradScaler) against their references; on NCCL with one GPU a process where
+   there are 2 or more GPUs, else 2 processes sharing the one GPU with their collectives staged through gloo
+   (:mod:`.staged`), the hooks' kernels, side stream, events and futures unchanged.
 
 It writes ``gpu-check.md`` and ``gpu-check.json`` into ``--out`` (default ``runs/gpu-check/<time>``) and
 prints the table.
@@ -31,7 +34,8 @@ __all__ = ["main", "no_cuda_line", "unusable_cuda_line", "WHAT"]
 
 WHAT = ("Birder's Triton kernels against the CPU backend bit for bit and against a device copy (25.6M and 110M "
         "elements); a 1-process DDP run of Birder, 1-bit Adam and the baseline of every task (tiny, synthetic, "
-        "fp32 and bf16) and its record; with 2+ GPUs every hook on NCCL against its reference and byte formulas")
+        "fp32 and bf16) and its record; every hook across ranks against its reference and byte formulas, Birder and "
+        "1-bit Adam under DDP and FSDP2 in fp32, bf16 and fp16 (NCCL with 2+ GPUs, else 2 ranks sharing one GPU)")
 SECTIONS = ("kernels", "runs", "hooks")
 
 
@@ -111,13 +115,12 @@ def _runs(args, out: Path) -> list[Check]:
 
 
 def _hooks() -> list[Check]:
+    """Across ranks: NCCL with a GPU a process on 2 or more GPUs; on one GPU, 2 processes sharing it, their
+    device tensors' collectives staged through gloo (:mod:`.staged`: NCCL refuses two ranks on one GPU)."""
     from birder_repro.gpucheck.hooks import check_hooks
 
     gpus = torch.cuda.device_count()
-    if gpus < 2:
-        return [Check("hooks", "every hook on NCCL", SKIP, detail=f"{gpus} GPU here: NCCL needs one GPU a process, "
-                                                                  "so this section runs on 2 or more")]
-    return check_hooks(gpus, "nccl")
+    return check_hooks(gpus, "nccl") if gpus >= 2 else check_hooks(2, "staged:cuda")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
