@@ -275,3 +275,11 @@ def test_gpu_check_on_cuda_small(tmp_path):
     # the timing rows are left out: on a 1M bucket the launch overhead, not the kernel, is what they would time
     checked = [r for r in rows if " time, " not in r["name"]]
     assert len(checked) == 8 + 3 and all(r["status"] == PASS for r in checked), checked
+
+
+def test_onebit_under_fsdp_with_two_processes_a_node_is_a_skip_not_a_failure():
+    """With 4+ GPUs (2 a node) 1-bit Adam's FSDP2 shards are laid out per local rank, which the reference of this
+    section is not given: a skip row, so that a correct hook does not fail there (tests/test_fsdp.py covers it)."""
+    per_rank = [{"onebit_ddp_precisions": {"error": "Traceback\nRuntimeError: boom"}, "onebit_fsdp_precisions": {}}] * 4
+    rows = hooks.check_onebit_precisions(per_rank, m=2)
+    assert [r.status for r in rows] == [FAIL, SKIP, SKIP] and "boom" in rows[0].detail

@@ -268,13 +268,19 @@ def _fsdp_fp16_skip(what: str) -> Check:
                  "(birder_repro.train.parallel): the FSDP hooks do not take GradScaler's scale")
 
 
-def check_onebit_precisions(per_rank: list[dict]) -> list[Check]:
-    """1-bit Adam under DDP and FSDP2 (the root its one unit) in each precision against the reference."""
+def check_onebit_precisions(per_rank: list[dict], m: int = 1) -> list[Check]:
+    """1-bit Adam under DDP and FSDP2 (the root its one unit) in each precision against the reference. Under
+    FSDP2 with 2+ processes a node each exchanges its shard of every parameter, a layout this reference is not
+    given here (tests/test_fsdp.py checks it on gloo): a skip row."""
     from birder_repro.gpucheck.training import FREEZE, FSDP_PRECISIONS, ONEBIT, PRECISIONS, TRAIN_STEPS
     from birder_repro.references.onebit import OneBitAdamReference
 
     rows, world = [], len(per_rank)
     for key, label in (("onebit_ddp_precisions", "DDP"), ("onebit_fsdp_precisions", "FSDP2")):
+        if label == "FSDP2" and m > 1:
+            rows.append(Check("hooks", f"1-bit Adam FSDP2, {m} processes a node", SKIP,
+                              detail="shards inside a node: tests/test_fsdp.py compares that layout on gloo"))
+            continue
         failed = _failed_scenario(per_rank, key)
         if failed:
             rows.append(failed)
@@ -318,4 +324,4 @@ def check_hooks(world: int, backend: str = "nccl", training: bool = True) -> lis
 
 
 def check_training(per_rank: list[dict], nodes: int, m: int) -> list[Check]:
-    return check_birder_precisions(per_rank, nodes, m) + check_onebit_precisions(per_rank)
+    return check_birder_precisions(per_rank, nodes, m) + check_onebit_precisions(per_rank, m)
