@@ -203,11 +203,27 @@ def test_record_check_fails_parts_that_do_not_sum_and_another_precision(tmp_path
     assert runs.check_record(SPEC, tmp_path / "missing").status == FAIL
 
 
+def test_an_fp16_run_must_record_gradscalers_scale(tmp_path):
+    run_dir = _fake_run(tmp_path)
+    rec = json.loads((run_dir / "record.json").read_text())
+    rec["config"]["train"]["precision"] = "fp16"
+    (run_dir / "record.json").write_text(json.dumps(rec))
+    spec = runs.RunSpec("digits", "birder", "fp16")
+    row = runs.check_record(spec, run_dir)
+    assert row.status == FAIL and "no loss scale" in row.detail
+    (run_dir / "record.json").write_text(json.dumps({**rec, "loss_scale": 1024.0}))
+    assert runs.check_record(spec, run_dir).status == PASS
+
+
 def test_plan_has_birder_onebit_and_each_tasks_baseline():
     specs = runs.plan(["resnet20", "bert_squad", "vit"], ["fp32", "bf16"])
     optims = {(s.task, s.optim) for s in specs}
     assert {("resnet20", "sgdm"), ("bert_squad", "bertadam"), ("vit", "adamw"), ("vit", "birder"),
             ("bert_squad", "onebit_adam")} <= optims and len(specs) == 3 * 3 * 2
+    fp16 = [s for s in runs.plan(["digits", "vit"], ["fp32", "bf16"], ("digits",)) if s.precision == "fp16"]
+    assert {(s.task, s.optim) for s in fp16} == {("digits", "birder"), ("digits", "onebit_adam"),
+                                                 ("digits", runs.baseline("digits"))}
+    assert not [s for s in runs.plan(["vit"], ["fp16"], ("digits",)) if s.task == "digits"]
     args = runs.overrides(SPEC, Path("/r"))
     assert "device=cuda" in args and "train.precision=bf16" in args and "optim.comm.overlap=true" in args
 

@@ -8,7 +8,8 @@ build's CUDA, an empty ``CUDA_VISIBLE_DEVICES``), the cause and the fix, and exi
    bit for bit (worker, server, unpack; ``state_out``, ``b_hat``, several segments), on a ResNet-50-sized
    (25.6M) and a BERT-base-sized (110M) bucket; and each kernel's time against a device-to-device copy;
 2. runs (:mod:`.runs`): a 1-process DDP run through the real runner of Birder, 1-bit Adam and the baseline of
-   every task (tiny model, synthetic data, overlap on) in fp32 and bf16, and the record of each;
+   every task (tiny model, synthetic data, overlap on) in fp32 and bf16, and in fp16 with GradScaler for the
+   digits task (``--fp16-tasks``), and the record of each;
 3. hooks (:mod:`.hooks`), across ranks: every hook against its single-process reference and the bytes it
    counted against the formulas, and Birder and 1-bit Adam as training runs them (:mod:`.training`: DDP and
    FSDP2, fp32, bf16 and fp16 with GradScaler) against their references; on NCCL with one GPU a process where
@@ -34,7 +35,7 @@ __all__ = ["main", "no_cuda_line", "unusable_cuda_line", "WHAT"]
 
 WHAT = ("Birder's Triton kernels against the CPU backend bit for bit and against a device copy (25.6M and 110M "
         "elements); a 1-process DDP run of Birder, 1-bit Adam and the baseline of every task (tiny, synthetic, "
-        "fp32 and bf16) and its record; every hook across ranks against its reference and byte formulas, Birder and "
+        "fp32 and bf16; digits in fp16 too) and its record; every hook across ranks against its reference and byte formulas, Birder and "
         "1-bit Adam under DDP and FSDP2 in fp32, bf16 and fp16 (NCCL with 2+ GPUs, else 2 ranks sharing one GPU)")
 SECTIONS = ("kernels", "runs", "hooks")
 
@@ -72,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sizes", nargs="*", type=int, default=list(SIZES.values()), help="bucket sizes (elements)")
     p.add_argument("--tasks", nargs="*", default=list_tasks(), choices=list_tasks())
     p.add_argument("--precisions", nargs="*", default=["fp32", "bf16"], choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--fp16-tasks", nargs="*", default=["digits"], help="tasks also run in fp16 (GradScaler)")
     p.add_argument("--jobs", type=int, default=6, help="runs at a time on the GPU")
     p.add_argument("--repeats", type=int, default=20, help="timed calls of each kernel")
     return p
@@ -111,7 +113,7 @@ def _kernels(args) -> list[Check]:
 def _runs(args, out: Path) -> list[Check]:
     from birder_repro.gpucheck import runs
 
-    return runs.check_runs(runs.plan(args.tasks, args.precisions), out / "runs", jobs=args.jobs)
+    return runs.check_runs(runs.plan(args.tasks, args.precisions, tuple(args.fp16_tasks)), out / "runs", jobs=args.jobs)
 
 
 def _hooks() -> list[Check]:
