@@ -17,8 +17,12 @@ The processes form ``nodes`` x ``gpus_per_node`` as the runner does (rank groupi
   and LAMB's parameters after every step against :class:`~birder_repro.references.onebit.OneBitAdamReference`
   (:class:`~birder_repro.references.onebit.OneBitLambReference`) within 1e-5.
 
-Byte counts are checked against the formulas of :mod:`birder_repro.comm.accounting`. The same code runs on gloo
-with CPU processes (the tests do): only the backend and the device differ. What each process runs is
+- Birder and 1-bit Adam as training runs them (:mod:`birder_repro.gpucheck.training`): under DDP in fp32, bf16
+  and fp16 with GradScaler and under FSDP2 in fp32 and bf16, every Birder call against the reference bit for
+  bit, 1-bit Adam's parameters against its reference within 1e-5 (:func:`check_training`).
+
+Byte counts are checked against the formulas of :mod:`birder_repro.comm.accounting`. The same code runs with CPU
+processes (the tests do): only the backend and the device differ. What each process runs is
 :mod:`birder_repro.gpucheck.scenarios`; this module compares it.
 """
 

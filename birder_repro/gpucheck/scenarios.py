@@ -1,7 +1,8 @@
 """What each process of the hook check runs (birder_repro.gpucheck.hooks compares it with the references).
 
-The processes form ``nodes`` x ``gpus_per_node`` (:func:`layout`) as the runner does, one per GPU (or CPU
-processes on gloo, as the tests run it). Each runs every scenario and saves what it measured: Birder's bucket
+The processes form ``nodes`` x ``gpus_per_node`` (:func:`layout`) as the runner does, one per GPU on NCCL, or
+all on one GPU with their collectives staged through gloo (:mod:`.staged`), or CPU processes (gloo, or staged
+as the tests run it). Each runs every scenario and saves what it measured: Birder's bucket
 all-reduce in every variant, 1-bit Adam's compressed all-reduce, the counted fp32 / fp16 all-reduce hooks
 beside DDP's own, and the hooks attached to DDP as a training script attaches them (Birder; 1-bit Adam and
 1-bit LAMB through their freeze step). The inputs are made here, from seeds, so the comparisons can remake them.
