@@ -33,7 +33,7 @@ tables: $(STAMP)  ## build tables/ from every run record under runs/
 bench: $(STAMP)  ## compression / decompression time of the hooks against a copy of the same buffer
 	$(BIN)/python -m birder_repro.bench $(ARGS)
 
-gpu-check: $(STAMP)  ## on a GPU node: kernels, 1-GPU runs of every task, NCCL hooks; one table, non-zero on a failure
+gpu-check: $(STAMP)  ## on a GPU node: kernels, 1-GPU runs of every task, hooks across ranks (DDP/FSDP, fp32/bf16/fp16; NCCL, or 2 ranks on 1 GPU); one table, non-zero on a failure or unusable CUDA
 	$(BIN)/python -m birder_repro.gpucheck $(ARGS)
 
 validate: $(STAMP)  ## the performance model against the paper, out of sample (2-node fit -> 4 and 8 nodes) and in-sample

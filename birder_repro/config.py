@@ -118,12 +118,29 @@ def effective_lr(cfg: DictConfig) -> float:
     return lr * global_batch(cfg) / float(scaling) if scaling else lr
 
 
-def resolve_device(cfg: DictConfig, local_processes: int, gpu_count: Optional[int] = None) -> str:
+def resolve_device(cfg: DictConfig, local_processes: int, gpu_count: Optional[int] = None,
+                   why_no_cuda: Optional[Callable[[], Optional[str]]] = None) -> str:
     """``cuda`` when every process on this machine has a GPU of its own, ``cpu`` on a machine without GPUs or
-    when asked; a machine with GPUs, but fewer than its processes, is an error (never a silent run on the CPU)."""
+    when asked; a machine with GPUs, but fewer than its processes, is an error (never a silent run on the CPU).
+
+    A machine whose NVIDIA GPUs torch cannot use (a driver older than the build's CUDA, an empty
+    ``CUDA_VISIBLE_DEVICES``) is an error too, naming the cause and the fix (:mod:`birder_repro.cuda_env`):
+    ``device=cpu`` given explicitly still runs there. ``why_no_cuda`` is that diagnosis; by default this
+    machine's where the GPUs are counted here, none where ``gpu_count`` is handed in (tests)."""
     gpus = _cuda_count() if gpu_count is None else gpu_count
-    if cfg.device == "cpu" or (cfg.device == "auto" and gpus == 0):
+    if cfg.device == "cpu":
         return "cpu"
+    if gpus == 0:
+        if why_no_cuda is None and gpu_count is None:
+            from birder_repro import cuda_env
+
+            why_no_cuda = cuda_env.why_no_cuda
+        unusable = why_no_cuda() if why_no_cuda is not None else None
+        if unusable:
+            raise ConfigError(f"device={cfg.device}: torch sees no CUDA device, and {unusable}; or set device=cpu "
+                              "to train on the CPU")
+        if cfg.device == "auto":
+            return "cpu"
     if gpus < local_processes:
         raise ConfigError(
             f"device={cfg.device} needs a GPU for each of the {local_processes} processes on this machine, and "

@@ -202,6 +202,38 @@ def test_allreduce_hook_equals_ddp_default_and_counts_flat_ring_bytes(runs):
     assert inter == pytest.approx(intra) and inter > 0
 
 
+def _allreduce_worker(rank: int, port: int, outdir: str) -> None:
+    """On 6 gloo processes, and on each half of them (3): DDP's built-in all-reduce, then the counted fp32 hook,
+    on the same data; each step's averaged gradients. One spawn for both sizes (starting processes is the cost)."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=6)
+    from birder_repro.comm import attach_allreduce
+    from birder_repro.comm.topology import Topology
+
+    halves = [dist.new_group([0, 1, 2]), dist.new_group([3, 4, 5])]
+    results = {}
+    for world, group in ((6, dist.group.WORLD), (3, halves[rank // 3])):
+        topology = Topology(rank=rank % world, world_size=world, gpus_per_node=1, inter_group=group)
+        for name in ("ddp", "hook"):
+            ddp = torch.nn.parallel.DistributedDataParallel(_model(), bucket_cap_mb=0.004, process_group=group)
+            attach = (lambda d, o: attach_allreduce(d, o, topology)) if name == "hook" else None
+            results[f"{name}{world}"] = _scenario(lambda: _train(ddp, attach, rank, range(3)))
+    torch.save(results, Path(outdir) / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_allreduce_hook_equals_ddp_bit_for_bit_on_3_and_6_processes(tmp_path):
+    """DDP scales by 1/n (a multiplication); a hook that divides by n rounds differently for n = 3 or 6 (on 3
+    gloo processes 9 (rank, step) pairs differed): the hook multiplies as DDP does, so every gradient is equal."""
+    mp.spawn(_allreduce_worker, args=(_free_port(), str(tmp_path)), nprocs=6, join=True)
+    runs = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(6)]
+    for world in (3, 6):
+        differ = [(rank, step) for rank in range(6) for step in range(3)
+                  if not all(torch.equal(a, b) for a, b in zip(_run(runs, f"ddp{world}", rank)["grads"][step],
+                                                                _run(runs, f"hook{world}", rank)["grads"][step]))]
+        assert not differ, f"{world} processes: (rank, step) pairs whose gradients differ from DDP's: {differ}"
+
+
 def test_fp16_hook_is_close_and_sends_half_the_bytes(runs):
     fp32_intra, fp32_inter = ring_allreduce_bytes(_numel() * PARAM_DTYPE_BYTES)
     for rank in range(WORLD):

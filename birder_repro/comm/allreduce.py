@@ -2,9 +2,11 @@
 
 The hooks do what ``torch.distributed.algorithms.ddp_comm_hooks.default_hooks`` does:
 
-- ``allreduce_hook``: divide the bucket by the world size, all-reduce it asynchronously, return the result;
-  DDP's results are the same as with no hook registered (its docstring says so, and tests/test_comm_hooks.py
-  checks it);
+- ``allreduce_hook``: scale the bucket by 1/world size, all-reduce it asynchronously, return the result. DDP
+  without a hook scales each gradient by 1/n as it copies it into the bucket (a multiplication, not a
+  division); this hook multiplies too, so its results equal DDP's bit for bit for any n (x / 3 and x * (1/3)
+  round differently: torch's own ``allreduce_hook`` divides and differs from DDP unless n is a power of two).
+  tests/test_comm_hooks.py checks equality on 3, 4 and 6 processes;
 - ``fp16_compress_hook``: cast the bucket to fp16 and divide, all-reduce the fp16 tensor, copy it back into the
   bucket (in place, for peak memory: https://github.com/pytorch/pytorch/issues/45968).
 
@@ -94,7 +96,8 @@ def _allreduce_hook(state: AllReduceState, bucket: dist.GradBucket) -> torch.fut
     """Average ``bucket`` over all processes in ``state.dtype``; returns the future DDP waits on.
 
     1. (fp16 only) compress: cast the bucket to the wire dtype;
-    2. divide by the world size first, so that fp16 sums do not overflow (default_hooks.py does the same);
+    2. average first, so that fp16 sums do not overflow: fp32 multiplies by 1/n as DDP's own reducer does (bit
+       for bit DDP's result for any n), fp16 divides as torch's ``fp16_compress_hook`` does;
     3. start the asynchronous all-reduce and count its bytes;
     4. (fp16 only) decompress: copy the result back into the bucket, in place, when the future completes.
     """
@@ -108,7 +111,7 @@ def _allreduce_hook(state: AllReduceState, bucket: dist.GradBucket) -> torch.fut
         with state.timing("compress", buffer.device):
             tensor = buffer.to(state.dtype).div_(group.size())
     else:
-        tensor = buffer.div_(group.size())
+        tensor = buffer.mul_(1.0 / group.size())  # DDP's reducer: grad * (1/n), which x / n is not for n = 3
 
     # Step II: all-reduce, without waiting on it.
     state.count_allreduce(tensor.numel())

@@ -1,14 +1,20 @@
 """``make gpu-check``: does the project work on this GPU node? One command, one table, non-zero on a failure.
 
-Without CUDA it prints one line naming what it would check and exits 0, claiming nothing. With CUDA:
+Without CUDA it prints one line: on a machine with no NVIDIA device, what it would check, and exits 0, claiming
+nothing; on a machine whose NVIDIA GPUs torch cannot use (:mod:`birder_repro.cuda_env`: a driver older than the
+build's CUDA, an empty ``CUDA_VISIBLE_DEVICES``), the cause and the fix, and exits 1. With CUDA:
 
 1. kernels (:mod:`.kernels`): Birder's Triton kernels on the GPU against the CPU backend on the same inputs,
    bit for bit (worker, server, unpack; ``state_out``, ``b_hat``, several segments), on a ResNet-50-sized
    (25.6M) and a BERT-base-sized (110M) bucket; and each kernel's time against a device-to-device copy;
 2. runs (:mod:`.runs`): a 1-process DDP run through the real runner of Birder, 1-bit Adam and the baseline of
-   every task (tiny model, synthetic data, overlap on) in fp32 and bf16, and the record of each;
-3. hooks (:mod:`.hooks`), with two GPUs or more: every hook on NCCL against its single-process reference, and
-   the bytes it counted against the formulas.
+   every task (tiny model, synthetic data, overlap on) in fp32 and bf16, and in fp16 with GradScaler for the
+   digits task (``--fp16-tasks``), and the record of each;
+3. hooks (:mod:`.hooks`), across ranks: every hook against its single-process reference and the bytes it
+   counted against the formulas, and Birder and 1-bit Adam as training runs them (:mod:`.training`: DDP and
+   FSDP2, fp32, bf16 and fp16 with GradScaler) against their references; on NCCL with one GPU a process where
+   there are 2 or more GPUs, else 2 processes sharing the one GPU with their collectives staged through gloo
+   (:mod:`.staged`), the hooks' kernels, side stream, events and futures unchanged.
 
 It writes ``gpu-check.md`` and ``gpu-check.json`` into ``--out`` (default ``runs/gpu-check/<time>``) and
 prints the table.
@@ -25,17 +31,22 @@ import torch
 
 from birder_repro.gpucheck.table import FAIL, SKIP, Check, exit_code, markdown, write
 
-__all__ = ["main", "no_cuda_line", "WHAT"]
+__all__ = ["main", "no_cuda_line", "unusable_cuda_line", "WHAT"]
 
 WHAT = ("Birder's Triton kernels against the CPU backend bit for bit and against a device copy (25.6M and 110M "
         "elements); a 1-process DDP run of Birder, 1-bit Adam and the baseline of every task (tiny, synthetic, "
-        "fp32 and bf16) and its record; with 2+ GPUs every hook on NCCL against its reference and byte formulas")
+        "fp32 and bf16; digits in fp16 too) and its record; every hook across ranks against its reference and byte formulas, Birder and "
+        "1-bit Adam under DDP and FSDP2 in fp32, bf16 and fp16 (NCCL with 2+ GPUs, else 2 ranks sharing one GPU)")
 SECTIONS = ("kernels", "runs", "hooks")
 
 
 def no_cuda_line() -> str:
-    return (f"gpu-check: no CUDA device here (torch {torch.__version__}, built with CUDA "
-            f"{torch.version.cuda or 'none'}): nothing was checked. On a GPU node it checks {WHAT}.")
+    return (f"gpu-check: no NVIDIA GPU here (no /dev/nvidia*, nvidia-smi lists none; torch {torch.__version__}, "
+            f"built with CUDA {torch.version.cuda or 'none'}): nothing was checked. On a GPU node it checks {WHAT}.")
+
+
+def unusable_cuda_line(why: str) -> str:
+    return f"gpu-check: FAILED: torch sees no CUDA device, and {why}; nothing was checked."
 
 
 def environment() -> dict:
@@ -62,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sizes", nargs="*", type=int, default=list(SIZES.values()), help="bucket sizes (elements)")
     p.add_argument("--tasks", nargs="*", default=list_tasks(), choices=list_tasks())
     p.add_argument("--precisions", nargs="*", default=["fp32", "bf16"], choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--fp16-tasks", nargs="*", default=["digits"], help="tasks also run in fp16 (GradScaler)")
     p.add_argument("--jobs", type=int, default=6, help="runs at a time on the GPU")
     p.add_argument("--repeats", type=int, default=20, help="timed calls of each kernel")
     return p
@@ -101,24 +113,26 @@ def _kernels(args) -> list[Check]:
 def _runs(args, out: Path) -> list[Check]:
     from birder_repro.gpucheck import runs
 
-    return runs.check_runs(runs.plan(args.tasks, args.precisions), out / "runs", jobs=args.jobs)
+    return runs.check_runs(runs.plan(args.tasks, args.precisions, tuple(args.fp16_tasks)), out / "runs", jobs=args.jobs)
 
 
 def _hooks() -> list[Check]:
+    """Across ranks: NCCL with a GPU a process on 2 or more GPUs; on one GPU, 2 processes sharing it, their
+    device tensors' collectives staged through gloo (:mod:`.staged`: NCCL refuses two ranks on one GPU)."""
     from birder_repro.gpucheck.hooks import check_hooks
 
     gpus = torch.cuda.device_count()
-    if gpus < 2:
-        return [Check("hooks", "every hook on NCCL", SKIP, detail=f"{gpus} GPU here: NCCL needs one GPU a process, "
-                                                                  "so this section runs on 2 or more")]
-    return check_hooks(gpus, "nccl")
+    return check_hooks(gpus, "nccl") if gpus >= 2 else check_hooks(2, "staged:cuda")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = _parser().parse_args(argv)
     if not torch.cuda.is_available():
-        print(no_cuda_line(), flush=True)
-        return 0
+        from birder_repro.cuda_env import why_no_cuda
+
+        why = why_no_cuda()
+        print(unusable_cuda_line(why) if why else no_cuda_line(), flush=True)
+        return 1 if why else 0
     out = (args.out or Path("runs") / "gpu-check" / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
     env = environment()
     header = ", ".join(f"{k} {v}" for k, v in env.items())

@@ -17,8 +17,12 @@ The processes form ``nodes`` x ``gpus_per_node`` as the runner does (rank groupi
   and LAMB's parameters after every step against :class:`~birder_repro.references.onebit.OneBitAdamReference`
   (:class:`~birder_repro.references.onebit.OneBitLambReference`) within 1e-5.
 
-Byte counts are checked against the formulas of :mod:`birder_repro.comm.accounting`. The same code runs on gloo
-with CPU processes (the tests do): only the backend and the device differ. What each process runs is
+- Birder and 1-bit Adam as training runs them (:mod:`birder_repro.gpucheck.training`): under DDP in fp32, bf16
+  and fp16 with GradScaler and under FSDP2 in fp32 and bf16, every Birder call against the reference bit for
+  bit, 1-bit Adam's parameters against its reference within 1e-5 (:func:`check_training`).
+
+Byte counts are checked against the formulas of :mod:`birder_repro.comm.accounting`. The same code runs with CPU
+processes (the tests do): only the backend and the device differ. What each process runs is
 :mod:`birder_repro.gpucheck.scenarios`; this module compares it.
 """
 
@@ -33,7 +37,7 @@ from birder_repro.gpucheck.scenarios import (BIRDER_SIZES, BIRDER_STEPS, BIRDER_
                                              ONEBIT_DDP_STEPS, ONEBIT_FREEZE, ONEBIT_LAMB, ONEBIT_SIZES, ONEBIT_STEPS,
                                              allreduce_model, birder_grads, layout, onebit_inputs,
                                              run_processes)
-from birder_repro.gpucheck.table import FAIL, Check, verdict
+from birder_repro.gpucheck.table import FAIL, SKIP, Check, verdict
 
 __all__ = ["birder_expected_bytes", "check_birder", "check_onebit", "check_allreduce", "check_birder_ddp",
            "check_onebit_ddp", "check_hooks", "layout"]
@@ -143,7 +147,7 @@ def check_allreduce(per_rank: list[dict], gpus_per_node: int) -> list[Check]:
                  if not all(close(a, b) for a, b in zip(ours[rank][s], ddps[rank][s]))]
         rows.append(Check("hooks", f"{name} all-reduce hook = DDP's all-reduce, {world} processes", verdict(not wrong),
                           measured="equal" if not wrong else f"{len(wrong)} (rank, step) differ",
-                          expected="bit for bit" if exact else "within fp16 rounding (rtol 4e-3)"))
+                          expected="bit for bit (both scale by 1/n)" if exact else "within fp16 rounding (rtol 4e-3)"))
         got = [r["allreduce"][name]["intra"] + r["allreduce"][name]["inter"] for r in per_rank]
         ok = all(abs(b - nbytes) < 1e-6 * nbytes for b in got)
         rows.append(Check("hooks", f"{name} all-reduce bytes", verdict(ok),
@@ -210,12 +214,118 @@ def check_onebit_ddp(per_rank: list[dict]) -> list[Check]:
     return rows
 
 
-def check_hooks(world: int, backend: str = "nccl") -> list[Check]:
-    """Every scenario on ``world`` processes, each compared with its reference and its byte formula."""
+def _bucket_order_of(layout: dict) -> list[list[int]]:
+    return [[i for i, _, _ in sig] for _, sig in sorted(layout.items())]
+
+
+def _birder_calls_rows(runs: list[dict], label: str, nodes: int, m: int) -> list[str]:
+    """What is wrong with one precision's Birder run: each call against the reference, +-lr updates, ranks."""
+    from birder_repro.gpucheck.training import LR
+    from birder_repro.references.birder import ReferenceBirder
+
+    ref = ReferenceBirder(nodes, m, "hierarchical", beta=0.9, eps=1e-8, seed=0, param_numels=runs[0]["numels"])
+    problems = [f"rank {k}: {r['skipped']} steps skipped" for k, r in enumerate(runs) if r["skipped"]]
+    if len({len(r["calls"]) for r in runs}) != 1 or not runs[0]["calls"]:
+        problems.append(f"the ranks made {sorted({len(r['calls']) for r in runs})} calls")
+    for i in range(min(len(r["calls"]) for r in runs)):
+        signature, grad, _ = runs[0]["calls"][i]
+        if signature is None:  # FSDP with 2+ processes a node: shards start inside parameters (see training.py)
+            continue
+        want = ref.bucket(signature, grad.numel(), [r["calls"][i][1] for r in runs])
+        problems += [f"call {i}, rank {k}" for k, r in enumerate(runs) if not torch.equal(r["calls"][i][2], want)]
+    params = runs[0]["params"]
+    problems += [f"step {t + 2}: an update not +-lr" for t in range(len(params) - 1)
+                 if not torch.allclose((params[t + 1] - params[t]).abs(), torch.full_like(params[t], LR), atol=1e-6)]
+    problems += [f"rank {k}: ranks differ" for k, r in enumerate(runs) if not all(r["identical"])]
+    return problems
+
+
+def check_birder_precisions(per_rank: list[dict], nodes: int, m: int) -> list[Check]:
+    """Birder under DDP and FSDP2 in each precision: every bucket (unit) call = the reference bit for bit, updates
+    +-lr, ranks identical; in fp32 FSDP2's parameters = DDP's after every step, bit for bit."""
+    from birder_repro.gpucheck.training import FSDP_PRECISIONS, PRECISIONS
+
+    rows = []
+    for key, label, precisions in (("birder_ddp_precisions", "DDP", PRECISIONS),
+                                   ("birder_fsdp_precisions", "FSDP2", FSDP_PRECISIONS)):
+        failed = _failed_scenario(per_rank, key)
+        if failed:
+            rows.append(failed)
+            continue
+        for name in precisions:
+            runs = [r[key][name] for r in per_rank]
+            problems = _birder_calls_rows(runs, label, nodes, m)
+            if label == "FSDP2" and name == "fp32" and "error" not in per_rank[0]["birder_ddp_precisions"]:
+                ddp = [r["birder_ddp_precisions"]["fp32"]["params"] for r in per_rank]
+                problems += [f"rank {k} step {t + 1}: parameters differ from DDP's" for k, r in enumerate(runs)
+                             for t, (a, b) in enumerate(zip(r["params"], ddp[k])) if not torch.equal(a, b)]
+            rows.append(Check("hooks", f"birder {label}, {name}, {nodes}x{m} = reference", verdict(not problems),
+                              measured=f"{len(runs[0]['calls'])} calls bit-identical" if not problems
+                              else "; ".join(problems[:3]),
+                              expected="every call = reference; +-lr; ranks identical"
+                                       + ("; = DDP bit for bit" if label == "FSDP2" and name == "fp32" else "")))
+    return rows + [_fsdp_fp16_skip("birder")]
+
+
+def _fsdp_fp16_skip(what: str) -> Check:
+    return Check("hooks", f"{what} FSDP2, fp16", SKIP, detail="train.precision=fp16 is refused under parallel=fsdp "
+                 "(birder_repro.train.parallel): the FSDP hooks do not take GradScaler's scale")
+
+
+def check_onebit_precisions(per_rank: list[dict], m: int = 1) -> list[Check]:
+    """1-bit Adam under DDP and FSDP2 (the root its one unit) in each precision against the reference. Under
+    FSDP2 with 2+ processes a node each exchanges its shard of every parameter, a layout this reference is not
+    given here (tests/test_fsdp.py checks it on gloo): a skip row."""
+    from birder_repro.gpucheck.training import FREEZE, FSDP_PRECISIONS, ONEBIT, PRECISIONS, TRAIN_STEPS
+    from birder_repro.references.onebit import OneBitAdamReference
+
+    rows, world = [], len(per_rank)
+    for key, label in (("onebit_ddp_precisions", "DDP"), ("onebit_fsdp_precisions", "FSDP2")):
+        if label == "FSDP2" and m > 1:
+            rows.append(Check("hooks", f"1-bit Adam FSDP2, {m} processes a node", SKIP,
+                              detail="shards inside a node: tests/test_fsdp.py compares that layout on gloo"))
+            continue
+        failed = _failed_scenario(per_rank, key)
+        if failed:
+            rows.append(failed)
+            continue
+        for name in FSDP_PRECISIONS if label == "FSDP2" else PRECISIONS:
+            runs = [r[key][name] for r in per_rank]
+            ref = OneBitAdamReference(runs[0]["initial"], [list(range(len(runs[0]["initial"])))], world,
+                                      freeze_step=FREEZE, **ONEBIT)
+            problems = [f"rank {k}: {r['skipped']} steps skipped" for k, r in enumerate(runs) if r["skipped"]]
+            for step in range(TRAIN_STEPS):
+                layout = _bucket_order_of(runs[0]["layouts"][step]) if runs[0]["layouts"] else None
+                ref.step([r["grads"][step] for r in runs], layout)
+                want = torch.cat([x.reshape(-1) for x in ref.x])
+                if not torch.allclose(runs[0]["params"][step], want, rtol=1e-5, atol=1e-6):
+                    diff = float((runs[0]["params"][step] - want).abs().max())
+                    problems.append(f"step {step + 1}: max difference {diff:.2e}")
+            problems += [f"rank {k}: ranks differ" for k, r in enumerate(runs) if not all(r["identical"])]
+            rows.append(Check("hooks", f"1-bit Adam {label}, {name}, {world} processes = reference",
+                              verdict(not problems), measured=f"{TRAIN_STEPS} steps equal" if not problems
+                              else "; ".join(problems[:3]),
+                              expected=f"parameters within 1e-5 every step (freeze after {FREEZE}); ranks identical"))
+    return rows + [_fsdp_fp16_skip("1-bit Adam")]
+
+
+def check_hooks(world: int, backend: str = "nccl", training: bool = True) -> list[Check]:
+    """Every scenario on ``world`` processes (one spawn), each compared with its reference and its byte formula;
+    with ``training``, also Birder and 1-bit Adam under DDP and FSDP2 in every precision (:mod:`.training`).
+    ``backend``: ``nccl`` (a GPU each), ``staged:cuda`` (all on one GPU), ``gloo`` or ``staged:cpu`` (CPUs)."""
+    from birder_repro.gpucheck.scenarios import SCENARIOS
+    from birder_repro.gpucheck.training import TRAINING
+
     nodes, m = layout(world)
+    names = (*SCENARIOS, *(TRAINING if training else ()))
     try:
-        per_rank = run_processes(world, m, backend)
+        per_rank = run_processes(world, m, backend, names=names)
     except Exception as exc:  # noqa: BLE001 - processes that die are one failed row
         return [Check("hooks", f"{world} {backend} processes", FAIL, detail=f"{type(exc).__name__}: {exc}")]
-    return (check_birder(per_rank, nodes, m) + check_onebit(per_rank) + check_allreduce(per_rank, m)
+    rows = (check_birder(per_rank, nodes, m) + check_onebit(per_rank) + check_allreduce(per_rank, m)
             + check_birder_ddp(per_rank, nodes, m) + check_onebit_ddp(per_rank))
+    return rows + (check_training(per_rank, nodes, m) if training else [])
+
+
+def check_training(per_rank: list[dict], nodes: int, m: int) -> list[Check]:
+    return check_birder_precisions(per_rank, nodes, m) + check_onebit_precisions(per_rank, m)

@@ -14,7 +14,7 @@ record is read back and checked:
   wall time (the steps are inside it) and at least COVERAGE of it (what the loop does between steps is small
   beside a step). A step timed without waiting for the GPU's queued kernels would fall far below it;
 - the compressed optimizers' hooks overlapped the backward pass, and 1-bit Adam reached its compression stage;
-- the record's config says the precision asked for.
+- the record's config says the precision asked for (and an fp16 run's record has GradScaler's final scale).
 """
 
 from __future__ import annotations
@@ -64,9 +64,12 @@ def has_precision_setting() -> bool:
     return "precision" in OmegaConf.load(CONF_DIR / "config.yaml").train
 
 
-def plan(tasks: list[str], precisions: list[str]) -> list[RunSpec]:
-    """Birder, 1-bit Adam and the baseline of every task, in every precision."""
-    return [RunSpec(t, o, p) for t in tasks for o in dict.fromkeys((*COMPRESSED, baseline(t))) for p in precisions]
+def plan(tasks: list[str], precisions: list[str], fp16_tasks: tuple[str, ...] = ()) -> list[RunSpec]:
+    """Birder, 1-bit Adam and the baseline of every task, in every precision; and in fp16 (GradScaler) for
+    ``fp16_tasks`` too, where fp16 is not among ``precisions`` (one small task keeps the default check short)."""
+    extra = [(t, "fp16") for t in fp16_tasks if t in tasks and "fp16" not in precisions]
+    cells = [(t, p) for t in tasks for p in precisions] + extra
+    return [RunSpec(t, o, p) for t, p in cells for o in dict.fromkeys((*COMPRESSED, baseline(t)))]
 
 
 def overrides(spec: RunSpec, run_dir: Path, steps: int = STEPS, with_precision: bool = True,
@@ -159,6 +162,8 @@ def check_record(spec: RunSpec, run_dir: Path, device: str = "cuda") -> Check:
     precision = ((rec.get("config") or {}).get("train") or {}).get("precision", "fp32")
     if precision != spec.precision:
         problems.append(f"the record's train.precision is {precision!r}")
+    if spec.precision == "fp16" and not (rec.get("loss_scale") or 0) > 0:
+        problems.append(f"an fp16 run whose record has no loss scale ({rec.get('loss_scale')!r})")
     return Check("runs", label, verdict(not problems),
                  measured=f"step {total * 1e3:.2f} ms = " + " + ".join(f"{k} {float(st.get(k, 0)) * 1e3:.2f}"
                                                                       for k in PARTS)

@@ -1,7 +1,8 @@
 """What each process of the hook check runs (birder_repro.gpucheck.hooks compares it with the references).
 
-The processes form ``nodes`` x ``gpus_per_node`` (:func:`layout`) as the runner does, one per GPU (or CPU
-processes on gloo, as the tests run it). Each runs every scenario and saves what it measured: Birder's bucket
+The processes form ``nodes`` x ``gpus_per_node`` (:func:`layout`) as the runner does, one per GPU on NCCL, or
+all on one GPU with their collectives staged through gloo (:mod:`.staged`), or CPU processes (gloo, or staged
+as the tests run it). Each runs every scenario and saves what it measured: Birder's bucket
 all-reduce in every variant, 1-bit Adam's compressed all-reduce, the counted fp32 / fp16 all-reduce hooks
 beside DDP's own, and the hooks attached to DDP as a training script attaches them (Birder; 1-bit Adam and
 1-bit LAMB through their freeze step). The inputs are made here, from seeds, so the comparisons can remake them.
@@ -236,22 +237,45 @@ def _same_on_every_rank(flat: torch.Tensor) -> bool:
     return all(torch.equal(everyone[0], t) for t in everyone)
 
 
-def _process(rank: int, world: int, gpus_per_node: int, port: int, backend: str, outdir: str) -> None:
-    """One process: its device, the process group, every scenario; what it measured goes to rank<r>.pt."""
-    device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
+def _device_and_backend(rank: int, backend: str) -> tuple[torch.device, str]:
+    """``nccl``: one GPU a process; ``gloo``: CPU processes; ``staged:cuda``: every process on the one GPU, its
+    device tensors' collectives staged through gloo (:mod:`.staged`); ``staged:cpu``: the same code on CPUs."""
+    kind, _, where = backend.partition(":")
+    if kind == "staged":
+        from birder_repro.gpucheck import staged
+
+        staged.register()
+        return torch.device("cuda", 0) if where == "cuda" else torch.device("cpu"), staged.backend_string(where)
+    return (torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")), backend
+
+
+SCENARIOS = {"birder": _birder, "onebit": _onebit, "allreduce": _allreduce, "birder_ddp": _birder_ddp,
+             "onebit_ddp": _onebit_ddp}
+
+
+def _scenarios() -> dict:
+    from birder_repro.gpucheck.training import TRAINING
+
+    return {**SCENARIOS, **TRAINING}
+
+
+def _process(rank: int, world: int, gpus_per_node: int, port: int, backend: str, outdir: str,
+             names: tuple[str, ...]) -> None:
+    """One process: its device, the process group, the scenarios; what it measured goes to rank<r>.pt."""
+    device, pg_backend = _device_and_backend(rank, backend)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    torch.set_num_threads(1)  # several processes share the cores (and, staged, one GPU)
     os.environ.update(LOCAL_RANK=str(rank % gpus_per_node), LOCAL_WORLD_SIZE=str(gpus_per_node))
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            **({"device_id": device} if device.type == "cuda" else {}))
+    dist.init_process_group(pg_backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            **({"device_id": device} if backend == "nccl" else {}))
     from birder_repro.comm.topology import build_topology
 
     topology = build_topology(gpus_per_node)
-    results = {}
-    for name, scenario in (("birder", _birder), ("onebit", _onebit), ("allreduce", _allreduce),
-                           ("birder_ddp", _birder_ddp), ("onebit_ddp", _onebit_ddp)):
+    results, table = {}, _scenarios()
+    for name in names:
         try:
-            results[name] = scenario(topology, device)
+            results[name] = table[name](topology, device)
         except Exception:  # noqa: BLE001 - recorded: the other scenarios still run and report
             results[name] = {"error": traceback.format_exc()}
         dist.barrier()
@@ -265,8 +289,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_processes(world: int, gpus_per_node: int, backend: str = "nccl") -> list[dict]:
-    """Every scenario on ``world`` processes; what each rank measured."""
+def run_processes(world: int, gpus_per_node: int, backend: str = "nccl",
+                  names: tuple[str, ...] = tuple(SCENARIOS)) -> list[dict]:
+    """The scenarios ``names`` on ``world`` processes (``backend``: see :func:`_device_and_backend`); what each
+    rank measured."""
     with tempfile.TemporaryDirectory() as outdir:
-        mp.spawn(_process, args=(world, gpus_per_node, _free_port(), backend, outdir), nprocs=world, join=True)
+        mp.spawn(_process, args=(world, gpus_per_node, _free_port(), backend, outdir, tuple(names)), nprocs=world,
+                 join=True)
         return [torch.load(Path(outdir) / f"rank{r}.pt", weights_only=False) for r in range(world)]

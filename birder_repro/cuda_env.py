@@ -1,0 +1,136 @@
+"""Why torch cannot use this machine's NVIDIA GPUs, in one line with the fix: the runner and ``make gpu-check``
+stop on it rather than train on the CPU without a word.
+
+``torch.cuda.is_available()`` is False on a GPU node when the driver is older than the CUDA the torch build was
+made for (a cu130 build needs a driver of the 580 series or newer; 535-570 are common on H100 nodes), when
+``CUDA_VISIBLE_DEVICES`` is empty or names no device, or when torch is a CPU-only build. The GPUs still show in
+``/dev/nvidia*`` and ``nvidia-smi -L``: :func:`probe` reads those, the driver version (``nvidia-smi
+--query-gpu=driver_version --format=csv,noheader``, else ``/proc/driver/nvidia/version``) and what torch was built
+for (``torch.version.cuda``); :func:`diagnosis` turns that into the line. A machine without NVIDIA devices gets
+None: there, the CPU is the right device.
+
+The probe is injectable, so that tests (and ``make gpu-check`` in tests) use a stand-in: the arguments of
+:func:`probe`, or the environment: ``BIRDER_CUDA_PROBE_ROOT`` stands for ``/`` (``<root>/dev/nvidia0``,
+``<root>/proc/driver/nvidia/version``) and ``BIRDER_NVIDIA_SMI`` is the ``nvidia-smi`` command.
+
+Imports no torch at module level: the config layer calls it only where a run would otherwise go to the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Optional
+
+__all__ = ["Probe", "probe", "diagnosis", "why_no_cuda", "MIN_DRIVER", "ROOT_ENV", "SMI_ENV"]
+
+ROOT_ENV, SMI_ENV = "BIRDER_CUDA_PROBE_ROOT", "BIRDER_NVIDIA_SMI"
+
+# The oldest Linux driver each CUDA major version runs on (NVIDIA's CUDA Toolkit release notes, table "CUDA
+# Toolkit and Minimum Required Driver Version for CUDA Minor Version Compatibility": 13.x >= 580, 12.x >= 525,
+# 11.x >= 450). The wheels torch publishes for an older CUDA (cu126, cu128) are the fix for an older driver.
+MIN_DRIVER = {13: 580, 12: 525, 11: 450}
+OLDER_WHEEL = {13: ("cu126", 525), 12: ("cu118", 450)}
+
+
+@dataclass
+class Probe:
+    """What the machine and torch say about CUDA."""
+
+    devices: list[str] = field(default_factory=list)  # /dev/nvidia0, /dev/nvidia1, ... (not nvidiactl, -uvm)
+    gpus: list[str] = field(default_factory=list)  # nvidia-smi -L, one line a GPU
+    driver: Optional[str] = None  # e.g. "570.124.06"
+    torch_version: str = ""
+    torch_cuda: Optional[str] = None  # torch.version.cuda: None for a CPU-only build
+    visible: Optional[str] = None  # CUDA_VISIBLE_DEVICES, None when unset
+
+    @property
+    def nvidia_present(self) -> bool:
+        return bool(self.devices or self.gpus)
+
+    @property
+    def gpu_count(self) -> int:
+        return max(len(self.devices), len(self.gpus))
+
+
+def _smi(command: Optional[str], *args: str) -> Optional[str]:
+    """``nvidia-smi`` output, or None where it is missing or fails (no driver loaded)."""
+    if not command:
+        return None
+    try:
+        proc = subprocess.run([command, *args], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def _proc_driver(path: Path) -> Optional[str]:
+    """The driver version from ``/proc/driver/nvidia/version`` ("NVRM version: ... Kernel Module  570.124.06 ...")."""
+    try:
+        match = re.search(r"Kernel Module\s+(?:for \S+\s+)?([0-9]+(?:\.[0-9]+)+)", path.read_text())
+    except OSError:
+        return None
+    return match.group(1) if match else None
+
+
+def probe(root: Optional[Path] = None, smi: Optional[str] = None, env: Mapping[str, str] = os.environ,
+          torch_version: Optional[str] = None, torch_cuda: Optional[str] = "unset") -> Probe:
+    """Read the devices, ``nvidia-smi`` and the driver under ``root`` (default ``/`` or ``$BIRDER_CUDA_PROBE_ROOT``)
+    with the ``smi`` command (default ``$BIRDER_NVIDIA_SMI`` or ``nvidia-smi`` on the PATH); torch's version and
+    CUDA as given, else from the installed torch."""
+    root = Path(root if root is not None else env.get(ROOT_ENV, "/"))
+    smi = smi if smi is not None else env.get(SMI_ENV) or shutil.which("nvidia-smi")
+    if torch_version is None or torch_cuda == "unset":
+        import torch
+
+        torch_version = torch.__version__ if torch_version is None else torch_version
+        torch_cuda = torch.version.cuda if torch_cuda == "unset" else torch_cuda
+    devices = sorted(str(p) for p in (root / "dev").glob("nvidia*") if re.fullmatch(r"nvidia[0-9]+", p.name))
+    listing = _smi(smi, "-L") or ""
+    driver = (_smi(smi, "--query-gpu=driver_version", "--format=csv,noheader") or "").strip().splitlines()
+    return Probe(devices=devices, gpus=[line for line in listing.splitlines() if line.startswith("GPU ")],
+                 driver=driver[0].strip() if driver else _proc_driver(root / "proc/driver/nvidia/version"),
+                 torch_version=torch_version, torch_cuda=torch_cuda, visible=env.get("CUDA_VISIBLE_DEVICES"))
+
+
+def _major(version: Optional[str]) -> Optional[int]:
+    match = re.match(r"\s*([0-9]+)", version or "")
+    return int(match.group(1)) if match else None
+
+
+def diagnosis(p: Probe) -> Optional[str]:
+    """One line: why torch sees no CUDA device on a machine with NVIDIA GPUs, and the fix; None without them."""
+    if not p.nvidia_present:
+        return None
+    seen = f"this machine has {p.gpu_count} NVIDIA GPU{'s' if p.gpu_count != 1 else ''}"
+    if p.visible is not None and p.visible.strip() in ("", "-1", "NoDevFiles"):
+        return (f"{seen}, but CUDA_VISIBLE_DEVICES={p.visible!r} hides them from torch: unset it or list the GPUs "
+                "(e.g. CUDA_VISIBLE_DEVICES=0,1)")
+    if p.torch_cuda is None:
+        return (f"{seen}, but torch {p.torch_version} is a CPU-only build: install a CUDA build of torch "
+                "(https://pytorch.org/get-started/locally/)")
+    cuda, driver = _major(p.torch_cuda), _major(p.driver)
+    need = MIN_DRIVER.get(cuda or 0)
+    if driver is not None and need is not None and driver < need:
+        wheel, wheel_driver = OLDER_WHEEL.get(cuda, (None, None))
+        older = (f"install a torch built for an older CUDA that this driver runs (e.g. pip install torch "
+                 f"--index-url https://download.pytorch.org/whl/{wheel}, for drivers >= {wheel_driver}), or "
+                 if wheel and driver >= wheel_driver else "")
+        return (f"{seen}, but its NVIDIA driver {p.driver} is older than torch {p.torch_version} (built for CUDA "
+                f"{p.torch_cuda}) needs (driver >= {need}): {older}update the driver to {need} or newer")
+    if p.driver is None:
+        return (f"{seen}, but no NVIDIA driver answers (nvidia-smi failed and /proc/driver/nvidia/version is "
+                "missing): load or reinstall the driver")
+    visible = f", CUDA_VISIBLE_DEVICES={p.visible!r}" if p.visible is not None else ""
+    return (f"{seen} (driver {p.driver}{visible}), but torch {p.torch_version} (CUDA {p.torch_cuda}) cannot use "
+            "them: run python -c 'import torch; torch.cuda.init()' for CUDA's own error and fix what it names")
+
+
+def why_no_cuda() -> Optional[str]:
+    """The :func:`diagnosis` of this machine (as the environment's stand-ins say), for a caller that found
+    ``torch.cuda.is_available()`` False."""
+    return diagnosis(probe())
