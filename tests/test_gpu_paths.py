@@ -113,3 +113,46 @@ def test_start_line_names_device_backend_precision_and_versions():
                                                          "triton": "3.8.0"}})
     assert line == ("[birder-repro] 4 processes on cuda (NVIDIA H100), backend nccl, precision bf16; torch 2.14.1, "
                     "CUDA 13.0, NCCL 2.27.3, Triton 3.8.0")
+
+
+# ------------------------------------------- a resume leaves AdamW's step counters on the CPU, as torch keeps them
+class _LoadedOnGpu(torch.Tensor):
+    """A stand-in for a tensor ``torch.load(map_location=cuda)`` made: it says it is on a GPU, and ``.cpu()``
+    gives a plain CPU tensor (what the real copy gives)."""
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+    def cpu(self, *args, **kwargs):
+        return self.as_subclass(torch.Tensor).clone()
+
+
+def test_a_resume_keeps_adamws_step_counters_on_the_cpu(tmp_path, monkeypatch):
+    """Shards load onto the rank's device; torch's Optimizer.load_state_dict keeps ``step`` where it finds it
+    (non-capturable), so a GPU step made foreach AdamW read it back twice per parameter per step after a resume."""
+    from torch import nn
+
+    from birder_repro.train import checkpoint
+    from birder_repro.train.checkpoint import RunIdentity, load_checkpoint, save_checkpoint
+
+    identity = RunIdentity(task="blobs", optim="adamw", scheme="allreduce", nodes=1, gpus_per_node=1, world_size=1)
+    model = nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    cpu = torch.device("cpu")
+    where = save_checkpoint(tmp_path, 1, 4.0, model, opt, None, 0, 1, cpu, identity, 2)
+    real = checkpoint.load_file
+
+    def onto_the_gpu(path, device):
+        loaded = real(path, device)
+        for state in (loaded.get("optimizer", {}) if isinstance(loaded, dict) else {}).get("state", {}).values():
+            state["step"] = state["step"].as_subclass(_LoadedOnGpu)
+        return loaded
+
+    monkeypatch.setattr(checkpoint, "load_file", onto_the_gpu)
+    fresh = torch.optim.AdamW(model.parameters(), lr=0.1)
+    load_checkpoint(where, model, fresh, None, 0, 1, cpu, identity)
+    steps = [s["step"] for s in fresh.state.values()]
+    assert len(steps) == 2 and all(s.device.type == "cpu" and s.item() == 1 for s in steps)
