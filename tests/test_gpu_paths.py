@@ -156,3 +156,27 @@ def test_a_resume_keeps_adamws_step_counters_on_the_cpu(tmp_path, monkeypatch):
     load_checkpoint(where, model, fresh, None, 0, 1, cpu, identity)
     steps = [s["step"] for s in fresh.state.values()]
     assert len(steps) == 2 and all(s.device.type == "cpu" and s.item() == 1 for s in steps)
+
+
+# --------------------------------------------------------- 1-bit LAMB's step reads nothing back from the device
+def test_onebit_lamb_steps_read_nothing_back_from_the_device(monkeypatch):
+    """LAMB's coefficient, c_avg, the scaling ratio and its clips were Python floats: float() of a norm several
+    times per parameter per step, each a host sync on a GPU. They are device tensors now: no read in a warmup or
+    compression step (counted on the CPU: host_syncs.py), and one at the freeze (the momentum scales)."""
+    from torch import nn
+
+    from birder_repro.optim import OneBitLamb
+    from host_syncs import counted_reads
+
+    torch.manual_seed(0)
+    params = [nn.Parameter(torch.randn(5, 3)), nn.Parameter(torch.randn(7)), nn.Parameter(torch.zeros(4))]
+    opt = OneBitLamb(params, lr=1e-2, freeze_step=3, weight_decay=0.01)
+    counts = []
+    for _ in range(6):
+        for p in params:
+            p.grad = torch.randn_like(p)
+        with counted_reads(monkeypatch) as reads:
+            opt.step()
+        counts.append(len(reads))
+    assert counts == [0, 0, 1, 0, 0, 0], counts
+    assert all(torch.isfinite(p).all() for p in params)

@@ -86,6 +86,28 @@ def clip_ratio(r: float, r_prev: float, r_min: float, r_max: float, r_threshold:
     return min(max(r, r_min), r_max)
 
 
+# The same formulas on 0-dim tensors on the parameter's device, as the steps use them: a float() of a norm per
+# tensor per step would make the host wait for the device several times per parameter per step.
+def _coefficient(weight_norm: torch.Tensor, update_norm: torch.Tensor, c_min: float,
+                 c_max: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`lamb_coefficient` as (c, whether it measured anything): c is 1 where a norm is 0."""
+    measured = (weight_norm > 0) & (update_norm > 0)
+    return torch.where(measured, (weight_norm / update_norm).clamp(c_min, c_max), 1.0), measured
+
+
+def _blend(r: torch.Tensor, adaptive_norm: torch.Tensor, update_norm: torch.Tensor) -> torch.Tensor:
+    """:func:`weight_decay_blend`."""
+    q = (adaptive_norm / update_norm).clamp(max=1.0)
+    return torch.where(update_norm == 0, r, r * q + (1.0 - q))
+
+
+def _clip(r: torch.Tensor, r_prev, r_min: float, r_max: float, r_threshold: float) -> torch.Tensor:
+    """:func:`clip_ratio`."""
+    r = torch.minimum(torch.maximum(r, (1 - r_threshold) * torch.as_tensor(r_prev)), (1 + r_threshold) *
+                      torch.as_tensor(r_prev))
+    return r.clamp(r_min, r_max)
+
+
 class OneBitLamb(OneBitOptimizer):
     r"""1-bit LAMB (1-bit LAMB paper, Algorithm 1).
 
@@ -140,10 +162,10 @@ class OneBitLamb(OneBitOptimizer):
     def _init_state(self, p: torch.Tensor) -> None:
         super()._init_state(p)
         state = self.state[p]
-        state.setdefault("c_avg", 0.0)  # Algorithm 1, line 1
+        state.setdefault("c_avg", torch.zeros((), device=p.device))  # Algorithm 1, line 1
         if self.stage == COMPRESSION and "exp_avg_sq_fresh" not in state:  # a gradient first seen after the freeze
             state["exp_avg_sq_fresh"] = state["exp_avg_sq"].clone()
-            state["ratio"] = 1.0
+            state["ratio"] = torch.ones((), device=p.device)
 
     def _warmup_update(self, p: torch.Tensor, g: torch.Tensor, group: dict) -> None:
         state = self.state[p]
@@ -152,13 +174,11 @@ class OneBitLamb(OneBitOptimizer):
         update = preconditioned_update(state["exp_avg"], state["exp_avg_sq"], group["eps"])
         if group["weight_decay"]:
             update.add_(p, alpha=group["weight_decay"])
-        c = lamb_coefficient(float(p.norm()), float(update.norm()), group["c_min"], group["c_max"])
-        if c is None:
-            c = 1.0
-        else:
-            state["c_avg"] = group["beta3"] * state["c_avg"] + (1 - group["beta3"]) * c  # line 2
+        c, measured = _coefficient(p.norm(), update.norm(), group["c_min"], group["c_max"])
+        c_avg = state["c_avg"]
+        state["c_avg"] = torch.where(measured, group["beta3"] * c_avg + (1 - group["beta3"]) * c, c_avg)  # line 2
         state["coefficient"] = c
-        p.add_(update, alpha=-group["lr"] * c)
+        p.sub_(update.mul_(c * group["lr"]))
 
     def _freeze(self) -> None:
         """Line 3: the fresh variance starts from v_Tw, r from 1; and the momentum scales of A.5.2."""
@@ -166,8 +186,9 @@ class OneBitLamb(OneBitOptimizer):
         for p in params:
             state = self.state[p]
             state["exp_avg_sq_fresh"] = state["exp_avg_sq"].clone()
-            state["ratio"] = 1.0
-        norms = [float(self.state[p]["exp_avg"].norm()) / math.sqrt(max(p.numel(), 1)) for p in params]
+            state["ratio"] = torch.ones((), device=p.device)
+        moments = torch.stack([self.state[p]["exp_avg"].norm() for p in params]).tolist() if params else []
+        norms = [s / math.sqrt(max(p.numel(), 1)) for s, p in zip(moments, params)]  # one host read, once
         for p, s in zip(params, momentum_scales(norms)):
             self.state[p]["momentum_scale"] = s
 
@@ -184,14 +205,14 @@ class OneBitLamb(OneBitOptimizer):
         denom = state["exp_avg_sq"].sqrt().add_(eps)
         adaptive = m / denom
         update = adaptive.add(p, alpha=group["weight_decay"]) if group["weight_decay"] else adaptive
-        r = scaling_ratio(denom, fresh, eps)  # line 17
+        r = (denom / (fresh.sqrt() + eps)).max()  # line 17 (scaling_ratio)
         if group["weight_decay"]:
-            r = weight_decay_blend(r, float(adaptive.norm()), float(update.norm()))
-        r = clip_ratio(r, state["ratio"], group["r_min"], group["r_max"], group["r_threshold"])  # lines 18-19
+            r = _blend(r, adaptive.norm(), update.norm())
+        r = _clip(r, state["ratio"], group["r_min"], group["r_max"], group["r_threshold"])  # lines 18-19
         state["ratio"] = r
         c = r * state["c_avg"]  # line 20
         state["coefficient"] = c
-        p.add_(update, alpha=-group["lr"] * c)  # line 21
+        p.sub_(update * (c * group["lr"]))  # line 21
 
 
 def build_onebit_lamb(params: Iterable, cfg: Mapping[str, Any]) -> OneBitLamb:
