@@ -52,6 +52,32 @@ def test_steps_skipped_by_the_hook_count_as_nonfinite():
     assert _feed(watch, [1.0, 1.0, 1.0, 1.0], skipped_at=(2, 3)) == 3
 
 
+def test_fp16_counts_only_nonfinite_losses_not_gradscalers_skips():
+    """fp16 (count_skips=False, as the loop sets it with GradScaler): GradScaler's skipped steps, which the hooks
+    count as non-finite too, are its normal search for a scale; only a non-finite loss counts."""
+    fp16 = DivergenceWatch(2, SGDM, CPU, count_skips=False)
+    assert _feed(fp16, [1.0, 1.0, 1.0, 1.0, 1.0, NAN, NAN], skipped_at=(1, 2, 3, 4)) == 7
+    assert fp16.since == 6
+    fp32 = DivergenceWatch(2, SGDM, CPU)  # the same skips in fp32 or bf16 stop the run
+    assert _feed(fp32, [1.0, 1.0, 1.0, 1.0, 1.0, NAN, NAN], skipped_at=(1, 2, 3, 4)) == 2
+
+
+def _one_rank_diverges(rank: int, world: int) -> tuple[int, int]:
+    """Rank 1 alone sees non-finite losses from step 3 on; rank 0's stay finite. (The step each stopped at, and
+    the first of the run it counted.)"""
+    watch = DivergenceWatch(3, SGDM, CPU)
+    losses = [1.0, 1.0] + ([NAN] * 8 if rank == 1 else [2.0] * 8)
+    return _feed(watch, losses), watch.since
+
+
+def test_every_rank_stops_at_the_same_step_when_one_rank_alone_diverges():
+    """The flag is agreed over the ranks (one all-reduce per step): a rank that decided alone would stop while
+    the others train on and wait for it in their next collective."""
+    from dist_utils import run_distributed
+
+    assert run_distributed(_one_rank_diverges, 2) == [(5, 3), (5, 3)]
+
+
 def test_zero_turns_it_off():
     assert _feed(DivergenceWatch(0, SGDM, CPU), [NAN] * 50) == 0
 
