@@ -42,45 +42,49 @@ def test_the_loop_passes_the_torch_device_to_the_profile():
 
 
 # ------------------------------------------------- loaded state is adopted by the hook's stream (record_stream)
-class _FakeCuda:
-    """A stand-in for a CUDA tensor: records the streams it is marked as used on."""
+class _StreamsOf:
+    """Stand-ins for CUDA, for the tensors whose ids are in ``ids``: they say they are on ``cuda:1``, and
+    ``record_stream`` records (tensor id, stream) instead of marking; ``current_stream(d)`` names d's stream."""
 
-    is_cuda = True
+    def __init__(self, monkeypatch, ids):
+        self.ids, self.marked = set(ids), []
+        real_is_cuda, real_device = torch.Tensor.is_cuda, torch.Tensor.device
+        ours = self.ids
+        monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: id(t) in ours or real_is_cuda.__get__(t)))
+        monkeypatch.setattr(torch.Tensor, "device", property(
+            lambda t: torch.device("cuda", 1) if id(t) in ours else real_device.__get__(t)))
+        monkeypatch.setattr(torch.Tensor, "record_stream", lambda t, stream: self.marked.append((id(t), stream)))
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: f"current stream of {device}")
 
-    def __init__(self):
-        self.streams = []
 
-    def record_stream(self, stream):
-        self.streams.append(stream)
-
-
-def test_adopt_marks_cuda_tensors_on_the_current_stream(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "side-stream")
-    fake, cpu = _FakeCuda(), torch.zeros(2)
-    fake.device = "cuda:0"
-    buckets.adopt([fake, cpu])
-    assert fake.streams == ["side-stream"]
+def test_adopt_marks_cuda_tensors_on_their_own_devices_current_stream(monkeypatch):
+    """On the stream current for the tensor's own device (a tensor on cuda:1 while cuda:0 is current would be
+    marked for the wrong stream); CPU tensors are left alone."""
+    gpu_side, cpu = torch.zeros(2), torch.zeros(2)
+    streams = _StreamsOf(monkeypatch, [id(gpu_side)])
+    buckets.adopt([gpu_side, cpu])
+    assert streams.marked == [(id(gpu_side), "current stream of cuda:1")]
 
 
 def test_a_loaded_store_adopts_every_loaded_tensor_once_at_its_first_bucket(monkeypatch):
     """State cloned on the training thread and freed by the communication thread after a layout change must be
-    marked as used by the side stream, else the allocator may hand its memory to backward too early."""
+    marked as used by the side stream, else the allocator may hand its memory to backward too early. (The real
+    adopt runs; stand-ins make the loaded tensors say they are on a GPU and record the marks.)"""
     store = BucketStore([Field("m"), Field("e")], pad_to=8)
     sig = ((0, 0, 10), (1, 10, 6))
     b = store.bucket(0, 16, sig, torch.device("cpu"))
     b.state["m"].fill_(1.0)
     saved = store.state_dict()
-    seen = []
-    monkeypatch.setattr(buckets, "adopt", lambda tensors: seen.append(list(tensors)))
     fresh = BucketStore([Field("m"), Field("e")], pad_to=8)
     fresh.load_state_dict(saved)
     loaded = list(fresh.buckets[0].state.values())
+    streams = _StreamsOf(monkeypatch, [id(t) for t in loaded])
     fresh.bucket(0, 16, sig, torch.device("cpu"))  # same layout: the loaded bucket itself
     fresh.bucket(0, 16, sig, torch.device("cpu"))
-    assert len(seen) == 1 and all(any(t is u for u in seen[0]) for t in loaded)
+    assert sorted(streams.marked) == sorted((id(t), "current stream of cuda:1") for t in loaded)
     # another layout: the migration's per-parameter state is made on this thread; nothing more to adopt
     fresh.bucket(0, 16, ((1, 0, 6), (0, 6, 10)), torch.device("cpu"))
-    assert len(seen) == 1
+    assert len(streams.marked) == len(loaded)
 
 
 # ---------------------------------------------------------------------------------------- no silent fallback
