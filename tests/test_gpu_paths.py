@@ -16,29 +16,45 @@ from dist_utils import run_distributed
 
 
 # -------------------------------------------------------- a lone 1-bit Adam process times on its torch device
-def _lone_onebit_profile(rank: int, world: int):
-    from birder_repro.train.profile import _lone_onebit
-
-    # what the loop hands it: the display name for the profile, the torch device for the tensors
-    return _lone_onebit([1000, 4096], torch.device("cpu"))
+H100 = "cuda (NVIDIA H100 80GB HBM3)"
 
 
-def test_lone_onebit_profile_takes_the_torch_device_not_its_display_name():
+def _lone_onebit_run(rank: int, world: int, run_dir: str):
+    """A whole 1-process 1-bit Adam run through the training loop, whose device shows as a GPU's display name
+    (what the record and profile print): its profile prices the compressor on the run's torch device."""
+    from omegaconf import open_dict
+    from torch import nn
+
+    import test_train as tiny
+    from birder_repro.comm import attach_onebit
+    from birder_repro.comm.readiness import clocked_registration
+    from birder_repro.comm.topology import Topology
+    from birder_repro.optim import OneBitAdam
+    from birder_repro.train import loop, train
+
+    loop._device_name = lambda device: H100  # the name a GPU run shows; the tensors stay on the CPU
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(tiny.tiny_model())
+    optimizer = OneBitAdam(model.parameters(), lr=1e-3, freeze_step=2)
+    with clocked_registration(model):  # as the worker attaches: the hook's bucket calls are timed
+        comm = attach_onebit(model, optimizer)
+    cfg = tiny.make_config(run_dir, steps=5, eval=False)
+    with open_dict(cfg):
+        cfg.optim, cfg.nodes = {"name": "onebit_adam", "lr": 1e-3}, 1
+    record = train(cfg, task=tiny.BlobsTask(), data=tiny.blobs_data(0, 1, 8), model=model, optimizer=optimizer,
+                   comm=comm, topology=Topology(rank=0, world_size=1, gpus_per_node=1),
+                   device=torch.device("cpu"), run_dir=run_dir)
+    comm.close()
+    return record["profile"]
+
+
+def test_a_lone_onebit_run_prices_its_compressor_on_the_torch_device_not_its_display_name(tmp_path):
     """A 1-process 1-bit Adam run priced its compressor with ``torch.randn(...).to("cuda (NVIDIA H100 ...)")``:
-    'Invalid device string' after all its steps. The loop now passes the device itself."""
-    (out,) = run_distributed(_lone_onebit_profile, 1)
-    assert out["onebit"] > 0
-    with pytest.raises(RuntimeError, match="Invalid device string"):
-        torch.zeros(1).to("cuda (NVIDIA H100 80GB HBM3)")  # the old call, for the record
-
-
-def test_the_loop_passes_the_torch_device_to_the_profile():
-    import inspect
-
-    from birder_repro.train import loop, profile
-
-    assert "torch_device" in inspect.signature(profile.measured_profile).parameters
-    assert '"torch_device": p.device' in inspect.getsource(loop._finish)
+    'Invalid device string' after all its steps. The loop hands the profile both: the display name to record,
+    the torch device to compute on."""
+    (profile,) = run_distributed(_lone_onebit_run, 1, str(tmp_path))
+    assert profile["device"] == H100
+    assert profile["compression_s_per_element"]["onebit"] > 0
 
 
 # ------------------------------------------------- loaded state is adopted by the hook's stream (record_stream)
