@@ -178,6 +178,37 @@ def test_fp16_skip_is_one_decision_on_every_rank(optim):
             assert torch.equal(p, q) and torch.isfinite(p).all(), f"rank {rank} differs from rank 0"
 
 
+def _onebit_flagged_bucket(rank: int, world: int):
+    """1-bit Adam's hook alone in its group (1 node under FSDP) in the compression stage, under loss scale
+    2^10: a finite bucket whose node flagged a non-finite gradient elsewhere (``node_flag``), then one not
+    flagged. Returns both results."""
+    from birder_repro.comm.onebit import OneBitState
+    from birder_repro.comm.topology import Topology
+    from birder_repro.optim import OneBitAdam
+
+    torch.manual_seed(0)
+    p = nn.Parameter(torch.randn(16))
+    opt = OneBitAdam([p], lr=0.01, freeze_step=1)
+    p.grad = torch.randn(16)
+    opt.step()  # past the warmup
+    state = OneBitState(opt, None, Topology(rank=0, world_size=1, gpus_per_node=1), {id(p): 0}, overlap=False)
+    state.loss_scale = torch.tensor(2.0 ** 10)
+    grad = torch.randn(16) * 2.0 ** 10
+    flagged = state.compress_bucket(0, grad.clone(), [p], ((0, 0, 16),), node_flag=torch.tensor(1.0)).clone()
+    state.settle_step()
+    clean = state.compress_bucket(0, grad.clone(), [p], ((0, 0, 16),), node_flag=torch.tensor(0.0)).clone()
+    return flagged, clean, state.nonfinite_steps
+
+
+def test_onebit_hook_poisons_a_flagged_bucket_whose_values_are_finite():
+    """The fp16 skip above cannot tell whether 1-bit Adam's hook poisons a flagged bucket: across ranks the flag
+    travels as a NaN worker scale, so the average is NaN anyway. Alone in its group, a bucket flagged by its node
+    while finite here must still come back NaN, or GradScaler would apply a step the other nodes skip."""
+    ((flagged, clean, skipped),) = run_distributed(_onebit_flagged_bucket, 1)
+    assert torch.isnan(flagged).all() and skipped == 1
+    assert torch.isfinite(clean).all() and clean.abs().max() > 0
+
+
 # ------------------------------------------------------------------- every task's forward and loss, autocast
 TASKS = ["digits", "resnet20", "resnet50", "vit", "lstm_ptb", "bert_squad", "bert_pretrain"]
 
