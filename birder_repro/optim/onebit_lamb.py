@@ -35,19 +35,12 @@ The momentum mask and the single-process behaviour are 1-bit Adam's (:mod:`birde
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping
 
 import torch
 
 from birder_repro.optim.onebit_adam import (COMPRESSION, OneBitOptimizer, adam_moments_, freeze_step_from_config,
                                             preconditioned_update)
-
-
-def lamb_coefficient(weight_norm: float, update_norm: float, c_min: float, c_max: float) -> Optional[float]:
-    """Eq. (1): c = clip(||x|| / ||u||, c_min, c_max); None where a norm is 0 (the ratio says nothing)."""
-    if weight_norm == 0.0 or update_norm == 0.0:
-        return None
-    return min(max(weight_norm / update_norm, c_min), c_max)
 
 
 def momentum_scales(norms_per_numel: list[float]) -> list[float]:
@@ -67,45 +60,32 @@ def reconstruct_gradient(m: torch.Tensor, m_prev: torch.Tensor, beta1: float) ->
     return (m - beta1 * m_prev) / (1 - beta1)
 
 
-def scaling_ratio(frozen_denom: torch.Tensor, fresh_v: torch.Tensor, eps: float) -> float:
-    """Algorithm 1, line 17, as DeepSpeed computes it: max((sqrt(v_Tw)+eps) / (sqrt(v_t)+eps))."""
-    return float((frozen_denom / (fresh_v.sqrt() + eps)).max())
-
-
-def weight_decay_blend(r: float, adaptive_norm: float, update_norm: float) -> float:
-    """Scale only the adaptive part of u = m/(sqrt(v)+eps) + wd*x: r*q + (1-q), q = min(1, ||m/..|| / ||u||)."""
-    if update_norm == 0.0:
-        return r
-    q = min(1.0, adaptive_norm / update_norm)
-    return r * q + (1.0 - q)
-
-
-def clip_ratio(r: float, r_prev: float, r_min: float, r_max: float, r_threshold: float) -> float:
-    """Algorithm 1, lines 18-19: within (1 -+ r_threshold) r_prev, then within [r_min, r_max]."""
-    r = min(max(r, (1 - r_threshold) * r_prev), (1 + r_threshold) * r_prev)
-    return min(max(r, r_min), r_max)
-
-
-# The same formulas on 0-dim tensors on the parameter's device, as the steps use them: a float() of a norm per
-# tensor per step would make the host wait for the device several times per parameter per step.
-def _coefficient(weight_norm: torch.Tensor, update_norm: torch.Tensor, c_min: float,
-                 c_max: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`lamb_coefficient` as (c, whether it measured anything): c is 1 where a norm is 0."""
+# LAMB's scalars are 0-dim tensors on the parameter's device: a float() of a norm per tensor per step would make
+# the host wait for the device several times per parameter per step.
+def lamb_coefficient(weight_norm: torch.Tensor, update_norm: torch.Tensor, c_min: float,
+                     c_max: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. (1): c = clip(||x|| / ||u||, c_min, c_max), and whether it measured anything: where a norm is 0 the
+    ratio says nothing, and c is 1."""
     measured = (weight_norm > 0) & (update_norm > 0)
     return torch.where(measured, (weight_norm / update_norm).clamp(c_min, c_max), 1.0), measured
 
 
-def _blend(r: torch.Tensor, adaptive_norm: torch.Tensor, update_norm: torch.Tensor) -> torch.Tensor:
-    """:func:`weight_decay_blend`."""
+def scaling_ratio(frozen_denom: torch.Tensor, fresh_v: torch.Tensor, eps: float) -> torch.Tensor:
+    """Algorithm 1, line 17, as DeepSpeed computes it: max((sqrt(v_Tw)+eps) / (sqrt(v_t)+eps))."""
+    return (frozen_denom / (fresh_v.sqrt() + eps)).max()
+
+
+def weight_decay_blend(r: torch.Tensor, adaptive_norm: torch.Tensor, update_norm: torch.Tensor) -> torch.Tensor:
+    """Scale only the adaptive part of u = m/(sqrt(v)+eps) + wd*x: r*q + (1-q), q = min(1, ||m/..|| / ||u||)."""
     q = (adaptive_norm / update_norm).clamp(max=1.0)
     return torch.where(update_norm == 0, r, r * q + (1.0 - q))
 
 
-def _clip(r: torch.Tensor, r_prev, r_min: float, r_max: float, r_threshold: float) -> torch.Tensor:
-    """:func:`clip_ratio`."""
-    r = torch.minimum(torch.maximum(r, (1 - r_threshold) * torch.as_tensor(r_prev)), (1 + r_threshold) *
-                      torch.as_tensor(r_prev))
-    return r.clamp(r_min, r_max)
+def clip_ratio(r, r_prev, r_min: float, r_max: float, r_threshold: float) -> torch.Tensor:
+    """Algorithm 1, lines 18-19: within (1 -+ r_threshold) r_prev, then within [r_min, r_max]."""
+    r, r_prev = torch.as_tensor(r), torch.as_tensor(r_prev)
+    within = torch.minimum(torch.maximum(r, (1 - r_threshold) * r_prev), (1 + r_threshold) * r_prev)
+    return within.clamp(r_min, r_max)
 
 
 class OneBitLamb(OneBitOptimizer):
@@ -174,7 +154,7 @@ class OneBitLamb(OneBitOptimizer):
         update = preconditioned_update(state["exp_avg"], state["exp_avg_sq"], group["eps"])
         if group["weight_decay"]:
             update.add_(p, alpha=group["weight_decay"])
-        c, measured = _coefficient(p.norm(), update.norm(), group["c_min"], group["c_max"])
+        c, measured = lamb_coefficient(p.norm(), update.norm(), group["c_min"], group["c_max"])
         c_avg = state["c_avg"]
         state["c_avg"] = torch.where(measured, group["beta3"] * c_avg + (1 - group["beta3"]) * c, c_avg)  # line 2
         state["coefficient"] = c
@@ -205,10 +185,10 @@ class OneBitLamb(OneBitOptimizer):
         denom = state["exp_avg_sq"].sqrt().add_(eps)
         adaptive = m / denom
         update = adaptive.add(p, alpha=group["weight_decay"]) if group["weight_decay"] else adaptive
-        r = (denom / (fresh.sqrt() + eps)).max()  # line 17 (scaling_ratio)
+        r = scaling_ratio(denom, fresh, eps)  # line 17
         if group["weight_decay"]:
-            r = _blend(r, adaptive.norm(), update.norm())
-        r = _clip(r, state["ratio"], group["r_min"], group["r_max"], group["r_threshold"])  # lines 18-19
+            r = weight_decay_blend(r, adaptive.norm(), update.norm())
+        r = clip_ratio(r, state["ratio"], group["r_min"], group["r_max"], group["r_threshold"])  # lines 18-19
         state["ratio"] = r
         c = r * state["c_avg"]  # line 20
         state["coefficient"] = c
