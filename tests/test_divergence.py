@@ -139,3 +139,41 @@ def test_sgdm_with_a_huge_lr_ends_as_diverged_in_one_line(tmp_path, args):
     assert last == f"[birder-repro] {rec['error']}" and last.count("\n") == 0
     assert f"diverged at step {rec['diverged_at_step']}" in last and "optim.lr" in last
     assert rec["throughput_samples_per_s"] is None and rec["metrics"] == {}
+
+
+def _loop_with_a_hook_that_skips_every_step(tmp_path, precision: str):
+    """The training loop, in process, with a stand-in hook state whose count of skipped steps grows every step
+    (as a hook's does when GradScaler searches for a scale, or when every gradient is non-finite)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import test_train as tiny
+    from birder_repro.comm.accounting import CommStats
+    from birder_repro.comm.topology import Topology
+    from birder_repro.train import train
+
+    class SkipsEveryStep(CommStats):
+        __slots__ = ("reads",)
+
+        def __init__(self):
+            super().__init__()
+            self.reads = 0
+
+        @property
+        def nonfinite_steps(self) -> int:
+            self.reads += 1
+            return self.reads
+
+    torch.manual_seed(0)
+    model = tiny.tiny_model()
+    cfg = tiny.make_config(tmp_path, steps=6, eval=False, diverge_after=3, precision=precision)
+    return train(cfg, task=tiny.BlobsTask(), data=tiny.blobs_data(0, 1, 8), model=model,
+                 optimizer=torch.optim.SGD(model.parameters(), lr=0.1), comm=SkipsEveryStep(),
+                 topology=Topology(rank=0, world_size=1, gpus_per_node=1), device=CPU, run_dir=tmp_path)
+
+
+def test_the_loop_applies_fp16s_rule_and_fp32s(tmp_path):
+    """The loop builds the watch from the run's precision: with fp16 the hook's skips (GradScaler's search for
+    a scale) do not stop a run whose losses are finite; in fp32 the same skips stop it."""
+    record = _loop_with_a_hook_that_skips_every_step(tmp_path / "fp16", "fp16")
+    assert record["steps"] == 6 and math.isfinite(record["final_loss"])
+    with pytest.raises(Diverged, match="diverged at step 3"):
+        _loop_with_a_hook_that_skips_every_step(tmp_path / "fp32", "fp32")
