@@ -52,6 +52,32 @@ def test_steps_skipped_by_the_hook_count_as_nonfinite():
     assert _feed(watch, [1.0, 1.0, 1.0, 1.0], skipped_at=(2, 3)) == 3
 
 
+def test_fp16_counts_only_nonfinite_losses_not_gradscalers_skips():
+    """fp16 (count_skips=False, as the loop sets it with GradScaler): GradScaler's skipped steps, which the hooks
+    count as non-finite too, are its normal search for a scale; only a non-finite loss counts."""
+    fp16 = DivergenceWatch(2, SGDM, CPU, count_skips=False)
+    assert _feed(fp16, [1.0, 1.0, 1.0, 1.0, 1.0, NAN, NAN], skipped_at=(1, 2, 3, 4)) == 7
+    assert fp16.since == 6
+    fp32 = DivergenceWatch(2, SGDM, CPU)  # the same skips in fp32 or bf16 stop the run
+    assert _feed(fp32, [1.0, 1.0, 1.0, 1.0, 1.0, NAN, NAN], skipped_at=(1, 2, 3, 4)) == 2
+
+
+def _one_rank_diverges(rank: int, world: int) -> tuple[int, int]:
+    """Rank 1 alone sees non-finite losses from step 3 on; rank 0's stay finite. (The step each stopped at, and
+    the first of the run it counted.)"""
+    watch = DivergenceWatch(3, SGDM, CPU)
+    losses = [1.0, 1.0] + ([NAN] * 8 if rank == 1 else [2.0] * 8)
+    return _feed(watch, losses), watch.since
+
+
+def test_every_rank_stops_at_the_same_step_when_one_rank_alone_diverges():
+    """The flag is agreed over the ranks (one all-reduce per step): a rank that decided alone would stop while
+    the others train on and wait for it in their next collective."""
+    from dist_utils import run_distributed
+
+    assert run_distributed(_one_rank_diverges, 2) == [(5, 3), (5, 3)]
+
+
 def test_zero_turns_it_off():
     assert _feed(DivergenceWatch(0, SGDM, CPU), [NAN] * 50) == 0
 
@@ -113,3 +139,41 @@ def test_sgdm_with_a_huge_lr_ends_as_diverged_in_one_line(tmp_path, args):
     assert last == f"[birder-repro] {rec['error']}" and last.count("\n") == 0
     assert f"diverged at step {rec['diverged_at_step']}" in last and "optim.lr" in last
     assert rec["throughput_samples_per_s"] is None and rec["metrics"] == {}
+
+
+def _loop_with_a_hook_that_skips_every_step(tmp_path, precision: str):
+    """The training loop, in process, with a stand-in hook state whose count of skipped steps grows every step
+    (as a hook's does when GradScaler searches for a scale, or when every gradient is non-finite)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import test_train as tiny
+    from birder_repro.comm.accounting import CommStats
+    from birder_repro.comm.topology import Topology
+    from birder_repro.train import train
+
+    class SkipsEveryStep(CommStats):
+        __slots__ = ("reads",)
+
+        def __init__(self):
+            super().__init__()
+            self.reads = 0
+
+        @property
+        def nonfinite_steps(self) -> int:
+            self.reads += 1
+            return self.reads
+
+    torch.manual_seed(0)
+    model = tiny.tiny_model()
+    cfg = tiny.make_config(tmp_path, steps=6, eval=False, diverge_after=3, precision=precision)
+    return train(cfg, task=tiny.BlobsTask(), data=tiny.blobs_data(0, 1, 8), model=model,
+                 optimizer=torch.optim.SGD(model.parameters(), lr=0.1), comm=SkipsEveryStep(),
+                 topology=Topology(rank=0, world_size=1, gpus_per_node=1), device=CPU, run_dir=tmp_path)
+
+
+def test_the_loop_applies_fp16s_rule_and_fp32s(tmp_path):
+    """The loop builds the watch from the run's precision: with fp16 the hook's skips (GradScaler's search for
+    a scale) do not stop a run whose losses are finite; in fp32 the same skips stop it."""
+    record = _loop_with_a_hook_that_skips_every_step(tmp_path / "fp16", "fp16")
+    assert record["steps"] == 6 and math.isfinite(record["final_loss"])
+    with pytest.raises(Diverged, match="diverged at step 3"):
+        _loop_with_a_hook_that_skips_every_step(tmp_path / "fp32", "fp32")

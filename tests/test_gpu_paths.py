@@ -16,71 +16,91 @@ from dist_utils import run_distributed
 
 
 # -------------------------------------------------------- a lone 1-bit Adam process times on its torch device
-def _lone_onebit_profile(rank: int, world: int):
-    from birder_repro.train.profile import _lone_onebit
-
-    # what the loop hands it: the display name for the profile, the torch device for the tensors
-    return _lone_onebit([1000, 4096], torch.device("cpu"))
+H100 = "cuda (NVIDIA H100 80GB HBM3)"
 
 
-def test_lone_onebit_profile_takes_the_torch_device_not_its_display_name():
+def _lone_onebit_run(rank: int, world: int, run_dir: str):
+    """A whole 1-process 1-bit Adam run through the training loop, whose device shows as a GPU's display name
+    (what the record and profile print): its profile prices the compressor on the run's torch device."""
+    from omegaconf import open_dict
+    from torch import nn
+
+    import test_train as tiny
+    from birder_repro.comm import attach_onebit
+    from birder_repro.comm.readiness import clocked_registration
+    from birder_repro.comm.topology import Topology
+    from birder_repro.optim import OneBitAdam
+    from birder_repro.train import loop, train
+
+    loop._device_name = lambda device: H100  # the name a GPU run shows; the tensors stay on the CPU
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(tiny.tiny_model())
+    optimizer = OneBitAdam(model.parameters(), lr=1e-3, freeze_step=2)
+    with clocked_registration(model):  # as the worker attaches: the hook's bucket calls are timed
+        comm = attach_onebit(model, optimizer)
+    cfg = tiny.make_config(run_dir, steps=5, eval=False)
+    with open_dict(cfg):
+        cfg.optim, cfg.nodes = {"name": "onebit_adam", "lr": 1e-3}, 1
+    record = train(cfg, task=tiny.BlobsTask(), data=tiny.blobs_data(0, 1, 8), model=model, optimizer=optimizer,
+                   comm=comm, topology=Topology(rank=0, world_size=1, gpus_per_node=1),
+                   device=torch.device("cpu"), run_dir=run_dir)
+    comm.close()
+    return record["profile"]
+
+
+def test_a_lone_onebit_run_prices_its_compressor_on_the_torch_device_not_its_display_name(tmp_path):
     """A 1-process 1-bit Adam run priced its compressor with ``torch.randn(...).to("cuda (NVIDIA H100 ...)")``:
-    'Invalid device string' after all its steps. The loop now passes the device itself."""
-    (out,) = run_distributed(_lone_onebit_profile, 1)
-    assert out["onebit"] > 0
-    with pytest.raises(RuntimeError, match="Invalid device string"):
-        torch.zeros(1).to("cuda (NVIDIA H100 80GB HBM3)")  # the old call, for the record
-
-
-def test_the_loop_passes_the_torch_device_to_the_profile():
-    import inspect
-
-    from birder_repro.train import loop, profile
-
-    assert "torch_device" in inspect.signature(profile.measured_profile).parameters
-    assert '"torch_device": p.device' in inspect.getsource(loop._finish)
+    'Invalid device string' after all its steps. The loop hands the profile both: the display name to record,
+    the torch device to compute on."""
+    (profile,) = run_distributed(_lone_onebit_run, 1, str(tmp_path))
+    assert profile["device"] == H100
+    assert profile["compression_s_per_element"]["onebit"] > 0
 
 
 # ------------------------------------------------- loaded state is adopted by the hook's stream (record_stream)
-class _FakeCuda:
-    """A stand-in for a CUDA tensor: records the streams it is marked as used on."""
+class _StreamsOf:
+    """Stand-ins for CUDA, for the tensors whose ids are in ``ids``: they say they are on ``cuda:1``, and
+    ``record_stream`` records (tensor id, stream) instead of marking; ``current_stream(d)`` names d's stream."""
 
-    is_cuda = True
+    def __init__(self, monkeypatch, ids):
+        self.ids, self.marked = set(ids), []
+        real_is_cuda, real_device = torch.Tensor.is_cuda, torch.Tensor.device
+        ours = self.ids
+        monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: id(t) in ours or real_is_cuda.__get__(t)))
+        monkeypatch.setattr(torch.Tensor, "device", property(
+            lambda t: torch.device("cuda", 1) if id(t) in ours else real_device.__get__(t)))
+        monkeypatch.setattr(torch.Tensor, "record_stream", lambda t, stream: self.marked.append((id(t), stream)))
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: f"current stream of {device}")
 
-    def __init__(self):
-        self.streams = []
 
-    def record_stream(self, stream):
-        self.streams.append(stream)
-
-
-def test_adopt_marks_cuda_tensors_on_the_current_stream(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "side-stream")
-    fake, cpu = _FakeCuda(), torch.zeros(2)
-    fake.device = "cuda:0"
-    buckets.adopt([fake, cpu])
-    assert fake.streams == ["side-stream"]
+def test_adopt_marks_cuda_tensors_on_their_own_devices_current_stream(monkeypatch):
+    """On the stream current for the tensor's own device (a tensor on cuda:1 while cuda:0 is current would be
+    marked for the wrong stream); CPU tensors are left alone."""
+    gpu_side, cpu = torch.zeros(2), torch.zeros(2)
+    streams = _StreamsOf(monkeypatch, [id(gpu_side)])
+    buckets.adopt([gpu_side, cpu])
+    assert streams.marked == [(id(gpu_side), "current stream of cuda:1")]
 
 
 def test_a_loaded_store_adopts_every_loaded_tensor_once_at_its_first_bucket(monkeypatch):
     """State cloned on the training thread and freed by the communication thread after a layout change must be
-    marked as used by the side stream, else the allocator may hand its memory to backward too early."""
+    marked as used by the side stream, else the allocator may hand its memory to backward too early. (The real
+    adopt runs; stand-ins make the loaded tensors say they are on a GPU and record the marks.)"""
     store = BucketStore([Field("m"), Field("e")], pad_to=8)
     sig = ((0, 0, 10), (1, 10, 6))
     b = store.bucket(0, 16, sig, torch.device("cpu"))
     b.state["m"].fill_(1.0)
     saved = store.state_dict()
-    seen = []
-    monkeypatch.setattr(buckets, "adopt", lambda tensors: seen.append(list(tensors)))
     fresh = BucketStore([Field("m"), Field("e")], pad_to=8)
     fresh.load_state_dict(saved)
     loaded = list(fresh.buckets[0].state.values())
+    streams = _StreamsOf(monkeypatch, [id(t) for t in loaded])
     fresh.bucket(0, 16, sig, torch.device("cpu"))  # same layout: the loaded bucket itself
     fresh.bucket(0, 16, sig, torch.device("cpu"))
-    assert len(seen) == 1 and all(any(t is u for u in seen[0]) for t in loaded)
+    assert sorted(streams.marked) == sorted((id(t), "current stream of cuda:1") for t in loaded)
     # another layout: the migration's per-parameter state is made on this thread; nothing more to adopt
     fresh.bucket(0, 16, ((1, 0, 6), (0, 6, 10)), torch.device("cpu"))
-    assert len(seen) == 1
+    assert len(streams.marked) == len(loaded)
 
 
 # ---------------------------------------------------------------------------------------- no silent fallback
@@ -113,3 +133,70 @@ def test_start_line_names_device_backend_precision_and_versions():
                                                          "triton": "3.8.0"}})
     assert line == ("[birder-repro] 4 processes on cuda (NVIDIA H100), backend nccl, precision bf16; torch 2.14.1, "
                     "CUDA 13.0, NCCL 2.27.3, Triton 3.8.0")
+
+
+# ------------------------------------------- a resume leaves AdamW's step counters on the CPU, as torch keeps them
+class _LoadedOnGpu(torch.Tensor):
+    """A stand-in for a tensor ``torch.load(map_location=cuda)`` made: it says it is on a GPU, and ``.cpu()``
+    gives a plain CPU tensor (what the real copy gives)."""
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+    def cpu(self, *args, **kwargs):
+        return self.as_subclass(torch.Tensor).clone()
+
+
+def test_a_resume_keeps_adamws_step_counters_on_the_cpu(tmp_path, monkeypatch):
+    """Shards load onto the rank's device; torch's Optimizer.load_state_dict keeps ``step`` where it finds it
+    (non-capturable), so a GPU step made foreach AdamW read it back twice per parameter per step after a resume."""
+    from torch import nn
+
+    from birder_repro.train import checkpoint
+    from birder_repro.train.checkpoint import RunIdentity, load_checkpoint, save_checkpoint
+
+    identity = RunIdentity(task="blobs", optim="adamw", scheme="allreduce", nodes=1, gpus_per_node=1, world_size=1)
+    model = nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    cpu = torch.device("cpu")
+    where = save_checkpoint(tmp_path, 1, 4.0, model, opt, None, 0, 1, cpu, identity, 2)
+    real = checkpoint.load_file
+
+    def onto_the_gpu(path, device):
+        loaded = real(path, device)
+        for state in (loaded.get("optimizer", {}) if isinstance(loaded, dict) else {}).get("state", {}).values():
+            state["step"] = state["step"].as_subclass(_LoadedOnGpu)
+        return loaded
+
+    monkeypatch.setattr(checkpoint, "load_file", onto_the_gpu)
+    fresh = torch.optim.AdamW(model.parameters(), lr=0.1)
+    load_checkpoint(where, model, fresh, None, 0, 1, cpu, identity)
+    steps = [s["step"] for s in fresh.state.values()]
+    assert len(steps) == 2 and all(s.device.type == "cpu" and s.item() == 1 for s in steps)
+
+
+# --------------------------------------------------------- 1-bit LAMB's step reads nothing back from the device
+def test_onebit_lamb_steps_read_nothing_back_from_the_device(monkeypatch):
+    """LAMB's coefficient, c_avg, the scaling ratio and its clips were Python floats: float() of a norm several
+    times per parameter per step, each a host sync on a GPU. They are device tensors now: no read in a warmup or
+    compression step (counted on the CPU: host_syncs.py), and one at the freeze (the momentum scales)."""
+    from torch import nn
+
+    from birder_repro.optim import OneBitLamb
+    from host_syncs import counted_reads
+
+    torch.manual_seed(0)
+    params = [nn.Parameter(torch.randn(5, 3)), nn.Parameter(torch.randn(7)), nn.Parameter(torch.zeros(4))]
+    opt = OneBitLamb(params, lr=1e-2, freeze_step=3, weight_decay=0.01)
+    counts = []
+    for _ in range(6):
+        for p in params:
+            p.grad = torch.randn_like(p)
+        with counted_reads(monkeypatch) as reads:
+            opt.step()
+        counts.append(len(reads))
+    assert counts == [0, 0, 1, 0, 0, 0], counts
+    assert all(torch.isfinite(p).all() for p in params)

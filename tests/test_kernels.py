@@ -325,42 +325,121 @@ def _specialisation(kernel, args: dict) -> list:
 
 
 _SEEDS = [0, 1, 16, 2**31 - 1, 2**31, 2**32 + 16, 2**63 - 1, 2**63, 2**63 + 5, 2**64 - 1, SEED]
+_NEEDS_COMPILER = pytest.mark.skipif(not HAS_TRITON or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
+                                     reason="needs triton's compiler front end")
 
 
-@pytest.mark.skipif(not HAS_TRITON or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
-                    reason="needs triton's compiler front end")
-@pytest.mark.parametrize("name", ["_worker_kernel", "_server_kernel", "_rand_kernel"])
-def test_triton_compiles_one_variant_whatever_the_seed_and_the_sizes(name):
-    """A per-step key must not pick a new compiled variant (a second-long compile inside a timed step): the key
-    travels as two i32 halves listed in do_not_specialize, and so do the sizes. Checked with Triton's own
-    specialisation of the arguments the wrappers pass, for keys of every type class (i32, i64, u64, ==1, %16)."""
+def _record_launches(monkeypatch) -> list:
+    """Every Triton launch from now on, recorded instead of run: (kernel name, Triton's specialisation key)."""
+    from triton.runtime.jit import JITFunction
+
+    seen = []
+
+    def record(kernel, *args, grid, warmup, **kwargs):
+        bound = dict(zip(kernel.arg_names, args), **{k: v for k, v in kwargs.items() if k in kernel.arg_names})
+        seen.append((kernel.fn.__name__, repr(_specialisation(kernel, bound))))
+
+    monkeypatch.setattr(JITFunction, "run", record)
+    return seen
+
+
+def _launch_every_way(gpu) -> None:
+    """The wrappers called as the hooks call them, over the integer values a run meets: sizes with nbytes == 1
+    and % 16, 1 worker (1 node) and 16 or more, segment tables of 1 to 5 entries, keys of every type class
+    (i32, i64, u64, == 1, % 16), a bucket's last byte unpacked from a 1-byte slice at an odd address, and
+    buckets past 2^30 elements (meta tensors: nothing is allocated)."""
+    def f32(n, device="cpu"):
+        return torch.zeros(n, device=device)
+
+    tables = [Segments([0], [0]), Segments([0, 3], [0, 1 << 40]), Segments([0, 1, 2, 5, 7], [9, 0, 3, 1, 2])]
+    for n, device in [(8, "cpu"), (16, "cpu"), (24, "cpu"), (1032, "cpu"), ((1 << 30) + 8, "meta")]:
+        for seed in _SEEDS:
+            for seg, b_hat in zip(tables, (None, f32(n, device), None)):
+                state = [f32(n, device) for _ in range(4)]
+                gpu.worker_compress(f32(n, device), *state[:3], b_hat, 0.9, 1e-8, seed, seg, tuple(state))
+            for workers in (1, 2, 3, 16, 17, 32):
+                received = torch.zeros(workers, n // 8, dtype=torch.uint8, device=device)
+                gpu.server_compress(received, f32(n, device), seed, tables[seed % 3], f32(n, device))
+            gpu.tl_rand(seed, torch.zeros(n // 8, dtype=torch.int64, device=device))
+    buf = torch.zeros(300, dtype=torch.uint8)
+    for start in (0, 1, 3, 16):
+        for nbytes in (1, 2, 16, 129):
+            gpu.unpack(buf[start: start + nbytes], f32(8 * nbytes))
+
+
+@_NEEDS_COMPILER
+def test_every_launch_uses_a_variant_the_self_test_compiled(monkeypatch):
+    """A variant compiled outside the self-test is a second-long compile on the communication thread at the
+    first bucket, while the other nodes wait. Triton keys a variant on each integer argument's type and, unless
+    it is in do_not_specialize, on whether it is 1 or divisible by 16 (and on a pointer's 16-byte alignment):
+    every launch the wrappers make, for every kernel the module launches, must find a variant the self-test
+    (run when a hook attaches) already compiled. Checked with Triton's own specialisation, launches recorded."""
+    from triton.runtime.jit import JITFunction
+
     from birder_repro.comm.kernels import gpu
 
-    kernel = getattr(gpu, name)
-    f32, u8, i64 = torch.zeros(8), torch.zeros(8, dtype=torch.uint8), torch.zeros(2, dtype=torch.int64)
-
-    def args(seed: int, n: int) -> dict:
-        lo, hi = gpu.seed_halves(seed)
-        common = dict(seed_lo=lo, seed_hi=hi, BLOCK=gpu.BLOCK)
-        tables = dict(starts_ptr=i64, deltas_ptr=i64, nseg=1 + n % 3, nsteps=n % 3)
-        if name == "_worker_kernel":
-            ptrs = ("g_ptr", "m_ptr", "b_ptr", "e_ptr", "b_hat_ptr", "m_o_ptr", "b_o_ptr", "e_o_ptr", "b_hat_o_ptr")
-            return dict(**dict.fromkeys(ptrs, f32), out_ptr=u8, n=n, beta=0.9, one_minus_beta=0.1, eps=1e-8,
-                        HAS_B_HAT=False, **tables, **common)
-        if name == "_server_kernel":
-            return dict(received_ptr=u8, e_bar_ptr=f32, e_bar_o_ptr=f32, out_ptr=u8, workers=2, float_workers=2.0,
-                        nbytes=n // 8, **tables, **common)
-        return dict(offsets_ptr=i64, out_ptr=f32, n=n, **common)
-
-    first = _specialisation(kernel, args(_SEEDS[0], 8))
-    for seed in _SEEDS:
-        for n in (8, 16, 24, 1 << 20, (1 << 31) - 8):
-            assert _specialisation(kernel, args(seed, n)) == first, (seed, n)
-    # and the halves put the key back together exactly, in the form tl.rand reads it (a uint64)
+    seen = _record_launches(monkeypatch)
+    with pytest.raises(RuntimeError):  # nothing ran, so its draws are not Philox's: the launches are recorded
+        gpu.self_test(torch.device("cpu"))
+    compiled = set(seen)
+    seen.clear()
+    _launch_every_way(gpu)
+    kernels_defined = {k for k, v in vars(gpu).items() if isinstance(v, JITFunction) and k.endswith("_kernel")}
+    assert {name for name, _ in compiled} == {name for name, _ in seen} == kernels_defined
+    new = sorted(set(seen) - compiled)
+    assert not new, f"{len(new)} variants compile outside the self-test, first: {new[0]}"
+    # the halves put the key back together exactly, in the form tl.rand reads it (a uint64)
     for seed in _SEEDS:
         lo, hi = gpu.seed_halves(seed)
         assert -(1 << 31) <= lo < 1 << 31 and -(1 << 31) <= hi < 1 << 31
         assert ((hi & 0xFFFFFFFF) << 32) | (lo & 0xFFFFFFFF) == seed
+
+
+class _CurrentCudaDevice:
+    """A stand-in for ``torch.cuda.device``: keeps which device is current, as the real one does."""
+
+    current = None
+
+    def __init__(self, device):
+        self.device, self.before = device, None
+
+    def __enter__(self):
+        self.before, _CurrentCudaDevice.current = _CurrentCudaDevice.current, self.device
+        return self
+
+    def __exit__(self, *exc):
+        _CurrentCudaDevice.current = self.before
+
+
+@_NEEDS_COMPILER
+def test_launches_run_under_the_tensors_cuda_device(monkeypatch):
+    """Triton launches on the current CUDA device: a model on cuda:1 without torch.cuda.set_device(1) ran the
+    kernels (the self-test first) on cuda:0 with pointers into cuda:1. Every launch of every wrapper and of the
+    self-test goes through gpu._launch with the device of the tensors it is handed, and _launch makes that
+    device current around the launch (checked with stand-ins for the launch and for torch.cuda.device)."""
+    from birder_repro.comm.kernels import gpu
+
+    monkeypatch.setattr(torch.cuda, "device", _CurrentCudaDevice)
+    ran = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: ran.append((_CurrentCudaDevice.current, kwargs["enable_fp_fusion"]))
+
+    gpu._launch(Kernel(), (1,), torch.device("cuda", 1), torch.zeros(1))
+    assert ran == [(torch.device("cuda", 1), False)] and _CurrentCudaDevice.current is None
+    seen, guarded, real = _record_launches(monkeypatch), [], gpu._launch
+
+    def checked(kernel, grid, device, *args, **kwargs):
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        guarded.append(all(t.device == device for t in tensors) and len(tensors) >= 2)
+        real(kernel, grid, device, *args, **kwargs)
+
+    monkeypatch.setattr(gpu, "_launch", checked)
+    with pytest.raises(RuntimeError):
+        gpu.self_test(torch.device("cpu"))
+    _launch_every_way(gpu)
+    assert len(guarded) == len(seen) > 0 and all(guarded)
 
 
 _MASK_SCRIPT = textwrap.dedent("""
@@ -393,10 +472,18 @@ def test_kernel_masks_hold_past_two_to_the_31_elements(tmp_path):
     assert torch.load(path).tolist() == [1, 1, 1, 1, 0, 0, 0, 1]
 
 
-def test_segment_tables_are_copied_to_a_device_once():
-    seg = Segments([0, 5], [100, 7])
-    first = seg.on("cpu")
-    assert seg.on(torch.device("cpu"))[0] is first[0] and first[1].tolist() == [100, 2]
+def test_segment_tables_are_copied_to_a_device_once(monkeypatch):
+    """A copy from pageable host memory synchronises the stream: one per Segments and device, then reused. The
+    meta device stands in for a GPU (on the CPU ``.to("cpu")`` is no copy, so a CPU check could not fail)."""
+    seg, copies, real_to = Segments([0, 5], [100, 7]), [], torch.Tensor.to
+    monkeypatch.setattr(torch.Tensor, "to", lambda t, *a, **k: copies.append(a) or real_to(t, *a, **k))
+    first = seg.on("meta")
+    made = len(copies)
+    for _ in range(3):
+        again = seg.on(torch.device("meta"))
+    assert made == 2 and len(copies) == made and first[0].device.type == "meta"
+    assert again[0] is first[0] and again[1] is first[1]
+    assert seg.on("cpu")[1].tolist() == [100, 2]
 
 
 def test_a_hook_keeps_one_segment_table_per_bucket_and_range():

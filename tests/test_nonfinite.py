@@ -115,3 +115,22 @@ def test_onebit_adam_skips_a_nonfinite_step_in_both_stages():
         assert not all(torch.equal(a, b) for a, b in zip(run["params"][-2], run["params"][-1]))
         for p, q in zip(run["params"][-1], runs[0]["params"][-1]):
             assert torch.equal(p, q), rank
+
+
+@pytest.mark.parametrize("mode", ["skip", "raise"])
+def test_the_flags_of_all_buckets_are_read_in_one_host_sync(monkeypatch, mode):
+    """A read per bucket syncs the device once per bucket on a GPU: the step's flags are read together, once
+    (counted on the CPU: host_syncs.py), for a finite step and for a skipped one."""
+    from birder_repro.comm.nonfinite import NonFiniteGuard
+    from host_syncs import counted_reads
+
+    guard = NonFiniteGuard(mode, rank=1)
+    for bad in (False, True):
+        for index in range(6):
+            guard.note(torch.tensor(1.0 if bad and index == 4 else 0.0), index, 7)
+        with counted_reads(monkeypatch) as reads:
+            try:
+                assert guard.end_step() == bad
+            except FloatingPointError as exc:
+                assert mode == "raise" and bad and "DDP bucket 4 at the hook's step 7" in str(exc)
+        assert len(reads) == 1, reads

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from birder_repro.comm.birder import BirderState
 from birder_repro.comm.topology import Topology
@@ -27,6 +28,41 @@ def test_autocast_runs_the_forward_in_the_chosen_dtype():
         with Precision(name, "cpu").autocast():
             assert layer(torch.randn(2, 4)).dtype == dtype, name
     assert layer.weight.dtype == torch.float32  # parameters (and so DDP's buckets) stay fp32
+
+
+def _fp16_steps(monkeypatch, step, losses) -> tuple:
+    """Host reads (host_syncs.py) of ``step(precision, optimizer)`` at each fp16 step with these loss factors;
+    the precision; and how often the scale backed off (read outside the counted step)."""
+    from host_syncs import counted_reads
+
+    torch.manual_seed(0)
+    model, precision = nn.Linear(4, 2), Precision("fp16", "cpu")
+    opt, counts, scales = torch.optim.SGD(model.parameters(), lr=0.1), [], [precision.scaler.get_scale()]
+    for factor in losses:
+        with precision.autocast():
+            loss = model(torch.randn(3, 4)).float().sum() * factor
+        precision.backward(loss)
+        with counted_reads(monkeypatch) as reads:
+            step(precision, opt)
+        counts.append(len(reads))
+        scales.append(precision.loss_scale)
+        opt.zero_grad()
+    return counts, precision, sum(b < a for a, b in zip(scales, scales[1:]))
+
+
+def test_an_fp16_step_reads_the_device_no_more_than_gradscaler_does(monkeypatch):
+    """GradScaler's step reads its found-inf flag once (torch's own host sync); Precision.step adds none (it
+    read the scale twice per step), and still counts GradScaler's skips, read once at the end of the run."""
+    losses = [1.0, float("inf"), 1.0, float("inf"), 1.0]
+
+    def bare(precision, opt):
+        precision.scaler.step(opt)
+        precision.scaler.update()
+
+    ours, precision, backoffs = _fp16_steps(monkeypatch, Precision.step, losses)
+    theirs, _, _ = _fp16_steps(monkeypatch, bare, losses)
+    assert ours == theirs and max(ours) <= 1, (ours, theirs)
+    assert precision.skipped_steps == backoffs >= 2
 
 
 SIG = ((0, 0, 40), (1, 40, 24))  # two parameters of one bucket
@@ -142,14 +178,62 @@ def test_fp16_skip_is_one_decision_on_every_rank(optim):
             assert torch.equal(p, q) and torch.isfinite(p).all(), f"rank {rank} differs from rank 0"
 
 
+def _onebit_flagged_bucket(rank: int, world: int):
+    """1-bit Adam's hook alone in its group (1 node under FSDP) in the compression stage, under loss scale
+    2^10: a finite bucket whose node flagged a non-finite gradient elsewhere (``node_flag``), then one not
+    flagged. Returns both results."""
+    from birder_repro.comm.onebit import OneBitState
+    from birder_repro.comm.topology import Topology
+    from birder_repro.optim import OneBitAdam
+
+    torch.manual_seed(0)
+    p = nn.Parameter(torch.randn(16))
+    opt = OneBitAdam([p], lr=0.01, freeze_step=1)
+    p.grad = torch.randn(16)
+    opt.step()  # past the warmup
+    state = OneBitState(opt, None, Topology(rank=0, world_size=1, gpus_per_node=1), {id(p): 0}, overlap=False)
+    state.loss_scale = torch.tensor(2.0 ** 10)
+    grad = torch.randn(16) * 2.0 ** 10
+    flagged = state.compress_bucket(0, grad.clone(), [p], ((0, 0, 16),), node_flag=torch.tensor(1.0)).clone()
+    state.settle_step()
+    clean = state.compress_bucket(0, grad.clone(), [p], ((0, 0, 16),), node_flag=torch.tensor(0.0)).clone()
+    return flagged, clean, state.nonfinite_steps
+
+
+def test_onebit_hook_poisons_a_flagged_bucket_whose_values_are_finite():
+    """The fp16 skip above cannot tell whether 1-bit Adam's hook poisons a flagged bucket: across ranks the flag
+    travels as a NaN worker scale, so the average is NaN anyway. Alone in its group, a bucket flagged by its node
+    while finite here must still come back NaN, or GradScaler would apply a step the other nodes skip."""
+    ((flagged, clean, skipped),) = run_distributed(_onebit_flagged_bucket, 1)
+    assert torch.isnan(flagged).all() and skipped == 1
+    assert torch.isfinite(clean).all() and clean.abs().max() > 0
+
+
 # ------------------------------------------------------------------- every task's forward and loss, autocast
 TASKS = ["digits", "resnet20", "resnet50", "vit", "lstm_ptb", "bert_squad", "bert_pretrain"]
 
 
+class _MatmulDtypes(TorchDispatchMode):
+    """The dtypes the matrix products and convolutions under it produce (below autocast: what it cast to)."""
+
+    OPS = ("mm", "addmm", "bmm", "baddbmm", "convolution", "_scaled_dot_product", "linear", "matmul")
+
+    def __init__(self):
+        super().__init__()
+        self.dtypes: set[torch.dtype] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and any(func.__name__.startswith(op) for op in self.OPS):
+            self.dtypes.add(out.dtype)
+        return out
+
+
 @pytest.mark.parametrize("task_name", TASKS)
 def test_every_task_trains_a_step_in_bf16_and_fp16(compose, task_name):
-    """Each task's own forward, loss and backward under autocast (tiny model, synthetic data, one process): a
-    finite loss computed in the low precision, fp32 gradients, and fp16's scaled backward unscaled exactly.
+    """Each task's own forward, loss and backward under autocast (tiny model, synthetic data, one process): the
+    model's matrix products and convolutions computed in the low precision (fp16's LSTM stays fp32 on the CPU:
+    tasks/lstm_ptb.py), a finite loss, fp32 gradients, and fp16's scaled backward unscaled exactly.
     (Whole runs, 2 nodes with Birder and with the baseline: test_every_task_runs_in_mixed_precision.)"""
     from birder_repro.tasks import get_task
     from birder_repro.train.data import batches
@@ -169,9 +253,10 @@ def test_every_task_trains_a_step_in_bf16_and_fp16(compose, task_name):
             precision = Precision(name, "cpu")
             opt = torch.optim.SGD(model.parameters(), lr=0.0)
             for attempt in range(24):  # fp16: an overflow at a large scale is skipped and the scale halves
-                with precision.autocast():
+                with precision.autocast(), _MatmulDtypes() as computed:
                     loss, n = task.loss(model, batch, torch.device("cpu"))
                 assert torch.isfinite(loss) and n > 0, name
+                assert precision.dtype in computed.dtypes, (name, computed.dtypes)  # autocast did cast
                 precision.backward(loss)
                 precision.unscale_(opt)
                 grads = [p.grad for p in model.parameters() if p.grad is not None]
@@ -207,16 +292,26 @@ def _sweep(runs_dir, task: str, optims: str) -> list[dict]:
     proc = subprocess.run([sys.executable, "-m", "birder_repro.cli", *args], capture_output=True, text=True,
                           timeout=1800, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return [json.loads(p.read_text()) for p in sorted(runs_dir.rglob("record.json"))]
+    return [json.loads(p.read_text()) for p in sorted(runs_dir.rglob("record.json"))], proc.stdout + proc.stderr
 
 
-def _check_sweep(records: list[dict], optims: str) -> None:
+def _check_sweep(swept: tuple, optims: str) -> None:
+    """Every cell completed in its precision with a finite training loss, and each run's start line said which
+    precision it resolved."""
+    import math
+
+    records, output = swept
     cells = {(r["optim"], r["precision"]) for r in records}
     assert cells == {(o, p) for o in optims.split(",") for p in ("bf16", "fp16")}
     for r in records:
         assert r["status"] == "completed", r.get("error")
         assert r["steps"] == 3 and r["config"]["train"]["precision"] == r["precision"]
         assert (r["loss_scale"] is not None) == (r["precision"] == "fp16")
+        assert isinstance(r["final_loss"], float) and math.isfinite(r["final_loss"]), r["final_loss"]
+    starts = [line for line in output.splitlines() if line.startswith("[birder-repro] 2 processes on cpu")]
+    for precision in ("bf16", "fp16"):
+        said = [line for line in starts if f", precision {precision}; torch " in line]
+        assert len(said) == len(optims.split(",")), (precision, starts)
 
 
 def test_a_run_in_bf16_and_in_fp16_completes_and_says_so(runs_dir):

@@ -133,17 +133,23 @@ class NonFiniteGuard:
         """Whether buckets were noted since the last :meth:`end_step` (a step the optimizer has not closed)."""
         return bool(self._flags)
 
+    def _read_flags(self) -> list[float]:
+        """Every flag noted this step, read in one device-to-host copy: the device syncs once per step, not
+        once per bucket."""
+        return torch.stack(self._flags).tolist() if self._flags else []
+
     @property
     def skip_step(self) -> bool:
-        """Whether the step in progress saw a non-finite gradient (reads the flags: syncs the device)."""
-        return bool(self._flags) and bool(torch.stack([f.cpu() for f in self._flags]).sum() > 0)
+        """Whether the step in progress saw a non-finite gradient (reads the flags: syncs the device once)."""
+        return any(f > 0 for f in self._read_flags())
 
     def end_step(self) -> bool:
         """At the optimizer's step: restore every bucket's state if the step is skipped; True if it is. Raise
         mode fails here, naming the first non-finite bucket, before the optimizer applies anything."""
-        skip = self.skip_step
+        flags = self._read_flags()
+        skip = any(f > 0 for f in flags)
         if skip and self.mode == "raise":
-            index, step = next(w for w, f in zip(self._where, self._flags) if float(f) > 0)
+            index, step = next(w for w, f in zip(self._where, flags) if f > 0)
             self._flags.clear()
             self._where.clear()
             raise FloatingPointError(f"non-finite gradient (NaN or Inf) in DDP bucket {index} at the hook's step "
@@ -153,7 +159,7 @@ class NonFiniteGuard:
                 undo.restore()
             self.nonfinite_steps += 1
             if self.rank == 0:
-                bad = [i for (i, _), f in zip(self._where, self._flags) if float(f) > 0]
+                bad = [i for (i, _), f in zip(self._where, flags) if f > 0]
                 print(f"[birder-repro] non-finite gradient in bucket(s) {bad}: step skipped on every rank "
                       f"(parameters and optimizer state unchanged; {self.nonfinite_steps} skipped so far)",
                       flush=True)

@@ -35,19 +35,12 @@ The momentum mask and the single-process behaviour are 1-bit Adam's (:mod:`birde
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping
 
 import torch
 
 from birder_repro.optim.onebit_adam import (COMPRESSION, OneBitOptimizer, adam_moments_, freeze_step_from_config,
                                             preconditioned_update)
-
-
-def lamb_coefficient(weight_norm: float, update_norm: float, c_min: float, c_max: float) -> Optional[float]:
-    """Eq. (1): c = clip(||x|| / ||u||, c_min, c_max); None where a norm is 0 (the ratio says nothing)."""
-    if weight_norm == 0.0 or update_norm == 0.0:
-        return None
-    return min(max(weight_norm / update_norm, c_min), c_max)
 
 
 def momentum_scales(norms_per_numel: list[float]) -> list[float]:
@@ -67,23 +60,32 @@ def reconstruct_gradient(m: torch.Tensor, m_prev: torch.Tensor, beta1: float) ->
     return (m - beta1 * m_prev) / (1 - beta1)
 
 
-def scaling_ratio(frozen_denom: torch.Tensor, fresh_v: torch.Tensor, eps: float) -> float:
+# LAMB's scalars are 0-dim tensors on the parameter's device: a float() of a norm per tensor per step would make
+# the host wait for the device several times per parameter per step.
+def lamb_coefficient(weight_norm: torch.Tensor, update_norm: torch.Tensor, c_min: float,
+                     c_max: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. (1): c = clip(||x|| / ||u||, c_min, c_max), and whether it measured anything: where a norm is 0 the
+    ratio says nothing, and c is 1."""
+    measured = (weight_norm > 0) & (update_norm > 0)
+    return torch.where(measured, (weight_norm / update_norm).clamp(c_min, c_max), 1.0), measured
+
+
+def scaling_ratio(frozen_denom: torch.Tensor, fresh_v: torch.Tensor, eps: float) -> torch.Tensor:
     """Algorithm 1, line 17, as DeepSpeed computes it: max((sqrt(v_Tw)+eps) / (sqrt(v_t)+eps))."""
-    return float((frozen_denom / (fresh_v.sqrt() + eps)).max())
+    return (frozen_denom / (fresh_v.sqrt() + eps)).max()
 
 
-def weight_decay_blend(r: float, adaptive_norm: float, update_norm: float) -> float:
+def weight_decay_blend(r: torch.Tensor, adaptive_norm: torch.Tensor, update_norm: torch.Tensor) -> torch.Tensor:
     """Scale only the adaptive part of u = m/(sqrt(v)+eps) + wd*x: r*q + (1-q), q = min(1, ||m/..|| / ||u||)."""
-    if update_norm == 0.0:
-        return r
-    q = min(1.0, adaptive_norm / update_norm)
-    return r * q + (1.0 - q)
+    q = (adaptive_norm / update_norm).clamp(max=1.0)
+    return torch.where(update_norm == 0, r, r * q + (1.0 - q))
 
 
-def clip_ratio(r: float, r_prev: float, r_min: float, r_max: float, r_threshold: float) -> float:
+def clip_ratio(r, r_prev, r_min: float, r_max: float, r_threshold: float) -> torch.Tensor:
     """Algorithm 1, lines 18-19: within (1 -+ r_threshold) r_prev, then within [r_min, r_max]."""
-    r = min(max(r, (1 - r_threshold) * r_prev), (1 + r_threshold) * r_prev)
-    return min(max(r, r_min), r_max)
+    r, r_prev = torch.as_tensor(r), torch.as_tensor(r_prev)
+    within = torch.minimum(torch.maximum(r, (1 - r_threshold) * r_prev), (1 + r_threshold) * r_prev)
+    return within.clamp(r_min, r_max)
 
 
 class OneBitLamb(OneBitOptimizer):
@@ -140,10 +142,10 @@ class OneBitLamb(OneBitOptimizer):
     def _init_state(self, p: torch.Tensor) -> None:
         super()._init_state(p)
         state = self.state[p]
-        state.setdefault("c_avg", 0.0)  # Algorithm 1, line 1
+        state.setdefault("c_avg", torch.zeros((), device=p.device))  # Algorithm 1, line 1
         if self.stage == COMPRESSION and "exp_avg_sq_fresh" not in state:  # a gradient first seen after the freeze
             state["exp_avg_sq_fresh"] = state["exp_avg_sq"].clone()
-            state["ratio"] = 1.0
+            state["ratio"] = torch.ones((), device=p.device)
 
     def _warmup_update(self, p: torch.Tensor, g: torch.Tensor, group: dict) -> None:
         state = self.state[p]
@@ -152,13 +154,11 @@ class OneBitLamb(OneBitOptimizer):
         update = preconditioned_update(state["exp_avg"], state["exp_avg_sq"], group["eps"])
         if group["weight_decay"]:
             update.add_(p, alpha=group["weight_decay"])
-        c = lamb_coefficient(float(p.norm()), float(update.norm()), group["c_min"], group["c_max"])
-        if c is None:
-            c = 1.0
-        else:
-            state["c_avg"] = group["beta3"] * state["c_avg"] + (1 - group["beta3"]) * c  # line 2
+        c, measured = lamb_coefficient(p.norm(), update.norm(), group["c_min"], group["c_max"])
+        c_avg = state["c_avg"]
+        state["c_avg"] = torch.where(measured, group["beta3"] * c_avg + (1 - group["beta3"]) * c, c_avg)  # line 2
         state["coefficient"] = c
-        p.add_(update, alpha=-group["lr"] * c)
+        p.sub_(update.mul_(c * group["lr"]))
 
     def _freeze(self) -> None:
         """Line 3: the fresh variance starts from v_Tw, r from 1; and the momentum scales of A.5.2."""
@@ -166,8 +166,9 @@ class OneBitLamb(OneBitOptimizer):
         for p in params:
             state = self.state[p]
             state["exp_avg_sq_fresh"] = state["exp_avg_sq"].clone()
-            state["ratio"] = 1.0
-        norms = [float(self.state[p]["exp_avg"].norm()) / math.sqrt(max(p.numel(), 1)) for p in params]
+            state["ratio"] = torch.ones((), device=p.device)
+        moments = torch.stack([self.state[p]["exp_avg"].norm() for p in params]).tolist() if params else []
+        norms = [s / math.sqrt(max(p.numel(), 1)) for s, p in zip(moments, params)]  # one host read, once
         for p, s in zip(params, momentum_scales(norms)):
             self.state[p]["momentum_scale"] = s
 
@@ -186,12 +187,12 @@ class OneBitLamb(OneBitOptimizer):
         update = adaptive.add(p, alpha=group["weight_decay"]) if group["weight_decay"] else adaptive
         r = scaling_ratio(denom, fresh, eps)  # line 17
         if group["weight_decay"]:
-            r = weight_decay_blend(r, float(adaptive.norm()), float(update.norm()))
+            r = weight_decay_blend(r, adaptive.norm(), update.norm())
         r = clip_ratio(r, state["ratio"], group["r_min"], group["r_max"], group["r_threshold"])  # lines 18-19
         state["ratio"] = r
         c = r * state["c_avg"]  # line 20
         state["coefficient"] = c
-        p.add_(update, alpha=-group["lr"] * c)  # line 21
+        p.sub_(update * (c * group["lr"]))  # line 21
 
 
 def build_onebit_lamb(params: Iterable, cfg: Mapping[str, Any]) -> OneBitLamb:

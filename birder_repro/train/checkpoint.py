@@ -370,7 +370,7 @@ def load_checkpoint(where, model, optimizer, comm, rank: int, world_size: int, d
             dist.broadcast(t.data, src=0)
     if int(shard["step"]) != step:
         raise CheckpointError(f"{where}: shard of rank {rank} is of step {shard['step']}, the manifest of {step}")
-    optimizer.load_state_dict(shard["optimizer"])
+    optimizer.load_state_dict(_steps_on_cpu(shard["optimizer"]))
     if comm_sd is not None and hasattr(comm, "load_state_dict"):
         comm.load_state_dict(comm_sd)
     set_rng_state(shard["rng"], device)
@@ -379,6 +379,18 @@ def load_checkpoint(where, model, optimizer, comm, rank: int, world_size: int, d
     if carry is not None:
         carry.update(shard.get("carry") or {})
     return step, float(shard["samples"])
+
+
+def _steps_on_cpu(optimizer_sd: dict) -> dict:
+    """The optimizer's ``step`` counters back on the CPU, as torch keeps them: the shard was loaded onto this
+    rank's device, and ``Optimizer.load_state_dict`` leaves ``step`` where it finds it (it moves it to the
+    parameter's device only for capturable or fused optimizers), so a GPU ``step`` would make foreach Adam(W)
+    read it back to the host twice per parameter per step after every resume."""
+    for state in optimizer_sd.get("state", {}).values():
+        step = state.get("step") if isinstance(state, dict) else None
+        if isinstance(step, torch.Tensor) and step.device.type != "cpu":
+            state["step"] = step.cpu()
+    return optimizer_sd
 
 
 def _load_sharded(where: Path, manifest: dict, change: str, model, optimizer, comm, rank: int,

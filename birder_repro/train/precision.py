@@ -49,7 +49,8 @@ class Precision:
         self.dtype = _DTYPES[name]
         self.scaler: Optional[torch.amp.GradScaler] = (torch.amp.GradScaler(self.device.type) if name == "fp16"
                                                        else None)
-        self.skipped_steps = 0  # steps GradScaler skipped for an Inf or NaN gradient
+        # steps GradScaler skipped for an Inf or NaN gradient, counted on the scale's device (read at the end)
+        self._skipped: Optional[torch.Tensor] = None
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Around the forward pass and the loss (not backward: autocast's casts are recorded in the graph)."""
@@ -76,14 +77,20 @@ class Precision:
         if self.scaler is None:
             optimizer.step()
             return
-        before = self.scaler.get_scale()
+        scale = _scale_tensor(self.scaler)
+        before = scale.clone()  # on the device: get_scale() would sync with the host, twice per step
         self.scaler.step(optimizer)
-        self.scaler.update()
-        if self.scaler.get_scale() < before:  # GradScaler backs off only after an Inf or NaN: a skipped step
-            self.skipped_steps += 1
+        self.scaler.update()  # updates the scale in place
+        backed_off = (scale < before).to(torch.int64)  # only after an Inf or NaN: a skipped step
+        self._skipped = backed_off if self._skipped is None else self._skipped + backed_off
         settle = getattr(self.comm, "settle_step", None)
         if settle is not None:
             settle()
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps GradScaler skipped (reads the device's count: call it at the end, not per step)."""
+        return 0 if self._skipped is None else int(self._skipped)
 
     @property
     def loss_scale(self) -> Optional[float]:

@@ -17,10 +17,16 @@ Specialisation. Triton compiles one variant of a kernel per "signature" of its i
 divisible by 16. A per-step Philox key would pick a new variant every few steps, each a compile of about a
 second in the middle of a timed step while the other nodes wait. So the key travels as two signed 32-bit halves
 (:func:`seed_halves`: always type i32) listed in ``do_not_specialize``, and the kernel puts the 64-bit key back
-together (:func:`_key`); ``tests/test_kernels.py`` checks that Triton's own specialisation of every argument
-is the same for any key. The sizes and segment counts are not specialised on either (they only bound loops and
-masks), so the variants :func:`self_test` compiles when a hook attaches, ``HAS_B_HAT`` (AMSGrad from step
-T0 + 1) included, are the ones every bucket runs.
+together (:func:`_key`). The sizes, segment counts and worker counts are not specialised on either (they only
+bound loops and masks: 1 node's ``workers == 1`` or 16 nodes' ``% 16`` would each compile a new server
+variant at the first bucket), nor is the alignment of the packed bytes the unpack reads (a hook unpacks a
+bucket's last partial byte from a 1-byte slice at any address). So the variants :func:`self_test` compiles
+when a hook attaches, ``HAS_B_HAT`` (AMSGrad from step T0 + 1) included, are the ones every bucket runs;
+``tests/test_kernels.py`` checks it with Triton's own specialisation of every launch the wrappers make.
+
+Launches run under the tensors' device (:func:`_launch`): Triton launches on the current CUDA device, and a
+script that puts the model on ``cuda:r`` without ``torch.cuda.set_device(r)`` would otherwise run the kernels
+on ``cuda:0`` with pointers into ``cuda:r`` (an illegal address, a sticky CUDA error).
 
 Index arithmetic is 64-bit throughout: element and byte indices derive from an int64 program id, masks compare
 ``j >> 3`` with a byte count instead of forming ``8 * nbytes``, and the server's rows advance an int64 offset, so
@@ -31,6 +37,7 @@ The interpreter (``TRITON_INTERPRET=1``, CPU tensors) reads the variable when th
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -42,8 +49,8 @@ from birder_repro.comm.kernels.philox import Segments
 BLOCK = 1024
 _LAUNCH = dict(enable_fp_fusion=False)
 # The integer arguments Triton must not specialise on (module docstring): the per-step key's halves, and the
-# sizes, so that the variants the hook's self-test compiles are the ones every bucket runs.
-NO_SPECIALIZE = ("seed_lo", "seed_hi", "n", "nbytes", "nseg", "nsteps")
+# sizes and counts, so that the variants the hook's self-test compiles are the ones every bucket runs.
+NO_SPECIALIZE = ("seed_lo", "seed_hi", "n", "nbytes", "nseg", "nsteps", "workers")
 
 
 def seed_halves(seed: int) -> tuple[int, int]:
@@ -148,7 +155,7 @@ def _server_kernel(received_ptr, e_bar_ptr, e_bar_o_ptr, out_ptr, workers, float
     tl.store(out_ptr + q, _pack(up, BLOCK), mask=qmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=NO_SPECIALIZE, do_not_specialize_on_alignment=("packed_ptr",))
 def _unpack_kernel(packed_ptr, out_ptr, nbytes, BLOCK: tl.constexpr):
     q = tl.program_id(0).to(tl.int64) * (BLOCK // 8) + tl.arange(0, BLOCK // 8)
     bits = _unpack_bits(tl.load(packed_ptr + q, mask=q < nbytes, other=0), BLOCK)
@@ -171,36 +178,48 @@ def _segment_args(segments: Segments, device) -> tuple:
     return starts, deltas, nseg, math.ceil(math.log2(nseg)) if nseg > 1 else 0
 
 
+def _on(device: torch.device) -> contextlib.AbstractContextManager:
+    """``device`` as the current CUDA device (Triton launches there); nothing to do for CPU tensors."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def _launch(kernel, grid: tuple, device: torch.device, *args, **kwargs) -> None:
+    """Every launch: under the tensors' device (module docstring), without fused multiply-adds."""
+    with _on(device):
+        kernel[grid](*args, **kwargs, **_LAUNCH)
+
+
 def worker_compress(g, m, b, e, b_hat, beta, eps, seed, segments: Segments, state_out):
     n = g.numel()
     out = torch.empty(n // 8, dtype=torch.uint8, device=g.device)
     m_o, b_o, e_o = state_out[:3]
-    _worker_kernel[(triton.cdiv(n, BLOCK),)](
-        g, m, b, e, b if b_hat is None else b_hat, m_o, b_o, e_o, b_o if b_hat is None else state_out[3], out, n,
-        beta, 1 - beta, eps, *seed_halves(seed), *_segment_args(segments, g.device), HAS_B_HAT=b_hat is not None, BLOCK=BLOCK,
-        **_LAUNCH)
+    _launch(_worker_kernel, (triton.cdiv(n, BLOCK),), g.device,
+            g, m, b, e, b if b_hat is None else b_hat, m_o, b_o, e_o, b_o if b_hat is None else state_out[3], out,
+            n, beta, 1 - beta, eps, *seed_halves(seed), *_segment_args(segments, g.device),
+            HAS_B_HAT=b_hat is not None, BLOCK=BLOCK)
     return out
 
 
 def server_compress(received, e_bar, seed, segments: Segments, e_bar_out):
     workers, nbytes = received.shape
     out = torch.empty(nbytes, dtype=torch.uint8, device=received.device)
-    _server_kernel[(triton.cdiv(nbytes * 8, BLOCK),)](
-        received, e_bar, e_bar_out, out, workers, float(workers), nbytes, *seed_halves(seed),
-        *_segment_args(segments, received.device), BLOCK=BLOCK, **_LAUNCH)
+    _launch(_server_kernel, (triton.cdiv(nbytes * 8, BLOCK),), received.device,
+            received, e_bar, e_bar_out, out, workers, float(workers), nbytes, *seed_halves(seed),
+            *_segment_args(segments, received.device), BLOCK=BLOCK)
     return out
 
 
 def unpack(packed, out):
-    _unpack_kernel[(triton.cdiv(packed.numel() * 8, BLOCK),)](packed, out, packed.numel(), BLOCK=BLOCK, **_LAUNCH)
+    _launch(_unpack_kernel, (triton.cdiv(packed.numel() * 8, BLOCK),), packed.device, packed, out, packed.numel(),
+            BLOCK=BLOCK)
     return out
 
 
 def tl_rand(seed: int, offsets: torch.Tensor) -> torch.Tensor:
     """``tl.rand(seed, offsets)`` itself, for checking :func:`.philox.uniform` against Triton."""
     out = torch.empty(offsets.shape, dtype=torch.float32, device=offsets.device)
-    _rand_kernel[(triton.cdiv(offsets.numel(), BLOCK),)](offsets, out, offsets.numel(), *seed_halves(seed), BLOCK=BLOCK,
-                                                       **_LAUNCH)
+    _launch(_rand_kernel, (triton.cdiv(offsets.numel(), BLOCK),), offsets.device, offsets, out, offsets.numel(),
+            *seed_halves(seed), BLOCK=BLOCK)
     return out
 
 
