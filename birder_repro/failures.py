@@ -75,13 +75,18 @@ def write_failure(run_dir: Path, rank: int, attempt: int, exc: BaseException, ex
     kind, message = cause_of(exc, explained)
     text = explained + "".join(tb.format_exception(type(exc), exc, exc.__traceback__))
     failure = Failure(rank, attempt, time.time(), kind, message, text, bool(explained))
+    _save(run_dir, failure)
+    return failure
+
+
+def _save(run_dir: Path, failure: Failure) -> None:
+    """Write ``failure`` as its rank's file of its attempt (best effort: the failure itself must still be told)."""
     try:
-        path = _path(run_dir, attempt, rank)
+        path = _path(run_dir, failure.attempt, failure.rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(asdict(failure), indent=1) + "\n")
     except OSError:
         pass
-    return failure
 
 
 def read_failures(run_dir: Path) -> list[Failure]:
@@ -137,13 +142,7 @@ def write_signal_deaths(run_dir: Path, log_text: str, node: int) -> None:
     for rank, what in signal_deaths(log_text).items():
         if rank in known:
             continue
-        failure = Failure(rank, attempt, time.time(), "", f"died: {what} (on node {node})", "", False)
-        try:
-            path = _path(run_dir, attempt, rank)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(asdict(failure), indent=1) + "\n")
-        except OSError:
-            pass
+        _save(run_dir, Failure(rank, attempt, time.time(), "", f"died: {what} (on node {node})", "", False))
 
 
 def final_line(run_dir: Path, code: int, log_text: str = "") -> tuple[str, Optional[str]]:

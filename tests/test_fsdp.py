@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from birder_repro.gpucheck.training import Layers
 from dist_utils import run_distributed
 from onebit_reference import OneBitAdamReference
 
@@ -26,19 +27,9 @@ ONEBIT = dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 FREEZE, ONEBIT_STEPS = 2, 5
 
 
-class Net(nn.Module):
-    """Three layers with row counts that do not split evenly over 2 processes (FSDP pads each parameter's
-    dim-0 shard)."""
-
-    def __init__(self):
-        super().__init__()
-        self.layers = nn.ModuleList([nn.Linear(8, 13), nn.Linear(13, 7), nn.Linear(7, 5)])
-
-    def forward(self, x):
-        for i, layer in enumerate(self.layers):
-            x = layer(x)
-            x = torch.tanh(x) if i < len(self.layers) - 1 else x
-        return x
+# Three layers with row counts that do not split evenly over 2 processes (FSDP pads each parameter's dim-0
+# shard): the model gpu-check's hooks section runs too.
+Net = Layers
 
 
 def _batch(rank: int, step: int):
