@@ -8,6 +8,7 @@ imports, so the default run holds one run per example and optimizer that matters
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import re
 import subprocess
@@ -19,6 +20,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
+needs_lightning = pytest.mark.skipif(importlib.util.find_spec("lightning") is None,
+                                     reason="lightning is not installed: pip install -e '.[integrations]'")
 
 
 def run_example(script: str, *args: str, nproc: int = 2, timeout: float = 300.0) -> str:
@@ -66,6 +69,7 @@ def test_fsdp2_onebit_adam_runs_and_learns(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- Lightning
+@needs_lightning
 @pytest.mark.parametrize("optim", ["birder", pytest.param("onebit_adam", marks=pytest.mark.slow)])
 def test_lightning_killed_and_resumed_equals_plain_ddp(optim, tmp_path):
     """Stopped at step 4 with Lightning's checkpoints (each rank's hook state beside them), resumed with
@@ -79,14 +83,15 @@ def test_lightning_killed_and_resumed_equals_plain_ddp(optim, tmp_path):
     assert resumed == reference(optim)
 
 
+@needs_lightning
 @pytest.mark.slow
 @pytest.mark.parametrize("optim", ["birder", "onebit_adam"])
 def test_lightning_left_alone_equals_plain_ddp(optim):
     assert run_example("lightning_birder.py", "--optim", optim) == reference(optim)
 
 
+@needs_lightning
 def test_lightning_strategy_refuses_another_hook():
-    lightning = pytest.importorskip("lightning")  # noqa: F841
     from birder_repro.integrations.lightning import BirderStrategy, hook_state_path
 
     with pytest.raises(ValueError, match="ddp_comm_hook"):
