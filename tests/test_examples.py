@@ -91,12 +91,16 @@ def test_lightning_left_alone_equals_plain_ddp(optim):
 
 
 @needs_lightning
-def test_lightning_strategy_refuses_another_hook():
+def test_lightning_strategy_layout_and_refusals():
     from birder_repro.integrations.lightning import BirderStrategy, hook_state_path
 
     with pytest.raises(ValueError, match="ddp_comm_hook"):
         BirderStrategy(ddp_comm_hook=lambda state, bucket: None)
     assert hook_state_path("ckpt/last.ckpt", 3).name == "last.ckpt.birder_hook_rank00003.pt"
+    # processes per node: Lightning's devices, unless given
+    cpus = [torch.device("cpu")] * 4
+    assert BirderStrategy(parallel_devices=cpus).processes_per_node == 4
+    assert BirderStrategy(parallel_devices=cpus, gpus_per_node=1).processes_per_node == 1
 
 
 # ------------------------------------------------------------------------------------------ torch.compile

@@ -72,6 +72,12 @@ class BirderStrategy(DDPStrategy):
         self._resume: Optional[dict] = None     # its optimizer states, loaded at the first batch
 
     # ------------------------------------------------------------------------------------------ attaching
+    @property
+    def processes_per_node(self) -> int:
+        """Birder's processes per node: ``gpus_per_node`` where given, else Lightning's ``devices`` (the nodes
+        are then Lightning's ``num_nodes``: Lightning checks that devices x num_nodes is the world size)."""
+        return self.gpus_per_node if self.gpus_per_node is not None else self.num_processes
+
     def setup(self, trainer) -> None:
         super().setup(trainer)  # wraps the model in DDP (configure_ddp), then builds the optimizer
         if trainer.state.fn == TrainerFn.FITTING:
@@ -81,8 +87,7 @@ class BirderStrategy(DDPStrategy):
         if len(self.optimizers) != 1:
             raise ValueError(f"BirderStrategy: configure_optimizers returned {len(self.optimizers)} optimizers; "
                              "the hook serves exactly one")
-        opt = self.optimizers[0]
-        per_node = self.gpus_per_node if self.gpus_per_node is not None else self.num_processes
+        opt, per_node = self.optimizers[0], self.processes_per_node
         if isinstance(opt, Birder):
             return attach_birder(self.model, opt, gpus_per_node=per_node, scheme=self.scheme,
                                  kernel_backend=self.kernel_backend, overlap=self.overlap, nonfinite=self.nonfinite)
