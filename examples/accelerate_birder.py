@@ -5,8 +5,9 @@
     torchrun --standalone --nproc-per-node=2 examples/accelerate_birder.py --save ckpt --stop-at 4
     torchrun --standalone --nproc-per-node=2 examples/accelerate_birder.py --resume ckpt
 
-(``accelerate launch --cpu --num_processes 2 examples/accelerate_birder.py`` runs it the same way.) The loader is
-not prepared, so the data order is toy's sampler's, as in every other example. accelerator.save_state /
+(``accelerate launch --multi_gpu --num_processes 2 examples/accelerate_birder.py`` runs it the same way, on CPU too
+and with no config file: it starts torchrun; ``--cpu --num_processes 2`` would start one process.) The loader is not
+prepared, so the data order is toy's sampler's, as in every other example. accelerator.save_state /
 load_state keep the model, optimizer, Accelerate's step counter and every rank's hook state.
 """
 
@@ -56,8 +57,9 @@ for micro, (x, y) in enumerate(loader):
 
 if args.save:
     accelerator.save_state(args.save)
-print(f"hook_calls={state.calls} optimizer_steps={min(args.stop_at, toy.STEPS)}", flush=True)
-state.close()
+if state is not None:  # None in one process: no DDP, the optimizer runs alone
+    print(f"hook_calls={state.calls} optimizer_steps={min(args.stop_at, toy.STEPS)}", flush=True)
+    state.close()
 if args.dump and accelerator.is_main_process:
     torch.save([p.detach() for p in accelerator.unwrap_model(model).parameters()], args.dump)
 print(f"fingerprint={toy.fingerprint(accelerator.unwrap_model(model))}", flush=True)

@@ -44,10 +44,10 @@ class StopAt(TrainerCallback):  # the Trainer saves at save_steps; this ends the
         control.should_training_stop = state.global_step >= args.stop_at
 
 
+out = args.save or args.resume or os.path.join(tempfile.gettempdir(), "hf_trainer_birder")  # written with --save
 training_args = TrainingArguments(
-    output_dir=args.save or args.resume or tempfile.mkdtemp(), use_cpu=True, ddp_backend="gloo",
-    per_device_train_batch_size=toy.BATCH, max_steps=toy.STEPS, lr_scheduler_type="constant",
-    max_grad_norm=0,  # .grad holds Birder's +-1 update after the hook: never clip it
+    output_dir=out, use_cpu=True, ddp_backend="gloo", per_device_train_batch_size=toy.BATCH, max_steps=toy.STEPS,
+    lr_scheduler_type="constant", max_grad_norm=0,  # .grad holds Birder's +-1 update after the hook: never clip it
     save_strategy="steps" if args.save else "no", save_steps=args.stop_at, ddp_find_unused_parameters=False,
     report_to="none", disable_tqdm=True, log_level="warning", remove_unused_columns=False)
 dataset, model = toy.make_dataset(), ToyModel()
@@ -58,5 +58,6 @@ trainer = BirderTrainer(
     train_sampler=toy.make_sampler(dataset, training_args.process_index, training_args.world_size),
     callbacks=[StopAt()])
 trainer.train(resume_from_checkpoint=True if args.resume else None)
-trainer.hook_state.close()
+if trainer.hook_state is not None:  # None in one process: no DDP, the optimizer runs alone
+    trainer.hook_state.close()
 print(f"fingerprint={toy.fingerprint(model)}", flush=True)
