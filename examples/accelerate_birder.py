@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import toy  # noqa: E402  (the shared model, data order and optimizers)
-from birder_repro.integrations.accelerate import attach_accelerate  # noqa: E402
+from birder_repro.integrations.accelerate import attach_accelerate, regroup_buckets  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--optim", choices=["birder", "onebit_adam"], default="birder")
@@ -40,7 +40,9 @@ loader = DataLoader(dataset, batch_size=toy.BATCH // args.accum, sampler=sampler
 model = toy.make_model()
 model, opt = accelerator.prepare(model, toy.make_optimizer(args.optim, model.parameters()))
 state = attach_accelerate(accelerator, model, opt, gpus_per_node=toy.GPUS_PER_NODE)
-if args.resume:
+if args.resume:  # one backward first, gradients dropped: DDP groups its buckets as the saved run had them
+    x, y = next(iter(loader))
+    regroup_buckets(model, lambda: torch.nn.functional.cross_entropy(model(x), y))
     accelerator.load_state(args.resume)  # also every rank's birder_hook_rank*.pt
 
 done = accelerator.step  # micro-batches already trained: Accelerate's own counter, restored by load_state

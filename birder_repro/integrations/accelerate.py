@@ -16,14 +16,15 @@ Checkpoints: ``accelerator.save_state`` writes the objects of ``register_for_che
 process only, but the hook's state is per rank (each process holds its shard of Birder's m, b, e; 1-bit Adam's
 error buffers differ per rank). So the attach registers a save-state and a load-state pre-hook, which
 Accelerate runs on every process with the checkpoint directory, and each rank writes and reads its own
-``birder_hook_rank{r:05d}.pt`` there.
+``birder_hook_rank{r:05d}.pt`` there. Before ``load_state`` in a fresh process, :func:`regroup_buckets` (one
+backward, gradients dropped) gives DDP the saved run's bucket grouping, which 1-bit Adam's scales depend on.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from accelerate import Accelerator
@@ -34,7 +35,8 @@ from birder_repro.comm import CommState, attach_birder, attach_onebit, build_top
 from birder_repro.optim import Birder
 from birder_repro.optim.onebit_adam import OneBitOptimizer
 
-__all__ = ["attach_accelerate", "attach_hook", "hook_state_path", "save_hook_state", "load_hook_state"]
+__all__ = ["attach_accelerate", "attach_hook", "regroup_buckets", "hook_state_path", "save_hook_state",
+           "load_hook_state"]
 
 log = logging.getLogger(__name__)
 HOOK_FILE = "birder_hook_rank{rank:05d}.pt"
@@ -81,6 +83,32 @@ def attach_hook(ddp_model: DistributedDataParallel, optimizer: torch.optim.Optim
         return attach_onebit(ddp_model, optimizer, topology=topology, **kwargs)
     raise TypeError(f"the optimizer is a {type(optimizer).__name__}: the hook needs birder_repro.optim's Birder, "
                     "OneBitAdam or OneBitLamb (other optimizers need no hook: use DDP's own all-reduce)")
+
+
+def regroup_buckets(model: torch.nn.Module, loss_fn: Callable[[], torch.Tensor]) -> None:
+    """Before loading a checkpoint into a fresh process: one forward and backward (``loss_fn()``) through the DDP
+    module, its gradients dropped and the random state kept. Collective (every rank).
+
+    Why: DDP regroups its buckets after its first backward (by the order the gradients became ready), and a fresh
+    process starts from its initial grouping again. 1-bit Adam's scales are per bucket (and per chunk of one),
+    so a resumed run's first step would scale other groups of elements than the run left alone did; after this
+    backward the buckets are the saved run's and the resumed run continues bit for bit. (Birder's state and
+    draws follow each element, so it resumes bit for bit either way.) The hook runs once here; what it changed,
+    the loaded hook state replaces. A no-op where there is no DDP module.
+    """
+    ddp = model if isinstance(model, DistributedDataParallel) else getattr(model, "_orig_mod", None)
+    if not isinstance(ddp, DistributedDataParallel):
+        return
+    devices = [torch.cuda.current_device()] if next(ddp.parameters()).is_cuda else []
+    sync = ddp.require_backward_grad_sync
+    ddp.require_backward_grad_sync = True  # inside no_sync too: only a synced backward records the order
+    try:
+        with torch.random.fork_rng(devices=devices):
+            loss_fn().backward()
+    finally:
+        ddp.require_backward_grad_sync = sync
+    for p in ddp.parameters():
+        p.grad = None
 
 
 def ddp_module(accelerator: Accelerator, model: torch.nn.Module) -> Optional[DistributedDataParallel]:

@@ -7,7 +7,9 @@
 The Trainer has no hook argument and wraps the model in DDP inside ``train()`` (``accelerator.prepare`` in
 ``_prepare_for_training``), so :class:`BirderTrainer` attaches the hook at the first ``training_step``: the
 model it is handed there is the DDP module, and no backward has run yet. A ``train(resume_from_checkpoint=...)``
-then loads every rank's hook state from the checkpoint before that first backward.
+then loads every rank's hook state from the checkpoint before that first backward, after one backward of that
+batch whose gradients are dropped (:func:`~birder_repro.integrations.accelerate.regroup_buckets`: DDP's buckets
+grouped as the saved run had them, so that 1-bit Adam resumes bit for bit).
 
 Checkpoints: the Trainer's own files are the model, the optimizer (rank 0's), the scheduler and one RNG-state
 file per process (``_save_rng_state``, called on every process with the checkpoint folder); each rank writes its
@@ -31,7 +33,7 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from birder_repro.comm import GRADIENT, CommState
 from birder_repro.integrations.accelerate import (attach_hook, ddp_module, inner_optimizer, load_hook_state,
-                                                  save_hook_state)
+                                                  regroup_buckets, save_hook_state)
 
 __all__ = ["BirderTrainer"]
 
@@ -65,10 +67,10 @@ class BirderTrainer(Trainer):
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         if self._hook_model is None or self._hook_model is not ddp_module(self.accelerator, model):
-            self._attach(model)
+            self._attach(model, inputs)
         return super().training_step(model, inputs, num_items_in_batch)
 
-    def _attach(self, model: torch.nn.Module) -> None:
+    def _attach(self, model: torch.nn.Module, inputs: dict) -> None:
         """Attach to the DDP module the Trainer built (collective: every rank's first training_step)."""
         ddp = ddp_module(self.accelerator, model)
         if ddp is None:  # one process: the optimizer runs Algorithm 1 on its own, no hook
@@ -81,6 +83,10 @@ class BirderTrainer(Trainer):
                              f"holds the hook's {self.hook_state.grad_holds()} and not a gradient: set "
                              "max_grad_norm=0")
         if self._resume_dir is not None:
+            # DDP's buckets as the saved run had them (1-bit Adam's scales are per bucket), then the saved state.
+            # The optimizer's state is loaded already; the hook only reads it, and its errors are replaced.
+            model.train()
+            regroup_buckets(model, lambda: self.compute_loss(model, self._prepare_inputs(dict(inputs))))
             load_hook_state(self.hook_state, self._resume_dir, self.args.process_index)
 
     # ----------------------------------------------------------------------------------------- checkpoints
