@@ -60,8 +60,8 @@ for micro, (x, y) in enumerate(loader):
 if args.save:
     accelerator.save_state(args.save)
 if state is not None:  # None in one process: no DDP, the optimizer runs alone
-    print(f"hook_calls={state.calls} optimizer_steps={min(args.stop_at, toy.STEPS)}", flush=True)
+    accelerator.print(f"hook_calls={state.calls} optimizer_steps={min(args.stop_at, toy.STEPS)}", flush=True)
     state.close()
 if args.dump and accelerator.is_main_process:
     torch.save([p.detach() for p in accelerator.unwrap_model(model).parameters()], args.dump)
-print(f"fingerprint={toy.fingerprint(accelerator.unwrap_model(model))}", flush=True)
+accelerator.print(f"fingerprint={toy.fingerprint(accelerator.unwrap_model(model))}", flush=True)  # rank 0's

@@ -60,4 +60,5 @@ trainer = BirderTrainer(
 trainer.train(resume_from_checkpoint=True if args.resume else None)
 if trainer.hook_state is not None:  # None in one process: no DDP, the optimizer runs alone
     trainer.hook_state.close()
-print(f"fingerprint={toy.fingerprint(model)}", flush=True)
+if trainer.is_world_process_zero():
+    print(f"fingerprint={toy.fingerprint(model)}", flush=True)

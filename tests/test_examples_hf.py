@@ -9,6 +9,7 @@ framework's stop-and-resume through its own checkpoints included; 1-bit Adam and
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -30,9 +31,10 @@ def run_example(script: str, *args: str) -> tuple[str, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    last = done.stdout.strip().splitlines()[-1]
-    assert last.startswith("fingerprint="), f"{script} did not end with its fingerprint: {last!r}"
-    return last.split("=", 1)[1], done.stdout
+    # Where every rank prints (plain_ddp.py), their lines may interleave: read every hash, and they must agree.
+    found = set(re.findall(r"fingerprint=([0-9a-f]{16})", done.stdout))
+    assert len(found) == 1, f"{script}: expected one fingerprint, got {found or 'none'}:\n{done.stdout[-3000:]}"
+    return found.pop(), done.stdout
 
 
 _plain: dict[str, str] = {}
