@@ -13,7 +13,7 @@ help:  ## list the targets
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt -e '.[test]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[test,integrations]'
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv and install the package with its test tools

@@ -58,7 +58,7 @@ import torch.distributed as dist
 from birder_repro.comm import kernels
 from birder_repro.comm.accounting import peer_bytes, reduce_scatter_bytes
 from birder_repro.comm.buckets import (Bucket, BucketStore, ElementPositions, Field, Level, bucket_signature,
-                                       parameter_index)
+                                       parameter_index, require_buckets)
 from birder_repro.comm.collectives import all_gather_flat, reduce_scatter_flat
 from birder_repro.comm.nonfinite import NonFiniteGuard, local_flag
 from birder_repro.comm.overlap import HookRunner
@@ -402,6 +402,7 @@ def attach_birder(ddp_model: torch.nn.parallel.DistributedDataParallel, optimize
     """
     # Resolved and, on a GPU, self-tested here: a broken backend fails in one line now, not on the thread later.
     kernel_backend = kernels.check_backend(kernel_backend, next(ddp_model.module.parameters()).device)
+    require_buckets(ddp_model, "attach_birder")
     if not isinstance(optimizer, Birder):
         raise TypeError(f"attach_birder needs a birder_repro.optim.Birder optimizer, got {type(optimizer).__name__}")
     groups = optimizer.param_groups

@@ -42,7 +42,7 @@ from birder_repro.comm.collectives import all_gather_flat
 from birder_repro.comm.pack import padded_size
 
 __all__ = ["Level", "Field", "Bucket", "BucketStore", "parameter_index", "bucket_signature", "ElementPositions",
-           "adopt"]
+           "adopt", "require_buckets"]
 
 Signature = tuple  # ((parameter index, offset in the bucket, numel[, start within the parameter]), ...)
 
@@ -54,6 +54,16 @@ def parameter_index(model: torch.nn.Module) -> dict[int, int]:
     Resolved once, when a hook attaches: DDP hands the hook the same parameter objects every step.
     """
     return {id(p): i for i, p in enumerate(model.parameters())}
+
+
+def require_buckets(ddp_model, attach: str) -> None:
+    """Refuse a DDP model built for compiled autograd (``torch._dynamo.config.optimize_ddp = "python_reducer"``):
+    its Python reducer calls a communication hook once per parameter with a ``(grad, param)`` pair and ignores
+    the returned future, where the compressed hooks work on whole buckets (docs/integrations.md, torch.compile)."""
+    if getattr(ddp_model, "_use_python_reducer", False):
+        raise ValueError(f"{attach}: DDP was built with torch._dynamo.config.optimize_ddp='python_reducer' (compiled "
+                         "autograd), whose reducer hands hooks single parameters, not buckets; use torch.compile "
+                         "with optimize_ddp='ddp_optimizer' (the default) and compiled_autograd=False")
 
 
 def bucket_signature(param_index: Mapping[int, int], bucket: dist.GradBucket) -> Signature:

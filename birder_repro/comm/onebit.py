@@ -51,7 +51,8 @@ import torch
 import torch.distributed as dist
 
 from birder_repro.comm.accounting import flat_allreduce_split, peer_bytes
-from birder_repro.comm.buckets import Bucket, BucketStore, Field, Level, bucket_signature, parameter_index
+from birder_repro.comm.buckets import (Bucket, BucketStore, Field, Level, bucket_signature, parameter_index,
+                                       require_buckets)
 from birder_repro.comm.collectives import all_gather_flat as _all_gather
 from birder_repro.comm.nonfinite import NonFiniteGuard, local_flag
 from birder_repro.comm.overlap import HookRunner
@@ -384,6 +385,7 @@ def attach_onebit(ddp_model: torch.nn.parallel.DistributedDataParallel, optimize
     Rank 0 says the layout the counts are split by and where it came from. The state's counters are cumulative
     from the attach on; ``state.bytes_last_step()`` gives one step's bytes.
     """
+    require_buckets(ddp_model, "attach_onebit")
     if not isinstance(optimizer, OneBitOptimizer):
         raise TypeError(f"attach_onebit needs a OneBitAdam or OneBitLamb optimizer, got {type(optimizer).__name__}")
     if optimizer.freeze_step < 2:

@@ -1,8 +1,14 @@
-"""Birder's and 1-bit Adam's hooks in the frameworks users train with, one module per framework.
+"""Birder in the frameworks users train with: one module per framework, each importing its framework on import.
 
-``birder_repro.integrations.lightning`` (PyTorch Lightning), ``birder_repro.integrations.accelerate``
-(Hugging Face Accelerate) and ``birder_repro.integrations.hf_trainer`` (the Hugging Face Trainer) each import
-their framework at the top; this package imports none of them, so that installing one framework is enough
-(``pip install birder-repro[integrations]`` installs them all). Like the library they build on
-(``birder_repro.comm``, ``birder_repro.optim``), they import nothing of the runner. See docs/integrations.md.
+- :mod:`birder_repro.integrations.lightning`: ``BirderStrategy``, a PyTorch Lightning ``DDPStrategy`` that
+  attaches Birder's or 1-bit Adam's hook to the model Lightning wraps and keeps every rank's hook state with
+  Lightning's checkpoints.
+- :mod:`birder_repro.integrations.accelerate`: ``attach_accelerate``, the hook on the model and optimizer
+  Hugging Face Accelerate prepared, every rank's hook state in ``save_state`` / ``load_state``.
+- :mod:`birder_repro.integrations.hf_trainer`: ``BirderTrainer``, a Hugging Face ``Trainer`` that attaches the
+  hook to the DDP model it builds and keeps every rank's hook state in its checkpoints.
+
+This package imports no framework itself (``import birder_repro.integrations`` stays light); the modules use
+only the library (:mod:`birder_repro.comm`, :mod:`birder_repro.optim`), never the runner. Guide:
+docs/integrations.md.
 """
