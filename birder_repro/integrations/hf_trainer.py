@@ -31,7 +31,7 @@ from torch.utils.data import DistributedSampler, Sampler
 from transformers import Trainer
 from transformers.trainer_utils import get_last_checkpoint
 
-from birder_repro.comm import GRADIENT, CommState
+from birder_repro.comm import CommState
 from birder_repro.integrations.accelerate import (attach_hook, ddp_module, inner_optimizer, load_hook_state,
                                                   regroup_buckets, save_hook_state)
 
@@ -75,13 +75,13 @@ class BirderTrainer(Trainer):
         ddp = ddp_module(self.accelerator, model)
         if ddp is None:  # one process: the optimizer runs Algorithm 1 on its own, no hook
             return
+        if self.args.max_grad_norm > 0:  # 1-bit Adam's warmup steps do hold gradients, its later ones not
+            raise ValueError(f"TrainingArguments.max_grad_norm={self.args.max_grad_norm} would clip .grad, which "
+                             "holds the hook's result (Birder's +-1 update, 1-bit Adam's averaged momentum), not a "
+                             "gradient: set max_grad_norm=0")
         self.hook_state = attach_hook(ddp, inner_optimizer(self.optimizer), gpus_per_node=self.gpus_per_node,
                                       scheme=self.scheme, **self.hook_kwargs)
         self._hook_model = ddp
-        if self.hook_state.grad_holds() != GRADIENT and self.args.max_grad_norm > 0:
-            raise ValueError(f"TrainingArguments.max_grad_norm={self.args.max_grad_norm} would clip .grad, which "
-                             f"holds the hook's {self.hook_state.grad_holds()} and not a gradient: set "
-                             "max_grad_norm=0")
         if self._resume_dir is not None:
             # DDP's buckets as the saved run had them (1-bit Adam's scales are per bucket), then the saved state.
             # The optimizer's state is loaded already; the hook only reads it, and its errors are replaced.
