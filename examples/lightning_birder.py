@@ -4,7 +4,7 @@
     torchrun --standalone --nproc-per-node=2 examples/lightning_birder.py --optim birder --save ckpt --stop-at 4
     torchrun --standalone --nproc-per-node=2 examples/lightning_birder.py --optim birder --resume ckpt/last.ckpt
 
-Lightning detects torchrun's environment (or launches the processes itself under plain ``python``). The same
+Lightning detects torchrun's environment, or under plain ``python`` starts the second process itself. The same
 model, data order and seed as examples/plain_ddp.py, so the last line, ``fingerprint=...``, is the same.
 """
 
