@@ -1,0 +1,111 @@
+"""Birder's (or 1-bit Adam's) hook in the Hugging Face Trainer (docs/integrations.md).
+
+    trainer = BirderTrainer(model=model, args=TrainingArguments(..., max_grad_norm=0), train_dataset=ds,
+                            optimizers=(Birder(model.parameters(), ...), None), gpus_per_node=8)
+    trainer.train()                                   # or trainer.train(resume_from_checkpoint=True)
+
+The Trainer has no hook argument and wraps the model in DDP inside ``train()`` (``accelerator.prepare`` in
+``_prepare_for_training``), so :class:`BirderTrainer` attaches the hook at the first ``training_step``: the
+model it is handed there is the DDP module, and no backward has run yet. A ``train(resume_from_checkpoint=...)``
+then loads every rank's hook state from the checkpoint before that first backward, after one backward of that
+batch whose gradients are dropped (:func:`~birder_repro.integrations.accelerate.regroup_buckets`: DDP's buckets
+grouped as the saved run had them, so that 1-bit Adam resumes bit for bit).
+
+Checkpoints: the Trainer's own files are the model, the optimizer (rank 0's), the scheduler and one RNG-state
+file per process (``_save_rng_state``, called on every process with the checkpoint folder); each rank writes its
+``birder_hook_rank{r:05d}.pt`` beside its RNG state, since the hook's state is per rank.
+
+Two settings the hook changes the meaning of: ``.grad`` holds Birder's update (+-1) or 1-bit Adam's averaged
+momentum after the hook, so gradient clipping (``max_grad_norm``, 1.0 by default) would rescale the update
+itself: it must be 0. And a ``train_sampler`` that is a ``DistributedSampler`` is already one rank's share: the
+loader uses it as is (Accelerate's ``prepare`` would otherwise shard its batches again).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+from torch.utils.data import DistributedSampler, Sampler
+from transformers import Trainer
+from transformers.trainer_utils import get_last_checkpoint
+
+from birder_repro.comm import CommState
+from birder_repro.integrations.accelerate import (attach_hook, ddp_module, inner_optimizer, load_hook_state,
+                                                  regroup_buckets, save_hook_state)
+
+__all__ = ["BirderTrainer"]
+
+
+class BirderTrainer(Trainer):
+    """A :class:`transformers.Trainer` that trains with Birder's (or 1-bit Adam's) hook on its DDP model.
+
+    Pass the optimizer as ``optimizers=(Birder(...), scheduler_or_None)``; ``gpus_per_node`` (processes per
+    node; default torchrun's LOCAL_WORLD_SIZE) and ``scheme`` go to the attach, ``hook_kwargs`` too (overlap,
+    kernel_backend, nonfinite). ``train_sampler``: the training set's sampler in place of the Trainer's.
+    After ``train()`` has started, ``trainer.hook_state`` is the hook's state (None in a single process).
+    """
+
+    def __init__(self, *args, gpus_per_node: Optional[int] = None, scheme: str = "hierarchical",
+                 hook_kwargs: Optional[dict] = None, train_sampler: Optional[Sampler] = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gpus_per_node, self.scheme, self.hook_kwargs = gpus_per_node, scheme, dict(hook_kwargs or {})
+        self.train_sampler = train_sampler
+        self.hook_state: Optional[CommState] = None
+        self._hook_model = None  # the DDP module the hook is on
+        self._resume_dir: Optional[str] = None
+
+    # ------------------------------------------------------------------------------------------ the hook
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        """``Trainer.train``, remembering which checkpoint (if any) the hook state comes from."""
+        resume = resume_from_checkpoint
+        if resume is True:  # the Trainer's own rule: the last checkpoint-* in output_dir
+            resume = get_last_checkpoint(self.args.output_dir)
+        self._resume_dir = resume or None
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        if self._hook_model is None or self._hook_model is not ddp_module(self.accelerator, model):
+            self._attach(model, inputs)
+        return super().training_step(model, inputs, num_items_in_batch)
+
+    def _attach(self, model: torch.nn.Module, inputs: dict) -> None:
+        """Attach to the DDP module the Trainer built (collective: every rank's first training_step)."""
+        ddp = ddp_module(self.accelerator, model)
+        if ddp is None:  # one process: the optimizer runs Algorithm 1 on its own, no hook
+            return
+        if self.args.max_grad_norm > 0:  # 1-bit Adam's warmup steps do hold gradients, its later ones not
+            raise ValueError(f"TrainingArguments.max_grad_norm={self.args.max_grad_norm} would clip .grad, which "
+                             "holds the hook's result (Birder's +-1 update, 1-bit Adam's averaged momentum), not a "
+                             "gradient: set max_grad_norm=0")
+        self.hook_state = attach_hook(ddp, inner_optimizer(self.optimizer), gpus_per_node=self.gpus_per_node,
+                                      scheme=self.scheme, **self.hook_kwargs)
+        self._hook_model = ddp
+        if self._resume_dir is not None:
+            # DDP's buckets as the saved run had them (1-bit Adam's scales are per bucket), then the saved state.
+            # The optimizer's state is loaded already; the hook only reads it, and its errors are replaced.
+            model.train()
+            regroup_buckets(model, lambda: self.compute_loss(model, self._prepare_inputs(dict(inputs))))
+            load_hook_state(self.hook_state, self._resume_dir, self.args.process_index)
+
+    # ----------------------------------------------------------------------------------------- checkpoints
+    def _save_rng_state(self, output_dir: str) -> None:
+        """The Trainer's per-process file of a checkpoint, and beside it this rank's hook state."""
+        super()._save_rng_state(output_dir)
+        if self.hook_state is not None:
+            save_hook_state(self.hook_state, output_dir, self.args.process_index)
+
+    # ---------------------------------------------------------------------------------------------- data
+    def _get_train_sampler(self, train_dataset=None):
+        return self.train_sampler if self.train_sampler is not None else super()._get_train_sampler(train_dataset)
+
+    def get_train_dataloader(self):
+        """The Trainer's loader; a ``DistributedSampler`` given as ``train_sampler`` is not sharded again."""
+        loader = super().get_train_dataloader()
+        if isinstance(self.train_sampler, DistributedSampler):
+            shard = getattr(loader, "batch_sampler", None)  # Accelerate's BatchSamplerShard
+            if hasattr(shard, "num_processes"):
+                # transformers does the same for its own rank-aware BatchRebalanceSampler
+                shard.num_processes, shard.process_index = 1, 0
+        return loader

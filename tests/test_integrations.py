@@ -1,0 +1,34 @@
+"""The integrations' small parts, in one process: per-rank hook files and the attach's refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("accelerate")
+
+from birder_repro.comm import flat_topology  # noqa: E402
+from birder_repro.comm.birder import BirderState  # noqa: E402
+from birder_repro.integrations.accelerate import (attach_hook, hook_state_path, load_hook_state,  # noqa: E402
+                                                  save_hook_state)
+
+
+def test_hook_state_round_trips_through_its_rank_file(tmp_path):
+    state = BirderState(flat_topology(), seed=3)
+    state.intra_node_bytes = 123.0
+    path = save_hook_state(state, str(tmp_path / "ckpt"), rank=1)
+    assert path == hook_state_path(str(tmp_path / "ckpt"), 1) and path.endswith("birder_hook_rank00001.pt")
+    fresh = BirderState(flat_topology(), seed=0)
+    load_hook_state(fresh, str(tmp_path / "ckpt"), rank=1)
+    assert fresh.seed == 3 and fresh.intra_node_bytes == 123.0
+
+
+def test_missing_hook_file_names_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match="birder_hook_rank00002.pt is missing"):
+        load_hook_state(BirderState(flat_topology()), str(tmp_path), rank=2)
+
+
+def test_attach_refuses_an_optimizer_without_a_hook():
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    with pytest.raises(TypeError, match="SGD: the hook needs"):
+        attach_hook(None, opt)
