@@ -1,9 +1,9 @@
 """Gradient accumulation (``train.accumulate=K``): K micro-batches per optimizer step, the hook once a step.
 
 The claim tested: a run of K = 4 micro-batches of b samples equals, within float rounding, the same run with
-one batch of 4b, with SGDM over DDP's all-reduce and with Birder over its 1-bit hook (2 gloo processes, the
-whole training loop); its record counts optimizer steps, and its bytes per step are the 4b run's (the hook ran
-once a step, on the sum). The model has no batch norm or dropout: those see the micro-batch, not the batch, and
+one batch of 4b, with SGDM over DDP's all-reduce and with Birder over its 1-bit hook, under DDP and under FSDP2
+(2 gloo processes, the whole training loop); its record counts optimizer steps, and its bytes per step are the
+4b run's (the hook ran once a step, on the sum). The model has no batch norm or dropout: those see the micro-batch, not the batch, and
 would make the two runs differ by design. Birder's update does not depend on the gradients' scale (it sends
 and applies signs), so the SGDM case is the one that checks the loss / K; the Birder case checks that the hook
 runs on the sum, once a step (a hook on every micro-batch moves its weights by 0.6).
@@ -36,9 +36,15 @@ STEPS, MICRO, K = 6, 2, 4  # 6 steps of 2 x 4 x 2 = 16 samples: the 80 blobs' ep
 ATOL = 1e-5
 
 
-def _config(compose, optim: str, batch: int, accumulate: int, run_dir: Path) -> str:
+class _Blobs(BlobsTask):
+    def fsdp_units(self, model):
+        return [model[0]]  # parallel=fsdp: the first layer a unit of its own, the root the rest
+
+
+def _config(compose, optim: str, batch: int, accumulate: int, run_dir: Path, parallel: str = "ddp") -> str:
     cfg = compose([f"optim={optim}", "task=digits", "nodes=2", "gpus_per_node=1", "logger=none",
-                   f"train.steps={STEPS}", f"train.batch_size={batch}", f"train.accumulate={accumulate}",
+                   f"parallel={parallel}", f"train.steps={STEPS}", f"train.batch_size={batch}",
+                   f"train.accumulate={accumulate}",
                    "train.eval=false", "train.schedule.name=constant", "train.schedule.milestones=[]",
                    "train.timing_warmup_steps=1", "optim.lr=0.05", "optim.weight_decay=0.0"])
     return OmegaConf.to_yaml(cfg, resolve=True)
@@ -60,19 +66,21 @@ def _worker(rank: int, world: int, runs: list[tuple[str, str]]):
         topology = build_topology(gpus_per_node=1)
         plan = RunPlan.build(cfg, world, 80)
         torch.manual_seed(0)
-        model, optimizer, comm = build_parallel(cfg, BlobsTask(), _linear_model(), torch.device("cpu"), topology,
+        model, optimizer, comm = build_parallel(cfg, _Blobs(), _linear_model(), torch.device("cpu"), topology,
                                                 optim_config(cfg, plan.steps))
         data = blobs_data(rank, world, int(cfg.train.batch_size))
-        record = train(cfg, task=BlobsTask(), data=data, model=model, optimizer=optimizer, comm=comm,
+        record = train(cfg, task=_Blobs(), data=data, model=model, optimizer=optimizer, comm=comm,
                        topology=topology, device=torch.device("cpu"), run_dir=run_dir, plan=plan)
-        results.append((record, {k: v.detach().numpy().copy() for k, v in model.module.state_dict().items()}))
+        module = getattr(model, "module", model)  # DDP's wrapped module; FSDP's model is the module itself
+        state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v) for k, v in module.state_dict().items()}
+        results.append((record, {k: v.detach().numpy().copy() for k, v in state.items()}))
     return results
 
 
-@pytest.mark.parametrize("optim", ["sgdm", "birder"])
-def test_four_micro_batches_equal_one_four_times_larger_batch(compose, tmp_path, optim):
-    runs = [(_config(compose, optim, MICRO * K, 1, tmp_path / "big"), str(tmp_path / "big")),
-            (_config(compose, optim, MICRO, K, tmp_path / "acc"), str(tmp_path / "acc"))]
+@pytest.mark.parametrize("optim,parallel", [("sgdm", "ddp"), ("birder", "ddp"), ("birder", "fsdp")])
+def test_four_micro_batches_equal_one_four_times_larger_batch(compose, tmp_path, optim, parallel):
+    runs = [(_config(compose, optim, MICRO * K, 1, tmp_path / "big", parallel), str(tmp_path / "big")),
+            (_config(compose, optim, MICRO, K, tmp_path / "acc", parallel), str(tmp_path / "acc"))]
     (big, big_state), (acc, acc_state) = run_distributed(_worker, 2, runs)[0]
     moved = max(float(np.abs(acc_state[k]).max()) for k in acc_state)
     assert moved > 0.1  # trained: the weights are not near their tolerance

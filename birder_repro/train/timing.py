@@ -22,7 +22,8 @@ from birder_repro.train.precision import Precision
 from birder_repro.train.rng import rng_state, set_rng_state
 from birder_repro.train.settings import TrainSettings
 
-__all__ = ["StepResult", "StepPlan", "run_step", "accumulating", "calibrate_forward_backward", "stage_of", "grads_are_gradients"]
+__all__ = ["StepResult", "StepPlan", "run_step", "accumulating", "calibrate_forward_backward", "stage_of",
+           "grads_are_gradients"]
 
 
 def _sync(device: torch.device) -> None:
