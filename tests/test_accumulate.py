@@ -4,9 +4,10 @@ The claim tested: a run of K = 4 micro-batches of b samples equals, within float
 one batch of 4b, with SGDM over DDP's all-reduce and with Birder over its 1-bit hook, under DDP and under FSDP2
 (2 gloo processes, the whole training loop); its record counts optimizer steps, and its bytes per step are the
 4b run's (the hook ran once a step, on the sum). The model has no batch norm or dropout: those see the
-micro-batch, not the batch, and would make the two runs differ by design. Birder's update does not depend on the gradients' scale (it sends
-and applies signs), so the SGDM case is the one that checks the loss / K; the Birder case checks that the hook
-runs on the sum, once a step (a hook on every micro-batch moves its weights by 0.6).
+micro-batch, not the batch, and would make the two runs differ by design. Birder's update does not depend on
+the gradients' scale (it sends and applies signs), so the SGDM case is the one that checks the loss / K; the
+Birder cases check that the hook runs on the sum, once a step (a hook on every micro-batch moves its weights by
+0.3 to 0.6).
 """
 
 from __future__ import annotations
