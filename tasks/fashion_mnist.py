@@ -55,7 +55,7 @@ NUM_CLASSES = 10
 FILES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
          "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")}
 DEBIAN_ROOT = "/usr/share/datasets/fashion-mnist"
-INSTALL_HINT = "install them with: apt-get install dataset-fashion-mnist"
+INSTALL_HINT = "or install Debian's copy: apt-get install dataset-fashion-mnist"
 EVAL_SETS = ("test", "val")
 
 
