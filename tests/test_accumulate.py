@@ -107,3 +107,20 @@ def test_accumulate_setting_and_global_batch(compose):
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ConfigError, match="train.accumulate"):
             TrainSettings(batch_size=8, accumulate=bad).check()
+
+
+def test_predicted_step_counts_every_micro_batch(compose):
+    """mode=predict: a step computes K micro-batches (the profile's compute is linear in the batch) and sends
+    one step's bytes; throughput counts the K x b samples of every process."""
+    from birder_repro.perf.predict import predict_record
+
+    def predicted(k: int) -> dict:
+        cfg = compose(["experiment=table1", "optim=sgdm", "nodes=1", "predict.profile=paper",
+                       "train.batch_size=32", f"train.accumulate={k}"])
+        return predict_record(OmegaConf.to_container(cfg, resolve=True))
+
+    one, eight = predicted(1), predicted(8)
+    assert (eight["batch_size"], eight["accumulate"], eight["global_batch_size"]) == (32, 8, 2048)
+    assert eight["intra_node_bytes_per_step"] == pytest.approx(one["intra_node_bytes_per_step"])
+    assert eight["step_time_s"]["compute"] > 5 * one["step_time_s"]["compute"]  # forward and backward x 8
+    assert eight["throughput_samples_per_s"] == pytest.approx(2048 / eight["step_time_s"]["total"])
