@@ -115,8 +115,9 @@ def run_step(task, model, optimizer, batch, device, comm, grad_clip: Optional[fl
     clock = bucket_clock(model)
     if clock is not None:
         clock.start(device)
-    precision.backward(loss * share if accumulated else loss)  # DDP's hook communicates here; backward returns
-    # when every bucket is reduced
+    # DDP's hook communicates here, once a step (on the micro-batches' sum); backward returns when every bucket
+    # is reduced
+    precision.backward(loss * share if accumulated else loss)
     precision.unscale_(optimizer)  # fp16: true gradients before their norm is clipped
     if grad_clip and grads_are_gradients(comm):
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
