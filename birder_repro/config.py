@@ -102,8 +102,10 @@ def world_size(cfg: DictConfig) -> int:
 
 
 def global_batch(cfg: DictConfig) -> int:
-    """Samples per optimizer step over all processes (``train.batch_size`` is per process)."""
-    return int(cfg.train.batch_size) * world_size(cfg)
+    """Samples per optimizer step over all processes (``train.batch_size`` is per process and micro-batch,
+    ``train.accumulate`` micro-batches make a step)."""
+    accumulate = OmegaConf.select(cfg, "train.accumulate", default=1) or 1
+    return int(cfg.train.batch_size) * world_size(cfg) * int(accumulate)
 
 
 def effective_lr(cfg: DictConfig) -> float:
@@ -274,6 +276,8 @@ def validate(cfg: DictConfig, references: Sequence[Any] = ()) -> None:
         check_types(cfg, references)
     _check_positive_int(cfg, "nodes")
     _check_positive_int(cfg, "train.batch_size")
+    if cfg.train.get("accumulate") is not None:
+        _check_positive_int(cfg, "train.accumulate")
     if cfg.train.get("steps") is not None:
         _check_positive_int(cfg, "train.steps")
     resolve_gpus_per_node(cfg.gpus_per_node, gpu_count=0)  # type check only; auto is always fine

@@ -145,6 +145,7 @@ def base_record(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "cluster": _cluster(cfg), "world_size": _try(lambda: layout.world_size(cfg)),
         "parallel": str(OmegaConf.select(cfg, "parallel", default="ddp")),
         "batch_size": cfg.train.batch_size, "global_batch_size": _try(lambda: layout.global_batch(cfg)),
+        "accumulate": OmegaConf.select(cfg, "train.accumulate", default=1),
         "lr": _try(lambda: effective_lr(cfg)), "versions": versions(), "git_sha": git_sha(),
         "precision": str(OmegaConf.select(cfg, "train.precision", default="fp32")),
         "run_dir": str(run_dir), "command": read_command(run_dir), "config": _plain(cfg),

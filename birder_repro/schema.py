@@ -78,8 +78,12 @@ KEYS: tuple[Key, ...] = (
     Key("world_size", "processes in the layout: nodes x gpus_per_node"),
     Key("parallel", "ddp (DDP and the scheme's hook) | fsdp (FSDP2, sharded inside each node: the 1-bit schemes' "
                     "exchange between nodes in its all-reduce hook, the baselines on native HSDP)", empty="ddp"),
-    Key("batch_size", "samples per step per process (train.batch_size)"),
-    Key("global_batch_size", "samples per step over all processes"),
+    Key("batch_size", "samples per micro-batch per process (train.batch_size; a step is one micro-batch unless "
+        "train.accumulate > 1)"),
+    Key("accumulate", "micro-batches per optimizer step and process (train.accumulate: gradient accumulation)",
+        empty=1),
+    Key("global_batch_size", "samples per optimizer step over all processes: batch_size x world_size x "
+        "accumulate"),
     Key("lr", "the peak learning rate the optimizer got (optim.lr, scaled by the global batch if asked)"),
     Key("data", "what the training data was, real or synthetic"),
     # ---- how long

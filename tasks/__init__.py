@@ -18,6 +18,7 @@ TASKS: dict[str, tuple[str, str]] = {
     "resnet20": ("resnet20", "ResNet20Task"),
     "resnet50": ("resnet50", "ResNet50Task"),
     "digits": ("digits", "DigitsTask"),
+    "fashion_mnist": ("fashion_mnist", "FashionMNISTTask"),
     "bert_squad": ("bert_squad", "BertSquadTask"),
     "bert_pretrain": ("bert_pretrain", "BertPretrainTask"),
     "lstm_ptb": ("lstm_ptb", "LSTMPTBTask"),

@@ -67,6 +67,7 @@ def predict_record(cfg: Any) -> dict[str, Any]:
 
         gpus = resolve_gpus_per_node(gpus)
     nodes, gpus, batch = int(c["nodes"]), int(gpus), int(train["batch_size"])
+    accumulate = int(train.get("accumulate") or 1)  # micro-batches a step: compute for batch x accumulate samples
     spec_file = (c.get("predict") or {}).get("cluster_spec")
     if spec_file:  # measured by mode=probe: its perf block replaces the cluster config's (its line rate too)
         from .probe import load_cluster_spec
@@ -85,7 +86,7 @@ def predict_record(cfg: Any) -> dict[str, Any]:
     parallel = str(c.get("parallel") or "ddp")
     scheme = scheme_for_optim(optim["name"], (optim.get("comm") or {}).get("scheme"), parallel)
     rank = int((optim.get("comm") or {}).get("rank", 1) or 1)
-    run = predict_run(profile, cluster, nodes, gpus, scheme, batch, rank,
+    run = predict_run(profile, cluster, nodes, gpus, scheme, batch * accumulate, rank,
                       warmup_fraction=_warmup_fraction(optim, scheme, train.get("steps")),
                       implementation=implementation)
     mean, stages = run["run"], run["stages"]
@@ -101,7 +102,8 @@ def predict_record(cfg: Any) -> dict[str, Any]:
         "world_size": nodes * gpus,
         "parallel": parallel,
         "batch_size": batch,
-        "global_batch_size": batch * nodes * gpus,
+        "accumulate": accumulate,
+        "global_batch_size": batch * nodes * gpus * accumulate,
         "throughput_samples_per_s": mean["throughput_samples_per_s"],
         "throughput_by_stage": by_stage,
         "step_time_s": {"total": mean["total_s"], "compute": mean["compute_s"],

@@ -122,7 +122,8 @@ def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir,
     run.tail = deque((tuple(t) for t in carried.get("tail") or ()), maxlen=max(1, math.ceil(LOSS_TAIL * steps)))
     if is_main:
         print(f"train: {steps} steps{f' from step {run.step}' if run.step else ''}, global batch "
-              f"{plan.global_batch} ({topology.world_size} processes x {settings.batch_size}); data: "
+              f"{plan.global_batch} ({topology.world_size} processes x {settings.batch_size}"
+              f"{f' x {settings.accumulate} micro-batches' if settings.accumulate > 1 else ''}); data: "
               f"{data.description}; throughput and step times leave out the first {timing.warmup_steps} steps",
               flush=True)
     logger = RunLogger(cfg, run_dir, enabled=is_main, clock=run.target.training_seconds)
@@ -135,23 +136,30 @@ def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir,
                                 count_skips=precision.scaler is None)
     try:
         model.train()
-        stream = batches(data, steps_per_epoch(data, int(data.train_size), plan.global_batch), run.step, device)
+        # train.accumulate micro-batches a step: the stream counts micro-batches (a resume starts at step x K)
+        k = settings.accumulate
+        stream = batches(data, steps_per_epoch(data, int(data.train_size), plan.global_batch // k), run.step * k,
+                         device)
         stop.in_loop()
         while run.step < steps:
             inject_fault(topology.rank, run.step + 1)  # tests only (BIRDER_TEST_FAULT)
             _stop_if_signalled(parts, run)  # collective: every rank stops after the same step
             t_data = time.perf_counter()
-            run.epoch, batch = next(stream)
+            micro = [next(stream) for _ in range(k)]  # (epoch, batch) each; the step's epoch is its last one's
+            run.epoch, batch = micro[-1]
+            accumulated = [b for _, b in micro[:-1]]
             data_wait = time.perf_counter() - t_data
             if timing.calibration_passes_at(run.step):
                 run.calibration += calibrate_forward_backward(task, model, batch, device,
-                                                              timing.calibration_passes_at(run.step), precision)
+                                                              timing.calibration_passes_at(run.step), precision,
+                                                              accumulated)
             lr = _set_lr(optimizer, base_lrs, run.step, steps, settings.schedule)
             stage = stage_of(comm, run.step)
             if not probing and timing.timed(run.step):
                 start_probes(probes)
                 probing = True
-            result = run_step(task, model, optimizer, batch, device, comm, settings.grad_clip, precision)
+            result = run_step(task, model, optimizer, batch, device, comm, settings.grad_clip, precision,
+                              accumulated)
             _record_step(run, timing, result, stage, data_wait)
             diverging.after_step(run.step, result.loss_sum, comm, lr, stage)
             progress.step()
@@ -270,6 +278,7 @@ def _finish(p: _Parts, run: _Run, timing: StepPlan, plan: RunPlan) -> tuple[dict
         "samples": int(round(samples)),
         "epochs_trained": samples / p.data.train_size if p.data.train_size else None,
         "batch_size": p.settings.batch_size,
+        "accumulate": p.settings.accumulate,
         "global_batch_size": plan.global_batch,
         "data": p.data.description,
         "timing_warmup_steps": timing.warmup_steps,

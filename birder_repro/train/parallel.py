@@ -17,8 +17,9 @@ The schemes without an FSDP path (torch's PowerSGD and fp16 compression hooks) a
 
 What the loop needs of the model besides forward is kept as under DDP: ``model.no_sync()`` for the compute
 calibration passes (FSDP's ``set_requires_gradient_sync(False)``; the gradients those passes leave unreduced
-are dropped), and ``model.eval_module()`` for evaluation: a plain copy of the model with the whole parameters,
-since the ranks' evaluation shards may differ by a batch and an FSDP forward is collective.
+are dropped), ``model.accumulating()`` for gradient accumulation (the same switch, the gradients kept), and
+``model.eval_module()`` for evaluation: a plain copy of the model with the whole parameters, since the ranks'
+evaluation shards may differ by a batch and an FSDP forward is collective.
 """
 
 from __future__ import annotations
@@ -118,8 +119,20 @@ def _build_fsdp(cfg, task, model, device, topology, ocfg, scheme: str, is_main: 
     else:
         state = fsdp.attach_hsdp(model, mesh)
     model.no_sync = lambda: _no_sync(model)  # what the loop's compute calibration uses (DDP's name)
+    model.accumulating = lambda: _accumulating(model)  # train.accumulate: the micro-batches before the last
     model.eval_module = _EvalCopy(task, cfg, model, device)
     return model, opt, state
+
+
+@contextlib.contextmanager
+def _accumulating(model):
+    """Backward without FSDP's reduction (so without the hooks), its unreduced gradients kept: the next backward
+    with the sync switched back on reduces (and hands the hooks) their sum, once (``train.accumulate``)."""
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
 
 
 @contextlib.contextmanager

@@ -121,7 +121,8 @@ def measured_profile(cfg, record: dict[str, Any], *, bucket_steps: Sequence, bac
     backward = min(max(backward_s, 1e-9), fb)
     profile = Profile(
         name=f"run:{cfg.task.name}/{cfg.optim.name}/{nodes}x{gpus_per_node}", device=device,
-        task=str(cfg.task.name), batch_size=int(record["batch_size"]), forward_backward_s=float(fb),
+        task=str(cfg.task.name), forward_backward_s=float(fb),  # fb: all micro-batches of a step (train.accumulate)
+        batch_size=int(record["batch_size"]) * int(record.get("accumulate") or 1),
         parameter_count=int(params), optimizer_s=max(optimizer_s, 0.0), backward_fraction=backward / fb,
         bucket_elements=buckets, bucket_ready=[min(t / backward, 1.0) for t in ready_s],
         compression_s_per_element=(_lone_onebit(buckets, torch_device or "cpu") if scheme == "onebit" and nodes * gpus_per_node == 1

@@ -44,7 +44,8 @@ def _whole(key: str, value: Any, minimum: int, allow_none: bool = False) -> Opti
 class TrainSettings:
     """The ``train:`` node of conf/config.yaml (see the comments there), checked; defaults are that file's."""
 
-    batch_size: int  # per process
+    batch_size: int  # per process, per micro-batch
+    accumulate: int = 1  # micro-batches per optimizer step (gradient accumulation; the hooks run once a step)
     steps: Optional[int] = None  # None: ``epochs`` passes over the training set
     epochs: float = 1.0
     schedule: Mapping[str, Any] = field(default_factory=lambda: {"name": "constant"})  # birder_repro.schedule
@@ -82,6 +83,7 @@ class TrainSettings:
     def check(self) -> None:
         """Refuse values the loop cannot use, naming the key; raises :class:`ConfigError`."""
         _whole("batch_size", self.batch_size, 1)
+        _whole("accumulate", self.accumulate, 1)
         _whole("steps", self.steps, 1, allow_none=True)
         if self.steps is None and not (isinstance(self.epochs, (int, float)) and self.epochs > 0):
             raise ConfigError(f"train.epochs={self.epochs!r}: give a number of passes > 0 (or train.steps)")
@@ -111,8 +113,8 @@ class TrainSettings:
             raise ConfigError(f"train.schedule.name={name!r} is not one of: {', '.join(SCHEDULES)}")
 
     def global_batch(self, world_size: int) -> int:
-        """Samples per optimizer step over all processes."""
-        return self.batch_size * world_size
+        """Samples per optimizer step over all processes: the micro-batch x processes x micro-batches a step."""
+        return self.batch_size * world_size * self.accumulate
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -22,7 +22,8 @@ from birder_repro.train.precision import Precision
 from birder_repro.train.rng import rng_state, set_rng_state
 from birder_repro.train.settings import TrainSettings
 
-__all__ = ["StepResult", "StepPlan", "run_step", "calibrate_forward_backward", "stage_of", "grads_are_gradients"]
+__all__ = ["StepResult", "StepPlan", "run_step", "accumulating", "calibrate_forward_backward", "stage_of",
+           "grads_are_gradients"]
 
 
 def _sync(device: torch.device) -> None:
@@ -71,23 +72,52 @@ class StepResult:
     collectives: float = 0.0  # seconds in the hook's collectives during the step (hidden by overlap or not)
 
 
+def accumulating(model) -> contextlib.AbstractContextManager:
+    """Backward without the gradient exchange, its gradients kept to add up with the next backward's: DDP's
+    ``no_sync()``, FSDP2's gradient-sync switch (``model.accumulating``, train/parallel.py; FSDP's ``no_sync``
+    there drops the gradients, as the compute calibration wants). No hook runs inside it."""
+    maker = getattr(model, "accumulating", None) or getattr(model, "no_sync", None)
+    return maker() if maker is not None else contextlib.nullcontext()
+
+
+def _accumulate(task, model, micro_batches, device, precision: Precision, share: float) -> tuple[float, int]:
+    """Forward and backward of the step's first micro-batches, without communication: each one's loss is
+    scaled by ``share`` (1 / train.accumulate), so that the summed gradients are those of one batch K times
+    as large. Returns their (loss x samples, samples)."""
+    loss_sum, samples = 0.0, 0
+    for batch in micro_batches:
+        with accumulating(model):
+            with precision.autocast():
+                loss, n = task.loss(model, batch, device)
+            precision.backward(loss * share)
+        loss_sum, samples = loss_sum + float(loss.detach()) * n, samples + int(n)
+    return loss_sum, samples
+
+
 def run_step(task, model, optimizer, batch, device, comm, grad_clip: Optional[float] = None,
-             precision: Optional[Precision] = None) -> StepResult:
+             precision: Optional[Precision] = None, accumulated: Sequence = ()) -> StepResult:
     """One optimizer step, timed; the counters of ``comm`` read around it.
 
     ``grad_clip``: the global norm the averaged gradients are clipped to before the step (AWD-LSTM's 0.25,
     torchvision's ViT recipe's 1.0), where they are gradients (:func:`grads_are_gradients`). ``precision``:
-    ``train.precision`` (:mod:`birder_repro.train.precision`; fp32 when not given).
+    ``train.precision`` (:mod:`birder_repro.train.precision`; fp32 when not given). ``accumulated``: the
+    step's micro-batches before ``batch`` (``train.accumulate`` - 1 of them): their gradients add up locally,
+    and the exchange (the hook, once) runs in ``batch``'s backward, on the sum; every loss is divided by the
+    number of micro-batches, as one batch that many times larger would average it.
     """
     precision = precision or Precision("fp32", device)
+    share = 1.0 / (len(accumulated) + 1)
     before = _counters(comm)
     t0 = _now(device)
+    early_loss, early_samples = _accumulate(task, model, accumulated, device, precision, share)
     with precision.autocast():
         loss, n = task.loss(model, batch, device)
     clock = bucket_clock(model)
     if clock is not None:
         clock.start(device)
-    precision.backward(loss)  # DDP's hook communicates here; backward returns when every bucket is reduced
+    # DDP's hook communicates here, once a step (on the micro-batches' sum); backward returns when every bucket
+    # is reduced
+    precision.backward(loss * share if accumulated else loss)
     precision.unscale_(optimizer)  # fp16: true gradients before their norm is clipped
     if grad_clip and grads_are_gradients(comm):
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
@@ -99,7 +129,8 @@ def run_step(task, model, optimizer, batch, device, comm, grad_clip: Optional[fl
     after = _counters(comm)
     # Compression or communication that the scheme counts inside optimizer.step() is not computation.
     in_optimizer = (after[2] - mid[2]) + (after[3] - mid[3])
-    return StepResult(loss_sum=float(loss.detach()) * n, samples=int(n), seconds=t2 - t0,
+    return StepResult(loss_sum=early_loss + float(loss.detach()) * n, samples=early_samples + int(n),
+                      seconds=t2 - t0,
                       optimizer=max(0.0, (t2 - t1) - in_optimizer), compression=after[2] - before[2],
                       intra_bytes=after[0] - before[0], inter_bytes=after[1] - before[1],
                       collectives=after[3] - before[3],
@@ -139,9 +170,10 @@ class StepPlan:
 
 
 def calibrate_forward_backward(task, model, batch, device: torch.device, passes: int,
-                               precision: Optional[Precision] = None) -> list[tuple[float, float]]:
+                               precision: Optional[Precision] = None,
+                               accumulated: Sequence = ()) -> list[tuple[float, float]]:
     """(forward + backward, backward) seconds of ``passes`` passes without communication, leaving no trace on
-    training.
+    training. Each pass covers the whole step: the ``accumulated`` micro-batches and ``batch``.
 
     Under ``no_sync`` DDP runs no hook. Gradients are dropped, and buffers (BatchNorm's running statistics)
     and RNG states (dropout) restored, so the run continues exactly as if this had not happened.
@@ -152,13 +184,16 @@ def calibrate_forward_backward(task, model, batch, device: torch.device, passes:
     times = []
     with getattr(model, "no_sync", contextlib.nullcontext)():
         for _ in range(passes):
-            t0 = _now(device)
-            with (precision or Precision("fp32", device)).autocast():  # as the training step computes
-                loss, _ = task.loss(model, batch, device)
-            t1 = _now(device)
-            loss.backward()
-            t2 = _now(device)
-            times.append((t2 - t0, t2 - t1))
+            total = backward = 0.0
+            for micro in (*accumulated, batch):
+                t0 = _now(device)
+                with (precision or Precision("fp32", device)).autocast():  # as the training step computes
+                    loss, _ = task.loss(model, micro, device)
+                t1 = _now(device)
+                loss.backward()
+                t2 = _now(device)
+                total, backward = total + (t2 - t0), backward + (t2 - t1)
+            times.append((total, backward))
     for p in module.parameters():
         p.grad = None
     with torch.no_grad():

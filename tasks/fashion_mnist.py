@@ -1,0 +1,195 @@
+"""Fashion-MNIST with an MLP whose gradient is large beside its compute: the real-data task where communication
+dominates a step, the regime of the Birder paper's claim.
+
+Not an experiment of the Birder paper. Where compression pays is a ratio: gradient bytes per step over the
+link rate against compute per step. The paper's ResNet-50 sends 102 MB a step on 10 GbE and SGDM spends 60 %
+of a 2-node step communicating (Table 3); digits' 0.12 MB never leave the latency-bound regime. This task's
+model sends 23 MB of fp32 gradient a step for little compute, so that on the emulated cluster at 100 Mbit/s
+SGDM's step is mostly communication, as the paper's are (docs/tasks.md, "fashion_mnist").
+
+Data: Fashion-MNIST (Xiao, Rasul and Vollgraf 2017: 60,000 train / 10,000 test 28x28 grayscale images of 10
+clothing classes) in its original IDX files, gzipped, as Debian's package ``dataset-fashion-mnist`` installs
+them (``/usr/share/datasets/fashion-mnist/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz``; the dataset's own
+release has the same names). Each file is decompressed into a temporary file and parsed by torchvision's own IDX
+reader (``torchvision.datasets.mnist.read_image_file`` / ``read_label_file``, which open plain files only);
+torchvision's ``FashionMNIST`` class itself wants its ``FashionMNIST/raw/`` folder of decompressed files, which
+the Debian layout is not. A validation split of ``data.val_size`` training images (chosen by a permutation with
+the fixed seed ``data.split_seed``) is never trained on; ``data.eval_set`` scores runs on it (``val``: for
+tuning) or on the test set (``test``). ``data.source=synthetic`` gives class-conditional images of the same
+shape (tasks.common.SyntheticImages).
+
+Model: a multilayer perceptron 784-2048-2048-10 (each hidden layer linear, batch norm, ReLU): 5,828,618
+parameters, 23.3 MB of fp32 gradient a step, for about one multiply-add per parameter and sample in forward
+(a CNN of the same gradient size computes several times more: its convolutions reuse their weights at every
+pixel: a two-convolution CNN with 3.3M parameters was predicted to spend 1.9x as long computing as
+communicating, 2 nodes at 100 Mbit/s). ``model.size=tiny`` (128 units) is for tests and smoke runs.
+Loss and metric: cross-entropy, top-1 accuracy in percent (tasks.common.ClassificationTask). Defaults:
+conf/task/fashion_mnist.yaml; per-optimizer starting values: conf/recipe/fashion_mnist/.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import tempfile
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+from torchvision.datasets.mnist import read_image_file, read_label_file
+
+from birder_repro.tasks.base import DatasetNotFound, TaskData
+from birder_repro.tasks.common import (ClassificationTask, SyntheticImages, build_by_source, eval_loader,
+                                       pick_size, synthetic_description, train_loader)
+
+# model.size -> units of the two hidden layers.
+SIZES = {"full": (2048, 2048), "tiny": (128, 128)}
+
+# Pixel mean and std of the 60,000 training images scaled to [0, 1] (Fashion-MNIST's usual constants): fixed,
+# so that train, validation, test and synthetic images see the same input scale.
+FASHION_MEAN, FASHION_STD = 0.2860, 0.3530
+NUM_CLASSES = 10
+
+# The files of the dataset's release and of Debian's package, by split.
+FILES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+         "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")}
+DEBIAN_ROOT = "/usr/share/datasets/fashion-mnist"
+INSTALL_HINT = "or install Debian's copy: apt-get install dataset-fashion-mnist"
+EVAL_SETS = ("test", "val")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Model
+
+
+def _hidden(cin: int, cout: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(cin, cout, bias=False), nn.BatchNorm1d(cout), nn.ReLU(inplace=True))
+
+
+class FashionMLP(nn.Module):
+    """784-2048-2048-10: every multiply-add is in a matrix product, one per parameter and sample, so compute is
+    as small as a gradient of this size allows. Batch norm keeps sign-based updates (Birder's) from blowing
+    activations up, as in the digits CNN."""
+
+    def __init__(self, widths: tuple[int, ...] = SIZES["full"], num_classes: int = NUM_CLASSES):
+        super().__init__()
+        sizes = (28 * 28, *widths)
+        self.hidden = nn.Sequential(*(_hidden(a, b) for a, b in zip(sizes, sizes[1:])))
+        self.fc = nn.Linear(sizes[-1], num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.hidden(torch.flatten(x, 1)))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Data
+
+
+def fashion_root(cfg) -> str:
+    """``data.root``; null: ``$BIRDER_DATA/fashion-mnist``, or Debian's copy where only that one exists."""
+    if cfg.data.get("root"):
+        return str(cfg.data.root)
+    own = os.path.join(os.environ.get("BIRDER_DATA", "data"), "fashion-mnist")
+    return DEBIAN_ROOT if not os.path.isdir(own) and os.path.isdir(DEBIAN_ROOT) else own
+
+
+def check_files(root: str) -> None:
+    """Every IDX file is there; the first missing one is a :class:`DatasetNotFound` naming it (one line)."""
+    for names in FILES.values():
+        for name in names:
+            path = os.path.join(root, name)
+            if not os.path.isfile(path):
+                raise DatasetNotFound("Fashion-MNIST's IDX file", path, INSTALL_HINT)
+
+
+def read_idx_gz(path: str, reader) -> torch.Tensor:
+    """A gzipped IDX file parsed by torchvision's ``reader`` (it opens plain files only: decompress first)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = os.path.join(tmp, os.path.basename(path).removesuffix(".gz"))
+        with gzip.open(path, "rb") as src, open(plain, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        return reader(plain)
+
+
+def _normalized(images: torch.Tensor) -> torch.Tensor:
+    """uint8 (N, 28, 28) -> normalized float (N, 1, 28, 28)."""
+    return (images.unsqueeze(1).float() / 255.0 - FASHION_MEAN) / FASHION_STD
+
+
+def read_split(root: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(images, labels) of ``train`` or ``test``, normalized, with their counts checked against each other."""
+    image_file, label_file = (os.path.join(root, name) for name in FILES[split])
+    images, labels = read_idx_gz(image_file, read_image_file), read_idx_gz(label_file, read_label_file)
+    if images.shape[0] != labels.shape[0] or images.shape[1:] != (28, 28):
+        raise ValueError(f"{image_file}: {tuple(images.shape)} images against {labels.shape[0]} labels in "
+                         f"{label_file}; expected N x 28 x 28 with one label each (a damaged copy? reinstall it)")
+    return _normalized(images), labels
+
+
+def val_indices(n: int, val_size: int, split_seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train, val) indices of ``n`` training images: the last ``val_size`` of a permutation seeded with
+    ``split_seed``, the same for every run, so that tuning never sees the test set nor trains on its own scores."""
+    if not 0 <= val_size < n:
+        raise ValueError(f"data.val_size={val_size}: use 0 to {n - 1} (the training set holds {n} images)")
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(split_seed))
+    return order[:n - val_size].sort().values, order[n - val_size:].sort().values
+
+
+def eval_set_of(cfg) -> str:
+    choice = str(cfg.data.eval_set)
+    if choice not in EVAL_SETS:
+        raise ValueError(f"data.eval_set={choice!r}: use test (the reported score) or val (tuning)")
+    return choice
+
+
+def build_real(cfg, rank: int, world_size: int) -> TaskData:
+    root = fashion_root(cfg)
+    check_files(root)
+    choice = eval_set_of(cfg)
+    images, labels = read_split(root, "train")
+    train_idx, val_idx = val_indices(len(labels), int(cfg.data.val_size), int(cfg.data.split_seed))
+    train_set = TensorDataset(images[train_idx], labels[train_idx])
+    eval_set = TensorDataset(images[val_idx], labels[val_idx]) if choice == "val" else \
+        TensorDataset(*read_split(root, "test"))
+    loader, sampler = train_loader(train_set, cfg, rank, world_size)
+    description = (f"Fashion-MNIST (real, IDX files) from {root}: {len(train_set)} train images "
+                   f"({len(val_idx)} held out for validation, seed {cfg.data.split_seed}), evaluated on the "
+                   f"{choice} set of {len(eval_set)} images")
+    return TaskData(loader, eval_loader(eval_set, cfg, rank, world_size), len(train_set), description, sampler)
+
+
+def build_synthetic(cfg, rank: int, world_size: int) -> TaskData:
+    """Fashion-MNIST-shaped (1x28x28) class-conditional images."""
+    shape, classes, seed = (1, 28, 28), int(cfg.model.num_classes), int(cfg.seed)
+    train_set = SyntheticImages(cfg.data.synthetic_train_size, classes, shape, seed, "train")
+    eval_set = SyntheticImages(cfg.data.synthetic_eval_size, classes, shape, seed, "eval")
+    loader, sampler = train_loader(train_set, cfg, rank, world_size)
+    what = f"Fashion-MNIST-shaped class-conditional images (1x28x28, {classes} classes)"
+    description = synthetic_description(what, cfg, len(train_set), len(eval_set))
+    return TaskData(loader, eval_loader(eval_set, cfg, rank, world_size), len(train_set), description, sampler)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Task
+
+
+class FashionMNISTTask(ClassificationTask):
+    """A wide MLP on Fashion-MNIST: real data in the bandwidth-bound regime."""
+
+    name = "fashion_mnist"
+    baseline = "sgdm"
+    metrics = ("top1",)
+    headline_metric = "top1"
+
+    def fsdp_units(self, model: nn.Module) -> list[nn.Module]:
+        return list(model.hidden)  # the hidden layers
+
+    def build_model(self, cfg) -> nn.Module:
+        return FashionMLP(pick_size(cfg.model.size, SIZES), int(cfg.model.num_classes))
+
+    def build_data(self, cfg, rank: int, world_size: int) -> TaskData:
+        return build_by_source(cfg, rank, world_size, {"real": build_real, "synthetic": build_synthetic})
+
+    def check_data(self, cfg) -> None:
+        check_files(fashion_root(cfg))
