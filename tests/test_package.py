@@ -32,6 +32,9 @@ pytestmark = pytest.mark.skipif(
 
 
 def _run(argv: list, cwd: Path, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``argv`` in ``cwd``; never with PYTHONPATH (which may point at the checkout: pip would then take the
+    checkout's birder_repro for an installed one and skip the wheel)."""
+    env = env if env is not None else {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     out = subprocess.run([str(a) for a in argv], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
     assert out.returncode == 0, f"{argv}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
     return out
