@@ -98,6 +98,7 @@ def test_a_hung_peer_ends_the_run_after_train_timeout_s_naming_rank_and_collecti
     assert "train.timeout_s=5" in rec["error"] and "\n" not in rec["error"]
 
 
+@pytest.mark.slow  # 45 s; the hung peer's timeout line stays in the default run (the test above)
 def test_a_hung_peer_is_restarted_with_max_restarts(tmp_path):
     out = birder_repro(*TINY, "nodes=2", "gpus_per_node=1", "train.steps=6", "train.checkpoint_every=2",
                        "train.timeout_s=5", "train.max_restarts=1", "train.stop_timeout_s=3",
