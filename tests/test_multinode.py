@@ -60,7 +60,6 @@ def _two_nodes(args: list[str], runs: Path, tmp: Path, name: str, **env: str) ->
     return [_start([*args, f"launcher.node_rank={k}"], _env(runs, **env), tmp / f"{name}{k}.out") for k in (0, 1)]
 
 
-@pytest.mark.slow
 def test_two_node_run_is_one_directory_stops_on_sigint_and_resumes_bit_exactly(tmp_path):
     """Node 0 and node 1 of one run share one directory (every rank's checkpoint file, one record); SIGINT to
     both stops every rank after step 9 (rank 0 waits there for it, BIRDER_TEST_FAULT) with a checkpoint and an

@@ -318,7 +318,6 @@ JOB_RUNNER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow
 def test_a_job_signalled_before_its_time_limit_saves_is_requeued_resumes_and_completes(runs_dir, tmp_path):
     """The whole path through stand-ins for sbatch, srun and scontrol: submitted by the CLI; USR1 when rank 0
     holds before step 6 (BIRDER_TEST_FAULT=wait); the batch shell stops the step, the workers checkpoint step 5
