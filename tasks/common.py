@@ -215,15 +215,22 @@ def build_imagenet(cfg, rank: int, world_size: int) -> TaskData:
     return TaskData(loader, eval_loader(val_set, cfg, rank, world_size), len(train_set), description, sampler)
 
 
-def build_imagenet_synthetic(cfg, rank: int, world_size: int) -> TaskData:
-    """ImageNet-shaped (3 x image_size x image_size) class-conditional images."""
-    size, classes, seed = int(cfg.data.image_size), int(cfg.model.num_classes), int(cfg.seed)
-    train_set = SyntheticImages(cfg.data.synthetic_train_size, classes, (3, size, size), seed, "train")
-    eval_set = SyntheticImages(cfg.data.synthetic_eval_size, classes, (3, size, size), seed, "eval")
+def synthetic_image_data(cfg, rank: int, world_size: int, shape: tuple[int, ...], like: str) -> TaskData:
+    """Class-conditional synthetic images of ``shape`` (C, H, W) for a task whose real data is ``like``: the image
+    tasks' one synthetic source (train and eval drawn apart from the run's seed)."""
+    classes, seed = int(cfg.model.num_classes), int(cfg.seed)
+    train_set = SyntheticImages(cfg.data.synthetic_train_size, classes, shape, seed, "train")
+    eval_set = SyntheticImages(cfg.data.synthetic_eval_size, classes, shape, seed, "eval")
     loader, sampler = train_loader(train_set, cfg, rank, world_size)
-    what = f"ImageNet-shaped class-conditional images (3x{size}x{size}, {classes} classes)"
+    what = f"{like}-shaped class-conditional images ({'x'.join(map(str, shape))}, {classes} classes)"
     description = synthetic_description(what, cfg, len(train_set), len(eval_set))
     return TaskData(loader, eval_loader(eval_set, cfg, rank, world_size), len(train_set), description, sampler)
+
+
+def build_imagenet_synthetic(cfg, rank: int, world_size: int) -> TaskData:
+    """ImageNet-shaped (3 x image_size x image_size) class-conditional images."""
+    size = int(cfg.data.image_size)
+    return synthetic_image_data(cfg, rank, world_size, (3, size, size), "ImageNet")
 
 
 # --------------------------------------------------------------------------------------------------------------

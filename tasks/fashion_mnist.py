@@ -40,8 +40,8 @@ from torch.utils.data import TensorDataset
 from torchvision.datasets.mnist import read_image_file, read_label_file
 
 from birder_repro.tasks.base import DatasetNotFound, TaskData
-from birder_repro.tasks.common import (ClassificationTask, SyntheticImages, build_by_source, eval_loader,
-                                       pick_size, synthetic_description, train_loader)
+from birder_repro.tasks.common import (ClassificationTask, build_by_source, eval_loader, pick_size,
+                                       synthetic_image_data, train_loader)
 
 # model.size -> units of the two hidden layers.
 SIZES = {"full": (2048, 2048), "tiny": (128, 128)}
@@ -161,13 +161,7 @@ def build_real(cfg, rank: int, world_size: int) -> TaskData:
 
 def build_synthetic(cfg, rank: int, world_size: int) -> TaskData:
     """Fashion-MNIST-shaped (1x28x28) class-conditional images."""
-    shape, classes, seed = (1, 28, 28), int(cfg.model.num_classes), int(cfg.seed)
-    train_set = SyntheticImages(cfg.data.synthetic_train_size, classes, shape, seed, "train")
-    eval_set = SyntheticImages(cfg.data.synthetic_eval_size, classes, shape, seed, "eval")
-    loader, sampler = train_loader(train_set, cfg, rank, world_size)
-    what = f"Fashion-MNIST-shaped class-conditional images (1x28x28, {classes} classes)"
-    description = synthetic_description(what, cfg, len(train_set), len(eval_set))
-    return TaskData(loader, eval_loader(eval_set, cfg, rank, world_size), len(train_set), description, sampler)
+    return synthetic_image_data(cfg, rank, world_size, (1, 28, 28), "Fashion-MNIST")
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -30,8 +30,8 @@ from torch import nn
 from torchvision import datasets, transforms
 
 from birder_repro.tasks.base import DatasetNotFound, TaskData
-from birder_repro.tasks.common import (ClassificationTask, SyntheticImages, build_by_source, check_labels_fit,
-                                       eval_loader, pick_size, synthetic_description, train_loader)
+from birder_repro.tasks.common import (ClassificationTask, build_by_source, check_labels_fit, eval_loader,
+                                       pick_size, synthetic_image_data, train_loader)
 
 # model.size -> (basic blocks per stage, channels per stage). tiny is a ResNet-8 of half the width, for CPU
 # smoke runs: the same code, only chosen explicitly.
@@ -180,13 +180,7 @@ def build_cifar100(cfg, rank: int, world_size: int) -> TaskData:
 
 def build_synthetic(cfg, rank: int, world_size: int) -> TaskData:
     """CIFAR-shaped (3x32x32) class-conditional images; data.augment does not apply to them."""
-    shape, classes, seed = (3, 32, 32), int(cfg.model.num_classes), int(cfg.seed)
-    train_set = SyntheticImages(cfg.data.synthetic_train_size, classes, shape, seed, "train")
-    eval_set = SyntheticImages(cfg.data.synthetic_eval_size, classes, shape, seed, "eval")
-    loader, sampler = train_loader(train_set, cfg, rank, world_size)
-    what = f"CIFAR-100-shaped class-conditional images (3x32x32, {classes} classes)"
-    description = synthetic_description(what, cfg, len(train_set), len(eval_set))
-    return TaskData(loader, eval_loader(eval_set, cfg, rank, world_size), len(train_set), description, sampler)
+    return synthetic_image_data(cfg, rank, world_size, (3, 32, 32), "CIFAR-100")
 
 
 # --------------------------------------------------------------------------------------------------------------
