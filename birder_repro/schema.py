@@ -88,6 +88,10 @@ KEYS: tuple[Key, ...] = (
     Key("data", "what the training data was, real or synthetic"),
     # ---- how long
     Key("steps", "optimizer steps of the whole run"),
+    Key("planned_steps", "the run's planned length (train.steps or epochs): the schedule's length; more than "
+        "steps when train.stop_at_target ended it at the target"),
+    Key("stopped_at_target", "train.stop_at_target ended the run at the first evaluation that reached the target",
+        empty=False),
     Key("resumed_from_step", "the checkpoint's step a resumed run started from; null when not resumed"),
     Key("restarts", "times torchrun restarted the workers after a failure (train.max_restarts)", empty=0),
     Key("nonfinite_steps", "steps skipped on every rank because some rank's gradient held a NaN or Inf (the "

@@ -160,6 +160,8 @@ def format_summary(record: Mapping[str, Any]) -> str:
     status_line = f"status:     {get(record, 'status', default='completed')}"
     if get(record, "steps") is not None:
         status_line += f", {record['steps']} steps"
+        if get(record, "stopped_at_target"):
+            status_line += f" (ended at its target: train.stop_at_target; {get(record, 'planned_steps')} planned)"
     if get(record, "samples") is not None:
         status_line += f", {record['samples']} samples"
     if get(record, "global_batch_size") is not None:

@@ -82,6 +82,16 @@ class FashionMLP(nn.Module):
         return self.fc(self.hidden(torch.flatten(x, 1)))
 
 
+def model_widths(cfg) -> tuple[int, int]:
+    """The two hidden layers' units: ``model.width`` where given, else ``model.size``'s preset."""
+    width = cfg.model.get("width")
+    if width is None:
+        return pick_size(cfg.model.size, SIZES)
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        raise ValueError(f"model.width={width!r}: give the hidden layers' units (an integer >= 1), or null")
+    return (width, width)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Data
 
@@ -180,7 +190,7 @@ class FashionMNISTTask(ClassificationTask):
         return list(model.hidden)  # the hidden layers
 
     def build_model(self, cfg) -> nn.Module:
-        return FashionMLP(pick_size(cfg.model.size, SIZES), int(cfg.model.num_classes))
+        return FashionMLP(model_widths(cfg), int(cfg.model.num_classes))
 
     def build_data(self, cfg, rank: int, world_size: int) -> TaskData:
         return build_by_source(cfg, rank, world_size, {"real": build_real, "synthetic": build_synthetic})

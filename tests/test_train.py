@@ -171,11 +171,26 @@ def runs(tmp_path_factory):
                           schedule=schedule)
     no_eval_dir = tmp / "no-eval"  # train.eval=false: no evaluation at all, those every eval_every steps too
     no_eval = make_config(no_eval_dir, logger="none", steps=4, eval_every=2, eval=False)
+    at_target_dir = tmp / "at-target"  # train.stop_at_target: a target any evaluation reaches ends it at step 2
+    at_target = make_config(at_target_dir, logger="none", steps=8, eval_every=2, stop_at_target=True)
+    with open_dict(at_target):
+        at_target.task.target = {"metric": "top1", "value": 0.0, "direction": "higher"}
     by_rank = run_distributed(_train_worker, 2, [(OmegaConf.to_yaml(c), str(d)) for c, d in
                                                  ((full, full_dir), (resumed, resumed_dir),
-                                                  (no_eval, no_eval_dir))], env)
+                                                  (no_eval, no_eval_dir), (at_target, at_target_dir))], env)
     return {"full": (full_dir, [r[0] for r in by_rank]), "resumed": (resumed_dir, [r[1] for r in by_rank]),
-            "no_eval": (no_eval_dir, [r[2] for r in by_rank])}
+            "no_eval": (no_eval_dir, [r[2] for r in by_rank]), "at_target": (at_target_dir, [r[3] for r in by_rank])}
+
+
+def test_stop_at_target_ends_every_rank_at_the_first_reaching_evaluation(runs):
+    _, [(record, _), (record1, _)] = runs["at_target"]
+    for rec in (record, record1):  # reached at step 2; the first timed step (the 3rd) comes before the stop
+        assert (rec["steps"], rec["planned_steps"], rec["stopped_at_target"]) == (3, 8, True)
+        assert rec["time_to_target"]["reached"] and rec["time_to_target"]["step"] == 2
+        assert rec["timed_steps"] == 1 and rec["compute_calibration_passes"] > 0
+    assert "3 steps (ended at its target: train.stop_at_target; 8 planned)" in format_summary(record)
+    _, [(full, _), _] = runs["full"]
+    assert (full["steps"], full["planned_steps"], full["stopped_at_target"]) == (12, 12, False)
 
 
 def test_eval_false_turns_off_the_evaluations_during_training_too(runs):

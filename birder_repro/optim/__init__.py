@@ -43,6 +43,9 @@ OPTIMIZERS: Registry[OptimInfo] = Registry("optimizer", [
     OptimInfo("birder", build_birder, "birder", "Birder with the Hierarchical-1-bit-All-Reduce hook"),
     OptimInfo("onebit_adam", build_onebit_adam, "onebit",
               "1-bit Adam: Adam warmup, then frozen variance and 1-bit compressed momentum all-reduce"),
+    OptimInfo("onebit_adam_precond", build_onebit_adam, "onebit",
+              "1-bit Adam compressing the preconditioned momentum m / sqrt(v) (its opt-in setting, "
+              "docs/optimizers.md): a peer of its own, so that it has recipes and tuned values of its own"),
     OptimInfo("onebit_lamb", build_onebit_lamb, "onebit",
               "1-bit LAMB: LAMB warmup, then frozen variance, 1-bit compressed momentum and scaling ratios"),
     OptimInfo("bertadam", build_bertadam, "allreduce",

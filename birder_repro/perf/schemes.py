@@ -257,7 +257,7 @@ def scheme_for_optim(optim_name: str, comm_scheme: Optional[str] = None, paralle
         return FSDP_SCHEMES[ddp]
     if optim_name == "birder":
         return comm_scheme or "hierarchical"
-    if optim_name in ("onebit_adam", "onebit_lamb"):
+    if optim_name in ("onebit_adam", "onebit_adam_precond", "onebit_lamb"):
         return "onebit"
     if optim_name.endswith("_powersgd"):
         return "powersgd"

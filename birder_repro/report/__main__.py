@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 
 import pandas as pd
 
-from . import documents, figures, paper, tables
+from . import crossover, documents, figures, paper, tables, tuning
 from . import target as time_to_target
 from .cells import select_runs
 from .display import to_latex
@@ -68,9 +68,18 @@ def write_task_files(out: Path, frame: pd.DataFrame, cells: pd.DataFrame, left: 
     return written
 
 
+def figure_files(draw, figures_dir: Optional[Path]) -> list[Path]:
+    """``draw(figures_dir)``'s files, or nothing where there is no directory or no matplotlib."""
+    if figures_dir is None or not figures.have_matplotlib():
+        return []
+    return draw(figures_dir)
+
+
 def write_overview(out: Path, frame: pd.DataFrame, cells: pd.DataFrame, left: pd.DataFrame, mode: str,
-                   task_files: list[Path], paper_dir: Optional[str]) -> list[Path]:
-    """tables/summary.md|csv, left_out.csv and tables/paper_comparison.md|csv."""
+                   task_files: list[Path], paper_dir: Optional[str],
+                   figures_dir: Optional[Path] = None) -> list[Path]:
+    """tables/summary.md|csv, left_out.csv, time_to_target, tuning and crossover (with its figure) and
+    tables/paper_comparison.md|csv."""
     written: list[Path] = []
     md_names = [p.name for p in task_files if p.suffix == ".md"]
     _write(out / "summary.md", documents.summary_markdown(frame, cells, left, mode, md_names), written)
@@ -86,6 +95,15 @@ def write_overview(out: Path, frame: pd.DataFrame, cells: pd.DataFrame, left: pd
         _write(out / "time_to_target.md", time_to_target.target_markdown(rows), written)
         if not rows.empty:
             _write(out / "time_to_target.csv", time_to_target.csv_text(rows), written)
+    trials = tuning.tuning_rows(frame)  # tuning on the validation split (report.tuning)
+    if not trials.empty:
+        _write(out / "tuning.md", tuning.tuning_markdown(trials), written)
+        _write(out / "tuning.csv", tuning.csv_text(trials), written)
+    points, per_run = crossover.crossover_tables(frame)  # time to target against the link rate
+    if not points.empty:
+        _write(out / "crossover.md", crossover.crossover_markdown(points, per_run), written)
+        _write(out / "crossover.csv", crossover.csv_text(points), written)
+        written += figure_files(lambda d: crossover.crossover_figures(points, d), figures_dir)
     paper_rows = paper.load_paper_tables(Path(paper_dir) if paper_dir else None)
     _write(out / "paper_comparison.md", paper.comparison_markdown(cells, paper_rows), written)
     joined = paper.comparison_frame(cells, paper_rows)
@@ -124,7 +142,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     _, left = select_runs(frame)
     print_left_out(left)
     written = write_task_files(out, frame, cells, left, args.throughput)
-    written += write_overview(out, frame, cells, left, args.throughput, written, args.paper)
+    written += write_overview(out, frame, cells, left, args.throughput, written, args.paper, Path(args.figures))
     if cells.empty:
         print("figures: no completed run to plot")
     elif figures.have_matplotlib():

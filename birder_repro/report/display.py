@@ -15,10 +15,10 @@ from .cells import DIVERGED, short_run
 
 # Baselines first, then the paper's order (Tables 1-4: baseline, 1-bit Adam, Birder) with the peers between.
 OPTIM_ORDER = ("sgdm", "bertadam", "sgd", "adamw", "softsignsgd", "sgdm_fp16", "sgdm_powersgd",
-               "adamw_powersgd", "onebit_adam", "onebit_lamb", "birder")
+               "adamw_powersgd", "onebit_adam", "onebit_adam_precond", "onebit_lamb", "birder")
 OPTIM_LABELS = {
     "sgd": "SGD", "sgdm": "SGDM", "adamw": "AdamW", "bertadam": "BertAdam", "softsignsgd": "SoftSignSGD",
-    "onebit_adam": "1-bit Adam", "onebit_lamb": "1-bit LAMB", "birder": "Birder",
+    "onebit_adam": "1-bit Adam", "onebit_adam_precond": "1-bit Adam, preconditioned", "onebit_lamb": "1-bit LAMB", "birder": "Birder",
     "sgdm_fp16": "SGDM + fp16 hook", "sgdm_powersgd": "SGDM + PowerSGD", "adamw_powersgd": "AdamW + PowerSGD",
 }
 # How a metric's column is headed; a metric without a label here is headed by its own name.

@@ -25,7 +25,7 @@ __all__ = ["COLUMNS", "STAGED_OPTIMIZERS", "runs_root", "find_records", "load_re
            "metric_column", "metric_columns", "records_frame", "load_frame"]
 
 # Optimizers whose records split throughput into a warmup and a compression stage.
-STAGED_OPTIMIZERS = ("onebit_adam", "onebit_lamb")
+STAGED_OPTIMIZERS = ("onebit_adam", "onebit_adam_precond", "onebit_lamb")
 
 # The fixed columns; the metric columns follow them.
 COLUMNS = (
@@ -45,6 +45,9 @@ COLUMNS = (
     # which cell a run is of (birder_repro.report.identity) and how it ran: its length, its attempts (a run
     # stopped and resumed in its own directory), or the step an old-style resume in a new directory began at
     "cell_key", "config_items", "run_length", "eval_every", "attempts", "resumed_from_step",
+    # what it was scored on (data.eval_set: test, or val for tuning), and a run that ended at its target
+    # (train.stop_at_target) with the length its schedule was planned for
+    "eval_set", "stop_at_target", "planned_steps",
 )
 
 
@@ -148,7 +151,8 @@ def flatten_record(record: dict, run_dir: Path | str) -> dict:
         "gpus_per_node": gpus_per_node,
         "gpus": world,
         "data_source": config("data", "source"),
-        "model_size": config("model", "size"),  # full | tiny: tiny runs are smoke runs, another setting
+        # full | tiny (tiny runs are smoke runs, another setting) | w<units> where model.width sets it
+        "model_size": f"w{config('model', 'width')}" if config("model", "width") else config("model", "size"),
         # fp32 | bf16 | fp16: records from before train.precision existed ran in fp32
         "precision": get(record, "precision", default=config("train", "precision")) or "fp32",
         "batch_size": get(record, "batch_size", default=config("train", "batch_size")),
@@ -224,7 +228,10 @@ def _identity_columns(record: dict, source: str) -> dict:
             "run_length": run_length(record),
             "eval_every": _train_config(record).get("eval_every"),
             "attempts": _attempt_count(attempts),
-            "resumed_from_step": get(record, "resumed_from_step")}
+            "resumed_from_step": get(record, "resumed_from_step"),
+            "eval_set": get(record, "config", "data", "eval_set", default=None),
+            "stop_at_target": bool(_train_config(record).get("stop_at_target")),
+            "planned_steps": optional(record, "planned_steps") or get(record, "steps")}
 
 
 def _target_columns(record: dict) -> dict:
@@ -266,7 +273,8 @@ def records_frame(pairs: Iterable[tuple[Path | str, dict]]) -> pd.DataFrame:
     rows = [flatten_record(record, run_dir) for run_dir, record in pairs]
     frame = pd.DataFrame(rows, columns=[*COLUMNS, *metrics])
     for col in ("nodes", "gpus_per_node", "gpus", "batch_size", "global_batch_size", "steps", "target_step",
-                "target_samples", "target_evaluations", "seed", "attempts", "resumed_from_step", "eval_every"):
+                "target_samples", "target_evaluations", "seed", "attempts", "resumed_from_step", "eval_every",
+                "planned_steps"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("Int64")
     numeric = ["link_mbit", "lr", "throughput", "throughput_warmup", "throughput_compression", "target_value",
                "target_s", "target_wall_s", "startup_s", "compile_s",

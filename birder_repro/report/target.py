@@ -24,7 +24,9 @@ from .documents import settings
 __all__ = ["GROUP", "spread", "target_rows", "target_markdown"]
 
 # cell_key: one configuration less its seed (birder_repro.report.identity), as the task tables' rows
-GROUP = (*CELL, "optim", "variant", "cell_key", "target_metric", "target_value", "target_direction", "steps", "lr")
+# (its asked length, not the steps taken: a run ended at its target by train.stop_at_target took fewer)
+GROUP = (*CELL, "optim", "variant", "cell_key", "target_metric", "target_value", "target_direction", "run_length",
+         "lr")
 # Runs left out here as in the task tables; failed, interrupted and diverged runs stay, counted and never averaged.
 LEFT_OUT_HERE = ("smoke run", "superseded", "resumed from step")
 
@@ -44,6 +46,8 @@ def _fill(frame: pd.DataFrame) -> pd.DataFrame:
     """Measured runs with a target, their text keys filled as the task tables fill them, less smoke runs,
     superseded repeats and old-style partial resumes (cells.select_runs)."""
     runs = frame[(frame["status"] != "predicted") & frame["target_metric"].notna()]
+    if "eval_set" in runs:  # tuning runs, scored on the validation split: tables/tuning.md (report.tuning)
+        runs = runs[runs["eval_set"].astype("object").fillna("test") != "val"]
     _, left = select_runs(runs)
     dropped = left.index[left["reason"].str.startswith(LEFT_OUT_HERE)]
     return fill_keys(runs.drop(index=dropped))
@@ -76,7 +80,7 @@ def target_rows(frame: pd.DataFrame) -> pd.DataFrame:
     rows = [_row(dict(zip(GROUP, keys)), group) for keys, group in runs.groupby(list(GROUP), dropna=False, sort=False)]
     table = pd.DataFrame(rows)
     table["_rank"] = optim_rank(table["optim"])
-    table = table.sort_values([*SETTING, "gpus", "nodes", "_rank", "variant", "lr", "steps"], na_position="last", kind="stable")
+    table = table.sort_values([*SETTING, "gpus", "nodes", "_rank", "variant", "lr", "run_length"], na_position="last", kind="stable")
     return table.drop(columns="_rank").reset_index(drop=True)
 
 

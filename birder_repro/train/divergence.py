@@ -24,7 +24,7 @@ from birder_repro.train.collectives import allreduce_sum
 
 __all__ = ["Diverged", "DivergenceWatch", "likely_cause"]
 
-ONEBIT = ("onebit_adam", "onebit_lamb")
+ONEBIT = ("onebit_adam", "onebit_adam_precond", "onebit_lamb")
 
 
 class Diverged(Exception):

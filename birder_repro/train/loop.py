@@ -165,6 +165,9 @@ def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir,
             progress.step()
             attempts.reached(run.step)
             _between_steps(parts, run, timing, lr, stage)
+            if settings.stop_at_target and run.target.hit is not None and run.stages and run.calibration:
+                break  # every rank: evaluations are global, so every rank saw the same hit (and once a step
+                # was timed and compute calibrated, so that the record has its step times)
         probed = stop_probes(probes, timed_steps=int(sum(t.steps for t in run.stages.values())))
         record, profile_inputs = _finish(parts, run, timing, plan)
         record.update(probed)
@@ -273,7 +276,9 @@ def _finish(p: _Parts, run: _Run, timing: StepPlan, plan: RunPlan) -> tuple[dict
         "nodes": p.topology.world_size // p.topology.gpus_per_node, "gpus_per_node": p.topology.gpus_per_node,
         "device": _device_name(p.device), "torch_device": p.device, "threads": torch.get_num_threads()}
     return {
-        "steps": timing.steps,
+        "steps": run.step,
+        "planned_steps": timing.steps,  # the run's length; less than that with train.stop_at_target
+        "stopped_at_target": run.step < timing.steps,
         "resumed_from_step": timing.start_step or None,
         "samples": int(round(samples)),
         "epochs_trained": samples / p.data.train_size if p.data.train_size else None,

@@ -54,6 +54,7 @@ class TrainSettings:
     log_every: int = 10  # steps between log lines (metrics.jsonl, W&B, the progress line)
     eval: bool = True  # evaluate at the end of the run
     eval_every: int = 0  # also every this many steps (0: at the end only)
+    stop_at_target: bool = False  # end the run at the first evaluation that reaches task.target
     eval_max_batches: Optional[int] = None  # evaluation batches per process (None: all)
     compute_calibration_passes: int = 3  # forward + backward passes under no_sync() after the timing warm-up
     compute_calibration_every: int = 100  # one more every this many timed steps (0: never again)
@@ -90,6 +91,8 @@ class TrainSettings:
         for key in ("timing_warmup_steps", "eval_every", "compute_calibration_every", "checkpoint_every"):
             _whole(key, getattr(self, key), 0)
         _whole("stop_timeout_s", self.stop_timeout_s, 1)
+        if not isinstance(self.stop_at_target, bool):
+            raise ConfigError(f"train.stop_at_target={self.stop_at_target!r}: use true or false")
         if not isinstance(self.checkpoint_on_stop, bool):
             raise ConfigError(f"train.checkpoint_on_stop={self.checkpoint_on_stop!r}: use true or false")
         for key in ("log_every", "compute_calibration_passes"):

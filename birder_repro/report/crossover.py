@@ -1,0 +1,432 @@
+"""Time to target against the link rate: ``tables/crossover.md|csv`` and ``figures/crossover_<task>.png``.
+
+Where compression starts to pay. A *series* is one optimizer setting run at several link rates: measured runs
+with a target, scored on the test set, on more than one node, whose configs differ only in the link
+(``cluster.link_mbit``), in whether the run ended at its target (``train.stop_at_target``: the time to target
+is the same) and in the seed. Series of one task, layout and length whose configs differ only in ``optim.*``
+form one comparison.
+
+Measured: at each link, the mean time to target over the series' runs that reached it (the training clock,
+report.target). Predicted (the performance model, birder_repro.perf.model, implementation ``this``): each
+run's own measured steps to target S times the model's step time at that link, from the profile of a 1-node
+run of the same optimizer, model and batch (nothing of a multi-node run but its layout and link goes in, as
+``make validate-emulated``): 1-bit Adam's first F steps (its freeze step) at the fp32 warmup's step time, the
+rest at its compressed step's. The emulated cluster's links are conf/cluster/emulated.yaml's ``perf`` block
+at the run's ``link_mbit`` (unshaped: its ``inter_mbit``). Beyond the measured links the model goes on
+(:data:`PREDICTED_LINKS`), with each series' mean steps.
+
+The crossover: the link rate below which an optimizer reaches the target sooner than the fastest of the
+baselines that compress nothing or to 16 bits (:data:`BASELINES`): measured, between the two measured links
+where the order changes (interpolated in log link rate), and predicted, on the model's fine grid.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import pandas as pd
+
+from .cells import fill_keys
+from .display import fmt_layout, fmt_number, is_missing, optim_label, optim_rank, to_markdown
+
+__all__ = ["BASELINES", "PREDICTED_LINKS", "TARGET_ERROR", "crossover_runs", "crossover_tables",
+           "crossover_markdown", "crossover_figures"]
+
+# The uncompressed and 16-bit exchanges a compressed optimizer must beat.
+BASELINES = ("sgdm", "adamw", "sgdm_fp16", "bertadam")
+# Link rates (Mbit/s) the model predicts beyond the measured ones, and the fine grid the crossovers are read on.
+PREDICTED_LINKS = (2500.0, 10000.0, 25000.0)
+GRID = np.logspace(1, 5, 161)  # 10 Mbit/s to 100 Gbit/s
+TARGET_ERROR = 0.15  # the model's median |predicted / measured - 1| over the sweep should be at most this
+PAPER_COMM_SHARE = 0.60  # SGDM's communication share of a 2-node step in the paper's Table 3 (ResNet-50, 10 GbE)
+# Keys a series' runs may differ in (besides the seed, which report.identity leaves out).
+FREE_KEYS = ("cluster.link_mbit", "train.stop_at_target")
+
+
+def _items(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _key(items: dict, drop) -> str:
+    return json.dumps({k: v for k, v in items.items() if not drop(k)}, sort_keys=True, default=str)
+
+
+def series_key(items: dict) -> str:
+    return _key(items, lambda k: k in FREE_KEYS)
+
+
+def comparison_key(items: dict) -> str:
+    return _key(items, lambda k: k in FREE_KEYS or k.startswith("optim."))
+
+
+def crossover_runs(frame: pd.DataFrame) -> pd.DataFrame:
+    """The measured multi-node test-set runs with a target, with ``series`` and ``comparison`` keys; only
+    comparisons whose runs cover two link rates or more."""
+    need = {"eval_set", "config_items", "target_metric"}
+    if frame.empty or not need <= set(frame.columns):
+        return pd.DataFrame()
+    runs = frame[(frame["source"] == "measured") & frame["target_metric"].notna() & (frame["nodes"] > 1)
+                 & (frame["eval_set"].astype("object").fillna("test") != "val")]
+    if runs.empty:
+        return pd.DataFrame()
+    runs = fill_keys(runs)
+    runs["series"] = [series_key(_items(i)) for i in runs["config_items"]]
+    runs["comparison"] = [comparison_key(_items(i)) for i in runs["config_items"]]
+    runs["link"] = runs["link_mbit"].astype("float64")
+    links = runs.groupby("comparison")["link"].agg(lambda s: s.fillna(-1).nunique())
+    return runs[runs["comparison"].isin(links[links >= 2].index)].reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The model's side
+
+
+def _profile_key(rec: dict) -> tuple:
+    cfg = rec.get("config") or {}
+    model = json.dumps(cfg.get("model") or {}, sort_keys=True, default=str)
+    return (rec.get("task"), rec.get("optim"), ((cfg.get("optim") or {}).get("comm") or {}).get("scheme"), model,
+            rec.get("batch_size"), rec.get("precision") or "fp32", (rec.get("cluster") or {}).get("name"))
+
+
+def one_node_profiles(run_dirs) -> dict[tuple, Any]:
+    """The newest 1-node run's profile per (task, optim, scheme, model, batch, precision, cluster)."""
+    from birder_repro.perf.profile import load_profile
+    from birder_repro.record import read_record
+
+    found: dict[tuple, tuple[str, Any]] = {}
+    for run_dir in run_dirs:
+        rec = read_record(Path(run_dir))
+        if not rec or rec.get("status") != "completed" or (rec.get("cluster") or {}).get("nodes") != 1:
+            continue
+        if not rec.get("profile"):
+            continue
+        key = _profile_key(rec)
+        if key not in found or str(rec.get("started")) > found[key][0]:
+            found[key] = (str(rec.get("started")), load_profile(rec))
+    return {k: v for k, (_, v) in found.items()}
+
+
+def freeze_step(cfg: dict, planned_steps: int) -> int:
+    """1-bit Adam's freeze step (``optim.freeze``: a fraction of the run or steps); 0 for other optimizers."""
+    freeze = (cfg.get("optim") or {}).get("freeze")
+    if freeze is None:
+        return 0
+    freeze = float(freeze)
+    return int(round(freeze * planned_steps)) if freeze < 1 else int(freeze)
+
+
+class StepModel:
+    """The model's step times of one run's setting at any link: (warmup step, compressed step) seconds."""
+
+    def __init__(self, rec: dict, profile) -> None:
+        from birder_repro.perf.schemes import scheme_for_optim
+
+        cfg = rec.get("config") or {}
+        self.profile, self.rec = profile, rec
+        self.scheme = scheme_for_optim(rec["optim"], ((cfg.get("optim") or {}).get("comm") or {}).get("scheme"))
+        self.nodes, self.gpus = int(rec["cluster"]["nodes"]), int(rec["cluster"]["gpus_per_node"])
+        self.batch = int(rec["batch_size"])
+        self.freeze = freeze_step(cfg, int(rec.get("planned_steps") or rec["steps"]))
+        self.cluster = (rec.get("cluster") or {}).get("name")
+
+    def _spec(self, link: Optional[float]):
+        from birder_repro.perf.emulated import _spec
+
+        return _spec(None if link is None or math.isnan(link) else float(link))
+
+    def step_s(self, link: Optional[float]) -> tuple[float, float, float]:
+        """(warmup step s, compressed step s, communication share of the compressed step)."""
+        from birder_repro.perf.model import predict_step
+
+        spec = self._spec(link)
+        main = predict_step(self.profile, spec, self.nodes, self.gpus, self.scheme, self.batch)
+        warm = main if self.freeze == 0 or self.scheme == "fp32" else \
+            predict_step(self.profile, spec, self.nodes, self.gpus, "fp32", self.batch)
+        return warm.total_s, main.total_s, main.communication_s / main.total_s
+
+    def time_to_target(self, steps: float, link: Optional[float]) -> float:
+        warm, main, _ = self.step_s(link)
+        first = min(steps, self.freeze)
+        return first * warm + max(0.0, steps - first) * main
+
+
+def _record(run_dir: str) -> Optional[dict]:
+    from birder_repro.record import read_record
+
+    return read_record(Path(run_dir))
+
+
+def _models(runs: pd.DataFrame, profiles: dict) -> dict[str, Optional[StepModel]]:
+    """A StepModel per series (None where no 1-node profile of its setting, or not an emulated cluster)."""
+    out: dict[str, Optional[StepModel]] = {}
+    for series, rows in runs.groupby("series", sort=False):
+        rec = _record(rows["run_dir"].iloc[0])
+        profile = profiles.get(_profile_key(rec)[:-1] + ("emulated",)) if rec else None
+        emulated = rec is not None and (rec.get("cluster") or {}).get("name") == "emulated"
+        out[series] = StepModel(rec, profile) if profile is not None and emulated else None
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Tables
+
+
+def _link_text(link: float) -> str:
+    return "unshaped" if is_missing(link) else fmt_number(link)
+
+
+def crossover_tables(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(points, per-run): one row per (series, link) with the measured mean and the predicted time to target,
+    predicted-only rows at :data:`PREDICTED_LINKS`; and one row per run with its own prediction."""
+    runs = crossover_runs(frame)
+    if runs.empty:
+        return pd.DataFrame(), pd.DataFrame()
+    models = _models(runs, one_node_profiles(frame["run_dir"]))
+    per_run, points = [], []
+    for (comparison, series, link), rows in runs.groupby(["comparison", "series", "link"], dropna=False, sort=False):
+        model = models.get(series)
+        hit = rows[(rows["status"] == "completed") & (rows["target_reached"] == True)]  # noqa: E712
+        preds = []
+        for _, r in hit.iterrows():
+            pred = model.time_to_target(float(r["target_step"]), link) if model else float("nan")
+            preds.append(pred)
+            per_run.append({"comparison": comparison, "optim": r["optim"], "variant": r["variant"], "link": link,
+                            "seed": r["seed"], "steps": int(r["target_step"]), "measured_s": r["target_s"],
+                            "predicted_s": pred, "error": pred / r["target_s"] - 1 if r["target_s"] else math.nan,
+                            "run_dir": r["run_dir"]})
+        first = rows.iloc[0]
+        comm = (rows["step_ms_communication"] / rows["step_ms_total"]).mean()
+        points.append({"comparison": comparison, "series": series, "task": first["task"], "optim": first["optim"],
+                       "variant": first["variant"], "nodes": first["nodes"], "gpus_per_node": first["gpus_per_node"],
+                       "gpus": first["gpus"], "run_length": first["run_length"],
+                       "target_metric": first["target_metric"], "target_value": first["target_value"],
+                       "target_direction": first["target_direction"], "link": link, "source": "measured",
+                       "runs": len(rows), "reached": len(hit),
+                       "measured_s": hit["target_s"].mean() if len(hit) else math.nan,
+                       "measured_sd": hit["target_s"].std() if len(hit) > 1 else math.nan,
+                       "steps": hit["target_step"].astype(float).mean() if len(hit) else math.nan,
+                       "predicted_s": statistics.mean(preds) if preds and model else math.nan,
+                       "comm_share": comm})
+    table = pd.DataFrame(points)
+    extra = []
+    for series, rows in table.groupby("series", sort=False):
+        model, steps = models.get(series), rows["steps"].mean()
+        if model is None or math.isnan(steps):
+            continue
+        for link in PREDICTED_LINKS:
+            if (rows["link"] == link).any():
+                continue
+            extra.append({**rows.iloc[0].to_dict(), "link": link, "source": "predicted", "runs": 0, "reached": 0,
+                          "measured_s": math.nan, "measured_sd": math.nan, "steps": steps,
+                          "predicted_s": model.time_to_target(steps, link), "comm_share": model.step_s(link)[2]})
+    table = pd.concat([table, pd.DataFrame(extra)], ignore_index=True) if extra else table
+    table.attrs["models"] = models
+    return table, pd.DataFrame(per_run)
+
+
+def _crossing(links: np.ndarray, ratio: np.ndarray) -> Optional[float]:
+    """The link rate where ``ratio`` (optimizer time / best baseline time) first rises through 1, interpolated in
+    log link rate; None where it never crosses (always faster, or never)."""
+    for i in range(len(links) - 1):
+        a, b = ratio[i], ratio[i + 1]
+        if a < 1 <= b or a >= 1 > b:
+            x0, x1 = math.log(links[i]), math.log(links[i + 1])
+            return math.exp(x0 + (1 - a) * (x1 - x0) / (b - a))
+    return None
+
+
+def _unshaped_link(models=None) -> float:
+    """Where the model puts an unshaped link: conf/cluster/emulated.yaml's ``perf.inter_mbit``."""
+    from birder_repro.perf.emulated import _spec
+
+    return float(_spec(None).inter_mbit)
+
+
+def crossovers(table: pd.DataFrame) -> list[dict]:
+    """Per comparison and compressed optimizer: the crossover against the fastest baseline, measured and predicted."""
+    out = []
+    models = table.attrs.get("models", {})
+    for comparison, rows in table.groupby("comparison", sort=False):
+        measured = rows[rows["source"] == "measured"].copy()
+        measured["x"] = measured["link"].fillna(_unshaped_link(models))
+        base = measured[measured["optim"].isin(BASELINES)]
+        if base.empty:
+            continue
+        best = base.groupby("x")["measured_s"].min()
+        base_series = rows[rows["optim"].isin(BASELINES)]["series"].unique()
+        for series, mine in measured[~measured["optim"].isin(BASELINES)].groupby("series", sort=False):
+            mine = mine.set_index("x").sort_index()
+            xs = [x for x in mine.index if x in best.index and not math.isnan(mine.loc[x, "measured_s"])]
+            ratio = np.array([mine.loc[x, "measured_s"] / best[x] for x in xs])
+            found = {"comparison": comparison, "optim": mine["optim"].iloc[0], "variant": mine["variant"].iloc[0],
+                     "measured": _crossing(np.array(xs), ratio) if len(xs) > 1 else None,
+                     "measured_ratios": dict(zip(xs, ratio)),
+                     "faster_everywhere_measured": bool(len(ratio) and (ratio < 1).all()),
+                     "slower_everywhere_measured": bool(len(ratio) and (ratio >= 1).all())}
+            model = models.get(series)
+            base_models = [(models.get(s), rows[rows["series"] == s]["steps"].mean()) for s in base_series]
+            base_models = [(m, s) for m, s in base_models if m is not None and not math.isnan(s)]
+            if model is not None and base_models:
+                steps = mine["steps"].mean()
+                mine_t = np.array([model.time_to_target(steps, x) for x in GRID])
+                base_t = np.min([[m.time_to_target(s, x) for x in GRID] for m, s in base_models], axis=0)
+                ratio_p = mine_t / base_t
+                found.update(predicted=_crossing(GRID, ratio_p), grid_ratio=ratio_p,
+                             paper_regime=_paper_regime(models, rows, base_models, model, steps))
+            out.append(found)
+    return out
+
+
+def _paper_regime(models, rows, base_models, model, steps) -> Optional[dict]:
+    """The link where the model puts SGDM's communication share at the paper's (60 %), and there the
+    optimizer's predicted time to target over the fastest baseline's."""
+    sgdm = [s for s in rows[rows["optim"] == "sgdm"]["series"].unique() if models.get(s) is not None]
+    if not sgdm:
+        return None
+    shares = np.array([models[sgdm[0]].step_s(x)[2] for x in GRID])
+    below = np.nonzero(shares <= PAPER_COMM_SHARE)[0]
+    if not len(below) or below[0] == 0:
+        return None
+    link = float(GRID[below[0]])
+    base = min(m.time_to_target(s, link) for m, s in base_models)
+    return {"link": link, "share": float(shares[below[0]]), "speedup": base / model.time_to_target(steps, link)}
+
+
+def _cell(row) -> str:
+    meas, pred = row["measured_s"], row["predicted_s"]
+    if row["source"] == "predicted":
+        return f"({fmt_number(pred, 3)})"
+    if is_missing(meas):
+        return f"not reached ({row['reached']} of {row['runs']})"
+    sd = "" if is_missing(row["measured_sd"]) else f" ± {fmt_number(row['measured_sd'], 2)}"
+    return f"{fmt_number(meas, 3)}{sd}" + ("" if is_missing(pred) else f" ({fmt_number(pred, 3)})")
+
+
+NOTES = (
+    "Each cell: the measured time to target in seconds (the training clock; mean ± sample sd where several "
+    "seeds ran), and in brackets the performance model's: the run's own steps to target times the model's "
+    "step time at that link, from a 1-node run's profile (birder_repro.report.crossover). Rows marked "
+    "`predicted` are beyond the emulated links: the model alone, with the measured steps.",
+    "SGDM's communication share: of its measured step (`step_time_s`), or the model's on predicted rows.",
+    "The crossover: the link rate below which the optimizer reaches the target sooner than the fastest "
+    "uncompressed or 16-bit baseline (" + ", ".join(BASELINES) + "), interpolated in log link rate.",
+)
+
+
+def crossover_markdown(table: pd.DataFrame, per_run: pd.DataFrame) -> str:
+    lines = ["# Time to target against the link rate: where compression pays", ""] + [f"- {n}" for n in NOTES]
+    if table.empty:
+        return "\n".join(lines + ["", "No comparison of the same runs over two link rates or more."]) + "\n"
+    found = crossovers(table)
+    for comparison, rows in table.groupby("comparison", sort=False):
+        first = rows.iloc[0]
+        goal = f"{first['target_metric']} {'<=' if first['target_direction'] == 'lower' else '>='} " \
+               f"{fmt_number(first['target_value'])}"
+        lines += ["", f"## {first['task']}: {fmt_layout(first)}, {first['run_length']}, time to {goal}", ""]
+        order = rows.assign(_r=optim_rank(rows["optim"])).sort_values(["_r", "variant"], kind="stable")
+        names = list(dict.fromkeys(optim_label(o, v) for o, v in zip(order["optim"], order["variant"])))
+        wide: dict[tuple, dict] = {}
+        for _, r in rows.iterrows():
+            key = (r["source"], -1.0 if is_missing(r["link"]) else float(r["link"]))
+            entry = wide.setdefault(key, {"link, Mbit/s": _link_text(r["link"]) + (
+                " (predicted)" if r["source"] == "predicted" else ""), "SGDM's comm. share": ""})
+            entry[optim_label(r["optim"], r["variant"])] = _cell(r)
+            if r["optim"] == "sgdm" and not is_missing(r["comm_share"]):
+                entry["SGDM's comm. share"] = f"{100 * r['comm_share']:.0f} %"
+        keys = sorted(wide, key=lambda k: (k[0] == "predicted", math.inf if k[1] < 0 else k[1]))
+        lines.append(to_markdown(pd.DataFrame([{c: wide[k].get(c, "") for c in
+                                                ["link, Mbit/s", "SGDM's comm. share", *names]} for k in keys])))
+        mine = per_run[per_run["comparison"] == comparison] if not per_run.empty else per_run
+        errors = mine["error"].dropna().abs() if not mine.empty else pd.Series(dtype=float)
+        if len(errors):
+            med = float(errors.median())
+            verdict = "meets" if med <= TARGET_ERROR else "MISSES"
+            lines += ["", f"The model against the measured times: median |predicted / measured - 1| "
+                          f"{100 * med:.1f} % over {len(errors)} runs, worst {100 * float(errors.max()):.1f} % "
+                          f"({verdict} the target of {100 * TARGET_ERROR:.0f} %)."]
+        lines += ["", "Crossovers (against the fastest baseline at each link):", ""]
+        for c in [c for c in found if c["comparison"] == comparison]:
+            lines.append("- " + _crossover_text(c))
+    return "\n".join(lines) + "\n"
+
+
+def _crossover_text(c: dict) -> str:
+    name = optim_label(c["optim"], c["variant"])
+    if c["measured"] is not None:
+        meas = f"measured: faster below about {fmt_number(c['measured'], 3)} Mbit/s"
+    elif c["faster_everywhere_measured"]:
+        meas = "measured: faster at every link run"
+    else:
+        meas = "measured: slower at every link run"
+    ratios = ", ".join(f"{_link_text(x) if x < 9999 else 'unshaped'} {r:.2f}x"
+                       for x, r in sorted(c["measured_ratios"].items()))
+    text = f"**{name}**: {meas} (its time over the fastest baseline's: {ratios})"
+    if "predicted" in c:
+        pred = c["predicted"]
+        text += "; predicted: " + (f"faster below about {fmt_number(pred, 3)} Mbit/s" if pred is not None else
+                                   ("faster on every link from 10 Mbit/s to 100 Gbit/s" if c["grid_ratio"][-1] < 1
+                                    else "slower on every link from 10 Mbit/s to 100 Gbit/s"))
+        regime = c.get("paper_regime")
+        if regime:
+            text += (f"; where SGDM's communication share is the paper's 60 % (the model: at "
+                     f"{fmt_number(regime['link'], 3)} Mbit/s), {regime['speedup']:.2f}x the fastest baseline's "
+                     "speed to the target")
+    return text
+
+
+def csv_text(table: pd.DataFrame) -> Optional[str]:
+    if table.empty:
+        return None
+    return table.drop(columns=["comparison", "series"]).to_csv(index=False)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Figure
+
+
+def crossover_figures(table: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """One figure per comparison: time to target (log) against the link rate (log); measured points with their
+    spread, the model's lines over the fine grid, the unshaped link at the model's rate for it."""
+    from .figstyle import optim_style, pyplot
+
+    if table.empty:
+        return []
+    plt = pyplot()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    models = table.attrs.get("models", {})
+    unshaped = _unshaped_link(models)
+    written = []
+    for index, (comparison, rows) in enumerate(table.groupby("comparison", sort=False)):
+        fig, ax = plt.subplots(figsize=(7.5, 4.8))
+        for series, s in rows.groupby("series", sort=False):
+            style = optim_style(s["optim"].iloc[0], s["variant"].iloc[0] or "")
+            label = optim_label(s["optim"].iloc[0], s["variant"].iloc[0])
+            m = s[s["source"] == "measured"].assign(x=lambda d: d["link"].fillna(unshaped)).sort_values("x")
+            ax.errorbar(m["x"], m["measured_s"], yerr=m["measured_sd"].fillna(0), fmt="o", color=style["color"],
+                        label=f"{label}, measured", capsize=3)
+            model = models.get(series)
+            if model is not None and not math.isnan(s["steps"].mean()):
+                ax.plot(GRID, [model.time_to_target(s["steps"].mean(), x) for x in GRID], color=style["color"],
+                        linestyle=style["linestyle"], linewidth=1.2, label=f"{label}, model")
+        ax.axvline(unshaped, color="0.7", linewidth=0.8)
+        ax.text(unshaped, ax.get_ylim()[1], " unshaped", color="0.4", fontsize=7, va="top")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("inter-node link, Mbit/s (each node's, both directions)")
+        ax.set_ylabel("time to target, s (training clock)")
+        first = rows.iloc[0]
+        ax.set_title(f"{first['task']}: {fmt_layout(first)}, time to {first['target_metric']} "
+                     f"{fmt_number(first['target_value'])}", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=6.5, ncol=2, loc="upper right")
+        fig.tight_layout()
+        path = out_dir / f"crossover_{first['task']}{'' if index == 0 else f'_{index}'}.png"
+        fig.savefig(path, dpi=130)
+        plt.close(fig)
+        written.append(path)
+    return written
