@@ -135,3 +135,10 @@ def test_make_tables_writes_tuning_crossover_and_its_figure(tmp_path):
     assert "unshaped" in text and "| 50 " in text
     assert (tmp_path / "f" / "crossover_fashion_mnist.png").stat().st_size > 10_000
     assert "(" not in text.split("| 50 ")[1].split("\n")[0]  # no 1-node profile: measured alone, no prediction
+
+
+def test_a_run_that_never_evaluated_has_no_row_in_time_to_target(tmp_path):
+    never = record("sgdm", lr=0.05, step=None, nodes=1, link=None)
+    never["time_to_target"]["evaluations"] = 0  # train.eval=false: a profile or throughput run
+    frame = load_frame(write(tmp_path / "runs", [never, record("sgdm", lr=0.05, step=190)]))
+    assert list(report_target.target_rows(frame)["nodes"]) == [2]

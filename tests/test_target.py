@@ -186,6 +186,9 @@ def test_every_optimizer_has_its_own_colour_and_line_style():
     assert len({(s["color"], str(s["linestyle"])) for s in styles}) == len(styles)
     assert figures.optim_style("sgdm")["color"] != figures.optim_style("birder")["color"]
     assert figures.optim_style("birder", "flat") != figures.optim_style("birder")
+    from birder_repro.report.figstyle import STYLE_ORDER
+    assert set(STYLE_ORDER) == set(tables.OPTIM_ORDER)  # a new optimizer gets a style of its own, at the end
+    assert figures.optim_style("birder")["color"] == "#000000"  # and the others keep theirs
 
 
 def test_figure_2_time_starts_at_the_first_step():

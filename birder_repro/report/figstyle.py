@@ -6,20 +6,25 @@ import re
 
 import pandas as pd
 
-from .display import OPTIM_ORDER
 
-# One colour and one line style per optimizer, in display.OPTIM_ORDER (11 optimizers; matplotlib's default cycle
+# One colour and one line style per optimizer, in STYLE_ORDER (12 optimizers; matplotlib's default cycle
 # has 10 colours, which gave SGDM and Birder the same blue); names and variants beyond it take the next pairs.
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
            "#17becf", "#000000", "#aec7e8", "#ffbb78", "#98df8a")
 LINESTYLES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 1)), (0, (8, 2, 2, 2)))
 
 
+# The order styles are handed out in: display.OPTIM_ORDER as it was when each name was added, new names at the
+# end, so that adding an optimizer to the tables' order never changes another one's colour (Birder: black).
+STYLE_ORDER = ("sgdm", "bertadam", "sgd", "adamw", "softsignsgd", "sgdm_fp16", "sgdm_powersgd", "adamw_powersgd",
+               "onebit_adam", "onebit_lamb", "birder", "onebit_adam_precond")
+
+
 def optim_style(optim: str, variant: str = "") -> dict:
     """The colour and line style of an optimizer (and Birder variant) in every figure: distinct pairs for the
     optimizers of display.OPTIM_ORDER, then for other names by a stable index of the name."""
-    index = OPTIM_ORDER.index(optim) if optim in OPTIM_ORDER and not variant else \
-        len(OPTIM_ORDER) + sum(map(ord, f"{optim}/{variant}")) % (len(COLOURS) - len(OPTIM_ORDER))
+    index = STYLE_ORDER.index(optim) if optim in STYLE_ORDER and not variant else \
+        len(STYLE_ORDER) + sum(map(ord, f"{optim}/{variant}")) % (len(COLOURS) - len(STYLE_ORDER))
     return {"color": COLOURS[index % len(COLOURS)], "linestyle": LINESTYLES[index % len(LINESTYLES)]}
 
 

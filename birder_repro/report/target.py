@@ -48,6 +48,9 @@ def _fill(frame: pd.DataFrame) -> pd.DataFrame:
     runs = frame[(frame["status"] != "predicted") & frame["target_metric"].notna()]
     if "eval_set" in runs:  # tuning runs, scored on the validation split: tables/tuning.md (report.tuning)
         runs = runs[runs["eval_set"].astype("object").fillna("test") != "val"]
+    # a completed run that never evaluated (train.eval=false: a throughput or profile run) has no time to target
+    never = (runs["status"] == "completed") & (runs["target_evaluations"].fillna(-1) == 0)
+    runs = runs[~never]
     _, left = select_runs(runs)
     dropped = left.index[left["reason"].str.startswith(LEFT_OUT_HERE)]
     return fill_keys(runs.drop(index=dropped))
