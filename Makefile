@@ -70,7 +70,7 @@ tune-fashion: $(STAMP)  ## tune experiment=fashion_time_to_accuracy on the valid
 	-BIRDER_RUNS=$(TTA_RUNS)/tuning $(BIN)/birder-repro -m experiment=fashion_tuning optim=birder \
 	  optim.lr=0.00025,0.0005,0.001 optim.beta=0.9,0.95 $(ARGS)
 
-time-to-accuracy: $(STAMP)  ## the field, the crossover and the model's 1-node profiles (about 50 minutes), then tables
+time-to-accuracy: $(STAMP)  ## the field, the crossover and the model's 1-node profiles (about an hour), then tables
 	-BIRDER_RUNS=$(TTA_RUNS)/field $(BIN)/birder-repro -m experiment=fashion_time_to_accuracy optim=$(TTA_OPTIMS) \
 	  seed=0,1,2 $(ARGS)
 	-BIRDER_RUNS=$(TTA_RUNS)/crossover $(BIN)/birder-repro -m experiment=fashion_time_to_accuracy optim=$(TTA_OPTIMS) \
