@@ -56,7 +56,9 @@ def test_each_optimizer_chooses_its_fewest_steps_and_val_runs_stay_out_of_time_t
                record("sgdm", lr=0.4, step=None, eval_set="val", status="diverged"),
                record("birder", lr=1e-3, step=None, eval_set="val", top1=86.0, extra_optim={"beta": 0.9}),
                record("birder", lr=2e-3, step=None, eval_set="val", top1=86.5, extra_optim={"beta": 0.95}),
-               record("sgdm", lr=0.05, step=190)]  # the test-set run: time to target, not tuning
+               record("sgdm", lr=0.05, step=190),  # the test-set run: time to target, not tuning
+               record("sgdm", lr=0.1, step=210, eval_set="val", stop=True, seed=1)]  # lr 0.1 again, newer: one
+    records[-1]["config"]["seed"] = 0  # the same trial (values and seed) run again later counts once
     frame = load_frame(write(tmp_path / "runs", records))
     rows = tuning.tuning_rows(frame)
     chosen = rows[rows["chosen"]].set_index("optim")
@@ -64,6 +66,7 @@ def test_each_optimizer_chooses_its_fewest_steps_and_val_runs_stay_out_of_time_t
     assert chosen.loc["sgdm", "tuned"] == {"lr": 0.05}  # reached in the fewest steps
     assert chosen.loc["birder", "tuned"] == {"lr": 2e-3, "beta": 0.95}  # neither reached: the higher final
     assert rows[rows["status"] == "diverged"]["score"].iloc[0][0] is True  # failed and diverged: last
+    assert list(rows[rows["tuned"] == {"lr": 0.1}]["target_step"]) == [210]  # the newer run of the trial
     text = tuning.tuning_markdown(rows)
     assert "### SGDM: 3 trials" in text and "lr 0.05" in text and "**chosen**" in text
     in_tta = report_target.target_rows(frame)

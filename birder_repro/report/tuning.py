@@ -73,6 +73,11 @@ def tuning_rows(frame: pd.DataFrame) -> pd.DataFrame:
     runs["final_metric_value"] = [_final(r, metric_cols) for _, r in runs.iterrows()]
     runs["study"] = [study_key(_items(i)) for i in runs["config_items"]]
     runs["tuned"] = [tuned_values(_items(i)) for i in runs["config_items"]]
+    # a trial run again (the same values and seed: make tune-fashion twice) counts once, its newest run
+    runs["_trial"] = [json.dumps([s, t, seed], default=str) for s, t, seed in
+                      zip(runs["study"], runs["tuned"], runs["seed"])]
+    runs = runs.sort_values("started_at", kind="stable").drop_duplicates("_trial", keep="last")
+    runs = runs.drop(columns="_trial")
     runs["score"] = [trial_score(r) for _, r in runs.iterrows()]
     runs["trials"] = runs.groupby("study")["study"].transform("size")
     best = runs.groupby("study")["score"].transform("min")
