@@ -91,7 +91,7 @@ def test_crossing_is_interpolated_in_log_link_rate():
 
 def profile(name: str) -> dict:
     return Profile(name=name, device="cpu", task="fashion_mnist", batch_size=64, forward_backward_s=0.012,
-                   parameter_count=670_218, optimizer_s=0.001, threads=1, host_cores=2,
+                   parameter_count=670_730, optimizer_s=0.001, threads=1, host_cores=2,
                    compression_s_per_element={"birder": 2e-9, "onebit": 2e-9, "fp16": 1e-9}).to_dict()
 
 
