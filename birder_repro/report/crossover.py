@@ -112,12 +112,11 @@ def one_node_profiles(run_dirs) -> dict[tuple, Any]:
 
 
 def freeze_step(cfg: dict, planned_steps: int) -> int:
-    """1-bit Adam's freeze step (``optim.freeze``: a fraction of the run or steps); 0 for other optimizers."""
+    """1-bit Adam's freeze step (``optim.freeze``, read as the optimizer reads it); 0 for other optimizers."""
+    from birder_repro.schedule import steps_of
+
     freeze = (cfg.get("optim") or {}).get("freeze")
-    if freeze is None:
-        return 0
-    freeze = float(freeze)
-    return int(round(freeze * planned_steps)) if freeze < 1 else int(freeze)
+    return 0 if freeze is None else steps_of(float(freeze), planned_steps, "optim.freeze")
 
 
 class StepModel:
@@ -240,7 +239,7 @@ def _crossing(links: np.ndarray, ratio: np.ndarray) -> Optional[float]:
     return None
 
 
-def _unshaped_link(models=None) -> float:
+def _unshaped_link() -> float:
     """Where the model puts an unshaped link: conf/cluster/emulated.yaml's ``perf.inter_mbit``."""
     from birder_repro.perf.emulated import _spec
 
@@ -253,7 +252,7 @@ def crossovers(table: pd.DataFrame) -> list[dict]:
     models = table.attrs.get("models", {})
     for comparison, rows in table.groupby("comparison", sort=False):
         measured = rows[rows["source"] == "measured"].copy()
-        measured["x"] = measured["link"].fillna(_unshaped_link(models))
+        measured["x"] = measured["link"].fillna(_unshaped_link())
         base = measured[measured["optim"].isin(BASELINES)]
         if base.empty:
             continue
@@ -399,7 +398,7 @@ def crossover_figures(table: pd.DataFrame, out_dir: Path) -> list[Path]:
     plt = pyplot()
     out_dir.mkdir(parents=True, exist_ok=True)
     models = table.attrs.get("models", {})
-    unshaped = _unshaped_link(models)
+    unshaped = _unshaped_link()
     written = []
     for index, (comparison, rows) in enumerate(table.groupby("comparison", sort=False)):
         fig, ax = plt.subplots(figsize=(7.5, 4.8))
