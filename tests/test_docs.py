@@ -60,3 +60,38 @@ def test_the_readme_quick_start_is_what_make_run_runs():
     recipe = makefile[makefile.index("\nrun:"):].split("\n")[2]
     assert QUICK_START.removeprefix("birder-repro") in recipe, recipe
     assert QUICK_START in (REPO / "README.md").read_text()
+
+
+# The README's sections that report a committed experiment, and the docs page that reports it in full: every number
+# the README states there must be one the page states (a rerun that changes the page must change the README too).
+EXPERIMENT_SECTIONS = {"## Where Birder pays": "docs/time-to-accuracy.md"}
+
+
+def numbers(text: str) -> set[str]:
+    """The numbers written in ``text`` (``18.0``, ``1.6``, ``4.2`` of ``4.2x``, ``2,5`` ...), as written."""
+    return set(re.findall(r"\d+(?:[.,]\d+)*", text))
+
+
+def stated_elsewhere(number: str, text: str) -> bool:
+    return re.search(rf"(?<![\d.,]){re.escape(number)}(?![\d]|[.,]\d)", text) is not None
+
+
+def readme_section(heading: str) -> str:
+    readme = (REPO / "README.md").read_text()
+    start = readme.index(heading)
+    end = readme.find("\n## ", start + len(heading))
+    return readme[start:end if end > 0 else None]
+
+
+@pytest.mark.parametrize("heading", sorted(EXPERIMENT_SECTIONS))
+def test_the_readme_states_the_numbers_its_experiment_page_states(heading):
+    section = readme_section(heading)
+    page = (REPO / EXPERIMENT_SECTIONS[heading]).read_text()
+    missing = sorted(n for n in numbers(section) if not stated_elsewhere(n, page))
+    assert not missing, f"README's {heading!r} states {missing}, which {EXPERIMENT_SECTIONS[heading]} does not"
+
+
+def test_a_number_the_page_does_not_state_is_noticed():
+    assert stated_elsewhere("18.0", "Birder 18.0 ± 1.6 s") and not stated_elsewhere("18.0", "Birder 18.05 s")
+    assert not stated_elsewhere("2.7", "2.68 MB") and stated_elsewhere("4.2", "4.2x the best")
+    assert numbers("4.2x at 50 Mbit/s, 670,730 parameters") == {"4.2", "50", "670,730"}
