@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -68,8 +68,11 @@ def _backend_ops(backend: str, g, received, nodes: int, packed_result, out) -> d
         kernels.worker_compress(g, m, b, e, seed=kernels.derive_seed(0, step[0], "worker", 0), backend=backend)
         kernels.server_compress(received, e_bar, seed=kernels.derive_seed(0, step[0], "server", 0), backend=backend)
 
-    return {"compress": compress, "decompress": lambda: kernels.unpack(packed_result, backend=backend),
-            "into": lambda: kernels.unpack(packed_result, backend=backend, out=out)}
+    return {
+        "compress": compress,
+        "decompress": lambda: kernels.unpack(packed_result, backend=backend),
+        "into": lambda: kernels.unpack(packed_result, backend=backend, out=out),
+    }
 
 
 def _torch_rand_ops(g, received, nodes: int, packed_result, out) -> dict[str, Callable[[], object]]:
@@ -84,12 +87,16 @@ def _torch_rand_ops(g, received, nodes: int, packed_result, out) -> dict[str, Ca
         mean = unpack_signs(received).mean(dim=0)
         pack_bits(server_step_(mean, e_bar, torch.rand(mean.numel(), generator=gen, device=g.device)))
 
-    return {"compress": compress, "decompress": lambda: unpack_signs(packed_result),
-            "into": lambda: out.copy_(unpack_signs(packed_result))}
+    return {
+        "compress": compress,
+        "decompress": lambda: unpack_signs(packed_result),
+        "into": lambda: out.copy_(unpack_signs(packed_result)),
+    }
 
 
-def bench_bucket(numel: int, nodes: int, rounds: int, device: torch.device, torch_rounds: int = 1,
-                 backends=None) -> dict[str, dict]:
+def bench_bucket(
+    numel: int, nodes: int, rounds: int, device: torch.device, torch_rounds: int = 1, backends=None
+) -> dict[str, dict]:
     """Median seconds per row (copy, each backend, torch.rand) and op (compress, decompress, into)."""
     padded = padded_size(numel, 8 * nodes)
     gen = torch.Generator(device=device).manual_seed(0)
@@ -141,22 +148,33 @@ def main(argv=None) -> None:
     parser.add_argument("--torch-rounds", type=int, default=1, help="rounds of the (slow) torch reference")
     parser.add_argument("--nodes", type=int, default=2, help="nodes whose chunks the server step averages")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--sizes", nargs="*", type=_size, default=list(SIZES.items()),
-                        help=f"bucket names ({', '.join(SIZES)}) or numbers of elements")
+    parser.add_argument(
+        "--sizes",
+        nargs="*",
+        type=_size,
+        default=list(SIZES.items()),
+        help=f"bucket names ({', '.join(SIZES)}) or numbers of elements",
+    )
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    print(f"birder-repro bench: device {device}, torch {torch.__version__}, {torch.get_num_threads()} CPU threads, "
-          f"median of {args.rounds} rounds (torch reference: {min(args.rounds, args.torch_rounds)}), "
-          f"server step over {args.nodes} nodes")
-    print(f"{'bucket':<18} {'row':<11} {'threads':>7} {'compress ms':>12} {'x copy':>7} {'decompress ms':>14} "
-          f"{'x copy':>7} {'into buffer ms':>15} {'x copy_':>8}")
+    print(
+        f"birder-repro bench: device {device}, torch {torch.__version__}, {torch.get_num_threads()} CPU threads, "
+        f"median of {args.rounds} rounds (torch reference: {min(args.rounds, args.torch_rounds)}), "
+        f"server step over {args.nodes} nodes"
+    )
+    print(
+        f"{'bucket':<18} {'row':<11} {'threads':>7} {'compress ms':>12} {'x copy':>7} {'decompress ms':>14} "
+        f"{'x copy':>7} {'into buffer ms':>15} {'x copy_':>8}"
+    )
     for label, numel in args.sizes:
         r = bench_bucket(numel, args.nodes, args.rounds, device, args.torch_rounds)
         c = r["copy"]
         for name, t in r.items():
-            print(f"{label:<18} {name:<11} {str(t['threads']):>7} {t['compress'] * 1e3:12.1f} "
-                  f"{t['compress'] / c['compress']:7.1f} {t['decompress'] * 1e3:14.1f} "
-                  f"{t['decompress'] / c['decompress']:7.2f} {t['into'] * 1e3:15.1f} {t['into'] / c['into']:8.2f}")
+            print(
+                f"{label:<18} {name:<11} {t['threads']!s:>7} {t['compress'] * 1e3:12.1f} "
+                f"{t['compress'] / c['compress']:7.1f} {t['decompress'] * 1e3:14.1f} "
+                f"{t['decompress'] / c['decompress']:7.2f} {t['into'] * 1e3:15.1f} {t['into'] / c['into']:8.2f}"
+            )
 
 
 if __name__ == "__main__":

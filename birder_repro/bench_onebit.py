@@ -34,7 +34,7 @@ def resnet50_buckets(cap_mb: float) -> list[tuple]:
     for index in reversed(range(len(sizes))):  # DDP fills buckets in reverse order of the parameters
         current.append((index, filled, sizes[index]))
         filled += sizes[index]
-        if filled * 4 >= cap_mb * 2 ** 20:
+        if filled * 4 >= cap_mb * 2**20:
             buckets.append(tuple(current))
             current, filled = [], 0
     if current:
@@ -79,10 +79,14 @@ def main(argv=None) -> None:
         for i, sig in enumerate(resnet50_buckets(args.bucket_cap_mb)):
             t = time_bucket(sig, args.rounds)
             totals = {k: totals[k] + t[k] for k in totals}
-            print(f"{i:>6} {len(sig):>7} {sum(n for _, _, n in sig):>10} {t['bucket'] * 1e3:>15.2f} "
-                  f"{t['tensor'] * 1e3:>15.2f} {t['tensor'] / t['bucket']:.3f}")
-        print(f"all buckets: tensor / bucket = {totals['tensor'] / totals['bucket']:.3f} "
-              f"(medians of {args.rounds} rounds, {args.threads} thread(s), torch {torch.__version__})")
+            print(
+                f"{i:>6} {len(sig):>7} {sum(n for _, _, n in sig):>10} {t['bucket'] * 1e3:>15.2f} "
+                f"{t['tensor'] * 1e3:>15.2f} {t['tensor'] / t['bucket']:.3f}"
+            )
+        print(
+            f"all buckets: tensor / bucket = {totals['tensor'] / totals['bucket']:.3f} "
+            f"(medians of {args.rounds} rounds, {args.threads} thread(s), torch {torch.__version__})"
+        )
     finally:
         dist.destroy_process_group()
 

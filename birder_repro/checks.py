@@ -28,16 +28,19 @@ def check_task_name(cfg: Any) -> None:
     from birder_repro.tasks import list_tasks
 
     if cfg.task.name not in list_tasks():
-        raise ConfigError(f"task={cfg.task.name!r} has a config but no registered task; "
-                          f"registered: {', '.join(list_tasks())}")
+        raise ConfigError(
+            f"task={cfg.task.name!r} has a config but no registered task; registered: {', '.join(list_tasks())}"
+        )
 
 
 def check_optim_name(cfg: Any) -> None:
     from birder_repro.optim import list_optimizers
 
     if cfg.optim.name not in list_optimizers():
-        raise ConfigError(f"optim={cfg.optim.name!r} has a config but no registered optimizer; "
-                          f"registered: {', '.join(list_optimizers())}")
+        raise ConfigError(
+            f"optim={cfg.optim.name!r} has a config but no registered optimizer; "
+            f"registered: {', '.join(list_optimizers())}"
+        )
 
 
 def check_target(cfg: Any) -> None:
@@ -64,8 +67,13 @@ def check_probe(cfg: Any) -> None:
 
 
 # The names first: the later checks look the task and the optimizer up.
-SECTION_CHECKS = (("optim.name", check_optim_name), ("task.name", check_task_name),
-                  ("task.target", check_target), ("parallel", check_parallel), ("probe", check_probe))
+SECTION_CHECKS = (
+    ("optim.name", check_optim_name),
+    ("task.name", check_task_name),
+    ("task.target", check_target),
+    ("parallel", check_parallel),
+    ("probe", check_probe),
+)
 
 
 def install() -> None:

@@ -24,8 +24,9 @@ import os
 import socket
 import sys
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import hydra
 from hydra.core.global_hydra import GlobalHydra
@@ -33,9 +34,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from birder_repro import checks  # noqa: F401 - installs the checks of the sections higher layers own
+from birder_repro import (
+    checks,  # noqa: F401 - installs the checks of the sections higher layers own
+    record,
+)
 from birder_repro import config as layout
-from birder_repro import record
 from birder_repro.digest import LAUNCH_ENV
 
 __all__ = ["CONF_DIR", "run", "main"]
@@ -49,7 +52,7 @@ TERMINATED = 143  # ... and by SIGTERM (the emulated launcher returns it after r
 GROUPS = ("task", "optim", "cluster", "launcher", "logger", "experiment")  # conf/'s groups a user picks
 
 
-def config_path() -> Optional[str]:
+def config_path() -> str | None:
     """Where Hydra finds the config tree: the checkout's conf/, else a packaged copy, else None."""
     if (CONF_DIR / "config.yaml").is_file():
         return str(CONF_DIR)
@@ -61,7 +64,7 @@ def config_path() -> Optional[str]:
     return None
 
 
-def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
+def run(cfg: DictConfig, run_dir: Path | None = None) -> int:
     """One run: resolve and check the config, choose and write the run directory, launch; return the exit code.
 
     Never raises for a failed run: the failure is printed and written to ``record.json`` (except in a dry run,
@@ -92,8 +95,14 @@ def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
     except layout.ConfigError as err:
         return _fail(cfg, run_dir or _job_dir(cfg), f"config error: {err}", started, code=2)
     except Exception as err:  # noqa: BLE001 - a bug must not stop the other cells of a sweep either
-        return _fail(cfg, run_dir or _job_dir(cfg), f"{type(err).__name__}: {err}", started, code=1,
-                     traceback=traceback.format_exc())
+        return _fail(
+            cfg,
+            run_dir or _job_dir(cfg),
+            f"{type(err).__name__}: {err}",
+            started,
+            code=1,
+            traceback=traceback.format_exc(),
+        )
     if cfg.dry_run or (code == 0 and _submitted(resolved)):
         return code
     from birder_repro.launch.process import signals_deferred
@@ -133,8 +142,10 @@ def _check_gpus_per_node_knowable(cfg: DictConfig) -> None:
     except layout.ConfigError:  # a refused launcher is reported by the launcher's own check, after this one
         return
     if launcher == "slurm":
-        raise layout.ConfigError("gpus_per_node=auto with launcher=slurm: the machine that submits the job cannot "
-                                 "count the compute nodes' GPUs; set gpus_per_node=<processes per node>")
+        raise layout.ConfigError(
+            "gpus_per_node=auto with launcher=slurm: the machine that submits the job cannot "
+            "count the compute nodes' GPUs; set gpus_per_node=<processes per node>"
+        )
 
 
 def reference_configs(cfg: DictConfig) -> list[DictConfig]:
@@ -192,13 +203,16 @@ def _hydra_initialized() -> Iterator[None]:
         yield
         return
     path = config_path()
-    init = (hydra.initialize_config_module(config_module=path.removeprefix("pkg://"), version_base="1.3")
-            if path.startswith("pkg://") else hydra.initialize_config_dir(config_dir=path, version_base="1.3"))
+    init = (
+        hydra.initialize_config_module(config_module=path.removeprefix("pkg://"), version_base="1.3")
+        if path.startswith("pkg://")
+        else hydra.initialize_config_dir(config_dir=path, version_base="1.3")
+    )
     with init:
         yield
 
 
-def _missing_data(cfg: DictConfig) -> Optional[str]:
+def _missing_data(cfg: DictConfig) -> str | None:
     """The one line that says the run's real dataset is missing, or None; checked before anything starts.
 
     A dry run and a SLURM job only warn: a dry run starts nothing, and the job's nodes may see files that this
@@ -216,7 +230,7 @@ def _missing_data(cfg: DictConfig) -> Optional[str]:
     return None
 
 
-def _missing_resume(cfg: DictConfig) -> Optional[str]:
+def _missing_resume(cfg: DictConfig) -> str | None:
     """The one line that says ``train.resume`` names no usable checkpoint (a missing path, an incomplete
     checkpoint, a directory without one), or None; checked before anything starts. A dry run and a SLURM job
     only warn, as for the data."""
@@ -241,11 +255,12 @@ def _submitted(cfg: DictConfig) -> bool:
     return choose_launcher(cfg) == "slurm"
 
 
-def _job_dir(cfg: DictConfig, resolved: Optional[DictConfig] = None) -> Path:
+def _job_dir(cfg: DictConfig, resolved: DictConfig | None = None) -> Path:
     """The run directory (birder_repro.rundir): ``hydra.run.dir`` where given (the same on every node); else,
     once the config is resolved, the run ``train.resume=auto`` continues, or a torchrun run's directory named
     after its rendezvous id (every node derives the same one, in a sweep too: each cell has its own id); else
-    Hydra's (run.dir, or sweep.dir/subdir in a sweep); a fresh one outside Hydra. Hydra's own directory is removed where another is chosen and it holds
+    Hydra's (run.dir, or sweep.dir/subdir in a sweep); a fresh one outside Hydra. Hydra's own directory is removed
+    where another is chosen and it holds
     nothing but Hydra's files."""
     hydra_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
     if resolved is None or (hydra_dir is not None and _run_dir_given()):
@@ -260,11 +275,13 @@ def _job_dir(cfg: DictConfig, resolved: Optional[DictConfig] = None) -> Path:
 
 def _run_dir_given() -> bool:
     """``hydra.run.dir=`` (or a sweep's ``hydra.sweep.dir=``) on the command line: the user's choice wins."""
-    return any(o.split("=", 1)[0].lstrip("+~") in ("hydra.run.dir", "hydra.sweep.dir")
-               for o in HydraConfig.get().overrides.hydra)
+    return any(
+        o.split("=", 1)[0].lstrip("+~") in ("hydra.run.dir", "hydra.sweep.dir")
+        for o in HydraConfig.get().overrides.hydra
+    )
 
 
-def _chosen_dir(cfg: DictConfig) -> Optional[Path]:
+def _chosen_dir(cfg: DictConfig) -> Path | None:
     """``train.resume=auto``'s run (saying in one line when there is none), else a torchrun run's directory
     under the runs root named by its rendezvous id; None: the caller's (Hydra's) directory."""
     from birder_repro import rundir
@@ -276,8 +293,11 @@ def _chosen_dir(cfg: DictConfig) -> Optional[Path]:
         if found is not None:
             print(f"[birder-repro] train.resume=auto: continuing {found}", flush=True)
             return found
-        print(f"[birder-repro] train.resume=auto: no interrupted or failed run of this configuration (config digest "
-              f"{cell}) with a complete checkpoint under {record.runs_root()}: starting afresh", flush=True)
+        print(
+            f"[birder-repro] train.resume=auto: no interrupted or failed run of this configuration (config digest "
+            f"{cell}) with a complete checkpoint under {record.runs_root()}: starting afresh",
+            flush=True,
+        )
     if choose_launcher(cfg) == "torchrun":
         return record.runs_root() / torchrun.rdzv_id(cfg)
     return None
@@ -289,8 +309,10 @@ def _remove_if_unused(path: Path) -> None:
 
     if not path.is_dir():
         return
-    if any(p.name != ".hydra" and not (p.suffix == ".log" and p.is_file() and p.stat().st_size == 0)
-           for p in path.iterdir()):
+    if any(
+        p.name != ".hydra" and not (p.suffix == ".log" and p.is_file() and p.stat().st_size == 0)
+        for p in path.iterdir()
+    ):
         return
     shutil.rmtree(path, ignore_errors=True)
     try:
@@ -368,8 +390,9 @@ def _finish(cfg: DictConfig, run_dir: Path, code: int, started: str) -> int:
     """After the workers: how the run ended, told once (birder_repro.finish.finish_run)."""
     from birder_repro import finish
 
-    return finish.finish_run(cfg, run_dir, code, started, writes_record=_writes_record(cfg),
-                             command_line=_command_line(cfg))
+    return finish.finish_run(
+        cfg, run_dir, code, started, writes_record=_writes_record(cfg), command_line=_command_line(cfg)
+    )
 
 
 @hydra.main(config_path=config_path() or str(CONF_DIR), config_name="config", version_base="1.3")
@@ -385,7 +408,7 @@ def _hydra_main(cfg: DictConfig) -> int:
     return code
 
 
-def missing_recipe_line(cfg: DictConfig) -> Optional[str]:
+def missing_recipe_line(cfg: DictConfig) -> str | None:
     """One line when the run's (task, optimizer) pair has no paper recipe (conf/recipe/<task>/<optim>.yaml is
     optional in the defaults list) and which settings apply instead; None when it has one, and for
     ``mode=probe``, which trains nothing."""
@@ -395,8 +418,10 @@ def missing_recipe_line(cfg: DictConfig) -> Optional[str]:
         return None
     optim_settings = _leaves(OmegaConf.to_container(cfg.optim, resolve=True))
     settings = ", ".join(f"{key}={_yaml_value(value)}" for key, value in optim_settings if key != "name")
-    return (f"no paper recipe for task={task} optim={optim} (no conf/recipe/{task}/{optim}.yaml): the generic "
-            f"settings of conf/optim/{optim}.yaml apply: {settings}")
+    return (
+        f"no paper recipe for task={task} optim={optim} (no conf/recipe/{task}/{optim}.yaml): the generic "
+        f"settings of conf/optim/{optim}.yaml apply: {settings}"
+    )
 
 
 def _has_recipe(task: str, optim: str) -> bool:
@@ -425,16 +450,18 @@ def _yaml_value(value: Any) -> str:
 def main() -> None:
     """The ``birder-repro`` console script."""
     if config_path() is None:
-        sys.exit(f"birder-repro: the config tree is not at {CONF_DIR} and no {CONF_PACKAGE} package is installed: "
-                 "reinstall the project (pip install <checkout>, or a wheel built from it: both carry conf/ as "
-                 f"{CONF_PACKAGE})")
+        sys.exit(
+            f"birder-repro: the config tree is not at {CONF_DIR} and no {CONF_PACKAGE} package is installed: "
+            "reinstall the project (pip install <checkout>, or a wheel built from it: both carry conf/ as "
+            f"{CONF_PACKAGE})"
+        )
     problem = _runs_dir_problem()
     if problem:
         sys.exit(f"birder-repro: {problem}")
     _hydra_main()
 
 
-def _runs_dir_problem(env=os.environ) -> Optional[str]:
+def _runs_dir_problem(env=os.environ) -> str | None:
     """Why the runs directory (BIRDER_RUNS, default ./runs) cannot take a run, before Hydra tries to make one.
     Creates nothing: the nearest existing directory on the way must be writable."""
     root = Path(env.get("BIRDER_RUNS") or "runs").absolute()

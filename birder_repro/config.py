@@ -20,13 +20,28 @@ from __future__ import annotations
 
 import difflib
 import os
-from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-__all__ = ["ConfigError", "resolve_gpus_per_node", "world_size", "global_batch", "effective_lr",
-           "resolve_device", "resolve_backend", "cpu_count", "data_workers", "check_types", "check_known_keys",
-           "validate", "resolve", "install_section_checks", "section_checks"]
+__all__ = [
+    "ConfigError",
+    "resolve_gpus_per_node",
+    "world_size",
+    "global_batch",
+    "effective_lr",
+    "resolve_device",
+    "resolve_backend",
+    "cpu_count",
+    "data_workers",
+    "check_types",
+    "check_known_keys",
+    "validate",
+    "resolve",
+    "install_section_checks",
+    "section_checks",
+]
 
 AUTO_MAX_DATA_WORKERS = 8  # data.num_workers=auto never starts more loader processes per training process
 
@@ -86,7 +101,7 @@ def _cuda_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def resolve_gpus_per_node(value: Any, gpu_count: Optional[int] = None) -> int:
+def resolve_gpus_per_node(value: Any, gpu_count: int | None = None) -> int:
     """``gpus_per_node`` as a number: ``auto`` is the GPUs present, or 1 process per node on CPU."""
     if value == "auto":
         count = _cuda_count() if gpu_count is None else gpu_count
@@ -120,8 +135,12 @@ def effective_lr(cfg: DictConfig) -> float:
     return lr * global_batch(cfg) / float(scaling) if scaling else lr
 
 
-def resolve_device(cfg: DictConfig, local_processes: int, gpu_count: Optional[int] = None,
-                   why_no_cuda: Optional[Callable[[], Optional[str]]] = None) -> str:
+def resolve_device(
+    cfg: DictConfig,
+    local_processes: int,
+    gpu_count: int | None = None,
+    why_no_cuda: Callable[[], str | None] | None = None,
+) -> str:
     """``cuda`` when every process on this machine has a GPU of its own, ``cpu`` on a machine without GPUs or
     when asked; a machine with GPUs, but fewer than its processes, is an error (never a silent run on the CPU).
 
@@ -139,15 +158,17 @@ def resolve_device(cfg: DictConfig, local_processes: int, gpu_count: Optional[in
             why_no_cuda = cuda_env.why_no_cuda
         unusable = why_no_cuda() if why_no_cuda is not None else None
         if unusable:
-            raise ConfigError(f"device={cfg.device}: torch sees no CUDA device, and {unusable}; or set device=cpu "
-                              "to train on the CPU")
+            raise ConfigError(
+                f"device={cfg.device}: torch sees no CUDA device, and {unusable}; or set device=cpu to train on the CPU"
+            )
         if cfg.device == "auto":
             return "cpu"
     if gpus < local_processes:
         raise ConfigError(
             f"device={cfg.device} needs a GPU for each of the {local_processes} processes on this machine, and "
             f"{gpus} {'is' if gpus == 1 else 'are'} visible: lower gpus_per_node (or nodes, with launcher=local), "
-            "or set device=cpu to run on the CPU")
+            "or set device=cpu to run on the CPU"
+        )
     return "cuda"
 
 
@@ -157,8 +178,9 @@ def resolve_backend(cfg: DictConfig, device: str) -> str:
     if backend == "auto":
         return "nccl" if device == "cuda" else "gloo"
     if backend == "nccl" and device != "cuda":
-        raise ConfigError("cluster.backend=nccl needs a GPU per process; this run is on the CPU: "
-                          "set cluster.backend=gloo (or auto)")
+        raise ConfigError(
+            "cluster.backend=nccl needs a GPU per process; this run is on the CPU: set cluster.backend=gloo (or auto)"
+        )
     return backend
 
 
@@ -171,7 +193,7 @@ def _plain(cfg: Any) -> Any:
     return {key: _plain(cfg[key]) for key in cfg if key != "hydra"}
 
 
-def _kind(value: Any) -> Optional[str]:
+def _kind(value: Any) -> str | None:
     if value is None:
         return None
     if isinstance(value, bool):
@@ -181,9 +203,13 @@ def _kind(value: Any) -> Optional[str]:
     return {list: "list", tuple: "list", dict: "section"}.get(type(value), "text")
 
 
-_KIND_HINTS = {"flag": "use true or false", "number": "use a number", "list": "use a list, e.g. [1, 2]",
-               "section": "it is a section of keys: set its keys (section.key=value)",
-               "text": "use a single value, not a list or section"}
+_KIND_HINTS = {
+    "flag": "use true or false",
+    "number": "use a number",
+    "list": "use a list, e.g. [1, 2]",
+    "section": "it is a section of keys: set its keys (section.key=value)",
+    "text": "use a single value, not a list or section",
+}
 
 
 def _fits(value: Any, want: Any) -> bool:
@@ -227,11 +253,12 @@ def check_known_keys(cfg: Any, reference: Any) -> None:
         return
     close = difflib.get_close_matches(unknown, sorted(_dotted_keys(ref)), n=1)
     hint = f"did you mean {close[0]}?" if close else "check the spelling (birder-repro --cfg job lists the keys)"
-    raise ConfigError(f"{unknown}: no such setting; {hint} (a '+key=' override cannot add a setting that no config "
-                      "file declares)")
+    raise ConfigError(
+        f"{unknown}: no such setting; {hint} (a '+key=' override cannot add a setting that no config file declares)"
+    )
 
 
-def _unknown_key(values: Mapping, reference: Mapping, prefix: str) -> Optional[str]:
+def _unknown_key(values: Mapping, reference: Mapping, prefix: str) -> str | None:
     """The dotted name of the first key of ``values`` that ``reference`` lacks, or None."""
     if not reference:  # a section the config files leave empty: its keys are the user's
         return None
@@ -282,10 +309,15 @@ def validate(cfg: DictConfig, references: Sequence[Any] = ()) -> None:
         _check_positive_int(cfg, "train.steps")
     resolve_gpus_per_node(cfg.gpus_per_node, gpu_count=0)  # type check only; auto is always fine
     workers = OmegaConf.select(cfg, "data.num_workers", default=None)
-    if workers is not None and workers != "auto" and (isinstance(workers, bool) or not isinstance(workers, int)
-                                                      or workers < 0):
-        raise ConfigError(f"data.num_workers={workers!r}: use auto (from the cores of each process) or a whole "
-                          "number >= 0 (0: load in the training process)")
+    if (
+        workers is not None
+        and workers != "auto"
+        and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0)
+    ):
+        raise ConfigError(
+            f"data.num_workers={workers!r}: use auto (from the cores of each process) or a whole "
+            "number >= 0 (0: load in the training process)"
+        )
     for key, allowed in CHOICES.items():
         value = OmegaConf.select(cfg, key, default=None)
         if value is not None and value not in allowed:
@@ -322,7 +354,7 @@ def _check_positive_int(cfg: DictConfig, key: str) -> None:
         raise ConfigError(f"{key}={value!r}: use a whole number >= 1")
 
 
-def resolve(cfg: DictConfig, gpu_count: Optional[int] = None, references: Sequence[Any] = ()) -> DictConfig:
+def resolve(cfg: DictConfig, gpu_count: int | None = None, references: Sequence[Any] = ()) -> DictConfig:
     """A validated copy of ``cfg`` with every interpolation resolved, as the workers will read it.
 
     ``gpus_per_node`` becomes a number and ``optim.effective_lr`` records the learning rate the optimizer
@@ -331,8 +363,13 @@ def resolve(cfg: DictConfig, gpu_count: Optional[int] = None, references: Sequen
     """
     validate(cfg, references)
     # Key by key, leaving "hydra" out before resolving: its run-time fields resolve only inside a Hydra job.
-    out = OmegaConf.create({key: OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key])
-                            else cfg[key] for key in cfg if key != "hydra"})
+    out = OmegaConf.create(
+        {
+            key: OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key]) else cfg[key]
+            for key in cfg
+            if key != "hydra"
+        }
+    )
     out.gpus_per_node = resolve_gpus_per_node(cfg.gpus_per_node, gpu_count)
     with open_dict(out):
         out.optim.effective_lr = effective_lr(out)

@@ -22,9 +22,9 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Optional
 
 __all__ = ["Probe", "probe", "diagnosis", "why_no_cuda", "MIN_DRIVER", "ROOT_ENV", "SMI_ENV"]
 
@@ -43,10 +43,10 @@ class Probe:
 
     devices: list[str] = field(default_factory=list)  # /dev/nvidia0, /dev/nvidia1, ... (not nvidiactl, -uvm)
     gpus: list[str] = field(default_factory=list)  # nvidia-smi -L, one line a GPU
-    driver: Optional[str] = None  # e.g. "570.124.06"
+    driver: str | None = None  # e.g. "570.124.06"
     torch_version: str = ""
-    torch_cuda: Optional[str] = None  # torch.version.cuda: None for a CPU-only build
-    visible: Optional[str] = None  # CUDA_VISIBLE_DEVICES, None when unset
+    torch_cuda: str | None = None  # torch.version.cuda: None for a CPU-only build
+    visible: str | None = None  # CUDA_VISIBLE_DEVICES, None when unset
 
     @property
     def nvidia_present(self) -> bool:
@@ -57,7 +57,7 @@ class Probe:
         return max(len(self.devices), len(self.gpus))
 
 
-def _smi(command: Optional[str], *args: str) -> Optional[str]:
+def _smi(command: str | None, *args: str) -> str | None:
     """``nvidia-smi`` output, or None where it is missing or fails (no driver loaded)."""
     if not command:
         return None
@@ -68,7 +68,7 @@ def _smi(command: Optional[str], *args: str) -> Optional[str]:
     return proc.stdout if proc.returncode == 0 else None
 
 
-def _proc_driver(path: Path) -> Optional[str]:
+def _proc_driver(path: Path) -> str | None:
     """The driver version from ``/proc/driver/nvidia/version`` ("NVRM version: ... Kernel Module  570.124.06 ...")."""
     try:
         match = re.search(r"Kernel Module\s+(?:for \S+\s+)?([0-9]+(?:\.[0-9]+)+)", path.read_text())
@@ -77,8 +77,13 @@ def _proc_driver(path: Path) -> Optional[str]:
     return match.group(1) if match else None
 
 
-def probe(root: Optional[Path] = None, smi: Optional[str] = None, env: Mapping[str, str] = os.environ,
-          torch_version: Optional[str] = None, torch_cuda: Optional[str] = "unset") -> Probe:
+def probe(
+    root: Path | None = None,
+    smi: str | None = None,
+    env: Mapping[str, str] = os.environ,
+    torch_version: str | None = None,
+    torch_cuda: str | None = "unset",
+) -> Probe:
     """Read the devices, ``nvidia-smi`` and the driver under ``root`` (default ``/`` or ``$BIRDER_CUDA_PROBE_ROOT``)
     with the ``smi`` command (default ``$BIRDER_NVIDIA_SMI`` or ``nvidia-smi`` on the PATH); torch's version and
     CUDA as given, else from the installed torch."""
@@ -92,45 +97,63 @@ def probe(root: Optional[Path] = None, smi: Optional[str] = None, env: Mapping[s
     devices = sorted(str(p) for p in (root / "dev").glob("nvidia*") if re.fullmatch(r"nvidia[0-9]+", p.name))
     listing = _smi(smi, "-L") or ""
     driver = (_smi(smi, "--query-gpu=driver_version", "--format=csv,noheader") or "").strip().splitlines()
-    return Probe(devices=devices, gpus=[line for line in listing.splitlines() if line.startswith("GPU ")],
-                 driver=driver[0].strip() if driver else _proc_driver(root / "proc/driver/nvidia/version"),
-                 torch_version=torch_version, torch_cuda=torch_cuda, visible=env.get("CUDA_VISIBLE_DEVICES"))
+    return Probe(
+        devices=devices,
+        gpus=[line for line in listing.splitlines() if line.startswith("GPU ")],
+        driver=driver[0].strip() if driver else _proc_driver(root / "proc/driver/nvidia/version"),
+        torch_version=torch_version,
+        torch_cuda=torch_cuda,
+        visible=env.get("CUDA_VISIBLE_DEVICES"),
+    )
 
 
-def _major(version: Optional[str]) -> Optional[int]:
+def _major(version: str | None) -> int | None:
     match = re.match(r"\s*([0-9]+)", version or "")
     return int(match.group(1)) if match else None
 
 
-def diagnosis(p: Probe) -> Optional[str]:
+def diagnosis(p: Probe) -> str | None:
     """One line: why torch sees no CUDA device on a machine with NVIDIA GPUs, and the fix; None without them."""
     if not p.nvidia_present:
         return None
     seen = f"this machine has {p.gpu_count} NVIDIA GPU{'s' if p.gpu_count != 1 else ''}"
     if p.visible is not None and p.visible.strip() in ("", "-1", "NoDevFiles"):
-        return (f"{seen}, but CUDA_VISIBLE_DEVICES={p.visible!r} hides them from torch: unset it or list the GPUs "
-                "(e.g. CUDA_VISIBLE_DEVICES=0,1)")
+        return (
+            f"{seen}, but CUDA_VISIBLE_DEVICES={p.visible!r} hides them from torch: unset it or list the GPUs "
+            "(e.g. CUDA_VISIBLE_DEVICES=0,1)"
+        )
     if p.torch_cuda is None:
-        return (f"{seen}, but torch {p.torch_version} is a CPU-only build: install a CUDA build of torch "
-                "(https://pytorch.org/get-started/locally/)")
+        return (
+            f"{seen}, but torch {p.torch_version} is a CPU-only build: install a CUDA build of torch "
+            "(https://pytorch.org/get-started/locally/)"
+        )
     cuda, driver = _major(p.torch_cuda), _major(p.driver)
     need = MIN_DRIVER.get(cuda or 0)
     if driver is not None and need is not None and driver < need:
         wheel, wheel_driver = OLDER_WHEEL.get(cuda, (None, None))
-        older = (f"install a torch built for an older CUDA that this driver runs (e.g. pip install torch "
-                 f"--index-url https://download.pytorch.org/whl/{wheel}, for drivers >= {wheel_driver}), or "
-                 if wheel and driver >= wheel_driver else "")
-        return (f"{seen}, but its NVIDIA driver {p.driver} is older than torch {p.torch_version} (built for CUDA "
-                f"{p.torch_cuda}) needs (driver >= {need}): {older}update the driver to {need} or newer")
+        older = (
+            f"install a torch built for an older CUDA that this driver runs (e.g. pip install torch "
+            f"--index-url https://download.pytorch.org/whl/{wheel}, for drivers >= {wheel_driver}), or "
+            if wheel and driver >= wheel_driver
+            else ""
+        )
+        return (
+            f"{seen}, but its NVIDIA driver {p.driver} is older than torch {p.torch_version} (built for CUDA "
+            f"{p.torch_cuda}) needs (driver >= {need}): {older}update the driver to {need} or newer"
+        )
     if p.driver is None:
-        return (f"{seen}, but no NVIDIA driver answers (nvidia-smi failed and /proc/driver/nvidia/version is "
-                "missing): load or reinstall the driver")
+        return (
+            f"{seen}, but no NVIDIA driver answers (nvidia-smi failed and /proc/driver/nvidia/version is "
+            "missing): load or reinstall the driver"
+        )
     visible = f", CUDA_VISIBLE_DEVICES={p.visible!r}" if p.visible is not None else ""
-    return (f"{seen} (driver {p.driver}{visible}), but torch {p.torch_version} (CUDA {p.torch_cuda}) cannot use "
-            "them: run python -c 'import torch; torch.cuda.init()' for CUDA's own error and fix what it names")
+    return (
+        f"{seen} (driver {p.driver}{visible}), but torch {p.torch_version} (CUDA {p.torch_cuda}) cannot use "
+        "them: run python -c 'import torch; torch.cuda.init()' for CUDA's own error and fix what it names"
+    )
 
 
-def why_no_cuda() -> Optional[str]:
+def why_no_cuda() -> str | None:
     """The :func:`diagnosis` of this machine (as the environment's stand-ins say), for a caller that found
     ``torch.cuda.is_available()`` False."""
     return diagnosis(probe())

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 __all__ = ["PER_NODE", "NO_RESULT", "NODES_DIR", "LAUNCH_ENV", "digest", "run_digest", "cell_digest"]
 
@@ -22,9 +23,20 @@ __all__ = ["PER_NODE", "NO_RESULT", "NODES_DIR", "LAUNCH_ENV", "digest", "run_di
 PER_NODE = ("launcher.node_rank", "dry_run")
 # Settings that cannot change what a run computes: where and how it is launched and logged, how often it
 # checkpoints and how it resumes. Everything else (the seed included) makes another cell.
-NO_RESULT = ("logger", "launcher", "dry_run", "train.resume", "train.resume_policy", "train.log_every",
-             "train.checkpoint_every", "train.keep_checkpoints", "train.checkpoint_on_stop", "train.max_restarts",
-             "train.timeout_s", "train.stop_timeout_s")
+NO_RESULT = (
+    "logger",
+    "launcher",
+    "dry_run",
+    "train.resume",
+    "train.resume_policy",
+    "train.log_every",
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    "train.checkpoint_on_stop",
+    "train.max_restarts",
+    "train.timeout_s",
+    "train.stop_timeout_s",
+)
 NODES_DIR = "nodes"
 LAUNCH_ENV = "BIRDER_LAUNCH"  # set by the CLI for its workers: the id of this launch (attempt) of the directory
 
@@ -35,8 +47,11 @@ def _plain(cfg: Any) -> dict:
 
     if not OmegaConf.is_config(cfg):
         return json.loads(json.dumps(cfg, default=str))
-    return {key: OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key]) else cfg[key]
-            for key in cfg if key != "hydra"}
+    return {
+        key: OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key]) else cfg[key]
+        for key in cfg
+        if key != "hydra"
+    }
 
 
 def digest(cfg: Any, leave_out: Iterable[str]) -> str:

@@ -26,10 +26,23 @@ import time
 import traceback as tb
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional, TextIO
+from typing import TextIO
 
-__all__ = ["MARK", "RESTART_MARK", "STOP_MARK", "FAILURES_DIR", "Failure", "cause_of", "write_failure", "read_failures",
-           "first_failure", "signal_deaths", "write_signal_deaths", "final_line", "TerminalEcho"]
+__all__ = [
+    "MARK",
+    "RESTART_MARK",
+    "STOP_MARK",
+    "FAILURES_DIR",
+    "Failure",
+    "cause_of",
+    "write_failure",
+    "read_failures",
+    "first_failure",
+    "signal_deaths",
+    "write_signal_deaths",
+    "final_line",
+    "TerminalEcho",
+]
 
 MARK = "[birder-repro] failure: "  # a worker's failure line starts with it (the terminal copy stops there)
 RESTART_MARK = "[birder-repro] restarted: "  # restarted workers say so (the terminal copy resumes)
@@ -52,8 +65,11 @@ class Failure:
 
     @property
     def line(self) -> str:
-        return f"rank {self.rank} failed: {self.type}: {self.message}" if self.type else \
-            f"rank {self.rank} failed: {self.message}"
+        return (
+            f"rank {self.rank} failed: {self.type}: {self.message}"
+            if self.type
+            else f"rank {self.rank} failed: {self.message}"
+        )
 
 
 def cause_of(exc: BaseException, explained: str = "") -> tuple[str, str]:
@@ -101,7 +117,7 @@ def read_failures(run_dir: Path) -> list[Failure]:
     return [f for f in found if f.attempt == last]
 
 
-def first_failure(failures: list[Failure]) -> Optional[Failure]:
+def first_failure(failures: list[Failure]) -> Failure | None:
     """The earliest failure that is not a consequence of another rank's (ties: the lower rank); else the
     earliest of all; None without any."""
     if not failures:
@@ -111,8 +127,10 @@ def first_failure(failures: list[Failure]) -> Optional[Failure]:
 
 
 # torchrun's report (torch.distributed.elastic ChildFailedError): one block per failed worker
-_REPORT_BLOCK = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)[^\n]*\n"
-                           r"(?:[^\n]*\n)*?\s*traceback\s*:\s*([^\n]*)")
+_REPORT_BLOCK = re.compile(
+    r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)[^\n]*\n"
+    r"(?:[^\n]*\n)*?\s*traceback\s*:\s*([^\n]*)"
+)
 
 
 SIGTERM = 15  # how torchrun stops the other workers once one has failed: a consequence, never a cause
@@ -145,7 +163,7 @@ def write_signal_deaths(run_dir: Path, log_text: str, node: int) -> None:
         _save(run_dir, Failure(rank, attempt, time.time(), "", f"died: {what} (on node {node})", "", False))
 
 
-def final_line(run_dir: Path, code: int, log_text: str = "") -> tuple[str, Optional[str]]:
+def final_line(run_dir: Path, code: int, log_text: str = "") -> tuple[str, str | None]:
     """(the CLI's last line for a failed run, the traceback to record) from the failure files and torchrun's
     report in ``log_text`` (the end of output.log)."""
     where = f"full output: {Path(run_dir) / 'output.log'}"
@@ -167,7 +185,7 @@ class TerminalEcho:
     after it until restarted workers announce themselves (:data:`RESTART_MARK`). Lines are whole ones (a
     progress bar's carriage returns end lines too), so that a mark split between two reads is still seen."""
 
-    def __init__(self, out: TextIO, shared: Optional["TerminalEcho"] = None):
+    def __init__(self, out: TextIO, shared: TerminalEcho | None = None):
         # ``shared``: another echo whose muting this one follows (the emulated cluster: one echo per node)
         self.out, self._state = out, (shared._state if shared is not None else {"muted": False})
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span reads

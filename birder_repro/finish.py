@@ -17,22 +17,31 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 from omegaconf import DictConfig
 
 from birder_repro import record
 
-__all__ = ["SIGNALLED", "DIVERGED", "finish_run", "print_summary", "fresh_record", "interrupted", "failed",
-           "other_node", "own_resume_command"]
+__all__ = [
+    "SIGNALLED",
+    "DIVERGED",
+    "finish_run",
+    "print_summary",
+    "fresh_record",
+    "interrupted",
+    "failed",
+    "other_node",
+    "own_resume_command",
+]
 
 SIGNALLED = (129, 130, 143)  # 128 + SIGHUP, SIGINT, SIGTERM: the CLI passed a stop signal on (launch.process)
 WAIT_FOR_NODES_S = 10.0
 DIVERGED = 3  # the exit code of a run stopped as diverged (train.diverge_after): not a crash, and no result either
 
 
-def finish_run(cfg: DictConfig, run_dir: Path, code: int, started: str, writes_record: bool = True,
-               command_line: str = "") -> int:
+def finish_run(
+    cfg: DictConfig, run_dir: Path, code: int, started: str, writes_record: bool = True, command_line: str = ""
+) -> int:
     """After the workers: an interrupted run ends with the command that resumes it, last; a failed or diverged
     run in one line (its record's ``error``), last; a completed one in its summary. Only a record written
     since this launch ``started`` counts (a resumed run's directory holds the previous attempt's).
@@ -78,7 +87,7 @@ def _say(line: str) -> None:
     print(f"[birder-repro] {line}", file=sys.stderr, flush=True)
 
 
-def fresh_record(run_dir: Path, started: str) -> Optional[dict]:
+def fresh_record(run_dir: Path, started: str) -> dict | None:
     """The run directory's record if it was written since this launch ``started``, else None."""
     rec = record.read_record(run_dir)
     try:
@@ -111,7 +120,7 @@ def _multi_node(cfg: DictConfig) -> bool:
     return choose_launcher(cfg) == "torchrun" and int(cfg.nodes) > 1
 
 
-def interrupted(cfg: DictConfig, run_dir: Path, code: int, started: str, rec: Optional[dict]) -> int:
+def interrupted(cfg: DictConfig, run_dir: Path, code: int, started: str, rec: dict | None) -> int:
     """A run a signal stopped: its record (the CLI's where rank 0 wrote none), then the resume command, last."""
     from birder_repro.train.checkpoint import CHECKPOINTS, complete_checkpoints
     from birder_repro.train.restarts import reached_step
@@ -119,9 +128,15 @@ def interrupted(cfg: DictConfig, run_dir: Path, code: int, started: str, rec: Op
     if rec is None or rec.get("status") != "interrupted":  # the workers did not get to write it in time
         found = complete_checkpoints(Path(run_dir) / CHECKPOINTS)
         signal = {129: "SIGHUP", 143: "SIGTERM"}.get(code, "SIGINT")
-        rec = record.interrupted_record(cfg, run_dir, reached_step(run_dir), signal, found[-1][1] if found else None,
-                                        started=started, attempts=[*_stale_attempts(run_dir),
-                                                                   _this_attempt(run_dir, "interrupted", started)])
+        rec = record.interrupted_record(
+            cfg,
+            run_dir,
+            reached_step(run_dir),
+            signal,
+            found[-1][1] if found else None,
+            started=started,
+            attempts=[*_stale_attempts(run_dir), _this_attempt(run_dir, "interrupted", started)],
+        )
         record.write_record(run_dir, rec)
     _say(f"{rec['error'].split('; resume: ')[0]}; record: {Path(run_dir) / record.RECORD_FILE}")
     if _multi_node(cfg):
@@ -130,7 +145,7 @@ def interrupted(cfg: DictConfig, run_dir: Path, code: int, started: str, rec: Op
     return code if code in SIGNALLED else 130
 
 
-def failed(cfg: DictConfig, run_dir: Path, code: int, started: str, rec: Optional[dict], log_text: str) -> int:
+def failed(cfg: DictConfig, run_dir: Path, code: int, started: str, rec: dict | None, log_text: str) -> int:
     """A failed run: the first failing rank (every node's failure files), the record, one line last."""
     from birder_repro.failures import final_line
 
@@ -138,8 +153,13 @@ def failed(cfg: DictConfig, run_dir: Path, code: int, started: str, rec: Optiona
         _wait_for_other_nodes(cfg, run_dir)
     line, trace = final_line(run_dir, code, log_text)
     if rec is None:  # the workers died before rank 0 could write (killed, crashed)
-        rec = record.failed_record(cfg, run_dir, line, started=started, attempts=[
-            *_stale_attempts(run_dir), _this_attempt(run_dir, "failed", started)])
+        rec = record.failed_record(
+            cfg,
+            run_dir,
+            line,
+            started=started,
+            attempts=[*_stale_attempts(run_dir), _this_attempt(run_dir, "failed", started)],
+        )
     rec.update(status="failed", error=line, traceback=trace or rec.get("traceback"))
     record.write_record(run_dir, rec)
     _say(f"run failed (exit code {code}); record: {Path(run_dir) / record.RECORD_FILE}")
@@ -161,7 +181,7 @@ def _wait_for_other_nodes(cfg: DictConfig, run_dir: Path) -> None:
         time.sleep(0.2)
 
 
-def other_node(cfg: DictConfig, run_dir: Path, code: int, rec: Optional[dict], command: str) -> int:
+def other_node(cfg: DictConfig, run_dir: Path, code: int, rec: dict | None, command: str) -> int:
     """A node other than 0 (``launcher.node_rank`` > 0): never a record of its own; where the run's is, and
     what its own torchrun saw, for node 0's CLI to name."""
     from birder_repro.failures import final_line, write_signal_deaths
@@ -182,8 +202,9 @@ def other_node(cfg: DictConfig, run_dir: Path, code: int, rec: Optional[dict], c
         _say(f"resume (this node): {own_resume_command(run_dir, command)}")
         return code if code in SIGNALLED else 130
     if code != 0:  # the first failure this node sees (all of them, where the run directory is shared), last
-        _say(f"node {node}: the workers exited with code {code}; the run's record (rank 0's, or node 0's CLI's): "
-             f"{where}")
+        _say(
+            f"node {node}: the workers exited with code {code}; the run's record (rank 0's, or node 0's CLI's): {where}"
+        )
         _say(final_line(run_dir, code, own_log)[0])
         return code
     print(f"[birder-repro] node {node}: the workers finished; the run's record: {where}", flush=True)

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from birder_repro import record
 
@@ -40,25 +40,35 @@ def end_of_attempt(run_dir: Path, code: int, started: str, stopped: str = "", si
     from birder_repro.finish import finish_run  # the one place a run's end is told, the CLI's too
 
     cfg = record.load_run_config(run_dir)
-    code = finish_run(cfg, run_dir, STOPPED_CODE if stopped else code, started, writes_record=True,
-                      command_line=record.read_command(run_dir) or "")
+    code = finish_run(
+        cfg,
+        run_dir,
+        STOPPED_CODE if stopped else code,
+        started,
+        writes_record=True,
+        command_line=record.read_command(run_dir) or "",
+    )
     if not stopped or (record.read_record(run_dir) or {}).get("status") != "interrupted":
         return code  # it ended (completed, failed) before the stop reached it
     newest = newest_step(run_dir)
     if newest > since:
         return REQUEUE
-    print(f"[birder-repro] not requeued: no complete checkpoint newer than this attempt's start (step {since}), "
-          "so the next attempt would start where this one did; set train.checkpoint_on_stop=true or "
-          "train.checkpoint_every=<steps>", file=sys.stderr, flush=True)
+    print(
+        f"[birder-repro] not requeued: no complete checkpoint newer than this attempt's start (step {since}), "
+        "so the next attempt would start where this one did; set train.checkpoint_on_stop=true or "
+        "train.checkpoint_every=<steps>",
+        file=sys.stderr,
+        flush=True,
+    )
     return code
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m birder_repro.job_end",
-                                     description=__doc__.split("\n")[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m birder_repro.job_end", description=__doc__.split("\n")[0])
     parser.add_argument("run_dir", type=Path)
-    parser.add_argument("--attempt-start", action="store_true",
-                        help="print the newest complete checkpoint's step and the time")
+    parser.add_argument(
+        "--attempt-start", action="store_true", help="print the newest complete checkpoint's step and the time"
+    )
     parser.add_argument("--exit-code", type=int, default=0, help="srun's exit code")
     parser.add_argument("--stopped", default="", help="the signal that stopped the batch shell (USR1, TERM)")
     parser.add_argument("--since-step", type=int, default=0, help="the newest step when the attempt started")
@@ -67,8 +77,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.attempt_start:
         print(newest_step(args.run_dir), record.now())
         return 0
-    return end_of_attempt(args.run_dir, args.exit_code, args.started or record.now(), args.stopped,
-                          args.since_step)
+    return end_of_attempt(args.run_dir, args.exit_code, args.started or record.now(), args.stopped, args.since_step)
 
 
 if __name__ == "__main__":

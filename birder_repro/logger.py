@@ -12,15 +12,16 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 from omegaconf import OmegaConf
 
 METRICS_FILE = "metrics.jsonl"
 
 
-def wandb_mode(configured: Optional[str], environ: Mapping[str, str] = os.environ) -> str:
+def wandb_mode(configured: str | None, environ: Mapping[str, str] = os.environ) -> str:
     """The W&B mode to run in: the configured one; else $WANDB_MODE; else online with an API key, offline without.
 
     Offline runs are kept under the run directory and can be uploaded later with ``wandb sync``.
@@ -52,16 +53,16 @@ def _plain_config(cfg) -> dict:
         return dict(cfg)
     try:
         return OmegaConf.to_container(cfg, resolve=True)
-    except Exception:  # e.g. a Hydra-only resolver outside Hydra: better unresolved than no W&B run
+    except Exception:  # noqa: BLE001 - e.g. a Hydra-only resolver outside Hydra: better unresolved than no W&B run
         return OmegaConf.to_container(cfg, resolve=False)
 
 
-def wandb_group(cfg) -> Optional[str]:
+def wandb_group(cfg) -> str | None:
     """The experiment cell a run belongs to, ``<task>/<cluster>/<nodes>x<gpus_per_node>``: W&B groups runs by it,
     so that a dashboard shows the optimizers of one cell side by side."""
     try:
         return f"{cfg.task.name}/{cfg.cluster.name}/{cfg.nodes}x{cfg.gpus_per_node}"
-    except Exception:  # a config without these (tests): no group
+    except Exception:  # noqa: BLE001 - a config without these (tests): no group
         return None
 
 
@@ -79,8 +80,9 @@ class RunLogger:
         clock: the training clock (seconds), read for every line's ``train_s``.
     """
 
-    def __init__(self, cfg, run_dir: str | os.PathLike, enabled: bool = True,
-                 clock: Optional[Callable[[], float]] = None) -> None:
+    def __init__(
+        self, cfg, run_dir: str | os.PathLike, enabled: bool = True, clock: Callable[[], float] | None = None
+    ) -> None:
         self.enabled = enabled
         self.clock = clock
         self.run_dir = Path(run_dir)
@@ -119,7 +121,7 @@ class RunLogger:
                 # (wandb 0.31, Run._header_sync_info): only `silent` stops it. We print our own line instead.
                 settings=wandb.Settings(console="off", quiet=mode == "offline", silent=mode == "offline"),
             )
-        except Exception as err:  # ImportError, wandb.Error, network and permission errors alike
+        except Exception as err:  # noqa: BLE001 - ImportError, wandb.Error, network and permission errors alike
             self._warn(f"W&B is off for this run ({type(err).__name__}: {err}); metrics go to {METRICS_FILE} only")
             return None
         if mode == "offline":
@@ -134,15 +136,18 @@ class RunLogger:
         """Write ``values`` for ``step`` (the number of optimizer steps completed)."""
         if not self.enabled:
             return
-        row = {"step": int(step), "time_s": round(time.perf_counter() - self._t0, 4),
-               **({"train_s": round(self.clock(), 4)} if self.clock is not None else {}),
-               **{k: _json_value(v) for k, v in values.items()}}
+        row = {
+            "step": int(step),
+            "time_s": round(time.perf_counter() - self._t0, 4),
+            **({"train_s": round(self.clock(), 4)} if self.clock is not None else {}),
+            **{k: _json_value(v) for k, v in values.items()},
+        }
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
         if self._wandb_run is not None:
             try:
                 self._wandb_run.log({k: v for k, v in values.items() if v is not None}, step=int(step))
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - W&B's failures are logged, never fatal
                 self._warn(f"W&B logging failed and is off from now on ({type(err).__name__}: {err})")
                 self._wandb_run = None
 
@@ -152,7 +157,7 @@ class RunLogger:
             return
         try:
             self._wandb_run.summary.update(dict(values))
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - W&B's failures are logged, never fatal
             self._warn(f"W&B summary failed ({type(err).__name__}: {err})")
 
     def finish(self, exit_code: int = 0) -> None:
@@ -164,10 +169,10 @@ class RunLogger:
             run, self._wandb_run = self._wandb_run, None
             try:
                 run.finish(exit_code=exit_code)
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - W&B's failures are logged, never fatal
                 self._warn(f"W&B finish failed ({type(err).__name__}: {err})")
 
-    def __enter__(self) -> "RunLogger":
+    def __enter__(self) -> RunLogger:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -40,13 +40,31 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
 
-__all__ = ["PREFIX", "STATE_DIR", "FRAME_HEADER_BYTES", "EmulationUnavailable", "FabricError", "Shaping",
-           "Node", "Fabric", "require_tools", "cluster_shaping", "burst_bytes", "plan_fabric", "setup_commands",
-           "teardown_commands", "create", "destroy", "list_ours", "clean_stale", "read_counters"]
+__all__ = [
+    "PREFIX",
+    "STATE_DIR",
+    "FRAME_HEADER_BYTES",
+    "EmulationUnavailable",
+    "FabricError",
+    "Shaping",
+    "Node",
+    "Fabric",
+    "require_tools",
+    "cluster_shaping",
+    "burst_bytes",
+    "plan_fabric",
+    "setup_commands",
+    "teardown_commands",
+    "create",
+    "destroy",
+    "list_ours",
+    "clean_stale",
+    "read_counters",
+]
 
 PREFIX = "bdrp"  # "birder-repro": every namespace, veth and bridge of ours starts with it
 STATE_DIR = Path(os.environ.get("BIRDER_EMULATED_STATE", "/run/birder-repro/emulated"))
@@ -73,7 +91,7 @@ class FabricError(RuntimeError):
 class Shaping:
     """One link's token bucket; ``rate_mbit`` None: the link is left unshaped."""
 
-    rate_mbit: Optional[float]
+    rate_mbit: float | None
     burst_bytes: int = 0
     queue_ms: float = 100.0  # tbf's "latency": the longest a packet may wait in the queue before it is dropped
 
@@ -81,8 +99,15 @@ class Shaping:
         """The qdisc arguments after ``root``, or [] for an unshaped link."""
         if self.rate_mbit is None:
             return []
-        return ["tbf", "rate", f"{_number(self.rate_mbit)}mbit", "burst", str(self.burst_bytes),
-                "latency", f"{_number(self.queue_ms)}ms"]
+        return [
+            "tbf",
+            "rate",
+            f"{_number(self.rate_mbit)}mbit",
+            "burst",
+            str(self.burst_bytes),
+            "latency",
+            f"{_number(self.queue_ms)}ms",
+        ]
 
 
 def cluster_shaping(cluster) -> Shaping:
@@ -90,8 +115,11 @@ def cluster_shaping(cluster) -> Shaping:
     rate = cluster.get("link_mbit")
     if rate is None:
         return Shaping(rate_mbit=None, queue_ms=float(cluster["queue_ms"]))
-    return Shaping(rate_mbit=float(rate), burst_bytes=burst_bytes(float(rate), float(cluster["burst_ms"])),
-                   queue_ms=float(cluster["queue_ms"]))
+    return Shaping(
+        rate_mbit=float(rate),
+        burst_bytes=burst_bytes(float(rate), float(cluster["burst_ms"])),
+        queue_ms=float(cluster["queue_ms"]),
+    )
 
 
 def burst_bytes(rate_mbit: float, burst_ms: float) -> int:
@@ -102,7 +130,7 @@ def burst_bytes(rate_mbit: float, burst_ms: float) -> int:
     bucket is the burst a link may send above its rate, so it is kept to ``burst_ms`` of traffic (1 ms:
     25,000 bytes at 200 Mbit/s). The long-run rate does not depend on it.
     """
-    return max(int(math.ceil(rate_mbit * 1e6 / 8 * burst_ms / 1e3)), 2 * ETHERNET_FRAME)
+    return max(math.ceil(rate_mbit * 1e6 / 8 * burst_ms / 1e3), 2 * ETHERNET_FRAME)
 
 
 @dataclass(frozen=True)
@@ -127,8 +155,13 @@ class Fabric:
         return [n.netns for n in self.nodes]
 
     def describe(self) -> dict:
-        return {"run_id": self.run_id, "bridge": self.bridge, "shaping": asdict(self.shaping),
-                "tbf": " ".join(self.shaping.tbf()) or None, "nodes": [asdict(n) for n in self.nodes]}
+        return {
+            "run_id": self.run_id,
+            "bridge": self.bridge,
+            "shaping": asdict(self.shaping),
+            "tbf": " ".join(self.shaping.tbf()) or None,
+            "nodes": [asdict(n) for n in self.nodes],
+        }
 
 
 def new_run_id() -> str:
@@ -139,7 +172,7 @@ def netns_name(run_id: str, k: int) -> str:
     return f"{PREFIX}-{run_id}-{k}"
 
 
-def plan_fabric(nodes: int, subnet: str, shaping: Shaping, run_id: Optional[str] = None) -> Fabric:
+def plan_fabric(nodes: int, subnet: str, shaping: Shaping, run_id: str | None = None) -> Fabric:
     """Names and addresses of a fabric of ``nodes`` nodes on ``subnet`` (node k: the subnet's host k+1)."""
     if not 1 <= nodes <= MAX_NODES:
         raise ValueError(f"an emulated cluster has 1 to {MAX_NODES} nodes, not {nodes}")
@@ -148,9 +181,16 @@ def plan_fabric(nodes: int, subnet: str, shaping: Shaping, run_id: Optional[str]
         raise ValueError(f"subnet {subnet} has no room for {nodes} IPv4 node addresses")
     run_id = run_id or new_run_id()
     hosts = net.hosts()
-    return Fabric(run_id=run_id, bridge=f"{PREFIX}{run_id}br", prefix_len=net.prefixlen, shaping=shaping,
-                  nodes=tuple(Node(k, netns_name(run_id, k), f"{PREFIX}{run_id}h{k}", f"{PREFIX}{run_id}n{k}",
-                                   str(next(hosts))) for k in range(nodes)))
+    return Fabric(
+        run_id=run_id,
+        bridge=f"{PREFIX}{run_id}br",
+        prefix_len=net.prefixlen,
+        shaping=shaping,
+        nodes=tuple(
+            Node(k, netns_name(run_id, k), f"{PREFIX}{run_id}h{k}", f"{PREFIX}{run_id}n{k}", str(next(hosts)))
+            for k in range(nodes)
+        ),
+    )
 
 
 def setup_commands(fabric: Fabric) -> list[list[str]]:
@@ -169,16 +209,20 @@ def setup_commands(fabric: Fabric) -> list[list[str]]:
         ]
         tbf = fabric.shaping.tbf()
         if tbf:
-            cmds += [["tc", "-n", ns, "qdisc", "add", "dev", node.node_veth, "root", *tbf],  # uplink
-                     ["tc", "qdisc", "add", "dev", node.host_veth, "root", *tbf]]  # downlink
+            cmds += [
+                ["tc", "-n", ns, "qdisc", "add", "dev", node.node_veth, "root", *tbf],  # uplink
+                ["tc", "qdisc", "add", "dev", node.host_veth, "root", *tbf],
+            ]  # downlink
     return cmds
 
 
 def teardown_commands(fabric: Fabric) -> list[list[str]]:
     """Remove the namespaces (their veths go with them), any bridge end left, and the bridge."""
-    return ([["ip", "netns", "delete", ns] for ns in fabric.namespaces]
-            + [["ip", "link", "delete", n.host_veth] for n in fabric.nodes]
-            + [["ip", "link", "delete", fabric.bridge]])
+    return (
+        [["ip", "netns", "delete", ns] for ns in fabric.namespaces]
+        + [["ip", "link", "delete", n.host_veth] for n in fabric.nodes]
+        + [["ip", "link", "delete", fabric.bridge]]
+    )
 
 
 # ------------------------------------------------------------------------------------ running commands
@@ -187,14 +231,20 @@ def require_tools() -> None:
     missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
     problems = []
     if os.geteuid() != 0:
-        problems.append("it must run as root (network namespaces, veth pairs and qdiscs need CAP_NET_ADMIN): "
-                        "sudo -E $(which birder-repro) cluster=emulated ...")
+        problems.append(
+            "it must run as root (network namespaces, veth pairs and qdiscs need CAP_NET_ADMIN): "
+            "sudo -E $(which birder-repro) cluster=emulated ..."
+        )
     if missing:
-        problems.append(f"{' and '.join(missing)} not found: install iproute2 "
-                        "(apt-get install -y iproute2; dnf install -y iproute)")
+        problems.append(
+            f"{' and '.join(missing)} not found: install iproute2 (apt-get install -y iproute2; dnf install -y iproute)"
+        )
     if problems:
-        raise EmulationUnavailable("cluster=emulated cannot run here: " + "; ".join(problems) +
-                                   ". Without them, run the layout as local processes: cluster=local")
+        raise EmulationUnavailable(
+            "cluster=emulated cannot run here: "
+            + "; ".join(problems)
+            + ". Without them, run the layout as local processes: cluster=local"
+        )
 
 
 def run(cmd: Sequence[str], check: bool = True) -> subprocess.CompletedProcess:
@@ -293,12 +343,16 @@ def clean_stale(state_dir: Path = STATE_DIR, etc: Path = NETNS_ETC) -> list[str]
 
 
 # ------------------------------------------------------------------------------------- kernel counters
-def read_counters(iface: str, sys_net: Path = Path("/sys/class/net"),
-                  snmp: Path = Path("/proc/net/snmp")) -> dict[str, int]:
+def read_counters(
+    iface: str, sys_net: Path = Path("/sys/class/net"), snmp: Path = Path("/proc/net/snmp")
+) -> dict[str, int]:
     """``tx_bytes``, ``tx_packets`` of ``iface`` and TCP's ``retrans_segs``, as seen from this namespace."""
     stats = sys_net / iface / "statistics"
-    return {"tx_bytes": int((stats / "tx_bytes").read_text()), "tx_packets": int((stats / "tx_packets").read_text()),
-            "retrans_segs": _tcp_retransmits(snmp)}
+    return {
+        "tx_bytes": int((stats / "tx_bytes").read_text()),
+        "tx_packets": int((stats / "tx_packets").read_text()),
+        "retrans_segs": _tcp_retransmits(snmp),
+    }
 
 
 def _tcp_retransmits(snmp: Path) -> int:
@@ -307,7 +361,7 @@ def _tcp_retransmits(snmp: Path) -> int:
     return int(dict(zip(rows[0], rows[1])).get("RetransSegs", 0)) if len(rows) >= 2 else 0
 
 
-def rx_bytes(iface: str, sys_net: Path = Path("/sys/class/net")) -> Optional[int]:
+def rx_bytes(iface: str, sys_net: Path = Path("/sys/class/net")) -> int | None:
     """Bytes ``iface`` received (the bridge end of a node's veth: what the node sent), None if it is gone."""
     try:
         return int((sys_net / iface / "statistics" / "rx_bytes").read_text())
@@ -333,11 +387,11 @@ def _link_names() -> list[str]:
         return []
 
 
-def _run_id_of(name: str) -> Optional[str]:
+def _run_id_of(name: str) -> str | None:
     """The run id in one of our names (bdrp-<id>-<k>, bdrp<id>br, bdrp<id>h<k>, bdrp<id>n<k>), else None."""
     if not name.startswith(PREFIX):
         return None
-    rest = name[len(PREFIX):].lstrip("-")
+    rest = name[len(PREFIX) :].lstrip("-")
     run_id = rest[:6]
     if len(run_id) == 6 and all(c in "0123456789abcdef" for c in run_id) and rest[6:7] in ("-", "b", "h", "n"):
         return run_id
@@ -378,7 +432,7 @@ def _pids_in(netns: str) -> list[int]:
     return [int(p) for p in out.stdout.split() if p.isdigit() and int(p) != os.getpid()]
 
 
-def _start_time(pid: int) -> Optional[str]:
+def _start_time(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat): a pid reused by
     another process has another one."""
     try:

@@ -13,7 +13,8 @@ counters of it (bytes and packets sent, with TCP's retransmitted segments) at th
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 __all__ = ["LINK_IFACE_ENV", "LinkCounters", "link_probe", "probes_for", "start_probes", "stop_probes"]
 
@@ -56,7 +57,7 @@ class LinkCounters:
 
     def __init__(self, iface: str, node: int, nodes: int, reader: bool) -> None:
         self.iface, self.node, self.nodes, self.reader = iface, node, nodes, reader
-        self._start: Optional[dict[str, int]] = None
+        self._start: dict[str, int] | None = None
 
     def start(self) -> None:
         if self.reader:
@@ -68,20 +69,27 @@ class LinkCounters:
         mine = None
         if self.reader and self._start is not None:
             end = _read_counters(self.iface)
-            mine = {"node": self.node, "iface": self.iface,
-                    **{k: (end[k] - self._start[k]) / max(timed_steps, 1) for k in end}}
+            mine = {
+                "node": self.node,
+                "iface": self.iface,
+                **{k: (end[k] - self._start[k]) / max(timed_steps, 1) for k in end},
+            }
         gathered = [mine]
         if dist.is_initialized() and dist.get_world_size() > 1:
             gathered = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, mine)
         per_node = {g["node"]: g for g in gathered if g is not None}
         figure = lambda key: [per_node[k][key] if k in per_node else None for k in range(self.nodes)]  # noqa: E731
-        return {"link_bytes_per_step": figure("tx_bytes"), "link_packets_per_step": figure("tx_packets"),
-                "link_tcp_retransmits_per_step": figure("retrans_segs"), "link_interfaces": figure("iface"),
-                "link_header_bytes_per_packet": _header_bytes()}
+        return {
+            "link_bytes_per_step": figure("tx_bytes"),
+            "link_packets_per_step": figure("tx_packets"),
+            "link_tcp_retransmits_per_step": figure("retrans_segs"),
+            "link_interfaces": figure("iface"),
+            "link_header_bytes_per_packet": _header_bytes(),
+        }
 
 
-def link_probe(topology, env: Mapping[str, str] = os.environ) -> Optional[LinkCounters]:
+def link_probe(topology, env: Mapping[str, str] = os.environ) -> LinkCounters | None:
     """The probe for this worker when its launcher named a link to count (``BIRDER_LINK_IFACE``), else None."""
     iface = env.get(LINK_IFACE_ENV)
     if not iface:

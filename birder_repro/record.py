@@ -17,20 +17,43 @@ import shlex
 import subprocess
 import tempfile
 import warnings
+from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from birder_repro import schema
 from birder_repro.digest import cell_digest
 
-__all__ = ["CONFIG_FILE", "COMMAND_FILE", "RECORD_FILE", "LOG_FILE", "runs_root", "new_run_dir",
-           "write_run_files", "load_run_config", "read_command", "format_command", "now", "versions",
-           "accelerator_versions", "git_sha",
-           "base_record", "completed_record", "failed_record", "diverged_record", "interrupted_record",
-           "resume_command", "write_record", "read_record", "write_failed_record", "find_records", "effective_lr"]
+__all__ = [
+    "CONFIG_FILE",
+    "COMMAND_FILE",
+    "RECORD_FILE",
+    "LOG_FILE",
+    "runs_root",
+    "new_run_dir",
+    "write_run_files",
+    "load_run_config",
+    "read_command",
+    "format_command",
+    "now",
+    "versions",
+    "accelerator_versions",
+    "git_sha",
+    "base_record",
+    "completed_record",
+    "failed_record",
+    "diverged_record",
+    "interrupted_record",
+    "resume_command",
+    "write_record",
+    "read_record",
+    "write_failed_record",
+    "find_records",
+    "effective_lr",
+]
 
 CONFIG_FILE = "config.yaml"
 COMMAND_FILE = "command.txt"
@@ -39,13 +62,13 @@ LOG_FILE = "output.log"
 DEFAULT_RUNS = "runs"
 
 
-def runs_root(given: Optional[str | os.PathLike] = None) -> Path:
+def runs_root(given: str | os.PathLike | None = None) -> Path:
     """Where runs go and where reports look: ``given`` (``--runs DIR``), else ``$BIRDER_RUNS``, else ``runs/``
     (the same rule as ``hydra.run.dir`` in conf/config.yaml)."""
     return Path(given or os.environ.get("BIRDER_RUNS") or DEFAULT_RUNS)
 
 
-def new_run_dir(cfg: DictConfig, root: Optional[Path] = None) -> Path:
+def new_run_dir(cfg: DictConfig, root: Path | None = None) -> Path:
     """A fresh, sub-second unique run directory for callers outside a Hydra job (tests, scripts)."""
     stamp = _dt.datetime.now()
     name = f"{stamp:%H-%M-%S-%f}_{cfg.task.name}_{cfg.optim.name}_n{cfg.nodes}"
@@ -54,7 +77,7 @@ def new_run_dir(cfg: DictConfig, root: Optional[Path] = None) -> Path:
     return path
 
 
-def write_run_files(run_dir: Path, cfg: DictConfig, command: Optional[str]) -> None:
+def write_run_files(run_dir: Path, cfg: DictConfig, command: str | None) -> None:
     """Write the resolved config and the command line: all a worker, on any node, needs to start. Every node of
     a multi-node run writes the config (its workers may start before node 0's CLI has written it; the copies
     differ only in ``launcher.node_rank``); ``command=None`` (nodes other than 0) leaves node 0's command."""
@@ -74,7 +97,7 @@ def load_run_config(run_dir: Path) -> DictConfig:
     return cfg
 
 
-def read_command(run_dir: Path) -> Optional[str]:
+def read_command(run_dir: Path) -> str | None:
     path = Path(run_dir) / COMMAND_FILE
     return path.read_text().strip() if path.is_file() else None
 
@@ -89,9 +112,9 @@ def now() -> str:
     return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
-def versions() -> dict[str, Optional[str]]:
+def versions() -> dict[str, str | None]:
     """Python and the versions of the packages a result depends on (None where one is not installed)."""
-    out: dict[str, Optional[str]] = {"python": platform.python_version()}
+    out: dict[str, str | None] = {"python": platform.python_version()}
     for package in ("torch", "torchvision", "birder-repro", "hydra-core", "omegaconf", "numpy", "wandb"):
         try:
             out[package.replace("-", "_")] = metadata.version(package)
@@ -100,12 +123,12 @@ def versions() -> dict[str, Optional[str]]:
     return out
 
 
-def accelerator_versions(device_type: str) -> dict[str, Optional[str]]:
+def accelerator_versions(device_type: str) -> dict[str, str | None]:
     """CUDA (torch's build), NCCL and Triton where the run is on a GPU (None where one is absent); on the CPU,
     Triton alone (its interpreter runs the GPU kernels in tests). For the worker's start line and record."""
     import torch
 
-    out: dict[str, Optional[str]] = {"triton": None}
+    out: dict[str, str | None] = {"triton": None}
     try:
         out["triton"] = metadata.version("triton")
     except metadata.PackageNotFoundError:
@@ -120,12 +143,13 @@ def accelerator_versions(device_type: str) -> dict[str, Optional[str]]:
     return out
 
 
-def git_sha() -> Optional[str]:
+def git_sha() -> str | None:
     """The commit of the checkout this package runs from, or None where it is not a git checkout."""
     repo = Path(__file__).resolve().parent.parent
     try:
-        out = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10, check=False)
+        out = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=False
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -140,17 +164,26 @@ def base_record(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     from birder_repro import config as layout
 
     record = schema.empty_record()
-    record.update({
-        "task": cfg.task.name, "optim": cfg.optim.name,
-        "cluster": _cluster(cfg), "world_size": _try(lambda: layout.world_size(cfg)),
-        "parallel": str(OmegaConf.select(cfg, "parallel", default="ddp")),
-        "batch_size": cfg.train.batch_size, "global_batch_size": _try(lambda: layout.global_batch(cfg)),
-        "accumulate": OmegaConf.select(cfg, "train.accumulate", default=1),
-        "lr": _try(lambda: effective_lr(cfg)), "versions": versions(), "git_sha": git_sha(),
-        "precision": str(OmegaConf.select(cfg, "train.precision", default="fp32")),
-        "run_dir": str(run_dir), "command": read_command(run_dir), "config": _plain(cfg),
-        "config_digest": _try(lambda: cell_digest(cfg)),
-    })
+    record.update(
+        {
+            "task": cfg.task.name,
+            "optim": cfg.optim.name,
+            "cluster": _cluster(cfg),
+            "world_size": _try(lambda: layout.world_size(cfg)),
+            "parallel": str(OmegaConf.select(cfg, "parallel", default="ddp")),
+            "batch_size": cfg.train.batch_size,
+            "global_batch_size": _try(lambda: layout.global_batch(cfg)),
+            "accumulate": OmegaConf.select(cfg, "train.accumulate", default=1),
+            "lr": _try(lambda: effective_lr(cfg)),
+            "versions": versions(),
+            "git_sha": git_sha(),
+            "precision": str(OmegaConf.select(cfg, "train.precision", default="fp32")),
+            "run_dir": str(run_dir),
+            "command": read_command(run_dir),
+            "config": _plain(cfg),
+            "config_digest": _try(lambda: cell_digest(cfg)),
+        }
+    )
     return record
 
 
@@ -166,9 +199,13 @@ def effective_lr(cfg: DictConfig) -> float:
 def _cluster(cfg: DictConfig) -> dict[str, Any]:
     from birder_repro import config as layout
 
-    return {"name": cfg.cluster.name, "nodes": cfg.nodes,
-            "gpus_per_node": _try(lambda: layout.resolve_gpus_per_node(cfg.gpus_per_node)),
-            "interconnect": cfg.cluster.get("interconnect"), "link_mbit": cfg.cluster.get("link_mbit")}
+    return {
+        "name": cfg.cluster.name,
+        "nodes": cfg.nodes,
+        "gpus_per_node": _try(lambda: layout.resolve_gpus_per_node(cfg.gpus_per_node)),
+        "interconnect": cfg.cluster.get("interconnect"),
+        "link_mbit": cfg.cluster.get("link_mbit"),
+    }
 
 
 def completed_record(cfg: DictConfig, run_dir: Path, result: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
@@ -201,8 +238,9 @@ def diverged_record(cfg: DictConfig, run_dir: Path, step: int, line: str, **fiel
     return record
 
 
-def interrupted_record(cfg: DictConfig, run_dir: Path, step: Optional[int], signal: str,
-                       checkpoint: Optional[Path], **fields: Any) -> dict[str, Any]:
+def interrupted_record(
+    cfg: DictConfig, run_dir: Path, step: int | None, signal: str, checkpoint: Path | None, **fields: Any
+) -> dict[str, Any]:
     """The record of a run a signal stopped (birder_repro.train.stop): the last step its workers completed, its
     newest complete checkpoint and the command that resumes it; its measurements stay null."""
     record = base_record(cfg, run_dir)
@@ -210,9 +248,15 @@ def interrupted_record(cfg: DictConfig, run_dir: Path, step: Optional[int], sign
     command = resume_command(run_dir)
     when = "before its first step" if not step else f"after step {step}"
     kept = f"checkpoint {checkpoint}" if checkpoint else "no checkpoint (it will start afresh)"
-    record.update({"status": "interrupted", "stopped_at_step": step, "checkpoint": str(checkpoint) if checkpoint
-                   else None, "resume_command": command,
-                   "error": f"interrupted by {signal} {when}; {kept}; resume: {command}"})
+    record.update(
+        {
+            "status": "interrupted",
+            "stopped_at_step": step,
+            "checkpoint": str(checkpoint) if checkpoint else None,
+            "resume_command": command,
+            "error": f"interrupted by {signal} {when}; {kept}; resume: {command}",
+        }
+    )
     record["ended"] = record.get("ended") or now()
     return record
 
@@ -244,7 +288,7 @@ def write_record(run_dir: Path, record: Mapping[str, Any]) -> Path:
     return path
 
 
-def read_record(run_dir: Path) -> Optional[dict[str, Any]]:
+def read_record(run_dir: Path) -> dict[str, Any] | None:
     """The record of ``run_dir``; None where it has none, or (with a warning naming the file) where it cannot
     be read as a JSON object: a run killed while writing leaves a truncated file, which must not stop a
     report of every other run."""

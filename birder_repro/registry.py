@@ -15,7 +15,8 @@ raises an error that names the choices (the pattern of timm's ``OptimInfo`` and 
 
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterable, Iterator, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import Generic, TypeVar
 
 __all__ = ["Registry"]
 

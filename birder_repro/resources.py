@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Optional
 
 __all__ = ["REPO", "CONF_PACKAGE", "PAPER_TABLES_PACKAGE", "conf_dir", "paper_tables_dir"]
 
@@ -20,7 +19,7 @@ CONF_PACKAGE = "birder_repro.conf"
 PAPER_TABLES_PACKAGE = "birder_repro.paper_tables"
 
 
-def conf_dir() -> Optional[Path]:
+def conf_dir() -> Path | None:
     """The config tree: the checkout's conf/, else the installed package's copy, else None."""
     return _top_level_or_packaged(REPO / "conf", CONF_PACKAGE, "config.yaml")
 
@@ -30,7 +29,7 @@ def paper_tables_dir() -> Path:
     return _top_level_or_packaged(REPO / "tables" / "paper", PAPER_TABLES_PACKAGE) or Path("tables") / "paper"
 
 
-def _top_level_or_packaged(checkout: Path, package: str, marker: str = "") -> Optional[Path]:
+def _top_level_or_packaged(checkout: Path, package: str, marker: str = "") -> Path | None:
     """``checkout`` where it is there (holding ``marker``), else the folder of the installed ``package``."""
     if (checkout / marker).exists():
         return checkout

@@ -15,20 +15,31 @@ that every node sees it, and the run that ``train.resume=auto`` continues.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Optional
 
-__all__ = ["PER_NODE", "NO_RESULT", "digest", "run_digest", "cell_digest", "Decision", "decide",
-           "find_resumable", "LAUNCH_ENV", "NODES_DIR", "RunDirNotShared", "missing_nodes", "not_shared_line",
-           "check_shared"]
+__all__ = [
+    "PER_NODE",
+    "NO_RESULT",
+    "digest",
+    "run_digest",
+    "cell_digest",
+    "Decision",
+    "decide",
+    "find_resumable",
+    "LAUNCH_ENV",
+    "NODES_DIR",
+    "RunDirNotShared",
+    "missing_nodes",
+    "not_shared_line",
+    "check_shared",
+]
 
 # The run's identity (digests) and the shared names live one layer down, where the record and the launchers
 # can import them too; re-exported here for the callers that decide about a directory.
-from birder_repro.digest import LAUNCH_ENV, NODES_DIR, NO_RESULT, PER_NODE, cell_digest, digest, run_digest  # noqa: E402
+from birder_repro.digest import LAUNCH_ENV, NO_RESULT, NODES_DIR, PER_NODE, cell_digest, digest, run_digest
 
 RESUMABLE = ("interrupted", "failed")  # statuses a run directory can be continued from (with a checkpoint)
 FINISHED = ("completed", "diverged")  # ... and those it cannot: running it again would redo the same run
@@ -42,18 +53,18 @@ class Decision:
 
     action: str
     line: str = ""
-    checkpoint: Optional[Path] = None
-    record: Optional[dict] = None
+    checkpoint: Path | None = None
+    record: dict | None = None
 
 
-def _newest_checkpoint(run_dir: Path) -> Optional[Path]:
+def _newest_checkpoint(run_dir: Path) -> Path | None:
     from birder_repro.train.checkpoint import CHECKPOINTS, complete_checkpoints
 
     found = complete_checkpoints(Path(run_dir) / CHECKPOINTS)
     return found[-1][1] if found else None
 
 
-def decide(run_dir: Path, cell: Optional[str] = None) -> Decision:
+def decide(run_dir: Path, cell: str | None = None) -> Decision:
     """What the directory's record (and checkpoints) say a run of cell digest ``cell`` started there should do
     (module docstring). A directory with config files but no record is a run another node's CLI has just
     started: join it. A finished run, or one with a checkpoint, of another configuration is never continued
@@ -66,18 +77,26 @@ def decide(run_dir: Path, cell: Optional[str] = None) -> Decision:
     status, checkpoint = rec.get("status"), _newest_checkpoint(run_dir)
     keeps = status in FINISHED or (status in RESUMABLE and checkpoint is not None)  # something not to lose
     if keeps and cell and rec.get("config_digest") not in (None, cell):
-        return Decision("stop", f"{run_dir} holds a {status} run of another configuration (config digest "
-                                f"{rec.get('config_digest')}, this one {cell}): resume it with its own settings "
-                                f"(its command.txt), or choose another hydra.run.dir or launcher.rdzv_id", record=rec)
+        return Decision(
+            "stop",
+            f"{run_dir} holds a {status} run of another configuration (config digest "
+            f"{rec.get('config_digest')}, this one {cell}): resume it with its own settings "
+            f"(its command.txt), or choose another hydra.run.dir or launcher.rdzv_id",
+            record=rec,
+        )
     if status in FINISHED:
-        return Decision("stop", f"{run_dir} already holds a {status} run: set launcher.rdzv_id=<a new name> (or "
-                                "hydra.run.dir=<a new directory>) for a new run", record=rec)
+        return Decision(
+            "stop",
+            f"{run_dir} already holds a {status} run: set launcher.rdzv_id=<a new name> (or "
+            "hydra.run.dir=<a new directory>) for a new run",
+            record=rec,
+        )
     if keeps:
         return Decision("resume", checkpoint=checkpoint, record=rec)
     return Decision("start", record=rec)  # nothing to continue from: the same run, afresh, in the same place
 
 
-def find_resumable(root: Path, cell: str) -> Optional[Path]:
+def find_resumable(root: Path, cell: str) -> Path | None:
     """The newest run directory under ``root`` whose record is interrupted or failed, of cell digest ``cell``,
     and that has a complete checkpoint; None if there is none. Newest: the record's ``ended`` time."""
     from birder_repro import record
@@ -110,9 +129,11 @@ def not_shared_line(run_dir: Path, missing: list[int], token: int) -> str:
     """The one line every rank stops with when the run directory is not on a file system every node shares."""
     first = _marker(run_dir, token, missing[0]) if missing else Path(run_dir) / NODES_DIR
     nodes = ", ".join(map(str, missing)) or "some node"
-    return (f"the run directory {Path(run_dir).resolve()} is not shared by every node: rank 0 does not see the "
-            f"marker of node(s) {nodes} ({first.name} in {first.parent}); BIRDER_RUNS or hydra.run.dir must be on "
-            "a file system every node shares, the same path on every node")
+    return (
+        f"the run directory {Path(run_dir).resolve()} is not shared by every node: rank 0 does not see the "
+        f"marker of node(s) {nodes} ({first.name} in {first.parent}); BIRDER_RUNS or hydra.run.dir must be on "
+        "a file system every node shares, the same path on every node"
+    )
 
 
 def check_shared(run_dir: Path, rank: int, local_rank: int, local_world: int, world: int, device) -> None:

@@ -26,12 +26,13 @@ Large Minibatch SGD", section 2.2); with the default ``warmup: 0`` they are the 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 SCHEDULES = ("constant", "multistep", "warmup_linear", "cosine")
 
 
-def steps_of(value: float, total_steps: Optional[int], setting: str = "a schedule length") -> int:
+def steps_of(value: float, total_steps: int | None, setting: str = "a schedule length") -> int:
     """A length given as a fraction of the run or as a number of steps, in steps.
 
     The one reading of such lengths in the project: the schedule's ``warmup`` and ``milestones`` here, 1-bit
@@ -46,8 +47,7 @@ def steps_of(value: float, total_steps: Optional[int], setting: str = "a schedul
     ``setting`` names the config key in the errors (e.g. ``optim.freeze``).
     """
     if value is None or value < 0:
-        raise ValueError(f"{setting} must be >= 0 (a fraction of the run below 1, or a number of steps), "
-                         f"got {value}")
+        raise ValueError(f"{setting} must be >= 0 (a fraction of the run below 1, or a number of steps), got {value}")
     if value >= 1:
         if value != int(value):
             raise ValueError(f"{setting} >= 1 is a number of steps and must be whole, got {value}")
@@ -55,9 +55,11 @@ def steps_of(value: float, total_steps: Optional[int], setting: str = "a schedul
     if value == 0:
         return 0
     if total_steps is None or total_steps < 1:
-        raise ValueError(f"{setting}={value} is a fraction of the run, so optim.total_steps (the optimizer steps "
-                         f"of the whole run) must be set; got {total_steps}")
-    return int(round(value * total_steps))
+        raise ValueError(
+            f"{setting}={value} is a fraction of the run, so optim.total_steps (the optimizer steps "
+            f"of the whole run) must be set; got {total_steps}"
+        )
+    return round(value * total_steps)
 
 
 def warmup_factor(step: int, warmup_steps: int) -> float:
@@ -92,8 +94,9 @@ def lr_factor(step: int, total_steps: int, schedule_cfg: Mapping[str, Any]) -> f
     if name == "constant":
         return 1.0
     if name == "multistep":
-        milestones = [steps_of(m, total_steps, "train.schedule.milestones")
-                      for m in schedule_cfg.get("milestones", []) or []]
+        milestones = [
+            steps_of(m, total_steps, "train.schedule.milestones") for m in schedule_cfg.get("milestones", []) or []
+        ]
         return multistep_factor(step, milestones, float(schedule_cfg.get("gamma", 0.1)))
     if name == "warmup_linear":
         return linear_decay_factor(step, warmup, total_steps)

@@ -6,13 +6,14 @@ Every line tolerates missing keys: a failed run has a status and an error and li
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 from birder_repro import schema
 from birder_repro.schema import get
 
 
-def human_bytes(n: Optional[float]) -> str:
+def human_bytes(n: float | None) -> str:
     """Bytes in binary units (KiB = 1024 B), three significant figures."""
     if n is None or not math.isfinite(n):
         return "n/a"
@@ -23,7 +24,7 @@ def human_bytes(n: Optional[float]) -> str:
     raise AssertionError("unreachable")
 
 
-def reduction(reference: Optional[float], sent: Optional[float]) -> Optional[float]:
+def reduction(reference: float | None, sent: float | None) -> float | None:
     """How many times fewer bytes were sent than ``reference``; None where either is missing or sent is 0."""
     if reference is None or sent is None or sent <= 0 or not math.isfinite(reference):
         return None
@@ -80,8 +81,8 @@ def _throughput_line(record: Mapping[str, Any]) -> str:
     return line
 
 
-def target_text(record: Mapping[str, Any]) -> Optional[str]:
-    """"top1 >= 98: 4.21 s (step 40, 5120 samples; wall-clock 5.02 s)" or "top1 >= 98: not reached (12
+def target_text(record: Mapping[str, Any]) -> str | None:
+    """ "top1 >= 98: 4.21 s (step 40, 5120 samples; wall-clock 5.02 s)" or "top1 >= 98: not reached (12
     evaluations)"; None without a target (time to accuracy, birder_repro.train.target)."""
     t = get(record, "time_to_target")
     if not t:
@@ -89,26 +90,33 @@ def target_text(record: Mapping[str, Any]) -> Optional[str]:
     goal = f"{t['metric']} {'>=' if t['direction'] == 'higher' else '<='} {t['target']:g}"
     if not t.get("reached"):
         return f"{goal}: not reached ({t.get('evaluations', 0)} evaluations)"
-    return (f"{goal}: {_num(t['seconds'], '.3g')} s (step {t['step']}, {t['samples']} samples; "
-            f"wall-clock {_num(t['wall_s'], '.3g')} s)")
+    return (
+        f"{goal}: {_num(t['seconds'], '.3g')} s (step {t['step']}, {t['samples']} samples; "
+        f"wall-clock {_num(t['wall_s'], '.3g')} s)"
+    )
 
 
-def _target_line(record: Mapping[str, Any]) -> Optional[str]:
+def _target_line(record: Mapping[str, Any]) -> str | None:
     text = target_text(record)
     if text is None:
         return None
     startup, compile_s = get(record, "startup_s"), get(record, "compile_s")
-    return (f"target:     {text}\n            (training clock from the first step; apart: start-up "
-            f"{_num(startup, '.3g')} s, the first step's one-time work {_num(compile_s, '.3g')} s)")
+    return (
+        f"target:     {text}\n            (training clock from the first step; apart: start-up "
+        f"{_num(startup, '.3g')} s, the first step's one-time work {_num(compile_s, '.3g')} s)"
+    )
 
 
 def _step_time_line(record: Mapping[str, Any]) -> str:
-    total, compute, communication, compression, data_wait = (get(record, "step_time_s", part)
-                                                             for part in schema.STEP_TIME_PARTS)
-    return (f"step time:  {_ms(total)} ms = compute {_ms(compute)} + communication {_ms(communication)} + "
-            f"compression {_ms(compression)}{'' if data_wait is None else f' + data wait {_ms(data_wait)}'} ms\n"
-            "            (compute: forward+backward calibrated without communication, plus the optimizer step; "
-            "communication: the rest, not hidden by compute)")
+    total, compute, communication, compression, data_wait = (
+        get(record, "step_time_s", part) for part in schema.STEP_TIME_PARTS
+    )
+    return (
+        f"step time:  {_ms(total)} ms = compute {_ms(compute)} + communication {_ms(communication)} + "
+        f"compression {_ms(compression)}{'' if data_wait is None else f' + data wait {_ms(data_wait)}'} ms\n"
+        "            (compute: forward+backward calibrated without communication, plus the optimizer step; "
+        "communication: the rest, not hidden by compute)"
+    )
 
 
 def _bytes_lines(record: Mapping[str, Any]) -> list[str]:
@@ -136,7 +144,7 @@ def _bytes_lines(record: Mapping[str, Any]) -> list[str]:
 
 
 def _attempts_text(record: Mapping[str, Any]) -> str:
-    """", over 2 attempts (resumed at step 59)" for a run resumed in its own directory: steps, samples and the
+    """ ", over 2 attempts (resumed at step 59)" for a run resumed in its own directory: steps, samples and the
     time to target above count across them."""
     attempts = get(record, "attempts", default=[])
     if len(attempts) < 2:
@@ -152,8 +160,10 @@ def format_summary(record: Mapping[str, Any]) -> str:
     optim = get(record, "optim") or get(record, "config", "optim", "name")
     precision = get(record, "precision") or get(record, "config", "train", "precision") or "fp32"
     parallel = get(record, "parallel", default="ddp") or "ddp"
-    lines = [f"run:        {task} with {optim} on {_layout(record)}, {precision}"
-             + (f", parallel: {_parallel(parallel, optim)}" if parallel != "ddp" else "")]
+    lines = [
+        f"run:        {task} with {optim} on {_layout(record)}, {precision}"
+        + (f", parallel: {_parallel(parallel, optim)}" if parallel != "ddp" else "")
+    ]
     data = get(record, "data") or get(record, "config", "data", "source")
     if data:
         lines.append(f"data:       {data}")
@@ -178,8 +188,10 @@ def format_summary(record: Mapping[str, Any]) -> str:
     memory = get(record, "memory")
     if memory:  # the largest over the processes
         parts = {k: max(m[k] for m in memory) for k in ("parameters", "gradients", "optimizer_state", "peak")}
-        lines.append("memory:     per process (max over processes): " + ", ".join(
-            f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in parts.items()))
+        lines.append(
+            "memory:     per process (max over processes): "
+            + ", ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in parts.items())
+        )
     return "\n".join(lines)
 
 
@@ -193,5 +205,8 @@ def _parallel(parallel: str, optim: str) -> str:
         scheme = get_optim_info(optim).comm
     except KeyError:
         return "fsdp"
-    return "fsdp (native HSDP: fp32 all-reduce across nodes)" if scheme == "allreduce" else \
-        f"fsdp (sharded in each node; {scheme}'s 1-bit exchange across nodes in its all-reduce hook)"
+    return (
+        "fsdp (native HSDP: fp32 all-reduce across nodes)"
+        if scheme == "allreduce"
+        else f"fsdp (sharded in each node; {scheme}'s 1-bit exchange across nodes in its all-reduce hook)"
+    )

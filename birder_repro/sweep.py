@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any, Optional, TextIO
+from typing import Any, TextIO
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
@@ -60,7 +60,7 @@ class SweepReport(Callback):
         self.failed: list[FailedCell] = []
         self.cells = 0
         self._sweeping = False
-        self._stderr: Optional[_LastLine] = None
+        self._stderr: _LastLine | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._sweeping = True

@@ -15,9 +15,10 @@ import os
 import random
 import sys
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,8 +29,16 @@ from birder_repro import config as layout
 from birder_repro import failures, record
 from birder_repro.rundir import cell_digest, check_shared
 
-__all__ = ["DistEnv", "read_dist_env", "check_world_matches_layout", "init_process_group", "seed_everything",
-           "optim_config", "build_and_train", "main"]
+__all__ = [
+    "DistEnv",
+    "read_dist_env",
+    "check_world_matches_layout",
+    "init_process_group",
+    "seed_everything",
+    "optim_config",
+    "build_and_train",
+    "main",
+]
 
 
 @dataclass(frozen=True)
@@ -50,8 +59,13 @@ class DistEnv:
 def read_dist_env(env=os.environ) -> DistEnv:
     """RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE; a lone process (started without torchrun) is rank 0 of 1."""
     world = int(env.get("WORLD_SIZE", 1))
-    return DistEnv(rank=int(env.get("RANK", 0)), world_size=world, local_rank=int(env.get("LOCAL_RANK", 0)),
-                   local_world_size=int(env.get("LOCAL_WORLD_SIZE", world)), rendezvous="MASTER_ADDR" in env)
+    return DistEnv(
+        rank=int(env.get("RANK", 0)),
+        world_size=world,
+        local_rank=int(env.get("LOCAL_RANK", 0)),
+        local_world_size=int(env.get("LOCAL_WORLD_SIZE", world)),
+        rendezvous="MASTER_ADDR" in env,
+    )
 
 
 def check_world_matches_layout(cfg: DictConfig, env: DistEnv) -> None:
@@ -62,12 +76,16 @@ def check_world_matches_layout(cfg: DictConfig, env: DistEnv) -> None:
     """
     m, world = int(cfg.gpus_per_node), layout.world_size(cfg)
     if env.world_size != world:
-        raise RuntimeError(f"the run's layout is nodes={cfg.nodes} x gpus_per_node={m} = {world} processes, "
-                           f"but torchrun started {env.world_size}: start workers with birder-repro")
+        raise RuntimeError(
+            f"the run's layout is nodes={cfg.nodes} x gpus_per_node={m} = {world} processes, "
+            f"but torchrun started {env.world_size}: start workers with birder-repro"
+        )
     base = env.rank - env.local_rank  # this machine's first rank
     if env.local_world_size % m or base % m:
-        raise RuntimeError(f"this machine runs ranks {base}..{base + env.local_world_size - 1}, which splits "
-                           f"nodes of {m} processes across machines: use --nproc-per-node={m} on every node")
+        raise RuntimeError(
+            f"this machine runs ranks {base}..{base + env.local_world_size - 1}, which splits "
+            f"nodes of {m} processes across machines: use --nproc-per-node={m} on every node"
+        )
 
 
 def collective_timeout(cfg: DictConfig) -> datetime.timedelta:
@@ -76,8 +94,9 @@ def collective_timeout(cfg: DictConfig) -> datetime.timedelta:
     return datetime.timedelta(seconds=float(cfg.get("train", {}).get("timeout_s") or 300))
 
 
-def init_process_group(backend: str, env: DistEnv, device: torch.device,
-                       timeout: Optional[datetime.timedelta] = None) -> None:
+def init_process_group(
+    backend: str, env: DistEnv, device: torch.device, timeout: datetime.timedelta | None = None
+) -> None:
     """Join the default group (torchrun's env:// rendezvous; an in-memory store for a lone process)."""
     kwargs: dict[str, Any] = {"device_id": device} if backend == "nccl" else {}
     if timeout is not None:
@@ -87,15 +106,22 @@ def init_process_group(backend: str, env: DistEnv, device: torch.device,
         # group (each process's address): a fresh prefix per attempt, or the new ranks read the dead ones'.
         from birder_repro.train.restarts import restart_count
 
-        store, _, _ = next(dist.rendezvous("env://", rank=env.rank, world_size=env.world_size,
-                                           **({"timeout": timeout} if timeout is not None else {})))
+        store, _, _ = next(
+            dist.rendezvous(
+                "env://",
+                rank=env.rank,
+                world_size=env.world_size,
+                **({"timeout": timeout} if timeout is not None else {}),
+            )
+        )
         store = dist.PrefixStore(f"birder-attempt-{restart_count()}", store)
         dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size, **kwargs)
     elif env.world_size == 1:  # started by hand, without torchrun: a world of one needs no rendezvous
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
     else:
-        raise RuntimeError(f"WORLD_SIZE={env.world_size} without MASTER_ADDR: start workers with torchrun "
-                           "(birder-repro does)")
+        raise RuntimeError(
+            f"WORLD_SIZE={env.world_size} without MASTER_ADDR: start workers with torchrun (birder-repro does)"
+        )
 
 
 def pick_device(cfg: DictConfig, env: DistEnv) -> torch.device:
@@ -112,7 +138,7 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def optim_config(cfg: DictConfig, total_steps: Optional[int] = None) -> DictConfig:
+def optim_config(cfg: DictConfig, total_steps: int | None = None) -> DictConfig:
     """The ``optim`` node with the learning rate the optimizer gets (scaled by the global batch, if set) and,
     for optimizers whose schedule is a fraction of the run (1-bit Adam's freeze step), the run's steps."""
     node = OmegaConf.create(OmegaConf.to_container(cfg.optim, resolve=True))
@@ -129,7 +155,7 @@ def build_and_train(cfg: DictConfig, env: DistEnv, device: torch.device, run_dir
 
         return probe_worker(cfg, env.rank, device, run_dir)
     # Imported here: a worker whose layout check fails reports it without loading models and hooks.
-    from birder_repro import comm, optim, probes, tasks, train
+    from birder_repro import comm, probes, tasks, train
 
     topology = comm.build_topology(int(cfg.gpus_per_node))
     task = tasks.get_task(cfg.task.name)
@@ -145,8 +171,19 @@ def build_and_train(cfg: DictConfig, env: DistEnv, device: torch.device, run_dir
     ddp, opt, hook = train.build_parallel(cfg, task, model, device, topology, ocfg, is_main=env.is_main)
     _warn_short_onebit_warmup(opt, env)
     # Emulated clusters: each node's kernel link counters over the timed steps (birder_repro.probes).
-    result = train.train(cfg, task=task, data=data, model=ddp, optimizer=opt, comm=hook, topology=topology,
-                         device=device, run_dir=run_dir, probes=probes.probes_for(topology), plan=plan)
+    result = train.train(
+        cfg,
+        task=task,
+        data=data,
+        model=ddp,
+        optimizer=opt,
+        comm=hook,
+        topology=topology,
+        device=device,
+        run_dir=run_dir,
+        probes=probes.probes_for(topology),
+        plan=plan,
+    )
     return {**result, "memory": train.parallel.memory_report(ddp, opt, hook, device)}
 
 
@@ -157,10 +194,15 @@ def precision_of(cfg: DictConfig) -> str:
 def start_line(env: DistEnv, fields: dict) -> str:
     """What this run resolved, in one line: the device, backend and precision, and the versions they run on."""
     v = fields["versions"]
-    stack = ", ".join(f"{name} {v[key]}" for name, key in (("torch", "torch"), ("CUDA", "cuda"), ("NCCL", "nccl"),
-                                                             ("Triton", "triton")) if v.get(key))
-    return (f"[birder-repro] {env.world_size} process{'es' if env.world_size > 1 else ''} on {fields['device']}, "
-            f"backend {fields['backend']}, precision {fields['precision']}; {stack}")
+    stack = ", ".join(
+        f"{name} {v[key]}"
+        for name, key in (("torch", "torch"), ("CUDA", "cuda"), ("NCCL", "nccl"), ("Triton", "triton"))
+        if v.get(key)
+    )
+    return (
+        f"[birder-repro] {env.world_size} process{'es' if env.world_size > 1 else ''} on {fields['device']}, "
+        f"backend {fields['backend']}, precision {fields['precision']}; {stack}"
+    )
 
 
 def _warn_short_onebit_warmup(opt, env: DistEnv) -> None:
@@ -177,7 +219,7 @@ def describe_device(device: torch.device) -> str:
     return f"cuda ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "cpu"
 
 
-def run_worker(run_dir: Path, env: Optional[DistEnv] = None) -> int:
+def run_worker(run_dir: Path, env: DistEnv | None = None) -> int:
     """The whole life of one worker; rank 0 writes the record. Returns the process's exit code."""
     from birder_repro.train import stop
     from birder_repro.train.divergence import Diverged
@@ -197,9 +239,12 @@ def run_worker(run_dir: Path, env: Optional[DistEnv] = None) -> int:
         device = pick_device(cfg, env)
         with open_dict(cfg):
             cfg.device = device.type  # resolved once, here: every part of the run reads the same answer
-        fields.update(device=describe_device(device), backend=layout.resolve_backend(cfg, device.type),
-                      precision=precision_of(cfg), versions={**record.versions(),
-                                                             **record.accelerator_versions(device.type)})
+        fields.update(
+            device=describe_device(device),
+            backend=layout.resolve_backend(cfg, device.type),
+            precision=precision_of(cfg),
+            versions={**record.versions(), **record.accelerator_versions(device.type)},
+        )
         init_process_group(fields["backend"], env, device, collective_timeout(cfg))
         joined = True
         check_shared(run_dir, env.rank, env.local_rank, env.local_world_size, env.world_size, device)
@@ -213,22 +258,39 @@ def run_worker(run_dir: Path, env: Optional[DistEnv] = None) -> int:
         return 0
     except Diverged as halt:  # every rank stops at the same step (train/divergence.py): not a failure to restart
         if env.is_main:
-            record.write_record(run_dir, record.diverged_record(
-                cfg, run_dir, halt.step, halt.line, restarts=restart_count(),
-                attempts=attempt.history("diverged", None, halt.step), **fields))
+            record.write_record(
+                run_dir,
+                record.diverged_record(
+                    cfg,
+                    run_dir,
+                    halt.step,
+                    halt.line,
+                    restarts=restart_count(),
+                    attempts=attempt.history("diverged", None, halt.step),
+                    **fields,
+                ),
+            )
         return 0
     except stop.Stopped as halt:  # every rank after the same step, checkpointed: not a failure to restart either
         if env.is_main:
             attempt.interrupted(halt, fields)
         return 0
     except Exception as exc:  # noqa: BLE001 - every failure ends in a record, then a non-zero exit
-        failure = failures.write_failure(run_dir, env.rank, restart_count(), exc,
-                                         explain_collective_failure(exc, env.rank, cfg))
+        failure = failures.write_failure(
+            run_dir, env.rank, restart_count(), exc, explain_collective_failure(exc, env.rank, cfg)
+        )
         # One line, then the traceback: output.log keeps both, the terminal stops at the line (failures.py).
         print(f"{failures.MARK}{failure.line}\n{failure.traceback}", file=sys.stderr, flush=True)
         if env.is_main:
-            record.write_failed_record(run_dir, cfg, failure.line, traceback=failure.traceback,
-                                       restarts=restart_count(), attempts=attempt.history("failed", None), **fields)
+            record.write_failed_record(
+                run_dir,
+                cfg,
+                failure.line,
+                traceback=failure.traceback,
+                restarts=restart_count(),
+                attempts=attempt.history("failed", None),
+                **fields,
+            )
         return 1
     finally:
         if joined and dist.is_initialized():
@@ -246,13 +308,12 @@ class _Attempt:
         self.earlier = previous_attempts(record.read_record(run_dir)) if env.is_main else []
         self.first_started = (self.earlier[0].get("started") if self.earlier else None) or self.started
 
-    def history(self, status: str, from_step: Optional[int], to_step: Optional[int] = None) -> list[dict]:
+    def history(self, status: str, from_step: int | None, to_step: int | None = None) -> list[dict]:
         """The record's ``attempts``: the earlier ones, then this one ending with ``status``."""
         from birder_repro.train.restarts import attempt_entry, reached_step, restart_count
 
         to_step = to_step if to_step is not None else reached_step(self.run_dir)
-        return [*self.earlier, attempt_entry(status, self.started, record.now(), from_step, to_step,
-                                             restart_count())]
+        return [*self.earlier, attempt_entry(status, self.started, record.now(), from_step, to_step, restart_count())]
 
     def interrupted(self, halt, fields: dict) -> None:
         """Write the interrupted record and say so, last, in the workers' output (birder_repro.failures)."""
@@ -262,9 +323,16 @@ class _Attempt:
 
         found = complete_checkpoints(self.run_dir / CHECKPOINTS)
         checkpoint = halt.checkpoint or (found[-1][1] if found else None)
-        rec = record.interrupted_record(self.cfg, self.run_dir, halt.step, signal_name(halt.signum), checkpoint,
-                                        restarts=restart_count(),
-                                        attempts=self.history("interrupted", halt.from_step, halt.step), **fields)
+        rec = record.interrupted_record(
+            self.cfg,
+            self.run_dir,
+            halt.step,
+            signal_name(halt.signum),
+            checkpoint,
+            restarts=restart_count(),
+            attempts=self.history("interrupted", halt.from_step, halt.step),
+            **fields,
+        )
         record.write_record(self.run_dir, rec)
         print(f"{failures.STOP_MARK}{rec['error'].split('; resume: ')[0]}", flush=True)
 
@@ -285,16 +353,18 @@ def explain_collective_failure(exc: BaseException, rank: int, cfg: DictConfig) -
         inner = frames[-1] if frames else None
         collective = f"in {inner.name} ({Path(inner.filename).name}:{inner.lineno})" if inner else "(unknown)"
     if timed_out:
-        why = (f"a peer did not answer within train.timeout_s={collective_timeout(cfg).total_seconds():g} s "
-               "(hung or gone)")
+        why = (
+            f"a peer did not answer within train.timeout_s={collective_timeout(cfg).total_seconds():g} s (hung or gone)"
+        )
     else:
         why = "a peer closed its connection (it died or was killed)"
     return f"rank {rank}: collective {collective} failed: {why}\n"
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m birder_repro.worker",
-                                     description="One worker of a birder-repro run (started by torchrun).")
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m birder_repro.worker", description="One worker of a birder-repro run (started by torchrun)."
+    )
     parser.add_argument("--run-dir", required=True, type=Path, help="run directory holding config.yaml")
     args = parser.parse_args(argv)
     return run_worker(args.run_dir)

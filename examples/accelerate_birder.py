@@ -20,8 +20,9 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import toy  # noqa: E402  (the shared model, data order and optimizers)
-from birder_repro.integrations.accelerate import attach_accelerate, regroup_buckets  # noqa: E402
+import toy
+
+from birder_repro.integrations.accelerate import attach_accelerate, regroup_buckets
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--optim", choices=["birder", "onebit_adam"], default="birder")

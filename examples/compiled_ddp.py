@@ -24,8 +24,9 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import toy  # noqa: E402  (the shared model, data order and optimizers)
-from birder_repro.comm import attach_birder, attach_onebit  # noqa: E402
+import toy
+
+from birder_repro.comm import attach_birder, attach_onebit
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--optim", choices=["birder", "onebit_adam"], default="birder")

@@ -19,8 +19,9 @@ from torch.distributed.fsdp import fully_shard
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import toy  # noqa: E402  (the shared model, data order and optimizers)
-from birder_repro.comm import attach_birder_fsdp, attach_onebit_fsdp  # noqa: E402
+import toy
+
+from birder_repro.comm import attach_birder_fsdp, attach_onebit_fsdp
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--optim", choices=["birder", "onebit_adam"], default="birder")
@@ -32,8 +33,7 @@ rank, world = dist.get_rank(), dist.get_world_size()
 dataset = toy.make_dataset()
 loader = DataLoader(dataset, batch_size=toy.BATCH, sampler=toy.make_sampler(dataset, rank, world))
 
-mesh = init_device_mesh("cpu", (world // toy.GPUS_PER_NODE, toy.GPUS_PER_NODE),
-                        mesh_dim_names=("replicate", "shard"))
+mesh = init_device_mesh("cpu", (world // toy.GPUS_PER_NODE, toy.GPUS_PER_NODE), mesh_dim_names=("replicate", "shard"))
 model = toy.make_model()
 # One unit, the root, holding every parameter, as plain DDP's one bucket does (a larger model shards each block
 # first: fully_shard(block, mesh=mesh["shard"]) for every block, then the root).

@@ -18,8 +18,9 @@ import torch
 from transformers import TrainerCallback, TrainingArguments
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import toy  # noqa: E402  (the shared model, data order and optimizers)
-from birder_repro.integrations.hf_trainer import BirderTrainer  # noqa: E402
+import toy
+
+from birder_repro.integrations.hf_trainer import BirderTrainer
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--optim", choices=["birder", "onebit_adam"], default="birder")
@@ -46,17 +47,32 @@ class StopAt(TrainerCallback):  # the Trainer saves at save_steps; this ends the
 
 out = args.save or args.resume or os.path.join(tempfile.gettempdir(), "hf_trainer_birder")  # written with --save
 training_args = TrainingArguments(
-    output_dir=out, use_cpu=True, ddp_backend="gloo", per_device_train_batch_size=toy.BATCH, max_steps=toy.STEPS,
-    lr_scheduler_type="constant", max_grad_norm=0,  # .grad holds Birder's +-1 update after the hook: never clip it
-    save_strategy="steps" if args.save else "no", save_steps=args.stop_at, ddp_find_unused_parameters=False,
-    report_to="none", disable_tqdm=True, log_level="warning", remove_unused_columns=False)
+    output_dir=out,
+    use_cpu=True,
+    ddp_backend="gloo",
+    per_device_train_batch_size=toy.BATCH,
+    max_steps=toy.STEPS,
+    lr_scheduler_type="constant",
+    max_grad_norm=0,  # .grad holds Birder's +-1 update after the hook: never clip it
+    save_strategy="steps" if args.save else "no",
+    save_steps=args.stop_at,
+    ddp_find_unused_parameters=False,
+    report_to="none",
+    disable_tqdm=True,
+    log_level="warning",
+    remove_unused_columns=False,
+)
 dataset, model = toy.make_dataset(), ToyModel()
 trainer = BirderTrainer(
-    model=model, args=training_args, train_dataset=dataset,
+    model=model,
+    args=training_args,
+    train_dataset=dataset,
     data_collator=lambda rows: {"x": torch.stack([r[0] for r in rows]), "labels": torch.stack([r[1] for r in rows])},
-    optimizers=(toy.make_optimizer(args.optim, model.parameters()), None), gpus_per_node=toy.GPUS_PER_NODE,
+    optimizers=(toy.make_optimizer(args.optim, model.parameters()), None),
+    gpus_per_node=toy.GPUS_PER_NODE,
     train_sampler=toy.make_sampler(dataset, training_args.process_index, training_args.world_size),
-    callbacks=[StopAt()])
+    callbacks=[StopAt()],
+)
 trainer.train(resume_from_checkpoint=True if args.resume else None)
 if trainer.hook_state is not None:  # None in one process: no DDP, the optimizer runs alone
     trainer.hook_state.close()

@@ -18,8 +18,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, Subset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import toy  # noqa: E402  (the shared model, data order and optimizers)
-from birder_repro.integrations.lightning import BirderStrategy  # noqa: E402
+import toy
+
+from birder_repro.integrations.lightning import BirderStrategy
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--optim", choices=["birder", "onebit_adam"], default="birder")
@@ -51,13 +52,22 @@ class ToyModule(L.LightningModule):
 
 
 trainer = L.Trainer(
-    accelerator="cpu", devices=2, num_nodes=1, max_steps=args.stop_at,
+    accelerator="cpu",
+    devices=2,
+    num_nodes=1,
+    max_steps=args.stop_at,
     # toy.GPUS_PER_NODE = 1 stands this one machine for 2 nodes; on a cluster leave it out (Lightning's devices)
     strategy=BirderStrategy(gpus_per_node=toy.GPUS_PER_NODE),
-    use_distributed_sampler=False, logger=False, enable_progress_bar=False, enable_model_summary=False,
+    use_distributed_sampler=False,
+    logger=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
     # Lightning's own checkpointing: every step, the newest kept, plus last.ckpt (each with its ranks' hook state)
     callbacks=[ModelCheckpoint(dirpath=args.save, every_n_train_steps=1, save_last=True)] if args.save else [],
-    enable_checkpointing=bool(args.save), num_sanity_val_steps=0, deterministic=True)
+    enable_checkpointing=bool(args.save),
+    num_sanity_val_steps=0,
+    deterministic=True,
+)
 module = ToyModule()
 trainer.fit(module, ckpt_path=args.resume)
 if trainer.is_global_zero:

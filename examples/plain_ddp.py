@@ -18,8 +18,9 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import toy  # noqa: E402  (the shared model, data order and optimizers)
-from birder_repro.comm import attach_birder, attach_onebit  # noqa: E402
+import toy
+
+from birder_repro.comm import attach_birder, attach_onebit
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--optim", choices=["birder", "onebit_adam"], default="birder")
@@ -65,8 +66,15 @@ for step, (x, y) in enumerate(loader):
 
 if args.save:
     os.makedirs(args.save, exist_ok=True)
-    torch.save({"model": ddp.module.state_dict(), "optimizer": opt.state_dict(), "hook": state.state_dict(),
-                "step": min(args.stop_at, toy.STEPS)}, os.path.join(args.save, f"rank{rank:05d}.pt"))
+    torch.save(
+        {
+            "model": ddp.module.state_dict(),
+            "optimizer": opt.state_dict(),
+            "hook": state.state_dict(),
+            "step": min(args.stop_at, toy.STEPS),
+        },
+        os.path.join(args.save, f"rank{rank:05d}.pt"),
+    )
 state.close()
 dist.destroy_process_group()
 if rank == 0:

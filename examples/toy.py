@@ -18,11 +18,11 @@ from torch import nn
 from torch.utils.data import DistributedSampler, TensorDataset
 
 SEED = 0
-STEPS = 8          # optimizer steps
-BATCH = 8          # samples per process and step
+STEPS = 8  # optimizer steps
+BATCH = 8  # samples per process and step
 FEATURES, CLASSES, SAMPLES = 16, 4, 256
 GPUS_PER_NODE = 1  # processes per node: every process its own node
-FREEZE_STEP = 3    # 1-bit Adam's warmup (fp32 Adam steps) before it compresses
+FREEZE_STEP = 3  # 1-bit Adam's warmup (fp32 Adam steps) before it compresses
 
 
 def make_model() -> nn.Module:

@@ -9,8 +9,7 @@ import importlib
 
 from birder_repro.tasks.base import DatasetNotFound, Task, TaskData
 
-__all__ = ["Task", "TaskData", "DatasetNotFound", "UnknownTask", "TASKS", "get_task", "list_tasks",
-           "check_data"]
+__all__ = ["Task", "TaskData", "DatasetNotFound", "UnknownTask", "TASKS", "get_task", "list_tasks", "check_data"]
 
 # name -> (module under birder_repro.tasks, its Task class). Modules are imported on demand, so that a task's
 # heavy imports (transformers for the BERT tasks) are paid only by runs of that task.

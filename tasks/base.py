@@ -6,8 +6,9 @@ A task module (``tasks/<name>.py``, installed as ``birder_repro.tasks.<name>``) 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -24,7 +25,7 @@ class TaskData:
     """
 
     train: Iterable
-    eval: Optional[Iterable]
+    eval: Iterable | None
     train_size: int
     description: str
     sampler: Any = None  # the train sampler, for set_epoch
@@ -34,8 +35,10 @@ class DatasetNotFound(FileNotFoundError):
     """A real dataset is missing: the message names the path and the setting to change."""
 
     def __init__(self, what: str, path: str, hint: str = ""):
-        msg = (f"{what} not found at {path!r}. Point data.root=<dir> at a copy"
-               f"{' (' + hint + ')' if hint else ''}, or run on synthetic data with data.source=synthetic.")
+        msg = (
+            f"{what} not found at {path!r}. Point data.root=<dir> at a copy"
+            f"{' (' + hint + ')' if hint else ''}, or run on synthetic data with data.source=synthetic."
+        )
         super().__init__(msg)
 
 

@@ -13,19 +13,31 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 try:
     import transformers
     from transformers import BertConfig, BertTokenizerFast
 except ImportError as err:  # the BERT tasks are an optional extra; say which
-    raise ImportError("the BERT tasks (bert_squad, bert_pretrain) need transformers>=5 and tokenizers: "
-                      "pip install 'birder-repro[nlp]'") from err
+    raise ImportError(
+        "the BERT tasks (bert_squad, bert_pretrain) need transformers>=5 and tokenizers: "
+        "pip install 'birder-repro[nlp]'"
+    ) from err
 
 from birder_repro.tasks.common import pick_size
 
-__all__ = ["SIZES", "bert_config", "SpecialIds", "SYNTHETIC_SPECIALS", "is_local_path", "load_tokenizer",
-           "load_pretrained", "tokenizer_source", "vocab_size_for", "to_device"]
+__all__ = [
+    "SIZES",
+    "bert_config",
+    "SpecialIds",
+    "SYNTHETIC_SPECIALS",
+    "is_local_path",
+    "load_tokenizer",
+    "load_pretrained",
+    "tokenizer_source",
+    "vocab_size_for",
+    "to_device",
+]
 
 # model.size -> (layers, hidden size, attention heads, feed-forward size). full is BERT-Base (Devlin et al. 2019,
 # "BERT: Pre-training of Deep Bidirectional Transformers", section 3: L=12, H=768, A=12, 4H feed-forward), the
@@ -39,9 +51,15 @@ SIZES = {
 def bert_config(size: str, vocab_size: int, max_positions: int = 512, pad_token_id: int = 0) -> BertConfig:
     """A BertConfig of the ``model.size`` preset; BERT's other defaults (GELU, dropout 0.1, 2 token types)."""
     layers, hidden, heads, ffn = pick_size(size, SIZES)
-    return BertConfig(vocab_size=int(vocab_size), hidden_size=hidden, num_hidden_layers=layers,
-                      num_attention_heads=heads, intermediate_size=ffn,
-                      max_position_embeddings=max(512, int(max_positions)), pad_token_id=int(pad_token_id))
+    return BertConfig(
+        vocab_size=int(vocab_size),
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=ffn,
+        max_position_embeddings=max(512, int(max_positions)),
+        pad_token_id=int(pad_token_id),
+    )
 
 
 @dataclass(frozen=True)
@@ -60,9 +78,14 @@ class SpecialIds:
         return max(self.pad, self.unk, self.cls, self.sep, self.mask) + 1
 
     @classmethod
-    def of(cls, tokenizer) -> "SpecialIds":
-        return cls(tokenizer.pad_token_id, tokenizer.unk_token_id, tokenizer.cls_token_id, tokenizer.sep_token_id,
-                   tokenizer.mask_token_id)
+    def of(cls, tokenizer) -> SpecialIds:
+        return cls(
+            tokenizer.pad_token_id,
+            tokenizer.unk_token_id,
+            tokenizer.cls_token_id,
+            tokenizer.sep_token_id,
+            tokenizer.mask_token_id,
+        )
 
 
 # [PAD] [UNK] [CLS] [SEP] [MASK] as the first five lines of a vocab.txt. (bert-base-uncased's own vocabulary puts
@@ -86,12 +109,13 @@ def is_local_path(name: str) -> bool:
 def _local_dir(name: str, setting: str, holds: str) -> str:
     path = os.path.expanduser(name)
     if not os.path.isdir(path):
-        raise FileNotFoundError(f"{setting}={name!r}: no such directory. Point {setting}=<dir> at a local "
-                                f"directory holding {holds}")
+        raise FileNotFoundError(
+            f"{setting}={name!r}: no such directory. Point {setting}=<dir> at a local directory holding {holds}"
+        )
     return path
 
 
-def tokenizer_source(cfg) -> Optional[str]:
+def tokenizer_source(cfg) -> str | None:
     """Where the tokenizer comes from: ``model.tokenizer``, else the checkpoint (full size only), else None."""
     if cfg.model.get("tokenizer"):
         return str(cfg.model.tokenizer)
@@ -100,7 +124,7 @@ def tokenizer_source(cfg) -> Optional[str]:
     return None
 
 
-def load_tokenizer(source: Optional[str], lowercase: Optional[bool] = None, setting: str = "model.tokenizer"):
+def load_tokenizer(source: str | None, lowercase: bool | None = None, setting: str = "model.tokenizer"):
     """A fast WordPiece tokenizer from a local directory (with ``vocab.txt`` or ``tokenizer.json``) or a hub name.
 
     Fast tokenizers give the character offsets the SQuAD features need. ``lowercase`` (``model.lowercase``)
@@ -110,8 +134,10 @@ def load_tokenizer(source: Optional[str], lowercase: Optional[bool] = None, sett
     out.
     """
     if not source:
-        raise ValueError(f"this run needs a WordPiece tokenizer: set {setting}=<directory with vocab.txt> "
-                         f"(or model.checkpoint=<checkpoint directory or hub name> with model.size=full)")
+        raise ValueError(
+            f"this run needs a WordPiece tokenizer: set {setting}=<directory with vocab.txt> "
+            f"(or model.checkpoint=<checkpoint directory or hub name> with model.size=full)"
+        )
     kwargs = {} if lowercase is None else {"do_lower_case": bool(lowercase)}
     if is_local_path(source):
         path = _local_dir(source, setting, "vocab.txt (a BERT WordPiece vocabulary) or tokenizer.json")
@@ -130,8 +156,10 @@ def _check_vocab_size(tokenizer, path: str, setting: str) -> None:
         with open(vocab_file, encoding="utf-8") as f:
             lines = sum(1 for _ in f)
         if tokenizer.vocab_size != lines:
-            raise RuntimeError(f"{setting}={path!r}: vocab.txt has {lines} entries but transformers "
-                               f"{transformers.__version__} built a tokenizer of {tokenizer.vocab_size}")
+            raise RuntimeError(
+                f"{setting}={path!r}: vocab.txt has {lines} entries but transformers "
+                f"{transformers.__version__} built a tokenizer of {tokenizer.vocab_size}"
+            )
 
 
 def _from_hub(cls, name: str, setting: str, **kwargs):
@@ -139,8 +167,10 @@ def _from_hub(cls, name: str, setting: str, **kwargs):
     try:
         return cls.from_pretrained(name, **kwargs)
     except OSError as err:
-        raise OSError(f"could not load {setting}={name!r} from the Hugging Face hub ({err}). Without a network, "
-                      f"download it elsewhere and set {setting}=<local directory>") from err
+        raise OSError(
+            f"could not load {setting}={name!r} from the Hugging Face hub ({err}). Without a network, "
+            f"download it elsewhere and set {setting}=<local directory>"
+        ) from err
 
 
 def load_pretrained(cls, checkpoint: str, setting: str = "model.checkpoint"):

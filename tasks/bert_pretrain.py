@@ -43,21 +43,27 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
+from transformers import BertForMaskedLM, BertForPreTraining
 
 from birder_repro import config as layout
 from birder_repro.tasks.base import DatasetNotFound, Task, TaskData, small_eval_note
-from birder_repro.tasks.bert_common import (SYNTHETIC_SPECIALS, SpecialIds, bert_config, load_tokenizer,
-                                            to_device, vocab_size_for)
+from birder_repro.tasks.bert_common import (
+    SYNTHETIC_SPECIALS,
+    SpecialIds,
+    bert_config,
+    load_tokenizer,
+    to_device,
+    vocab_size_for,
+)
 from birder_repro.tasks.common import ShardSampler, build_by_source, train_loader
-from transformers import BertForMaskedLM, BertForPreTraining
 
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 CACHE_VERSION = 1  # bump when the cache's layout changes: old caches are then rebuilt, not misread
@@ -86,15 +92,22 @@ def build_model(cfg) -> nn.Module:
 # Masking and sequence assembly
 
 
-def mask_tokens(ids: torch.Tensor, maskable: torch.Tensor, n_tokens: int, vocab_size: int, mask_id: int,
-                prob: float, generator: Optional[torch.Generator] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def mask_tokens(
+    ids: torch.Tensor,
+    maskable: torch.Tensor,
+    n_tokens: int,
+    vocab_size: int,
+    mask_id: int,
+    prob: float,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """BERT's masked-LM corruption of one sequence: (corrupted ids, labels with -100 where nothing is predicted).
 
     ``max(1, round(prob * n_tokens))`` of the ``maskable`` positions are predicted (create_pretraining_data.py:
     ``num_to_predict``, counted over the sequence's tokens with [CLS] and [SEP]); of those, 80 % become
     ``mask_id``, 10 % a token drawn uniformly from the vocabulary, 10 % stay as they were.
     """
-    count = min(max(1, int(round(prob * n_tokens))), int(maskable.sum()))
+    count = min(max(1, round(prob * n_tokens)), int(maskable.sum()))
     scores = torch.rand(ids.shape, generator=generator).masked_fill(~maskable, 2.0)  # never chosen: > 1
     chosen = scores.argsort()[:count]
     labels = torch.full_like(ids, -100)
@@ -102,8 +115,9 @@ def mask_tokens(ids: torch.Tensor, maskable: torch.Tensor, n_tokens: int, vocab_
     corrupted = ids.clone()
     action = torch.rand(count, generator=generator)
     random_ids = torch.randint(vocab_size, (count,), generator=generator)
-    corrupted[chosen] = torch.where(action < 0.8, torch.full_like(random_ids, mask_id),
-                                    torch.where(action < 0.9, random_ids, ids[chosen]))
+    corrupted[chosen] = torch.where(
+        action < 0.8, torch.full_like(random_ids, mask_id), torch.where(action < 0.9, random_ids, ids[chosen])
+    )
     return corrupted, labels
 
 
@@ -119,7 +133,7 @@ def truncate_pair(len_a: int, len_b: int, max_tokens: int) -> tuple[int, int]:
     return len_a - excess // 2, len_b - (excess + 1) // 2
 
 
-def assemble(a: Sequence[int], b: Optional[Sequence[int]], length: int, sp: SpecialIds) -> dict[str, torch.Tensor]:
+def assemble(a: Sequence[int], b: Sequence[int] | None, length: int, sp: SpecialIds) -> dict[str, torch.Tensor]:
     """``[CLS] A [SEP] B [SEP]`` (or ``[CLS] A [SEP]``) padded to ``length``, with token types and mask."""
     a, b = list(a), (list(b) if b is not None else None)
     ids = [sp.cls, *a, sp.sep] + ([*b, sp.sep] if b is not None else [])
@@ -127,8 +141,11 @@ def assemble(a: Sequence[int], b: Optional[Sequence[int]], length: int, sp: Spec
     pad = length - len(ids)
     if pad < 0:
         raise ValueError(f"a sequence of {len(ids)} tokens does not fit max_seq_length={length}")
-    return {"input_ids": torch.tensor(ids + [sp.pad] * pad), "token_type_ids": torch.tensor(types + [0] * pad),
-            "attention_mask": torch.tensor([1] * len(ids) + [0] * pad)}
+    return {
+        "input_ids": torch.tensor(ids + [sp.pad] * pad),
+        "token_type_ids": torch.tensor(types + [0] * pad),
+        "attention_mask": torch.tensor([1] * len(ids) + [0] * pad),
+    }
 
 
 class MaskedSequences(Dataset):
@@ -139,8 +156,17 @@ class MaskedSequences(Dataset):
     from a generator seeded by (seed, index): every evaluation scores the same masked tokens.
     """
 
-    def __init__(self, size: int, length: int, vocab_size: int, specials: SpecialIds, masked_lm_prob: float,
-                 nsp: bool, seed: int, split: str):
+    def __init__(
+        self,
+        size: int,
+        length: int,
+        vocab_size: int,
+        specials: SpecialIds,
+        masked_lm_prob: float,
+        nsp: bool,
+        seed: int,
+        split: str,
+    ):
         if split not in ("train", "eval"):
             raise ValueError(f"split must be 'train' or 'eval', not {split!r}")
         self.size, self.length, self.vocab_size, self.specials = int(size), int(length), int(vocab_size), specials
@@ -149,7 +175,7 @@ class MaskedSequences(Dataset):
     def __len__(self) -> int:
         return self.size
 
-    def segments(self, index: int) -> tuple[Sequence[int], Optional[Sequence[int]], int]:
+    def segments(self, index: int) -> tuple[Sequence[int], Sequence[int] | None, int]:
         raise NotImplementedError
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
@@ -159,10 +185,12 @@ class MaskedSequences(Dataset):
         item = assemble(a, b if self.nsp else None, self.length, self.specials)
         ids, sp = item["input_ids"], self.specials
         maskable = (ids != sp.cls) & (ids != sp.sep) & (ids != sp.pad)
-        generator = None if self.split == "train" else \
-            torch.Generator().manual_seed((self.seed % 2**31) * 2**32 + index)
-        item["input_ids"], item["labels"] = mask_tokens(ids, maskable, int(item["attention_mask"].sum()),
-                                                        self.vocab_size, sp.mask, self.masked_lm_prob, generator)
+        generator = (
+            None if self.split == "train" else torch.Generator().manual_seed((self.seed % 2**31) * 2**32 + index)
+        )
+        item["input_ids"], item["labels"] = mask_tokens(
+            ids, maskable, int(item["attention_mask"].sum()), self.vocab_size, sp.mask, self.masked_lm_prob, generator
+        )
         if self.nsp:
             item["next_sentence_label"] = torch.tensor(label)
         return item
@@ -177,9 +205,11 @@ def text_files(cfg) -> list[str]:
     root = str(cfg.data.root)
     files = sorted(glob.glob(os.path.join(root, "*.txt")))
     if not files:
-        raise DatasetNotFound("pretraining text (<data.root>/*.txt: one sentence per line, a blank line between "
-                              "documents)", root, "or set data.hf_name to read a datasets corpus such as "
-                              "wikimedia/wikipedia")
+        raise DatasetNotFound(
+            "pretraining text (<data.root>/*.txt: one sentence per line, a blank line between documents)",
+            root,
+            "or set data.hf_name to read a datasets corpus such as wikimedia/wikipedia",
+        )
     return files
 
 
@@ -199,13 +229,15 @@ def documents_from_files(paths: Sequence[str]) -> Iterator[list[str]]:
             yield doc
 
 
-def documents_from_hf(name: str, config: Optional[str]) -> Iterator[list[str]]:
+def documents_from_hf(name: str, config: str | None) -> Iterator[list[str]]:
     """Articles of a ``datasets`` corpus with a ``text`` column; their non-empty lines are the sentences."""
     try:
         import datasets  # optional: only this path needs it
     except ImportError as err:
-        raise ImportError(f"data.hf_name={name!r} needs the datasets library (pip install datasets); or unset it "
-                          f"and read text files from data.root") from err
+        raise ImportError(
+            f"data.hf_name={name!r} needs the datasets library (pip install datasets); or unset it "
+            f"and read text files from data.root"
+        ) from err
     for row in datasets.load_dataset(name, config, split="train"):
         lines = [line.strip() for line in row["text"].split("\n") if line.strip()]
         if lines:
@@ -215,16 +247,19 @@ def documents_from_hf(name: str, config: Optional[str]) -> Iterator[list[str]]:
 def _source_fingerprint(cfg) -> dict:
     if cfg.data.get("hf_name"):  # a datasets corpus is named by its version (hf_config): names suffice
         return {"hf_name": str(cfg.data.hf_name), "hf_config": cfg.data.get("hf_config")}
-    return {"root": os.path.abspath(str(cfg.data.root)),
-            "files": [(os.path.basename(p), os.path.getsize(p), os.stat(p).st_mtime_ns) for p in text_files(cfg)]}
+    return {
+        "root": os.path.abspath(str(cfg.data.root)),
+        "files": [(os.path.basename(p), os.path.getsize(p), os.stat(p).st_mtime_ns) for p in text_files(cfg)],
+    }
 
 
 def cache_key(cfg, tokenizer) -> str:
     """What the token cache depends on: the text (names, sizes, times), the vocabulary and its casing."""
     vocab = hashlib.sha1(json.dumps(sorted(tokenizer.get_vocab().items())).encode()).hexdigest()
     lowercase = getattr(tokenizer, "do_lower_case", None)
-    blob = json.dumps({"v": CACHE_VERSION, "source": _source_fingerprint(cfg), "vocab": vocab, "lower": lowercase},
-                      sort_keys=True)
+    blob = json.dumps(
+        {"v": CACHE_VERSION, "source": _source_fingerprint(cfg), "vocab": vocab, "lower": lowercase}, sort_keys=True
+    )
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
@@ -256,7 +291,7 @@ class CorpusWriter:
         ids = self.tokenizer(sentences, add_special_tokens=False)["input_ids"] if sentences else []
         at = 0
         for doc in self.pending:
-            kept = [t for t in ids[at:at + len(doc)] if t]
+            kept = [t for t in ids[at : at + len(doc)] if t]
             at += len(doc)
             if kept:
                 self._write(kept)
@@ -264,8 +299,9 @@ class CorpusWriter:
 
     def _write(self, sentences: list[list[int]]) -> None:
         lengths = np.array([len(t) for t in sentences], dtype=np.int64)
-        np.fromiter((t for s in sentences for t in s), dtype=self.dtype, count=int(lengths.sum())) \
-            .tofile(self.tokens_file)
+        np.fromiter((t for s in sentences for t in s), dtype=self.dtype, count=int(lengths.sum())).tofile(
+            self.tokens_file
+        )
         (self.n_tokens + np.cumsum(lengths) - lengths).tofile(self.sentences_file)  # first token of each
         self.n_tokens += int(lengths.sum())
         self.n_sentences += len(sentences)
@@ -277,8 +313,13 @@ class CorpusWriter:
         self.tokens_file.close()
         self.sentences_file.close()
         np.array(self.doc_starts, dtype=np.int64).tofile(os.path.join(self.folder, "documents.bin"))
-        meta = {"version": CACHE_VERSION, "dtype": np.dtype(self.dtype).name, "tokens": self.n_tokens,
-                "sentences": self.n_sentences, "documents": len(self.doc_starts) - 1}
+        meta = {
+            "version": CACHE_VERSION,
+            "dtype": np.dtype(self.dtype).name,
+            "tokens": self.n_tokens,
+            "sentences": self.n_sentences,
+            "documents": len(self.doc_starts) - 1,
+        }
         with open(os.path.join(self.folder, "meta.json"), "w") as f:
             json.dump(meta, f)
 
@@ -295,16 +336,19 @@ def write_corpus(documents: Iterable[list[str]], tokenizer, folder: str) -> None
 class Corpus:
     """The memory-mapped token cache (shared by every process on a machine through the page cache)."""
 
-    tokens: np.ndarray       # all token ids
-    sentences: np.ndarray    # token offset of each sentence, then the number of tokens
-    documents: np.ndarray    # sentence index of each document, then the number of sentences
+    tokens: np.ndarray  # all token ids
+    sentences: np.ndarray  # token offset of each sentence, then the number of tokens
+    documents: np.ndarray  # sentence index of each document, then the number of sentences
 
     @classmethod
-    def open(cls, folder: str) -> "Corpus":
+    def open(cls, folder: str) -> Corpus:
         with open(os.path.join(folder, "meta.json")) as f:
             meta = json.load(f)
-        tokens = np.memmap(os.path.join(folder, "tokens.bin"), dtype=meta["dtype"], mode="r",
-                           shape=(meta["tokens"],)) if meta["tokens"] else np.zeros(0, dtype=meta["dtype"])
+        tokens = (
+            np.memmap(os.path.join(folder, "tokens.bin"), dtype=meta["dtype"], mode="r", shape=(meta["tokens"],))
+            if meta["tokens"]
+            else np.zeros(0, dtype=meta["dtype"])
+        )
         sentences = np.fromfile(os.path.join(folder, "sentences.bin"), dtype=np.int64)
         documents = np.fromfile(os.path.join(folder, "documents.bin"), dtype=np.int64)
         return cls(tokens, sentences, documents)
@@ -314,8 +358,7 @@ class Corpus:
         return len(self.documents) - 1
 
 
-def create_instances(corpus: Corpus, docs: range, max_tokens: int, nsp: bool,
-                     rng: np.random.Generator) -> np.ndarray:
+def create_instances(corpus: Corpus, docs: range, max_tokens: int, nsp: bool, rng: np.random.Generator) -> np.ndarray:
     """Training sequences of the documents ``docs`` as token ranges: rows (a0, a1, b0, b1, next-sentence label).
 
     Google's ``create_instances_from_document`` without short sequences (module docstring); random B segments
@@ -337,8 +380,9 @@ def create_instances(corpus: Corpus, docs: range, max_tokens: int, nsp: bool,
                     n = i + 1 - chunk
                     a_end = chunk + (int(rng.integers(1, n)) if n >= 2 else 1)
                     if n == 1 or rng.random() < 0.5:
-                        b0, b1 = _random_segment(corpus, docs, d, max_tokens - (starts[a_end] - starts[chunk]),
-                                                 lengths, rng)
+                        b0, b1 = _random_segment(
+                            corpus, docs, d, max_tokens - (starts[a_end] - starts[chunk]), lengths, rng
+                        )
                         rows.append((starts[chunk], starts[a_end], b0, b1, 1))
                         i = a_end - 1  # put back the sentences B did not use: the next sequence starts there
                     else:
@@ -348,8 +392,9 @@ def create_instances(corpus: Corpus, docs: range, max_tokens: int, nsp: bool,
     return np.asarray(rows, dtype=np.int64).reshape(-1, 5)
 
 
-def _random_segment(corpus: Corpus, docs: range, current: int, target: int, lengths: list[int],
-                    rng: np.random.Generator) -> tuple[int, int]:
+def _random_segment(
+    corpus: Corpus, docs: range, current: int, target: int, lengths: list[int], rng: np.random.Generator
+) -> tuple[int, int]:
     """Token range of sentences from a random other document, from a random sentence on, filling ``target``."""
     other = current
     for _ in range(10):  # create_pretraining_data.py tries 10 times for a different document
@@ -369,8 +414,10 @@ def split_documents(n: int, eval_fraction: float) -> tuple[range, range]:
     """Training and evaluation documents: the last ``ceil(eval_fraction * n)`` (at least one) are held out."""
     n_eval = max(1, math.ceil(eval_fraction * n))
     if n - n_eval < 1:
-        raise ValueError(f"the corpus has {n} document(s): at least 2 are needed to hold one out for evaluation "
-                         f"(data.eval_fraction={eval_fraction})")
+        raise ValueError(
+            f"the corpus has {n} document(s): at least 2 are needed to hold one out for evaluation "
+            f"(data.eval_fraction={eval_fraction})"
+        )
     return range(0, n - n_eval), range(n - n_eval, n)
 
 
@@ -423,8 +470,11 @@ def prepared_corpus(cfg, tokenizer, rank: int) -> tuple[Corpus, str]:
 
     def build(tmp: str) -> None:
         os.makedirs(tmp)
-        docs = documents_from_hf(str(cfg.data.hf_name), cfg.data.get("hf_config")) if "hf_name" in source \
+        docs = (
+            documents_from_hf(str(cfg.data.hf_name), cfg.data.get("hf_config"))
+            if "hf_name" in source
             else documents_from_files(text_files(cfg))
+        )
         write_corpus(docs, tokenizer, tmp)
 
     build_once(folder, build, rank)
@@ -459,7 +509,7 @@ class TextSequences(MaskedSequences):
         budget = self.length - (3 if self.nsp else 2)
         len_a, len_b = truncate_pair(a1 - a0, b1 - b0, budget)
         tokens = self.corpus.tokens
-        return tokens[a0:a0 + len_a].tolist(), tokens[b0:b0 + len_b].tolist(), label
+        return tokens[a0 : a0 + len_a].tolist(), tokens[b0 : b0 + len_b].tolist(), label
 
 
 def build_text(cfg, rank: int, world_size: int) -> TaskData:
@@ -467,30 +517,44 @@ def build_text(cfg, rank: int, world_size: int) -> TaskData:
     tokenizer = tokenizer_of(cfg)
     corpus, folder = prepared_corpus(cfg, tokenizer, rank)
     train_docs, eval_docs = split_documents(corpus.num_documents, float(cfg.data.eval_fraction))
-    common = dict(length=int(cfg.data.max_seq_length), vocab_size=len(tokenizer), specials=SpecialIds.of(tokenizer),
-                  masked_lm_prob=float(cfg.data.masked_lm_prob), nsp=bool(cfg.model.nsp), seed=int(cfg.seed))
-    train_set = TextSequences(corpus, prepared_instances(cfg, corpus, folder, "train", train_docs, rank),
-                              split="train", **common)
-    eval_set = TextSequences(corpus, prepared_instances(cfg, corpus, folder, "eval", eval_docs, rank),
-                             split="eval", **common)
+    common = dict(
+        length=int(cfg.data.max_seq_length),
+        vocab_size=len(tokenizer),
+        specials=SpecialIds.of(tokenizer),
+        masked_lm_prob=float(cfg.data.masked_lm_prob),
+        nsp=bool(cfg.model.nsp),
+        seed=int(cfg.seed),
+    )
+    train_set = TextSequences(
+        corpus, prepared_instances(cfg, corpus, folder, "train", train_docs, rank), split="train", **common
+    )
+    eval_set = TextSequences(
+        corpus, prepared_instances(cfg, corpus, folder, "eval", eval_docs, rank), split="eval", **common
+    )
     if len(eval_set) == 0:
         raise ValueError(f"the held-out documents of {folder} give no evaluation sequence")
     loader, sampler = train_loader(train_set, cfg, rank, world_size)
     source = f"datasets {cfg.data.hf_name!r}" if cfg.data.get("hf_name") else f"{cfg.data.root}/*.txt"
-    description = (f"pretraining text (real) from {source}: {corpus.num_documents} documents, "
-                   f"{len(corpus.tokens)} WordPiece tokens (cache {folder}); {len(train_set)} train / "
-                   f"{len(eval_set)} eval sequences of {common['length']} tokens from {len(train_docs)} / "
-                   f"{len(eval_docs)} documents, {cfg.data.masked_lm_prob:.0%} masked"
-                   f"{', next-sentence pairs' if cfg.model.nsp else ''}")
+    description = (
+        f"pretraining text (real) from {source}: {corpus.num_documents} documents, "
+        f"{len(corpus.tokens)} WordPiece tokens (cache {folder}); {len(train_set)} train / "
+        f"{len(eval_set)} eval sequences of {common['length']} tokens from {len(train_docs)} / "
+        f"{len(eval_docs)} documents, {cfg.data.masked_lm_prob:.0%} masked"
+        f"{', next-sentence pairs' if cfg.model.nsp else ''}"
+    )
     return TaskData(loader, eval_loader(eval_set, cfg, rank, world_size), len(train_set), description, sampler)
 
 
 def eval_loader(dataset: Dataset, cfg, rank: int, world_size: int) -> DataLoader:
     """This process's evaluation sequences (tasks.common.ShardSampler), ``data.eval_batch_size`` a batch."""
     workers = layout.data_workers(cfg)
-    return DataLoader(dataset, batch_size=int(cfg.data.eval_batch_size),
-                      sampler=ShardSampler(len(dataset), rank, world_size), num_workers=workers,
-                      persistent_workers=workers > 0)
+    return DataLoader(
+        dataset,
+        batch_size=int(cfg.data.eval_batch_size),
+        sampler=ShardSampler(len(dataset), rank, world_size),
+        num_workers=workers,
+        persistent_workers=workers > 0,
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -537,16 +601,24 @@ class MarkovSequences(MaskedSequences):
 
 def build_synthetic(cfg, rank: int, world_size: int) -> TaskData:
     length, seed = int(cfg.data.max_seq_length), int(cfg.seed)
-    common = dict(length=length, vocab_size=int(cfg.model.vocab_size), specials=SYNTHETIC_SPECIALS,
-                  masked_lm_prob=float(cfg.data.masked_lm_prob), nsp=bool(cfg.model.nsp), seed=seed)
+    common = dict(
+        length=length,
+        vocab_size=int(cfg.model.vocab_size),
+        specials=SYNTHETIC_SPECIALS,
+        masked_lm_prob=float(cfg.data.masked_lm_prob),
+        nsp=bool(cfg.model.nsp),
+        seed=seed,
+    )
     train_set = MarkovSequences(int(cfg.data.synthetic_train_size), split="train", **common)
     eval_set = MarkovSequences(int(cfg.data.synthetic_eval_size), split="eval", **common)
     loader, sampler = train_loader(train_set, cfg, rank, world_size)
-    description = (f"SYNTHETIC pretraining data (data.source=synthetic): random token ids of a fixed random Markov "
-                   f"chain, {length} tokens a sequence, {cfg.data.masked_lm_prob:.0%} masked; {len(train_set)} "
-                   f"train / {len(eval_set)} eval sequences ({small_eval_note('data.synthetic_eval_size')}), "
-                   f"seed {seed}; its losses say nothing about the "
-                   f"paper's numbers")
+    description = (
+        f"SYNTHETIC pretraining data (data.source=synthetic): random token ids of a fixed random Markov "
+        f"chain, {length} tokens a sequence, {cfg.data.masked_lm_prob:.0%} masked; {len(train_set)} "
+        f"train / {len(eval_set)} eval sequences ({small_eval_note('data.synthetic_eval_size')}), "
+        f"seed {seed}; its losses say nothing about the "
+        f"paper's numbers"
+    )
     return TaskData(loader, eval_loader(eval_set, cfg, rank, world_size), len(train_set), description, sampler)
 
 

@@ -33,21 +33,30 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
+from transformers import BertForQuestionAnswering
 
 from birder_repro import config as layout
 from birder_repro.tasks import squad_metric
 from birder_repro.tasks.base import DatasetNotFound, Task, TaskData, small_eval_note
-from birder_repro.tasks.bert_common import (SYNTHETIC_SPECIALS, SpecialIds, bert_config, load_pretrained,
-                                            load_tokenizer, tokenizer_source, to_device, vocab_size_for)
+from birder_repro.tasks.bert_common import (
+    SYNTHETIC_SPECIALS,
+    SpecialIds,
+    bert_config,
+    load_pretrained,
+    load_tokenizer,
+    to_device,
+    tokenizer_source,
+    vocab_size_for,
+)
 from birder_repro.tasks.common import ShardSampler, build_by_source, train_loader
-from transformers import BertForQuestionAnswering
 
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 TRAIN_FILE, DEV_FILE = "train-v1.1.json", "dev-v1.1.json"
@@ -64,7 +73,7 @@ class Settings:
     max_answer_length: int = 30
 
     @classmethod
-    def of(cls, cfg) -> "Settings":
+    def of(cls, cfg) -> Settings:
         return cls(**{f.name: int(cfg.data[f.name]) for f in fields(cls)})
 
 
@@ -87,8 +96,7 @@ def build_model(cfg) -> nn.Module:
     """BertForQuestionAnswering: from ``model.checkpoint``, or randomly initialised (tiny, or checkpoint null)."""
     if cfg.model.size == "full" and cfg.model.get("checkpoint"):
         return load_pretrained(BertForQuestionAnswering, str(cfg.model.checkpoint))
-    tokenizer = load_tokenizer(tokenizer_source(cfg), cfg.model.get("lowercase")) if cfg.data.source == "real" \
-        else None
+    tokenizer = load_tokenizer(tokenizer_source(cfg), cfg.model.get("lowercase")) if cfg.data.source == "real" else None
     pad = tokenizer.pad_token_id if tokenizer is not None else SYNTHETIC_SPECIALS.pad
     config = bert_config(cfg.model.size, vocab_size_for(cfg, tokenizer), int(cfg.data.max_seq_length), pad)
     return BertForQuestionAnswering(config)
@@ -108,10 +116,18 @@ def read_squad_json(path: str) -> list[Example]:
             for qa in paragraph["qas"]:
                 answers = qa["answers"]
                 if not answers:
-                    raise ValueError(f"{path}: question {qa['id']} has no answer (SQuAD 2.0 data? this task is "
-                                     f"SQuAD 1.1)")
-                examples.append(Example(qa["id"], qa["question"], paragraph["context"],
-                                        [a["text"] for a in answers], int(answers[0]["answer_start"])))
+                    raise ValueError(
+                        f"{path}: question {qa['id']} has no answer (SQuAD 2.0 data? this task is SQuAD 1.1)"
+                    )
+                examples.append(
+                    Example(
+                        qa["id"],
+                        qa["question"],
+                        paragraph["context"],
+                        [a["text"] for a in answers],
+                        int(answers[0]["answer_start"]),
+                    )
+                )
     return examples
 
 
@@ -120,11 +136,15 @@ def read_squad_hf(name: str, split: str) -> list[Example]:
     try:
         import datasets  # optional: only this path needs it
     except ImportError as err:
-        raise ImportError(f"data.hf_name={name!r} needs the datasets library (pip install datasets); or unset "
-                          f"it and read the official JSON files from data.root") from err
+        raise ImportError(
+            f"data.hf_name={name!r} needs the datasets library (pip install datasets); or unset "
+            f"it and read the official JSON files from data.root"
+        ) from err
     rows = datasets.load_dataset(name, split=split)
-    return [Example(r["id"], r["question"], r["context"], list(r["answers"]["text"]),
-                    int(r["answers"]["answer_start"][0])) for r in rows]
+    return [
+        Example(r["id"], r["question"], r["context"], list(r["answers"]["text"]), int(r["answers"]["answer_start"][0]))
+        for r in rows
+    ]
 
 
 def squad_examples(cfg, train: bool) -> tuple[list[Example], str]:
@@ -140,9 +160,11 @@ def squad_file(cfg, train: bool) -> str:
     """``<data.root>/train-v1.1.json`` or ``dev-v1.1.json``; a missing file is a :class:`DatasetNotFound`."""
     path = os.path.join(str(cfg.data.root), TRAIN_FILE if train else DEV_FILE)
     if not os.path.isfile(path):
-        raise DatasetNotFound(f"SQuAD 1.1 {'training' if train else 'development'} file", path,
-                              f"holding {TRAIN_FILE} and {DEV_FILE}, or set data.hf_name=squad to load it "
-                              f"through datasets")
+        raise DatasetNotFound(
+            f"SQuAD 1.1 {'training' if train else 'development'} file",
+            path,
+            f"holding {TRAIN_FILE} and {DEV_FILE}, or set data.hf_name=squad to load it through datasets",
+        )
     return path
 
 
@@ -157,19 +179,28 @@ def truncate_questions(tokenizer, questions: Sequence[str], max_query_length: in
     """
     questions = [q.lstrip() for q in questions]  # run_qa: leading blanks would only eat window space
     enc = tokenizer(questions, add_special_tokens=False, return_offsets_mapping=True)
-    return [q if len(offsets) <= max_query_length else q[:offsets[max_query_length - 1][1]]
-            for q, offsets in zip(questions, enc["offset_mapping"])]
+    return [
+        q if len(offsets) <= max_query_length else q[: offsets[max_query_length - 1][1]]
+        for q, offsets in zip(questions, enc["offset_mapping"])
+    ]
 
 
 def tokenize_windows(tokenizer, examples: Sequence[Example], s: Settings):
     """The windows of each example as run_qa builds them (fast tokenizer: offsets and sequence ids)."""
     questions = truncate_questions(tokenizer, [e.question for e in examples], s.max_query_length)
-    return tokenizer(questions, [e.context for e in examples], truncation="only_second",
-                     max_length=s.max_seq_length, stride=s.doc_stride, return_overflowing_tokens=True,
-                     return_offsets_mapping=True, padding="max_length")
+    return tokenizer(
+        questions,
+        [e.context for e in examples],
+        truncation="only_second",
+        max_length=s.max_seq_length,
+        stride=s.doc_stride,
+        return_overflowing_tokens=True,
+        return_offsets_mapping=True,
+        padding="max_length",
+    )
 
 
-def context_span(sequence_ids: Sequence[Optional[int]]) -> tuple[int, int]:
+def context_span(sequence_ids: Sequence[int | None]) -> tuple[int, int]:
     """First and last token index of the context (sequence 1) in a window."""
     tokens = [i for i, s in enumerate(sequence_ids) if s == 1]
     if not tokens:
@@ -202,14 +233,15 @@ def train_features(tokenizer, examples: Sequence[Example], s: Settings, chunk: i
     """
     parts: dict[str, list[np.ndarray]] = {k: [] for k in (*MODEL_INPUTS, "start_positions", "end_positions")}
     for lo in range(0, len(examples), chunk):
-        batch = examples[lo:lo + chunk]
+        batch = examples[lo : lo + chunk]
         enc = tokenize_windows(tokenizer, batch, s)
         positions = []
         for i, offsets in enumerate(enc["offset_mapping"]):
             ex = batch[enc["overflow_to_sample_mapping"][i]]
             start_char = ex.answer_start
-            positions.append(answer_positions(offsets, enc.sequence_ids(i), start_char,
-                                              start_char + len(ex.answers[0])))
+            positions.append(
+                answer_positions(offsets, enc.sequence_ids(i), start_char, start_char + len(ex.answers[0]))
+            )
         parts["input_ids"].append(np.asarray(enc["input_ids"], dtype=np.int32))
         parts["token_type_ids"].append(np.asarray(enc["token_type_ids"], dtype=np.uint8))
         parts["attention_mask"].append(np.asarray(enc["attention_mask"], dtype=np.uint8))
@@ -246,8 +278,10 @@ class EvalExamples(Dataset):
         enc = tokenize_windows(self.tokenizer, [ex], self.settings)
         item = {k: torch.as_tensor(enc[k], dtype=torch.long) for k in MODEL_INPUTS}
         # Offsets of context tokens only: the post-processing must never answer with question text.
-        offsets = [[o if s == 1 else None for o, s in zip(enc["offset_mapping"][w], enc.sequence_ids(w))]
-                   for w in range(len(enc["input_ids"]))]
+        offsets = [
+            [o if s == 1 else None for o, s in zip(enc["offset_mapping"][w], enc.sequence_ids(w))]
+            for w in range(len(enc["input_ids"]))
+        ]
         item["meta"] = {"id": ex.id, "context": ex.context, "answers": ex.answers, "offsets": offsets}
         return item
 
@@ -272,9 +306,14 @@ def eval_loader(dataset: Dataset, cfg, rank: int, world_size: int) -> DataLoader
     Batches hold whole questions, so a cap on evaluation batches (train.eval_max_batches) never splits one.
     """
     workers = layout.data_workers(cfg)
-    return DataLoader(dataset, batch_size=int(cfg.data.eval_batch_size), collate_fn=CollateEval(Settings.of(cfg)),
-                      sampler=ShardSampler(len(dataset), rank, world_size), num_workers=workers,
-                      persistent_workers=workers > 0)
+    return DataLoader(
+        dataset,
+        batch_size=int(cfg.data.eval_batch_size),
+        collate_fn=CollateEval(Settings.of(cfg)),
+        sampler=ShardSampler(len(dataset), rank, world_size),
+        num_workers=workers,
+        persistent_workers=workers > 0,
+    )
 
 
 def build_squad(cfg, rank: int, world_size: int) -> TaskData:
@@ -285,9 +324,11 @@ def build_squad(cfg, rank: int, world_size: int) -> TaskData:
     dev_examples, dev_from = squad_examples(cfg, train=False)
     train_set = TrainFeatures(train_features(tokenizer, train_examples, s))
     loader, sampler = train_loader(train_set, cfg, rank, world_size)
-    description = (f"SQuAD 1.1 (real): {len(train_examples)} training questions from {train_from} -> "
-                   f"{len(train_set)} windows of {s.max_seq_length} tokens (overlap {s.doc_stride}, question "
-                   f"<= {s.max_query_length}); {len(dev_examples)} development questions from {dev_from}")
+    description = (
+        f"SQuAD 1.1 (real): {len(train_examples)} training questions from {train_from} -> "
+        f"{len(train_set)} windows of {s.max_seq_length} tokens (overlap {s.doc_stride}, question "
+        f"<= {s.max_query_length}); {len(dev_examples)} development questions from {dev_from}"
+    )
     eval_set = EvalExamples(dev_examples, tokenizer, s)
     return TaskData(loader, eval_loader(eval_set, cfg, rank, world_size), len(train_set), description, sampler)
 
@@ -307,8 +348,15 @@ class SyntheticSquad(Dataset):
     them: exact match is then the accuracy of the predicted span.
     """
 
-    def __init__(self, size: int, vocab_size: int, settings: Settings, seed: int, split: str,
-                 specials: SpecialIds = SYNTHETIC_SPECIALS):
+    def __init__(
+        self,
+        size: int,
+        vocab_size: int,
+        settings: Settings,
+        seed: int,
+        split: str,
+        specials: SpecialIds = SYNTHETIC_SPECIALS,
+    ):
         if split not in ("train", "eval"):
             raise ValueError(f"split must be 'train' or 'eval', not {split!r}")
         self.marker_a, self.marker_b = specials.first_ordinary, specials.first_ordinary + 1
@@ -342,8 +390,11 @@ class SyntheticSquad(Dataset):
         ids = [sp.cls, *question, sp.sep, *context, sp.sep]
         types = [0] * offset + [1] * (len(context) + 1)
         pad = length - len(ids)
-        item = {"input_ids": torch.tensor(ids + [sp.pad] * pad), "token_type_ids": torch.tensor(types + [0] * pad),
-                "attention_mask": torch.tensor([1] * len(ids) + [0] * pad)}
+        item = {
+            "input_ids": torch.tensor(ids + [sp.pad] * pad),
+            "token_type_ids": torch.tensor(types + [0] * pad),
+            "attention_mask": torch.tensor([1] * len(ids) + [0] * pad),
+        }
         if self.split == "train":
             item["start_positions"], item["end_positions"] = torch.tensor(offset + start), torch.tensor(offset + end)
             return item
@@ -352,7 +403,7 @@ class SyntheticSquad(Dataset):
         token_offsets = [(a, a + len(w)) for a, w in zip(starts, words)]
         offsets = [None] * offset + token_offsets + [None] * (length - offset - len(context))
         text = " ".join(words)
-        answer = text[token_offsets[start][0]:token_offsets[end][1]]
+        answer = text[token_offsets[start][0] : token_offsets[end][1]]
         item = {k: v[None] for k, v in item.items()}
         item["meta"] = {"id": f"synthetic-{index}", "context": text, "answers": [answer], "offsets": [offsets]}
         return item
@@ -363,10 +414,13 @@ def build_synthetic(cfg, rank: int, world_size: int) -> TaskData:
     train_set = SyntheticSquad(int(cfg.data.synthetic_train_size), vocab, s, seed, "train")
     eval_set = SyntheticSquad(int(cfg.data.synthetic_eval_size), vocab, s, seed, "eval")
     loader, sampler = train_loader(train_set, cfg, rank, world_size)
-    description = (f"SYNTHETIC SQuAD-shaped data (data.source=synthetic): random token ids, {s.max_seq_length} "
-                   f"per window, the answer span marked by two marker tokens; {len(train_set)} train / "
-                   f"{len(eval_set)} eval windows ({small_eval_note('data.synthetic_eval_size')}), seed {seed}; exact match and F1 on it are span accuracy, "
-                   f"nothing to compare with the paper's numbers")
+    description = (
+        f"SYNTHETIC SQuAD-shaped data (data.source=synthetic): random token ids, {s.max_seq_length} "
+        f"per window, the answer span marked by two marker tokens; {len(train_set)} train / "
+        f"{len(eval_set)} eval windows ({small_eval_note('data.synthetic_eval_size')}), seed {seed}; exact match "
+        f"and F1 on it are span accuracy, "
+        f"nothing to compare with the paper's numbers"
+    )
     return TaskData(loader, eval_loader(eval_set, cfg, rank, world_size), len(train_set), description, sampler)
 
 
@@ -374,8 +428,13 @@ def build_synthetic(cfg, rank: int, world_size: int) -> TaskData:
 # Post-processing and metric
 
 
-def best_span(start_logits: np.ndarray, end_logits: np.ndarray, offsets: Sequence[Sequence[Optional[tuple]]],
-              n_best_size: int, max_answer_length: int) -> Optional[tuple[int, int]]:
+def best_span(
+    start_logits: np.ndarray,
+    end_logits: np.ndarray,
+    offsets: Sequence[Sequence[tuple | None]],
+    n_best_size: int,
+    max_answer_length: int,
+) -> tuple[int, int] | None:
     """Character span of the best answer over all windows of one question (run_qa's n-best search).
 
     In each window the ``n_best_size`` highest start and end logits are paired; a pair counts when both tokens
@@ -398,16 +457,18 @@ def best_span(start_logits: np.ndarray, end_logits: np.ndarray, offsets: Sequenc
     return best
 
 
-def predict_answers(start_logits: torch.Tensor, end_logits: torch.Tensor, metas: Sequence[dict],
-                    s: Settings) -> list[str]:
+def predict_answers(
+    start_logits: torch.Tensor, end_logits: torch.Tensor, metas: Sequence[dict], s: Settings
+) -> list[str]:
     """The predicted text of each question of a batch (its windows are consecutive rows of the logits)."""
     start_logits, end_logits = start_logits.float().cpu().numpy(), end_logits.float().cpu().numpy()
     answers, row = [], 0
     for meta in metas:
         n = len(meta["offsets"])
-        span = best_span(start_logits[row:row + n], end_logits[row:row + n], meta["offsets"], s.n_best_size,
-                         s.max_answer_length)
-        answers.append("" if span is None else meta["context"][span[0]:span[1]])
+        span = best_span(
+            start_logits[row : row + n], end_logits[row : row + n], meta["offsets"], s.n_best_size, s.max_answer_length
+        )
+        answers.append("" if span is None else meta["context"][span[0] : span[1]])
         row += n
     return answers
 

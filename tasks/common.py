@@ -8,7 +8,8 @@ with :func:`train_loader` / :func:`eval_loader` and inherits its loss and metric
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -21,10 +22,26 @@ from torchvision import datasets, transforms
 from birder_repro import config as layout
 from birder_repro.tasks.base import DatasetNotFound, Task, TaskData, small_eval_note
 
-__all__ = ["pick_size", "build_by_source", "ShardSampler", "train_loader", "eval_loader", "SyntheticImages",
-           "synthetic_description", "IMAGENET_MEAN", "IMAGENET_STD", "imagenet_transform", "imagenet_folder",
-           "check_imagenet", "build_imagenet", "build_imagenet_synthetic", "topk_correct", "ClassificationTask", "num_parameters",
-           "check_labels_fit"]
+__all__ = [
+    "pick_size",
+    "build_by_source",
+    "ShardSampler",
+    "train_loader",
+    "eval_loader",
+    "SyntheticImages",
+    "synthetic_description",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "imagenet_transform",
+    "imagenet_folder",
+    "check_imagenet",
+    "build_imagenet",
+    "build_imagenet_synthetic",
+    "topk_correct",
+    "ClassificationTask",
+    "num_parameters",
+    "check_labels_fit",
+]
 
 # --------------------------------------------------------------------------------------------------------------
 # model.size presets
@@ -97,8 +114,10 @@ def train_loader(dataset: Dataset, cfg, rank: int, world_size: int) -> tuple[Dat
     batch = int(cfg.train.batch_size)
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=int(cfg.seed))
     if len(sampler) < batch:
-        raise ValueError(f"the training set of {len(dataset)} samples gives each of {world_size} processes "
-                         f"{len(sampler)} samples, fewer than train.batch_size={batch}")
+        raise ValueError(
+            f"the training set of {len(dataset)} samples gives each of {world_size} processes "
+            f"{len(sampler)} samples, fewer than train.batch_size={batch}"
+        )
     loader = DataLoader(dataset, batch_size=batch, sampler=sampler, drop_last=True, **_loader_kwargs(cfg))
     return loader, sampler
 
@@ -106,8 +125,9 @@ def train_loader(dataset: Dataset, cfg, rank: int, world_size: int) -> tuple[Dat
 def eval_loader(dataset: Dataset, cfg, rank: int, world_size: int) -> DataLoader:
     """This process's evaluation shard (:class:`ShardSampler`), in order, the last batch kept."""
     sampler = ShardSampler(len(dataset), rank, world_size)
-    return DataLoader(dataset, batch_size=int(cfg.train.batch_size), sampler=sampler, drop_last=False,
-                      **_loader_kwargs(cfg))
+    return DataLoader(
+        dataset, batch_size=int(cfg.train.batch_size), sampler=sampler, drop_last=False, **_loader_kwargs(cfg)
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -125,8 +145,16 @@ class SyntheticImages(Dataset):
     Values are already roughly zero-mean and unit-scale, like normalized real images.
     """
 
-    def __init__(self, size: int, num_classes: int, shape: Sequence[int], seed: int, split: str,
-                 grid: int = 4, noise: float = 1.0):
+    def __init__(
+        self,
+        size: int,
+        num_classes: int,
+        shape: Sequence[int],
+        seed: int,
+        split: str,
+        grid: int = 4,
+        noise: float = 1.0,
+    ):
         if split not in ("train", "eval"):
             raise ValueError(f"split must be 'train' or 'eval', not {split!r}")
         if not 0 < int(size) <= 2**31:
@@ -145,17 +173,20 @@ class SyntheticImages(Dataset):
         if not 0 <= index < self.size:
             raise IndexError(index)
         label = index % self.num_classes
-        pattern = F.interpolate(self.patterns[label][None], size=self.shape[1:], mode="bilinear",
-                                align_corners=False)[0]
+        pattern = F.interpolate(self.patterns[label][None], size=self.shape[1:], mode="bilinear", align_corners=False)[
+            0
+        ]
         g = torch.Generator().manual_seed((self._base + index) % 2**32)
         return pattern + self.noise * torch.randn(self.shape, generator=g), label
 
 
 def synthetic_description(what: str, cfg, train_size: int, eval_size: int) -> str:
     """The line printed at the start of a synthetic run: it must never be mistaken for real data."""
-    return (f"SYNTHETIC data (data.source=synthetic): {what}, {train_size} train / {eval_size} eval samples "
-            f"({small_eval_note('data.synthetic_eval_size')}), seed {cfg.seed}; its accuracy says nothing about "
-            "the real dataset's")
+    return (
+        f"SYNTHETIC data (data.source=synthetic): {what}, {train_size} train / {eval_size} eval samples "
+        f"({small_eval_note('data.synthetic_eval_size')}), seed {cfg.seed}; its accuracy says nothing about "
+        "the real dataset's"
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -207,11 +238,15 @@ def build_imagenet(cfg, rank: int, world_size: int) -> TaskData:
     train_set, val_set = imagenet_folder(cfg, "train"), imagenet_folder(cfg, "val")
     # ImageFolder numbers classes by sorted folder name: the two splits must hold the same classes.
     if train_set.classes != val_set.classes:
-        raise ValueError(f"{cfg.data.root}/train and {cfg.data.root}/val hold different class folders "
-                         f"({len(train_set.classes)} and {len(val_set.classes)} classes)")
+        raise ValueError(
+            f"{cfg.data.root}/train and {cfg.data.root}/val hold different class folders "
+            f"({len(train_set.classes)} and {len(val_set.classes)} classes)"
+        )
     loader, sampler = train_loader(train_set, cfg, rank, world_size)
-    description = (f"ImageNet (real) image folders under {cfg.data.root}: {len(train_set)} train / "
-                   f"{len(val_set)} val images, {len(train_set.classes)} classes, {cfg.data.image_size}px")
+    description = (
+        f"ImageNet (real) image folders under {cfg.data.root}: {len(train_set)} train / "
+        f"{len(val_set)} val images, {len(train_set.classes)} classes, {cfg.data.image_size}px"
+    )
     return TaskData(loader, eval_loader(val_set, cfg, rank, world_size), len(train_set), description, sampler)
 
 
@@ -296,4 +331,3 @@ def check_labels_fit(num_found: int, cfg, where: str) -> None:
     """A dataset with more classes than the model's output layer is a configuration error, not a crash later."""
     if num_found > int(cfg.model.num_classes):
         raise ValueError(f"{where} holds {num_found} classes but model.num_classes={cfg.model.num_classes}")
-

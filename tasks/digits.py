@@ -25,8 +25,14 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from birder_repro.tasks.base import TaskData
-from birder_repro.tasks.common import (ClassificationTask, build_by_source, eval_loader, pick_size,
-                                       synthetic_description, train_loader)
+from birder_repro.tasks.common import (
+    ClassificationTask,
+    build_by_source,
+    eval_loader,
+    pick_size,
+    synthetic_description,
+    train_loader,
+)
 
 # model.size -> channels of the three convolutions.
 SIZES = {"full": (32, 32, 64), "tiny": (16, 16, 32)}
@@ -52,8 +58,9 @@ class DigitsCNN(nn.Module):
     def __init__(self, widths: tuple[int, int, int] = SIZES["full"], num_classes: int = NUM_CLASSES):
         super().__init__()
         c1, c2, c3 = widths
-        self.features = nn.Sequential(_conv_bn(1, c1), _conv_bn(c1, c2), nn.MaxPool2d(2),
-                                      _conv_bn(c2, c3), nn.MaxPool2d(2))
+        self.features = nn.Sequential(
+            _conv_bn(1, c1), _conv_bn(c1, c2), nn.MaxPool2d(2), _conv_bn(c2, c3), nn.MaxPool2d(2)
+        )
         self.fc = nn.Linear(c3 * 2 * 2, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -74,16 +81,23 @@ def digits_split(split_seed: int, test_fraction: float) -> tuple[TensorDataset, 
     """The bundled digits, split into train and test by class-stratified sampling with a fixed seed."""
     bunch = load_digits()
     x_train, x_test, y_train, y_test = train_test_split(
-        bunch.images, bunch.target, test_size=test_fraction, stratify=bunch.target, random_state=split_seed)
-    return (TensorDataset(_to_tensor(x_train), torch.as_tensor(y_train)),
-            TensorDataset(_to_tensor(x_test), torch.as_tensor(y_test)))
+        bunch.images, bunch.target, test_size=test_fraction, stratify=bunch.target, random_state=split_seed
+    )
+    return (
+        TensorDataset(_to_tensor(x_train), torch.as_tensor(y_train)),
+        TensorDataset(_to_tensor(x_test), torch.as_tensor(y_test)),
+    )
 
 
 # Seven-segment glyphs: segment -> cells of a 5-wide x 7-tall box; digit -> its lit segments.
 _SEGMENTS = {
-    "a": [(0, c) for c in range(5)], "g": [(3, c) for c in range(5)], "d": [(6, c) for c in range(5)],
-    "f": [(r, 0) for r in range(4)], "b": [(r, 4) for r in range(4)],
-    "e": [(r, 0) for r in range(3, 7)], "c": [(r, 4) for r in range(3, 7)],
+    "a": [(0, c) for c in range(5)],
+    "g": [(3, c) for c in range(5)],
+    "d": [(6, c) for c in range(5)],
+    "f": [(r, 0) for r in range(4)],
+    "b": [(r, 4) for r in range(4)],
+    "e": [(r, 0) for r in range(3, 7)],
+    "c": [(r, 4) for r in range(3, 7)],
 }
 _DIGIT_SEGMENTS = ["abcdef", "bc", "abged", "abgcd", "fgbc", "afgcd", "afgedc", "abc", "abcdefg", "abcdfg"]
 
@@ -117,12 +131,16 @@ def synthetic_digits(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def build_real(cfg, rank: int, world_size: int) -> TaskData:
     if cfg.data.get("root") is not None:  # a user pointing at their own copy would otherwise be ignored
-        raise ValueError(f"data.root={cfg.data.root!r}: the digits task reads scikit-learn's bundled copy "
-                         f"(sklearn.datasets.load_digits) and takes no data.root; leave it null")
+        raise ValueError(
+            f"data.root={cfg.data.root!r}: the digits task reads scikit-learn's bundled copy "
+            f"(sklearn.datasets.load_digits) and takes no data.root; leave it null"
+        )
     train_set, test_set = digits_split(int(cfg.data.split_seed), float(cfg.data.test_fraction))
     loader, sampler = train_loader(train_set, cfg, rank, world_size)
-    description = (f"digits (real): scikit-learn's 8x8 handwritten digits, {len(train_set)} train / "
-                   f"{len(test_set)} test images (stratified split, seed {cfg.data.split_seed})")
+    description = (
+        f"digits (real): scikit-learn's 8x8 handwritten digits, {len(train_set)} train / "
+        f"{len(test_set)} test images (stratified split, seed {cfg.data.split_seed})"
+    )
     return TaskData(loader, eval_loader(test_set, cfg, rank, world_size), len(train_set), description, sampler)
 
 

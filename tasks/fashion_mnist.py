@@ -30,6 +30,7 @@ conf/task/fashion_mnist.yaml; per-optimizer starting values: conf/recipe/fashion
 from __future__ import annotations
 
 import gzip
+import itertools
 import os
 import shutil
 import tempfile
@@ -40,8 +41,14 @@ from torch.utils.data import TensorDataset
 from torchvision.datasets.mnist import read_image_file, read_label_file
 
 from birder_repro.tasks.base import DatasetNotFound, TaskData
-from birder_repro.tasks.common import (ClassificationTask, build_by_source, eval_loader, pick_size,
-                                       synthetic_image_data, train_loader)
+from birder_repro.tasks.common import (
+    ClassificationTask,
+    build_by_source,
+    eval_loader,
+    pick_size,
+    synthetic_image_data,
+    train_loader,
+)
 
 # model.size -> units of the two hidden layers.
 SIZES = {"full": (2048, 2048), "tiny": (128, 128)}
@@ -52,8 +59,10 @@ FASHION_MEAN, FASHION_STD = 0.2860, 0.3530
 NUM_CLASSES = 10
 
 # The files of the dataset's release and of Debian's package, by split.
-FILES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
-         "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")}
+FILES = {
+    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
+}
 DEBIAN_ROOT = "/usr/share/datasets/fashion-mnist"
 INSTALL_HINT = "or install Debian's copy: apt-get install dataset-fashion-mnist"
 EVAL_SETS = ("test", "val")
@@ -75,7 +84,7 @@ class FashionMLP(nn.Module):
     def __init__(self, widths: tuple[int, ...] = SIZES["full"], num_classes: int = NUM_CLASSES):
         super().__init__()
         sizes = (28 * 28, *widths)
-        self.hidden = nn.Sequential(*(_hidden(a, b) for a, b in zip(sizes, sizes[1:])))
+        self.hidden = nn.Sequential(*(_hidden(a, b) for a, b in itertools.pairwise(sizes)))
         self.fc = nn.Linear(sizes[-1], num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -132,8 +141,10 @@ def read_split(root: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
     image_file, label_file = (os.path.join(root, name) for name in FILES[split])
     images, labels = read_idx_gz(image_file, read_image_file), read_idx_gz(label_file, read_label_file)
     if images.shape[0] != labels.shape[0] or images.shape[1:] != (28, 28):
-        raise ValueError(f"{image_file}: {tuple(images.shape)} images against {labels.shape[0]} labels in "
-                         f"{label_file}; expected N x 28 x 28 with one label each (a damaged copy? reinstall it)")
+        raise ValueError(
+            f"{image_file}: {tuple(images.shape)} images against {labels.shape[0]} labels in "
+            f"{label_file}; expected N x 28 x 28 with one label each (a damaged copy? reinstall it)"
+        )
     return _normalized(images), labels
 
 
@@ -143,7 +154,7 @@ def val_indices(n: int, val_size: int, split_seed: int) -> tuple[torch.Tensor, t
     if not 0 <= val_size < n:
         raise ValueError(f"data.val_size={val_size}: use 0 to {n - 1} (the training set holds {n} images)")
     order = torch.randperm(n, generator=torch.Generator().manual_seed(split_seed))
-    return order[:n - val_size].sort().values, order[n - val_size:].sort().values
+    return order[: n - val_size].sort().values, order[n - val_size :].sort().values
 
 
 def eval_set_of(cfg) -> str:
@@ -160,12 +171,15 @@ def build_real(cfg, rank: int, world_size: int) -> TaskData:
     images, labels = read_split(root, "train")
     train_idx, val_idx = val_indices(len(labels), int(cfg.data.val_size), int(cfg.data.split_seed))
     train_set = TensorDataset(images[train_idx], labels[train_idx])
-    eval_set = TensorDataset(images[val_idx], labels[val_idx]) if choice == "val" else \
-        TensorDataset(*read_split(root, "test"))
+    eval_set = (
+        TensorDataset(images[val_idx], labels[val_idx]) if choice == "val" else TensorDataset(*read_split(root, "test"))
+    )
     loader, sampler = train_loader(train_set, cfg, rank, world_size)
-    description = (f"Fashion-MNIST (real, IDX files) from {root}: {len(train_set)} train images "
-                   f"({len(val_idx)} held out for validation, seed {cfg.data.split_seed}), evaluated on the "
-                   f"{choice} set of {len(eval_set)} images")
+    description = (
+        f"Fashion-MNIST (real, IDX files) from {root}: {len(train_set)} train images "
+        f"({len(val_idx)} held out for validation, seed {cfg.data.split_seed}), evaluated on the "
+        f"{choice} set of {len(eval_set)} images"
+    )
     return TaskData(loader, eval_loader(eval_set, cfg, rank, world_size), len(train_set), description, sampler)
 
 

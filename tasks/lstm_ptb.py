@@ -39,12 +39,12 @@ Hyperparameters: conf/task/lstm_ptb.yaml and conf/recipe/lstm_ptb/.
 from __future__ import annotations
 
 import contextlib
-
 import itertools
 import math
 import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, NamedTuple, Optional, Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -63,8 +63,9 @@ def _fp16_autocast_on_cpu(x: torch.Tensor) -> bool:
     """fp16 autocast on the CPU has no LSTM (oneDNN: "could not create a primitive descriptor for the LSTM
     forward propagation primitive"): there the LSTM layers run in fp32 (autocast off inside them), the rest of
     the model in fp16. bf16 on the CPU and every precision on a GPU (cuDNN) keep autocast's own choice."""
-    return (x.device.type == "cpu" and torch.is_autocast_enabled("cpu")
-            and torch.get_autocast_dtype("cpu") == torch.float16)
+    return (
+        x.device.type == "cpu" and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.float16
+    )
 
 
 @dataclass(frozen=True)
@@ -85,16 +86,16 @@ SIZES = {
 class Regularization:
     """AWD-LSTM's dropouts and activation penalties (Merity et al. 2018, section 4), from ``cfg.model``."""
 
-    dropout: float = 0.4   # locked dropout on the last layer's output
+    dropout: float = 0.4  # locked dropout on the last layer's output
     dropouth: float = 0.25  # locked dropout between LSTM layers
-    dropouti: float = 0.4   # locked dropout on the embedded input
-    dropoute: float = 0.1   # dropout of whole words from the embedding matrix
-    wdrop: float = 0.5      # DropConnect on every layer's hidden-to-hidden weights
-    alpha: float = 2.0      # activation regularization (AR) on the last layer's dropped output
-    beta: float = 1.0       # temporal activation regularization (TAR) on its raw output
+    dropouti: float = 0.4  # locked dropout on the embedded input
+    dropoute: float = 0.1  # dropout of whole words from the embedding matrix
+    wdrop: float = 0.5  # DropConnect on every layer's hidden-to-hidden weights
+    alpha: float = 2.0  # activation regularization (AR) on the last layer's dropped output
+    beta: float = 1.0  # temporal activation regularization (TAR) on its raw output
 
     @classmethod
-    def from_cfg(cls, model_cfg) -> "Regularization":
+    def from_cfg(cls, model_cfg) -> Regularization:
         return cls(**{name: float(model_cfg[name]) for name in cls.__dataclass_fields__})
 
 
@@ -130,9 +131,9 @@ class HiddenCarry:
     """
 
     def __init__(self):
-        self.index: Optional[int] = None
-        self.start: Optional[Hidden] = None
-        self.end: Optional[Hidden] = None
+        self.index: int | None = None
+        self.start: Hidden | None = None
+        self.end: Hidden | None = None
 
     def start_of(self, index: int, zeros) -> Hidden:
         if self.index is not None and index == self.index:
@@ -161,7 +162,7 @@ class AWDLSTM(nn.Module):
         self.size, self.reg = size, reg
         self.carry = HiddenCarry()  # training state, not a parameter or buffer: DDP neither syncs nor saves it
         self.encoder = nn.Embedding(vocab_size, size.embedding)
-        self.rnns = nn.ModuleList(nn.LSTM(self._width(l - 1), self._width(l)) for l in range(size.layers))
+        self.rnns = nn.ModuleList(nn.LSTM(self._width(i - 1), self._width(i)) for i in range(size.layers))
         # The decoder's weight is the embedding matrix (tied), which is why the last layer is embedding-wide.
         self.decoder_bias = nn.Parameter(torch.zeros(vocab_size))
         nn.init.uniform_(self.encoder.weight, -0.1, 0.1)  # AWD-LSTM's init_weights (initrange 0.1)
@@ -170,14 +171,14 @@ class AWDLSTM(nn.Module):
         """Input width of layer 0 (``layer=-1``), else the output width of ``layer``."""
         return self.size.embedding if layer in (-1, self.size.layers - 1) else self.size.hidden
 
-    def init_hidden(self, batch: int, device: Optional[torch.device] = None) -> Hidden:
+    def init_hidden(self, batch: int, device: torch.device | None = None) -> Hidden:
         """Zero (h, c) for every layer: AWD-LSTM's ``init_hidden`` at the start of each epoch and evaluation."""
         device = device or self.encoder.weight.device
 
         def zeros(width: int) -> torch.Tensor:
             return torch.zeros(1, batch, width, device=device)
 
-        return [(zeros(self._width(l)), zeros(self._width(l))) for l in range(self.size.layers)]
+        return [(zeros(self._width(i)), zeros(self._width(i))) for i in range(self.size.layers)]
 
     def _run_layer(self, rnn: nn.LSTM, x: torch.Tensor, state) -> tuple[torch.Tensor, tuple]:
         """One LSTM layer, with DropConnect on its hidden-to-hidden weights while training (AWD-LSTM's WeightDrop).
@@ -243,17 +244,19 @@ def shard(stream: torch.Tensor, rank: int, world_size: int, equal: bool) -> torc
     n = stream.numel()
     if equal:
         size = n // world_size
-        return stream[rank * size:(rank + 1) * size]
-    return stream[rank * n // world_size:(rank + 1) * n // world_size]
+        return stream[rank * size : (rank + 1) * size]
+    return stream[rank * n // world_size : (rank + 1) * n // world_size]
 
 
 def batchify(stream: torch.Tensor, columns: int) -> torch.Tensor:
     """(rows, columns): the stream cut into ``columns`` contiguous pieces side by side; the rest dropped (AWD-LSTM)."""
     rows = stream.numel() // columns
     if rows < 2:
-        raise ValueError(f"a stream of {stream.numel()} tokens cannot fill {columns} columns of at least 2 tokens "
-                         f"(one input, one target)")
-    return stream[:rows * columns].view(columns, rows).t().contiguous()
+        raise ValueError(
+            f"a stream of {stream.numel()} tokens cannot fill {columns} columns of at least 2 tokens "
+            f"(one input, one target)"
+        )
+    return stream[: rows * columns].view(columns, rows).t().contiguous()
 
 
 class BPTTWindows:
@@ -277,7 +280,7 @@ class BPTTWindows:
         rows = self.matrix.shape[0]
         for index, start in enumerate(range(0, rows - 1, self.bptt)):
             length = min(self.bptt, rows - 1 - start)
-            yield Window(self.matrix[start:start + length], self.matrix[start + 1:start + 1 + length], index)
+            yield Window(self.matrix[start : start + length], self.matrix[start + 1 : start + 1 + length], index)
 
 
 class EvalWindows:
@@ -334,8 +337,11 @@ def ptb_path(cfg, split: str) -> str:
     """``<data.root>/ptb.<split>.txt``; a missing file is a :class:`DatasetNotFound` naming it."""
     path = os.path.join(cfg.data.root, f"ptb.{split}.txt")
     if not os.path.isfile(path):
-        raise DatasetNotFound(f"Penn Treebank {split} text (ptb.train.txt / ptb.valid.txt / ptb.test.txt)", path,
-                              "Mikolov's word-level PTB, as AWD-LSTM's getdata.sh fetches it into data/penn")
+        raise DatasetNotFound(
+            f"Penn Treebank {split} text (ptb.train.txt / ptb.valid.txt / ptb.test.txt)",
+            path,
+            "Mikolov's word-level PTB, as AWD-LSTM's getdata.sh fetches it into data/penn",
+        )
     return path
 
 
@@ -353,8 +359,10 @@ def load_ptb(cfg) -> tuple[Vocabulary, dict[str, torch.Tensor]]:
 def check_vocab_fits(vocab_size: int, cfg, where: str) -> None:
     """Word ids must fit the model's embedding: a vocabulary larger than ``model.vocab_size`` is a config error."""
     if vocab_size > int(cfg.model.vocab_size):
-        raise ValueError(f"{where} has a vocabulary of {vocab_size} words but model.vocab_size="
-                         f"{cfg.model.vocab_size}: set model.vocab_size={vocab_size}")
+        raise ValueError(
+            f"{where} has a vocabulary of {vocab_size} words but model.vocab_size="
+            f"{cfg.model.vocab_size}: set model.vocab_size={vocab_size}"
+        )
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -396,8 +404,11 @@ def synthetic_streams(cfg) -> dict[str, torch.Tensor]:
     """Train / valid / test streams of one chain (the same on every process), each from its own walks."""
     seed = int(cfg.seed)
     chain = markov_chain(int(cfg.model.vocab_size), int(cfg.data.synthetic_successors), seed)
-    sizes = {"train": cfg.data.synthetic_train_tokens, "valid": cfg.data.synthetic_valid_tokens,
-             "test": cfg.data.synthetic_test_tokens}
+    sizes = {
+        "train": cfg.data.synthetic_train_tokens,
+        "valid": cfg.data.synthetic_valid_tokens,
+        "test": cfg.data.synthetic_test_tokens,
+    }
     return {split: markov_stream(chain, int(n), seed * 3 + 1 + i) for i, (split, n) in enumerate(sizes.items())}
 
 
@@ -409,15 +420,23 @@ def streams_to_data(streams: dict[str, torch.Tensor], cfg, rank: int, world_size
     """This process's training windows and its shards of the validation and test streams."""
     batch = int(cfg.train.batch_size)
     train = BPTTWindows(batchify(shard(streams["train"], rank, world_size, equal=True), batch), int(cfg.data.bptt))
-    evaluation = EvalWindows({
-        "val": BPTTWindows(batchify(shard(streams["valid"], rank, world_size, False), int(cfg.data.eval_batch_size)),
-                           int(cfg.data.bptt)),
-        "test": BPTTWindows(batchify(shard(streams["test"], rank, world_size, False), int(cfg.data.test_batch_size)),
-                            int(cfg.data.bptt)),
-    })
+    evaluation = EvalWindows(
+        {
+            "val": BPTTWindows(
+                batchify(shard(streams["valid"], rank, world_size, False), int(cfg.data.eval_batch_size)),
+                int(cfg.data.bptt),
+            ),
+            "test": BPTTWindows(
+                batchify(shard(streams["test"], rank, world_size, False), int(cfg.data.test_batch_size)),
+                int(cfg.data.bptt),
+            ),
+        }
+    )
     tokens = ", ".join(f"{streams[s].numel()} {s}" for s in SPLITS)
-    description = (f"{what}: {tokens} tokens; {world_size} contiguous shards, {batch} columns each, BPTT "
-                   f"{cfg.data.bptt}: {len(train)} windows per epoch")
+    description = (
+        f"{what}: {tokens} tokens; {world_size} contiguous shards, {batch} columns each, BPTT "
+        f"{cfg.data.bptt}: {len(train)} windows per epoch"
+    )
     # A sample is one column of one window: every step takes batch x world of them.
     return TaskData(train, evaluation, len(train) * batch * world_size, description, sampler=None)
 
@@ -425,15 +444,18 @@ def streams_to_data(streams: dict[str, torch.Tensor], cfg, rank: int, world_size
 def build_ptb(cfg, rank: int, world_size: int) -> TaskData:
     vocab, streams = load_ptb(cfg)
     check_vocab_fits(len(vocab), cfg, f"{cfg.data.root}/ptb.train.txt")
-    return streams_to_data(streams, cfg, rank, world_size,
-                           f"Penn Treebank (real) from {cfg.data.root}, vocabulary of {len(vocab)} words")
+    return streams_to_data(
+        streams, cfg, rank, world_size, f"Penn Treebank (real) from {cfg.data.root}, vocabulary of {len(vocab)} words"
+    )
 
 
 def build_synthetic(cfg, rank: int, world_size: int) -> TaskData:
-    what = (f"SYNTHETIC token streams (data.source=synthetic): a fixed random Markov chain over "
-            f"{cfg.model.vocab_size} words, {cfg.data.synthetic_successors} successors each, seed {cfg.seed} "
-            f"({small_eval_note('data.synthetic_valid_tokens, data.synthetic_test_tokens')}); perplexity on it "
-            "says nothing about the paper's numbers")
+    what = (
+        f"SYNTHETIC token streams (data.source=synthetic): a fixed random Markov chain over "
+        f"{cfg.model.vocab_size} words, {cfg.data.synthetic_successors} successors each, seed {cfg.seed} "
+        f"({small_eval_note('data.synthetic_valid_tokens, data.synthetic_test_tokens')}); perplexity on it "
+        "says nothing about the paper's numbers"
+    )
     return streams_to_data(synthetic_streams(cfg), cfg, rank, world_size, what)
 
 
@@ -492,15 +514,18 @@ class LSTMPTBTask(Task):
             start = hidden.get(split) or lm.init_hidden(inputs.shape[1], device)
             logits, hidden[split], _ = lm(inputs, start)
             acc = sums[f"{split}_nll"]
-            acc[0] += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                                            reduction="sum"))
+            acc[0] += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum"))
             acc[1] += targets.numel()
         lm.train(was_training)
         return {k: (v[0], v[1]) for k, v in sums.items()}
 
     def finalize(self, means: dict[str, float]) -> dict[str, float]:
-        return {"perplexity": perplexity(means["test_nll"]), "val_perplexity": perplexity(means["val_nll"]),
-                "test_nll": means["test_nll"], "val_nll": means["val_nll"]}
+        return {
+            "perplexity": perplexity(means["test_nll"]),
+            "val_perplexity": perplexity(means["val_nll"]),
+            "test_nll": means["test_nll"],
+            "val_nll": means["val_nll"],
+        }
 
 
 def perplexity(mean_nll: float) -> float:
@@ -508,6 +533,23 @@ def perplexity(mean_nll: float) -> float:
     return math.exp(mean_nll) if mean_nll < 709.0 else math.inf
 
 
-__all__ = ["SIZES", "LSTMSize", "Regularization", "AWDLSTM", "lstm_lm", "Window", "shard", "batchify",
-           "BPTTWindows", "EvalWindows", "Vocabulary", "read_words", "load_ptb", "markov_chain", "markov_stream",
-           "HiddenCarry", "LSTMPTBTask", "perplexity"]
+__all__ = [
+    "SIZES",
+    "LSTMSize",
+    "Regularization",
+    "AWDLSTM",
+    "lstm_lm",
+    "Window",
+    "shard",
+    "batchify",
+    "BPTTWindows",
+    "EvalWindows",
+    "Vocabulary",
+    "read_words",
+    "load_ptb",
+    "markov_chain",
+    "markov_stream",
+    "HiddenCarry",
+    "LSTMPTBTask",
+    "perplexity",
+]

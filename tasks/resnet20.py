@@ -22,6 +22,7 @@ per-optimizer recipes in conf/recipe/resnet20/.
 from __future__ import annotations
 
 import os
+from typing import ClassVar
 
 import torch
 import torch.distributed as dist
@@ -30,8 +31,15 @@ from torch import nn
 from torchvision import datasets, transforms
 
 from birder_repro.tasks.base import DatasetNotFound, TaskData
-from birder_repro.tasks.common import (ClassificationTask, build_by_source, check_labels_fit, eval_loader,
-                                       pick_size, synthetic_image_data, train_loader)
+from birder_repro.tasks.common import (
+    ClassificationTask,
+    build_by_source,
+    check_labels_fit,
+    eval_loader,
+    pick_size,
+    synthetic_image_data,
+    train_loader,
+)
 
 # model.size -> (basic blocks per stage, channels per stage). tiny is a ResNet-8 of half the width, for CPU
 # smoke runs: the same code, only chosen explicitly.
@@ -63,7 +71,7 @@ class BasicBlock(nn.Module):
     def shortcut(self, x: torch.Tensor) -> torch.Tensor:
         """Identity; where the block halves the map and widens the channels, subsample and zero-pad."""
         if self.stride != 1:
-            x = x[:, :, ::self.stride, ::self.stride]
+            x = x[:, :, :: self.stride, :: self.stride]
         if self.pad:
             x = F.pad(x, (0, 0, 0, 0, self.pad // 2, self.pad - self.pad // 2))
         return x
@@ -122,9 +130,9 @@ class _CIFAR100Unverified(datasets.CIFAR100):
     file without an md5 for presence only (``torchvision.datasets.utils.check_integrity``).
     """
 
-    train_list = [["train", None]]
-    test_list = [["test", None]]
-    meta = {**datasets.CIFAR100.meta, "md5": None}
+    train_list: ClassVar[list] = [["train", None]]
+    test_list: ClassVar[list] = [["test", None]]
+    meta: ClassVar[dict] = {**datasets.CIFAR100.meta, "md5": None}
 
 
 def cifar100_transform(train: bool, augment: bool) -> transforms.Compose:
@@ -149,8 +157,11 @@ def check_cifar100_files(cfg, splits=("train", "test")) -> str:
     for name in (*splits, "meta"):
         path = os.path.join(folder, name)
         if not os.path.isfile(path):
-            raise DatasetNotFound("CIFAR-100 (torchvision's cifar-100-python format)", path,
-                                  "or set data.download=true where there is a network")
+            raise DatasetNotFound(
+                "CIFAR-100 (torchvision's cifar-100-python format)",
+                path,
+                "or set data.download=true where there is a network",
+            )
     return folder
 
 
@@ -161,8 +172,10 @@ def real_cifar100(cfg, train: bool) -> datasets.CIFAR100:
     try:
         dataset = cls(root=cfg.data.root, train=train, transform=cifar100_transform(train, cfg.data.augment))
     except RuntimeError as err:  # torchvision's message for an md5 mismatch does not say which setting to change
-        raise RuntimeError(f"CIFAR-100 under {folder!r} failed torchvision's md5 check ({err}); re-download it, "
-                           f"or set data.check_md5=false to accept a re-packed copy") from err
+        raise RuntimeError(
+            f"CIFAR-100 under {folder!r} failed torchvision's md5 check ({err}); re-download it, "
+            f"or set data.check_md5=false to accept a re-packed copy"
+        ) from err
     check_labels_fit(len(dataset.classes), cfg, folder)
     return dataset
 
@@ -173,8 +186,9 @@ def build_cifar100(cfg, rank: int, world_size: int) -> TaskData:
     train_set, test_set = real_cifar100(cfg, train=True), real_cifar100(cfg, train=False)
     loader, sampler = train_loader(train_set, cfg, rank, world_size)
     augment = "random crop 32 pad 4 + flip" if cfg.data.augment else "no augmentation"
-    description = (f"CIFAR-100 (real) from {cfg.data.root}: {len(train_set)} train / {len(test_set)} test images, "
-                   f"{augment}")
+    description = (
+        f"CIFAR-100 (real) from {cfg.data.root}: {len(train_set)} train / {len(test_set)} test images, {augment}"
+    )
     return TaskData(loader, eval_loader(test_set, cfg, rank, world_size), len(train_set), description, sampler)
 
 

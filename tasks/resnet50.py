@@ -21,8 +21,14 @@ from torchvision.models import resnet50
 from torchvision.models.resnet import BasicBlock, ResNet
 
 from birder_repro.tasks.base import TaskData
-from birder_repro.tasks.common import (ClassificationTask, build_by_source, build_imagenet,
-                                       build_imagenet_synthetic, check_imagenet, pick_size)
+from birder_repro.tasks.common import (
+    ClassificationTask,
+    build_by_source,
+    build_imagenet,
+    build_imagenet_synthetic,
+    check_imagenet,
+    pick_size,
+)
 
 
 def _resnet10(num_classes: int) -> ResNet:
@@ -53,8 +59,7 @@ class ResNet50Task(ClassificationTask):
         return pick_size(cfg.model.size, SIZES)(int(cfg.model.num_classes))
 
     def build_data(self, cfg, rank: int, world_size: int) -> TaskData:
-        return build_by_source(cfg, rank, world_size,
-                               {"real": build_imagenet, "synthetic": build_imagenet_synthetic})
+        return build_by_source(cfg, rank, world_size, {"real": build_imagenet, "synthetic": build_imagenet_synthetic})
 
     def check_data(self, cfg) -> None:
         check_imagenet(cfg)

@@ -14,10 +14,9 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
-from typing import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
-__all__ = ["normalize_answer", "exact_match_score", "f1_score", "metric_max_over_ground_truths", "score",
-           "evaluate"]
+__all__ = ["normalize_answer", "exact_match_score", "f1_score", "metric_max_over_ground_truths", "score", "evaluate"]
 
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -47,8 +46,9 @@ def f1_score(prediction: str, ground_truth: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def metric_max_over_ground_truths(metric_fn: Callable[[str, str], float], prediction: str,
-                                  ground_truths: Sequence[str]) -> float:
+def metric_max_over_ground_truths(
+    metric_fn: Callable[[str, str], float], prediction: str, ground_truths: Sequence[str]
+) -> float:
     """The best score of ``prediction`` against any of the gold answers."""
     if not ground_truths:
         raise ValueError("a question needs at least one gold answer")
@@ -57,8 +57,10 @@ def metric_max_over_ground_truths(metric_fn: Callable[[str, str], float], predic
 
 def score(prediction: str, ground_truths: Sequence[str]) -> tuple[float, float]:
     """(exact match, F1) of one question, each in [0, 1]."""
-    return (metric_max_over_ground_truths(exact_match_score, prediction, ground_truths),
-            metric_max_over_ground_truths(f1_score, prediction, ground_truths))
+    return (
+        metric_max_over_ground_truths(exact_match_score, prediction, ground_truths),
+        metric_max_over_ground_truths(f1_score, prediction, ground_truths),
+    )
 
 
 def evaluate(gold: Iterable[tuple[str, Sequence[str]]], predictions: Mapping[str, str]) -> dict[str, float]:

@@ -30,7 +30,7 @@ validation images with their hard labels (tasks.common.ClassificationTask).
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -41,8 +41,16 @@ from torchvision.models.vision_transformer import VisionTransformer
 from torchvision.transforms import v2
 
 from birder_repro.tasks.base import TaskData
-from birder_repro.tasks.common import (IMAGENET_MEAN, IMAGENET_STD, ClassificationTask, build_by_source,
-                                       build_imagenet, build_imagenet_synthetic, check_imagenet, pick_size)
+from birder_repro.tasks.common import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    ClassificationTask,
+    build_by_source,
+    build_imagenet,
+    build_imagenet_synthetic,
+    check_imagenet,
+    pick_size,
+)
 
 # torchvision's RandAugment magnitude for --auto-augment ra (train.py --ra-magnitude default).
 RA_MAGNITUDE = 9
@@ -54,8 +62,15 @@ def _vit_b_16(num_classes: int, image_size: int) -> VisionTransformer:
 
 def _vit_tiny(num_classes: int, image_size: int) -> VisionTransformer:
     """torchvision's VisionTransformer at tiny widths: the same code as ViT-B/16."""
-    return VisionTransformer(image_size=image_size, patch_size=16, num_layers=2, num_heads=2, hidden_dim=32,
-                             mlp_dim=64, num_classes=num_classes)
+    return VisionTransformer(
+        image_size=image_size,
+        patch_size=16,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=32,
+        mlp_dim=64,
+        num_classes=num_classes,
+    )
 
 
 # model.size -> constructor; both are torchvision.models.vision_transformer.VisionTransformer.
@@ -68,13 +83,15 @@ SIZES = {"full": _vit_b_16, "tiny": _vit_tiny}
 
 def vit_train_transform(image_size: int) -> transforms.Compose:
     """torchvision's ClassificationPresetTrain with ``auto_augment="ra"``: crop, flip, RandAugment, normalize."""
-    return transforms.Compose([
-        transforms.RandomResizedCrop(image_size),
-        transforms.RandomHorizontalFlip(),
-        transforms.RandAugment(magnitude=RA_MAGNITUDE),
-        transforms.ToTensor(),
-        transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
-    ])
+    return transforms.Compose(
+        [
+            transforms.RandomResizedCrop(image_size),
+            transforms.RandomHorizontalFlip(),
+            transforms.RandAugment(magnitude=RA_MAGNITUDE),
+            transforms.ToTensor(),
+            transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ]
+    )
 
 
 class SoftTargets:
@@ -125,8 +142,12 @@ class MappedBatches:
 
 
 def soft_targets(cfg) -> SoftTargets:
-    return SoftTargets(int(cfg.model.num_classes), float(cfg.data.mixup_alpha), float(cfg.data.cutmix_alpha),
-                       float(cfg.train.label_smoothing))
+    return SoftTargets(
+        int(cfg.model.num_classes),
+        float(cfg.data.mixup_alpha),
+        float(cfg.data.cutmix_alpha),
+        float(cfg.train.label_smoothing),
+    )
 
 
 def with_recipe(data: TaskData, cfg, rand_augment: bool) -> TaskData:
@@ -139,8 +160,10 @@ def with_recipe(data: TaskData, cfg, rand_augment: bool) -> TaskData:
     targets = soft_targets(cfg)
     if not targets.identity:
         data.train = MappedBatches(data.train, targets)
-        notes.append(f"mixup {cfg.data.mixup_alpha} / cutmix {cfg.data.cutmix_alpha}, label smoothing "
-                     f"{cfg.train.label_smoothing}")
+        notes.append(
+            f"mixup {cfg.data.mixup_alpha} / cutmix {cfg.data.cutmix_alpha}, label smoothing "
+            f"{cfg.train.label_smoothing}"
+        )
     if notes:
         data.description += "; training batches: " + ", ".join(notes)
     return data
@@ -180,5 +203,13 @@ class ViTTask(ClassificationTask):
         check_imagenet(cfg)
 
 
-__all__ = ["SIZES", "RA_MAGNITUDE", "vit_train_transform", "SoftTargets", "MappedBatches", "soft_targets",
-           "with_recipe", "ViTTask"]
+__all__ = [
+    "SIZES",
+    "RA_MAGNITUDE",
+    "vit_train_transform",
+    "SoftTargets",
+    "MappedBatches",
+    "soft_targets",
+    "with_recipe",
+    "ViTTask",
+]

@@ -4,8 +4,8 @@ written as runs write them."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import pytest
 from hydra import compose as hydra_compose

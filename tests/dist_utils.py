@@ -23,8 +23,14 @@ def _entry(rank: int, world: int, port: int, fn, args, queue, environ: dict) -> 
     # The caller's environment as it is now (a forked process has the forkserver's, from when it started).
     os.environ.clear()
     os.environ.update(environ)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        OMP_NUM_THREADS="1",
+    )
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
@@ -33,7 +39,7 @@ def _entry(rank: int, world: int, port: int, fn, args, queue, environ: dict) -> 
         buf = io.BytesIO()
         torch.save(fn(rank, world, *args), buf)
         queue.put((rank, buf.getvalue(), None))
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - every failure, KeyboardInterrupt too, goes back to the caller
         queue.put((rank, None, traceback.format_exc()))
     finally:
         dist.destroy_process_group()
@@ -71,4 +77,3 @@ def run_distributed(fn, world: int, *args, timeout: float = 240.0) -> list:
     if errors:
         raise AssertionError("\n".join(errors))
     return results
-

@@ -23,6 +23,7 @@ def counted_reads(monkeypatch):
         def read(self, *args, **kwargs):
             reads.append(name)
             return real(self, *args, **kwargs)
+
         return read
 
     with monkeypatch.context() as patch:

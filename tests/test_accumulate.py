@@ -25,8 +25,8 @@ from birder_repro.config import ConfigError, global_batch
 from birder_repro.train import RunPlan, TrainSettings
 
 sys.path.insert(0, str(Path(__file__).parent))
-from dist_utils import run_distributed  # noqa: E402
-from test_train import BlobsTask, blobs_data  # noqa: E402  (the loop tests' tiny task: 4 Gaussian blobs)
+from dist_utils import run_distributed
+from test_train import BlobsTask, blobs_data
 
 STEPS, MICRO, K = 6, 2, 4  # 6 steps of 2 x 4 x 2 = 16 samples: the 80 blobs' epoch (5 steps) is crossed
 
@@ -43,11 +43,25 @@ class _Blobs(BlobsTask):
 
 
 def _config(compose, optim: str, batch: int, accumulate: int, run_dir: Path, parallel: str = "ddp") -> str:
-    cfg = compose([f"optim={optim}", "task=digits", "nodes=2", "gpus_per_node=1", "logger=none",
-                   f"parallel={parallel}", f"train.steps={STEPS}", f"train.batch_size={batch}",
-                   f"train.accumulate={accumulate}",
-                   "train.eval=false", "train.schedule.name=constant", "train.schedule.milestones=[]",
-                   "train.timing_warmup_steps=1", "optim.lr=0.05", "optim.weight_decay=0.0"])
+    cfg = compose(
+        [
+            f"optim={optim}",
+            "task=digits",
+            "nodes=2",
+            "gpus_per_node=1",
+            "logger=none",
+            f"parallel={parallel}",
+            f"train.steps={STEPS}",
+            f"train.batch_size={batch}",
+            f"train.accumulate={accumulate}",
+            "train.eval=false",
+            "train.schedule.name=constant",
+            "train.schedule.milestones=[]",
+            "train.timing_warmup_steps=1",
+            "optim.lr=0.05",
+            "optim.weight_decay=0.0",
+        ]
+    )
     return OmegaConf.to_yaml(cfg, resolve=True)
 
 
@@ -67,11 +81,22 @@ def _worker(rank: int, world: int, runs: list[tuple[str, str]]):
         topology = build_topology(gpus_per_node=1)
         plan = RunPlan.build(cfg, world, 80)
         torch.manual_seed(0)
-        model, optimizer, comm = build_parallel(cfg, _Blobs(), _linear_model(), torch.device("cpu"), topology,
-                                                optim_config(cfg, plan.steps))
+        model, optimizer, comm = build_parallel(
+            cfg, _Blobs(), _linear_model(), torch.device("cpu"), topology, optim_config(cfg, plan.steps)
+        )
         data = blobs_data(rank, world, int(cfg.train.batch_size))
-        record = train(cfg, task=_Blobs(), data=data, model=model, optimizer=optimizer, comm=comm,
-                       topology=topology, device=torch.device("cpu"), run_dir=run_dir, plan=plan)
+        record = train(
+            cfg,
+            task=_Blobs(),
+            data=data,
+            model=model,
+            optimizer=optimizer,
+            comm=comm,
+            topology=topology,
+            device=torch.device("cpu"),
+            run_dir=run_dir,
+            plan=plan,
+        )
         module = getattr(model, "module", model)  # DDP's wrapped module; FSDP's model is the module itself
         state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v) for k, v in module.state_dict().items()}
         results.append((record, {k: v.detach().numpy().copy() for k, v in state.items()}))
@@ -80,8 +105,10 @@ def _worker(rank: int, world: int, runs: list[tuple[str, str]]):
 
 @pytest.mark.parametrize("optim,parallel", [("sgdm", "ddp"), ("birder", "ddp"), ("birder", "fsdp")])
 def test_four_micro_batches_equal_one_four_times_larger_batch(compose, tmp_path, optim, parallel):
-    runs = [(_config(compose, optim, MICRO * K, 1, tmp_path / "big", parallel), str(tmp_path / "big")),
-            (_config(compose, optim, MICRO, K, tmp_path / "acc", parallel), str(tmp_path / "acc"))]
+    runs = [
+        (_config(compose, optim, MICRO * K, 1, tmp_path / "big", parallel), str(tmp_path / "big")),
+        (_config(compose, optim, MICRO, K, tmp_path / "acc", parallel), str(tmp_path / "acc")),
+    ]
     (big, big_state), (acc, acc_state) = run_distributed(_worker, 2, runs)[0]
     moved = max(float(np.abs(acc_state[k]).max()) for k in acc_state)
     assert moved > 0.1  # trained: the weights are not near their tolerance
@@ -115,8 +142,16 @@ def test_predicted_step_counts_every_micro_batch(compose):
     from birder_repro.perf.predict import predict_record
 
     def predicted(k: int) -> dict:
-        cfg = compose(["experiment=table1", "optim=sgdm", "nodes=1", "predict.profile=paper",
-                       "train.batch_size=32", f"train.accumulate={k}"])
+        cfg = compose(
+            [
+                "experiment=table1",
+                "optim=sgdm",
+                "nodes=1",
+                "predict.profile=paper",
+                "train.batch_size=32",
+                f"train.accumulate={k}",
+            ]
+        )
         return predict_record(OmegaConf.to_container(cfg, resolve=True))
 
     one, eight = predicted(1), predicted(8)

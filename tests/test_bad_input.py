@@ -22,14 +22,29 @@ from birder_repro.train.checkpoint import CheckpointError, RunIdentity, load_che
 REPO = Path(__file__).resolve().parent.parent
 CPU = torch.device("cpu")
 ID = RunIdentity(task="blobs", optim="sgdm", scheme="allreduce", nodes=1, gpus_per_node=1, world_size=1)
-QUICK = ["experiment=smoke", "logger=none", "model.size=tiny", "train.batch_size=8",
-         "data.synthetic_train_size=64", "data.synthetic_eval_size=16", "train.eval_max_batches=1", "nodes=1",
-         "gpus_per_node=1", "train.steps=2"]
+QUICK = [
+    "experiment=smoke",
+    "logger=none",
+    "model.size=tiny",
+    "train.batch_size=8",
+    "data.synthetic_train_size=64",
+    "data.synthetic_eval_size=16",
+    "train.eval_max_batches=1",
+    "nodes=1",
+    "gpus_per_node=1",
+    "train.steps=2",
+]
 
 
 def cli(*args: str, runs: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "birder_repro.cli", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=180, env={**os.environ, "BIRDER_RUNS": str(runs), "OMP_NUM_THREADS": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "birder_repro.cli", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "BIRDER_RUNS": str(runs), "OMP_NUM_THREADS": "1"},
+    )
 
 
 def records(runs: Path) -> list[dict]:
@@ -37,15 +52,27 @@ def records(runs: Path) -> list[dict]:
 
 
 # --------------------------------------------------------------------------------- through the CLI
-@pytest.mark.parametrize("args,line,recorded", [
-    (["train.stepz=3"], "Could not override 'train.stepz'", False),  # misspelt key: Hydra, before any run
-    (["+train.stepz=3"], "train.stepz: no such setting; did you mean train.steps?", True),  # added unknown key
-    (["optim.lr=abc"], "optim.lr='abc': use a number", True),
-    (["data.source=real", "data.root=/nonexistent/cifar"], "not found at '/nonexistent/cifar", True),
-    (["nodes=0"], "nodes=0: use a whole number >= 1", True),
-    (["train.resume=/nonexistent/run"], "train.resume=/nonexistent/run: no such file or directory", True),
-    (["train.resume_policy=maybe"], "train.resume_policy='maybe': use strict or reset_errors", True),
-], ids=["misspelt-key", "added-unknown-key", "wrong-type", "missing-dataset", "impossible-layout", "resume-missing", "bad-policy"])
+@pytest.mark.parametrize(
+    "args,line,recorded",
+    [
+        (["train.stepz=3"], "Could not override 'train.stepz'", False),  # misspelt key: Hydra, before any run
+        (["+train.stepz=3"], "train.stepz: no such setting; did you mean train.steps?", True),  # added unknown key
+        (["optim.lr=abc"], "optim.lr='abc': use a number", True),
+        (["data.source=real", "data.root=/nonexistent/cifar"], "not found at '/nonexistent/cifar", True),
+        (["nodes=0"], "nodes=0: use a whole number >= 1", True),
+        (["train.resume=/nonexistent/run"], "train.resume=/nonexistent/run: no such file or directory", True),
+        (["train.resume_policy=maybe"], "train.resume_policy='maybe': use strict or reset_errors", True),
+    ],
+    ids=[
+        "misspelt-key",
+        "added-unknown-key",
+        "wrong-type",
+        "missing-dataset",
+        "impossible-layout",
+        "resume-missing",
+        "bad-policy",
+    ],
+)
 def test_cli_bad_input(tmp_path, args, line, recorded):
     runs = tmp_path / "runs"
     out = cli(*QUICK, *args, runs=runs)
@@ -89,11 +116,11 @@ NOT_HERE = {"namespaces and bridges left by a killed emulated run"}  # tests/tes
 def table_rows(text: str) -> dict[str, str]:
     """The page's bad-input table: {input: the first `quoted` text of what the user sees}. The table is the first
     block of lines starting with "|" after the heading."""
-    after = text[text.index(TABLE_HEADING):].splitlines()
+    after = text[text.index(TABLE_HEADING) :].splitlines()
     start = next(i for i, line in enumerate(after) if line.startswith("|"))
     end = next((i for i in range(start, len(after)) if not after[i].startswith("|")), len(after))
     rows = {}
-    for line in after[start + 2:end]:  # after the header and its --- line
+    for line in after[start + 2 : end]:  # after the header and its --- line
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         quoted = re.search(r"`([^`]+)`", cells[1])
         rows[cells[0]] = quoted.group(1) if quoted else cells[1]
@@ -187,8 +214,9 @@ def _shown_for(row: str, tmp_path) -> str:
         return _raised(lambda: load_checkpoint(where, model, opt, _ErrorFeedback(), 0, 2, CPU, other))
     if row == "disk full while checkpointing":
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(torch, "save", lambda *_a, **_k: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space "
-                                                                                     "left on device")))
+            patch.setattr(
+                torch, "save", lambda *_a, **_k: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device"))
+            )
             return _raised(lambda: _saved(tmp_path, step=4))
     if row == "runs directory not writable":
         blocker = tmp_path / "a-file"
@@ -277,8 +305,9 @@ def test_a_checkpoint_carrying_a_pickled_object_is_refused_and_runs_nothing(tmp_
 @pytest.mark.parametrize("key,value", [("task", "bert_squad"), ("optim", "birder"), ("scheme", "onebit")])
 def test_checkpoint_of_another_task_optimizer_or_scheme(tmp_path, key, value):
     where = _saved(tmp_path)
-    with pytest.raises(CheckpointError, match=f"checkpoint of {key} '{getattr(ID, key)}'; this run's {key} is "
-                                              f"'{value}'"):
+    with pytest.raises(
+        CheckpointError, match=f"checkpoint of {key} '{getattr(ID, key)}'; this run's {key} is '{value}'"
+    ):
         _load(where, RunIdentity(**{**ID.__dict__, key: value}))
 
 
@@ -296,8 +325,11 @@ def test_checkpoint_of_another_layout(tmp_path):
     model, opt = _parts()
     where = save_checkpoint(tmp_path, 2, 8.0, model, opt, _ErrorFeedback(), 0, 1, CPU, ID, keep=2)
     other = RunIdentity(**{**ID.__dict__, "nodes": 2, "world_size": 2})
-    with pytest.raises(CheckpointError, match="saved on nodes=1 x gpus_per_node=1; this run is nodes=2 x "
-                                              "gpus_per_node=1.*train.resume_policy=reset_errors"):
+    with pytest.raises(
+        CheckpointError,
+        match="saved on nodes=1 x gpus_per_node=1; this run is nodes=2 x "
+        "gpus_per_node=1.*train.resume_policy=reset_errors",
+    ):
         load_checkpoint(where, model, opt, _ErrorFeedback(), 0, 2, CPU, other)
 
 

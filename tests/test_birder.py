@@ -1,7 +1,8 @@
 """Birder: quantizer, packing, error feedback, and the hook against the single-process reference.
 
 Multi-process tests run 4 gloo processes as 2 nodes x 2, all scenarios in one spawn (starting processes that
-import torch is most of the cost); the hook overlaps (its communication thread) unless a test says otherwise. Gradients are multiples of 1/8 in the core tests, so the node averages are
+import torch is most of the cost); the hook overlaps (its communication thread) unless a test says otherwise.
+Gradients are multiples of 1/8 in the core tests, so the node averages are
 exact in any summation order and the hook must equal the reference bit for bit; the DDP tests replay every
 bucket call the ranks made through the reference, which must give the same +-1 bit for bit.
 """
@@ -15,14 +16,14 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from birder_reference import ReferenceBirder
+from dist_utils import run_distributed
 from torch import nn
 
-from birder_reference import ReferenceBirder
 from birder_repro.comm.birder import BirderState, attach_birder
 from birder_repro.comm.pack import pack_bits, pack_signs, padded_size, unpack_signs
 from birder_repro.comm.topology import build_topology
 from birder_repro.optim.birder import Birder, server_step_, stochastic_sign_bits, worker_step_
-from dist_utils import run_distributed
 
 NODES, GPUS = 2, 2
 SIZES = (1001, 37)  # two buckets, neither a multiple of 8 * m * n = 32
@@ -92,13 +93,25 @@ def _core_worker(rank, world):
     for variant in VARIANTS:
         # "amsgrad": Algorithm 1's line 6 from step 3 on (amsgrad_after=2)
         scheme = variant.partition("-")[0]
-        state = BirderState(build_topology(GPUS), scheme=scheme, beta=0.9, eps=1e-8, seed=7, param_numels=SIZES,
-                            amsgrad_after=2 if "amsgrad" in variant else None)
+        state = BirderState(
+            build_topology(GPUS),
+            scheme=scheme,
+            beta=0.9,
+            eps=1e-8,
+            seed=7,
+            param_numels=SIZES,
+            amsgrad_after=2 if "amsgrad" in variant else None,
+        )
         results = _run_core(state, rank, world, range(4))
         buckets = state.store.buckets
         shards = {bi: {k: b.state[k].clone() for k in ("m", "b", "e")} for bi, b in buckets.items()}
-        out[variant] = (results, shards, state.snapshot(), state.worker_rank,
-                       {bi: b.state["m"].numel() for bi, b in buckets.items()})
+        out[variant] = (
+            results,
+            shards,
+            state.snapshot(),
+            state.worker_rank,
+            {bi: b.state["m"].numel() for bi, b in buckets.items()},
+        )
     out["resume"] = _resume_worker(rank, world)
     out["script"] = _user_script(rank, world)
     out["fresh"] = _resume_in_fresh_ddp(rank, world, out["script"]["checkpoint"])
@@ -115,8 +128,16 @@ def test_hook_equals_reference(variant, core_runs):
     world = NODES * GPUS
     scheme = variant.partition("-")[0]
     per_rank = [r[variant] for r in core_runs]
-    ref = ReferenceBirder(NODES, GPUS, scheme, beta=0.9, eps=1e-8, seed=7, param_numels=SIZES,
-                          amsgrad_after=2 if "amsgrad" in variant else None)
+    ref = ReferenceBirder(
+        NODES,
+        GPUS,
+        scheme,
+        beta=0.9,
+        eps=1e-8,
+        seed=7,
+        param_numels=SIZES,
+        amsgrad_after=2 if "amsgrad" in variant else None,
+    )
     expected = []
     for t in range(4):
         for bi, numel in enumerate(SIZES):
@@ -146,8 +167,7 @@ def test_byte_counts_match_formula(core_runs):
         assert per_step_inter == formula
         # intra: fp32 reduce-scatter of the padded bucket (and one fp32 flag per shard), plus the packed shards
         # to the other local rank
-        intra = sum((m - 1) / m * (padded_size(p, 32) + m) * 4 + (m - 1) * padded_size(p, 32) / m / 8
-                    for p in SIZES)
+        intra = sum((m - 1) / m * (padded_size(p, 32) + m) * 4 + (m - 1) * padded_size(p, 32) / m / 8 for p in SIZES)
         assert counters["intra_node_bytes"] / 4 == intra
 
 
@@ -161,7 +181,7 @@ def _resume_worker(rank, world):
     # the seed comes back from the checkpoint
     resumed = BirderState(topo, scheme="hierarchical", beta=0.9, seed=99, param_numels=SIZES)
     resumed.load_state_dict(sd)
-    return full[len(SIZES) * 3:], _run_core(resumed, rank, world, range(3, 6))
+    return full[len(SIZES) * 3 :], _run_core(resumed, rank, world, range(3, 6))
 
 
 def test_state_dict_round_trip_continues_identically(core_runs):
@@ -253,9 +273,16 @@ def _user_script(rank, world):
         checkpoint, calls_at_save = _checkpoint(ddp, opt, state), len(calls)
         more = _train(ddp, opt, rank, world, range(SAVE_AFTER, SCRIPT_STEPS))
     state.close()
-    return {"identical": identical + more[0], "exact": exact_steps + more[1], "calls": calls,
-            "layout_changes": state.layout_changes, "checkpoint": checkpoint, "calls_at_save": calls_at_save,
-            "params": _params(ddp), "overlaps": state.overlaps()}
+    return {
+        "identical": identical + more[0],
+        "exact": exact_steps + more[1],
+        "calls": calls,
+        "layout_changes": state.layout_changes,
+        "checkpoint": checkpoint,
+        "calls_at_save": calls_at_save,
+        "params": _params(ddp),
+        "overlaps": state.overlaps(),
+    }
 
 
 def _resume_in_fresh_ddp(rank, world, checkpoint):
@@ -272,8 +299,14 @@ def _resume_in_fresh_ddp(rank, world, checkpoint):
     with _recording_calls() as calls:
         identical, exact_steps = _train(ddp, opt, rank, world, range(SAVE_AFTER, SCRIPT_STEPS))
     state.close()
-    return {"identical": identical, "exact": exact_steps, "calls": calls, "layout_changes": state.layout_changes,
-            "pending": len(state.store.pending), "params": _params(ddp)}
+    return {
+        "identical": identical,
+        "exact": exact_steps,
+        "calls": calls,
+        "layout_changes": state.layout_changes,
+        "pending": len(state.store.pending),
+        "params": _params(ddp),
+    }
 
 
 def _replay(ref: ReferenceBirder, per_rank_calls: list[list], where: str) -> None:

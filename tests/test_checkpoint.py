@@ -8,8 +8,17 @@ import pytest
 import torch
 from torch import nn
 
-from birder_repro.train.checkpoint import (COMPLETE, MANIFEST, CheckpointError, RunIdentity, choose_resume,
-                                           complete_checkpoints, load_checkpoint, save_checkpoint, step_dir)
+from birder_repro.train.checkpoint import (
+    COMPLETE,
+    MANIFEST,
+    CheckpointError,
+    RunIdentity,
+    choose_resume,
+    complete_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+    step_dir,
+)
 
 CPU = torch.device("cpu")
 IDENTITY = RunIdentity(task="blobs", optim="sgdm", scheme="allreduce", nodes=1, gpus_per_node=1, world_size=1)
@@ -69,8 +78,9 @@ def test_a_checkpoint_round_trips_as_data_only(tmp_path):
     ref, ref_opt = _parts(10)
     assert (step, samples) == (10, 40.0)
     assert torch.equal(model.weight, ref.weight)
-    assert torch.equal(opt.state_dict()["state"][0]["momentum_buffer"],
-                       ref_opt.state_dict()["state"][0]["momentum_buffer"])
+    assert torch.equal(
+        opt.state_dict()["state"][0]["momentum_buffer"], ref_opt.state_dict()["state"][0]["momentum_buffer"]
+    )
 
 
 @pytest.mark.parametrize("key,value", [("task", "bert"), ("optim", "birder"), ("scheme", "onebit")])

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_restart import TINY, birder_repro, only_run
 
 from birder_repro.train.relayout import rebuild_canonical
-from test_restart import TINY, birder_repro, only_run
 
 
 def _store(rank: int, nodes: int, m: int, full: dict, signature, padded: int) -> dict:
@@ -15,10 +15,17 @@ def _store(rank: int, nodes: int, m: int, full: dict, signature, padded: int) ->
     local, node = rank % m, rank // m
     shard = padded // m
     chunk = shard // nodes
-    parts = {"m": full["m"][local * shard: (local + 1) * shard],
-             "e_bar": full["e_bar"][local * shard + node * chunk: local * shard + (node + 1) * chunk]}
-    return {"parts": {"m": [m], "e_bar": [m, nodes]}, "canonical": None, "pending": [], "layout_changes": 1,
-            "buckets": {0: {"signature": signature, "numel": 30, "padded": padded, "step": 7, "state": parts}}}
+    parts = {
+        "m": full["m"][local * shard : (local + 1) * shard],
+        "e_bar": full["e_bar"][local * shard + node * chunk : local * shard + (node + 1) * chunk],
+    }
+    return {
+        "parts": {"m": [m], "e_bar": [m, nodes]},
+        "canonical": None,
+        "pending": [],
+        "layout_changes": 1,
+        "buckets": {0: {"signature": signature, "numel": 30, "padded": padded, "step": 7, "state": parts}},
+    }
 
 
 def test_old_shards_are_put_back_together_per_parameter():
@@ -35,23 +42,44 @@ def test_old_shards_are_put_back_together_per_parameter():
 @pytest.fixture(scope="module")
 def saved_2x2(tmp_path_factory):
     runs = tmp_path_factory.mktemp("layout")
-    out = birder_repro(*TINY, "optim=birder", "nodes=2", "gpus_per_node=2", "train.steps=4",
-                       "train.checkpoint_every=4", env={"BIRDER_RUNS": str(runs / "a")})
+    out = birder_repro(
+        *TINY,
+        "optim=birder",
+        "nodes=2",
+        "gpus_per_node=2",
+        "train.steps=4",
+        "train.checkpoint_every=4",
+        env={"BIRDER_RUNS": str(runs / "a")},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return only_run(runs / "a")[0]
 
 
 def test_birder_resumes_with_another_gpus_per_node(saved_2x2, tmp_path):
-    out = birder_repro(*TINY, "optim=birder", "nodes=2", "gpus_per_node=1", "train.steps=6",
-                       f"train.resume={saved_2x2}", env={"BIRDER_RUNS": str(tmp_path)})
+    out = birder_repro(
+        *TINY,
+        "optim=birder",
+        "nodes=2",
+        "gpus_per_node=1",
+        "train.steps=6",
+        f"train.resume={saved_2x2}",
+        env={"BIRDER_RUNS": str(tmp_path)},
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     _, rec = only_run(tmp_path)
     assert rec["status"] == "completed" and rec["resumed_from_step"] == 4
 
 
 def test_another_number_of_nodes_is_refused_naming_both_layouts(saved_2x2, tmp_path):
-    out = birder_repro(*TINY, "optim=birder", "nodes=1", "gpus_per_node=2", "train.steps=6",
-                       f"train.resume={saved_2x2}", env={"BIRDER_RUNS": str(tmp_path)})
+    out = birder_repro(
+        *TINY,
+        "optim=birder",
+        "nodes=1",
+        "gpus_per_node=2",
+        "train.steps=6",
+        f"train.resume={saved_2x2}",
+        env={"BIRDER_RUNS": str(tmp_path)},
+    )
     assert out.returncode != 0
     _, rec = only_run(tmp_path)
     assert rec["status"] == "failed"
@@ -61,9 +89,16 @@ def test_another_number_of_nodes_is_refused_naming_both_layouts(saved_2x2, tmp_p
 
 @pytest.mark.slow
 def test_reset_errors_resumes_on_another_number_of_nodes(saved_2x2, tmp_path):
-    out = birder_repro(*TINY, "optim=birder", "nodes=1", "gpus_per_node=2", "train.steps=6",
-                       f"train.resume={saved_2x2}", "train.resume_policy=reset_errors",
-                       env={"BIRDER_RUNS": str(tmp_path)})
+    out = birder_repro(
+        *TINY,
+        "optim=birder",
+        "nodes=1",
+        "gpus_per_node=2",
+        "train.steps=6",
+        f"train.resume={saved_2x2}",
+        "train.resume_policy=reset_errors",
+        env={"BIRDER_RUNS": str(tmp_path)},
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "starts afresh" in out.stdout
     assert only_run(tmp_path)[1]["resumed_from_step"] == 4

@@ -22,14 +22,27 @@ from birder_repro import cli, record, worker
 from birder_repro.launch import choose_launcher, local, slurm_env, torchrun
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = ["experiment=smoke", "logger=none", "model.size=tiny", "train.batch_size=8",
-        "data.synthetic_train_size=64", "data.synthetic_eval_size=16", "train.eval_max_batches=1"]
+TINY = [
+    "experiment=smoke",
+    "logger=none",
+    "model.size=tiny",
+    "train.batch_size=8",
+    "data.synthetic_train_size=64",
+    "data.synthetic_eval_size=16",
+    "train.eval_max_batches=1",
+]
 
 
 def birder_repro(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """``birder-repro ARGS`` in a fresh interpreter (the BIRDER_RUNS of the test's environment applies)."""
-    return subprocess.run([sys.executable, "-m", "birder_repro.cli", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "birder_repro.cli", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 def run_dirs(runs: Path) -> list[Path]:
@@ -38,8 +51,9 @@ def run_dirs(runs: Path) -> list[Path]:
 
 # ------------------------------------------------------------------------------------ as a user runs it
 def test_dry_run_prints_one_torchrun_per_node_and_starts_nothing(runs_dir):
-    out = birder_repro("task=resnet50", "optim=birder", "nodes=8", "gpus_per_node=8", "launcher=torchrun",
-                       "dry_run=true")
+    out = birder_repro(
+        "task=resnet50", "optim=birder", "nodes=8", "gpus_per_node=8", "launcher=torchrun", "dry_run=true"
+    )
     assert out.returncode == 0, out.stderr
     lines = [line for line in out.stdout.splitlines() if "torch.distributed.run" in line]
     assert len(lines) == 8
@@ -93,8 +107,10 @@ def test_a_missing_dataset_is_one_line_before_anything_starts(runs_dir):
     assert out.returncode == 2
     assert "Traceback" not in out.stderr + out.stdout and "torch.distributed.run" not in out.stdout
     message = f"ImageNet train images (<data.root>/train/<class>/*.JPEG) not found at '{runs_dir / 'no-imagenet'}"
-    assert out.stderr.splitlines()[0] == f"[birder-repro] {message}/train'. Point data.root=<dir> at a copy, " \
+    assert (
+        out.stderr.splitlines()[0] == f"[birder-repro] {message}/train'. Point data.root=<dir> at a copy, "
         "or run on synthetic data with data.source=synthetic."
+    )
     (run_dir,) = run_dirs(runs_dir)
     rec = record.read_record(run_dir)
     assert rec["status"] == "failed" and rec["error"].startswith(message)
@@ -134,8 +150,7 @@ def test_dry_run_refusal_writes_no_record(compose, runs_dir):
 
 
 def test_a_dry_run_prints_a_layout_too_large_for_this_machine(compose, runs_dir, capsys):
-    cfg = compose(["nodes=8", "gpus_per_node=8", "launcher=local", "launcher.max_local_processes=8",
-                   "dry_run=true"])
+    cfg = compose(["nodes=8", "gpus_per_node=8", "launcher=local", "launcher.max_local_processes=8", "dry_run=true"])
     assert cli.run(cfg) == 0
     (line,) = [line for line in capsys.readouterr().out.splitlines() if "torch.distributed.run" in line]
     assert "--nproc-per-node=64" in line and "launcher.max_local_processes=8" in line
@@ -157,7 +172,8 @@ def test_workers_that_die_without_a_record_get_a_failed_one(compose, monkeypatch
 
 
 def test_a_stopped_run_whose_workers_wrote_no_record_gets_an_interrupted_one_and_its_resume_command(
-        compose, monkeypatch, tmp_path, capsys):
+    compose, monkeypatch, tmp_path, capsys
+):
     def stopped_launch(cfg, run_dir):  # the workers were killed after torchrun's grace, at step 7
         (run_dir / "progress.json").write_text('{"step": 7}')
         return 130
@@ -177,11 +193,33 @@ def test_write_failed_record_has_every_key_and_is_atomic(compose, tmp_path):
     rec = record.write_failed_record(tmp_path, cfg, "Traceback: boom")
     on_disk = json.loads((tmp_path / record.RECORD_FILE).read_text())
     assert on_disk == json.loads(json.dumps(rec))
-    for key in ("status", "error", "task", "optim", "cluster", "world_size", "batch_size", "global_batch_size",
-                "steps", "throughput_samples_per_s", "throughput_by_stage", "step_time_s",
-                "intra_node_bytes_per_step", "inter_node_bytes_per_step", "fp32_allreduce_bytes_per_step",
-                "link_bytes_per_step", "metrics", "versions", "device", "git_sha", "started", "ended", "lr",
-                "command", "config"):
+    for key in (
+        "status",
+        "error",
+        "task",
+        "optim",
+        "cluster",
+        "world_size",
+        "batch_size",
+        "global_batch_size",
+        "steps",
+        "throughput_samples_per_s",
+        "throughput_by_stage",
+        "step_time_s",
+        "intra_node_bytes_per_step",
+        "inter_node_bytes_per_step",
+        "fp32_allreduce_bytes_per_step",
+        "link_bytes_per_step",
+        "metrics",
+        "versions",
+        "device",
+        "git_sha",
+        "started",
+        "ended",
+        "lr",
+        "command",
+        "config",
+    ):
         assert key in on_disk, key
     assert on_disk["status"] == "failed" and on_disk["error"] == "Traceback: boom"
     assert set(on_disk["cluster"]) == {"name", "nodes", "gpus_per_node", "interconnect", "link_mbit"}
@@ -199,8 +237,13 @@ def test_local_command_runs_the_whole_layout_with_shared_out_threads(compose, tm
     assert "OMP_NUM_THREADS" not in local.command(cfg, tmp_path, env={"OMP_NUM_THREADS": "3"}).env
 
 
-SLURM = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_NODEID": "3", "SLURM_STEP_NUM_NODES": "4",
-         "SLURM_STEP_NODELIST": "gpu[07-09,12]"}
+SLURM = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_STEP_ID": "0",
+    "SLURM_NODEID": "3",
+    "SLURM_STEP_NUM_NODES": "4",
+    "SLURM_STEP_NODELIST": "gpu[07-09,12]",
+}
 
 
 def test_auto_is_torchrun_inside_a_multi_node_slurm_step_and_local_elsewhere(compose):
@@ -224,8 +267,18 @@ def test_torchrun_takes_node_rank_and_rendezvous_from_slurm(compose, tmp_path):
 
 
 def test_settings_win_over_slurm_and_static_rendezvous_passes_the_node_rank(compose, tmp_path):
-    cfg = _resolved(compose, ["launcher=torchrun", "nodes=4", "gpus_per_node=2", "launcher.node_rank=1",
-                              "launcher.master_addr=head", "launcher.rdzv_backend=static", "launcher.master_port=1234"])
+    cfg = _resolved(
+        compose,
+        [
+            "launcher=torchrun",
+            "nodes=4",
+            "gpus_per_node=2",
+            "launcher.node_rank=1",
+            "launcher.master_addr=head",
+            "launcher.rdzv_backend=static",
+            "launcher.master_port=1234",
+        ],
+    )
     assert torchrun.node_rank(cfg, SLURM) == 1
     argv = torchrun.node_command(cfg, tmp_path, 2, SLURM).argv
     assert "--node-rank=2" in argv and "--rdzv-endpoint=head:1234" in argv
@@ -233,13 +286,16 @@ def test_settings_win_over_slurm_and_static_rendezvous_passes_the_node_rank(comp
         torchrun.node_rank(_resolved(compose, ["launcher=torchrun", "nodes=4", "launcher.node_rank=5"]), {})
 
 
-@pytest.mark.parametrize("hostlist,hosts", [
-    ("node01", ["node01"]),
-    ("node[01-03,07]", ["node01", "node02", "node03", "node07"]),
-    ("a[9-11],b", ["a9", "a10", "a11", "b"]),
-    ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
-    ("gpu-a,gpu-b", ["gpu-a", "gpu-b"]),
-])
+@pytest.mark.parametrize(
+    "hostlist,hosts",
+    [
+        ("node01", ["node01"]),
+        ("node[01-03,07]", ["node01", "node02", "node03", "node07"]),
+        ("a[9-11],b", ["a9", "a10", "a11", "b"]),
+        ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
+        ("gpu-a,gpu-b", ["gpu-a", "gpu-b"]),
+    ],
+)
 def test_slurm_host_lists_expand(hostlist, hosts):
     assert slurm_env.expand_hostlist(hostlist) == hosts
 
@@ -251,11 +307,19 @@ def test_worker_writes_a_completed_record_from_the_training_result(compose, tmp_
 
     def fake_train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir, **_):
         seen.update(lr=optimizer.param_groups[0]["lr"], world=topology.world_size, ddp=type(model).__name__)
-        return {"steps": 3, "samples": 24, "throughput_samples_per_s": 10.0, "throughput_by_stage": {},
-                "step_time_s": {"total": 1.0, "compute": 0.5, "communication": 0.3, "compression": 0.2},
-                "intra_node_bytes_per_step": 0.0, "inter_node_bytes_per_step": 0.0,
-                "fp32_allreduce_bytes_per_step": 0.0, "metrics": {"top1": 1.0}, "final_loss": 4.6,
-                "timing_warmup_steps": 1}
+        return {
+            "steps": 3,
+            "samples": 24,
+            "throughput_samples_per_s": 10.0,
+            "throughput_by_stage": {},
+            "step_time_s": {"total": 1.0, "compute": 0.5, "communication": 0.3, "compression": 0.2},
+            "intra_node_bytes_per_step": 0.0,
+            "inter_node_bytes_per_step": 0.0,
+            "fp32_allreduce_bytes_per_step": 0.0,
+            "metrics": {"top1": 1.0},
+            "final_loss": 4.6,
+            "timing_warmup_steps": 1,
+        }
 
     monkeypatch.setattr("birder_repro.train.train", fake_train)
     assert worker.run_worker(run_dir, _lone_process()) == 0
@@ -267,8 +331,11 @@ def test_worker_writes_a_completed_record_from_the_training_result(compose, tmp_
 
 
 def test_worker_failure_writes_the_traceback_and_exits_non_zero(compose, tmp_path, monkeypatch):
-    run_dir = _run_dir(compose, tmp_path, ["nodes=1", "gpus_per_node=1", "data.source=real",
-                                           f"data.root={tmp_path / 'no-such-dataset'}"])
+    run_dir = _run_dir(
+        compose,
+        tmp_path,
+        ["nodes=1", "gpus_per_node=1", "data.source=real", f"data.root={tmp_path / 'no-such-dataset'}"],
+    )
     assert worker.run_worker(run_dir, _lone_process()) == 1
     assert not dist.is_initialized()
     rec = record.read_record(run_dir)
@@ -305,13 +372,24 @@ def test_a_tiny_run_through_the_cli_completes_and_summarises(runs_dir):
 def test_two_torchrun_agents_form_one_run_of_two_nodes(compose, tmp_path, rdzv):
     """The multi-node path on one machine: the per-node commands a dry run prints, started side by side."""
     port = _free_port()
-    cfg = _resolved(compose, TINY + ["train.steps=3", "launcher=torchrun", "gpus_per_node=2",
-                                     f"launcher.rdzv_backend={rdzv}", f"launcher.master_port={port}"])
+    cfg = _resolved(
+        compose,
+        TINY
+        + [
+            "train.steps=3",
+            "launcher=torchrun",
+            "gpus_per_node=2",
+            f"launcher.rdzv_backend={rdzv}",
+            f"launcher.master_port={port}",
+        ],
+    )
     run_dir = tmp_path / "run"
     record.write_run_files(run_dir, cfg, "birder-repro (test)")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen(c.argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-             for c in torchrun.commands(cfg, run_dir, env={})]
+    procs = [
+        subprocess.Popen(c.argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for c in torchrun.commands(cfg, run_dir, env={})
+    ]
     errors = [p.communicate(timeout=300)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], errors[0][-3000:] + errors[1][-3000:]
     rec = record.read_record(run_dir)
@@ -349,8 +427,9 @@ def last_line(text: str) -> str:
 def test_an_added_key_no_config_declares_ends_in_one_line_naming_the_closest(runs_dir):
     out = birder_repro("+train.stepz=3", "logger=none")
     assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert last_line(out.stderr).startswith("[birder-repro] config error: train.stepz: no such setting; "
-                                            "did you mean train.steps?")
+    assert last_line(out.stderr).startswith(
+        "[birder-repro] config error: train.stepz: no such setting; did you mean train.steps?"
+    )
     assert "torch.distributed.run" not in out.stdout
 
 
@@ -366,8 +445,15 @@ def test_a_sweep_with_a_failed_cell_exits_non_zero_and_lists_it(runs_dir):
 
 def test_a_sweep_whose_cells_all_pass_exits_zero_and_lists_nothing(runs_dir):
     """Hydra's own settings (hydra.*) are no unknown keys."""
-    out = birder_repro("-m", "optim.lr=0.1,0.2", "task=digits", "logger=none", "dry_run=true",
-                       f"hydra.sweep.dir={runs_dir / 'mine'}", "+hydra.job.env_set.BIRDER_TEST=1")
+    out = birder_repro(
+        "-m",
+        "optim.lr=0.1,0.2",
+        "task=digits",
+        "logger=none",
+        "dry_run=true",
+        f"hydra.sweep.dir={runs_dir / 'mine'}",
+        "+hydra.job.env_set.BIRDER_TEST=1",
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("torch.distributed.run") == 2 and "sweep:" not in out.stderr
     assert [d.parent for d in run_dirs(runs_dir)] == [runs_dir / "mine"] * 2
@@ -383,9 +469,11 @@ def test_the_table3_dry_run_prints_all_twelve_cells(runs_dir):
 
 def test_ctrl_c_in_a_cell_stops_the_whole_sweep(runs_dir):
     """A cell interrupted (the CLI's run returns 130) ends the sweep at once, with 130, and no report."""
-    code = ("import sys; from birder_repro import cli; "
-            "cli.run = lambda cfg, run_dir=None: print('cell', flush=True) or cli.INTERRUPTED; "
-            "sys.argv = ['birder-repro', '-m', 'nodes=1,2', 'logger=none']; cli.main()")
+    code = (
+        "import sys; from birder_repro import cli; "
+        "cli.run = lambda cfg, run_dir=None: print('cell', flush=True) or cli.INTERRUPTED; "
+        "sys.argv = ['birder-repro', '-m', 'nodes=1,2', 'logger=none']; cli.main()"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == cli.INTERRUPTED and out.stdout.count("cell") == 1
     assert "sweep:" not in out.stderr
@@ -397,11 +485,14 @@ def test_a_pair_without_a_paper_recipe_says_so_at_start(runs_dir):
     assert out.stderr.splitlines()[0] == (
         "[birder-repro] no paper recipe for task=resnet50 optim=adamw (no conf/recipe/resnet50/adamw.yaml): the "
         "generic settings of conf/optim/adamw.yaml apply: lr=0.001, lr_batch_scaling=null, betas=[0.9, 0.999], "
-        "eps=1e-08, weight_decay=0.01")
+        "eps=1e-08, weight_decay=0.01"
+    )
 
 
-@pytest.mark.parametrize("overrides", [["task=resnet50", "optim=sgdm"], ["task=digits", "optim=birder"],
-                                       ["mode=probe", "task=resnet50", "optim=adamw"]])
+@pytest.mark.parametrize(
+    "overrides",
+    [["task=resnet50", "optim=sgdm"], ["task=digits", "optim=birder"], ["mode=probe", "task=resnet50", "optim=adamw"]],
+)
 def test_a_pair_with_a_recipe_or_a_probe_says_nothing_of_one(overrides):
     from conftest import compose_config
 

@@ -8,6 +8,7 @@ on its own.
 from __future__ import annotations
 
 import io
+import itertools
 import socket
 import time
 import traceback
@@ -51,8 +52,9 @@ def _free_port() -> int:
 def _model() -> torch.nn.Module:
     # Matrices large enough for PowerSGD to compress (rank 1: (n + m) * 2 < n * m), and biases it cannot.
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(24, 48), torch.nn.Tanh(), torch.nn.Linear(48, 32), torch.nn.Tanh(),
-                               torch.nn.Linear(32, 3))
+    return torch.nn.Sequential(
+        torch.nn.Linear(24, 48), torch.nn.Tanh(), torch.nn.Linear(48, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3)
+    )
 
 
 def _batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,8 +94,13 @@ def _train(ddp, attach, rank: int, steps: range = range(STEPS), resume_from: dic
     if state is not None:
         out["compress_seconds"] = state.compress_seconds
         out["state_dict"] = state.state_dict()
-    out["checkpoint"] = _through_bytes({"model": ddp.module.state_dict(), "optimizer": opt.state_dict(),
-                                        "hook": state.state_dict() if state is not None else None})
+    out["checkpoint"] = _through_bytes(
+        {
+            "model": ddp.module.state_dict(),
+            "optimizer": opt.state_dict(),
+            "hook": state.state_dict() if state is not None else None,
+        }
+    )
     return out
 
 
@@ -129,8 +136,9 @@ def _worker(rank: int, port: int, outdir: str) -> None:
         "reference": None,
         "allreduce": lambda ddp, opt: attach_allreduce(ddp, opt, topo),
         "fp16": lambda ddp, opt: attach_allreduce(ddp, opt, topo, dtype=torch.float16),
-        "powersgd": lambda ddp, opt: attach_powersgd(ddp, opt, topo, matrix_approximation_rank=1,
-                                                     start_powerSGD_iter=POWERSGD_START),
+        "powersgd": lambda ddp, opt: attach_powersgd(
+            ddp, opt, topo, matrix_approximation_rank=1, start_powerSGD_iter=POWERSGD_START
+        ),
     }
     results = {}
     for name, attach in scenarios.items():
@@ -151,7 +159,7 @@ def _resumed(attach, rank: int) -> dict:
 def _scenario(run) -> dict:
     try:
         result = run()
-    except Exception:  # recorded, so that the other scenarios still run and report
+    except Exception:  # noqa: BLE001 - recorded, so that the other scenarios still run and report
         result = {"error": traceback.format_exc()}
     dist.barrier()
     return result
@@ -228,9 +236,17 @@ def test_allreduce_hook_equals_ddp_bit_for_bit_on_3_and_6_processes(tmp_path):
     mp.spawn(_allreduce_worker, args=(_free_port(), str(tmp_path)), nprocs=6, join=True)
     runs = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(6)]
     for world in (3, 6):
-        differ = [(rank, step) for rank in range(6) for step in range(3)
-                  if not all(torch.equal(a, b) for a, b in zip(_run(runs, f"ddp{world}", rank)["grads"][step],
-                                                                _run(runs, f"hook{world}", rank)["grads"][step]))]
+        differ = [
+            (rank, step)
+            for rank in range(6)
+            for step in range(3)
+            if not all(
+                torch.equal(a, b)
+                for a, b in zip(
+                    _run(runs, f"ddp{world}", rank)["grads"][step], _run(runs, f"hook{world}", rank)["grads"][step]
+                )
+            )
+        ]
         assert not differ, f"{world} processes: (rank, step) pairs whose gradients differ from DDP's: {differ}"
 
 
@@ -268,7 +284,8 @@ def test_powersgd_keeps_ranks_identical_and_sends_less_after_start(runs):
         assert _per_step(got["intra"]) == pytest.approx(expected_intra)
     assert low_inter < full_inter / 5, "rank-1 PowerSGD should send several times less than fp32"
     assert _run(runs, "powersgd", 0)["stages"] == ["warmup"] * POWERSGD_START + ["compression"] * (
-        STEPS - POWERSGD_START)
+        STEPS - POWERSGD_START
+    )
 
     # Before the start, PowerSGD is plain fp32 all-reduce: the same gradients as DDP's default.
     for rank in range(WORLD):
@@ -286,25 +303,30 @@ def test_powersgd_resumes_from_its_state_dict(runs):
     low, _ = ring_allreduce_bytes(_powersgd_expected_numel(_model(), rank=1) * PARAM_DTYPE_BYTES)
     for rank in range(WORLD):
         got = _run(runs, "powersgd_resumed", rank)
-        loaded, after_fp32, after_compressed = (got["loaded"]["powersgd"], got["hook_states"][0]["powersgd"],
-                                                got["hook_states"][1]["powersgd"])
+        loaded, after_fp32, after_compressed = (
+            got["loaded"]["powersgd"],
+            got["hook_states"][0]["powersgd"],
+            got["hook_states"][1]["powersgd"],
+        )
         # The counters continue from the checkpoint's; the first step after the load is fp32, then PowerSGD.
         intra = [got["loaded"]["stats"]["intra_node_bytes"]] + got["intra"]
-        assert [b - a for a, b in zip(intra, intra[1:])] == pytest.approx([full, low])
+        assert [b - a for a, b in itertools.pairwise(intra)] == pytest.approx([full, low])
         # The fp32 step leaves error, P and Q as loaded (DDP rebuilds its buckets meanwhile) and counts the
         # iteration; the compressed step then uses them on buckets of the same sizes.
         for key in ("error_dict", "p_memory_dict", "q_memory_dict"):
             assert loaded[key], f"no {key} was saved: the checkpoint was taken before compression started"
             assert _tensor_dicts_equal(loaded[key], after_fp32[key]), f"rank {rank}: {key} changed in fp32 step"
-            assert {k: v.shape for k, v in after_compressed[key].items()} == {k: v.shape for k, v in
-                                                                               loaded[key].items()}
+            assert {k: v.shape for k, v in after_compressed[key].items()} == {
+                k: v.shape for k, v in loaded[key].items()
+            }
         assert not _tensor_dicts_equal(loaded["error_dict"], after_compressed["error_dict"])
         assert after_fp32["iter"] == loaded["iter"] + 1
         assert got["stages"] == ["warmup", "compression"]
     for step in range(STEPS - SAVE_AT):
         for rank in range(1, WORLD):
-            for p0, p in zip(_run(runs, "powersgd_resumed", 0)["params"][step],
-                             _run(runs, "powersgd_resumed", rank)["params"][step]):
+            for p0, p in zip(
+                _run(runs, "powersgd_resumed", 0)["params"][step], _run(runs, "powersgd_resumed", rank)["params"][step]
+            ):
                 assert torch.equal(p0, p), f"rank {rank} differs from rank 0 {step + 1} steps after the load"
 
 
@@ -358,16 +380,18 @@ def test_bucket_store_follows_a_layout_change_and_loads_into_any_layout():
 
     def read(s: BucketStore, index: int, layout: dict) -> dict:
         b = bucket(s, index, layout)
-        return {p: (b.state["own"][off:off + n].clone(), b.state["cut"][off:off + n].clone(), b.step)
-                for p, off, n in b.signature}
+        return {
+            p: (b.state["own"][off : off + n].clone(), b.state["cut"][off : off + n].clone(), b.step)
+            for p, off, n in b.signature
+        }
 
     old = store()
     for index in saved_layout:
         b = bucket(old, index, saved_layout)
         b.step = 7 + index
         for p, off, n in b.signature:
-            b.state["own"][off:off + n], b.state["cut"][off:off + n] = values[p], -values[p]
-        b.state["own"][b.numel:] = 99.0  # padding: dropped by a layout change
+            b.state["own"][off : off + n], b.state["cut"][off : off + n] = values[p], -values[p]
+        b.state["own"][b.numel :] = 99.0  # padding: dropped by a layout change
     checkpoint = _through_bytes(old.state_dict())
 
     def expect(got: dict, bucket_step: int) -> None:
@@ -415,7 +439,6 @@ def test_timing_adds_each_blocks_seconds_to_its_own_counter():
     assert state.compress_seconds + state.collective_seconds <= wall
 
 
-
 # ------------------------------------------------------------------- what an attach assumed, and per step
 def test_bytes_last_step_is_one_steps_bytes_while_the_counters_stay_cumulative():
     from birder_repro.comm.state import CommState, StepBytes
@@ -442,30 +465,40 @@ def test_gpus_per_node_comes_from_the_argument_or_torchruns_local_world_size():
     assert gpus_per_node_from(None, {})[0] == 1
 
 
-@pytest.mark.parametrize("rank,nodes,m,between,guessed,says,warns", [
-    (0, 1, 4, True, True, "1 node x 4 processes per node (here): one node, so nothing is compressed", True),
-    (0, 1, 4, True, False, "1 node x 4 processes per node (here): one node, so nothing is compressed", False),
-    (0, 1, 4, False, True, "1 node x 4 processes per node (here): one node, so every byte counts as intra", False),
-    (0, 2, 2, True, True, "2 nodes x 2 processes per node (here)", False),
-    (0, 1, 1, True, True, "1 node x 1 process per node (here)", False),  # one process: nothing to compress anyway
-    (1, 1, 4, True, True, None, False),                                   # only rank 0 says it
-])
+@pytest.mark.parametrize(
+    "rank,nodes,m,between,guessed,says,warns",
+    [
+        (0, 1, 4, True, True, "1 node x 4 processes per node (here): one node, so nothing is compressed", True),
+        (0, 1, 4, True, False, "1 node x 4 processes per node (here): one node, so nothing is compressed", False),
+        (0, 1, 4, False, True, "1 node x 4 processes per node (here): one node, so every byte counts as intra", False),
+        (0, 2, 2, True, True, "2 nodes x 2 processes per node (here)", False),
+        (0, 1, 1, True, True, "1 node x 1 process per node (here)", False),  # one process: nothing to compress anyway
+        (1, 1, 4, True, True, None, False),  # only rank 0 says it
+    ],
+)
 def test_an_attach_says_its_layout_on_rank_0_and_warns_where_one_node_compresses_nothing(
-        caplog, rank, nodes, m, between, guessed, says, warns):
+    caplog, rank, nodes, m, between, guessed, says, warns
+):
     import warnings
 
     from birder_repro.comm.topology import Topology, announce_layout
 
     with caplog.at_level("INFO", logger="birder_repro.comm"), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        announce_layout("attach_x", Topology(rank=rank, world_size=nodes * m, gpus_per_node=m), "here",
-                        between_nodes=between, guessed=guessed)
+        announce_layout(
+            "attach_x",
+            Topology(rank=rank, world_size=nodes * m, gpus_per_node=m),
+            "here",
+            between_nodes=between,
+            guessed=guessed,
+        )
     lines = [r.getMessage() for r in caplog.records if r.name == "birder_repro.comm"]
     assert len(lines) == (says is not None) and all(line.startswith(f"attach_x: {says}") for line in lines)
     assert len(caught) == warns
     if warns:
-        assert str(caught[0].message).startswith("attach_x: all 4 processes form one node (here), so nothing is "
-                                                 "compressed between nodes")
+        assert str(caught[0].message).startswith(
+            "attach_x: all 4 processes form one node (here), so nothing is compressed between nodes"
+        )
         assert "gpus_per_node=<processes per machine>" in str(caught[0].message)
 
 
@@ -510,8 +543,12 @@ def _attach_birder_without_gpus_per_node(rank: int, world: int, local_world_size
         opt.zero_grad()
         steps.append(tuple(state.bytes_last_step()))
     state.close()
-    return {"said": said, "warned": [str(w.message) for w in caught], "steps": steps,
-            "total": (state.intra_node_bytes, state.inter_node_bytes)}
+    return {
+        "said": said,
+        "warned": [str(w.message) for w in caught],
+        "steps": steps,
+        "total": (state.intra_node_bytes, state.inter_node_bytes),
+    }
 
 
 @pytest.mark.parametrize("local_world_size", ["2", "1"])

@@ -5,12 +5,12 @@ from __future__ import annotations
 import re
 
 import pytest
+from conftest import CONF_DIR, compose_config
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from birder_repro import checks  # noqa: F401 - validate runs the higher layers' section checks too
 from birder_repro import config as layout
-from conftest import CONF_DIR, compose_config
 
 # Groups whose options are chosen on the command line (recipe/ is chosen by the task x optim pair).
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "recipe")
@@ -136,8 +136,11 @@ def test_device_and_backend(compose):
     # auto: the CPU where no GPU is visible, the GPUs where every process has one, and never a silent fallback
     assert layout.resolve_device(cfg, local_processes=4, gpu_count=0) == "cpu"
     assert layout.resolve_device(cfg, local_processes=8, gpu_count=8) == "cuda"
-    with pytest.raises(layout.ConfigError, match=r"device=auto needs a GPU for each of the 4 processes.*2 are "
-                                                 r"visible.*device=cpu"):
+    with pytest.raises(
+        layout.ConfigError,
+        match=r"device=auto needs a GPU for each of the 4 processes.*2 are "
+        r"visible.*device=cpu",
+    ):
         layout.resolve_device(cfg, local_processes=4, gpu_count=2)
     assert layout.resolve_backend(cfg, "cuda") == "nccl"
     assert layout.resolve_backend(cfg, "cpu") == "gloo"
@@ -148,20 +151,30 @@ def test_device_and_backend(compose):
         layout.resolve_backend(compose(["cluster.backend=nccl"]), "cpu")
 
 
-@pytest.mark.parametrize("override,named", [
-    ("nodes=0", "nodes"), ("train.batch_size=0", "train.batch_size"), ("train.steps=0", "train.steps"),
-    ("optim.comm.scheme=ring", "optim.comm.scheme"), ("data.source=fake", "data.source"),
-    ("cluster.backend=mpi", "cluster.backend"), ("gpus_per_node=0", "gpus_per_node"), ("optim.lr=0", "optim.lr"),
-    ("optim.lr_batch_scaling=-256", "optim.lr_batch_scaling"), ("launcher.rdzv_backend=etcd", "rdzv_backend"),
-])
+@pytest.mark.parametrize(
+    "override,named",
+    [
+        ("nodes=0", "nodes"),
+        ("train.batch_size=0", "train.batch_size"),
+        ("train.steps=0", "train.steps"),
+        ("optim.comm.scheme=ring", "optim.comm.scheme"),
+        ("data.source=fake", "data.source"),
+        ("cluster.backend=mpi", "cluster.backend"),
+        ("gpus_per_node=0", "gpus_per_node"),
+        ("optim.lr=0", "optim.lr"),
+        ("optim.lr_batch_scaling=-256", "optim.lr_batch_scaling"),
+        ("launcher.rdzv_backend=etcd", "rdzv_backend"),
+    ],
+)
 def test_invalid_values_are_errors_naming_the_setting(compose, override, named):
     with pytest.raises(layout.ConfigError, match=named.replace(".", r"\.")):
         layout.validate(compose([override]))
 
 
 def test_resolve_gives_what_workers_read(compose):
-    cfg = compose(["task=resnet50", "optim=birder", "nodes=2", "gpus_per_node=4", "train.batch_size=32"],
-                  hydra_config=True)
+    cfg = compose(
+        ["task=resnet50", "optim=birder", "nodes=2", "gpus_per_node=4", "train.batch_size=32"], hydra_config=True
+    )
     out = layout.resolve(cfg, gpu_count=0)
     assert "hydra" not in out and OmegaConf.is_struct(out)
     assert out.gpus_per_node == 4 and isinstance(out.gpus_per_node, int)
@@ -174,21 +187,37 @@ def test_resolve_gives_what_workers_read(compose):
 @pytest.mark.parametrize("task", TASKS)
 def test_the_readme_overrides_work_for_every_task(task):
     """train.steps, train.batch_size, data.source, data.root and model.size work as written everywhere."""
-    cfg = compose_config([f"task={task}", "train.steps=3", "train.batch_size=2", "data.source=synthetic",
-                          "data.root=/nowhere", "model.size=tiny"])
-    assert (cfg.train.steps, cfg.train.batch_size, cfg.data.source, cfg.data.root, cfg.model.size) == \
-        (3, 2, "synthetic", "/nowhere", "tiny")
+    cfg = compose_config(
+        [
+            f"task={task}",
+            "train.steps=3",
+            "train.batch_size=2",
+            "data.source=synthetic",
+            "data.root=/nowhere",
+            "model.size=tiny",
+        ]
+    )
+    assert (cfg.train.steps, cfg.train.batch_size, cfg.data.source, cfg.data.root, cfg.model.size) == (
+        3,
+        2,
+        "synthetic",
+        "/nowhere",
+        "tiny",
+    )
 
 
 # ------------------------------------------------------------------------- a value of the wrong type
-@pytest.mark.parametrize("override,message", [
-    ("optim.lr=abc", "optim.lr='abc': use a number"),
-    ("optim.beta=abc", "optim.beta='abc': use a number"),
-    ("train.eval=yes", "train.eval='yes': use true or false"),
-    ("train.schedule.milestones=0.5", "train.schedule.milestones=0.5: use a list"),
-    ("train=3", "train=3: it is a section"),
-    ("data.root=[a,b]", "data.root=['a', 'b']: use a single value"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("optim.lr=abc", "optim.lr='abc': use a number"),
+        ("optim.beta=abc", "optim.beta='abc': use a number"),
+        ("train.eval=yes", "train.eval='yes': use true or false"),
+        ("train.schedule.milestones=0.5", "train.schedule.milestones=0.5: use a list"),
+        ("train=3", "train=3: it is a section"),
+        ("data.root=[a,b]", "data.root=['a', 'b']: use a single value"),
+    ],
+)
 def test_a_value_of_the_wrong_type_is_one_error_naming_the_key(override, message):
     from birder_repro import cli
 
@@ -198,13 +227,16 @@ def test_a_value_of_the_wrong_type_is_one_error_naming_the_key(override, message
     assert str(err.value).startswith(message)
 
 
-@pytest.mark.parametrize("overrides,wrong", [
-    (["optim.lr=1"], "optim.lr=abc"),                 # an int where the default is a float
-    (["train.grad_clip=null", "task=vit"], "train.grad_clip=abc"),  # null: "not set", anywhere
-    (["gpus_per_node=auto", "experiment=table1"], "gpus_per_node=[1,2]"),  # the experiment's 8 replaces auto
-    (["data.root=123"], "data.root=[a,b]"),           # text takes any single value
-    (["task=lstm_ptb", "data.bptt=35"], "data.bptt=abc"),  # a key the task group adds
-])
+@pytest.mark.parametrize(
+    "overrides,wrong",
+    [
+        (["optim.lr=1"], "optim.lr=abc"),  # an int where the default is a float
+        (["train.grad_clip=null", "task=vit"], "train.grad_clip=abc"),  # null: "not set", anywhere
+        (["gpus_per_node=auto", "experiment=table1"], "gpus_per_node=[1,2]"),  # the experiment's 8 replaces auto
+        (["data.root=123"], "data.root=[a,b]"),  # text takes any single value
+        (["task=lstm_ptb", "data.bptt=35"], "data.bptt=abc"),  # a key the task group adds
+    ],
+)
 def test_values_of_the_right_kind_pass_the_type_check(overrides, wrong):
     """Each passes; the same config with one value of the wrong kind beside it is refused, naming that key, so
     the pass is the check's verdict and not a check that looked at nothing."""
@@ -248,11 +280,14 @@ def test_data_workers_must_be_auto_or_a_whole_number(compose, value):
 
 
 # ------------------------------------------------------------------------------- a key no config declares
-@pytest.mark.parametrize("override,named,closest", [
-    ("+train.stepz=3", "train.stepz", "train.steps"),
-    ("+optim.betaz=[0.9,0.9]", "optim.betaz", "optim.betas"),
-    ("+nodez=2", "nodez", "nodes"),
-])
+@pytest.mark.parametrize(
+    "override,named,closest",
+    [
+        ("+train.stepz=3", "train.stepz", "train.steps"),
+        ("+optim.betaz=[0.9,0.9]", "optim.betaz", "optim.betas"),
+        ("+nodez=2", "nodez", "nodes"),
+    ],
+)
 def test_an_added_key_no_config_declares_is_refused_with_the_closest_one(override, named, closest):
     from birder_repro import cli
 
@@ -262,8 +297,16 @@ def test_an_added_key_no_config_declares_is_refused_with_the_closest_one(overrid
     assert str(err.value).startswith(f"{named}: no such setting; did you mean {closest}?")
 
 
-@pytest.mark.parametrize("overrides", [["task=lstm_ptb"], ["experiment=table2"], ["task=vit", "optim=onebit_adam"],
-                                       ["cluster=emulated", "launcher=slurm"], ["hydra.job.chdir=false"]])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["task=lstm_ptb"],
+        ["experiment=table2"],
+        ["task=vit", "optim=onebit_adam"],
+        ["cluster=emulated", "launcher=slurm"],
+        ["hydra.job.chdir=false"],
+    ],
+)
 def test_the_keys_the_chosen_groups_add_are_known(overrides):
     from birder_repro import cli
 

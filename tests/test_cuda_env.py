@@ -18,12 +18,15 @@ from birder_repro import cuda_env
 
 REPO = Path(__file__).resolve().parent.parent
 H100 = "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0f5c)"
-PROC_VERSION = ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.90.07  Release Build  "
-                "(dvs-builder@U16-I3-B03-4-3)  Fri May 31 09:35:42 UTC 2024\nGCC version:  gcc version 12.3.0\n")
+PROC_VERSION = (
+    "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.90.07  Release Build  "
+    "(dvs-builder@U16-I3-B03-4-3)  Fri May 31 09:35:42 UTC 2024\nGCC version:  gcc version 12.3.0\n"
+)
 
 
-def stand_in(tmp_path: Path, driver: str | None = "570.124.06", gpus: int = 1, smi: bool = True,
-             proc: bool = False) -> dict[str, str]:
+def stand_in(
+    tmp_path: Path, driver: str | None = "570.124.06", gpus: int = 1, smi: bool = True, proc: bool = False
+) -> dict[str, str]:
     """A fake ``/`` with ``/dev/nvidia<i>`` (and ``/proc/driver/nvidia/version``) and a fake ``nvidia-smi`` that
     answers ``-L`` and the driver query as the real one does; the environment that points the probe at them."""
     root = tmp_path / "root"
@@ -36,8 +39,10 @@ def stand_in(tmp_path: Path, driver: str | None = "570.124.06", gpus: int = 1, s
         (root / "proc/driver/nvidia/version").write_text(PROC_VERSION)
     script = tmp_path / "nvidia-smi"
     listing = "\\n".join(H100.replace("GPU 0", f"GPU {i}") for i in range(gpus))
-    script.write_text("#!/bin/sh\n" + ("exit 9\n" if not smi else
-                      f'case "$1" in -L) printf "{listing}\\n";; *) printf "{driver}\\n";; esac\n'))
+    script.write_text(
+        "#!/bin/sh\n"
+        + ("exit 9\n" if not smi else f'case "$1" in -L) printf "{listing}\\n";; *) printf "{driver}\\n";; esac\n')
+    )
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return {cuda_env.ROOT_ENV: str(root), cuda_env.SMI_ENV: str(script)}
 
@@ -87,8 +92,11 @@ def test_a_machine_without_nvidia_devices_has_nothing_to_diagnose(tmp_path):
 # ------------------------------------------------------------------------------------------ the runner
 def test_device_auto_stops_on_unusable_cuda_and_device_cpu_still_runs(compose):
     why = lambda: "this machine has 8 NVIDIA GPUs, but its NVIDIA driver 570 is older ..."  # noqa: E731
-    with pytest.raises(layout.ConfigError, match=r"device=auto: torch sees no CUDA device, and this machine has 8 "
-                                                 r"NVIDIA GPUs.*driver 570.*or set device=cpu"):
+    with pytest.raises(
+        layout.ConfigError,
+        match=r"device=auto: torch sees no CUDA device, and this machine has 8 "
+        r"NVIDIA GPUs.*driver 570.*or set device=cpu",
+    ):
         layout.resolve_device(compose([]), local_processes=1, gpu_count=0, why_no_cuda=why)
     with pytest.raises(layout.ConfigError, match="device=cuda: torch sees no CUDA device"):
         layout.resolve_device(compose(["device=cuda"]), local_processes=1, gpu_count=0, why_no_cuda=why)
@@ -97,11 +105,35 @@ def test_device_auto_stops_on_unusable_cuda_and_device_cpu_still_runs(compose):
 
 
 def _cli(tmp_path: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "birder_repro.cli", "task=digits", "optim=sgdm", "logger=none", "model.size=tiny",
-           "data.source=synthetic", "train.steps=1", "train.eval=false", "nodes=1", "gpus_per_node=1", *args]
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **env, "BIRDER_RUNS": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1",
-                               "CUDA_VISIBLE_DEVICES": ""})
+    cmd = [
+        sys.executable,
+        "-m",
+        "birder_repro.cli",
+        "task=digits",
+        "optim=sgdm",
+        "logger=none",
+        "model.size=tiny",
+        "data.source=synthetic",
+        "train.steps=1",
+        "train.eval=false",
+        "nodes=1",
+        "gpus_per_node=1",
+        *args,
+    ]
+    return subprocess.run(
+        cmd,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            **os.environ,
+            **env,
+            "BIRDER_RUNS": str(tmp_path / "runs"),
+            "OMP_NUM_THREADS": "1",
+            "CUDA_VISIBLE_DEVICES": "",
+        },
+    )
 
 
 def test_the_cli_on_a_gpu_node_without_usable_cuda_stops_in_one_line(tmp_path):

@@ -13,11 +13,11 @@ import torch
 from omegaconf import OmegaConf
 
 from birder_repro import record
+from birder_repro.config import ConfigError
 from birder_repro.report import records as report_records
 from birder_repro.report import tables
 from birder_repro.train.divergence import Diverged, DivergenceWatch
 from birder_repro.train.settings import TrainSettings
-from birder_repro.config import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 NAN, CPU = float("nan"), torch.device("cpu")
@@ -102,14 +102,25 @@ def test_a_bad_setting_names_the_key():
 
 def _diverged_and_completed(tmp_path):
     """A completed SGDM run and a diverged AdamW run of the same cell, as their records."""
-    cfg = OmegaConf.create({"task": {"name": "digits"}, "optim": {"name": "sgdm", "lr": 0.1},
-                            "cluster": {"name": "local"}, "nodes": 1, "gpus_per_node": 1,
-                            "train": {"batch_size": 32}})
-    done = record.completed_record(cfg, tmp_path / "a", {"throughput_samples_per_s": 1234.5,
-                                                        "metrics": {"top1": 0.97}, "headline_metric": "top1"},
-                                   started="2026-01-01T00:00:00+00:00")
-    diverged = record.diverged_record(cfg, tmp_path / "b", 16, "diverged at step 16: ...",
-                                      started="2026-01-01T00:00:01+00:00")
+    cfg = OmegaConf.create(
+        {
+            "task": {"name": "digits"},
+            "optim": {"name": "sgdm", "lr": 0.1},
+            "cluster": {"name": "local"},
+            "nodes": 1,
+            "gpus_per_node": 1,
+            "train": {"batch_size": 32},
+        }
+    )
+    done = record.completed_record(
+        cfg,
+        tmp_path / "a",
+        {"throughput_samples_per_s": 1234.5, "metrics": {"top1": 0.97}, "headline_metric": "top1"},
+        started="2026-01-01T00:00:00+00:00",
+    )
+    diverged = record.diverged_record(
+        cfg, tmp_path / "b", 16, "diverged at step 16: ...", started="2026-01-01T00:00:01+00:00"
+    )
     diverged["optim"] = "adamw"
     return [(tmp_path / "a", done), (tmp_path / "b", diverged)]
 
@@ -128,9 +139,24 @@ def test_tables_show_a_diverged_cell_as_diverged_never_as_a_number(tmp_path):
 @pytest.mark.parametrize("args", [["nodes=1", "gpus_per_node=1", "train.steps=60"]])
 def test_sgdm_with_a_huge_lr_ends_as_diverged_in_one_line(tmp_path, args):
     runs = tmp_path / "runs"
-    out = subprocess.run([sys.executable, "-m", "birder_repro.cli", "task=digits", "optim=sgdm", "optim.lr=1e4",
-                          "logger=none", "train.eval=false", *args], cwd=REPO, capture_output=True, text=True,
-                         timeout=300, env={**os.environ, "BIRDER_RUNS": str(runs), "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "birder_repro.cli",
+            "task=digits",
+            "optim=sgdm",
+            "optim.lr=1e4",
+            "logger=none",
+            "train.eval=false",
+            *args,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "BIRDER_RUNS": str(runs), "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 3, out.stdout[-2000:] + out.stderr[-2000:]
     last = out.stderr.strip().splitlines()[-1]
     [path] = list(runs.rglob(record.RECORD_FILE))
@@ -146,6 +172,7 @@ def _loop_with_a_hook_that_skips_every_step(tmp_path, precision: str):
     (as a hook's does when GradScaler searches for a scale, or when every gradient is non-finite)."""
     sys.path.insert(0, str(Path(__file__).parent))
     import test_train as tiny
+
     from birder_repro.comm.accounting import CommStats
     from birder_repro.comm.topology import Topology
     from birder_repro.train import train
@@ -165,9 +192,17 @@ def _loop_with_a_hook_that_skips_every_step(tmp_path, precision: str):
     torch.manual_seed(0)
     model = tiny.tiny_model()
     cfg = tiny.make_config(tmp_path, steps=6, eval=False, diverge_after=3, precision=precision)
-    return train(cfg, task=tiny.BlobsTask(), data=tiny.blobs_data(0, 1, 8), model=model,
-                 optimizer=torch.optim.SGD(model.parameters(), lr=0.1), comm=SkipsEveryStep(),
-                 topology=Topology(rank=0, world_size=1, gpus_per_node=1), device=CPU, run_dir=tmp_path)
+    return train(
+        cfg,
+        task=tiny.BlobsTask(),
+        data=tiny.blobs_data(0, 1, 8),
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        comm=SkipsEveryStep(),
+        topology=Topology(rank=0, world_size=1, gpus_per_node=1),
+        device=CPU,
+        run_dir=tmp_path,
+    )
 
 
 def test_the_loop_applies_fp16s_rule_and_fp32s(tmp_path):

@@ -50,14 +50,15 @@ def test_a_broken_link_is_noticed(tmp_path):
 
 def test_every_docs_page_is_in_the_index():
     index = (REPO / "docs" / "README.md").read_text()
-    missing = [p.name for p in PAGES if p.parent.name == "docs" and p.name != "README.md"
-               and f"]({p.name})" not in index]
+    missing = [
+        p.name for p in PAGES if p.parent.name == "docs" and p.name != "README.md" and f"]({p.name})" not in index
+    ]
     assert not missing, f"docs/README.md does not list {missing}"
 
 
 def test_the_readme_quick_start_is_what_make_run_runs():
     makefile = (REPO / "Makefile").read_text()
-    recipe = makefile[makefile.index("\nrun:"):].split("\n")[2]
+    recipe = makefile[makefile.index("\nrun:") :].split("\n")[2]
     assert QUICK_START.removeprefix("birder-repro") in recipe, recipe
     assert QUICK_START in (REPO / "README.md").read_text()
 
@@ -80,7 +81,7 @@ def readme_section(heading: str) -> str:
     readme = (REPO / "README.md").read_text()
     start = readme.index(heading)
     end = readme.find("\n## ", start + len(heading))
-    return readme[start:end if end > 0 else None]
+    return readme[start : end if end > 0 else None]
 
 
 @pytest.mark.parametrize("heading", sorted(EXPERIMENT_SECTIONS))

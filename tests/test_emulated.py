@@ -1,5 +1,6 @@
 """cluster=emulated: the fabric's plan and commands, the node commands (the link counters as a probe of the
-training loop: tests/test_probes.py), and (as root, with iproute2) real namespaces: shaped links, counted bytes, and nothing of ours
+training loop: tests/test_probes.py), and (as root, with iproute2) real namespaces: shaped links, counted bytes,
+and nothing of ours
 left after a run that ends, fails, is stopped, or is killed with SIGKILL and followed by another run.
 
 The fast tests that make namespaces run trivial node commands in them (a Python one-liner instead of
@@ -27,14 +28,21 @@ from birder_repro import config as layout
 from birder_repro.launch import choose_launcher, emulated, netns
 from birder_repro.launch.process import Command
 
-
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
 CAN_NETNS = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
-needs_netns = pytest.mark.skipif(not CAN_NETNS, reason="needs root and iproute2 (ip, tc) to make network "
-                                                       "namespaces (apt-get install -y iproute2)")
-TINY = ["experiment=smoke", "logger=none", "model.size=tiny", "train.batch_size=8",
-        "data.synthetic_train_size=64", "data.synthetic_eval_size=16", "train.eval_max_batches=1"]
+needs_netns = pytest.mark.skipif(
+    not CAN_NETNS, reason="needs root and iproute2 (ip, tc) to make network namespaces (apt-get install -y iproute2)"
+)
+TINY = [
+    "experiment=smoke",
+    "logger=none",
+    "model.size=tiny",
+    "train.batch_size=8",
+    "data.synthetic_train_size=64",
+    "data.synthetic_eval_size=16",
+    "train.eval_max_batches=1",
+]
 
 
 def resolved(compose, overrides):
@@ -98,12 +106,19 @@ def test_each_node_runs_the_cli_with_the_users_overrides_as_one_node_in_its_name
     for k, cmd in enumerate(cmds):
         assert cmd.argv[:4] == ["ip", "netns", "exec", f"bdrp-a1b2c3-{k}"]
         pin = emulated.pin_prefix(cfg, k)  # taskset where this machine has a core per node
-        assert cmd.argv[4:4 + len(pin)] == pin
-        cli_args = cmd.argv[4 + len(pin):]
+        assert cmd.argv[4 : 4 + len(pin)] == pin
+        cli_args = cmd.argv[4 + len(pin) :]
         assert cli_args[1:3] == ["-m", "birder_repro.cli"]
-        assert cli_args[3:] == ["cluster=emulated", *overrides, "launcher=torchrun", f"launcher.node_rank={k}",
-                                "launcher.master_addr=10.77.0.1", "launcher.rdzv_id=emulated-a1b2c3",
-                                f"hydra.run.dir={run_dir.resolve()}", "hydra.output_subdir=null"]
+        assert cli_args[3:] == [
+            "cluster=emulated",
+            *overrides,
+            "launcher=torchrun",
+            f"launcher.node_rank={k}",
+            "launcher.master_addr=10.77.0.1",
+            "launcher.rdzv_id=emulated-a1b2c3",
+            f"hydra.run.dir={run_dir.resolve()}",
+            "hydra.output_subdir=null",
+        ]
         assert cmd.env[emulated.NODE_ENV] == str(k)  # the node's CLI builds no fabric
         assert cmd.env["PET_LOCAL_ADDR"] == f"10.77.0.{k + 1}"  # torchrun --local-addr
         assert cmd.env["PET_RDZV_CONF"] == f"is_host={int(k == 0)}"  # torchrun --rdzv-conf
@@ -120,17 +135,28 @@ def test_a_nodes_cli_starts_that_nodes_torchrun_at_node_0(compose, tmp_path):
     overrides = ["nodes=2", "gpus_per_node=2", "launcher.master_port=4321", "logger=none"]
     cfg, run_dir = node_run_dir(compose, tmp_path, overrides)
     cmd = emulated.commands(cfg, run_dir, emulated.fabric_for(cfg, run_id="a1b2c3"), env={})[1]
-    cli_args = cmd.argv[cmd.argv.index(sys.executable):]
+    cli_args = cmd.argv[cmd.argv.index(sys.executable) :]
     node_cli = compose(["cluster=emulated", "launcher=torchrun"])
     assert choose_launcher(node_cli, env={emulated.NODE_ENV: "1"}) == "torchrun"
-    out = subprocess.run([*cli_args, "dry_run=true"], cwd=REPO, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, **cmd.env, "BIRDER_RUNS": str(tmp_path / "elsewhere")})
+    out = subprocess.run(
+        [*cli_args, "dry_run=true"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **cmd.env, "BIRDER_RUNS": str(tmp_path / "elsewhere")},
+    )
     assert out.returncode == 0, out.stderr
     assert f"Run directory with the resolved config: {run_dir.resolve()}" in out.stdout
     lines = [line for line in out.stdout.splitlines() if "torch.distributed.run" in line]
     assert len(lines) == 2  # a torchrun dry run prints every node's line; they are the same with c10d
-    for arg in ("--nnodes=2", "--nproc-per-node=2", "--rdzv-endpoint=10.77.0.1:4321", "--rdzv-id=emulated-a1b2c3",
-                f"--run-dir {run_dir.resolve()}"):
+    for arg in (
+        "--nnodes=2",
+        "--nproc-per-node=2",
+        "--rdzv-endpoint=10.77.0.1:4321",
+        "--rdzv-id=emulated-a1b2c3",
+        f"--run-dir {run_dir.resolve()}",
+    ):
         assert arg in lines[1], arg
     assert not (tmp_path / "elsewhere").exists() and not (run_dir / ".hydra").exists()
 
@@ -155,9 +181,13 @@ def test_emulated_is_chosen_by_auto_and_refuses_other_launchers_and_netem(compos
     assert choose_launcher(compose(["cluster=emulated"]), env={}) == "emulated"
     with pytest.raises(layout.ConfigError, match="launcher=auto"):
         choose_launcher(compose(["cluster=emulated", "launcher=local"]), env={})
-    for overrides, key in ((["cluster.latency_ms=5"], "cluster.latency_ms"), (["device=cuda"], "device=cpu"),
-                           (["cluster.link_mbit=0"], "cluster.link_mbit"), (["nodes=100"], "nodes=100"),
-                           (["nodes=2", "gpus_per_node=8"], "max_local_processes")):
+    for overrides, key in (
+        (["cluster.latency_ms=5"], "cluster.latency_ms"),
+        (["device=cuda"], "device=cpu"),
+        (["cluster.link_mbit=0"], "cluster.link_mbit"),
+        (["nodes=100"], "nodes=100"),
+        (["nodes=2", "gpus_per_node=8"], "max_local_processes"),
+    ):
         cfg = resolved(compose, overrides)
         with pytest.raises(layout.ConfigError, match=re.escape(key)):
             emulated.check_config(cfg)
@@ -174,13 +204,29 @@ def test_require_tools_says_what_to_do(monkeypatch):
 
 
 def test_dry_run_prints_the_fabric_and_one_cli_per_namespace_and_makes_nothing(runs_dir):
-    out = subprocess.run([sys.executable, "-m", "birder_repro.cli", "cluster=emulated", "nodes=4", "dry_run=true",
-                          "cluster.link_mbit=100"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "birder_repro.cli",
+            "cluster=emulated",
+            "nodes=4",
+            "dry_run=true",
+            "cluster.link_mbit=100",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     nodes = [line for line in out.stdout.splitlines() if "-m birder_repro.cli" in line]
-    assert len(nodes) == 4 and all(line.startswith(f"{emulated.NODE_ENV}=") and " &  # node " in line
-                                   and "cluster=emulated nodes=4 cluster.link_mbit=100 launcher=torchrun" in line
-                                   for line in nodes)
+    assert len(nodes) == 4 and all(
+        line.startswith(f"{emulated.NODE_ENV}=")
+        and " &  # node " in line
+        and "cluster=emulated nodes=4 cluster.link_mbit=100 launcher=torchrun" in line
+        for line in nodes
+    )
     assert out.stdout.count("root tbf rate 100mbit burst 12500 latency 100ms") == 8
     assert "ip netns delete" in out.stdout
     assert not list(runs_dir.rglob(record.RECORD_FILE))
@@ -197,8 +243,11 @@ def test_read_counters_from_sysfs_and_snmp(tmp_path):
     (stats / "tx_packets").write_text("100\n")
     snmp = tmp_path / "snmp"
     snmp.write_text("Ip: Forwarding\nIp: 1\nTcp: RtoAlgorithm RetransSegs InErrs\nTcp: 1 7 0\n")
-    assert netns.read_counters("veth0", tmp_path / "net", snmp) == {"tx_bytes": 123456, "tx_packets": 100,
-                                                                     "retrans_segs": 7}
+    assert netns.read_counters("veth0", tmp_path / "net", snmp) == {
+        "tx_bytes": 123456,
+        "tx_packets": 100,
+        "retrans_segs": 7,
+    }
 
 
 # ---------------------------------------------------------------------------------- running the nodes
@@ -207,12 +256,16 @@ def test_a_failed_node_stops_the_others_and_its_code_is_returned(tmp_path, capsy
     handler says so in the log: a node that ran to its end, or was killed outright, says nothing) and return
     node 1's code. No clock: a launcher that never stopped node 0 would hit pytest's timeout instead."""
     py, ready = sys.executable, tmp_path / "node0-ready"
-    waiting = (f"import pathlib, signal, sys, time\n"
-               f"signal.signal(signal.SIGTERM, lambda *a: (print('stopped by SIGTERM', flush=True), sys.exit(0)))\n"
-               f"print('waiting', flush=True); pathlib.Path({str(ready)!r}).touch(); time.sleep(600)")
-    failing = (f"import pathlib, sys, time\n"
-               f"while not pathlib.Path({str(ready)!r}).exists(): time.sleep(0.05)\n"
-               f"print('boom', flush=True); sys.exit(3)")
+    waiting = (
+        f"import pathlib, signal, sys, time\n"
+        f"signal.signal(signal.SIGTERM, lambda *a: (print('stopped by SIGTERM', flush=True), sys.exit(0)))\n"
+        f"print('waiting', flush=True); pathlib.Path({str(ready)!r}).touch(); time.sleep(600)"
+    )
+    failing = (
+        f"import pathlib, sys, time\n"
+        f"while not pathlib.Path({str(ready)!r}).exists(): time.sleep(0.05)\n"
+        f"print('boom', flush=True); sys.exit(3)"
+    )
     cmds = [Command([py, "-c", waiting]), Command([py, "-c", failing])]
     assert emulated.run_nodes(cmds, tmp_path / "output.log", grace_s=1.0) == 3
     log = (tmp_path / "output.log").read_text()
@@ -239,16 +292,19 @@ LAUNCHER = textwrap.dedent("""
     sys.exit(emulated.launch(cfg, {run_dir!r}))
 """)
 WAIT = "import time; print('up', flush=True); time.sleep(600)"
-CHECK_LINK = ("import os; from birder_repro.launch import netns; "
-              "print('counters', netns.read_counters(os.environ['BIRDER_LINK_IFACE']), flush=True)")
+CHECK_LINK = (
+    "import os; from birder_repro.launch import netns; "
+    "print('counters', netns.read_counters(os.environ['BIRDER_LINK_IFACE']), flush=True)"
+)
 
 
 def start_launcher(tmp_path: Path, node_code: str) -> tuple[subprocess.Popen, Path]:
     run_dir = tmp_path / f"run{len(list(tmp_path.glob('run*')))}"
     run_dir.mkdir()
     script = LAUNCHER.format(tests=str(TESTS), node_code=node_code, run_dir=str(run_dir))
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     return proc, run_dir
 
 
@@ -274,15 +330,20 @@ def wait_for_fabric(before: set[str], launcher: subprocess.Popen) -> str:
             if all(pids) and any(_descends_from(pid, launcher.pid) for node in pids for pid in node):
                 return run_id
         time.sleep(0.2)
-    raise AssertionError(f"the launcher ended ({launcher.returncode}) before its fabric appeared: "
-                         f"{launcher.communicate()[0]}")
+    raise AssertionError(
+        f"the launcher ended ({launcher.returncode}) before its fabric appeared: {launcher.communicate()[0]}"
+    )
 
 
 def test_hosts_file_names_every_node_in_ipv4_and_ipv4_mapped_ipv6_form():
     fabric = netns.plan_fabric(2, "10.77.0.0/24", netns.Shaping(None), run_id="a1b2c3")
     lines = set(netns.hosts_file(fabric, fabric.nodes[1], "vm").splitlines())
-    for address, name in [("127.0.0.1", "localhost"), ("10.77.0.2", "vm"), ("10.77.0.1", "bdrp-a1b2c3-0"),
-                          ("10.77.0.2", "bdrp-a1b2c3-1")]:
+    for address, name in [
+        ("127.0.0.1", "localhost"),
+        ("10.77.0.2", "vm"),
+        ("10.77.0.1", "bdrp-a1b2c3-0"),
+        ("10.77.0.2", "bdrp-a1b2c3-1"),
+    ]:
         assert {f"{address} {name}", f"::ffff:{address} {name}"} <= lines
     assert "::1 localhost" in lines
 
@@ -297,11 +358,24 @@ def test_namespaces_name_their_nodes_without_dns():
     netns.create(fabric)
     try:
         for node in fabric.nodes:
-            out = subprocess.run(["ip", "netns", "exec", node.netns, sys.executable, "-c", textwrap.dedent(f"""
+            out = subprocess.run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    node.netns,
+                    sys.executable,
+                    "-c",
+                    textwrap.dedent(f"""
                 import socket
                 for a in ("{fabric.nodes[0].address}", "{fabric.nodes[1].address}", "127.0.0.1"):
                     print(socket.getnameinfo((a, 0), 0)[0], socket.getnameinfo(("::ffff:" + a, 0, 0, 0), 0)[0])
-                print(socket.getnameinfo(("::1", 0, 0, 0), 0)[0])""")], capture_output=True, text=True, timeout=30)
+                print(socket.getnameinfo(("::1", 0, 0, 0), 0)[0])"""),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
             assert out.returncode == 0, out.stderr
             names = [fabric.nodes[0].netns, fabric.nodes[1].netns]
             names[node.index] = socket.gethostname()  # each node's own address is this machine's name there
@@ -320,12 +394,30 @@ def test_links_are_shaped_and_counted_by_the_kernel():
     netns.create(fabric)
     try:
         a, b = fabric.nodes
-        server = subprocess.Popen(["ip", "netns", "exec", b.netns, sys.executable, "-c", textwrap.dedent(f"""
+        server = subprocess.Popen(
+            [
+                "ip",
+                "netns",
+                "exec",
+                b.netns,
+                sys.executable,
+                "-c",
+                textwrap.dedent(f"""
             import socket
             s = socket.create_server(("{b.address}", 5001)); c, _ = s.accept(); n = 0
             while n < 5_000_000: n += len(c.recv(1 << 20))
-            c.sendall(b"k")""")])
-        out = subprocess.run(["ip", "netns", "exec", a.netns, sys.executable, "-c", textwrap.dedent(f"""
+            c.sendall(b"k")"""),
+            ]
+        )
+        out = subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                a.netns,
+                sys.executable,
+                "-c",
+                textwrap.dedent(f"""
             import json, socket, time
             from birder_repro.launch import netns
             for _ in range(100):
@@ -335,8 +427,12 @@ def test_links_are_shaped_and_counted_by_the_kernel():
             s.sendall(b"x" * 5_000_000); s.recv(1); dt = time.perf_counter() - t
             c1 = netns.read_counters("{a.node_veth}")
             print(json.dumps({{"mbit": 5_000_000 * 8 / dt / 1e6, "bytes": c1["tx_bytes"] - c0["tx_bytes"],
-                              "packets": c1["tx_packets"] - c0["tx_packets"]}}))""")],
-            capture_output=True, text=True, timeout=60)
+                              "packets": c1["tx_packets"] - c0["tx_packets"]}}))"""),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         server.wait(timeout=30)
         assert out.returncode == 0, out.stderr
         got = json.loads(out.stdout)
@@ -372,7 +468,7 @@ def test_a_run_that_fails_leaves_nothing(tmp_path):
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_run_stopped_by_a_signal_leaves_nothing(tmp_path, sig, code):
     before = set(netns.list_ours())
-    proc, run_dir = start_launcher(tmp_path, WAIT)
+    proc, _run_dir = start_launcher(tmp_path, WAIT)
     run_id = wait_for_fabric(before, proc)
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=120)
@@ -401,8 +497,11 @@ def test_a_run_killed_with_sigkill_is_cleaned_by_the_next_run(tmp_path):
     assert f"removed the emulated cluster(s) {run_id}" in out or run_id not in netns.list_ours(), out
     assert ours(run_id) == set()
     assert ours(json.loads((next_dir / emulated.INFO_FILE).read_text())["run_id"]) == set()
-    assert not [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-                if n.startswith(f"{netns.PREFIX}-{run_id}")]
+    assert not [
+        n
+        for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+        if n.startswith(f"{netns.PREFIX}-{run_id}")
+    ]
 
 
 @needs_netns
@@ -421,8 +520,14 @@ def test_a_live_run_is_not_taken_for_a_stale_one(tmp_path):
 
 # ------------------------------------------------------------------------------- real training (slow)
 def birder_repro(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "birder_repro.cli", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "birder_repro.cli", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 def buffer_bytes(cfg) -> int:
@@ -459,9 +564,22 @@ def check_link_bytes_match_the_hook(compose, runs_dir, overrides: list[str]) -> 
 def test_emulated_link_bytes_match_the_hooks_count(compose, runs_dir):
     """The fast version (default run): SGDM on digits (30,762 parameters: 92 kB per process per step through
     the link, 2.3 kB of BatchNorm buffers), 6 steps on 2 nodes of one process."""
-    check_link_bytes_match_the_hook(compose, runs_dir, [
-        "cluster=emulated", "nodes=2", "gpus_per_node=1", "task=digits", "optim=sgdm", "logger=none",
-        "train.steps=6", "train.timing_warmup_steps=2", "train.eval=false", "cluster.link_mbit=200"])
+    check_link_bytes_match_the_hook(
+        compose,
+        runs_dir,
+        [
+            "cluster=emulated",
+            "nodes=2",
+            "gpus_per_node=1",
+            "task=digits",
+            "optim=sgdm",
+            "logger=none",
+            "train.steps=6",
+            "train.timing_warmup_steps=2",
+            "train.eval=false",
+            "cluster.link_mbit=200",
+        ],
+    )
 
 
 @pytest.mark.slow
@@ -469,9 +587,19 @@ def test_emulated_link_bytes_match_the_hooks_count(compose, runs_dir):
 @pytest.mark.parametrize("optim", ["sgdm", "birder"])
 def test_emulated_run_counts_the_bytes_the_hook_sends(compose, runs_dir, optim):
     """ResNet-20 (0.27M parameters: SGDM sends 1.1 MB per step per node, Birder 34 kB; buffers 5.6 kB)."""
-    check_link_bytes_match_the_hook(compose, runs_dir, [
-        "cluster=emulated", "nodes=2", f"optim={optim}", *TINY, "model.size=full", "train.steps=12",
-        "train.timing_warmup_steps=2"])
+    check_link_bytes_match_the_hook(
+        compose,
+        runs_dir,
+        [
+            "cluster=emulated",
+            "nodes=2",
+            f"optim={optim}",
+            *TINY,
+            "model.size=full",
+            "train.steps=12",
+            "train.timing_warmup_steps=2",
+        ],
+    )
 
 
 @pytest.mark.slow
@@ -500,11 +628,27 @@ def test_an_emulated_run_stopped_by_sigterm_checkpoints_and_resumes_in_place(run
     """SIGTERM to the launcher while rank 0 holds before step 4 (BIRDER_TEST_FAULT=wait): every node's CLI passes
     it on, the workers save step 3 and record the run interrupted, the fabric goes; the user's command with the
     run directory resumes it there, through new node CLIs, and completes."""
-    args = ["cluster=emulated", "nodes=2", "gpus_per_node=1", "task=digits", "optim=sgdm", "logger=none",
-            "model.size=tiny", "train.steps=8", "train.batch_size=8", "train.eval_max_batches=1"]
+    args = [
+        "cluster=emulated",
+        "nodes=2",
+        "gpus_per_node=1",
+        "task=digits",
+        "optim=sgdm",
+        "logger=none",
+        "model.size=tiny",
+        "train.steps=8",
+        "train.batch_size=8",
+        "train.eval_max_batches=1",
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "BIRDER_TEST_FAULT": "wait:0:4"}
-    proc = subprocess.Popen([sys.executable, "-m", "birder_repro.cli", *args], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "birder_repro.cli", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     progress = None
     while progress is None or json.loads(progress.read_text() or "{}").get("step", 0) < 3:
         assert proc.poll() is None, proc.communicate()[0][-3000:]

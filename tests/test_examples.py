@@ -20,25 +20,35 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
-needs_lightning = pytest.mark.skipif(importlib.util.find_spec("lightning") is None,
-                                     reason="lightning is not installed: pip install -e '.[integrations]'")
+needs_lightning = pytest.mark.skipif(
+    importlib.util.find_spec("lightning") is None, reason="lightning is not installed: pip install -e '.[integrations]'"
+)
 
 
 def run_example(script: str, *args: str, nproc: int = 2, timeout: float = 300.0) -> str:
     """``torchrun --standalone --nproc-per-node=<nproc> examples/<script> <args>``; its ``fingerprint=`` (the last
     line that has one), or an AssertionError with the run's output."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           str(EXAMPLES / script), *args]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               OMP_NUM_THREADS="1")
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        str(EXAMPLES / script),
+        *args,
+    ]
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1"
+    )
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     found = re.findall(r"^fingerprint=([0-9a-f]+)$", proc.stdout, flags=re.M)
-    assert proc.returncode == 0 and found, (f"{' '.join(cmd)} exited {proc.returncode}\n"
-                                            f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    assert proc.returncode == 0 and found, (
+        f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    )
     return found[-1]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference(optim: str) -> str:
     """examples/plain_ddp.py's fingerprint for ``optim`` (run once per test session)."""
     return run_example("plain_ddp.py", "--optim", optim)
@@ -76,9 +86,13 @@ def test_lightning_killed_and_resumed_equals_plain_ddp(optim, tmp_path):
     ``fit(ckpt_path=...)``: the parameters of plain DDP's uninterrupted run, bit for bit."""
     run_example("lightning_birder.py", "--optim", optim, "--save", str(tmp_path), "--stop-at", "4")
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "epoch=0-step=4.ckpt", "epoch=0-step=4.ckpt.birder_hook_rank00000.pt",
-        "epoch=0-step=4.ckpt.birder_hook_rank00001.pt", "last.ckpt", "last.ckpt.birder_hook_rank00000.pt",
-        "last.ckpt.birder_hook_rank00001.pt"]  # older checkpoints removed with their hook states
+        "epoch=0-step=4.ckpt",
+        "epoch=0-step=4.ckpt.birder_hook_rank00000.pt",
+        "epoch=0-step=4.ckpt.birder_hook_rank00001.pt",
+        "last.ckpt",
+        "last.ckpt.birder_hook_rank00000.pt",
+        "last.ckpt.birder_hook_rank00001.pt",
+    ]  # older checkpoints removed with their hook states
     resumed = run_example("lightning_birder.py", "--optim", optim, "--resume", str(tmp_path / "last.ckpt"))
     assert resumed == reference(optim)
 
@@ -120,8 +134,10 @@ def _attach_under_python_reducer(rank, world):
     torch._dynamo.config.optimize_ddp = "python_reducer"  # what compiled autograd needs of DDP
     ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
     refused = []
-    for attach, opt in ((attach_birder, Birder(ddp.parameters(), lr=0.1)),
-                        (attach_onebit, OneBitAdam(ddp.parameters(), lr=0.1, freeze_step=2))):
+    for attach, opt in (
+        (attach_birder, Birder(ddp.parameters(), lr=0.1)),
+        (attach_onebit, OneBitAdam(ddp.parameters(), lr=0.1, freeze_step=2)),
+    ):
         try:
             attach(ddp, opt)
         except ValueError as err:

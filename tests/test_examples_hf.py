@@ -26,8 +26,15 @@ pytest.importorskip("accelerate")
 
 def run_example(script: str, *args: str) -> tuple[str, str]:
     """Run ``examples/<script>`` under torchrun with 2 processes; (its fingerprint, its whole stdout)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(EXAMPLES / script), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        str(EXAMPLES / script),
+        *args,
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
@@ -73,8 +80,10 @@ def test_accelerate_resumed_equals_left_alone(optim, tmp_path):
     """Stopped after 4 steps with accelerator.save_state, resumed with load_state: as if never stopped."""
     ckpt = str(tmp_path / "ckpt")
     run_example("accelerate_birder.py", "--optim", optim, "--save", ckpt, "--stop-at", "4")
-    assert sorted(p.name for p in Path(ckpt).glob("birder_hook_rank*.pt")) == ["birder_hook_rank00000.pt",
-                                                                              "birder_hook_rank00001.pt"]
+    assert sorted(p.name for p in Path(ckpt).glob("birder_hook_rank*.pt")) == [
+        "birder_hook_rank00000.pt",
+        "birder_hook_rank00001.pt",
+    ]
     fingerprint, out = run_example("accelerate_birder.py", "--optim", optim, "--resume", ckpt)
     assert f"hook_calls={TOY_STEPS}" in out  # 4 before the stop, 4 after: the counters came back too
     assert fingerprint == plain_ddp(optim)
@@ -86,7 +95,9 @@ def test_hf_trainer_resumed_equals_left_alone(optim, tmp_path):
     out_dir = tmp_path / "out"
     run_example("hf_trainer_birder.py", "--optim", optim, "--save", str(out_dir), "--stop-at", "4")
     assert {p.name for p in (out_dir / "checkpoint-4").glob("birder_hook_rank*.pt")} == {
-        "birder_hook_rank00000.pt", "birder_hook_rank00001.pt"}
+        "birder_hook_rank00000.pt",
+        "birder_hook_rank00001.pt",
+    }
     assert run_example("hf_trainer_birder.py", "--optim", optim, "--resume", str(out_dir))[0] == plain_ddp(optim)
 
 

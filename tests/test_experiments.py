@@ -9,14 +9,13 @@ a missing file is a failure that names it, never a skip.
 from __future__ import annotations
 
 import pytest
+from conftest import CONF_DIR, compose_config
 from omegaconf import OmegaConf
 
 from birder_repro import checks  # noqa: F401 - validate runs the higher layers' section checks too
 from birder_repro import config as layout
-from conftest import CONF_DIR, compose_config
 
-PAPER_EXPERIMENTS = ["table1", "table2", "table3", "table4", "appendix_b1", "appendix_b2", "appendix_b3",
-                     "appendix_c"]
+PAPER_EXPERIMENTS = ["table1", "table2", "table3", "table4", "appendix_b1", "appendix_b2", "appendix_b3", "appendix_c"]
 
 # experiment -> its task and layout: (task, baseline optimizer it starts with, cluster, nodes, GPUs a node, batch).
 LAYOUTS = {
@@ -42,20 +41,40 @@ CELLS = {
     # batch size/256 ... [beta1, beta2] for 1-bit Adam is set to [0.9, 0.999] and beta for Birder is set to 0.95";
     # "divided by 10 after 30, 60 and 90 epochs ... terminated after 100 epochs"; "the first 15 epochs are used as
     # the warmup stage for 1-bit Adam".
-    ("table1", "sgdm"): {"optim.lr": 0.1, "optim.lr_batch_scaling": 256, "optim.momentum": 0.9,
-                         "optim.weight_decay": 1e-4, "train.epochs": 100,
-                         "train.schedule.milestones": [0.3, 0.6, 0.9], "train.schedule.gamma": 0.1},
-    ("table1", "onebit_adam"): {"optim.lr": 0.001, "optim.lr_batch_scaling": 256, "optim.betas": [0.9, 0.999],
-                                "optim.weight_decay": 1e-4, "optim.freeze": 0.15},
-    ("table1", "birder"): {"optim.lr": 0.001, "optim.lr_batch_scaling": 256, "optim.beta": 0.95,
-                           "optim.weight_decay": 1e-4},
+    ("table1", "sgdm"): {
+        "optim.lr": 0.1,
+        "optim.lr_batch_scaling": 256,
+        "optim.momentum": 0.9,
+        "optim.weight_decay": 1e-4,
+        "train.epochs": 100,
+        "train.schedule.milestones": [0.3, 0.6, 0.9],
+        "train.schedule.gamma": 0.1,
+    },
+    ("table1", "onebit_adam"): {
+        "optim.lr": 0.001,
+        "optim.lr_batch_scaling": 256,
+        "optim.betas": [0.9, 0.999],
+        "optim.weight_decay": 1e-4,
+        "optim.freeze": 0.15,
+    },
+    ("table1", "birder"): {
+        "optim.lr": 0.001,
+        "optim.lr_batch_scaling": 256,
+        "optim.beta": 0.95,
+        "optim.weight_decay": 1e-4,
+    },
     ("table3", "birder"): {"optim.lr": 0.001, "optim.lr_batch_scaling": 256, "optim.beta": 0.95},
     # Section 5.1, BERT-Base on SQuAD: "fine-tuning for 2 epochs. The learning rate linearly increases to 1e-4 ...
     # in the early 500 steps and then linearly decreases to 0"; "the first 0.2 x steps are used as the warmup stage
     # for 1-bit Adam"; "[beta1, beta2] for BertAdam, and 1-bit Adam is set to [0.9, 0.999] and beta for Birder is
     # set to 0.9".
-    ("table2", "bertadam"): {"optim.lr": 1e-4, "optim.betas": [0.9, 0.999], "train.epochs": 2,
-                             "train.schedule.name": "warmup_linear", "train.schedule.warmup": 500},
+    ("table2", "bertadam"): {
+        "optim.lr": 1e-4,
+        "optim.betas": [0.9, 0.999],
+        "train.epochs": 2,
+        "train.schedule.name": "warmup_linear",
+        "train.schedule.warmup": 500,
+    },
     ("table2", "onebit_adam"): {"optim.lr": 1e-4, "optim.betas": [0.9, 0.999], "optim.freeze": 0.2},
     ("table2", "birder"): {"optim.lr": 1e-4, "optim.beta": 0.9},
     ("table4", "birder"): {"optim.lr": 1e-4, "optim.beta": 0.9},
@@ -63,8 +82,13 @@ CELLS = {
     # decay ... 0.0005 for Vanilla SGD and SGDM, and 0.05 for AdamW, Birder and SoftSignSGD"; "learning rates at
     # 0.1 for Vanilla SGD and SGDM, and 0.005 for AdamW, Birder and SoftSignSGD"; "divided ... by 10 after 75 and
     # 130 epochs, and terminated the training after 150 epochs".
-    ("appendix_b1", "sgdm"): {"optim.lr": 0.1, "optim.momentum": 0.9, "optim.weight_decay": 5e-4,
-                              "train.epochs": 150, "train.schedule.gamma": 0.1},
+    ("appendix_b1", "sgdm"): {
+        "optim.lr": 0.1,
+        "optim.momentum": 0.9,
+        "optim.weight_decay": 5e-4,
+        "train.epochs": 150,
+        "train.schedule.gamma": 0.1,
+    },
     ("appendix_b1", "sgd"): {"optim.lr": 0.1, "optim.momentum": 0.0, "optim.weight_decay": 5e-4},
     ("appendix_b1", "adamw"): {"optim.lr": 0.005, "optim.betas": [0.9, 0.999], "optim.weight_decay": 0.05},
     ("appendix_b1", "softsignsgd"): {"optim.lr": 0.005, "optim.beta": 0.95, "optim.weight_decay": 0.05},
@@ -73,8 +97,14 @@ CELLS = {
     # 0.25, --epoch 200, --when 100 145; main.py --wdecay 1.2e-6, --bptt 70); "For Vanilla SGD ... the momentum
     # parameter beta to 0. For Birder and SoftSignSGD, ... the experimental settings of AdamW, except ... beta to
     # 0.99".
-    ("appendix_b2", "sgdm"): {"optim.lr": 30.0, "optim.weight_decay": 1.2e-6, "train.epochs": 200,
-                              "train.grad_clip": 0.25, "data.bptt": 70, "train.schedule.milestones": [0.5, 0.725]},
+    ("appendix_b2", "sgdm"): {
+        "optim.lr": 30.0,
+        "optim.weight_decay": 1.2e-6,
+        "train.epochs": 200,
+        "train.grad_clip": 0.25,
+        "data.bptt": 70,
+        "train.schedule.milestones": [0.5, 0.725],
+    },
     ("appendix_b2", "sgd"): {"optim.lr": 30.0, "optim.momentum": 0.0, "optim.weight_decay": 1.2e-6},
     ("appendix_b2", "adamw"): {"optim.lr": 0.01, "optim.betas": [0.9, 0.999], "optim.weight_decay": 1.2e-6},
     ("appendix_b2", "softsignsgd"): {"optim.lr": 0.01, "optim.beta": 0.99, "optim.weight_decay": 1.2e-6},
@@ -83,9 +113,16 @@ CELLS = {
     # 30 --clip-grad-norm 1, cosine) "with the exception that we set the momentum parameter beta to 0.95 for
     # SoftSignSGD and Birder"; "Vanilla SGD and SGDM ... learning rate to 0.1 and the weight decay to 0.001";
     # "the total number of epochs to 150".
-    ("appendix_b3", "adamw"): {"optim.lr": 0.003, "optim.weight_decay": 0.3, "train.epochs": 150,
-                               "train.label_smoothing": 0.11, "train.schedule.name": "cosine",
-                               "train.schedule.warmup": 0.2, "train.grad_clip": 1.0, "data.image_size": 224},
+    ("appendix_b3", "adamw"): {
+        "optim.lr": 0.003,
+        "optim.weight_decay": 0.3,
+        "train.epochs": 150,
+        "train.label_smoothing": 0.11,
+        "train.schedule.name": "cosine",
+        "train.schedule.warmup": 0.2,
+        "train.grad_clip": 1.0,
+        "data.image_size": 224,
+    },
     ("appendix_b3", "birder"): {"optim.lr": 0.003, "optim.beta": 0.95, "optim.weight_decay": 0.3},
     ("appendix_b3", "softsignsgd"): {"optim.lr": 0.003, "optim.beta": 0.95, "optim.weight_decay": 0.3},
     ("appendix_b3", "sgdm"): {"optim.lr": 0.1, "optim.weight_decay": 0.001, "train.epochs": 150},
@@ -93,8 +130,13 @@ CELLS = {
     # Appendix C: "37,000 iterations. The learning rate started at 4e-4 and linearly increased in the first 12,500
     # iterations, after which it linearly decreased to 0"; "[beta1, beta2] ... [0.9, 0.999], and for Birder, the
     # momentum parameter beta was set to 0.9".
-    ("appendix_c", "bertadam"): {"train.steps": 37000, "optim.lr": 4e-4, "optim.betas": [0.9, 0.999],
-                                 "train.schedule.name": "warmup_linear", "train.schedule.warmup": 12500},
+    ("appendix_c", "bertadam"): {
+        "train.steps": 37000,
+        "optim.lr": 4e-4,
+        "optim.betas": [0.9, 0.999],
+        "train.schedule.name": "warmup_linear",
+        "train.schedule.warmup": 12500,
+    },
     ("appendix_c", "birder"): {"train.steps": 37000, "optim.lr": 4e-4, "optim.beta": 0.9},
 }
 
@@ -141,8 +183,11 @@ def test_experiment_composes_and_sets_its_task_and_layout(compose, experiment):
 def test_cell_has_the_papers_settings(compose, experiment, optim):
     cfg = compose([f"experiment={experiment}", f"optim={optim}"])
     assert cfg.optim.name == optim
-    wrong = {key: (OmegaConf.select(cfg, key), want) for key, want in CELLS[experiment, optim].items()
-             if _value(OmegaConf.select(cfg, key)) != pytest.approx(want)}
+    wrong = {
+        key: (OmegaConf.select(cfg, key), want)
+        for key, want in CELLS[experiment, optim].items()
+        if _value(OmegaConf.select(cfg, key)) != pytest.approx(want)
+    }
     assert not wrong, f"experiment={experiment} optim={optim}: (composed, paper) {wrong}"
 
 

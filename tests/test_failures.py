@@ -14,8 +14,15 @@ from birder_repro import failures, record
 from birder_repro.failures import MARK, RESTART_MARK, Failure, TerminalEcho
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = ["experiment=smoke", "logger=none", "model.size=tiny", "train.batch_size=8",
-        "data.synthetic_train_size=64", "data.synthetic_eval_size=16", "train.eval_max_batches=1"]
+TINY = [
+    "experiment=smoke",
+    "logger=none",
+    "model.size=tiny",
+    "train.batch_size=8",
+    "data.synthetic_train_size=64",
+    "data.synthetic_eval_size=16",
+    "train.eval_max_batches=1",
+]
 
 # torchrun's report of a run where rank 1 was SIGKILLed and rank 0 stopped by torchrun (its format:
 # torch.distributed.elastic.multiprocessing.errors.ChildFailedError)
@@ -71,10 +78,12 @@ def test_a_signal_death_in_torchruns_report_names_the_rank_but_its_sigterm_does_
 def test_the_terminal_copy_stops_at_a_failure_and_resumes_on_a_restart():
     out = io.StringIO()
     echo = TerminalEcho(out)
-    text = (f"train: step 1\r progress\n{MARK}rank 1 failed: X: y\nTraceback (most recent call last):\n  ...\n"
-            f"torchrun's report\n[birder-repro] {RESTART_MARK[15:]}attempt 2\ntrain: step 3\n").encode()
+    text = (
+        f"train: step 1\r progress\n{MARK}rank 1 failed: X: y\nTraceback (most recent call last):\n  ...\n"
+        f"torchrun's report\n[birder-repro] {RESTART_MARK[15:]}attempt 2\ntrain: step 3\n"
+    ).encode()
     for i in range(0, len(text), 7):  # marks split between reads are still seen
-        echo.write(text[i:i + 7])
+        echo.write(text[i : i + 7])
     echo.close()
     shown = out.getvalue()
     assert shown.startswith("train: step 1\r progress\n")
@@ -83,18 +92,24 @@ def test_the_terminal_copy_stops_at_a_failure_and_resumes_on_a_restart():
 
 
 def test_an_exception_inside_training_on_one_rank_ends_in_one_line(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "birder_repro.cli", *TINY, "nodes=2", "gpus_per_node=1",
-                          "train.steps=6"], cwd=REPO, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "BIRDER_RUNS": str(tmp_path), "OMP_NUM_THREADS": "1",
-                              "BIRDER_TEST_FAULT": "raise:1:3"})
+    out = subprocess.run(
+        [sys.executable, "-m", "birder_repro.cli", *TINY, "nodes=2", "gpus_per_node=1", "train.steps=6"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "BIRDER_RUNS": str(tmp_path), "OMP_NUM_THREADS": "1", "BIRDER_TEST_FAULT": "raise:1:3"},
+    )
     assert out.returncode == 1
     said = out.stdout + out.stderr
     [path] = list(tmp_path.rglob(record.RECORD_FILE))
     rec = record.read_record(path.parent)
     last = out.stderr.strip().splitlines()[-1]
     assert last == f"[birder-repro] {rec['error']}"
-    assert last.startswith("[birder-repro] rank 1 failed: InjectedFault: BIRDER_TEST_FAULT=raise:1:3: rank 1 "
-                           "raised before step 3 (full output: ") and last.endswith("output.log)")
+    assert last.startswith(
+        "[birder-repro] rank 1 failed: InjectedFault: BIRDER_TEST_FAULT=raise:1:3: rank 1 "
+        "raised before step 3 (full output: "
+    ) and last.endswith("output.log)")
     assert "Traceback" not in said and "ChildFailedError" not in said  # neither a rank's nor torchrun's
     assert rec["status"] == "failed" and "InjectedFault" in rec["traceback"] and "inject_fault" in rec["traceback"]
     log = (path.parent / record.LOG_FILE).read_text()

@@ -14,12 +14,11 @@ import math
 
 import pytest
 import torch
-import torch.distributed as dist
+from dist_utils import run_distributed
+from onebit_reference import OneBitAdamReference
 from torch import nn
 
 from birder_repro.gpucheck.training import Layers
-from dist_utils import run_distributed
-from onebit_reference import OneBitAdamReference
 
 NODES, GPUS, WORLD = 2, 2, 4
 LR, STEPS = 1e-2, 6
@@ -67,10 +66,15 @@ def _fsdp_birder(rank, world):
         opt.zero_grad()
         inter.append(state.inter_node_bytes - before)
     state.close()
-    return {"params": torch.cat([p.full_tensor().reshape(-1) for p in model.parameters()]),
-            "shards": [p.to_local().clone() for p in model.parameters()], "inter": inter,
-            "stage": state.stage(0), "nonfinite": state.nonfinite_steps, "calls": state.calls,
-            "saved": sorted(state.state_dict())}
+    return {
+        "params": torch.cat([p.full_tensor().reshape(-1) for p in model.parameters()]),
+        "shards": [p.to_local().clone() for p in model.parameters()],
+        "inter": inter,
+        "stage": state.stage(0),
+        "nonfinite": state.nonfinite_steps,
+        "calls": state.calls,
+        "saved": sorted(state.state_dict()),
+    }
 
 
 def _ddp_birder(rank, world):
@@ -115,8 +119,7 @@ def _fsdp_onebit(rank, world):
         opt.zero_grad()
         params.append([p.full_tensor().clone() for p in model.parameters()])
     state.close()
-    return {"initial": initial, "grads": grads, "params": params, "stages": stages,
-            "inter": state.inter_node_bytes}
+    return {"initial": initial, "grads": grads, "params": params, "stages": stages, "inter": state.inter_node_bytes}
 
 
 def _birder_fsdp_state(mesh_shape=(NODES, GPUS)):
@@ -174,10 +177,11 @@ class NetBN(Net):
 
 
 def _bn_birder():
-    from birder_repro.comm import attach_birder_fsdp
-    from birder_repro.optim import Birder
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+
+    from birder_repro.comm import attach_birder_fsdp
+    from birder_repro.optim import Birder
 
     torch.manual_seed(0)
     model = NetBN()
@@ -199,8 +203,10 @@ def _onebit_adam():
 
 
 def _whole(model) -> dict:
-    return {"params": torch.cat([p.full_tensor().reshape(-1) for p in model.parameters()]),
-            "buffers": {k: b.clone() for k, b in model.named_buffers()}}
+    return {
+        "params": torch.cat([p.full_tensor().reshape(-1) for p in model.parameters()]),
+        "buffers": {k: b.clone() for k, b in model.named_buffers()},
+    }
 
 
 def _resumes(rank, where: str, build, save_at: int, steps: int) -> dict:
@@ -221,17 +227,26 @@ def _resumes(rank, where: str, build, save_at: int, steps: int) -> dict:
     fsdp_checkpoint.load_sharded(Path(where), model, opt, state, meta, torch.device("cpu"))
     loaded = _whole(model)
     _train_steps(model, opt, rank, range(save_at, steps))
-    out = {"saved": saved, "loaded": loaded, "left_alone": left_alone, "resumed": _whole(model),
-           "stages": (stage, state.stage(steps - 1))}
+    out = {
+        "saved": saved,
+        "loaded": loaded,
+        "left_alone": left_alone,
+        "resumed": _whole(model),
+        "stages": (stage, state.stage(steps - 1)),
+    }
     state.close()
     return out
 
 
 def _all(rank, world, where):
-    return {"fsdp": _fsdp_birder(rank, world), "ddp": _ddp_birder(rank, world),
-            "onebit": _fsdp_onebit(rank, world), "dcp": _dcp_round_trip(rank, world, where),
-            "bn": _resumes(rank, where + "/bn", _bn_birder, 2, 4),
-            "onebit_resume": _resumes(rank, where + "/onebit", _onebit_adam, FREEZE + 1, ONEBIT_STEPS)}
+    return {
+        "fsdp": _fsdp_birder(rank, world),
+        "ddp": _ddp_birder(rank, world),
+        "onebit": _fsdp_onebit(rank, world),
+        "dcp": _dcp_round_trip(rank, world, where),
+        "bn": _resumes(rank, where + "/bn", _bn_birder, 2, 4),
+        "onebit_resume": _resumes(rank, where + "/onebit", _onebit_adam, FREEZE + 1, ONEBIT_STEPS),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -244,22 +259,30 @@ def test_a_dcp_checkpoint_resumes_bit_for_bit(runs):
         d = runs[rank]["dcp"]
         assert torch.equal(d["left_alone"], d["resumed"])
         assert d["saved"].keys() == d["loaded"].keys() and {k.split(".")[0] for k in d["saved"]} == {
-            "m", "b", "e", "e_bar"}
+            "m",
+            "b",
+            "e",
+            "e_bar",
+        }
         for k in d["saved"]:
             assert torch.equal(d["saved"][k], d["loaded"][k]), k
 
 
 def _same(a: dict, b: dict) -> bool:
-    return torch.equal(a["params"], b["params"]) and a["buffers"].keys() == b["buffers"].keys() and all(
-        torch.equal(a["buffers"][k], b["buffers"][k]) for k in a["buffers"])
+    return (
+        torch.equal(a["params"], b["params"])
+        and a["buffers"].keys() == b["buffers"].keys()
+        and all(torch.equal(a["buffers"][k], b["buffers"][k]) for k in a["buffers"])
+    )
 
 
 def test_a_dcp_checkpoint_resumes_each_ranks_own_buffers(runs):
     """BatchNorm's running statistics differ between the ranks under FSDP (each its own batches; DDP would
     broadcast rank 0's): each rank gets its own back, and continues bit for bit."""
     bn = [runs[r]["bn"] for r in range(WORLD)]
-    assert not torch.equal(bn[0]["saved"]["buffers"]["layers.0.1.running_mean"],
-                           bn[1]["saved"]["buffers"]["layers.0.1.running_mean"])
+    assert not torch.equal(
+        bn[0]["saved"]["buffers"]["layers.0.1.running_mean"], bn[1]["saved"]["buffers"]["layers.0.1.running_mean"]
+    )
     for r in range(WORLD):
         assert _same(bn[r]["loaded"], bn[r]["saved"]), f"rank {r}"
         assert _same(bn[r]["resumed"], bn[r]["left_alone"]), f"rank {r}"
@@ -281,8 +304,10 @@ def _load_into_one_per_node(rank, world, where: str, meta: dict):
 
     model, opt, state = _birder_fsdp_state((NODES, 1))
     fsdp_checkpoint.load_sharded(Path(where), model, opt, state, meta, torch.device("cpu"))
-    out = {"params": torch.cat([p.full_tensor().reshape(-1) for p in model.parameters()]),
-           "hook": _whole_hook_state(state)}
+    out = {
+        "params": torch.cat([p.full_tensor().reshape(-1) for p in model.parameters()]),
+        "hook": _whole_hook_state(state),
+    }
     state.close()
     return out
 
@@ -368,13 +393,17 @@ def test_onebit_adam_under_fsdp_matches_the_reference(runs):
     ref = OneBitAdamReference(pieces, buckets, NODES, freeze_step=FREEZE, **ONEBIT)
 
     def cut(full: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [torch.zeros(len(x)) if w is None else full[w[0]].reshape(-1)[w[1]:w[2]].clone()
-                for x, w in zip(pieces, where)]
+        return [
+            torch.zeros(len(x)) if w is None else full[w[0]].reshape(-1)[w[1] : w[2]].clone()
+            for x, w in zip(pieces, where)
+        ]
 
     for step in range(ONEBIT_STEPS):
         # a node is one worker: its gradient is the average of its two processes'
-        node_grads = [[(a + b) / 2 for a, b in zip(cut(res[k * GPUS]["grads"][step]),
-                                                   cut(res[k * GPUS + 1]["grads"][step]))] for k in range(NODES)]
+        node_grads = [
+            [(a + b) / 2 for a, b in zip(cut(res[k * GPUS]["grads"][step]), cut(res[k * GPUS + 1]["grads"][step]))]
+            for k in range(NODES)
+        ]
         ref.step(node_grads)
         got = cut(res[0]["params"][step])
         for rank in range(1, WORLD):

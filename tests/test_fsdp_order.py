@@ -23,14 +23,27 @@ import types
 import pytest
 import torch
 import torch.distributed as dist
-from torch import nn
-
 from dist_utils import run_distributed
 from test_fsdp import LR, WORLD, _batch, _sharded_net
+from torch import nn
 
-OPS = ("allreduce", "allreduce_coalesced", "all_gather_single", "_allgather_base", "allgather",
-       "allgather_into_tensor_coalesced", "reduce_scatter_single", "_reduce_scatter_base", "reduce_scatter",
-       "reduce_scatter_tensor_coalesced", "all_to_all_single", "alltoall_base", "alltoall", "broadcast", "barrier")
+OPS = (
+    "allreduce",
+    "allreduce_coalesced",
+    "all_gather_single",
+    "_allgather_base",
+    "allgather",
+    "allgather_into_tensor_coalesced",
+    "reduce_scatter_single",
+    "_reduce_scatter_base",
+    "reduce_scatter",
+    "reduce_scatter_tensor_coalesced",
+    "all_to_all_single",
+    "alltoall_base",
+    "alltoall",
+    "broadcast",
+    "barrier",
+)
 
 
 def _record_collectives(log: list) -> None:
@@ -69,6 +82,7 @@ def _flags_made_where_read():
         def reading(unit, shard, flag):
             pairs.append((made.get(id(flag)), threading.current_thread().name))
             return work(unit, shard, flag)
+
         orig_init(self, state, units, topology, traffic, reading)
 
     fsdp.local_flag, fsdp._UnitHooks.__init__ = local_flag, init
@@ -96,8 +110,11 @@ def _train(rank, optim: str, overlap: bool, log: _Log, pairs: list):
         opt.step()
         opt.zero_grad()
     state.close()
-    return {"log": list(log), "pairs": list(pairs),
-            "params": torch.cat([p.full_tensor().reshape(-1) for p in model.parameters()])}
+    return {
+        "log": list(log),
+        "pairs": list(pairs),
+        "params": torch.cat([p.full_tensor().reshape(-1) for p in model.parameters()]),
+    }
 
 
 def _gradients_left(rank) -> str:
@@ -124,8 +141,11 @@ def _all(rank, world):
     log = _Log()
     _record_collectives(log)  # once per process: the wrappers stay installed
     pairs = _flags_made_where_read()
-    out = {(optim, overlap): _train(rank, optim, overlap, log, pairs)
-           for optim in ("birder", "onebit") for overlap in (False, True)}
+    out = {
+        (optim, overlap): _train(rank, optim, overlap, log, pairs)
+        for optim in ("birder", "onebit")
+        for overlap in (False, True)
+    }
     out["gradients_left"] = _gradients_left(rank)
     return out
 
@@ -142,7 +162,7 @@ def _role(ranks: tuple) -> str:
 def _same_sequence_per_group(logs: list[list]) -> None:
     per_group: dict[tuple, dict[int, list]] = {}
     for rank, log in enumerate(logs):
-        for thread, ranks, op in log:
+        for _thread, ranks, op in log:
             per_group.setdefault(ranks, {}).setdefault(rank, []).append(op)
     assert {_role(g) for g in per_group} == {"node", "replicate"}
     for ranks, by_rank in per_group.items():
@@ -158,8 +178,11 @@ def test_inside_the_hook_every_rank_launches_one_order_over_all_groups_from_one_
     assert all(order == orders[0] for order in orders)  # one order across the communicators
     assert {thread for log in logs for thread, _, _ in log} == {"MainThread"}
     ops = {op for _, ranks, op in logs[0] if _role(ranks) == "replicate"}
-    assert ops == ({"all_to_all_single", "all_gather_single"} if optim == "birder" else
-                   {"allreduce", "all_to_all_single", "all_gather_single"}), ops
+    assert ops == (
+        {"all_to_all_single", "all_gather_single"}
+        if optim == "birder"
+        else {"allreduce", "all_to_all_single", "all_gather_single"}
+    ), ops
     # the node's flag is made and read in the same hook call (on CUDA: on the same stream)
     pairs = [p for r in range(WORLD) for p in runs[r][(optim, False)]["pairs"]]
     assert pairs and all(made == read == "MainThread" for made, read in pairs)
@@ -225,8 +248,13 @@ def test_a_cuda_shard_is_worked_on_inside_the_hook_and_never_queued_to_the_threa
     unit = Unit(0, types.SimpleNamespace(set_all_reduce_hook=lambda hook: None), (), ((0, 0, 4, 0),), 4, 16)
     topology = types.SimpleNamespace(intra_group=None, gpus_per_node=1)
     traffic = types.SimpleNamespace(reduced=lambda *a: None)
-    hooks = _UnitHooks(state, [unit], topology, traffic,
-                       lambda u, shard, flag: calls.append((threading.current_thread().name, float(flag))))
+    hooks = _UnitHooks(
+        state,
+        [unit],
+        topology,
+        traffic,
+        lambda u, shard, flag: calls.append((threading.current_thread().name, float(flag))),
+    )
     hooks.hook(unit, torch.tensor([1.0, float("nan"), 0.0, 0.0]).as_subclass(_CudaShard))
     assert calls == [(threading.current_thread().name, 1.0)] and not hooks.pending and not hooks.callback_queued
 

@@ -54,10 +54,18 @@ def test_predict_parallel_fsdp():
     cluster = OmegaConf.load(REPO / "conf" / "cluster" / "ethernet_10g.yaml")
 
     def cfg(optim: str, parallel: str):
-        return OmegaConf.create({
-            "task": {"name": "resnet50"}, "optim": {"name": optim, "freeze": 0.1}, "nodes": 8, "gpus_per_node": 8,
-            "parallel": parallel, "train": {"batch_size": 32, "steps": 100}, "cluster": cluster,
-            "predict": {"profile": "paper", "implementation": "this"}})
+        return OmegaConf.create(
+            {
+                "task": {"name": "resnet50"},
+                "optim": {"name": optim, "freeze": 0.1},
+                "nodes": 8,
+                "gpus_per_node": 8,
+                "parallel": parallel,
+                "train": {"batch_size": 32, "steps": 100},
+                "cluster": cluster,
+                "predict": {"profile": "paper", "implementation": "this"},
+            }
+        )
 
     birder = predict_record(cfg("birder", "fsdp"))
     hsdp, ddp = predict_record(cfg("sgdm", "fsdp")), predict_record(cfg("birder", "ddp"))

@@ -10,13 +10,29 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from test_restart import TINY, birder_repro, only_run
 
-FSDP = ["parallel=fsdp", "nodes=2", "gpus_per_node=2", "model.size=tiny", "data.source=synthetic",
-        "train.steps=4", "train.batch_size=4", "logger=none", "train.eval_max_batches=1", "data.num_workers=0"]
-TASKS = {"digits": "sgdm", "resnet20": "sgdm", "resnet50": "sgdm", "vit": "adamw", "lstm_ptb": "sgdm",
-         "bert_squad": "bertadam", "bert_pretrain": "bertadam"}
+FSDP = [
+    "parallel=fsdp",
+    "nodes=2",
+    "gpus_per_node=2",
+    "model.size=tiny",
+    "data.source=synthetic",
+    "train.steps=4",
+    "train.batch_size=4",
+    "logger=none",
+    "train.eval_max_batches=1",
+    "data.num_workers=0",
+]
+TASKS = {
+    "digits": "sgdm",
+    "resnet20": "sgdm",
+    "resnet50": "sgdm",
+    "vit": "adamw",
+    "lstm_ptb": "sgdm",
+    "bert_squad": "bertadam",
+    "bert_pretrain": "bertadam",
+}
 
 
 def _run(tmp_path: Path, *args: str, name: str = "runs") -> tuple[subprocess.CompletedProcess, dict]:
@@ -65,9 +81,12 @@ def _expected_birder_figures(n: int, m: int, bf16: bool = False) -> dict:
     shards = [sum(math.ceil(p.shape[0] / m) * (p.numel() // p.shape[0]) for p in u) for u in units]
     padded = [math.ceil(s / (8 * n)) * 8 * n for s in shards]
     local = [sum(_rows(p, m, r) * (p.numel() // p.shape[0]) * 4 for u in units for p in u) for r in range(m)]
-    return {"local": local, "shards": shards,
-            "hook_state": sum(3 * 4 * s + 4 * s // n for s in padded),
-            "inter": sum((n - 1) * (s // (8 * n) + 1) + (n - 1) * s // (8 * n) for s in padded)}
+    return {
+        "local": local,
+        "shards": shards,
+        "hook_state": sum(3 * 4 * s + 4 * s // n for s in padded),
+        "inter": sum((n - 1) * (s // (8 * n) + 1) + (n - 1) * s // (8 * n) for s in padded),
+    }
 
 
 def test_digits_birder_under_fsdp_completes(tmp_path):
@@ -96,16 +115,18 @@ def test_every_task_with_birder_onebit_adam_and_its_baseline_under_fsdp(tmp_path
         _check_fsdp_record(done, rec, optim)
 
 
-POWERSGD_SAYS = ("scheme 'powersgd', which has no FSDP path; the schemes that have one: allreduce, birder, "
-                 "onebit")
+POWERSGD_SAYS = "scheme 'powersgd', which has no FSDP path; the schemes that have one: allreduce, birder, onebit"
 
 
-@pytest.mark.parametrize("overrides, says", [
-    ({"optim": {"name": "sgdm_powersgd"}}, POWERSGD_SAYS),
-    ({"optim": {"name": "birder", "comm": {"scheme": "flat"}}}, "optim.comm.scheme='flat' has no FSDP path"),
-    ({"optim": {"name": "birder"}, "train": {"precision": "fp16"}}, "train.precision=fp16 is not supported"),
-    ({"optim": {"name": "birder"}, "parallel": "zero"}, "parallel='zero': use one of ddp, fsdp"),
-])
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        ({"optim": {"name": "sgdm_powersgd"}}, POWERSGD_SAYS),
+        ({"optim": {"name": "birder", "comm": {"scheme": "flat"}}}, "optim.comm.scheme='flat' has no FSDP path"),
+        ({"optim": {"name": "birder"}, "train": {"precision": "fp16"}}, "train.precision=fp16 is not supported"),
+        ({"optim": {"name": "birder"}, "parallel": "zero"}, "parallel='zero': use one of ddp, fsdp"),
+    ],
+)
 def test_what_has_no_fsdp_path_is_refused_naming_the_setting(overrides, says):
     from omegaconf import OmegaConf
 
@@ -144,12 +165,24 @@ def test_a_killed_fsdp_run_restarts_and_ends_as_if_uninterrupted(tmp_path):
     """Birder under FSDP on 2 nodes x 2: rank 1 SIGKILLs itself before step 7; torchrun restarts every worker,
     which resume from the DCP checkpoint of step 4. Loss, metrics and the final sharded state (model, hook:
     m, b, e, e_bar per element) are bit-identical to the run left alone."""
-    common = [*TINY, "optim=birder", "parallel=fsdp", "nodes=2", "gpus_per_node=2", "train.steps=10",
-              "train.checkpoint_every=4", "train.keep_checkpoints=5"]
+    common = [
+        *TINY,
+        "optim=birder",
+        "parallel=fsdp",
+        "nodes=2",
+        "gpus_per_node=2",
+        "train.steps=10",
+        "train.checkpoint_every=4",
+        "train.keep_checkpoints=5",
+    ]
     plain = birder_repro(*common, env={"BIRDER_RUNS": str(tmp_path / "plain")}, timeout=600)
     assert plain.returncode == 0, plain.stderr[-3000:]
-    killed = birder_repro(*common, "train.max_restarts=2", env={"BIRDER_RUNS": str(tmp_path / "killed"),
-                                                                "BIRDER_TEST_FAULT": "kill:1:7"}, timeout=600)
+    killed = birder_repro(
+        *common,
+        "train.max_restarts=2",
+        env={"BIRDER_RUNS": str(tmp_path / "killed"), "BIRDER_TEST_FAULT": "kill:1:7"},
+        timeout=600,
+    )
     assert killed.returncode == 0, killed.stdout[-3000:] + killed.stderr[-3000:]
     assert "rank 1 kill before step 7" in killed.stdout
     plain_dir, a = only_run(tmp_path / "plain")
@@ -193,9 +226,12 @@ def test_the_report_keeps_ddp_and_fsdp_runs_of_one_cell_apart(tmp_path, monkeypa
         rec["config"]["parallel"] = rec["parallel"] = parallel
         return rec
 
-    records = [under("ddp", run_record("sgdm", 100.0)), under("ddp", run_record("birder", 150.0)),
-               under("fsdp", run_record("sgdm", 80.0, started="2026-01-01T11:00:00")),
-               under("fsdp", run_record("birder", 160.0, started="2026-01-01T11:00:00"))]
+    records = [
+        under("ddp", run_record("sgdm", 100.0)),
+        under("ddp", run_record("birder", 150.0)),
+        under("fsdp", run_record("sgdm", 80.0, started="2026-01-01T11:00:00")),
+        under("fsdp", run_record("birder", 160.0, started="2026-01-01T11:00:00")),
+    ]
     rows, left, md = report(tmp_path, records)
     assert len(rows) == 4 and left.empty
     assert only(rows, optim="birder", parallel="ddp")["speedup"] == pytest.approx(1.5)

@@ -6,14 +6,12 @@ test_precision.py; the GPU-side checks themselves are ``make gpu-check``.)
 
 from __future__ import annotations
 
-import pytest
 import torch
+from dist_utils import run_distributed
 
 from birder_repro import config as layout
 from birder_repro.comm import buckets
 from birder_repro.comm.buckets import BucketStore, Field
-from dist_utils import run_distributed
-
 
 # -------------------------------------------------------- a lone 1-bit Adam process times on its torch device
 H100 = "cuda (NVIDIA H100 80GB HBM3)"
@@ -22,10 +20,10 @@ H100 = "cuda (NVIDIA H100 80GB HBM3)"
 def _lone_onebit_run(rank: int, world: int, run_dir: str):
     """A whole 1-process 1-bit Adam run through the training loop, whose device shows as a GPU's display name
     (what the record and profile print): its profile prices the compressor on the run's torch device."""
+    import test_train as tiny
     from omegaconf import open_dict
     from torch import nn
 
-    import test_train as tiny
     from birder_repro.comm import attach_onebit
     from birder_repro.comm.readiness import clocked_registration
     from birder_repro.comm.topology import Topology
@@ -41,9 +39,17 @@ def _lone_onebit_run(rank: int, world: int, run_dir: str):
     cfg = tiny.make_config(run_dir, steps=5, eval=False)
     with open_dict(cfg):
         cfg.optim, cfg.nodes = {"name": "onebit_adam", "lr": 1e-3}, 1
-    record = train(cfg, task=tiny.BlobsTask(), data=tiny.blobs_data(0, 1, 8), model=model, optimizer=optimizer,
-                   comm=comm, topology=Topology(rank=0, world_size=1, gpus_per_node=1),
-                   device=torch.device("cpu"), run_dir=run_dir)
+    record = train(
+        cfg,
+        task=tiny.BlobsTask(),
+        data=tiny.blobs_data(0, 1, 8),
+        model=model,
+        optimizer=optimizer,
+        comm=comm,
+        topology=Topology(rank=0, world_size=1, gpus_per_node=1),
+        device=torch.device("cpu"),
+        run_dir=run_dir,
+    )
     comm.close()
     return record["profile"]
 
@@ -67,8 +73,11 @@ class _StreamsOf:
         real_is_cuda, real_device = torch.Tensor.is_cuda, torch.Tensor.device
         ours = self.ids
         monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: id(t) in ours or real_is_cuda.__get__(t)))
-        monkeypatch.setattr(torch.Tensor, "device", property(
-            lambda t: torch.device("cuda", 1) if id(t) in ours else real_device.__get__(t)))
+        monkeypatch.setattr(
+            torch.Tensor,
+            "device",
+            property(lambda t: torch.device("cuda", 1) if id(t) in ours else real_device.__get__(t)),
+        )
         monkeypatch.setattr(torch.Tensor, "record_stream", lambda t, stream: self.marked.append((id(t), stream)))
         monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: f"current stream of {device}")
 
@@ -110,8 +119,10 @@ def test_gpus_per_node_auto_is_refused_where_the_cli_cannot_count_the_gpus(compo
     cfg = compose(["task=resnet20", "optim=birder", "launcher=slurm", "dry_run=true"], hydra_config=True)
     assert run(cfg, tmp_path / "run") == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[0] == ("[birder-repro] config error: gpus_per_node=auto with launcher=slurm: the machine that "
-                      "submits the job cannot count the compute nodes' GPUs; set gpus_per_node=<processes per node>")
+    assert err[0] == (
+        "[birder-repro] config error: gpus_per_node=auto with launcher=slurm: the machine that "
+        "submits the job cannot count the compute nodes' GPUs; set gpus_per_node=<processes per node>"
+    )
 
 
 def test_pin_memory_follows_the_runs_device_not_the_machine(compose, monkeypatch):
@@ -128,11 +139,19 @@ def test_pin_memory_follows_the_runs_device_not_the_machine(compose, monkeypatch
 def test_start_line_names_device_backend_precision_and_versions():
     from birder_repro.worker import DistEnv, start_line
 
-    line = start_line(DistEnv(0, 4, 0, 2), {"device": "cuda (NVIDIA H100)", "backend": "nccl", "precision": "bf16",
-                                            "versions": {"torch": "2.14.1", "cuda": "13.0", "nccl": "2.27.3",
-                                                         "triton": "3.8.0"}})
-    assert line == ("[birder-repro] 4 processes on cuda (NVIDIA H100), backend nccl, precision bf16; torch 2.14.1, "
-                    "CUDA 13.0, NCCL 2.27.3, Triton 3.8.0")
+    line = start_line(
+        DistEnv(0, 4, 0, 2),
+        {
+            "device": "cuda (NVIDIA H100)",
+            "backend": "nccl",
+            "precision": "bf16",
+            "versions": {"torch": "2.14.1", "cuda": "13.0", "nccl": "2.27.3", "triton": "3.8.0"},
+        },
+    )
+    assert line == (
+        "[birder-repro] 4 processes on cuda (NVIDIA H100), backend nccl, precision bf16; torch 2.14.1, "
+        "CUDA 13.0, NCCL 2.27.3, Triton 3.8.0"
+    )
 
 
 # ------------------------------------------- a resume leaves AdamW's step counters on the CPU, as torch keeps them
@@ -183,10 +202,10 @@ def test_onebit_lamb_steps_read_nothing_back_from_the_device(monkeypatch):
     """LAMB's coefficient, c_avg, the scaling ratio and its clips were Python floats: float() of a norm several
     times per parameter per step, each a host sync on a GPU. They are device tensors now: no read in a warmup or
     compression step (counted on the CPU: host_syncs.py), and one at the freeze (the momentum scales)."""
+    from host_syncs import counted_reads
     from torch import nn
 
     from birder_repro.optim import OneBitLamb
-    from host_syncs import counted_reads
 
     torch.manual_seed(0)
     params = [nn.Parameter(torch.randn(5, 3)), nn.Parameter(torch.randn(7)), nn.Parameter(torch.zeros(4))]

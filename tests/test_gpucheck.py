@@ -26,16 +26,24 @@ HAS_TRITON = __import__("importlib").util.find_spec("triton") is not None
 # ---------------------------------------------------------------------------------------- without CUDA
 def _gpucheck(cwd: Path, env: dict) -> subprocess.CompletedProcess:
     """The real command with CUDA hidden from torch and the NVIDIA probe pointed at ``env``'s stand-ins."""
-    return subprocess.run([sys.executable, "-m", "birder_repro.gpucheck"], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, **env, "CUDA_VISIBLE_DEVICES": ""}, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "birder_repro.gpucheck"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env, "CUDA_VISIBLE_DEVICES": ""},
+        timeout=300,
+    )
 
 
 def test_without_an_nvidia_device_one_line_exit_0_and_nothing_written(tmp_path):
     """A machine without NVIDIA devices (an empty stand-in root, no nvidia-smi): one line, exit 0, no table."""
     (tmp_path / "root").mkdir()
     (tmp_path / "cwd").mkdir()
-    proc = _gpucheck(tmp_path / "cwd", {cuda_env.ROOT_ENV: str(tmp_path / "root"),
-                                        cuda_env.SMI_ENV: str(tmp_path / "no-such-nvidia-smi")})
+    proc = _gpucheck(
+        tmp_path / "cwd",
+        {cuda_env.ROOT_ENV: str(tmp_path / "root"), cuda_env.SMI_ENV: str(tmp_path / "no-such-nvidia-smi")},
+    )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert len(lines) == 1 and "no NVIDIA GPU here" in lines[0] and "nothing was checked" in lines[0]
@@ -128,8 +136,13 @@ _TRITON_SCRIPT = textwrap.dedent("""
 def test_compare_kernels_triton_interpreter_against_cpu_backend():
     """The comparison the GPU runs, with Triton's interpreter on CPU tensors (read at import: a subprocess)."""
     numel = 2056  # not a multiple of Triton's block: masked tails in every kernel
-    proc = subprocess.run([sys.executable, "-c", _TRITON_SCRIPT, str(numel)], capture_output=True, text=True,
-                          env=dict(os.environ, TRITON_INTERPRET="1"), timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _TRITON_SCRIPT, str(numel)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, TRITON_INTERPRET="1"),
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(proc.stdout.splitlines()[-1])
     assert len(rows) == 8 and all(r[0] == PASS and r[2] == "bit-identical" for r in rows), rows
@@ -155,16 +168,30 @@ def test_compare_kernels_fails_a_backend_that_differs(monkeypatch):
 
 
 # --------------------------------------------------------------------------------------- record checks
-def _fake_run(tmp_path: Path, parts=(0.006, 0.002, 0.001, 0.001), wall_per_step=0.011, status="completed",
-              device="cuda (NVIDIA H100)", overlapped=True) -> Path:
+def _fake_run(
+    tmp_path: Path,
+    parts=(0.006, 0.002, 0.001, 0.001),
+    wall_per_step=0.011,
+    status="completed",
+    device="cuda (NVIDIA H100)",
+    overlapped=True,
+) -> Path:
     """A run directory as the runner writes it: record.json and metrics.jsonl logged every 4 steps."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     step = dict(zip(runs.PARTS, parts), total=sum(parts))
-    record = {"status": status, "error": None if status == "completed" else "Traceback\nRuntimeError: boom",
-              "device": device, "steps": 12, "timed_steps": 8, "step_time_s": step,
-              "overlap_s": {"overlapped": overlapped}, "throughput_by_stage": {},
-              "throughput_samples_per_s": 100.0, "config": {"train": {"precision": "bf16"}}}
+    record = {
+        "status": status,
+        "error": None if status == "completed" else "Traceback\nRuntimeError: boom",
+        "device": device,
+        "steps": 12,
+        "timed_steps": 8,
+        "step_time_s": step,
+        "overlap_s": {"overlapped": overlapped},
+        "throughput_by_stage": {},
+        "throughput_samples_per_s": 100.0,
+        "config": {"train": {"precision": "bf16"}},
+    }
     (run_dir / "record.json").write_text(json.dumps(record))
     lines = [{"step": s, "time_s": 1.0 + (s - 4) * wall_per_step, "loss": 1.0} for s in (4, 8, 12)]
     (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
@@ -180,13 +207,16 @@ def test_record_check_passes_a_consistent_run(tmp_path):
     assert row.numbers["coverage"] == pytest.approx(0.01 / 0.011)
 
 
-@pytest.mark.parametrize("kwargs, why", [
-    (dict(status="failed"), "RuntimeError: boom"),
-    (dict(device="cpu"), "not cuda"),
-    (dict(wall_per_step=0.05), "wall-clock"),  # steps timed without waiting for the GPU: far below the wall
-    (dict(wall_per_step=0.009), "wall-clock"),  # more time in the steps than passed
-    (dict(overlapped=False), "did not overlap"),
-])
+@pytest.mark.parametrize(
+    "kwargs, why",
+    [
+        (dict(status="failed"), "RuntimeError: boom"),
+        (dict(device="cpu"), "not cuda"),
+        (dict(wall_per_step=0.05), "wall-clock"),  # steps timed without waiting for the GPU: far below the wall
+        (dict(wall_per_step=0.009), "wall-clock"),  # more time in the steps than passed
+        (dict(overlapped=False), "did not overlap"),
+    ],
+)
 def test_record_check_fails(tmp_path, kwargs, why):
     row = runs.check_record(SPEC, _fake_run(tmp_path, **kwargs))
     assert row.status == FAIL and why in row.detail
@@ -218,11 +248,19 @@ def test_an_fp16_run_must_record_gradscalers_scale(tmp_path):
 def test_plan_has_birder_onebit_and_each_tasks_baseline():
     specs = runs.plan(["resnet20", "bert_squad", "vit"], ["fp32", "bf16"])
     optims = {(s.task, s.optim) for s in specs}
-    assert {("resnet20", "sgdm"), ("bert_squad", "bertadam"), ("vit", "adamw"), ("vit", "birder"),
-            ("bert_squad", "onebit_adam")} <= optims and len(specs) == 3 * 3 * 2
+    assert {
+        ("resnet20", "sgdm"),
+        ("bert_squad", "bertadam"),
+        ("vit", "adamw"),
+        ("vit", "birder"),
+        ("bert_squad", "onebit_adam"),
+    } <= optims and len(specs) == 3 * 3 * 2
     fp16 = [s for s in runs.plan(["digits", "vit"], ["fp32", "bf16"], ("digits",)) if s.precision == "fp16"]
-    assert {(s.task, s.optim) for s in fp16} == {("digits", "birder"), ("digits", "onebit_adam"),
-                                                 ("digits", runs.baseline("digits"))}
+    assert {(s.task, s.optim) for s in fp16} == {
+        ("digits", "birder"),
+        ("digits", "onebit_adam"),
+        ("digits", runs.baseline("digits")),
+    }
     assert not [s for s in runs.plan(["vit"], ["fp16"], ("digits",)) if s.task == "digits"]
     args = runs.overrides(SPEC, Path("/r"))
     assert "device=cuda" in args and "train.precision=bf16" in args and "optim.comm.overlap=true" in args
@@ -285,8 +323,23 @@ def test_a_real_run_through_the_runner_passes_its_record_checks(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_check_on_cuda_small(tmp_path):
     """On a GPU node (``pytest -m gpu``): the kernels on a 1M bucket and one task's runs, end to end."""
-    gpucheck.main(["--out", str(tmp_path), "--only", "kernels", "runs", "--sizes", str(1 << 20), "--tasks", "digits",
-                   "--precisions", "fp32", "--repeats", "5"])
+    gpucheck.main(
+        [
+            "--out",
+            str(tmp_path),
+            "--only",
+            "kernels",
+            "runs",
+            "--sizes",
+            str(1 << 20),
+            "--tasks",
+            "digits",
+            "--precisions",
+            "fp32",
+            "--repeats",
+            "5",
+        ]
+    )
     rows = json.loads((tmp_path / "gpu-check.json").read_text())["checks"]
     # the timing rows are left out: on a 1M bucket the launch overhead, not the kernel, is what they would time
     checked = [r for r in rows if " time, " not in r["name"]]

@@ -7,10 +7,9 @@ import torch
 
 pytest.importorskip("accelerate")
 
-from birder_repro.comm import flat_topology  # noqa: E402
-from birder_repro.comm.birder import BirderState  # noqa: E402
-from birder_repro.integrations.accelerate import (attach_hook, hook_state_path, load_hook_state,  # noqa: E402
-                                                  save_hook_state)
+from birder_repro.comm import flat_topology
+from birder_repro.comm.birder import BirderState
+from birder_repro.integrations.accelerate import attach_hook, hook_state_path, load_hook_state, save_hook_state
 
 
 def test_hook_state_round_trips_through_its_rank_file(tmp_path):

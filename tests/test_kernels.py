@@ -59,15 +59,29 @@ def _run(backend: str, n: int, b_hat: bool, kind: str, workers: int, into: bool 
     g, m, b, e, bh = _state(n, b_hat)
     old = [t.clone() for t in (m, b, e, bh) if t is not None]
     outs = tuple(torch.full_like(t, float("nan")) for t in old) if into else None
-    out = {"bits": kernels.worker_compress(g, m, b, e, beta=0.9, eps=1e-8, seed=SEED, offset=_offset(kind, n),
-                                           backend=backend, b_hat=bh, state_out=outs)}
+    out = {
+        "bits": kernels.worker_compress(
+            g,
+            m,
+            b,
+            e,
+            beta=0.9,
+            eps=1e-8,
+            seed=SEED,
+            offset=_offset(kind, n),
+            backend=backend,
+            b_hat=bh,
+            state_out=outs,
+        )
+    }
     new = outs if into else tuple(t for t in (m, b, e, bh) if t is not None)
     out.update(zip(("m", "b", "e", "b_hat"), new))
     received, e_bar = _server_inputs(n, workers)
     e_bar_old = e_bar.clone()
     e_bar_out = torch.full_like(e_bar, float("nan")) if into else None
-    out["bits_bar"] = kernels.server_compress(received, e_bar, seed=SEED + 1, offset=_offset(kind, n),
-                                              backend=backend, e_bar_out=e_bar_out)
+    out["bits_bar"] = kernels.server_compress(
+        received, e_bar, seed=SEED + 1, offset=_offset(kind, n), backend=backend, e_bar_out=e_bar_out
+    )
     out["e_bar"] = e_bar_out if into else e_bar
     out["signs"] = kernels.unpack(out["bits"], backend=backend)
     if into:  # the old state is whole: it could restore a skipped step
@@ -82,8 +96,13 @@ def _assert_same(a: dict, b: dict) -> None:
         assert torch.equal(a[k], b[k]), f"{k} differs in {int((a[k] != b[k]).sum())} places"
 
 
-CASES = [(n, b_hat, kind, workers) for n in (8, 72, 8200, 20_016) for b_hat in (False, True)
-         for kind in ("plain", "segments") for workers in ((1, 3) if n == 20_016 else (2,))]
+CASES = [
+    (n, b_hat, kind, workers)
+    for n in (8, 72, 8200, 20_016)
+    for b_hat in (False, True)
+    for kind in ("plain", "segments")
+    for workers in ((1, 3) if n == 20_016 else (2,))
+]
 # the new state written beside the old (state_out, e_bar_out): the same bits and the same new state
 CASES += [(n, b_hat, "segments", 2, True) for n in (72, 8200, 20_016) for b_hat in (False, True)]
 
@@ -115,15 +134,24 @@ def _splitmix64_outputs(seed: int, n: int) -> list[int]:
 
 # (run seed, step, role, rank) -> derive_seed's documented chain: h = next(run seed), then h = next(h ^ value)
 # for the step, the role's number (worker 1, server 2) and the rank, computed with _splitmix64_outputs above.
-DERIVED_SEEDS = {(5, 1, "worker", 0): 0xE408D4E4A7EEF798, (5, 1, "server", 0): 0x94BE6A1B7FBC8C52,
-                 (5, 1, "worker", 1): 0x9A21AB65D9B51C61, (0, 0, "worker", 0): 0xD9EEF7F073D37C42,
-                 (123456789, 1000000, "server", 3): 0xA4533DF800FFCADF}
+DERIVED_SEEDS = {
+    (5, 1, "worker", 0): 0xE408D4E4A7EEF798,
+    (5, 1, "server", 0): 0x94BE6A1B7FBC8C52,
+    (5, 1, "worker", 1): 0x9A21AB65D9B51C61,
+    (0, 0, "worker", 0): 0xD9EEF7F073D37C42,
+    (123456789, 1000000, "server", 3): 0xA4533DF800FFCADF,
+}
 
 
 def test_derive_seed_gives_the_splitmix64_chain_and_independent_draws():
     # The independent splitmix64 gives the generator's known outputs (seed 1234567, and seed 0's first).
-    assert _splitmix64_outputs(1234567, 5) == [6457827717110365317, 3203168211198807973, 9817491932198370423,
-                                               4593380528125082431, 16408922859458223821]
+    assert _splitmix64_outputs(1234567, 5) == [
+        6457827717110365317,
+        3203168211198807973,
+        9817491932198370423,
+        4593380528125082431,
+        16408922859458223821,
+    ]
     assert _splitmix64_outputs(0, 1) == [0xE220A8397B1DCDAF]
     for (run_seed, step, role, rank), expected in DERIVED_SEEDS.items():
         h = _splitmix64_outputs(run_seed, 1)[0]
@@ -131,12 +159,20 @@ def test_derive_seed_gives_the_splitmix64_chain_and_independent_draws():
             h = _splitmix64_outputs(h ^ value, 1)[0]
         assert h == expected  # the table is the chain, not a copy of what the code returned
         assert kernels.derive_seed(run_seed, step, role, rank) == expected, (run_seed, step, role, rank)
-    seeds = {kernels.derive_seed(5, step, role, rank) for step in range(4) for role in ("worker", "server")
-             for rank in range(4)}
+    seeds = {
+        kernels.derive_seed(5, step, role, rank)
+        for step in range(4)
+        for role in ("worker", "server")
+        for rank in range(4)
+    }
     assert len(seeds) == 32 and all(0 <= s < 1 << 64 for s in seeds)
     pos = torch.arange(200_000)
-    draws = torch.stack([kernels.uniform(kernels.derive_seed(5, 1, role, rank), pos)
-                         for role, rank in (("worker", 0), ("worker", 1), ("server", 0))])
+    draws = torch.stack(
+        [
+            kernels.uniform(kernels.derive_seed(5, 1, role, rank), pos)
+            for role, rank in (("worker", 0), ("worker", 1), ("server", 0))
+        ]
+    )
     corr = torch.corrcoef(draws.double())
     assert (corr - torch.eye(3, dtype=torch.float64)).abs().max() < 0.01  # 1/sqrt(2e5) = 0.0022
 
@@ -158,8 +194,9 @@ def test_torch_backend_equals_the_optimizer_functions(b_hat, workers):
     g, m, b, e, bh = _state(n, b_hat)
     ref = [t.clone() if t is not None else None for t in (g, m, b, e, bh)]
     bits = pack_bits(worker_step_(*ref[:4], kernels.uniform(SEED, torch.arange(n) + 99), 0.9, 1e-8, b_hat=ref[4]))
-    assert torch.equal(kernels.worker_compress(g, m, b, e, beta=0.9, eps=1e-8, seed=SEED, offset=99,
-                                               backend="torch", b_hat=bh), bits)
+    assert torch.equal(
+        kernels.worker_compress(g, m, b, e, beta=0.9, eps=1e-8, seed=SEED, offset=99, backend="torch", b_hat=bh), bits
+    )
     for new, old in zip((m, b, e, bh), ref[1:]):
         assert new is None or torch.equal(new, old)
     received, e_bar = _server_inputs(n, workers)
@@ -183,8 +220,9 @@ def test_quantizer_is_unbiased():
     xs = torch.tensor([-1.5, -1.0, -0.7, -0.25, 0.0, 0.1, 0.5, 0.9, 1.0, 2.0])
     draws = 50_000  # standard error of a mean of +-1 draws <= 1/sqrt(draws) = 0.0045; 5 sigma: 0.023
     e_bar = xs.repeat_interleave(draws)
-    received = torch.stack([torch.full((e_bar.numel() // 8,), 255, dtype=torch.uint8),
-                            torch.zeros(e_bar.numel() // 8, dtype=torch.uint8)])  # +1 and -1: mean 0
+    received = torch.stack(
+        [torch.full((e_bar.numel() // 8,), 255, dtype=torch.uint8), torch.zeros(e_bar.numel() // 8, dtype=torch.uint8)]
+    )  # +1 and -1: mean 0
     packed = kernels.server_compress(received, e_bar, seed=kernels.derive_seed(1, 1, "server", 0), backend="torch")
     means = kernels.unpack(packed, backend="torch").view(len(xs), draws).mean(dim=1)
     assert (means - xs.clamp(-1, 1)).abs().max() < 0.023
@@ -258,10 +296,14 @@ def triton_results(tmp_path_factory):
     if not HAS_TRITON:
         pytest.skip("triton is not installed")
     path = tmp_path_factory.mktemp("triton") / "results.pt"
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(__file__), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    proc = subprocess.run([sys.executable, "-c", _TRITON_SCRIPT, str(path)], env=env, capture_output=True,
-                          text=True, timeout=300)
+    env = dict(
+        os.environ,
+        TRITON_INTERPRET="1",
+        PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", _TRITON_SCRIPT, str(path)], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return torch.load(path)
 
@@ -281,34 +323,40 @@ def _z(n=16, dtype=torch.float32):
     return torch.zeros(n, dtype=dtype)
 
 
-@pytest.mark.parametrize("call,match", [
-    (lambda: kernels.worker_compress(_z(dtype=torch.float64), _z(), _z(), _z()), "g must be a float32"),
-    (lambda: kernels.worker_compress(_z(12), _z(12), _z(12), _z(12)), "multiple of 8"),
-    (lambda: kernels.worker_compress(_z(), _z(8), _z(), _z()), "m has 8 elements, expected 16"),
-    (lambda: kernels.worker_compress(_z(), _z(), _z(), _z(), b_hat=_z(24)), "b_hat has 24"),
-    (lambda: kernels.worker_compress(_z(), _z(), _z(), _z(), seed=-1), "seed must be"),
-    (lambda: kernels.worker_compress(_z(), _z(), _z(), _z(), offset=-3), "offset must be"),
-    (lambda: kernels.worker_compress(_z(), _z(), _z(), _z(), offset=Segments([0, 16], [0, 0])), "past the buffer"),
-    (lambda: kernels.worker_compress(_z(), _z(), _z(), _z(), backend="cuda"), "choices: auto, torch, cpu, triton"),
-    (lambda: kernels.worker_compress(_z(), _z(), _z(), _z(), state_out=(_z(), _z())), "state_out needs 3"),
-    (lambda: kernels.worker_compress(_z(), _z(), _z(), _z(), state_out=(_z(), _z(8), _z())), "b' has 8"),
-    (lambda: kernels.server_compress(_z(2), _z()), "2-D uint8"),
-    (lambda: kernels.server_compress(torch.zeros(2, 2, dtype=torch.uint8), _z(16), e_bar_out=_z(8)),
-     "e_bar_out has 8"),
-    (lambda: kernels.server_compress(torch.zeros(2, 2, dtype=torch.uint8), _z(8)), "e_bar has 8 elements"),
-    (lambda: kernels.unpack(_z()), "uint8"),
-    (lambda: Segments([1, 4], [0, 0]), "begin at 0"),
-    (lambda: Segments([0, 4], [0]), "as many starts"),
-    (lambda: kernels.uniform(0, torch.arange(4, dtype=torch.int32)), "int64"),
-    (lambda: kernels.derive_seed(0, 0, "client", 0), "role must be"),
-])
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: kernels.worker_compress(_z(dtype=torch.float64), _z(), _z(), _z()), "g must be a float32"),
+        (lambda: kernels.worker_compress(_z(12), _z(12), _z(12), _z(12)), "multiple of 8"),
+        (lambda: kernels.worker_compress(_z(), _z(8), _z(), _z()), "m has 8 elements, expected 16"),
+        (lambda: kernels.worker_compress(_z(), _z(), _z(), _z(), b_hat=_z(24)), "b_hat has 24"),
+        (lambda: kernels.worker_compress(_z(), _z(), _z(), _z(), seed=-1), "seed must be"),
+        (lambda: kernels.worker_compress(_z(), _z(), _z(), _z(), offset=-3), "offset must be"),
+        (lambda: kernels.worker_compress(_z(), _z(), _z(), _z(), offset=Segments([0, 16], [0, 0])), "past the buffer"),
+        (lambda: kernels.worker_compress(_z(), _z(), _z(), _z(), backend="cuda"), "choices: auto, torch, cpu, triton"),
+        (lambda: kernels.worker_compress(_z(), _z(), _z(), _z(), state_out=(_z(), _z())), "state_out needs 3"),
+        (lambda: kernels.worker_compress(_z(), _z(), _z(), _z(), state_out=(_z(), _z(8), _z())), "b' has 8"),
+        (lambda: kernels.server_compress(_z(2), _z()), "2-D uint8"),
+        (
+            lambda: kernels.server_compress(torch.zeros(2, 2, dtype=torch.uint8), _z(16), e_bar_out=_z(8)),
+            "e_bar_out has 8",
+        ),
+        (lambda: kernels.server_compress(torch.zeros(2, 2, dtype=torch.uint8), _z(8)), "e_bar has 8 elements"),
+        (lambda: kernels.unpack(_z()), "uint8"),
+        (lambda: Segments([1, 4], [0, 0]), "begin at 0"),
+        (lambda: Segments([0, 4], [0]), "as many starts"),
+        (lambda: kernels.uniform(0, torch.arange(4, dtype=torch.int32)), "int64"),
+        (lambda: kernels.derive_seed(0, 0, "client", 0), "role must be"),
+    ],
+)
 def test_bad_inputs_raise_clear_errors(call, match):
     with pytest.raises(ValueError, match=match):
         call()
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or not HAS_TRITON,
-                    reason="needs triton, not interpreting")
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or not HAS_TRITON, reason="needs triton, not interpreting"
+)
 def test_triton_on_cpu_tensors_says_how_to_run_it():
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         kernels.unpack(torch.zeros(2, dtype=torch.uint8), backend="triton")
@@ -325,8 +373,10 @@ def _specialisation(kernel, args: dict) -> list:
 
 
 _SEEDS = [0, 1, 16, 2**31 - 1, 2**31, 2**32 + 16, 2**63 - 1, 2**63, 2**63 + 5, 2**64 - 1, SEED]
-_NEEDS_COMPILER = pytest.mark.skipif(not HAS_TRITON or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
-                                     reason="needs triton's compiler front end")
+_NEEDS_COMPILER = pytest.mark.skipif(
+    not HAS_TRITON or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
+    reason="needs triton's compiler front end",
+)
 
 
 def _record_launches(monkeypatch) -> list:
@@ -348,6 +398,7 @@ def _launch_every_way(gpu) -> None:
     and % 16, 1 worker (1 node) and 16 or more, segment tables of 1 to 5 entries, keys of every type class
     (i32, i64, u64, == 1, % 16), a bucket's last byte unpacked from a 1-byte slice at an odd address, and
     buckets past 2^30 elements (meta tensors: nothing is allocated)."""
+
     def f32(n, device="cpu"):
         return torch.zeros(n, device=device)
 
@@ -364,7 +415,7 @@ def _launch_every_way(gpu) -> None:
     buf = torch.zeros(300, dtype=torch.uint8)
     for start in (0, 1, 3, 16):
         for nbytes in (1, 2, 16, 129):
-            gpu.unpack(buf[start: start + nbytes], f32(8 * nbytes))
+            gpu.unpack(buf[start : start + nbytes], f32(8 * nbytes))
 
 
 @_NEEDS_COMPILER
@@ -466,8 +517,9 @@ def test_kernel_masks_hold_past_two_to_the_31_elements(tmp_path):
     Triton's integer types, with the helper the kernels use."""
     path = tmp_path / "mask.pt"
     env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", _MASK_SCRIPT, str(path)], env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _MASK_SCRIPT, str(path)], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert torch.load(path).tolist() == [1, 1, 1, 1, 0, 0, 0, 1]
 
@@ -492,8 +544,9 @@ def test_a_hook_keeps_one_segment_table_per_bucket_and_range():
     from birder_repro.comm.buckets import Bucket
     from birder_repro.comm.topology import Topology
 
-    state = BirderState(Topology(rank=0, world_size=1, gpus_per_node=1), scheme="flat", param_numels=[10, 6],
-                        overlap=False)
+    state = BirderState(
+        Topology(rank=0, world_size=1, gpus_per_node=1), scheme="flat", param_numels=[10, 6], overlap=False
+    )
     bucket = Bucket(((0, 0, 10), (1, 10, 6)), 16, 16, {})
     seed1, where1 = state._draws(bucket, "worker", 0, 16)
     bucket.step += 1
@@ -549,8 +602,12 @@ def test_no_deprecated_collective_names():
     from birder_repro.comm import collectives
 
     root = pathlib.Path(birder_repro.__file__).parent
-    offenders = [str(p) for p in root.rglob("*.py") if p.name != "collectives.py"
-                 and ("dist.reduce_scatter_tensor" in p.read_text() or "dist.all_gather_into_tensor" in p.read_text())]
+    offenders = [
+        str(p)
+        for p in root.rglob("*.py")
+        if p.name != "collectives.py"
+        and ("dist.reduce_scatter_tensor" in p.read_text() or "dist.all_gather_into_tensor" in p.read_text())
+    ]
     assert offenders == []
     import torch.distributed as dist
 

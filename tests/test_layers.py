@@ -17,14 +17,24 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("importlinter", reason="import-linter is not installed: pip install 'import-linter>=2.6'")
-import grimp  # noqa: E402 - import-linter's graph library, installed with it
+import grimp
 
 REPO = Path(__file__).resolve().parents[1]
 
 # The circles users hit before the layers were checked: each group was one strongly connected set of modules.
 CIRCLES = {
-    "config-launch-perf-record": ["config", "launch.emulated", "launch.local", "launch.torchrun", "perf.emulated",
-                                  "perf.linkprobe", "perf.probe", "perf.validate", "record", "train.target"],
+    "config-launch-perf-record": [
+        "config",
+        "launch.emulated",
+        "launch.local",
+        "launch.torchrun",
+        "perf.emulated",
+        "perf.linkprobe",
+        "perf.probe",
+        "perf.validate",
+        "record",
+        "train.target",
+    ],
     "perf-model-profiles": ["perf.model", "perf.profile", "perf.paper_profiles"],
     "checkpoint-relayout": ["train.checkpoint", "train.relayout"],
 }
@@ -35,8 +45,9 @@ def lint_imports(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     package it checks is that directory's, not another installed copy."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), os.environ.get("PYTHONPATH", "")])}
     code = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
-    return subprocess.run([sys.executable, "-c", code, "--no-cache", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code, "--no-cache", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def cycles(graph: grimp.ImportGraph, package: str) -> list[tuple[str, ...]]:
@@ -80,7 +91,8 @@ def test_lint_imports_fails_a_lower_layer_importing_a_higher_one(tmp_path):
     (pkg / "__init__.py").write_text("")
     (pkg / "high.py").write_text("from layered import low\n")
     (pkg / "low.py").write_text("def f():\n    from layered import high  # inside a function: still counted\n")
-    (tmp_path / ".importlinter").write_text(textwrap.dedent("""\
+    (tmp_path / ".importlinter").write_text(
+        textwrap.dedent("""\
         [importlinter]
         root_package = layered
 
@@ -90,7 +102,8 @@ def test_lint_imports_fails_a_lower_layer_importing_a_higher_one(tmp_path):
         layers =
             layered.high
             layered.low
-        """))
+        """)
+    )
     result = lint_imports(tmp_path)
     assert result.returncode != 0
     assert "layered.low is not allowed to import layered.high" in result.stdout, result.stdout[-3000:]
@@ -98,8 +111,9 @@ def test_lint_imports_fails_a_lower_layer_importing_a_higher_one(tmp_path):
 
 def _graph() -> grimp.ImportGraph:
     origin = Path(importlib.util.find_spec("birder_repro").origin).resolve()
-    assert origin.is_relative_to(REPO), (f"birder_repro imports from {origin}, not this checkout: run the tests "
-                                         f"with PYTHONPATH={REPO}")
+    assert origin.is_relative_to(REPO), (
+        f"birder_repro imports from {origin}, not this checkout: run the tests with PYTHONPATH={REPO}"
+    )
     return grimp.build_graph("birder_repro", cache_dir=None)
 
 

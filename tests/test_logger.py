@@ -20,8 +20,16 @@ def wandb_config(mode: str) -> OmegaConf:
     """The real conf/logger/wandb.yaml with ``mode``, on a run with just enough keys for W&B's group."""
     logger = OmegaConf.load(ROOT / "conf" / "logger" / "wandb.yaml")
     logger.mode = mode
-    return OmegaConf.create({"logger": logger, "task": {"name": "blobs"}, "optim": {"name": "sgdm"},
-                             "cluster": {"name": "local"}, "nodes": 1, "gpus_per_node": 1})
+    return OmegaConf.create(
+        {
+            "logger": logger,
+            "task": {"name": "blobs"},
+            "optim": {"name": "sgdm"},
+            "cluster": {"name": "local"},
+            "nodes": 1,
+            "gpus_per_node": 1,
+        }
+    )
 
 
 class _FakeRun:

@@ -26,8 +26,18 @@ from birder_repro.launch import torchrun
 from birder_repro.train.checkpoint import COMPLETE, MANIFEST, step_dir
 
 REPO = Path(__file__).resolve().parent.parent
-DIGITS = ["task=digits", "optim=birder", "logger=none", "model.size=tiny", "nodes=2", "gpus_per_node=1",
-          "train.batch_size=8", "train.steps=16", "train.log_every=4", "task.target.value=1"]
+DIGITS = [
+    "task=digits",
+    "optim=birder",
+    "logger=none",
+    "model.size=tiny",
+    "nodes=2",
+    "gpus_per_node=1",
+    "train.batch_size=8",
+    "train.steps=16",
+    "train.log_every=4",
+    "task.target.value=1",
+]
 
 
 def _free_port() -> int:
@@ -43,8 +53,15 @@ def _env(runs: Path, **extra: str) -> dict:
 def _start(args: list[str], env: dict, out: Path) -> subprocess.Popen:
     """A CLI in a session of its own, as in a terminal of its own (SIGINT to its group is Ctrl-C there)."""
     with open(out, "w") as f:
-        return subprocess.Popen([sys.executable, "-m", "birder_repro.cli", *args], cwd=REPO, env=env, stdout=f,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "birder_repro.cli", *args],
+            cwd=REPO,
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
 
 
 def _wait_for(runs: Path, text: str, timeout: float = 240) -> None:
@@ -64,8 +81,14 @@ def test_two_node_run_is_one_directory_stops_on_sigint_and_resumes_bit_exactly(t
     """Node 0 and node 1 of one run share one directory (every rank's checkpoint file, one record); SIGINT to
     both stops every rank after step 9 (rank 0 waits there for it, BIRDER_TEST_FAULT) with a checkpoint and an
     interrupted record; the printed command, run on both nodes, ends the run bit-equal to an uninterrupted one."""
-    plain = subprocess.run([sys.executable, "-m", "birder_repro.cli", *DIGITS, "launcher=local"], cwd=REPO,
-                           env=_env(tmp_path / "plain"), capture_output=True, text=True, timeout=300)
+    plain = subprocess.run(
+        [sys.executable, "-m", "birder_repro.cli", *DIGITS, "launcher=local"],
+        cwd=REPO,
+        env=_env(tmp_path / "plain"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert plain.returncode == 0, plain.stdout[-2000:] + plain.stderr[-2000:]
     [(plain_rec)] = [record.read_record(p.parent) for p in (tmp_path / "plain").rglob(record.RECORD_FILE)]
 
@@ -84,15 +107,19 @@ def test_two_node_run_is_one_directory_stops_on_sigint_and_resumes_bit_exactly(t
     ckpt = step_dir(run_dir, 9)
     assert {"rank00000.pt", "rank00001.pt", "model.pt", COMPLETE} <= {p.name for p in ckpt.iterdir()}
     assert rec["checkpoint"] == str(ckpt) and f"hydra.run.dir={run_dir.resolve()}" in rec["resume_command"]
-    assert f"node 1: interrupted by SIGINT after step 9; checkpoint {ckpt}; the run's record (rank 0 writes it): " \
+    assert (
+        f"node 1: interrupted by SIGINT after step 9; checkpoint {ckpt}; the run's record (rank 0 writes it): "
         f"{run_dir / record.RECORD_FILE}" in out[1]
+    )
     assert "Traceback" not in out[0] + out[1]  # torchrun's report of the signal stays in the output logs
     commands = [o.strip().splitlines()[-1] for o in out]
     assert commands[0] == f"[birder-repro] resume: {rec['resume_command']}"
     assert commands[1].startswith("[birder-repro] resume (this node): birder-repro ")
 
-    resumed = [_start(shlex.split(c.split(": ", 1)[1])[1:], _env(runs), tmp_path / f"resume{k}.out")
-               for k, c in enumerate(commands)]
+    resumed = [
+        _start(shlex.split(c.split(": ", 1)[1])[1:], _env(runs), tmp_path / f"resume{k}.out")
+        for k, c in enumerate(commands)
+    ]
     codes = [p.wait(timeout=300) for p in resumed]
     assert codes == [0, 0], (tmp_path / "resume0.out").read_text()[-3000:]
     done = record.read_record(run_dir)
@@ -145,8 +172,19 @@ def test_the_cell_digest_survives_the_config_file_and_leaves_out_what_cannot_cha
     cfg = cli.layout.resolve(compose(DIGITS), gpu_count=0)
     record.write_run_files(tmp_path, cfg, "birder-repro")
     assert rundir.cell_digest(record.load_run_config(tmp_path)) == rundir.cell_digest(cfg)
-    same = cli.layout.resolve(compose([*DIGITS, "logger=wandb", "train.checkpoint_every=5", "train.resume=auto",
-                                       "launcher=torchrun", "launcher.master_port=1"]), gpu_count=0)
+    same = cli.layout.resolve(
+        compose(
+            [
+                *DIGITS,
+                "logger=wandb",
+                "train.checkpoint_every=5",
+                "train.resume=auto",
+                "launcher=torchrun",
+                "launcher.master_port=1",
+            ]
+        ),
+        gpu_count=0,
+    )
     assert rundir.cell_digest(same) == rundir.cell_digest(cfg)
     assert rundir.cell_digest(cli.layout.resolve(compose([*DIGITS, "seed=3"]), gpu_count=0)) != rundir.cell_digest(cfg)
 

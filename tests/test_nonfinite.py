@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dist_utils import run_distributed
 from torch import nn
 
 from birder_repro.comm.birder import attach_birder
 from birder_repro.optim import Birder
-from dist_utils import run_distributed
 
 NODES, GPUS, STEPS, BAD_STEP, BAD_RANK = 2, 2, 5, 2, 3
 
@@ -94,9 +94,17 @@ def _onebit_script(rank: int, world: int):
         opt.step()
         opt.zero_grad()
         out["params"].append([p.detach().clone() for p in model.parameters()])
-        out["state"].append({**{(i, k): t.clone() for i, b in state.store.buckets.items() for k, t in b.state.items()},
-                             **{(j, k): t.clone() for j, p in enumerate(model.parameters())
-                                for k, t in opt.state[p].items() if isinstance(t, torch.Tensor)}})
+        out["state"].append(
+            {
+                **{(i, k): t.clone() for i, b in state.store.buckets.items() for k, t in b.state.items()},
+                **{
+                    (j, k): t.clone()
+                    for j, p in enumerate(model.parameters())
+                    for k, t in opt.state[p].items()
+                    if isinstance(t, torch.Tensor)
+                },
+            }
+        )
     out["nonfinite_steps"], out["steps_done"] = state.nonfinite_steps, opt.steps_done
     state.close()
     return out
@@ -121,8 +129,9 @@ def test_onebit_adam_skips_a_nonfinite_step_in_both_stages():
 def test_the_flags_of_all_buckets_are_read_in_one_host_sync(monkeypatch, mode):
     """A read per bucket syncs the device once per bucket on a GPU: the step's flags are read together, once
     (counted on the CPU: host_syncs.py), for a finite step and for a skipped one."""
-    from birder_repro.comm.nonfinite import NonFiniteGuard
     from host_syncs import counted_reads
+
+    from birder_repro.comm.nonfinite import NonFiniteGuard
 
     guard = NonFiniteGuard(mode, rank=1)
     for bad in (False, True):

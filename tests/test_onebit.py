@@ -20,17 +20,17 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from dist_utils import run_distributed
+from onebit_reference import CompressedAllReduceReference, OneBitAdamReference, OneBitLambReference
 from torch import nn
 
-from birder_repro.comm.state import CommState
 from birder_repro.comm.onebit import SCALE_BYTES, attach_onebit, compressed_allreduce
 from birder_repro.comm.pack import padded_size, unpack_signs
+from birder_repro.comm.state import CommState
 from birder_repro.comm.topology import build_topology
 from birder_repro.optim import OneBitAdam, OneBitLamb, build_optimizer, get_optim_info
 from birder_repro.optim.onebit_adam import freeze_step_from_config
 from birder_repro.optim.onebit_lamb import clip_ratio, momentum_scales
-from dist_utils import run_distributed
-from onebit_reference import CompressedAllReduceReference, OneBitAdamReference, OneBitLambReference
 
 WORLD, GPUS_PER_NODE = 4, 2
 ALLREDUCE_SIZES = (1001, 40)  # 1001 pads to 1024; 40 pads to 64, so the last server's chunk is all padding
@@ -38,8 +38,18 @@ ALLREDUCE_STEPS = 4
 LARGE = 100_003  # a bucket large enough for the padding to be < 1 % of the bytes
 FREEZE, STEPS, SAVE_AFTER = 3, 7, 5
 ADAM = dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
-LAMB = dict(lr=2e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, c_min=0.01, c_max=0.3, beta3=0.9,
-            r_min=0.5, r_max=4.0, r_threshold=0.1)
+LAMB = dict(
+    lr=2e-2,
+    betas=(0.9, 0.999),
+    eps=1e-8,
+    weight_decay=0.01,
+    c_min=0.01,
+    c_max=0.3,
+    beta3=0.9,
+    r_min=0.5,
+    r_max=4.0,
+    r_threshold=0.1,
+)
 UNUSED_ROWS = slice(8, 16)  # embedding rows no batch ever looks up: their gradient is always zero
 
 
@@ -74,8 +84,11 @@ def _net() -> Net:
 
 def _batch(rank: int, step: int):
     g = torch.Generator().manual_seed(1000 * step + rank)
-    return (torch.randn(8, 6, generator=g), torch.randint(0, UNUSED_ROWS.start, (8,), generator=g),
-            torch.randn(8, 3, generator=g))
+    return (
+        torch.randn(8, 6, generator=g),
+        torch.randint(0, UNUSED_ROWS.start, (8,), generator=g),
+        torch.randn(8, 3, generator=g),
+    )
 
 
 def _loss(model, batch):
@@ -110,9 +123,14 @@ def _scenario_allreduce(rank: int, topology) -> dict:
             ex = compressed_allreduce(xp, we, se, mp, stats=stats, topology=topology)
             if numel != LARGE:
                 steps.append({**ex._asdict(), "worker_error": we.clone(), "server_error": se.clone()})
-        out[numel] = {"steps": steps, "intra": stats.intra_node_bytes, "inter": stats.inter_node_bytes,
-                      "compress_s": stats.compress_seconds, "comm_s": stats.collective_seconds,
-                      "wall_s": time.perf_counter() - t0}
+        out[numel] = {
+            "steps": steps,
+            "intra": stats.intra_node_bytes,
+            "inter": stats.inter_node_bytes,
+            "compress_s": stats.compress_seconds,
+            "comm_s": stats.collective_seconds,
+            "wall_s": time.perf_counter() - t0,
+        }
     return out
 
 
@@ -137,11 +155,18 @@ def _train_step(ddp, opt, state, rank, step) -> dict:
     flat = _flat(ddp.module)
     everyone = [torch.empty_like(flat) for _ in range(WORLD)]
     dist.all_gather(everyone, flat)
-    return {"stage": stage, "hook_stage": hook_stage, "holds": (holds, holds_after), "grads": grads, "params": flat,
-            "layout": {i: b.signature for i, b in state.store.buckets.items()},
-            "identical": all(torch.equal(everyone[0], t) for t in everyone),
-            "intra": state.intra_node_bytes - before[0], "inter": state.inter_node_bytes - before[1],
-            "momentum_unused": momentum_unused}
+    return {
+        "stage": stage,
+        "hook_stage": hook_stage,
+        "holds": (holds, holds_after),
+        "grads": grads,
+        "params": flat,
+        "layout": {i: b.signature for i, b in state.store.buckets.items()},
+        "identical": all(torch.equal(everyone[0], t) for t in everyone),
+        "intra": state.intra_node_bytes - before[0],
+        "inter": state.inter_node_bytes - before[1],
+        "momentum_unused": momentum_unused,
+    }
 
 
 def _checkpoint(ddp, opt, state) -> bytes:
@@ -184,16 +209,25 @@ def _run(make_opt, rank: int, topology) -> dict:
     state2 = attach_onebit(ddp2, opt2, topology=topology)
     _restore(blob, ddp2, opt2, state2)
     fresh = [_train_step(ddp2, opt2, state2, rank, step) for step in range(SAVE_AFTER, STEPS)]
-    return {"initial": initial, "steps": steps, "layout_changes": changes, "seconds": seconds,
-            "resumed_same": same, "resumed_fresh": fresh, "resumed_fresh_layout_changes": state2.layout_changes,
-            "resumed_fresh_pending": len(state2.store.pending)}
+    return {
+        "initial": initial,
+        "steps": steps,
+        "layout_changes": changes,
+        "seconds": seconds,
+        "resumed_same": same,
+        "resumed_fresh": fresh,
+        "resumed_fresh_layout_changes": state2.layout_changes,
+        "resumed_fresh_pending": len(state2.store.pending),
+    }
 
 
 def _scenario_attach_checks(topology) -> dict:
     ddp = nn.parallel.DistributedDataParallel(_net())
     errors = {}
-    for name, opt in (("freeze_step_1", OneBitAdam(ddp.parameters(), freeze_step=1)),
-                      ("not_onebit", torch.optim.Adam(ddp.parameters()))):
+    for name, opt in (
+        ("freeze_step_1", OneBitAdam(ddp.parameters(), freeze_step=1)),
+        ("not_onebit", torch.optim.Adam(ddp.parameters())),
+    ):
         try:
             attach_onebit(ddp, opt, topology=topology)
             errors[name] = None
@@ -240,7 +274,9 @@ def test_compressed_allreduce_matches_reference_step_by_step(dist_results, numel
             assert torch.equal(unpack_signs(got["server_bits"]).reshape(-1), want["server_signs"]), where
             torch.testing.assert_close(got["server_scales"], want["server_scales"], **close)
             torch.testing.assert_close(got["worker_error"], ref.worker_errors[rank], **close)
-            torch.testing.assert_close(got["server_error"], ref.server_error[rank * chunk:(rank + 1) * chunk], **close)
+            torch.testing.assert_close(
+                got["server_error"], ref.server_error[rank * chunk : (rank + 1) * chunk], **close
+            )
     if numel == 40:  # the last chunk is padding only: its server has nothing to send but a zero scale
         assert float(want["server_scales"][-1]) == 0.0
 
@@ -314,8 +350,9 @@ def test_matches_algorithm_1_on_each_side_of_the_freeze_step(dist_results, which
     ref = _reference(which, res[0]["initial"])
     steps = [r["steps"] for r in res]
     for step, want in enumerate(_advance(ref, steps, range(STEPS))):
-        torch.testing.assert_close(res[0]["steps"][step]["params"], want, rtol=1e-5, atol=1e-6,
-                                   msg=lambda m: f"{which}, step {step + 1}: {m}")
+        torch.testing.assert_close(
+            res[0]["steps"][step]["params"], want, rtol=1e-5, atol=1e-6, msg=lambda m: f"{which}, step {step + 1}: {m}"
+        )
     assert res[0]["layout_changes"] == 0  # compression started after DDP's rebuild: one layout throughout
     if which == "lamb":
         assert any(r != 1.0 for r in ref.r), "the scaling ratios never moved: the test would not see them"
@@ -334,8 +371,9 @@ def test_onebit_adam_warmup_is_adam(dist_results):
             m[j] = b1 * m[j] + (1 - b1) * g
             v[j] = b2 * v[j] + (1 - b2) * g * g
             x[j] = x[j] - ADAM["lr"] * (m[j] / (v[j].sqrt() + ADAM["eps"]) + ADAM["weight_decay"] * x[j])
-        torch.testing.assert_close(res["steps"][step]["params"], torch.cat([t.reshape(-1) for t in x]),
-                                   rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            res["steps"][step]["params"], torch.cat([t.reshape(-1) for t in x]), rtol=1e-5, atol=1e-6
+        )
 
 
 def test_momentum_mask_keeps_zero_gradient_rows_still(dist_results):
@@ -348,7 +386,7 @@ def test_momentum_mask_keeps_zero_gradient_rows_still(dist_results):
         s = res["steps"][step]
         assert torch.count_nonzero(s["momentum_unused"]) == 0
         rows = s["params"][emb].reshape(16, 4)[UNUSED_ROWS]
-        torch.testing.assert_close(rows, rows_at_freeze * decay ** k, rtol=1e-6, atol=0)
+        torch.testing.assert_close(rows, rows_at_freeze * decay**k, rtol=1e-6, atol=0)
 
 
 def test_stage_switch_and_bytes_per_stage(dist_results):
@@ -396,8 +434,13 @@ def test_resume_in_fresh_ddp_keeps_errors_through_layout_changes(dist_results, w
     for k, want in enumerate(_advance(ref, fresh, range(STEPS - SAVE_AFTER))):
         for rank in range(WORLD):
             assert fresh[rank][k]["identical"]
-        torch.testing.assert_close(fresh[0][k]["params"], want, rtol=1e-5, atol=1e-6,
-                                   msg=lambda m: f"{which}, resumed step {SAVE_AFTER + k + 1}: {m}")
+        torch.testing.assert_close(
+            fresh[0][k]["params"],
+            want,
+            rtol=1e-5,
+            atol=1e-6,
+            msg=lambda m: f"{which}, resumed step {SAVE_AFTER + k + 1}: {m}",
+        )
     assert res[0]["resumed_fresh_layout_changes"] == 2 and res[0]["resumed_fresh_pending"] == 0
 
 
@@ -410,8 +453,9 @@ def _quadratic_grads(x: torch.Tensor) -> torch.Tensor:
     return 2 * (x - torch.arange(x.numel(), dtype=x.dtype).reshape(x.shape))
 
 
-@pytest.mark.parametrize("cls, kwargs, ref_cls", [(OneBitAdam, ADAM, OneBitAdamReference),
-                                                   (OneBitLamb, LAMB, OneBitLambReference)])
+@pytest.mark.parametrize(
+    "cls, kwargs, ref_cls", [(OneBitAdam, ADAM, OneBitAdamReference), (OneBitLamb, LAMB, OneBitLambReference)]
+)
 def test_single_process_matches_reference(cls, kwargs, ref_cls):
     """Without the hook: one worker, exact momentum with the variance frozen after freeze_step."""
     torch.manual_seed(1)
@@ -423,8 +467,7 @@ def test_single_process_matches_reference(cls, kwargs, ref_cls):
         p.grad = g.clone()
         opt.step()
         ref.step([[g]])
-        torch.testing.assert_close(p.detach(), ref.x[0], rtol=1e-5, atol=1e-6,
-                                   msg=lambda m: f"step {step + 1}: {m}")
+        torch.testing.assert_close(p.detach(), ref.x[0], rtol=1e-5, atol=1e-6, msg=lambda m: f"step {step + 1}: {m}")
     assert opt.stage == "compression" and opt.steps_done == 8
 
 
@@ -469,8 +512,7 @@ def test_zero_variance_elements_do_not_move_single_process(cls):
 
 def test_exp_avg_mask_of_a_param_group():
     p = nn.Parameter(torch.ones(4))
-    opt = OneBitAdam([{"params": [p], "exp_avg_mask": [torch.tensor([1.0, 0.0, 1.0, 1.0])]}], lr=1e-2,
-                     freeze_step=1)
+    opt = OneBitAdam([{"params": [p], "exp_avg_mask": [torch.tensor([1.0, 0.0, 1.0, 1.0])]}], lr=1e-2, freeze_step=1)
     p.grad = torch.ones(4)
     opt.step()
     moved = p.detach().clone()
@@ -512,15 +554,25 @@ def test_clip_ratio_follows_lines_18_and_19():
     assert momentum_scales([1.0, 3.0, 0.0]) == [2.0, pytest.approx(2 / 3), 1.0]
 
 
-@pytest.mark.parametrize("kwargs", [dict(lr=-1.0), dict(betas=(1.0, 0.999)), dict(eps=0.0),
-                                    dict(weight_decay=-1.0), dict(freeze_step=0), dict(freeze_step=2.5)])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(lr=-1.0),
+        dict(betas=(1.0, 0.999)),
+        dict(eps=0.0),
+        dict(weight_decay=-1.0),
+        dict(freeze_step=0),
+        dict(freeze_step=2.5),
+    ],
+)
 def test_argument_checks(kwargs):
     with pytest.raises(ValueError):
         OneBitAdam([nn.Parameter(torch.zeros(1))], **kwargs)
 
 
-@pytest.mark.parametrize("kwargs", [dict(c_min=0.5, c_max=0.1), dict(beta3=1.0), dict(r_min=2.0),
-                                    dict(r_max=0.9), dict(r_threshold=1.0)])
+@pytest.mark.parametrize(
+    "kwargs", [dict(c_min=0.5, c_max=0.1), dict(beta3=1.0), dict(r_min=2.0), dict(r_max=0.9), dict(r_threshold=1.0)]
+)
 def test_lamb_argument_checks(kwargs):
     with pytest.raises(ValueError):
         OneBitLamb([nn.Parameter(torch.zeros(1))], **kwargs)
@@ -550,8 +602,14 @@ def test_registry_and_recipes():
     opt = build_optimizer([nn.Parameter(torch.zeros(2))], cfg.optim)
     assert isinstance(opt, OneBitAdam) and opt.freeze_step == 150
     lamb = compose_config(["optim=onebit_lamb"]).optim
-    assert (lamb.c_min, lamb.c_max, lamb.beta3, lamb.r_min, lamb.r_max, lamb.r_threshold) == \
-        (0.01, 0.3, 0.9, 0.5, 4.0, 0.1)
+    assert (lamb.c_min, lamb.c_max, lamb.beta3, lamb.r_min, lamb.r_max, lamb.r_threshold) == (
+        0.01,
+        0.3,
+        0.9,
+        0.5,
+        4.0,
+        0.1,
+    )
     lamb.total_steps = 100
     assert isinstance(build_optimizer([nn.Parameter(torch.zeros(2))], lamb), OneBitLamb)
     cfg20 = compose_config(["task=resnet20", "optim=onebit_adam"])

@@ -21,18 +21,23 @@ import io
 
 import pytest
 import torch
+from dist_utils import run_distributed
+from test_onebit import ADAM, _batch, _buckets, _checkpoint, _loss, _net, _restore, _train_step
 from torch import nn
 
 from birder_repro.comm.onebit import attach_onebit
-from birder_repro.comm.onebit_scales import (SCALE_BYTES, compress_segments_, compressed_allreduce_per_tensor,
-                                             scale_counts, tensor_layout)
+from birder_repro.comm.onebit_scales import (
+    SCALE_BYTES,
+    compress_segments_,
+    compressed_allreduce_per_tensor,
+    scale_counts,
+    tensor_layout,
+)
 from birder_repro.comm.pack import padded_size
 from birder_repro.comm.topology import build_topology
 from birder_repro.optim import OneBitAdam
 from birder_repro.perf.schemes import bucket_collectives, counted_bytes
 from birder_repro.references.deepspeed_onebit import Choices, DeepSpeedOnebitAdamReference
-from dist_utils import run_distributed
-from test_onebit import ADAM, _batch, _buckets, _checkpoint, _loss, _net, _restore, _train_step
 
 WORLD, GPUS_PER_NODE = 4, 2
 FREEZE, STEPS, SAVE_AFTER = 3, 8, 5
@@ -98,9 +103,12 @@ def _nonfinite(rank: int, topology) -> dict:
 def _scenarios(rank: int, world: int) -> bytes:
     torch.manual_seed(0)
     topology = build_topology(GPUS_PER_NODE)
-    results = {"alone": _run(rank, topology, ALONE, resume=False),
-               "grouped": _run(rank, topology, GROUPED, resume=True), "paths": _both_paths(rank),
-               "nonfinite": _nonfinite(rank, topology)}
+    results = {
+        "alone": _run(rank, topology, ALONE, resume=False),
+        "grouped": _run(rank, topology, GROUPED, resume=True),
+        "paths": _both_paths(rank),
+        "nonfinite": _nonfinite(rank, topology),
+    }
     buf = io.BytesIO()
     torch.save(results, buf)
     return buf.getvalue()
@@ -163,8 +171,9 @@ def test_resume_into_fresh_ddp_keeps_the_per_tensor_errors(dist_results):
     resumed = [r["resumed"] for r in res]
     assert resumed[0][0]["layout"] != resumed[0][1]["layout"], "DDP did not change its layout"
     for k, _, want in _follow(ref, resumed):
-        torch.testing.assert_close(resumed[0][k]["params"], want, **CLOSE,
-                                   msg=lambda m: f"resumed step {SAVE_AFTER + k + 1}: {m}")
+        torch.testing.assert_close(
+            resumed[0][k]["params"], want, **CLOSE, msg=lambda m: f"resumed step {SAVE_AFTER + k + 1}: {m}"
+        )
         assert all(r[k]["identical"] for r in resumed)
     assert res[0]["resumed_layout_changes"] == 2
 
@@ -184,8 +193,9 @@ def test_a_nonfinite_gradient_skips_the_step_on_every_rank(dist_results):
         assert run["skipped"] == 1 and run["steps_done"] == FREEZE + 2, rank
         assert torch.equal(run["params"][FREEZE], run["params"][FREEZE + 1]), rank  # the skipped step
         assert not torch.equal(run["params"][FREEZE + 1], run["params"][FREEZE + 2]), rank
-        assert torch.isfinite(run["params"][-1]).all() and torch.equal(run["params"][-1],
-                                                                        dist_results[0]["nonfinite"]["params"][-1])
+        assert torch.isfinite(run["params"][-1]).all() and torch.equal(
+            run["params"][-1], dist_results[0]["nonfinite"]["params"][-1]
+        )
 
 
 def test_bytes_count_every_scale(dist_results):
@@ -203,9 +213,18 @@ def test_bytes_count_every_scale(dist_results):
             assert s["intra"] + s["inter"] == pytest.approx(want), which
             assert s["intra"] == pytest.approx(want / 3)  # one of 3 peers on this node
         # the performance model's formula, from the tensors' sizes alone
-        predicted = sum(sum(counted_bytes(op, 2, 2)) for sig in steps[-1]["layout"].values()
-                        for op in bucket_collectives("onebit", sum(k for _, _, k in sig), 2, 2, scale="tensor",
-                                                     matrices=[[k] for _, _, k in sorted(sig, key=lambda e: e[1])]))
+        predicted = sum(
+            sum(counted_bytes(op, 2, 2))
+            for sig in steps[-1]["layout"].values()
+            for op in bucket_collectives(
+                "onebit",
+                sum(k for _, _, k in sig),
+                2,
+                2,
+                scale="tensor",
+                matrices=[[k] for _, _, k in sorted(sig, key=lambda e: e[1])],
+            )
+        )
         assert predicted == pytest.approx(want), which
     assert scale_counts([10, 100, 5], 4) == (3, 2)  # 115 -> 128 in chunks of 32: the second tensor spans 4
 
@@ -221,8 +240,9 @@ def _single(choices: Choices, world: int = 2, freeze: int = 3, steps: int = 5, n
 
 
 def _reference_of(params, world, freeze, choices):
-    return DeepSpeedOnebitAdamReference(params, world, lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                                        freeze_step=freeze, choices=choices)
+    return DeepSpeedOnebitAdamReference(
+        params, world, lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, freeze_step=freeze, choices=choices
+    )
 
 
 def test_deepspeeds_first_step_only_initialises():
@@ -274,6 +294,7 @@ def test_scale_setting_is_checked():
     with pytest.raises(ValueError, match=r"optim\.comm\.scale must be one of bucket, tensor"):
         from birder_repro.comm.onebit import OneBitState
         from birder_repro.comm.topology import flat_topology
+
         OneBitState(OneBitAdam(dist_free.parameters(), freeze_step=2), None, flat_topology(), {}, scale="layer")
 
 
@@ -284,8 +305,17 @@ def test_deepspeeds_exp_avg_mask_applies_after_the_allreduce():
     grads = [[[torch.randn(16)] for _ in range(2)] for _ in range(4)]
     mask = {0: (torch.arange(16) % 4 != 0).float()}
     for choices, error_left in ((Choices(), True), (Choices.project(2, by_bucket=False), False)):
-        ref = DeepSpeedOnebitAdamReference([torch.zeros(16)], 2, lr=1e-2, betas=(0.9, 0.999), eps=1e-8,
-                                           weight_decay=0.0, freeze_step=2, choices=choices, exp_avg_mask=mask)
+        ref = DeepSpeedOnebitAdamReference(
+            [torch.zeros(16)],
+            2,
+            lr=1e-2,
+            betas=(0.9, 0.999),
+            eps=1e-8,
+            weight_decay=0.0,
+            freeze_step=2,
+            choices=choices,
+            exp_avg_mask=mask,
+        )
         for g in grads:
             ref.step(g)
         assert torch.count_nonzero(ref.m[0][::4]) == 0

@@ -13,29 +13,39 @@ warmup's. Thresholds: 100x and 1x the last warmup step's largest move; the two d
 from __future__ import annotations
 
 import torch
+from dist_utils import run_distributed
 from torch import nn
 
 from birder_repro.comm.onebit import attach_onebit
 from birder_repro.optim import OneBitAdam
 from birder_repro.optim.onebit_adam import short_warmup_warning
-from dist_utils import run_distributed
 
 FREEZE, BATCH = 12, 8
 
 
 def _cnn() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                         nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10))
+    return nn.Sequential(
+        nn.Conv2d(1, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(3136, 128),
+        nn.ReLU(),
+        nn.Linear(128, 10),
+    )
 
 
 def _largest_moves(rank: int, preconditioned: bool) -> list[float]:
     """The largest |change| of any parameter at each step, up to the first compressed step."""
     model = _cnn()
     ddp = nn.parallel.DistributedDataParallel(model)
-    opt = OneBitAdam(ddp.parameters(), lr=1e-3, weight_decay=1e-2, freeze_step=FREEZE,
-                     precondition_compression=preconditioned)
+    opt = OneBitAdam(
+        ddp.parameters(), lr=1e-3, weight_decay=1e-2, freeze_step=FREEZE, precondition_compression=preconditioned
+    )
     state = attach_onebit(ddp, opt)
     gen = torch.Generator().manual_seed(rank + 1)
     moves, before = [], torch.cat([p.detach().reshape(-1) for p in model.parameters()])

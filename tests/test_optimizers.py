@@ -9,12 +9,12 @@ import io
 
 import pytest
 import torch
+from conftest import compose_config
 from omegaconf import DictConfig, OmegaConf
 
 from birder_repro.comm import list_schemes
-from birder_repro.optim import (BertAdam, SoftSignSGD, build_optimizer, get_optim_info, list_optimizers)
+from birder_repro.optim import BertAdam, SoftSignSGD, build_optimizer, get_optim_info, list_optimizers
 from birder_repro.optim.bertadam import bert_param_groups
-from conftest import compose_config
 
 OPTIMIZERS = list_optimizers()
 
@@ -139,7 +139,7 @@ def bertadam_reference(params, grads_per_step, lr, beta1, beta2, eps, wd, decay,
     m = [torch.zeros_like(p) for p in params]
     v = [torch.zeros_like(p) for p in params]
     for grads in grads_per_step:
-        global_norm = sum(float((g ** 2).sum()) for g in grads) ** 0.5
+        global_norm = sum(float((g**2).sum()) for g in grads) ** 0.5
         clip = max_norm / max(global_norm, max_norm)
         for i, g in enumerate(grads):
             g = g * clip
@@ -156,11 +156,16 @@ def bertadam_reference(params, grads_per_step, lr, beta1, beta2, eps, wd, decay,
 def test_bertadam_matches_bert_reference(grad_scale):
     g = torch.Generator().manual_seed(1)
     start = [torch.randn(4, 5, generator=g), torch.randn(5, generator=g)]
-    grads = [[torch.randn(4, 5, generator=g) * grad_scale, torch.randn(5, generator=g) * grad_scale]
-             for _ in range(3)]
+    grads = [[torch.randn(4, 5, generator=g) * grad_scale, torch.randn(5, generator=g) * grad_scale] for _ in range(3)]
     weight, bias = (torch.nn.Parameter(t.clone()) for t in start)
-    opt = BertAdam(bert_param_groups([("layer.weight", weight), ("layer.bias", bias)], 0.01), lr=1e-3,
-                   betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, max_grad_norm=1.0)
+    opt = BertAdam(
+        bert_param_groups([("layer.weight", weight), ("layer.bias", bias)], 0.01),
+        lr=1e-3,
+        betas=(0.9, 0.999),
+        eps=1e-6,
+        weight_decay=0.01,
+        max_grad_norm=1.0,
+    )
     for step_grads in grads:
         weight.grad, bias.grad = (t.clone() for t in step_grads)
         opt.step()
@@ -177,15 +182,17 @@ def test_bertadam_has_no_bias_correction():
     p = torch.nn.Parameter(torch.zeros(3))
     p.grad = torch.tensor([0.5, -0.2, 0.1])
     BertAdam([p], lr=1e-2, weight_decay=0.0, max_grad_norm=None).step()
-    expected = -1e-2 * 0.1 * p.grad / ((0.001 * p.grad ** 2).sqrt() + 1e-6)
+    expected = -1e-2 * 0.1 * p.grad / ((0.001 * p.grad**2).sqrt() + 1e-6)
     torch.testing.assert_close(p.detach(), expected)
     assert abs(expected[0].item()) > 3 * 1e-2
 
 
 def test_bert_param_groups_exclude_biases_and_layernorm():
-    named = [("enc.dense.weight", torch.nn.Parameter(torch.zeros(2, 2))),
-             ("enc.dense.bias", torch.nn.Parameter(torch.zeros(2))),
-             ("enc.LayerNorm.weight", torch.nn.Parameter(torch.zeros(2)))]
+    named = [
+        ("enc.dense.weight", torch.nn.Parameter(torch.zeros(2, 2))),
+        ("enc.dense.bias", torch.nn.Parameter(torch.zeros(2))),
+        ("enc.LayerNorm.weight", torch.nn.Parameter(torch.zeros(2))),
+    ]
     decay, no_decay = bert_param_groups(named, 0.01)
     assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
     assert [id(p) for p in decay["params"]] == [id(named[0][1])]
@@ -221,8 +228,9 @@ def test_softsignsgd_rejects_bad_arguments(kwargs):
         SoftSignSGD([torch.nn.Parameter(torch.zeros(1))], **kwargs)
 
 
-@pytest.mark.parametrize("kwargs", [dict(lr=-1.0), dict(betas=(0.9, 1.0)), dict(eps=0.0), dict(weight_decay=-1.0),
-                                    dict(max_grad_norm=-1.0)])
+@pytest.mark.parametrize(
+    "kwargs", [dict(lr=-1.0), dict(betas=(0.9, 1.0)), dict(eps=0.0), dict(weight_decay=-1.0), dict(max_grad_norm=-1.0)]
+)
 def test_bertadam_rejects_bad_arguments(kwargs):
     with pytest.raises(ValueError, match="BertAdam"):
         BertAdam([torch.nn.Parameter(torch.zeros(1))], **kwargs)

@@ -11,6 +11,7 @@ import time
 
 import pytest
 import torch
+from dist_utils import run_distributed
 from torch import nn
 
 from birder_repro.comm.birder import attach_birder
@@ -19,7 +20,6 @@ from birder_repro.comm.overlap import CommThread, HookRunner
 from birder_repro.comm.topology import build_topology, flat_topology
 from birder_repro.optim.birder import Birder
 from birder_repro.optim.onebit_adam import OneBitAdam
-from dist_utils import run_distributed
 
 NODES, GPUS = 2, 2
 STEPS = 4
@@ -74,8 +74,11 @@ def _onebit(overlap: bool, rank: int):
         _step(ddp, opt, rank, step)
     state.close()
     counters = {**state.snapshot(), "wall_s": time.perf_counter() - t0}
-    return _params(ddp), counters, {k: v.clone() for k, v in opt.state_dict()["state"][0].items()
-                                            if isinstance(v, torch.Tensor)}
+    return (
+        _params(ddp),
+        counters,
+        {k: v.clone() for k, v in opt.state_dict()["state"][0].items() if isinstance(v, torch.Tensor)},
+    )
 
 
 def _failing(rank: int) -> dict:
@@ -84,7 +87,7 @@ def _failing(rank: int) -> dict:
 
     ddp = _ddp()
     opt = Birder(ddp.parameters(), lr=1e-2)
-    state = attach_birder(ddp, opt, topology=build_topology(GPUS))
+    attach_birder(ddp, opt, topology=build_topology(GPUS))
     original, calls = birder_module.kernels.server_compress, []
 
     def server_compress(*args, **kwargs):
@@ -105,14 +108,18 @@ def _failing(rank: int) -> dict:
                 errors.append(str(exc))
     finally:
         birder_module.kernels.server_compress = original
-    return {"errors": errors, "thread_alive": any(t.name.startswith("birder-comm") and t.is_alive()
-                                                   for t in threading.enumerate())}
+    return {
+        "errors": errors,
+        "thread_alive": any(t.name.startswith("birder-comm") and t.is_alive() for t in threading.enumerate()),
+    }
 
 
 def _all(rank: int, world: int) -> dict:
-    return {"birder": [_birder(o, rank) for o in (False, True)],
-            "onebit": [_onebit(o, rank) for o in (False, True)],
-            "failing": _failing(rank)}
+    return {
+        "birder": [_birder(o, rank) for o in (False, True)],
+        "onebit": [_onebit(o, rank) for o in (False, True)],
+        "failing": _failing(rank),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +171,7 @@ def test_comm_thread_runs_fifo_and_fails_every_later_future():
             if i == 2:
                 raise KeyError("boom")
             return torch.full((1,), float(i))
+
         return work
 
     futures = [thread.submit(job(i), torch.device("cpu")) for i in range(4)]

@@ -25,10 +25,10 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("setuptools") is None or shutil.which("git") is None
-    or not (REPO / ".git").exists(),
+    importlib.util.find_spec("setuptools") is None or shutil.which("git") is None or not (REPO / ".git").exists(),
     reason="needs setuptools in this environment (the wheel is built without build isolation: offline) and a git "
-           "checkout (the wheel is built from its tracked files)")
+    "checkout (the wheel is built from its tracked files)",
+)
 
 
 def _run(argv: list, cwd: Path, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -56,13 +56,19 @@ def installed(tmp_path_factory) -> Path:
     """A fresh virtual environment with the wheel installed; returns its bin/ directory."""
     root = tmp_path_factory.mktemp("package")
     src = _clean_copy(root / "src")
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", root / "dist", src],
-         root, timeout=300)
+    _run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", root / "dist", src],
+        root,
+        timeout=300,
+    )
     (wheel,) = (root / "dist").glob("birder_repro-*.whl")
     _run([sys.executable, "-m", "venv", "--without-pip", root / "venv"], root)
     python = root / "venv" / "bin" / "python"
-    _run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--no-index", wheel], root,
-         timeout=300)
+    _run(
+        [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--no-index", wheel],
+        root,
+        timeout=300,
+    )
     # After the install: pip would otherwise see (and decline to replace) this environment's own birder-repro.
     purelib = _run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], root).stdout.strip()
     ours = {sysconfig.get_paths()["purelib"], *site.getsitepackages()}
@@ -77,8 +83,10 @@ def _env(runs: Path) -> dict:
 
 
 def test_the_installed_package_comes_from_the_wheel_with_its_data(installed, tmp_path):
-    code = ("import birder_repro, birder_repro.resources as r; from birder_repro.report.paper import "
-            "load_paper_tables; print(birder_repro.__file__); print(r.conf_dir()); print(len(load_paper_tables()))")
+    code = (
+        "import birder_repro, birder_repro.resources as r; from birder_repro.report.paper import "
+        "load_paper_tables; print(birder_repro.__file__); print(r.conf_dir()); print(len(load_paper_tables()))"
+    )
     module, conf, paper_rows = _run([installed / "python", "-c", code], tmp_path, env=_env(tmp_path)).stdout.split()
     site_packages = Path(module).parent.parent
     assert not Path(module).is_relative_to(REPO) and site_packages.name == "site-packages"
@@ -86,16 +94,30 @@ def test_the_installed_package_comes_from_the_wheel_with_its_data(installed, tmp
 
 
 def test_the_installed_cli_prints_the_config(installed, tmp_path):
-    out = _run([installed / "birder-repro", "--cfg", "job", "task=digits", "optim=sgdm"], tmp_path,
-               env=_env(tmp_path / "runs"))
+    out = _run(
+        [installed / "birder-repro", "--cfg", "job", "task=digits", "optim=sgdm"], tmp_path, env=_env(tmp_path / "runs")
+    )
     printed = yaml.safe_load(out.stdout)
     assert printed["task"]["name"] == "digits" and printed["optim"]["name"] == "sgdm"
 
 
 def test_the_installed_cli_runs_a_tiny_run(installed, tmp_path):
     runs = tmp_path / "runs"
-    out = _run([installed / "birder-repro", "task=digits", "train.steps=2", "logger=none", "nodes=1",
-                "gpus_per_node=1", "device=cpu", "train.eval_max_batches=1"], tmp_path, timeout=300, env=_env(runs))
+    out = _run(
+        [
+            installed / "birder-repro",
+            "task=digits",
+            "train.steps=2",
+            "logger=none",
+            "nodes=1",
+            "gpus_per_node=1",
+            "device=cpu",
+            "train.eval_max_batches=1",
+        ],
+        tmp_path,
+        timeout=300,
+        env=_env(runs),
+    )
     (record,) = runs.rglob("record.json")
     rec = yaml.safe_load(record.read_text())  # JSON is YAML
     assert rec["status"] == "completed" and rec["steps"] == 2 and rec["task"] == "digits"

@@ -25,8 +25,11 @@ def _train_all(rank, world, root):
     env = DistEnv(rank=rank, world_size=world, local_rank=rank % GPUS, local_world_size=world)
     out = {}
     for name in OPTIMIZERS:
-        cfg = layout.resolve(compose_config([f"optim={name}", "task=digits", f"nodes={NODES}",
-                                             f"gpus_per_node={GPUS}", "logger=none", "seed=0"]))
+        cfg = layout.resolve(
+            compose_config(
+                [f"optim={name}", "task=digits", f"nodes={NODES}", f"gpus_per_node={GPUS}", "logger=none", "seed=0"]
+            )
+        )
         run_dir = Path(root) / name
         run_dir.mkdir(parents=True, exist_ok=True)
         result = build_and_train(cfg, env, torch.device("cpu"), run_dir)

@@ -4,7 +4,6 @@ accounting, the overlap timeline, profiles, the paper validation's target and th
 from __future__ import annotations
 
 import json
-import math
 import os
 import statistics
 from pathlib import Path
@@ -12,22 +11,31 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from dist_utils import run_distributed
 
-from birder_repro.comm.accounting import all_gather_bytes, flat_allreduce_split, reduce_scatter_bytes
 from birder_repro.perf import collectives as C
+from birder_repro.perf import validate as V
 from birder_repro.perf.cluster import ClusterSpec, no_spare_core, op_time
-from birder_repro.perf.model import predict_run, predict_step
+from birder_repro.perf.implementations import (
+    IMPLEMENTATIONS,
+    PAPER_DDP_OVERLAP,
+    Implementation,
+    implementation_of,
+    with_overlap,
+)
+from birder_repro.perf.model import predict_step
 from birder_repro.perf.paper_profiles import paper_profile
 from birder_repro.perf.predict import predict_record
 from birder_repro.perf.profile import Profile, ddp_bucket_elements, load_profile
-from birder_repro.perf.schemes import (Collective, bucket_collectives, compressed_elements, counted_bytes,
-                                      padded_elements, powersgd_elements, scheme_for_optim)
-from birder_repro.perf.implementations import (IMPLEMENTATIONS, PAPER_DDP_OVERLAP, Implementation,
-                                               implementation_of, with_overlap)
-from birder_repro.perf.timeline import (BucketWork, blend, ready_times, simulate, simulate_sequential,
-                                        simulate_shared)
-from birder_repro.perf import validate as V
-from dist_utils import run_distributed
+from birder_repro.perf.schemes import (
+    Collective,
+    bucket_collectives,
+    compressed_elements,
+    counted_bytes,
+    powersgd_elements,
+    scheme_for_optim,
+)
+from birder_repro.perf.timeline import BucketWork, blend, ready_times, simulate, simulate_sequential, simulate_shared
 
 REPO = Path(__file__).resolve().parents[1]
 LINK = C.Link(alpha_s=1e-5, bandwidth_Bps=1e9)
@@ -39,8 +47,8 @@ def test_collective_formulas_by_hand():
     assert C.ring_reduce_scatter(1e6, 4, LINK) == pytest.approx(3e-5 + 0.75e-3)
     assert C.ring_all_gather(1e6, 4, LINK) == pytest.approx(3e-5 + 0.75e-3)
     assert C.pairwise_all_to_all(8e5, 8, LINK) == pytest.approx(7e-5 + 0.7e-3)
-    assert C.broadcast(1000, 8, LINK) == pytest.approx(3 * (1e-5 + 1e-6))          # binomial tree
-    assert C.broadcast(1e6, 8, LINK) == pytest.approx(10 * 1e-5 + 1.75e-3)         # scatter + all-gather
+    assert C.broadcast(1000, 8, LINK) == pytest.approx(3 * (1e-5 + 1e-6))  # binomial tree
+    assert C.broadcast(1e6, 8, LINK) == pytest.approx(10 * 1e-5 + 1.75e-3)  # scatter + all-gather
     for fn in C.KINDS.values():
         assert fn(1e6, 1, LINK) == 0.0
     with pytest.raises(ValueError, match="unknown collective"):
@@ -50,8 +58,15 @@ def test_collective_formulas_by_hand():
 
 
 def _spec(**kw) -> ClusterSpec:
-    base = dict(name="t", inter_mbit=8000.0, inter_latency_us=10.0, inter_efficiency=1.0,
-                intra_mbit=80000.0, intra_latency_us=1.0, intra_efficiency=1.0)
+    base = dict(
+        name="t",
+        inter_mbit=8000.0,
+        inter_latency_us=10.0,
+        inter_efficiency=1.0,
+        intra_mbit=80000.0,
+        intra_latency_us=1.0,
+        intra_efficiency=1.0,
+    )
     return ClusterSpec(**{**base, **kw})
 
 
@@ -115,8 +130,13 @@ def test_powersgd_collectives():
 
 
 def test_scheme_for_optim():
-    assert [scheme_for_optim(o) for o in ("sgdm", "bertadam", "onebit_lamb", "sgdm_fp16", "adamw_powersgd")] == \
-        ["fp32", "fp32", "onebit", "fp16", "powersgd"]
+    assert [scheme_for_optim(o) for o in ("sgdm", "bertadam", "onebit_lamb", "sgdm_fp16", "adamw_powersgd")] == [
+        "fp32",
+        "fp32",
+        "onebit",
+        "fp16",
+        "powersgd",
+    ]
     assert scheme_for_optim("birder", "flat") == "flat"
 
 
@@ -126,7 +146,7 @@ def test_timeline_three_buckets_by_hand():
     tl = simulate(buckets, forward_backward_s=3.0, optimizer_s=0.1)
     assert tl.starts == pytest.approx((1.0, 2.5, 3.2))
     assert tl.ends == pytest.approx((2.5, 3.2, 4.2))
-    assert tl.total_s == pytest.approx(4.3)          # 3.0 compute + 1.2 exposed + 0.1 optimizer
+    assert tl.total_s == pytest.approx(4.3)  # 3.0 compute + 1.2 exposed + 0.1 optimizer
     assert tl.compute_s == pytest.approx(3.1)
     assert tl.compression_s == pytest.approx(1.2 * 1.5 / 3.2)
     assert tl.communication_s + tl.compression_s + tl.compute_s == pytest.approx(tl.total_s)
@@ -187,30 +207,42 @@ def test_implementations():
     # between the paper's (not overlapped) and fully overlapped baselines.
     spec = V.cluster_spec("infiniband_200g")
     prof = paper_profile(task="resnet50", batch_size=32, node=spec)
-    steps = [predict_step(prof, spec, 4, 8, "fp32", implementation=with_overlap("paper", o)).total_s
-             for o in (0.0, 0.5, 1.0)]
+    steps = [
+        predict_step(prof, spec, 4, 8, "fp32", implementation=with_overlap("paper", o)).total_s for o in (0.0, 0.5, 1.0)
+    ]
     assert steps[0] > steps[1] > steps[2]
     assert implementation_of(with_overlap("paper", 0.5), "fp32").overlap == 0.5
     assert implementation_of(with_overlap("paper", 0.5), "hierarchical").overlap == 0
     spec = V.cluster_spec("ethernet_10g")
     # The profile is derived for the implementation asked for: the 1-node row comes back only when the model
     # runs the same one (derived for one and run with the other, Birder's 1-node step differs).
-    derived = {impl: paper_profile(task="resnet50", batch_size=32, node=spec, implementation=impl)
-               for impl in IMPLEMENTATIONS}
+    derived = {
+        impl: paper_profile(task="resnet50", batch_size=32, node=spec, implementation=impl) for impl in IMPLEMENTATIONS
+    }
     for impl, other in (("paper", "this"), ("this", "paper")):
-        assert predict_step(derived[impl], spec, 1, 8, "hierarchical", implementation=impl).throughput == \
-            pytest.approx(3462, rel=1e-6)
-        assert predict_step(derived[impl], spec, 1, 8, "hierarchical", implementation=other).throughput != \
-            pytest.approx(3462, rel=1e-3)
+        assert predict_step(derived[impl], spec, 1, 8, "hierarchical", implementation=impl).throughput == pytest.approx(
+            3462, rel=1e-6
+        )
+        assert predict_step(
+            derived[impl], spec, 1, 8, "hierarchical", implementation=other
+        ).throughput != pytest.approx(3462, rel=1e-3)
     # Not overlapped, Birder's communication is all exposed: the paper's implementation is slower at 4 nodes.
-    this = predict_step(paper_profile(task="bert_squad", batch_size=3, node=spec, implementation="this"),
-                        spec, 4, 8, "hierarchical", implementation="this")
-    paper = predict_step(paper_profile(task="bert_squad", batch_size=3, node=spec), spec, 4, 8,
-                         "hierarchical", implementation="paper")
+    this = predict_step(
+        paper_profile(task="bert_squad", batch_size=3, node=spec, implementation="this"),
+        spec,
+        4,
+        8,
+        "hierarchical",
+        implementation="this",
+    )
+    paper = predict_step(
+        paper_profile(task="bert_squad", batch_size=3, node=spec), spec, 4, 8, "hierarchical", implementation="paper"
+    )
     assert paper.total_s > this.total_s and paper.communication_s == pytest.approx(paper.comm_busy_s)
     # 1-bit Adam in the paper's runs: one compressed all-reduce of the whole vector (4 collectives).
-    onebit = predict_step(paper_profile(task="resnet50", batch_size=32, node=spec), spec, 2, 8, "onebit",
-                          implementation="paper")
+    onebit = predict_step(
+        paper_profile(task="resnet50", batch_size=32, node=spec), spec, 2, 8, "onebit", implementation="paper"
+    )
     assert onebit.collectives == 4
 
 
@@ -223,8 +255,15 @@ def test_ready_times_and_buckets():
 
 # ------------------------------------------------------------------------------------------- profiles
 def _profile(**kw) -> Profile:
-    base = dict(name="t", device="cpu", task="resnet20", batch_size=32, forward_backward_s=0.1,
-                parameter_count=1_000_000, compression_s_per_element={"birder": 1e-9})
+    base = dict(
+        name="t",
+        device="cpu",
+        task="resnet20",
+        batch_size=32,
+        forward_backward_s=0.1,
+        parameter_count=1_000_000,
+        compression_s_per_element={"birder": 1e-9},
+    )
     return Profile(**{**base, **kw})
 
 
@@ -271,8 +310,9 @@ def test_paper_profile_derivation_by_hand():
     # less compute, 3.125 P' elements compressed and its 4 collectives on one node (two of P'/8 bytes).
     t_c = (256 / 3243 - 0.15 * 256 / 3693) / 0.85
     comm = 4 * 7 * 3.4e-6 + 2 * 0.875 * 25_557_056 / 8 / nvlink
-    assert prof.scheme_overhead_s["onebit"] == pytest.approx(t_c - fb - 3.125 * 25_557_056 * per_element - comm,
-                                                             abs=2e-6)
+    assert prof.scheme_overhead_s["onebit"] == pytest.approx(
+        t_c - fb - 3.125 * 25_557_056 * per_element - comm, abs=2e-6
+    )
     assert prof.scheme_overhead_s["onebit"] == pytest.approx(-0.0219, abs=1e-4)
     bert = paper_profile(task="bert_squad", batch_size=3, node=spec)
     assert 108e6 < bert.parameter_count < 110e6
@@ -340,10 +380,21 @@ def test_out_of_sample_headline_as_the_readme_states_it():
     assert summary["median"] == pytest.approx(0.219, abs=5e-4) and summary["worst"] == pytest.approx(0.98, abs=5e-3)
     assert summary["median"] > V.TARGET
     # error_summary by hand on three rows: median of |-0.1|, |+0.3| over the compressed rows, worst signed
-    toy = pd.DataFrame({"optimizer": ["sgdm", "birder", "onebit_adam"], "speedup_error": [0.0, -0.1, 0.3],
-                        "throughput_error": [0.05, -0.2, 0.1]})
-    assert V.error_summary(toy) == {"rows": 2, "median": pytest.approx(0.2), "worst": 0.3, "throughput_rows": 3,
-                                    "throughput_median": pytest.approx(0.1), "throughput_worst": -0.2}
+    toy = pd.DataFrame(
+        {
+            "optimizer": ["sgdm", "birder", "onebit_adam"],
+            "speedup_error": [0.0, -0.1, 0.3],
+            "throughput_error": [0.05, -0.2, 0.1],
+        }
+    )
+    assert V.error_summary(toy) == {
+        "rows": 2,
+        "median": pytest.approx(0.2),
+        "worst": 0.3,
+        "throughput_rows": 3,
+        "throughput_median": pytest.approx(0.1),
+        "throughput_worst": -0.2,
+    }
 
 
 def test_shipped_links_and_overlap_are_the_fit():
@@ -354,15 +405,22 @@ def test_shipped_links_and_overlap_are_the_fit():
         spec = V.cluster_spec(cluster)
         fitted = sweep.loc[PAPER_DDP_OVERLAP]
         assert (spec.inter_efficiency, spec.inter_latency_us) == pytest.approx(
-            (fitted[f"{cluster}_efficiency"], fitted[f"{cluster}_latency_us"]))
+            (fitted[f"{cluster}_efficiency"], fitted[f"{cluster}_latency_us"])
+        )
 
 
 # ------------------------------------------------------------------------------------- predicted record
 def test_predict_record_shape():
     cluster = yaml.safe_load((REPO / "conf" / "cluster" / "ethernet_10g.yaml").read_text())
-    cfg = {"task": {"name": "resnet50"}, "optim": {"name": "onebit_adam", "freeze": 0.15},
-           "nodes": 4, "gpus_per_node": 8, "cluster": cluster, "train": {"batch_size": 32, "steps": None},
-           "predict": {"profile": "paper"}}
+    cfg = {
+        "task": {"name": "resnet50"},
+        "optim": {"name": "onebit_adam", "freeze": 0.15},
+        "nodes": 4,
+        "gpus_per_node": 8,
+        "cluster": cluster,
+        "train": {"batch_size": 32, "steps": None},
+        "predict": {"profile": "paper"},
+    }
     rec = predict_record(cfg)
     assert rec["status"] == "predicted" and rec["world_size"] == 32 and rec["global_batch_size"] == 1024
     st = rec["step_time_s"]
@@ -381,20 +439,22 @@ def test_predict_record_shape():
 
 
 def test_predict_record_from_composed_config(compose):
-    cfg = compose(["experiment=table3", "optim=birder", "nodes=4", "cluster=infiniband_200g",
-                   "predict.profile=paper"])
+    cfg = compose(["experiment=table3", "optim=birder", "nodes=4", "cluster=infiniband_200g", "predict.profile=paper"])
     rec = predict_record(cfg)
     assert rec["prediction"]["scheme"] == "hierarchical" and rec["cluster"]["interconnect"] == "infiniband"
-    assert rec["throughput_by_stage"] is None and rec["prediction"]["fitted_on"] == {"tables": [3, 4],
-                                                                                    "nodes": [2, 4, 8]}
+    assert rec["throughput_by_stage"] is None and rec["prediction"]["fitted_on"] == {
+        "tables": [3, 4],
+        "nodes": [2, 4, 8],
+    }
 
 
 # --------------------------------------------------------------------------------- mode=predict, the CLI
 def test_cli_predict_mode_writes_a_predicted_record_and_launches_nothing(compose, tmp_path, capsys):
     from birder_repro.cli import run
 
-    cfg = compose(["mode=predict", "experiment=table3", "optim=birder", "nodes=2", "predict.profile=paper"],
-                  hydra_config=True)
+    cfg = compose(
+        ["mode=predict", "experiment=table3", "optim=birder", "nodes=2", "predict.profile=paper"], hydra_config=True
+    )
     assert run(cfg, tmp_path / "cell") == 0
     rec = json.loads((tmp_path / "cell" / "record.json").read_text())
     assert rec["status"] == "predicted" and rec["throughput_samples_per_s"] > 0
@@ -410,10 +470,23 @@ def test_cli_predict_mode_writes_a_predicted_record_and_launches_nothing(compose
 
 def test_measured_profile_predicts_its_own_one_node_step():
     """A profile as a run writes it, predicted back on its own layout, gives its own step (no communication)."""
-    profile = Profile(name="run", device="cpu", task="resnet50", batch_size=8, forward_backward_s=0.06,
-                      parameter_count=300, optimizer_s=0.004, backward_fraction=0.6, bucket_elements=[100, 200],
-                      bucket_ready=[0.1, 1.0], bucket_ready_s=[0.0036, 0.036], data_wait_s=0.002,
-                      compression_s_per_element={"birder": 1e-6}, threads=1, host_cores=2)
+    profile = Profile(
+        name="run",
+        device="cpu",
+        task="resnet50",
+        batch_size=8,
+        forward_backward_s=0.06,
+        parameter_count=300,
+        optimizer_s=0.004,
+        backward_fraction=0.6,
+        bucket_elements=[100, 200],
+        bucket_ready=[0.1, 1.0],
+        bucket_ready_s=[0.0036, 0.036],
+        data_wait_s=0.002,
+        compression_s_per_element={"birder": 1e-6},
+        threads=1,
+        host_cores=2,
+    )
     emulated = ClusterSpec.from_config(yaml.safe_load((REPO / "conf" / "cluster" / "emulated.yaml").read_text()))
     one = predict_step(profile, emulated, 1, 1, "fp32")
     assert one.total_s == pytest.approx(0.06 + 0.004 + 0.002) and one.data_wait_s == 0.002
@@ -433,12 +506,29 @@ def test_validate_emulated_from_records(tmp_path):
     from birder_repro.perf.predict import predict_record as predicted
 
     cluster = yaml.safe_load((REPO / "conf" / "cluster" / "emulated.yaml").read_text())
-    profile = Profile(name="run", device="cpu", task="resnet50", batch_size=8, forward_backward_s=0.06,
-                      parameter_count=5_000_000, optimizer_s=0.004, threads=1, host_cores=64).to_dict()
+    profile = Profile(
+        name="run",
+        device="cpu",
+        task="resnet50",
+        batch_size=8,
+        forward_backward_s=0.06,
+        parameter_count=5_000_000,
+        optimizer_s=0.004,
+        threads=1,
+        host_cores=64,
+    ).to_dict()
     for i, nodes in enumerate((1, 2, 4)):
-        cfg = {"task": {"name": "resnet50"}, "optim": {"name": "sgdm"}, "nodes": nodes, "gpus_per_node": 1,
-               "cluster": {**cluster, "link_mbit": 100}, "train": {"batch_size": 8, "steps": 15},
-               "predict": {"profile": profile}, "model": {"size": "tiny"}, "data": {"image_size": 64}}
+        cfg = {
+            "task": {"name": "resnet50"},
+            "optim": {"name": "sgdm"},
+            "nodes": nodes,
+            "gpus_per_node": 1,
+            "cluster": {**cluster, "link_mbit": 100},
+            "train": {"batch_size": 8, "steps": 15},
+            "predict": {"profile": profile},
+            "model": {"size": "tiny"},
+            "data": {"image_size": 64},
+        }
         rec = predicted(cfg)
         rec.update(status="completed", config=cfg, started=f"2025-01-01T10:00:0{i}", run_dir=str(tmp_path / str(i)))
         rec["throughput_samples_per_s"] *= 1.05 if nodes == 2 else 1.0  # "measured" 5 % above the model
@@ -479,16 +569,22 @@ def test_bus_bandwidth_factors_and_sizes_as_nccl_tests():
     from birder_repro.perf.probe import probe_sizes
 
     # nccl-tests (doc/PERFORMANCE.md): all-reduce 2(n-1)/n, reduce-scatter, all-gather, all-to-all (n-1)/n
-    assert [bus_factor(k, 8) for k in ("allreduce", "reduce_scatter", "all_gather", "all_to_all")] == \
-        [1.75, 0.875, 0.875, 0.875]
+    assert [bus_factor(k, 8) for k in ("allreduce", "reduce_scatter", "all_gather", "all_to_all")] == [
+        1.75,
+        0.875,
+        0.875,
+        0.875,
+    ]
     assert (latency_steps("allreduce", 4), latency_steps("all_to_all", 4)) == (6, 3)
     assert probe_sizes(4096, 1 << 20, 4) == [4096, 16384, 65536, 262144, 1048576]
     assert probe_sizes(1000, 5000, 2) == [1000, 2000, 4000, 5000]
     # 1 MiB all-reduced over 2 processes in 0.1 s: algbw 10,485,760 B/s, busbw the same (factor 1); the
     # all-to-all of the same size and time moves half of it off each process: busbw half the algbw.
     rows = table_rows({"allreduce": {1 << 20: [0.3, 0.1, 0.05]}, "all_to_all": {1 << 20: [0.1]}}, 2)
-    assert [(r["algbw_Bps"], r["busbw_Bps"]) for r in rows] == [(10_485_760.0, 10_485_760.0),
-                                                                (10_485_760.0, 5_242_880.0)]
+    assert [(r["algbw_Bps"], r["busbw_Bps"]) for r in rows] == [
+        (10_485_760.0, 10_485_760.0),
+        (10_485_760.0, 5_242_880.0),
+    ]
     assert rows[0]["seconds"] == 0.1 and rows[0]["calls_s"] == [0.3, 0.1, 0.05]  # the median call; every call kept
     with pytest.raises(ValueError, match="unknown collective"):
         bus_factor("gossip", 2)
@@ -498,7 +594,7 @@ def test_robust_fit_recovers_the_link_despite_a_slow_call():
     from birder_repro.perf.measure import fit_alpha_beta
 
     # 100 Mbit/s (12.5 MB/s) and 300 us a step, all-reduce over 2 processes: t = 2 alpha + S / bandwidth
-    sizes = [4096 * 4 ** k for k in range(7)]
+    sizes = [4096 * 4**k for k in range(7)]
     times = [2 * 300e-6 + s / 12.5e6 for s in sizes]
     assert fit_alpha_beta(sizes, times, 2, "allreduce", robust=True) == pytest.approx((300e-6, 1 / 12.5e6))
     assert fit_alpha_beta(sizes, times, 2, "allreduce") == pytest.approx((300e-6, 1 / 12.5e6))
@@ -513,12 +609,33 @@ def test_robust_fit_recovers_the_link_despite_a_slow_call():
 # at 100 Mbit/s, measured on a quiet machine: calls up to 256 KiB beat the link (the tbf's burst and the sockets'
 # buffers take them), the megabyte calls run at its rate.
 EMULATED_100M = {
-    "allreduce": {4096: 260.2, 16384: 1371.5, 65536: 5542.4, 262144: 24075.7, 1048576: 90699.7,
-                  4194304: 383629.9, 16777216: 1532982.7},
-    "all_gather": {4096: 221.7, 16384: 350.3, 65536: 2713.7, 262144: 15405.1, 1048576: 49013.8,
-                   4194304: 293541.8, 16777216: 1101178.5},
-    "all_to_all": {4096: 112.5, 16384: 645.1, 65536: 4419.4, 262144: 15175.4, 1048576: 86381.6,
-                   4194304: 350146.0, 16777216: 1405038.2},
+    "allreduce": {
+        4096: 260.2,
+        16384: 1371.5,
+        65536: 5542.4,
+        262144: 24075.7,
+        1048576: 90699.7,
+        4194304: 383629.9,
+        16777216: 1532982.7,
+    },
+    "all_gather": {
+        4096: 221.7,
+        16384: 350.3,
+        65536: 2713.7,
+        262144: 15405.1,
+        1048576: 49013.8,
+        4194304: 293541.8,
+        16777216: 1101178.5,
+    },
+    "all_to_all": {
+        4096: 112.5,
+        16384: 645.1,
+        65536: 4419.4,
+        262144: 15175.4,
+        1048576: 86381.6,
+        4194304: 350146.0,
+        16777216: 1405038.2,
+    },
 }
 
 
@@ -556,15 +673,17 @@ def test_spec_from_fits_by_hand():
 
     cluster = yaml.safe_load((REPO / "conf" / "cluster" / "emulated.yaml").read_text())
     cluster["link_mbit"] = 100
-    inter = {"allreduce": {"alpha_s": 3e-4, "bandwidth_Bps": 11.5e6},        # 92 Mbit/s
-             "reduce_scatter": {"alpha_s": 9e-3, "bandwidth_Bps": 5.0e6},    # not priced across nodes
-             "all_gather": {"alpha_s": 1e-4, "bandwidth_Bps": 8.0e6},        # 64 Mbit/s
-             "all_to_all": {"alpha_s": 2e-4, "bandwidth_Bps": 6.0e6}}        # 48 Mbit/s
+    inter = {
+        "allreduce": {"alpha_s": 3e-4, "bandwidth_Bps": 11.5e6},  # 92 Mbit/s
+        "reduce_scatter": {"alpha_s": 9e-3, "bandwidth_Bps": 5.0e6},  # not priced across nodes
+        "all_gather": {"alpha_s": 1e-4, "bandwidth_Bps": 8.0e6},  # 64 Mbit/s
+        "all_to_all": {"alpha_s": 2e-4, "bandwidth_Bps": 6.0e6},
+    }  # 48 Mbit/s
     spec = spec_from_fits(cluster, inter, None)
     perf = spec["perf"]
     assert perf["inter_efficiency"] == pytest.approx(0.92)
-    assert perf["exchange_efficiency"] == pytest.approx(0.56)            # (64 + 48) / 2 of 100
-    assert perf["inter_latency_us"] == pytest.approx(200.0)              # median of 300, 100, 200
+    assert perf["exchange_efficiency"] == pytest.approx(0.56)  # (64 + 48) / 2 of 100
+    assert perf["inter_latency_us"] == pytest.approx(200.0)  # median of 300, 100, 200
     assert perf["shared_host"] is True and perf["intra_mbit"] == cluster["perf"]["intra_mbit"]  # kept
     assert spec["link_mbit"] == 100 and spec["name"] == "emulated"
     assert ClusterSpec.from_config(spec).exchange.bandwidth_Bps == pytest.approx(7.0e6)
@@ -596,14 +715,26 @@ def test_cli_probe_local_writes_a_spec_that_predict_reads(compose, tmp_path, cap
     mode=predict with its spec: the wiring, the record and the spec. The rates of loopback mean nothing."""
     from birder_repro.cli import run
 
-    probe = compose(["mode=probe", "nodes=2", "gpus_per_node=2", "logger=none", "probe.min_bytes=4096",
-                     "probe.max_bytes=65536", "probe.iters=2", "probe.warmup_iters=1"], hydra_config=True)
+    probe = compose(
+        [
+            "mode=probe",
+            "nodes=2",
+            "gpus_per_node=2",
+            "logger=none",
+            "probe.min_bytes=4096",
+            "probe.max_bytes=65536",
+            "probe.iters=2",
+            "probe.warmup_iters=1",
+        ],
+        hydra_config=True,
+    )
     assert run(probe, tmp_path / "probe") == 0
     rec = json.loads((tmp_path / "probe" / "record.json").read_text())
     assert rec["status"] == "completed" and rec["error"] is None and rec["config"]["mode"] == "probe"
     got = rec["probe"]
-    assert [(r["kind"], r["bytes"]) for r in got["inter"]] == \
-        [(k, s) for k in ("allreduce", "reduce_scatter", "all_gather", "all_to_all") for s in (4096, 16384, 65536)]
+    assert [(r["kind"], r["bytes"]) for r in got["inter"]] == [
+        (k, s) for k in ("allreduce", "reduce_scatter", "all_gather", "all_to_all") for s in (4096, 16384, 65536)
+    ]
     assert len(got["intra"]) == 12 and set(got["fits"]) == {"inter", "intra"}
     for r in got["inter"]:  # busbw = size / time x the factor, as the table prints it
         factor = 1.0 if r["kind"] == "allreduce" else 0.5
@@ -613,17 +744,35 @@ def test_cli_probe_local_writes_a_spec_that_predict_reads(compose, tmp_path, cap
     spec_file = Path(got["cluster_spec_file"])
     spec = yaml.safe_load(spec_file.read_text())
     assert spec["probe"]["intra_measured"] is True and "fitted_on" not in spec["perf"]
-    assert spec["perf"]["inter_latency_us"] == pytest.approx(1e6 * sorted(
-        got["fits"]["inter"][k]["alpha_s"] for k in ("allreduce", "all_gather", "all_to_all"))[1])
+    assert spec["perf"]["inter_latency_us"] == pytest.approx(
+        1e6 * sorted(got["fits"]["inter"][k]["alpha_s"] for k in ("allreduce", "all_gather", "all_to_all"))[1]
+    )
     # mode=predict reads it: the record's cluster spec is the probe's, and no paper row was fitted on it.
-    pred = compose(["mode=predict", "experiment=table3", "optim=birder", "nodes=2", "gpus_per_node=2",
-                    "predict.profile=paper", f"predict.cluster_spec={spec_file}"], hydra_config=True)
+    pred = compose(
+        [
+            "mode=predict",
+            "experiment=table3",
+            "optim=birder",
+            "nodes=2",
+            "gpus_per_node=2",
+            "predict.profile=paper",
+            f"predict.cluster_spec={spec_file}",
+        ],
+        hydra_config=True,
+    )
     assert run(pred, tmp_path / "pred") == 0
     prec = json.loads((tmp_path / "pred" / "record.json").read_text())
     assert prec["cluster_spec"]["inter_latency_us"] == pytest.approx(spec["perf"]["inter_latency_us"])
     assert prec["prediction"]["fitted_on"] is None and prec["prediction"]["cluster_spec_file"] == str(spec_file)
-    missing = compose(["mode=predict", "experiment=table3", "predict.profile=paper",
-                       f"predict.cluster_spec={tmp_path / 'nowhere.yaml'}"], hydra_config=True)
+    missing = compose(
+        [
+            "mode=predict",
+            "experiment=table3",
+            "predict.profile=paper",
+            f"predict.cluster_spec={tmp_path / 'nowhere.yaml'}",
+        ],
+        hydra_config=True,
+    )
     assert run(missing, tmp_path / "missing") == 2
     assert "predict.cluster_spec=" in json.loads((tmp_path / "missing" / "record.json").read_text())["error"]
 
@@ -635,18 +784,34 @@ def test_predicted_cells_say_whether_their_row_was_fitted(compose, tmp_path):
     from birder_repro.report.__main__ import main as tables_main
 
     runs = tmp_path / "runs"
-    cells = [("table3", "1", "sgdm"), ("table3", "2", "sgdm"), ("table3", "2", "birder"),
-             ("table1", "2", "birder"), ("table1", "2", "sgdm")]
+    cells = [
+        ("table3", "1", "sgdm"),
+        ("table3", "2", "sgdm"),
+        ("table3", "2", "birder"),
+        ("table1", "2", "birder"),
+        ("table1", "2", "sgdm"),
+    ]
     for i, (exp, nodes, optim) in enumerate(cells):
         batch = ["train.batch_size=128"] if exp == "table1" else []
-        cfg = compose(["mode=predict", f"experiment={exp}", f"optim={optim}", f"nodes={nodes}",
-                       "predict.profile=paper", "predict.implementation=paper", *batch], hydra_config=True)
+        cfg = compose(
+            [
+                "mode=predict",
+                f"experiment={exp}",
+                f"optim={optim}",
+                f"nodes={nodes}",
+                "predict.profile=paper",
+                "predict.implementation=paper",
+                *batch,
+            ],
+            hydra_config=True,
+        )
         assert run(cfg, runs / f"{i}_{exp}_{optim}_{nodes}") == 0
     tables_main(["--runs", str(runs), "--out", str(tmp_path / "out"), "--figures", str(tmp_path / "fig")])
     text = (tmp_path / "out" / "paper_comparison.md").read_text()
     lines = [line for line in text.splitlines() if line.startswith("| resnet50")]
-    by_cell = {(line.split("|")[2].strip(), line.split("|")[3].strip(), line.split("|")[4].strip()): line
-               for line in lines}
+    by_cell = {
+        (line.split("|")[2].strip(), line.split("|")[3].strip(), line.split("|")[4].strip()): line for line in lines
+    }
     assert "IN-SAMPLE: fitted on" in by_cell[("16 (2x8)", "32", "Birder")]
     assert "held out" in by_cell[("16 (2x8)", "128", "Birder")]
     assert "1-node row" in by_cell[("8 (1x8)", "32", "SGDM")]
@@ -667,8 +832,18 @@ def test_probe_on_the_emulated_cluster_measures_the_shaped_rate(compose, tmp_pat
 
     if os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("tc")):
         pytest.skip("cluster=emulated needs root and iproute2 (make emulated-setup)")
-    cfg = compose(["mode=probe", "nodes=2", "cluster=emulated", "cluster.link_mbit=100", "logger=none",
-                   "probe.min_bytes=65536", "probe.max_bytes=16777216"], hydra_config=True)
+    cfg = compose(
+        [
+            "mode=probe",
+            "nodes=2",
+            "cluster=emulated",
+            "cluster.link_mbit=100",
+            "logger=none",
+            "probe.min_bytes=65536",
+            "probe.max_bytes=16777216",
+        ],
+        hydra_config=True,
+    )
     assert run(cfg, tmp_path / "probe") == 0
     rec = json.loads((tmp_path / "probe" / "record.json").read_text())
     payload = 100e6 / 8 * 1448 / (1514 + 33)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
+from dist_utils import run_distributed
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -12,7 +15,6 @@ from birder_repro.comm.topology import Topology
 from birder_repro.config import ConfigError
 from birder_repro.train.precision import Precision
 from birder_repro.train.settings import TrainSettings
-from dist_utils import run_distributed
 
 
 def test_precision_settings_are_checked_naming_the_key():
@@ -47,7 +49,7 @@ def _fp16_steps(monkeypatch, step, losses) -> tuple:
         counts.append(len(reads))
         scales.append(precision.loss_scale)
         opt.zero_grad()
-    return counts, precision, sum(b < a for a, b in zip(scales, scales[1:]))
+    return counts, precision, sum(b < a for a, b in itertools.pairwise(scales))
 
 
 def test_an_fp16_step_reads_the_device_no_more_than_gradscaler_does(monkeypatch):
@@ -69,8 +71,14 @@ SIG = ((0, 0, 40), (1, 40, 24))  # two parameters of one bucket
 
 
 def _birder(scale=None) -> BirderState:
-    state = BirderState(Topology(rank=0, world_size=1, gpus_per_node=1), scheme="flat", param_numels=[40, 24],
-                        overlap=False, seed=3, kernel_backend="torch")
+    state = BirderState(
+        Topology(rank=0, world_size=1, gpus_per_node=1),
+        scheme="flat",
+        param_numels=[40, 24],
+        overlap=False,
+        seed=3,
+        kernel_backend="torch",
+    )
     state.loss_scale = None if scale is None else torch.tensor(float(scale))
     return state
 
@@ -82,7 +90,7 @@ def _fields(state) -> dict:
 def test_birder_hook_sees_true_gradients_and_hands_back_what_gradscaler_divides():
     """Steps I-II of train/precision.py: fed S x g under loss scale S, the hook's state is bit for bit the state it
     has when fed g, and its result is S x its result (GradScaler divides it back exactly: S is a power of two)."""
-    plain, scaled, scale = _birder(), _birder(2.0 ** 14), 2.0 ** 14
+    plain, scaled, scale = _birder(), _birder(2.0**14), 2.0**14
     gen = torch.Generator().manual_seed(0)
     for _ in range(4):
         g = torch.randn(64, generator=gen) * 1e-3
@@ -97,7 +105,7 @@ def test_birder_hook_sees_true_gradients_and_hands_back_what_gradscaler_divides(
 def test_birder_hook_under_loss_scaling_poisons_a_skipped_bucket_and_restores_its_state():
     """Step II-III: a bucket whose flag is set comes back NaN (GradScaler then skips the step on every rank), and
     the step GradScaler skipped, which the optimizer never closed, is closed by settle_step: state restored."""
-    state = _birder(2.0 ** 10)
+    state = _birder(2.0**10)
     gen = torch.Generator().manual_seed(1)
     state.allreduce_bucket(0, torch.randn(64, generator=gen), SIG)
     state.end_step()
@@ -192,8 +200,8 @@ def _onebit_flagged_bucket(rank: int, world: int):
     p.grad = torch.randn(16)
     opt.step()  # past the warmup
     state = OneBitState(opt, None, Topology(rank=0, world_size=1, gpus_per_node=1), {id(p): 0}, overlap=False)
-    state.loss_scale = torch.tensor(2.0 ** 10)
-    grad = torch.randn(16) * 2.0 ** 10
+    state.loss_scale = torch.tensor(2.0**10)
+    grad = torch.randn(16) * 2.0**10
     flagged = state.compress_bucket(0, grad.clone(), [p], ((0, 0, 16),), node_flag=torch.tensor(1.0)).clone()
     state.settle_step()
     clean = state.compress_bucket(0, grad.clone(), [p], ((0, 0, 16),), node_flag=torch.tensor(0.0)).clone()
@@ -243,8 +251,7 @@ def test_every_task_trains_a_step_in_bf16_and_fp16(compose, task_name):
     torch.set_num_threads(1)
     try:
         loaders = [] if task_name == "lstm_ptb" else ["data.num_workers=0"]  # (the LSTM's batches need none)
-        cfg = compose([f"task={task_name}", "model.size=tiny", "data.source=synthetic", "train.batch_size=2",
-                       *loaders])
+        cfg = compose([f"task={task_name}", "model.size=tiny", "data.source=synthetic", "train.batch_size=2", *loaders])
         task = get_task(task_name)
         data = task.build_data(cfg, 0, 1)
         model = task.build_model(cfg)
@@ -252,7 +259,7 @@ def test_every_task_trains_a_step_in_bf16_and_fp16(compose, task_name):
         for name in ("bf16", "fp16"):
             precision = Precision(name, "cpu")
             opt = torch.optim.SGD(model.parameters(), lr=0.0)
-            for attempt in range(24):  # fp16: an overflow at a large scale is skipped and the scale halves
+            for attempt in range(24):  # noqa: B007 - read after the loop; fp16: an overflow is skipped, the scale halves
                 with precision.autocast(), _MatmulDtypes() as computed:
                     loss, n = task.loss(model, batch, torch.device("cpu"))
                 assert torch.isfinite(loss) and n > 0, name
@@ -273,8 +280,15 @@ def test_every_task_trains_a_step_in_bf16_and_fp16(compose, task_name):
 
 
 # ------------------------------------------------------------------------------ whole runs, through the CLI
-BASELINES = {"bert_pretrain": "bertadam", "bert_squad": "bertadam", "digits": "sgdm", "lstm_ptb": "sgdm",
-             "resnet20": "sgdm", "resnet50": "sgdm", "vit": "adamw"}
+BASELINES = {
+    "bert_pretrain": "bertadam",
+    "bert_squad": "bertadam",
+    "digits": "sgdm",
+    "lstm_ptb": "sgdm",
+    "resnet20": "sgdm",
+    "resnet50": "sgdm",
+    "vit": "adamw",
+}
 
 
 def _sweep(runs_dir, task: str, optims: str) -> list[dict]:
@@ -286,11 +300,28 @@ def _sweep(runs_dir, task: str, optims: str) -> list[dict]:
     loaders = [] if task == "lstm_ptb" else ["data.num_workers=0"]
     if task in ("resnet50", "vit"):  # fp16 convolutions are slow on a CPU: small images
         loaders.append("data.image_size=64")
-    args = ["-m", f"task={task}", f"optim={optims}", "train.precision=bf16,fp16", "nodes=2", "gpus_per_node=1",
-            "model.size=tiny", "data.source=synthetic", "train.steps=3", "train.batch_size=4",
-            "train.eval_max_batches=1", "logger=none", *loaders]
-    proc = subprocess.run([sys.executable, "-m", "birder_repro.cli", *args], capture_output=True, text=True,
-                          timeout=1800, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    args = [
+        "-m",
+        f"task={task}",
+        f"optim={optims}",
+        "train.precision=bf16,fp16",
+        "nodes=2",
+        "gpus_per_node=1",
+        "model.size=tiny",
+        "data.source=synthetic",
+        "train.steps=3",
+        "train.batch_size=4",
+        "train.eval_max_batches=1",
+        "logger=none",
+        *loaders,
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "birder_repro.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [json.loads(p.read_text()) for p in sorted(runs_dir.rglob("record.json"))], proc.stdout + proc.stderr
 

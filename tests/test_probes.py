@@ -14,7 +14,7 @@ from birder_repro.launch import netns
 from birder_repro.train import train
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_train import BlobsTask, blobs_data, make_config, tiny_model  # noqa: E402
+from test_train import BlobsTask, blobs_data, make_config, tiny_model
 
 
 class CountingTask(BlobsTask):
@@ -48,19 +48,30 @@ def test_probes_cover_exactly_the_timed_steps(tmp_path):
     torch.manual_seed(0)
     task, model = CountingTask(), tiny_model()
     probe = RecordingProbe(task)
-    rec = train(make_config(tmp_path, steps=7, timing_warmup_steps=2, compute_calibration_passes=3),
-                task=task, data=blobs_data(0, 1, 16), model=model,
-                optimizer=torch.optim.SGD(model.parameters(), lr=0.2), comm=None,
-                topology=Topology(rank=0, world_size=1, gpus_per_node=1), device=torch.device("cpu"),
-                run_dir=tmp_path, probes=[probe])
+    rec = train(
+        make_config(tmp_path, steps=7, timing_warmup_steps=2, compute_calibration_passes=3),
+        task=task,
+        data=blobs_data(0, 1, 16),
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.2),
+        comm=None,
+        topology=Topology(rank=0, world_size=1, gpus_per_node=1),
+        device=torch.device("cpu"),
+        run_dir=tmp_path,
+        probes=[probe],
+    )
     # start: after the 2 warm-up steps and the 3 calibration passes; stop: after all 7 steps, before evaluation.
     assert probe.calls == [("start", 2 + 3, 0), ("stop", 7 + 3, 0, 5)]
     assert task.evaluations == 1 and rec["link_bytes_per_step"] == [1.0] and rec["timed_steps"] == 5
 
 
 def test_link_counters_per_step_in_node_order(monkeypatch):
-    readings = iter([{"tx_bytes": 1000, "tx_packets": 10, "retrans_segs": 0},
-                     {"tx_bytes": 5000, "tx_packets": 30, "retrans_segs": 2}])
+    readings = iter(
+        [
+            {"tx_bytes": 1000, "tx_packets": 10, "retrans_segs": 0},
+            {"tx_bytes": 5000, "tx_packets": 30, "retrans_segs": 2},
+        ]
+    )
     monkeypatch.setattr(netns, "read_counters", lambda iface: next(readings))
     probe = probes.link_probe(Topology(rank=0, world_size=1, gpus_per_node=1), {probes.LINK_IFACE_ENV: "v0"})
     probe.start()
@@ -68,7 +79,6 @@ def test_link_counters_per_step_in_node_order(monkeypatch):
     assert out["link_bytes_per_step"] == [1000.0] and out["link_packets_per_step"] == [5.0]
     assert out["link_tcp_retransmits_per_step"] == [0.5] and out["link_interfaces"] == ["v0"]
     assert probes.link_probe(Topology(rank=0, world_size=1, gpus_per_node=1), {}) is None
-
 
 
 def test_the_worker_gets_a_link_probe_only_where_the_launcher_names_a_link():

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import write_records
 
 from birder_repro.report import figures, paper, tables
 from birder_repro.report.__main__ import main
 from birder_repro.report.records import load_frame
-from conftest import write_records
 
 PAPER_DIR = Path(__file__).resolve().parents[1] / "tables" / "paper"
 
@@ -25,22 +25,54 @@ def no_figures(monkeypatch):
     monkeypatch.setattr(figures, "have_matplotlib", lambda: False)
 
 
-def make_record(optim="birder", nodes=1, gpus_per_node=8, throughput=100.0, *, task="resnet50",
-                status="completed", started="2025-01-01T10:00:00", batch=32, cluster="ethernet_10g",
-                source="synthetic", stages=None, top1=75.0, error=None, baseline="sgdm") -> dict:
+def make_record(
+    optim="birder",
+    nodes=1,
+    gpus_per_node=8,
+    throughput=100.0,
+    *,
+    task="resnet50",
+    status="completed",
+    started="2025-01-01T10:00:00",
+    batch=32,
+    cluster="ethernet_10g",
+    source="synthetic",
+    stages=None,
+    top1=75.0,
+    error=None,
+    baseline="sgdm",
+) -> dict:
     """A record with DESIGN.md's keys (values are made up unless a test passes the paper's)."""
     world = nodes * gpus_per_node
     record = {
-        "status": status, "task": task, "optim": optim,
-        "cluster": {"name": cluster, "nodes": nodes, "gpus_per_node": gpus_per_node,
-                    "interconnect": cluster.split("_")[0], "link_mbit": 10000},
-        "world_size": world, "batch_size": batch, "global_batch_size": batch * world, "steps": 50,
-        "throughput_samples_per_s": throughput, "throughput_by_stage": stages or {},
+        "status": status,
+        "task": task,
+        "optim": optim,
+        "cluster": {
+            "name": cluster,
+            "nodes": nodes,
+            "gpus_per_node": gpus_per_node,
+            "interconnect": cluster.split("_")[0],
+            "link_mbit": 10000,
+        },
+        "world_size": world,
+        "batch_size": batch,
+        "global_batch_size": batch * world,
+        "steps": 50,
+        "throughput_samples_per_s": throughput,
+        "throughput_by_stage": stages or {},
         "step_time_s": {"total": 0.1, "compute": 0.06, "communication": 0.03, "compression": 0.01},
-        "intra_node_bytes_per_step": 2e6, "inter_node_bytes_per_step": 1e5,
-        "fp32_allreduce_bytes_per_step": 3.2e6, "link_bytes_per_step": None,
-        "metrics": {"top1": top1, "loss": 1.5}, "versions": {}, "device": "cpu", "git_sha": "abc",
-        "started": started, "ended": started, "lr": 0.001,
+        "intra_node_bytes_per_step": 2e6,
+        "inter_node_bytes_per_step": 1e5,
+        "fp32_allreduce_bytes_per_step": 3.2e6,
+        "link_bytes_per_step": None,
+        "metrics": {"top1": top1, "loss": 1.5},
+        "versions": {},
+        "device": "cpu",
+        "git_sha": "abc",
+        "started": started,
+        "ended": started,
+        "lr": 0.001,
         "config": {"data": {"source": source}, "task": {"name": task, "baseline": baseline}},
     }
     if error is not None:
@@ -54,8 +86,12 @@ def write_runs(root: Path, records: list[dict]) -> Path:
 
 def paper_cell_records() -> list[dict]:
     """Table 1 / Table 3 (Ethernet, 32 per GPU) at 8 and 16 GPUs for SGDM and Birder."""
-    return [make_record("sgdm", 1, 8, 3693.0), make_record("birder", 1, 8, 3462.0),
-            make_record("sgdm", 2, 8, 2959.0), make_record("birder", 2, 8, 6015.0)]
+    return [
+        make_record("sgdm", 1, 8, 3693.0),
+        make_record("birder", 1, 8, 3462.0),
+        make_record("sgdm", 2, 8, 2959.0),
+        make_record("birder", 2, 8, 6015.0),
+    ]
 
 
 def cells_of(root: Path, mode="whole") -> pd.DataFrame:
@@ -69,6 +105,7 @@ def row(cells: pd.DataFrame, optim: str, nodes: int) -> pd.Series:
 
 
 # --- formulas ----------------------------------------------------------------------------------------------
+
 
 def test_scale_efficiency_reproduces_paper_table3():
     # Birder paper, Table 3, Ethernet: SGDM 16 GPUs 2959 vs 8 GPUs 3693 -> 40.1%; Birder 6015/3462 -> 86.9%.
@@ -89,28 +126,35 @@ def test_speedup_and_scale_efficiency_from_records(tmp_path):
 
 def test_speedup_only_within_the_same_cell(tmp_path):
     # A baseline on another cluster or batch size is another cell: no speedup against it.
-    records = [make_record("sgdm", 1, 8, 1000.0, cluster="infiniband_200g"),
-               make_record("birder", 1, 8, 900.0, cluster="ethernet_10g"),
-               make_record("sgdm", 1, 8, 500.0, batch=128)]
+    records = [
+        make_record("sgdm", 1, 8, 1000.0, cluster="infiniband_200g"),
+        make_record("birder", 1, 8, 900.0, cluster="ethernet_10g"),
+        make_record("sgdm", 1, 8, 500.0, batch=128),
+    ]
     cells = cells_of(write_runs(tmp_path, records))
     assert pd.isna(row(cells, "birder", 1)["speedup"])
     assert (cells.loc[cells["optim"] == "sgdm", "speedup"] == 1.0).all()
 
 
 def test_bert_baseline_is_bertadam(tmp_path):
-    records = [make_record("bertadam", 2, 8, 84.0, task="bert_squad", batch=3, baseline="bertadam"),
-               make_record("birder", 2, 8, 431.0, task="bert_squad", batch=3, baseline="bertadam")]
+    records = [
+        make_record("bertadam", 2, 8, 84.0, task="bert_squad", batch=3, baseline="bertadam"),
+        make_record("birder", 2, 8, 431.0, task="bert_squad", batch=3, baseline="bertadam"),
+    ]
     cells = cells_of(write_runs(tmp_path, records))
     assert round(row(cells, "birder", 2)["speedup"], 2) == 5.13  # Birder paper, Table 2
 
 
 # --- which runs are shown ---------------------------------------------------------------------------------
 
+
 def test_a_repeated_run_of_one_configuration_and_seed_supersedes_the_older(tmp_path):
-    records = [make_record("birder", 1, 8, 111.0, started="2025-01-01T09:00:00"),
-               make_record("birder", 1, 8, 333.0, started="2025-01-03T09:00:00"),
-               make_record("birder", 1, 8, 222.0, started="2025-01-02T09:00:00"),
-               make_record("birder", 1, 8, 999.0, started="2025-01-04T09:00:00", status="failed", error="x")]
+    records = [
+        make_record("birder", 1, 8, 111.0, started="2025-01-01T09:00:00"),
+        make_record("birder", 1, 8, 333.0, started="2025-01-03T09:00:00"),
+        make_record("birder", 1, 8, 222.0, started="2025-01-02T09:00:00"),
+        make_record("birder", 1, 8, 999.0, started="2025-01-04T09:00:00", status="failed", error="x"),
+    ]
     root = write_runs(tmp_path / "runs", records)
     cells = cells_of(root)
     assert row(cells, "birder", 1)["throughput_shown"] == 333.0
@@ -122,9 +166,11 @@ def test_a_repeated_run_of_one_configuration_and_seed_supersedes_the_older(tmp_p
 
 
 def test_failed_runs_are_listed_not_dropped(tmp_path, capsys):
-    records = [make_record("sgdm", 1, 8, 3693.0),
-               make_record("birder", 2, 8, status="failed", error="RuntimeError: gloo timeout\nTraceback ..."),
-               make_record("onebit_adam", 1, 8, task="bert_squad", status="failed", error="OOM")]
+    records = [
+        make_record("sgdm", 1, 8, 3693.0),
+        make_record("birder", 2, 8, status="failed", error="RuntimeError: gloo timeout\nTraceback ..."),
+        make_record("onebit_adam", 1, 8, task="bert_squad", status="failed", error="OOM"),
+    ]
     root = write_runs(tmp_path / "runs", records)
     assert main(["--runs", str(root), "--out", str(tmp_path / "out"), "--figures", str(tmp_path / "f")]) == 0
     assert "3 run record(s) under" in capsys.readouterr().out
@@ -160,9 +206,12 @@ def test_inter_node_bytes_against_fp32_allreduce(tmp_path):
 
 # --- 1-bit Adam stage throughput ------------------------------------------------------------------------
 
+
 def test_stage_throughput_is_labelled(tmp_path):
-    records = [make_record("sgdm", 2, 8, 2959.0),
-               make_record("onebit_adam", 2, 8, 4715.0, stages={"warmup": 3000.0, "compression": 5500.0})]
+    records = [
+        make_record("sgdm", 2, 8, 2959.0),
+        make_record("onebit_adam", 2, 8, 4715.0, stages={"warmup": 3000.0, "compression": 5500.0}),
+    ]
     root = write_runs(tmp_path, records)
     whole = row(cells_of(root, "whole"), "onebit_adam", 2)
     stage = row(cells_of(root, "stage"), "onebit_adam", 2)
@@ -190,6 +239,7 @@ def test_stage_mode_shows_compression_stage_bytes(tmp_path):
 
 
 # --- files written ------------------------------------------------------------------------------------------
+
 
 def test_markdown_contains_the_birder_row(tmp_path, capsys):
     root = write_runs(tmp_path / "runs", paper_cell_records())
@@ -226,13 +276,20 @@ def test_each_tasks_own_metrics_become_columns(tmp_path):
     lstm["metrics"] = {"perplexity": 400.0, "val_perplexity": 420.0, "loss": 6.0}
     root = write_runs(tmp_path / "runs", [pretrain, lstm, make_record("sgdm", 1, 1, 10.0)])
     frame = load_frame(root)
-    assert frame.attrs["metric_columns"] == ["mlm_accuracy", "mlm_loss", "nsp_accuracy", "perplexity",
-                                             "val_perplexity", "top1", "loss"]
+    assert frame.attrs["metric_columns"] == [
+        "mlm_accuracy",
+        "mlm_loss",
+        "nsp_accuracy",
+        "perplexity",
+        "val_perplexity",
+        "top1",
+        "loss",
+    ]
     main(["--runs", str(root), "--out", str(tmp_path / "out"), "--figures", str(tmp_path / "f")])
     line = next(x for x in (tmp_path / "out" / "bert_pretrain.md").read_text().splitlines() if "| optimizer" in x)
     header = [cell.strip() for cell in line.split("|")]
     at = header.index("MLM acc.")
-    assert header[at:at + 4] == ["MLM acc.", "MLM loss", "NSP acc.", "train loss"] and "top-1" not in header
+    assert header[at : at + 4] == ["MLM acc.", "MLM loss", "NSP acc.", "train loss"] and "top-1" not in header
     assert "val ppl" in (tmp_path / "out" / "lstm_ptb.md").read_text()
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "MLM acc. 12.5" in summary and "ppl 400" in summary and "top-1 75" in summary
@@ -261,19 +318,23 @@ def test_paper_comparison_puts_paper_numbers_beside_reproduced_cells(tmp_path):
     assert len(ethernet) == 1
     assert "1, 3" in ethernet[0] and "6015 (2.03x)" in ethernet[0] and "86.9%" in ethernet[0]
     # A run elsewhere (here: local processes) is shown beside every interconnect the paper reports.
-    local = [make_record(r["optim"], r["cluster"]["nodes"], 8, r["throughput_samples_per_s"], cluster="local")
-             for r in paper_cell_records()]
+    local = [
+        make_record(r["optim"], r["cluster"]["nodes"], 8, r["throughput_samples_per_s"], cluster="local")
+        for r in paper_cell_records()
+    ]
     lines = comparison_lines(tmp_path, local, "local")
     assert len(lines) == 2 and any("infiniband" in line and "6784 (1.45x)" in line for line in lines)
 
 
 def test_no_paper_match_says_so(tmp_path):
-    text = paper.comparison_markdown(cells_of(write_runs(tmp_path, [make_record(nodes=3)])),
-                                     paper.load_paper_tables(PAPER_DIR))
+    text = paper.comparison_markdown(
+        cells_of(write_runs(tmp_path, [make_record(nodes=3)])), paper.load_paper_tables(PAPER_DIR)
+    )
     assert "No reproduced cell matches" in text and "resnet50 8x8 batch 128" in text
 
 
 # --- the paper's transcribed numbers ----------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def paper_rows() -> pd.DataFrame:
@@ -281,8 +342,12 @@ def paper_rows() -> pd.DataFrame:
 
 
 def paper_value(rows, table, optimizer, gpus, column, batch=None, interconnect="ethernet"):
-    sel = (rows["table"] == table) & (rows["optimizer"] == optimizer) & (rows["gpus"] == gpus) & \
-          (rows["interconnect"] == interconnect)
+    sel = (
+        (rows["table"] == table)
+        & (rows["optimizer"] == optimizer)
+        & (rows["gpus"] == gpus)
+        & (rows["interconnect"] == interconnect)
+    )
     if batch is not None:
         sel &= rows["batch_per_gpu"] == batch
     assert sel.sum() == 1
@@ -311,10 +376,12 @@ def test_paper_speedups_and_efficiencies_agree_with_their_throughputs(paper_rows
     misprints = {(1, "onebit_adam", 8), (3, "onebit_adam", 8), (4, "onebit_adam", 8), (4, "birder", 8)}
     for _, r in paper_rows.iterrows():
         same = (paper_rows[keys] == r[keys]).all(axis=1)
-        base = paper_rows[same & (paper_rows["gpus"] == r["gpus"]) &
-                          (paper_rows["optimizer"] == baseline[r["task"]])]["throughput"].iloc[0]
-        first = paper_rows[same & (paper_rows["gpus"] == 8) &
-                           (paper_rows["optimizer"] == r["optimizer"])]["throughput"].iloc[0]
+        base = paper_rows[same & (paper_rows["gpus"] == r["gpus"]) & (paper_rows["optimizer"] == baseline[r["task"]])][
+            "throughput"
+        ].iloc[0]
+        first = paper_rows[same & (paper_rows["gpus"] == 8) & (paper_rows["optimizer"] == r["optimizer"])][
+            "throughput"
+        ].iloc[0]
         where = (r["table"], r["optimizer"], r["gpus"], r["batch_per_gpu"], r["interconnect"])
         if (r["table"], r["optimizer"], r["gpus"]) not in misprints:
             assert abs(r["throughput"] / base - r["speedup"]) <= 0.011, where
@@ -335,23 +402,29 @@ def test_figures_drawn_where_matplotlib_is_installed(tmp_path, monkeypatch):
     monkeypatch.setattr(figures, "have_matplotlib", lambda: True)
     root = write_runs(tmp_path / "runs", paper_cell_records())
     main(["--runs", str(root), "--out", str(tmp_path / "out"), "--figures", str(tmp_path / "fig")])
-    predicted = [dict(make_record("birder", 2, 8, 7000.0), status="predicted"),
-                 dict(make_record("sgdm", 2, 8, 3000.0), status="predicted")]
+    predicted = [
+        dict(make_record("birder", 2, 8, 7000.0), status="predicted"),
+        dict(make_record("sgdm", 2, 8, 3000.0), status="predicted"),
+    ]
     (tmp_path / "runs" / "pred").mkdir(parents=True)
     write_runs(tmp_path / "runs" / "pred", predicted)
     main(["--runs", str(root), "--out", str(tmp_path / "out"), "--figures", str(tmp_path / "fig")])
     drawn = sorted(p.name for p in (tmp_path / "fig").iterdir())
     # Figure 3 holds both sources (solid / dashed); Figure 4 one per source; Figure 2 needs metrics.jsonl. The
     # run's length is part of the setting, so of the name (runs of 50 and 2000 steps never share a figure).
-    assert drawn == ["fig3_resnet50_ethernet_10g_10000mbit_synthetic_b32_50steps.png",
-                     "fig4_measured_resnet50_ethernet_10g_10000mbit_synthetic_b32_50steps.png",
-                     "fig4_predicted_resnet50_ethernet_10g_10000mbit_synthetic_b32_50steps.png"]
+    assert drawn == [
+        "fig3_resnet50_ethernet_10g_10000mbit_synthetic_b32_50steps.png",
+        "fig4_measured_resnet50_ethernet_10g_10000mbit_synthetic_b32_50steps.png",
+        "fig4_predicted_resnet50_ethernet_10g_10000mbit_synthetic_b32_50steps.png",
+    ]
 
 
 def test_predicted_records_stay_apart_from_measured_ones(tmp_path):
     measured = paper_cell_records()
-    predicted = [dict(make_record("sgdm", 2, 8, 3000.0), status="predicted"),
-                 dict(make_record("birder", 2, 8, 6600.0), status="predicted")]
+    predicted = [
+        dict(make_record("sgdm", 2, 8, 3000.0), status="predicted"),
+        dict(make_record("birder", 2, 8, 6600.0), status="predicted"),
+    ]
     root = write_runs(tmp_path / "runs", measured + predicted)
     cells = cells_of(root)
     assert sorted(cells["source"]) == ["measured"] * 4 + ["predicted"] * 2
@@ -369,8 +442,7 @@ def test_predicted_records_stay_apart_from_measured_ones(tmp_path):
 
 def test_data_wait_is_a_column_of_the_step(tmp_path):
     rec = make_record("sgdm", 1, 8, 100.0)
-    rec["step_time_s"] = {"total": 0.15, "compute": 0.06, "communication": 0.03, "compression": 0.01,
-                          "data_wait": 0.05}
+    rec["step_time_s"] = {"total": 0.15, "compute": 0.06, "communication": 0.03, "compression": 0.01, "data_wait": 0.05}
     root = write_runs(tmp_path / "runs", [rec])
     cells = cells_of(root)
     assert cells.iloc[0]["step_ms_data_wait"] == pytest.approx(50.0)

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import write_records
 
 from birder_repro.report import cells as report_cells
 from birder_repro.report import figures, identity, tables
 from birder_repro.report.__main__ import main
 from birder_repro.report.records import load_frame
-from conftest import write_records
 
 SGDM_TOP1 = {"sgdm": 98.3, "onebit_adam": 98.1, "birder": 97.8}
 
@@ -28,29 +28,66 @@ def no_figures(monkeypatch):
 
 def config(optim: str, seed: int = 0, steps: int = 60, **train) -> dict:
     """A resolved config as a digits run records it (the keys that matter here)."""
-    return {"mode": "train", "nodes": 2, "gpus_per_node": 1, "seed": seed, "dry_run": False, "device": "cpu",
-            "parallel": "ddp",
-            "train": {"steps": steps, "epochs": 10, "batch_size": 32, "eval_every": 10, "log_every": 10,
-                      "checkpoint_every": 0, "resume": None, "max_restarts": 0, "timeout_s": 300,
-                      "precision": "fp32", **train},
-            "predict": {"implementation": "this"},
-            "task": {"name": "digits", "baseline": "sgdm"}, "model": {"size": "full"},
-            "data": {"source": "real", "split_seed": 0},
-            "optim": {"name": optim, "lr": {"sgdm": 0.05}.get(optim, 0.003), "seed": seed},
-            "cluster": {"name": "local", "interconnect": "loopback", "link_mbit": None},
-            "launcher": {"name": "auto", "node_rank": None, "rdzv_id": None}, "logger": {"name": "none"}}
-
-
-def run_record(optim: str, throughput: float, *, seed: int = 0, steps: int = 60, top1: float | None = None,
-               started: str = "2026-01-01T10:00:00", status: str = "completed", **train) -> dict:
     return {
-        "status": status, "task": "digits", "optim": optim,
+        "mode": "train",
+        "nodes": 2,
+        "gpus_per_node": 1,
+        "seed": seed,
+        "dry_run": False,
+        "device": "cpu",
+        "parallel": "ddp",
+        "train": {
+            "steps": steps,
+            "epochs": 10,
+            "batch_size": 32,
+            "eval_every": 10,
+            "log_every": 10,
+            "checkpoint_every": 0,
+            "resume": None,
+            "max_restarts": 0,
+            "timeout_s": 300,
+            "precision": "fp32",
+            **train,
+        },
+        "predict": {"implementation": "this"},
+        "task": {"name": "digits", "baseline": "sgdm"},
+        "model": {"size": "full"},
+        "data": {"source": "real", "split_seed": 0},
+        "optim": {"name": optim, "lr": {"sgdm": 0.05}.get(optim, 0.003), "seed": seed},
+        "cluster": {"name": "local", "interconnect": "loopback", "link_mbit": None},
+        "launcher": {"name": "auto", "node_rank": None, "rdzv_id": None},
+        "logger": {"name": "none"},
+    }
+
+
+def run_record(
+    optim: str,
+    throughput: float,
+    *,
+    seed: int = 0,
+    steps: int = 60,
+    top1: float | None = None,
+    started: str = "2026-01-01T10:00:00",
+    status: str = "completed",
+    **train,
+) -> dict:
+    return {
+        "status": status,
+        "task": "digits",
+        "optim": optim,
         "cluster": {"name": "local", "nodes": 2, "gpus_per_node": 1, "interconnect": "loopback", "link_mbit": None},
-        "world_size": 2, "batch_size": 32, "global_batch_size": 64, "steps": steps, "lr": 0.003,
+        "world_size": 2,
+        "batch_size": 32,
+        "global_batch_size": 64,
+        "steps": steps,
+        "lr": 0.003,
         "throughput_samples_per_s": throughput if status == "completed" else None,
-        "metrics": {"top1": SGDM_TOP1[optim] if top1 is None else top1, "loss": 0.05} if status == "completed"
-        else {}, "headline_metric": "top1", "started": started, "precision": "fp32",
-        "config": config(optim, seed, steps, **train)}
+        "metrics": {"top1": SGDM_TOP1[optim] if top1 is None else top1, "loss": 0.05} if status == "completed" else {},
+        "headline_metric": "top1",
+        "started": started,
+        "precision": "fp32",
+        "config": config(optim, seed, steps, **train),
+    }
 
 
 def write(root: Path, records: list[dict]) -> Path:
@@ -94,8 +131,12 @@ def test_the_cell_key_leaves_out_the_seed_and_what_cannot_change_a_result():
 # ---------------------------------------------------------------------------------------------- the brief's case
 def sweep_and_smoke() -> list[dict]:
     """A 60-step digits sweep of three optimizers, then one newer 2-step smoke run of Birder."""
-    return [run_record("sgdm", 4423.0), run_record("onebit_adam", 6248.0), run_record("birder", 3699.0),
-            run_record("birder", 7080.0, steps=2, top1=27.22, started="2026-01-01T11:00:00")]
+    return [
+        run_record("sgdm", 4423.0),
+        run_record("onebit_adam", 6248.0),
+        run_record("birder", 3699.0),
+        run_record("birder", 7080.0, steps=2, top1=27.22, started="2026-01-01T11:00:00"),
+    ]
 
 
 def test_a_smoke_run_never_takes_the_place_of_the_sweep(tmp_path):
@@ -116,8 +157,11 @@ def test_left_out_runs_are_printed_with_the_reason(tmp_path, capsys):
 
 
 def test_runs_of_another_length_that_are_not_smoke_runs_are_a_section_of_their_own(tmp_path):
-    records = [run_record("sgdm", 4000.0), run_record("birder", 3600.0),
-               run_record("birder", 3900.0, steps=30, started="2026-01-01T11:00:00")]
+    records = [
+        run_record("sgdm", 4000.0),
+        run_record("birder", 3600.0),
+        run_record("birder", 3900.0, steps=30, started="2026-01-01T11:00:00"),
+    ]
     rows, left, md = report(tmp_path, records)
     assert left.empty and sorted(rows["run_length"]) == ["30 steps", "60 steps", "60 steps"]
     assert pd.isna(only(rows, run_length="30 steps")["speedup"])  # no SGDM of 30 steps to compare with
@@ -126,8 +170,10 @@ def test_runs_of_another_length_that_are_not_smoke_runs_are_a_section_of_their_o
 
 # ---------------------------------------------------------------------------------------------- seeds
 def test_three_seeds_are_one_row_with_mean_spread_and_n(tmp_path):
-    records = [run_record("birder", t, seed=s, top1=a) for s, (t, a) in enumerate([(100.0, 97.0), (110.0, 98.0),
-                                                                                   (120.0, 99.0)])]
+    records = [
+        run_record("birder", t, seed=s, top1=a)
+        for s, (t, a) in enumerate([(100.0, 97.0), (110.0, 98.0), (120.0, 99.0)])
+    ]
     rows, left, md = report(tmp_path, [run_record("sgdm", 100.0), *records])
     birder = only(rows, optim="birder")
     assert (birder["n"], birder["seeds"]) == (3, "0 1 2") and left.empty
@@ -138,8 +184,12 @@ def test_three_seeds_are_one_row_with_mean_spread_and_n(tmp_path):
 
 
 def test_rows_that_differ_in_a_setting_say_so_and_compare_with_the_same_setting(tmp_path):
-    records = [run_record("sgdm", 100.0), run_record("birder", 150.0),
-               run_record("sgdm", 80.0, eval_every=1), run_record("birder", 90.0, eval_every=1)]
+    records = [
+        run_record("sgdm", 100.0),
+        run_record("birder", 150.0),
+        run_record("sgdm", 80.0, eval_every=1),
+        run_record("birder", 90.0, eval_every=1),
+    ]
     rows, left, md = report(tmp_path, records)
     assert len(rows) == 4 and left.empty
     frequent = only(rows, optim="birder", setting_note="train.eval_every=1")
@@ -151,8 +201,9 @@ def test_rows_that_differ_in_a_setting_say_so_and_compare_with_the_same_setting(
 def test_a_diverged_seed_is_left_out_of_the_means_and_listed(tmp_path):
     diverged = run_record("birder", 0.0, seed=2, status="diverged")
     diverged["diverged_at_step"] = 16
-    rows, left, _ = report(tmp_path, [run_record("birder", 100.0, seed=0), run_record("birder", 120.0, seed=1),
-                                      diverged])
+    rows, left, _ = report(
+        tmp_path, [run_record("birder", 100.0, seed=0), run_record("birder", 120.0, seed=1), diverged]
+    )
     assert only(rows, optim="birder")["n"] == 2
     assert list(left["reason"]) == ["diverged: left out of the means of its row, whose other seeds completed"]
 

@@ -10,28 +10,55 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import write_records
 
 from birder_repro.report import figures, tables
 from birder_repro.report.records import load_frame
-from conftest import write_records
 
 pytest.importorskip("matplotlib")  # optional: not a dependency of the package
 
 
-def record(optim: str, *, seed: int = 0, nodes: int = 2, throughput: float = 100.0, eval_every: int = 10,
-           status: str = "completed", reached_at: int | None = None) -> dict:
+def record(
+    optim: str,
+    *,
+    seed: int = 0,
+    nodes: int = 2,
+    throughput: float = 100.0,
+    eval_every: int = 10,
+    status: str = "completed",
+    reached_at: int | None = None,
+) -> dict:
     return {
-        "status": status, "task": "digits", "optim": optim, "headline_metric": "top1",
-        "cluster": {"name": "local", "nodes": nodes, "gpus_per_node": 1, "interconnect": "loopback",
-                    "link_mbit": None},
-        "world_size": nodes, "batch_size": 32, "steps": 60, "throughput_samples_per_s": throughput,
-        "metrics": {"top1": 97.5, "loss": 0.05}, "started": f"2026-01-01T10:00:0{seed}", "compile_s": 0.0,
-        "time_to_target": {"metric": "top1", "target": 98.0, "direction": "higher",
-                           "reached": reached_at is not None, "step": reached_at,
-                           "seconds": None if reached_at is None else reached_at / 100, "evaluations": 6},
-        "config": {"seed": seed, "nodes": nodes, "task": {"name": "digits", "baseline": "sgdm"},
-                   "data": {"source": "real"}, "model": {"size": "full"},
-                   "train": {"steps": 60, "eval_every": eval_every}, "optim": {"name": optim}},
+        "status": status,
+        "task": "digits",
+        "optim": optim,
+        "headline_metric": "top1",
+        "cluster": {"name": "local", "nodes": nodes, "gpus_per_node": 1, "interconnect": "loopback", "link_mbit": None},
+        "world_size": nodes,
+        "batch_size": 32,
+        "steps": 60,
+        "throughput_samples_per_s": throughput,
+        "metrics": {"top1": 97.5, "loss": 0.05},
+        "started": f"2026-01-01T10:00:0{seed}",
+        "compile_s": 0.0,
+        "time_to_target": {
+            "metric": "top1",
+            "target": 98.0,
+            "direction": "higher",
+            "reached": reached_at is not None,
+            "step": reached_at,
+            "seconds": None if reached_at is None else reached_at / 100,
+            "evaluations": 6,
+        },
+        "config": {
+            "seed": seed,
+            "nodes": nodes,
+            "task": {"name": "digits", "baseline": "sgdm"},
+            "data": {"source": "real"},
+            "model": {"size": "full"},
+            "train": {"steps": 60, "eval_every": eval_every},
+            "optim": {"name": optim},
+        },
     }
 
 
@@ -67,7 +94,7 @@ def close(fig) -> None:
 def test_figure_2_ends_each_metric_curve_at_the_final_evaluation(tmp_path):
     root = write_runs(tmp_path, [record("sgdm", reached_at=40), record("birder")])
     fig = figures.convergence_figure(cells_of(root))
-    (loss_steps, loss_time), (metric_steps, metric_time) = fig.axes[0:2], fig.axes[2:4]
+    metric_steps, metric_time = fig.axes[2:4]  # after the loss against steps and against time
     for ax in (metric_steps, metric_time):
         curves = [line for line in ax.get_lines() if line.get_label() in ("SGDM", "Birder")]
         assert len(curves) == 2
@@ -92,8 +119,9 @@ def test_figure_2_axes_carry_units(tmp_path):
 
 
 def test_figure_2_without_evaluations_during_training_says_so_and_mentions_no_star(tmp_path):
-    root = write_runs(tmp_path, [record("sgdm", eval_every=0, reached_at=60), record("birder", eval_every=0)],
-                      eval_every=0)
+    root = write_runs(
+        tmp_path, [record("sgdm", eval_every=0, reached_at=60), record("birder", eval_every=0)], eval_every=0
+    )
     fig = figures.convergence_figure(cells_of(root))
     assert len(fig.axes) == 4  # the metric panel holds the final evaluations
     title = fig._suptitle.get_text()
@@ -104,16 +132,19 @@ def test_figure_2_without_evaluations_during_training_says_so_and_mentions_no_st
 
 
 def test_figure_3_starts_at_zero_and_names_only_its_marks(tmp_path):
-    one_layout = write_runs(tmp_path / "one", [record("sgdm", throughput=4400.0),
-                                                record("birder", throughput=3700.0)])
+    one_layout = write_runs(tmp_path / "one", [record("sgdm", throughput=4400.0), record("birder", throughput=3700.0)])
     fig = figures.throughput_figure(cells_of(one_layout), "whole")
     ax = fig.axes[0]
     assert ax.get_ylim()[0] == 0 and "samples/s" in ax.get_ylabel()
     assert [t.get_text() for t in ax.get_xticklabels()] == ["SGDM", "Birder"]
     assert "dashed" not in ax.get_title() and "error bars" not in ax.get_title()  # nothing of the kind drawn
     close(fig)
-    seeds = [record(o, seed=s, nodes=n, throughput=t * n + s) for o, t in (("sgdm", 100.0), ("birder", 150.0))
-             for n in (1, 2, 4) for s in (0, 1)]
+    seeds = [
+        record(o, seed=s, nodes=n, throughput=t * n + s)
+        for o, t in (("sgdm", 100.0), ("birder", 150.0))
+        for n in (1, 2, 4)
+        for s in (0, 1)
+    ]
     fig = figures.throughput_figure(cells_of(write_runs(tmp_path / "many", seeds)), "whole")
     ax = fig.axes[0]
     assert ax.get_ylim()[0] == 0 and "log scale" in ax.get_xlabel()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import write_records
 
 from birder_repro.perf.model import predict_step
 from birder_repro.perf.profile import Profile
@@ -14,34 +15,84 @@ from birder_repro.report import crossover, tuning
 from birder_repro.report import target as report_target
 from birder_repro.report.__main__ import main
 from birder_repro.report.records import load_frame
-from conftest import write_records
 
 
-def record(optim: str, *, lr: float, step, seed: int = 0, eval_set: str = "test", link=200, nodes: int = 2,
-           seconds=None, status: str = "completed", top1: float = 88.0, extra_optim=None, stop: bool = False,
-           profile=None, comm_ms: float = 30.0, total_ms: float = 40.0) -> dict:
+def record(
+    optim: str,
+    *,
+    lr: float,
+    step,
+    seed: int = 0,
+    eval_set: str = "test",
+    link=200,
+    nodes: int = 2,
+    seconds=None,
+    status: str = "completed",
+    top1: float = 88.0,
+    extra_optim=None,
+    stop: bool = False,
+    profile=None,
+    comm_ms: float = 30.0,
+    total_ms: float = 40.0,
+) -> dict:
     reached = step is not None and status == "completed"
     optim_cfg = {"name": optim, "lr": lr, **(extra_optim or {})}
     return {
-        "status": status, "task": "fashion_mnist", "optim": optim, "error": None if status == "completed" else "x",
-        "cluster": {"name": "emulated", "nodes": nodes, "gpus_per_node": 2, "interconnect": "emulated",
-                    "link_mbit": link},
-        "world_size": 2 * nodes, "batch_size": 64, "global_batch_size": 128 * nodes, "steps": 430,
-        "planned_steps": 430, "lr": lr, "throughput_samples_per_s": 1000.0,
-        "step_time_s": {"total": total_ms / 1e3, "compute": (total_ms - comm_ms) / 1e3,
-                        "communication": comm_ms / 1e3, "compression": 0.0, "data_wait": 0.0},
-        "metrics": {"top1": top1} if status == "completed" else {}, "headline_metric": "top1",
-        "started": f"2026-01-01T10:00:{seed:02d}", "compile_s": 0.1, "startup_s": 10.0, "profile": profile,
-        "time_to_target": {"metric": "top1", "target": 87.0, "direction": "higher", "reached": reached,
-                           "step": step if reached else None, "samples": None,
-                           "seconds": (seconds if seconds is not None else step * 0.1) if reached else None,
-                           "wall_s": None, "value": 87.5 if reached else None, "evaluations": 10,
-                           "eval_every": 10, "clock_from_step": 0},
-        "config": {"seed": seed, "nodes": nodes, "data": {"source": "real", "eval_set": eval_set},
-                   "model": {"size": "full", "width": 512}, "optim": optim_cfg,
-                   "cluster": {"name": "emulated", "link_mbit": link},
-                   "train": {"epochs": 2, "stop_at_target": stop},
-                   "task": {"name": "fashion_mnist", "baseline": "sgdm"}},
+        "status": status,
+        "task": "fashion_mnist",
+        "optim": optim,
+        "error": None if status == "completed" else "x",
+        "cluster": {
+            "name": "emulated",
+            "nodes": nodes,
+            "gpus_per_node": 2,
+            "interconnect": "emulated",
+            "link_mbit": link,
+        },
+        "world_size": 2 * nodes,
+        "batch_size": 64,
+        "global_batch_size": 128 * nodes,
+        "steps": 430,
+        "planned_steps": 430,
+        "lr": lr,
+        "throughput_samples_per_s": 1000.0,
+        "step_time_s": {
+            "total": total_ms / 1e3,
+            "compute": (total_ms - comm_ms) / 1e3,
+            "communication": comm_ms / 1e3,
+            "compression": 0.0,
+            "data_wait": 0.0,
+        },
+        "metrics": {"top1": top1} if status == "completed" else {},
+        "headline_metric": "top1",
+        "started": f"2026-01-01T10:00:{seed:02d}",
+        "compile_s": 0.1,
+        "startup_s": 10.0,
+        "profile": profile,
+        "time_to_target": {
+            "metric": "top1",
+            "target": 87.0,
+            "direction": "higher",
+            "reached": reached,
+            "step": step if reached else None,
+            "samples": None,
+            "seconds": (seconds if seconds is not None else step * 0.1) if reached else None,
+            "wall_s": None,
+            "value": 87.5 if reached else None,
+            "evaluations": 10,
+            "eval_every": 10,
+            "clock_from_step": 0,
+        },
+        "config": {
+            "seed": seed,
+            "nodes": nodes,
+            "data": {"source": "real", "eval_set": eval_set},
+            "model": {"size": "full", "width": 512},
+            "optim": optim_cfg,
+            "cluster": {"name": "emulated", "link_mbit": link},
+            "train": {"epochs": 2, "stop_at_target": stop},
+            "task": {"name": "fashion_mnist", "baseline": "sgdm"},
+        },
     }
 
 
@@ -51,13 +102,15 @@ def write(root: Path, records: list[dict]) -> Path:
 
 # ------------------------------------------------------------------------------------------------- tuning
 def test_each_optimizer_chooses_its_fewest_steps_and_val_runs_stay_out_of_time_to_target(tmp_path):
-    records = [record("sgdm", lr=0.1, step=200, eval_set="val", stop=True),
-               record("sgdm", lr=0.05, step=180, eval_set="val", stop=True),
-               record("sgdm", lr=0.4, step=None, eval_set="val", status="diverged"),
-               record("birder", lr=1e-3, step=None, eval_set="val", top1=86.0, extra_optim={"beta": 0.9}),
-               record("birder", lr=2e-3, step=None, eval_set="val", top1=86.5, extra_optim={"beta": 0.95}),
-               record("sgdm", lr=0.05, step=190),  # the test-set run: time to target, not tuning
-               record("sgdm", lr=0.1, step=210, eval_set="val", stop=True, seed=1)]  # lr 0.1 again, newer: one
+    records = [
+        record("sgdm", lr=0.1, step=200, eval_set="val", stop=True),
+        record("sgdm", lr=0.05, step=180, eval_set="val", stop=True),
+        record("sgdm", lr=0.4, step=None, eval_set="val", status="diverged"),
+        record("birder", lr=1e-3, step=None, eval_set="val", top1=86.0, extra_optim={"beta": 0.9}),
+        record("birder", lr=2e-3, step=None, eval_set="val", top1=86.5, extra_optim={"beta": 0.95}),
+        record("sgdm", lr=0.05, step=190),  # the test-set run: time to target, not tuning
+        record("sgdm", lr=0.1, step=210, eval_set="val", stop=True, seed=1),
+    ]  # lr 0.1 again, newer: one
     records[-1]["config"]["seed"] = 0  # the same trial (values and seed) run again later counts once
     frame = load_frame(write(tmp_path / "runs", records))
     rows = tuning.tuning_rows(frame)
@@ -90,22 +143,33 @@ def test_crossing_is_interpolated_in_log_link_rate():
 
 
 def profile(name: str) -> dict:
-    return Profile(name=name, device="cpu", task="fashion_mnist", batch_size=64, forward_backward_s=0.012,
-                   parameter_count=670_730, optimizer_s=0.001, threads=1, host_cores=2,
-                   compression_s_per_element={"birder": 2e-9, "onebit": 2e-9, "fp16": 1e-9}).to_dict()
+    return Profile(
+        name=name,
+        device="cpu",
+        task="fashion_mnist",
+        batch_size=64,
+        forward_backward_s=0.012,
+        parameter_count=670_730,
+        optimizer_s=0.001,
+        threads=1,
+        host_cores=2,
+        compression_s_per_element={"birder": 2e-9, "onebit": 2e-9, "fp16": 1e-9},
+    ).to_dict()
 
 
 def test_crossover_table_predicts_each_run_from_its_steps_and_a_one_node_profile(tmp_path):
     """SGDM and Birder at 50 and 200 Mbit/s (SGDM: 100 steps, 10 s and 2.5 s; Birder: 150 steps, 3 s at both),
     with 1-node runs giving the profiles: Birder is faster at 50, slower at 200, so the measured crossover lies
     between; each prediction is the run's steps times the model's step at its link."""
-    records = [record("sgdm", lr=0.05, step=100, link=50, seconds=10.0),
-               record("sgdm", lr=0.05, step=100, link=200, seconds=2.5, seed=1),
-               record("sgdm", lr=0.05, step=100, link=200, seconds=2.7, seed=2, stop=True),
-               record("birder", lr=1e-3, step=150, link=50, seconds=3.0, stop=True),
-               record("birder", lr=1e-3, step=150, link=200, seconds=3.0, stop=True),
-               record("sgdm", lr=0.05, step=None, nodes=1, link=None, profile=profile("sgdm")),
-               record("birder", lr=1e-3, step=None, nodes=1, link=None, profile=profile("birder"))]
+    records = [
+        record("sgdm", lr=0.05, step=100, link=50, seconds=10.0),
+        record("sgdm", lr=0.05, step=100, link=200, seconds=2.5, seed=1),
+        record("sgdm", lr=0.05, step=100, link=200, seconds=2.7, seed=2, stop=True),
+        record("birder", lr=1e-3, step=150, link=50, seconds=3.0, stop=True),
+        record("birder", lr=1e-3, step=150, link=200, seconds=3.0, stop=True),
+        record("sgdm", lr=0.05, step=None, nodes=1, link=None, profile=profile("sgdm")),
+        record("birder", lr=1e-3, step=None, nodes=1, link=None, profile=profile("birder")),
+    ]
     frame = load_frame(write(tmp_path / "runs", records))
     points, per_run = crossover.crossover_tables(frame)
     measured = points[points["source"] == "measured"].set_index(["optim", "link"])
@@ -126,11 +190,13 @@ def test_crossover_table_predicts_each_run_from_its_steps_and_a_one_node_profile
 
 
 def test_make_tables_writes_tuning_crossover_and_its_figure(tmp_path):
-    records = [record("sgdm", lr=0.05, step=180, eval_set="val", stop=True),
-               record("sgdm", lr=0.05, step=100, link=50, seconds=10.0),
-               record("sgdm", lr=0.05, step=100, link=None, seconds=1.0),
-               record("birder", lr=1e-3, step=150, link=50, seconds=3.0),
-               record("birder", lr=1e-3, step=150, link=None, seconds=2.0)]
+    records = [
+        record("sgdm", lr=0.05, step=180, eval_set="val", stop=True),
+        record("sgdm", lr=0.05, step=100, link=50, seconds=10.0),
+        record("sgdm", lr=0.05, step=100, link=None, seconds=1.0),
+        record("birder", lr=1e-3, step=150, link=50, seconds=3.0),
+        record("birder", lr=1e-3, step=150, link=None, seconds=2.0),
+    ]
     root = write(tmp_path / "runs", records)
     assert main(["--runs", str(root), "--out", str(tmp_path / "out"), "--figures", str(tmp_path / "f")]) == 0
     assert "SGDM: 1 trials" in (tmp_path / "out" / "tuning.md").read_text()

@@ -15,14 +15,26 @@ from birder_repro import record
 from birder_repro.launch.torchrun import torchrun_argv
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = ["experiment=smoke", "logger=none", "model.size=tiny", "train.batch_size=8",
-        "data.synthetic_train_size=64", "data.synthetic_eval_size=16", "train.eval_max_batches=1"]
+TINY = [
+    "experiment=smoke",
+    "logger=none",
+    "model.size=tiny",
+    "train.batch_size=8",
+    "data.synthetic_train_size=64",
+    "data.synthetic_eval_size=16",
+    "train.eval_max_batches=1",
+]
 
 
 def birder_repro(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "birder_repro.cli", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1",
-                                                           "OMP_NUM_THREADS": "1", **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "birder_repro.cli", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})},
+    )
 
 
 def only_run(runs: Path) -> tuple[Path, dict]:
@@ -58,12 +70,20 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_p
     """Birder on 2 nodes: rank 1 SIGKILLs itself before step 7 on the first attempt; torchrun restarts both
     workers, which resume from step 4 and redo steps 5-6. Loss, metrics, the final model and every rank's
     Birder state (m, b, e, e_bar) are bit-identical to the run left alone (CPU, data.num_workers=0)."""
-    common = [*TINY, "optim=birder", "nodes=2", "gpus_per_node=1", "train.steps=12", "train.checkpoint_every=4",
-              "train.keep_checkpoints=5"]
+    common = [
+        *TINY,
+        "optim=birder",
+        "nodes=2",
+        "gpus_per_node=1",
+        "train.steps=12",
+        "train.checkpoint_every=4",
+        "train.keep_checkpoints=5",
+    ]
     plain = birder_repro(*common, env={"BIRDER_RUNS": str(tmp_path / "plain")})
     assert plain.returncode == 0, plain.stderr[-3000:]
-    killed = birder_repro(*common, "train.max_restarts=2", env={"BIRDER_RUNS": str(tmp_path / "killed"),
-                                                                "BIRDER_TEST_FAULT": "kill:1:7"})
+    killed = birder_repro(
+        *common, "train.max_restarts=2", env={"BIRDER_RUNS": str(tmp_path / "killed"), "BIRDER_TEST_FAULT": "kill:1:7"}
+    )
     assert killed.returncode == 0, killed.stdout[-3000:] + killed.stderr[-3000:]
     assert "rank 1 kill before step 7" in killed.stdout
     plain_dir, a = only_run(tmp_path / "plain")
@@ -75,8 +95,14 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_p
 
 
 def test_without_max_restarts_a_killed_worker_fails_the_run_with_a_record(tmp_path):
-    out = birder_repro(*TINY, "nodes=2", "gpus_per_node=1", "train.steps=6", "train.checkpoint_every=2",
-                       env={"BIRDER_RUNS": str(tmp_path), "BIRDER_TEST_FAULT": "kill:1:4"})
+    out = birder_repro(
+        *TINY,
+        "nodes=2",
+        "gpus_per_node=1",
+        "train.steps=6",
+        "train.checkpoint_every=2",
+        env={"BIRDER_RUNS": str(tmp_path), "BIRDER_TEST_FAULT": "kill:1:4"},
+    )
     assert out.returncode != 0
     run_dir, rec = only_run(tmp_path)
     assert rec["status"] == "failed" and rec["restarts"] == 0
@@ -88,9 +114,16 @@ def test_without_max_restarts_a_killed_worker_fails_the_run_with_a_record(tmp_pa
 
 def test_a_hung_peer_ends_the_run_after_train_timeout_s_naming_rank_and_collective(tmp_path):
     # train.stop_timeout_s: how long torchrun lets the hung rank (which waits for a step boundary) stop
-    out = birder_repro(*TINY, "nodes=2", "gpus_per_node=1", "train.steps=6", "train.checkpoint_every=2",
-                       "train.timeout_s=5", "train.stop_timeout_s=3",
-                       env={"BIRDER_RUNS": str(tmp_path), "BIRDER_TEST_FAULT": "hang:1:4"})
+    out = birder_repro(
+        *TINY,
+        "nodes=2",
+        "gpus_per_node=1",
+        "train.steps=6",
+        "train.checkpoint_every=2",
+        "train.timeout_s=5",
+        "train.stop_timeout_s=3",
+        env={"BIRDER_RUNS": str(tmp_path), "BIRDER_TEST_FAULT": "hang:1:4"},
+    )
     assert out.returncode != 0
     _, rec = only_run(tmp_path)
     assert rec["status"] == "failed"
@@ -100,9 +133,17 @@ def test_a_hung_peer_ends_the_run_after_train_timeout_s_naming_rank_and_collecti
 
 @pytest.mark.slow  # 45 s; the hung peer's timeout line stays in the default run (the test above)
 def test_a_hung_peer_is_restarted_with_max_restarts(tmp_path):
-    out = birder_repro(*TINY, "nodes=2", "gpus_per_node=1", "train.steps=6", "train.checkpoint_every=2",
-                       "train.timeout_s=5", "train.max_restarts=1", "train.stop_timeout_s=3",
-                       env={"BIRDER_RUNS": str(tmp_path), "BIRDER_TEST_FAULT": "hang:1:4"})
+    out = birder_repro(
+        *TINY,
+        "nodes=2",
+        "gpus_per_node=1",
+        "train.steps=6",
+        "train.checkpoint_every=2",
+        "train.timeout_s=5",
+        "train.max_restarts=1",
+        "train.stop_timeout_s=3",
+        env={"BIRDER_RUNS": str(tmp_path), "BIRDER_TEST_FAULT": "hang:1:4"},
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     _, rec = only_run(tmp_path)
     assert rec["status"] == "completed" and rec["restarts"] == 1 and rec["steps_redone"] == 1

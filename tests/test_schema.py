@@ -10,10 +10,32 @@ from birder_repro import schema
 def test_every_key_is_documented_once_and_design_keys_are_there():
     names = [k.name for k in schema.KEYS]
     assert len(names) == len(set(names)) and all(k.doc for k in schema.KEYS)
-    for key in ("status", "task", "optim", "cluster", "world_size", "batch_size", "global_batch_size", "steps",
-                "throughput_samples_per_s", "throughput_by_stage", "step_time_s", "intra_node_bytes_per_step",
-                "inter_node_bytes_per_step", "fp32_allreduce_bytes_per_step", "link_bytes_per_step", "metrics",
-                "versions", "device", "git_sha", "started", "ended", "lr", "command", "config"):
+    for key in (
+        "status",
+        "task",
+        "optim",
+        "cluster",
+        "world_size",
+        "batch_size",
+        "global_batch_size",
+        "steps",
+        "throughput_samples_per_s",
+        "throughput_by_stage",
+        "step_time_s",
+        "intra_node_bytes_per_step",
+        "inter_node_bytes_per_step",
+        "fp32_allreduce_bytes_per_step",
+        "link_bytes_per_step",
+        "metrics",
+        "versions",
+        "device",
+        "git_sha",
+        "started",
+        "ended",
+        "lr",
+        "command",
+        "config",
+    ):
         assert key in schema.NAMES, key
 
 
@@ -42,14 +64,18 @@ class _Pretrain:
 
 def test_metrics_in_the_tasks_order_headline_first_losses_last():
     assert schema.declared_metrics(_Pretrain()) == ("mlm_accuracy", "mlm_loss", "nsp_accuracy")
-    got = schema.ordered_metrics({"loss": 1.0, "nsp_accuracy": 50.0, "eval_loss": 2.0, "extra": 1.0,
-                                  "mlm_loss": 3.0, "mlm_accuracy": 9.0}, schema.declared_metrics(_Pretrain()))
+    got = schema.ordered_metrics(
+        {"loss": 1.0, "nsp_accuracy": 50.0, "eval_loss": 2.0, "extra": 1.0, "mlm_loss": 3.0, "mlm_accuracy": 9.0},
+        schema.declared_metrics(_Pretrain()),
+    )
     assert list(got) == ["mlm_accuracy", "mlm_loss", "nsp_accuracy", "extra", "eval_loss", "loss"]
     assert schema.headline_metric(type("T", (), {"metrics": ("top1", "top5")})()) == "top1"
 
 
 def test_metric_names_union_in_a_stable_order():
-    records = [{"headline_metric": "f1", "metrics": {"f1": 1, "exact_match": 2, "loss": 3}},
-               {"metrics": {"top1": 1, "top5": 2, "eval_loss": 1, "loss": 2}}]
+    records = [
+        {"headline_metric": "f1", "metrics": {"f1": 1, "exact_match": 2, "loss": 3}},
+        {"metrics": {"top1": 1, "top5": 2, "eval_loss": 1, "loss": 2}},
+    ]
     assert schema.metric_names(records) == ["f1", "exact_match", "top1", "top5", "eval_loss", "loss"]
     assert schema.metric_names(reversed(records))[:2] == ["top1", "top5"]

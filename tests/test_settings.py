@@ -40,17 +40,20 @@ def test_run_plan_computes_global_batch_and_steps_once():
     assert RunPlan.build(cfg_with(batch_size=16, steps=7), world_size=4, train_size=1000).steps == 7
 
 
-@pytest.mark.parametrize("key,value,message", [
-    ("batch_size", 0, "train.batch_size=0"),
-    ("steps", 0, "train.steps=0"),
-    ("log_every", 0, "train.log_every=0"),
-    ("eval_max_batches", 0, "train.eval_max_batches=0"),
-    ("timing_warmup_steps", -1, "train.timing_warmup_steps=-1"),
-    ("compute_calibration_passes", 0, "train.compute_calibration_passes=0"),
-    ("checkpoint_every", 1.5, "train.checkpoint_every=1.5"),
-    ("grad_clip", -1.0, "train.grad_clip=-1.0"),
-    ("schedule", {"name": "linear"}, "train.schedule.name='linear'"),
-])
+@pytest.mark.parametrize(
+    "key,value,message",
+    [
+        ("batch_size", 0, "train.batch_size=0"),
+        ("steps", 0, "train.steps=0"),
+        ("log_every", 0, "train.log_every=0"),
+        ("eval_max_batches", 0, "train.eval_max_batches=0"),
+        ("timing_warmup_steps", -1, "train.timing_warmup_steps=-1"),
+        ("compute_calibration_passes", 0, "train.compute_calibration_passes=0"),
+        ("checkpoint_every", 1.5, "train.checkpoint_every=1.5"),
+        ("grad_clip", -1.0, "train.grad_clip=-1.0"),
+        ("schedule", {"name": "linear"}, "train.schedule.name='linear'"),
+    ],
+)
 def test_bad_values_name_their_key(key, value, message):
     with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
         TrainSettings.from_config(cfg_with(**{key: value}))

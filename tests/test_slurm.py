@@ -20,13 +20,26 @@ from birder_repro.launch import slurm
 
 REPO = Path(__file__).resolve().parent.parent
 LAYOUT_8x8 = ["task=resnet50", "optim=birder", "nodes=8", "gpus_per_node=8", "launcher=slurm"]
-TINY = ["experiment=smoke", "logger=none", "model.size=tiny", "train.batch_size=8",
-        "data.synthetic_train_size=64", "data.synthetic_eval_size=16", "train.eval_max_batches=1"]
+TINY = [
+    "experiment=smoke",
+    "logger=none",
+    "model.size=tiny",
+    "train.batch_size=8",
+    "data.synthetic_train_size=64",
+    "data.synthetic_eval_size=16",
+    "train.eval_max_batches=1",
+]
 
 
 def birder_repro(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "birder_repro.cli", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "birder_repro.cli", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
 
 
 def run_dir_of(runs: Path) -> Path:
@@ -45,34 +58,64 @@ def shim(bin_dir: Path, name: str, body: str) -> None:
 def job_env(bin_dir: Path, nodes: int, job_id: str = "777", first: str = "gpu001", cpus: int = 2) -> dict:
     """What SLURM sets for a batch script (SLURM_CPUS_PER_TASK: sbatch --cpus-per-task), and a PATH whose srun
     and scontrol are stand-ins."""
-    shim(bin_dir, "scontrol", f"""\
-        if [ "$1" = requeue ]; then echo "$2" >> {bin_dir / 'requeued'}; exit 0; fi
+    shim(
+        bin_dir,
+        "scontrol",
+        f"""\
+        if [ "$1" = requeue ]; then echo "$2" >> {bin_dir / "requeued"}; exit 0; fi
         [ "$1 $2" = "show hostnames" ] || exit 2
         echo {first}; for i in $(seq 2 {nodes}); do printf 'gpu%03d\\n' $i; done
-    """)
-    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": job_id, "SLURM_NNODES": str(nodes),
-            "SLURM_JOB_NODELIST": f"gpu[001-{nodes:03d}]", "SLURM_CPUS_PER_TASK": str(cpus)}
+    """,
+    )
+    return {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SLURM_JOB_ID": job_id,
+        "SLURM_NNODES": str(nodes),
+        "SLURM_JOB_NODELIST": f"gpu[001-{nodes:03d}]",
+        "SLURM_CPUS_PER_TASK": str(cpus),
+    }
 
 
 # ------------------------------------------------------------------------------------------ dry run
 def test_dry_run_writes_and_prints_the_batch_script_for_8_nodes_of_8_gpus(runs_dir):
-    out = birder_repro(*LAYOUT_8x8, "launcher.partition=gpu", "launcher.account=proj", "launcher.time=02:30:00",
-                       "dry_run=true")
+    out = birder_repro(
+        *LAYOUT_8x8, "launcher.partition=gpu", "launcher.account=proj", "launcher.time=02:30:00", "dry_run=true"
+    )
     assert out.returncode == 0, out.stderr
     run_dir = run_dir_of(runs_dir)
     script = (run_dir / slurm.SCRIPT_FILE).read_text()
     assert script in out.stdout and "nothing was submitted" in out.stdout
     directives = re.findall(r"^#SBATCH (\S+)$", script, flags=re.M)
-    for d in ("--nodes=8", "--ntasks-per-node=1", "--gpus-per-node=8", "--partition=gpu", "--account=proj",
-              "--time=02:30:00", f"--output={run_dir.resolve()}/slurm-%j.out", "--job-name=birder-resnet50-birder-n8",
-              "--cpus-per-task=40", "--signal=B:USR1@120", "--requeue", "--open-mode=append"):
+    for d in (
+        "--nodes=8",
+        "--ntasks-per-node=1",
+        "--gpus-per-node=8",
+        "--partition=gpu",
+        "--account=proj",
+        "--time=02:30:00",
+        f"--output={run_dir.resolve()}/slurm-%j.out",
+        "--job-name=birder-resnet50-birder-n8",
+        "--cpus-per-task=40",
+        "--signal=B:USR1@120",
+        "--requeue",
+        "--open-mode=append",
+    ):
         assert d in directives, d
-    command = " ".join(line.rstrip("\\").strip() for line in script.splitlines() if not line.startswith("#")
-                       and ("srun" in line or line.startswith("  ")))
+    command = " ".join(
+        line.rstrip("\\").strip()
+        for line in script.splitlines()
+        if not line.startswith("#") and ("srun" in line or line.startswith("  "))
+    )
     assert command.count("srun ") == 1 and command.count("torch.distributed.run") == 1  # one per node task
-    for arg in ('--nnodes="$SLURM_NNODES"', "--nproc-per-node=8", "--rdzv-backend=c10d",
-                '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"', '--rdzv-id="$SLURM_JOB_ID"', "--ntasks-per-node=1",
-                f"-m birder_repro.worker --run-dir {run_dir.resolve()}"):
+    for arg in (
+        '--nnodes="$SLURM_NNODES"',
+        "--nproc-per-node=8",
+        "--rdzv-backend=c10d",
+        '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"',
+        '--rdzv-id="$SLURM_JOB_ID"',
+        "--ntasks-per-node=1",
+        f"-m birder_repro.worker --run-dir {run_dir.resolve()}",
+    ):
         assert arg in command, arg
     assert subprocess.run(["bash", "-n", str(run_dir / slurm.SCRIPT_FILE)]).returncode == 0
     assert not (run_dir / record.RECORD_FILE).exists()  # nothing ran, nothing recorded
@@ -86,37 +129,68 @@ def test_the_script_runs_one_torchrun_per_node_at_the_first_node(compose, tmp_pa
     script = slurm.write_script(cfg, tmp_path)
     bin_dir = tmp_path / "bin"
     env = job_env(bin_dir, nodes=8, job_id="4242", first="gpu001")
-    shim(bin_dir, "srun", """\
+    shim(
+        bin_dir,
+        "srun",
+        """\
         while [[ "$1" == --* ]]; do shift; done   # srun's own options
         for node in $(seq 0 $((SLURM_NNODES - 1))); do echo "node $node: $*"; done
-    """)
-    out = subprocess.run(["bash", str(script)], capture_output=True, text=True, env={**os.environ, **env},
-                         timeout=60)
+    """,
+    )
+    out = subprocess.run(["bash", str(script)], capture_output=True, text=True, env={**os.environ, **env}, timeout=60)
     assert out.returncode == 0, out.stderr
     lines = [line for line in out.stdout.splitlines() if line.startswith("node ")]
     assert len(lines) == 8 and [line.split(":")[0] for line in lines] == [f"node {k}" for k in range(8)]
     for line in lines:
-        for arg in ("-m torch.distributed.run", "--nnodes=8", "--nproc-per-node=8", "--rdzv-backend=c10d",
-                    "--rdzv-endpoint=gpu001:29500", "--rdzv-id=4242", f"--run-dir {tmp_path.resolve()}"):
+        for arg in (
+            "-m torch.distributed.run",
+            "--nnodes=8",
+            "--nproc-per-node=8",
+            "--rdzv-backend=c10d",
+            "--rdzv-endpoint=gpu001:29500",
+            "--rdzv-id=4242",
+            f"--run-dir {tmp_path.resolve()}",
+        ):
             assert arg in line, arg
 
 
 @pytest.mark.slow
 def test_the_script_trains_two_nodes_on_this_machine(compose, tmp_path):
     """srun as a stand-in that starts each node's task here: the two torchruns meet and the run completes."""
-    cfg = layout.resolve(compose(TINY + ["launcher=slurm", "nodes=2", "gpus_per_node=1", "train.steps=3",
-                                         "launcher.gpus=false", f"launcher.master_port={_free_port()}"]), gpu_count=0)
+    cfg = layout.resolve(
+        compose(
+            TINY
+            + [
+                "launcher=slurm",
+                "nodes=2",
+                "gpus_per_node=1",
+                "train.steps=3",
+                "launcher.gpus=false",
+                f"launcher.master_port={_free_port()}",
+            ]
+        ),
+        gpu_count=0,
+    )
     record.write_run_files(tmp_path, cfg, "birder-repro (test)")
     script = slurm.write_script(cfg, tmp_path)
     bin_dir = tmp_path / "bin"
     env = job_env(bin_dir, nodes=2, first="127.0.0.1")
-    shim(bin_dir, "srun", """\
+    shim(
+        bin_dir,
+        "srun",
+        """\
         while [[ "$1" == --* ]]; do shift; done
         for node in $(seq 0 $((SLURM_NNODES - 1))); do SLURM_NODEID=$node "$@" & done
         wait
-    """)
-    out = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, **env, "OMP_NUM_THREADS": "1"})
+    """,
+    )
+    out = subprocess.run(
+        ["bash", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **env, "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     rec = record.read_record(tmp_path)
     assert rec["status"] == "completed" and rec["world_size"] == 2 and rec["inter_node_bytes_per_step"] > 0
@@ -141,8 +215,9 @@ def test_cpus_per_task_auto_asks_for_every_process_and_its_loaders(compose, tmp_
     assert slurm.cpus_per_task(slurm_cfg(compose, layout_args=DIGITS_1x2)) == 2
     given = slurm_cfg(compose, "launcher.cpus_per_task=64")
     assert "--cpus-per-task=64" in directives(given, tmp_path)
-    srun = ('srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 '
-            '--cpus-per-task="$SLURM_CPUS_PER_TASK"')
+    srun = (
+        'srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 --cpus-per-task="$SLURM_CPUS_PER_TASK"'
+    )
     assert srun in slurm.batch_script(given, tmp_path)  # srun is told again (SLURM 22.05-23.02 did not pass it on)
     default = slurm.batch_script(slurm_cfg(compose, "launcher.cpus_per_task=null"), tmp_path)
     assert "--cpus-per-task" not in default
@@ -152,19 +227,29 @@ def test_requeue_directives_and_the_shells_traps(compose, tmp_path):
     script = slurm.batch_script(slurm_cfg(compose, "launcher.signal_s=300"), tmp_path)
     found = re.findall(r"^#SBATCH (\S+)$", script, flags=re.M)
     assert {"--signal=B:USR1@300", "--requeue", "--open-mode=append"} <= set(found)
-    for line in ("trap 'stop_workers USR1' USR1", "trap 'stop_workers TERM' TERM", 'scontrol requeue "$SLURM_JOB_ID"',
-                 "--shutdown-timeout=30", "-m birder_repro.job_end"):
+    for line in (
+        "trap 'stop_workers USR1' USR1",
+        "trap 'stop_workers TERM' TERM",
+        'scontrol requeue "$SLURM_JOB_ID"',
+        "--shutdown-timeout=30",
+        "-m birder_repro.job_end",
+    ):
         assert line in script, line
     off = slurm.batch_script(slurm_cfg(compose, "launcher.requeue=false"), tmp_path)
     assert "--signal" not in off and "--requeue" not in off and "scontrol requeue" not in off
     assert "USR1" not in off and "trap 'stop_workers TERM' TERM" in off and "--open-mode=append" in off
 
 
-@pytest.mark.parametrize("override,key", [("launcher.time=1h", "launcher.time"),
-                                          ("launcher.signal_s=0", "launcher.signal_s"),
-                                          ("launcher.time=2", "launcher.signal_s=120 is not shorter"),
-                                          ("train.stop_timeout_s=200", "train.stop_timeout_s=200"),
-                                          ("launcher.cpus_per_task=0", "launcher.cpus_per_task")])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("launcher.time=1h", "launcher.time"),
+        ("launcher.signal_s=0", "launcher.signal_s"),
+        ("launcher.time=2", "launcher.signal_s=120 is not shorter"),
+        ("train.stop_timeout_s=200", "train.stop_timeout_s=200"),
+        ("launcher.cpus_per_task=0", "launcher.cpus_per_task"),
+    ],
+)
 def test_bad_job_settings_are_refused_naming_the_key(compose, override, key):
     with pytest.raises(layout.ConfigError, match=re.escape(key)):
         slurm.check_config(slurm_cfg(compose, override))
@@ -173,8 +258,16 @@ def test_bad_job_settings_are_refused_naming_the_key(compose, override, key):
 def test_slurm_time_limits_in_every_form_of_man_sbatch():
     from birder_repro.launch.slurm_env import time_limit_s
 
-    forms = {"90": 5400, "90:30": 5430, "01:00:00": 3600, "2-12": 216000, "2-12:30": 217800, "1-00:00:01": 86401,
-             "0": None, "UNLIMITED": None}
+    forms = {
+        "90": 5400,
+        "90:30": 5430,
+        "01:00:00": 3600,
+        "2-12": 216000,
+        "2-12:30": 217800,
+        "1-00:00:01": 86401,
+        "0": None,
+        "UNLIMITED": None,
+    }
     assert {text: time_limit_s(text) for text in forms} == forms
     for bad in ("1h", "1:2:3:4", "-5", "x-1"):
         with pytest.raises(ValueError, match="not a SLURM time"):
@@ -205,11 +298,22 @@ def test_a_run_that_checkpoints_when_stopped_is_told_the_requeues_to_expect(comp
 
 def test_without_a_prediction_a_job_that_never_checkpoints_is_warned_of(compose):
     """digits has no paper profile: the rule, no checkpoint ever saved."""
-    (warning,) = slurm.warnings(slurm_cfg(compose, "launcher.requeue=false", "cluster=ethernet_10g",
-                                          layout_args=DIGITS_1x2))
+    (warning,) = slurm.warnings(
+        slurm_cfg(compose, "launcher.requeue=false", "cluster=ethernet_10g", layout_args=DIGITS_1x2)
+    )
     assert "no checkpoint is ever saved" in warning and "train.checkpoint_every=<steps>" in warning
-    assert slurm.warnings(slurm_cfg(compose, "launcher.requeue=false", "cluster=ethernet_10g",
-                                    "train.checkpoint_every=50", layout_args=DIGITS_1x2)) == []
+    assert (
+        slurm.warnings(
+            slurm_cfg(
+                compose,
+                "launcher.requeue=false",
+                "cluster=ethernet_10g",
+                "train.checkpoint_every=50",
+                layout_args=DIGITS_1x2,
+            )
+        )
+        == []
+    )
 
 
 def test_cluster_local_under_slurm_is_warned_of(compose, runs_dir):
@@ -226,8 +330,7 @@ def test_cluster_local_is_warned_of_by_node_0_of_a_torchrun_run_inside_an_alloca
 
     inside = {"SLURM_JOB_ID": "9", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "gpu[1-2]"}
     for cluster, node, warned in (("local", "0", True), ("local", "1", False), ("ethernet_10g", "0", False)):
-        cfg = layout.resolve(compose(["nodes=2", "gpus_per_node=1", f"cluster={cluster}", "dry_run=true"]),
-                             gpu_count=0)
+        cfg = layout.resolve(compose(["nodes=2", "gpus_per_node=1", f"cluster={cluster}", "dry_run=true"]), gpu_count=0)
         assert launch(cfg, tmp_path, env={**inside, "SLURM_NODEID": node}) == 0
         assert ("warning: cluster=local under SLURM" in capsys.readouterr().err) == warned, (cluster, node)
 
@@ -250,11 +353,17 @@ FAKE_STEP = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("sig,mode,requeued,code", [(signal.SIGUSR1, "checkpoint", True, 0),
-                                                    (signal.SIGUSR1, "none", False, 143),
-                                                    (signal.SIGTERM, "checkpoint", False, 143)])
+@pytest.mark.parametrize(
+    "sig,mode,requeued,code",
+    [
+        (signal.SIGUSR1, "checkpoint", True, 0),
+        (signal.SIGUSR1, "none", False, 143),
+        (signal.SIGTERM, "checkpoint", False, 143),
+    ],
+)
 def test_the_batch_shell_stops_the_step_and_requeues_only_after_usr1_with_a_newer_checkpoint(
-        compose, tmp_path, sig, mode, requeued, code):
+    compose, tmp_path, sig, mode, requeued, code
+):
     """srun: a stand-in step that checkpoints on SIGTERM (or not). USR1 (the limit is near) with a new checkpoint:
     requeued; without one: not (the next attempt would start where this one did); TERM (scancel): never."""
     cfg = slurm_cfg(compose, layout_args=DIGITS_1x2)
@@ -265,8 +374,9 @@ def test_the_batch_shell_stops_the_step_and_requeues_only_after_usr1_with_a_newe
     env = job_env(bin_dir, nodes=1, first="127.0.0.1")
     (tmp_path / "step.py").write_text(FAKE_STEP)
     shim(bin_dir, "srun", f"exec {sys.executable} {tmp_path / 'step.py'} {run_dir} {mode}\n")
-    proc = subprocess.Popen(["bash", str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, **env})
+    proc = subprocess.Popen(
+        ["bash", str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **env}
+    )
     while not (run_dir / "step-running").exists():  # the traps are set once srun runs
         assert proc.poll() is None, proc.communicate()[0]
         time.sleep(0.05)
@@ -325,29 +435,57 @@ def test_a_job_signalled_before_its_time_limit_saves_is_requeued_resumes_and_com
     resumes from step 5 and completes; both attempts and the summary are in the job's output file."""
     bin_dir = tmp_path / "bin"
     (tmp_path / "runner.py").write_text(JOB_RUNNER)
-    shim(bin_dir, "sbatch", f"""\
+    shim(
+        bin_dir,
+        "sbatch",
+        f"""\
         [ "$1" = --parsable ] || exit 2
-        {sys.executable} {tmp_path / 'runner.py'} "$2" 4242 6 > {tmp_path / 'runner.log'} 2>&1 &
+        {sys.executable} {tmp_path / "runner.py"} "$2" 4242 6 > {tmp_path / "runner.log"} 2>&1 &
         echo 4242
-    """)
-    shim(bin_dir, "srun", """\
+    """,
+    )
+    shim(
+        bin_dir,
+        "srun",
+        """\
         while [[ "$1" == --* ]]; do shift; done   # srun's own options; one node: its task here, signals forwarded
         SLURM_NODEID=0 "$@" & task=$!
         trap 'kill -TERM $task' TERM
         wait $task; code=$?
         while kill -0 $task 2>/dev/null; do wait $task; code=$?; done
         exit $code
-    """)
-    shim(bin_dir, "scontrol", f"""\
-        if [ "$1" = requeue ]; then echo "$2" >> {tmp_path / 'requeued'}; exit 0; fi
+    """,
+    )
+    shim(
+        bin_dir,
+        "scontrol",
+        f"""\
+        if [ "$1" = requeue ]; then echo "$2" >> {tmp_path / "requeued"}; exit 0; fi
         [ "$1 $2" = "show hostnames" ] && echo localhost
-    """)
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "REQUEUED_FILE": str(tmp_path / "requeued"),
-           "BIRDER_TEST_FAULT": "wait:0:6", "OMP_NUM_THREADS": "1"}
-    out = birder_repro("task=digits", "optim=sgdm", "nodes=1", "gpus_per_node=2", "launcher=slurm", "logger=none",
-                       "launcher.gpus=false", "cluster=ethernet_10g", "model.size=tiny", "train.steps=12",
-                       "train.batch_size=8", "train.eval_max_batches=1", f"launcher.master_port={_free_port()}",
-                       env=env)
+    """,
+    )
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "REQUEUED_FILE": str(tmp_path / "requeued"),
+        "BIRDER_TEST_FAULT": "wait:0:6",
+        "OMP_NUM_THREADS": "1",
+    }
+    out = birder_repro(
+        "task=digits",
+        "optim=sgdm",
+        "nodes=1",
+        "gpus_per_node=2",
+        "launcher=slurm",
+        "logger=none",
+        "launcher.gpus=false",
+        "cluster=ethernet_10g",
+        "model.size=tiny",
+        "train.steps=12",
+        "train.batch_size=8",
+        "train.eval_max_batches=1",
+        f"launcher.master_port={_free_port()}",
+        env=env,
+    )
     assert out.returncode == 0 and "submitted SLURM job 4242" in out.stdout, out.stderr
     run_dir = run_dir_of(runs_dir)
     while not (run_dir / "job-done").exists():  # no deadline: pytest's timeout ends a hang
@@ -366,10 +504,14 @@ def test_a_job_signalled_before_its_time_limit_saves_is_requeued_resumes_and_com
 # ------------------------------------------------------------------------------------------ submission
 def test_submission_through_sbatch_records_the_job_and_returns(runs_dir, tmp_path):
     bin_dir = tmp_path / "bin"
-    shim(bin_dir, "sbatch", f"""\
+    shim(
+        bin_dir,
+        "sbatch",
+        f"""\
         [ "$1" = --parsable ] && [ -f "$2" ] || exit 2
-        echo "$2" > {tmp_path / 'submitted'}; echo "31337;cluster-a"
-    """)
+        echo "$2" > {tmp_path / "submitted"}; echo "31337;cluster-a"
+    """,
+    )
     out = birder_repro(*LAYOUT_8x8, env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
     assert out.returncode == 0, out.stderr
     run_dir = run_dir_of(runs_dir)

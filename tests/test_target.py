@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
+from conftest import CONF_DIR, compose_config, write_records
 from omegaconf import OmegaConf
 
 from birder_repro import config as layout
@@ -19,7 +20,6 @@ from birder_repro.report.__main__ import main
 from birder_repro.report.records import load_frame
 from birder_repro.train import target as target_mod
 from birder_repro.train.target import Target, TimeToTarget, target_from_config
-from conftest import CONF_DIR, compose_config, write_records
 
 TASKS = sorted(p.stem for p in (CONF_DIR / "task").glob("*.yaml"))
 
@@ -42,11 +42,14 @@ def test_every_task_names_a_target_on_one_of_its_metrics(task):
     assert target.direction == ("lower" if target.metric in ("perplexity", "mlm_loss") else "higher")
 
 
-@pytest.mark.parametrize("override,message", [
-    ("task.target.direction=up", "task.target.direction='up': use higher or lower"),
-    ("task.target.metric=f1", "task.target.metric='f1' is not a metric of task 'digits': use one of top1"),
-    ("task.target.value=abc", "task.target.value='abc'"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("task.target.direction=up", "task.target.direction='up': use higher or lower"),
+        ("task.target.metric=f1", "task.target.metric='f1' is not a metric of task 'digits': use one of top1"),
+        ("task.target.value=abc", "task.target.value='abc'"),
+    ],
+)
 def test_a_bad_target_is_one_error_naming_the_key_before_anything_starts(override, message):
     from birder_repro import cli
 
@@ -128,17 +131,36 @@ def test_records_with_a_target_pass_the_schema_check():
 def target_record(optim: str, seed: int, seconds, *, step=None, status="completed", top1=99.0) -> dict:
     reached = seconds is not None and status == "completed"
     return {
-        "status": status, "task": "digits", "optim": optim, "error": None if status == "completed" else "x",
-        "cluster": {"name": "emulated", "nodes": 2, "gpus_per_node": 2, "interconnect": "emulated",
-                    "link_mbit": 100},
-        "world_size": 4, "batch_size": 32, "global_batch_size": 128, "steps": 120, "lr": 0.05,
+        "status": status,
+        "task": "digits",
+        "optim": optim,
+        "error": None if status == "completed" else "x",
+        "cluster": {"name": "emulated", "nodes": 2, "gpus_per_node": 2, "interconnect": "emulated", "link_mbit": 100},
+        "world_size": 4,
+        "batch_size": 32,
+        "global_batch_size": 128,
+        "steps": 120,
+        "lr": 0.05,
         "throughput_samples_per_s": 1000.0 + seed if status == "completed" else None,
-        "metrics": {"top1": top1} if status == "completed" else {}, "headline_metric": "top1",
-        "started": f"2025-01-01T10:00:0{seed}", "compile_s": 0.5, "startup_s": 20.0,
-        "time_to_target": {"metric": "top1", "target": 98.0, "direction": "higher", "reached": reached,
-                           "step": step if reached else None, "samples": None, "seconds": seconds if reached else None,
-                           "wall_s": seconds + 1.0 if reached else None, "value": 98.5 if reached else None,
-                           "evaluations": 24, "eval_every": 5, "clock_from_step": 0},
+        "metrics": {"top1": top1} if status == "completed" else {},
+        "headline_metric": "top1",
+        "started": f"2025-01-01T10:00:0{seed}",
+        "compile_s": 0.5,
+        "startup_s": 20.0,
+        "time_to_target": {
+            "metric": "top1",
+            "target": 98.0,
+            "direction": "higher",
+            "reached": reached,
+            "step": step if reached else None,
+            "samples": None,
+            "seconds": seconds if reached else None,
+            "wall_s": seconds + 1.0 if reached else None,
+            "value": 98.5 if reached else None,
+            "evaluations": 24,
+            "eval_every": 5,
+            "clock_from_step": 0,
+        },
         "config": {"seed": seed, "data": {"source": "real"}, "task": {"name": "digits", "baseline": "sgdm"}},
     }
 
@@ -150,9 +172,14 @@ def write(root: Path, records: list[dict]) -> Path:
 def test_time_to_target_over_seeds_gives_mean_spread_and_counts(tmp_path):
     """SGDM: 1, 2 and 3 s (mean 2, sample sd 1), a fourth seed that never reached it and a fifth that diverged;
     Birder: 4 s alone (no sd)."""
-    records = [target_record("sgdm", 0, 1.0, step=10), target_record("sgdm", 1, 2.0, step=20),
-               target_record("sgdm", 2, 3.0, step=45), target_record("sgdm", 3, None, top1=97.0),
-               target_record("sgdm", 4, None, status="diverged"), target_record("birder", 0, 4.0, step=40)]
+    records = [
+        target_record("sgdm", 0, 1.0, step=10),
+        target_record("sgdm", 1, 2.0, step=20),
+        target_record("sgdm", 2, 3.0, step=45),
+        target_record("sgdm", 3, None, top1=97.0),
+        target_record("sgdm", 4, None, status="diverged"),
+        target_record("birder", 0, 4.0, step=40),
+    ]
     rows = report_target.target_rows(load_frame(write(tmp_path / "runs", records)))
     sgdm, birder = (rows[rows["optim"] == o].iloc[0] for o in ("sgdm", "birder"))
     assert (sgdm["runs"], sgdm["completed"], sgdm["reached"], sgdm["not_completed"]) == (5, 4, 3, "1 diverged")
@@ -187,6 +214,7 @@ def test_every_optimizer_has_its_own_colour_and_line_style():
     assert figures.optim_style("sgdm")["color"] != figures.optim_style("birder")["color"]
     assert figures.optim_style("birder", "flat") != figures.optim_style("birder")
     from birder_repro.report.figstyle import STYLE_ORDER
+
     assert set(STYLE_ORDER) == set(tables.OPTIM_ORDER)  # a new optimizer gets a style of its own, at the end
     assert figures.optim_style("birder")["color"] == "#000000"  # and the others keep theirs
 

@@ -21,8 +21,9 @@ from birder_repro.tasks import DatasetNotFound, get_task, list_tasks
 from birder_repro.tasks import squad_metric as sm
 
 CPU = torch.device("cpu")
-needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
-                                        reason="the BERT tasks need the nlp extra (transformers)")
+needs_transformers = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None, reason="the BERT tasks need the nlp extra (transformers)"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -72,27 +73,47 @@ def test_max_over_gold_answers_and_whole_set():
 # -------------------------------------------------------------------------------------------- files we write
 
 SQUAD_ARTICLES = [
-    ("Cats", "The cat sat on the mat in the big park. It was a sunny day in Paris, and the cat liked the sun.",
-     [("Where did the cat sit?", "on the mat"), ("Which city was it in?", "Paris")]),
-    ("Normans", "The Normans were the people who in the 10th and 11th centuries gave their name to Normandy, a "
-     "region in France. They were descended from Norse raiders and pirates from Denmark, Iceland and Norway "
-     "who, under their leader Rollo, agreed to swear fealty to King Charles III of West Francia. Through "
-     "generations of assimilation and mixing with the native Frankish and Roman-Gaulish populations, their "
-     "descendants would gradually merge with the Carolingian-based cultures of West Francia. The distinct "
-     "cultural and ethnic identity of the Normans emerged initially in the first half of the 10th century, "
-     "and it continued to evolve over the succeeding centuries.",
-     [("In what country is Normandy located?", "France"), ("Who was the Norse leader?", "Rollo"),
-      ("When did the identity of the Normans emerge?", "first half of the 10th century")]),
-    ("Rivers", "The Rhine flows from the Swiss Alps to the North Sea. It is one of the longest rivers in Europe.",
-     [("Where does the Rhine flow to?", "the North Sea")]),
+    (
+        "Cats",
+        "The cat sat on the mat in the big park. It was a sunny day in Paris, and the cat liked the sun.",
+        [("Where did the cat sit?", "on the mat"), ("Which city was it in?", "Paris")],
+    ),
+    (
+        "Normans",
+        "The Normans were the people who in the 10th and 11th centuries gave their name to Normandy, a "
+        "region in France. They were descended from Norse raiders and pirates from Denmark, Iceland and Norway "
+        "who, under their leader Rollo, agreed to swear fealty to King Charles III of West Francia. Through "
+        "generations of assimilation and mixing with the native Frankish and Roman-Gaulish populations, their "
+        "descendants would gradually merge with the Carolingian-based cultures of West Francia. The distinct "
+        "cultural and ethnic identity of the Normans emerged initially in the first half of the 10th century, "
+        "and it continued to evolve over the succeeding centuries.",
+        [
+            ("In what country is Normandy located?", "France"),
+            ("Who was the Norse leader?", "Rollo"),
+            ("When did the identity of the Normans emerge?", "first half of the 10th century"),
+        ],
+    ),
+    (
+        "Rivers",
+        "The Rhine flows from the Swiss Alps to the North Sea. It is one of the longest rivers in Europe.",
+        [("Where does the Rhine flow to?", "the North Sea")],
+    ),
 ]
 
 PRETRAIN_DOCS = [
     ["The cat sat on the mat.", "It was a sunny day in Paris.", "The cat liked the sun.", "Then it slept."],
-    ["The Rhine flows from the Swiss Alps to the North Sea.", "It is one of the longest rivers in Europe.",
-     "Ships carry goods on it."],
-    ["The Normans gave their name to Normandy.", "Normandy is a region in France.", "Rollo was their leader.",
-     "They swore fealty to King Charles.", "Their identity emerged in the 10th century."],
+    [
+        "The Rhine flows from the Swiss Alps to the North Sea.",
+        "It is one of the longest rivers in Europe.",
+        "Ships carry goods on it.",
+    ],
+    [
+        "The Normans gave their name to Normandy.",
+        "Normandy is a region in France.",
+        "Rollo was their leader.",
+        "They swore fealty to King Charles.",
+        "Their identity emerged in the 10th century.",
+    ],
     ["Paris is the capital of France.", "The city sits on the Seine."],
     ["Denmark, Iceland and Norway are Nordic countries.", "Their raiders sailed far."],
 ]
@@ -101,9 +122,14 @@ PRETRAIN_DOCS = [
 def squad_json(articles) -> dict:
     data = []
     for a, (title, context, qas) in enumerate(articles):
-        entries = [{"id": f"{a}-{q}", "question": question,
-                    "answers": [{"text": answer, "answer_start": context.index(answer)}] * 2}
-                   for q, (question, answer) in enumerate(qas)]
+        entries = [
+            {
+                "id": f"{a}-{q}",
+                "question": question,
+                "answers": [{"text": answer, "answer_start": context.index(answer)}] * 2,
+            }
+            for q, (question, answer) in enumerate(qas)
+        ]
         data.append({"title": title, "paragraphs": [{"context": context, "qas": entries}]})
     return {"version": "1.1", "data": data}
 
@@ -139,14 +165,33 @@ def text_root(tmp_path_factory):
 
 
 def squad_cfg(compose, *overrides):
-    return compose(["task=bert_squad", "model.size=tiny", "data.num_workers=0", "data.max_seq_length=64",
-                    "data.doc_stride=16", "data.max_query_length=12", "train.batch_size=2", "data.eval_batch_size=2",
-                    *overrides])
+    return compose(
+        [
+            "task=bert_squad",
+            "model.size=tiny",
+            "data.num_workers=0",
+            "data.max_seq_length=64",
+            "data.doc_stride=16",
+            "data.max_query_length=12",
+            "train.batch_size=2",
+            "data.eval_batch_size=2",
+            *overrides,
+        ]
+    )
 
 
 def pretrain_cfg(compose, *overrides):
-    return compose(["task=bert_pretrain", "model.size=tiny", "data.num_workers=0", "data.max_seq_length=32",
-                    "train.batch_size=4", "data.eval_batch_size=4", *overrides])
+    return compose(
+        [
+            "task=bert_pretrain",
+            "model.size=tiny",
+            "data.num_workers=0",
+            "data.max_seq_length=32",
+            "train.batch_size=4",
+            "data.eval_batch_size=4",
+            *overrides,
+        ]
+    )
 
 
 # ------------------------------------------------------------------------------------------------ configs
@@ -185,8 +230,9 @@ def test_full_size_is_bert_base(compose):
     from birder_repro.tasks.common import num_parameters
 
     with torch.device("meta"):  # shapes only: no 110M random numbers to draw
-        squad = get_task("bert_squad").build_model(compose(["task=bert_squad", "model.checkpoint=null",
-                                                            "data.source=synthetic"]))
+        squad = get_task("bert_squad").build_model(
+            compose(["task=bert_squad", "model.checkpoint=null", "data.source=synthetic"])
+        )
         pretrain = get_task("bert_pretrain").build_model(compose(["task=bert_pretrain", "data.source=synthetic"]))
     # bert-base-uncased with a start/end layer and no pooler (Hugging Face's BertForQuestionAnswering).
     assert num_parameters(squad) == 108_893_186
@@ -229,7 +275,7 @@ def test_best_span_keeps_context_length_and_order_over_windows():
 
 @needs_transformers
 def test_squad_real_json_train_windows_and_evaluation(compose, vocab_dir, squad_root):
-    from birder_repro.tasks.bert_squad import answer_positions, load_tokenizer, tokenize_windows, Settings
+    from birder_repro.tasks.bert_squad import Settings, answer_positions, load_tokenizer, tokenize_windows
 
     task = get_task("bert_squad")
     cfg = squad_cfg(compose, f"model.tokenizer={vocab_dir}", f"data.root={squad_root}")
@@ -244,7 +290,7 @@ def test_squad_real_json_train_windows_and_evaluation(compose, vocab_dir, squad_
     labelled = 0
     for ids, s, e in zip(arrays["input_ids"], arrays["start_positions"], arrays["end_positions"]):
         if s > 0:  # the window holds the answer: its tokens decode to one of the answers
-            assert tokenizer.decode(ids[s:e + 1].tolist()) in [a.lower() for a in answers]
+            assert tokenizer.decode(ids[s : e + 1].tolist()) in [a.lower() for a in answers]
             labelled += 1
     assert labelled >= 6
     batch = next(iter(data.train))
@@ -263,8 +309,9 @@ def test_squad_real_json_train_windows_and_evaluation(compose, vocab_dir, squad_
             enc = tokenize_windows(tokenizer, [ex], s)
             for w, ids in enumerate(enc["input_ids"]):
                 start = context.index(answer)
-                gold[tuple(ids)] = answer_positions(enc["offset_mapping"][w], enc.sequence_ids(w), start,
-                                                    start + len(answer))
+                gold[tuple(ids)] = answer_positions(
+                    enc["offset_mapping"][w], enc.sequence_ids(w), start, start + len(answer)
+                )
 
     class Oracle(torch.nn.Module):
         def forward(self, input_ids, token_type_ids, attention_mask):
@@ -298,8 +345,13 @@ def test_squad_evaluation_shards_keep_questions_whole(compose, vocab_dir, squad_
 @needs_transformers
 def test_squad_synthetic_marks_the_answer_and_scores_it(compose):
     task = get_task("bert_squad")
-    cfg = squad_cfg(compose, "data.source=synthetic", "model.vocab_size=64", "data.synthetic_train_size=64",
-                    "data.synthetic_eval_size=6")
+    cfg = squad_cfg(
+        compose,
+        "data.source=synthetic",
+        "model.vocab_size=64",
+        "data.synthetic_train_size=64",
+        "data.synthetic_eval_size=6",
+    )
     data = task.build_data(cfg, 0, 1)
     assert data.description.startswith("SYNTHETIC") and "data.source=synthetic" in data.description
     batch = next(iter(data.train))
@@ -361,8 +413,10 @@ def test_create_instances_pairs_and_single_segments():
     lengths = rng.integers(3, 8, 15)
     sentences = np.concatenate([[0], np.cumsum(lengths)])
     corpus = Corpus(np.arange(sentences[-1]), sentences, np.array([0, 6, 10, 15]))
-    doc_of = np.searchsorted(corpus.documents, np.searchsorted(sentences, np.arange(sentences[-1]), "right") - 1,
-                             "right") - 1
+    doc_of = (
+        np.searchsorted(corpus.documents, np.searchsorted(sentences, np.arange(sentences[-1]), "right") - 1, "right")
+        - 1
+    )
     rows = create_instances(corpus, range(3), 12, True, np.random.default_rng(0))
     assert len(rows) > 3 and set(rows[:, 4]) == {0, 1}
     for a0, a1, b0, b1, label in rows:
@@ -382,14 +436,19 @@ def test_pretrain_real_text_masked_batches_and_cache(compose, vocab_dir, text_ro
     from birder_repro.tasks.bert_pretrain import load_tokenizer
 
     task = get_task("bert_pretrain")
-    cfg = pretrain_cfg(compose, f"model.tokenizer={vocab_dir}", f"data.root={text_root}",
-                       f"data.cache_dir={tmp_path}/cache", "data.eval_fraction=0.2")
+    cfg = pretrain_cfg(
+        compose,
+        f"model.tokenizer={vocab_dir}",
+        f"data.root={text_root}",
+        f"data.cache_dir={tmp_path}/cache",
+        "data.eval_fraction=0.2",
+    )
     data = task.build_data(cfg, 0, 1)
     assert "(real)" in data.description and "5 documents" in data.description and "4 / 1 documents" in data.description
     tokenizer = load_tokenizer(str(vocab_dir))
     corpus = data.train.dataset.corpus  # the cache: every sentence, in order, documents delimited
     assert len(corpus.sentences) - 1 == sum(len(d) for d in PRETRAIN_DOCS) and corpus.num_documents == 5
-    sentence = corpus.tokens[corpus.sentences[4]:corpus.sentences[5]].tolist()
+    sentence = corpus.tokens[corpus.sentences[4] : corpus.sentences[5]].tolist()
     assert tokenizer.decode(sentence) == PRETRAIN_DOCS[1][0].lower()
     assert corpus.documents[1] == 4  # document 2 starts at sentence 4
     batch = next(iter(data.train))
@@ -399,7 +458,7 @@ def test_pretrain_real_text_masked_batches_and_cache(compose, vocab_dir, text_ro
     real = batch["attention_mask"].sum(1)
     assert ((labels != -100).sum(1) == torch.clamp((real.double() * 0.15).round(), min=1)).all()
     restored = torch.where(labels != -100, labels, ids)  # undo the masking: text of the corpus
-    text = tokenizer.decode(restored[0, 1:int(real[0])].tolist()).replace(" [SEP]", " |")
+    text = tokenizer.decode(restored[0, 1 : int(real[0])].tolist()).replace(" [SEP]", " |")
     assert "[UNK]" not in text and "[MASK]" not in text
     model = task.build_model(cfg)
     loss, n = task.loss(model, batch, CPU)
@@ -424,8 +483,14 @@ def _loss_on(task, model, batch):
 def test_synthetic_data_is_said_and_learnable_by_a_tiny_bert(compose, name):
     task = get_task(name)
     make = pretrain_cfg if name == "bert_pretrain" else squad_cfg
-    cfg = make(compose, "data.source=synthetic", "model.vocab_size=16", "data.synthetic_train_size=512",
-               "data.synthetic_eval_size=8", "train.batch_size=16")
+    cfg = make(
+        compose,
+        "data.source=synthetic",
+        "model.vocab_size=16",
+        "data.synthetic_train_size=512",
+        "data.synthetic_eval_size=8",
+        "train.batch_size=16",
+    )
     data = task.build_data(cfg, 0, 1)
     assert data.description.startswith("SYNTHETIC")
     torch.manual_seed(0)
@@ -460,8 +525,7 @@ def test_missing_data_and_model_files_name_the_setting(compose, vocab_dir, tmp_p
         squad.build_model(compose(["task=bert_squad", f"model.checkpoint={tmp_path}/bert-base"]))
     with pytest.raises(DatasetNotFound, match=r"empty.*data\.root"):
         os.makedirs(tmp_path / "empty")
-        pretrain.build_data(pretrain_cfg(compose, f"model.tokenizer={vocab_dir}", f"data.root={tmp_path}/empty"),
-                            0, 1)
+        pretrain.build_data(pretrain_cfg(compose, f"model.tokenizer={vocab_dir}", f"data.root={tmp_path}/empty"), 0, 1)
     with pytest.raises(ValueError, match="model.tokenizer"):
         pretrain.build_model(pretrain_cfg(compose))
     if importlib.util.find_spec("datasets") is None:  # the datasets path is optional and says so

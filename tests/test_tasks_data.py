@@ -20,8 +20,11 @@ SMALL_EVAL = {
     "bert_pretrain": {"data.synthetic_eval_size": 256},
     "lstm_ptb": {"data.synthetic_valid_tokens": 7000, "data.synthetic_test_tokens": 7000},
 }
-FAST = {"lstm_ptb": ["data.synthetic_train_tokens=5000"], "vit": ["data.image_size=32"],
-        "resnet50": ["data.image_size=32"]}
+FAST = {
+    "lstm_ptb": ["data.synthetic_train_tokens=5000"],
+    "vit": ["data.image_size=32"],
+    "resnet50": ["data.image_size=32"],
+}
 NO_LOADER = {"lstm_ptb"}  # batches are cut from token streams: no DataLoader, no data.num_workers
 
 
@@ -30,8 +33,9 @@ def test_synthetic_evaluation_is_small_by_default_and_said(compose, task):
     from omegaconf import OmegaConf
 
     loader = [] if task in NO_LOADER else ["data.num_workers=0"]
-    cfg = compose([f"task={task}", "model.size=tiny", "data.source=synthetic", "train.batch_size=4", *loader,
-                   *FAST.get(task, [])])
+    cfg = compose(
+        [f"task={task}", "model.size=tiny", "data.source=synthetic", "train.batch_size=4", *loader, *FAST.get(task, [])]
+    )
     for key, most in SMALL_EVAL[task].items():
         assert OmegaConf.select(cfg, key) <= most, key
     data = get_task(task).build_data(cfg, rank=0, world_size=1)
@@ -63,16 +67,20 @@ def test_check_data_names_each_missing_file_and_passes_once_all_are_there(compos
     check_data(cfg)
 
 
-@pytest.mark.parametrize("overrides,files", [
-    (["task=resnet50", "data.source=synthetic"], "data.source=real"),  # synthetic data is made, never missing
-    (["task=resnet20", "data.download=true"], "data.download=false"),  # torchvision fetches it
-    (["task=bert_squad", "data.hf_name=squad"], "data.hf_name=null"),  # the datasets library fetches it
-    (["task=bert_pretrain", "data.hf_name=wikimedia/wikipedia"], "data.hf_name=null"),
-    (["task=digits"], None),                                            # scikit-learn's bundled copy
-])
+@pytest.mark.parametrize(
+    "overrides,files",
+    [
+        (["task=resnet50", "data.source=synthetic"], "data.source=real"),  # synthetic data is made, never missing
+        (["task=resnet20", "data.download=true"], "data.download=false"),  # torchvision fetches it
+        (["task=bert_squad", "data.hf_name=squad"], "data.hf_name=null"),  # the datasets library fetches it
+        (["task=bert_pretrain", "data.hf_name=wikimedia/wikipedia"], "data.hf_name=null"),
+        (["task=digits"], None),  # scikit-learn's bundled copy
+    ],
+)
 def test_check_data_leaves_data_that_is_not_files_under_data_root(compose, tmp_path, overrides, files):
     """Passes with nothing under data.root; the same run reading its files from data.root (``files``) is
     refused, so the check did look at the setting that decides it."""
+
     def check(extra):
         cfg = compose([*overrides, *extra])
         if cfg.data.root is not None:

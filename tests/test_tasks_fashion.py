@@ -116,8 +116,14 @@ def test_default_root_is_birder_data_then_debians(compose, tmp_path, monkeypatch
 
 def test_synthetic_mode_has_the_same_shapes_and_says_so(compose):
     task = get_task("fashion_mnist")
-    cfg = task_cfg(compose, "data.source=synthetic", "data.synthetic_train_size=64",
-                   "data.synthetic_eval_size=20", "train.batch_size=8", "model.size=tiny")
+    cfg = task_cfg(
+        compose,
+        "data.source=synthetic",
+        "data.synthetic_train_size=64",
+        "data.synthetic_eval_size=20",
+        "train.batch_size=8",
+        "model.size=tiny",
+    )
     data = task.build_data(cfg, 0, 1)
     assert "SYNTHETIC" in data.description
     images, labels = next(iter(data.train))

@@ -128,13 +128,19 @@ def write_fake_cifar100(root, n_train: int = 24, n_test: int = 10) -> None:
     rng = np.random.default_rng(0)
     for name, n in (("train", n_train), ("test", n_test)):
         fine = [int(i) for i in rng.integers(0, 100, n)]
-        entry = {"batch_label": name, "filenames": [f"img_{i}.png" for i in range(n)],
-                 "data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
-                 "fine_labels": fine, "coarse_labels": [f // 5 for f in fine]}
+        entry = {
+            "batch_label": name,
+            "filenames": [f"img_{i}.png" for i in range(n)],
+            "data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+            "fine_labels": fine,
+            "coarse_labels": [f // 5 for f in fine],
+        }
         with open(os.path.join(folder, name), "wb") as f:
             pickle.dump(entry, f, protocol=2)
-    meta = {"fine_label_names": [f"class_{i}" for i in range(100)],
-            "coarse_label_names": [f"super_{i}" for i in range(20)]}
+    meta = {
+        "fine_label_names": [f"class_{i}" for i in range(100)],
+        "coarse_label_names": [f"super_{i}" for i in range(20)],
+    }
     with open(os.path.join(folder, "meta"), "wb") as f:
         pickle.dump(meta, f, protocol=2)
 
@@ -142,8 +148,9 @@ def write_fake_cifar100(root, n_train: int = 24, n_test: int = 10) -> None:
 def test_cifar100_real_format(compose, tmp_path):
     write_fake_cifar100(tmp_path)
     task = get_task("resnet20")
-    cfg = task_cfg(compose, "resnet20", f"data.root={tmp_path}", "data.check_md5=false", "train.batch_size=4",
-                   "model.size=tiny")
+    cfg = task_cfg(
+        compose, "resnet20", f"data.root={tmp_path}", "data.check_md5=false", "train.batch_size=4", "model.size=tiny"
+    )
     data = task.build_data(cfg, 0, 1)
     assert "real" in data.description and "SYNTHETIC" not in data.description
     assert data.train_size == 24
@@ -177,7 +184,7 @@ def test_cifar100_missing_names_path_and_setting(compose, tmp_path):
 
 def write_image_folder(root, split: str, classes, per_class: int, size=(40, 30)) -> None:
     rng = np.random.default_rng(len(split))
-    for c, wnid in enumerate(classes):
+    for wnid in classes:
         os.makedirs(os.path.join(root, split, wnid))
         for i in range(per_class):
             pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
@@ -190,8 +197,15 @@ def test_resnet50_image_folders(compose, tmp_path):
     write_image_folder(tmp_path, "train", classes, 4)
     write_image_folder(tmp_path, "val", classes, 3)
     task = get_task("resnet50")
-    cfg = task_cfg(compose, "resnet50", f"data.root={tmp_path}", "data.image_size=32", "train.batch_size=4",
-                   "model.size=tiny", "model.num_classes=3")
+    cfg = task_cfg(
+        compose,
+        "resnet50",
+        f"data.root={tmp_path}",
+        "data.image_size=32",
+        "train.batch_size=4",
+        "model.size=tiny",
+        "model.num_classes=3",
+    )
     data = task.build_data(cfg, 0, 1)
     assert data.train_size == 12 and "real" in data.description
     images, labels = next(iter(data.train))
@@ -231,8 +245,15 @@ def test_synthetic_images_deterministic_and_split():
 
 def test_synthetic_resnet20_is_learnable_and_says_so(compose):
     task = get_task("resnet20")
-    cfg = task_cfg(compose, "resnet20", "data.source=synthetic", "model.size=tiny", "train.batch_size=32",
-                   "data.synthetic_train_size=3200", "data.synthetic_eval_size=500")
+    cfg = task_cfg(
+        compose,
+        "resnet20",
+        "data.source=synthetic",
+        "model.size=tiny",
+        "train.batch_size=32",
+        "data.synthetic_train_size=3200",
+        "data.synthetic_eval_size=500",
+    )
     model, data = train_steps(task, cfg, steps=60)
     assert "SYNTHETIC" in data.description and "data.source=synthetic" in data.description
     images, _ = next(iter(data.train))
@@ -306,8 +327,15 @@ def test_shard_sampler_splits_exactly():
 def test_eval_counts_over_two_ranks_equal_eval_set(compose):
     """An odd-sized eval set over 2 simulated ranks: counts add up to it (DistributedSampler would give 102)."""
     task = get_task("resnet20")
-    cfg = task_cfg(compose, "resnet20", "data.source=synthetic", "model.size=tiny", "train.batch_size=16",
-                   "data.synthetic_train_size=64", "data.synthetic_eval_size=101")
+    cfg = task_cfg(
+        compose,
+        "resnet20",
+        "data.source=synthetic",
+        "model.size=tiny",
+        "train.batch_size=16",
+        "data.synthetic_train_size=64",
+        "data.synthetic_eval_size=101",
+    )
     model = task.build_model(cfg)
     counts = [task.evaluate(model, task.build_data(cfg, rank, 2).eval, CPU)["top1"][1] for rank in (0, 1)]
     assert counts == [51, 50] and sum(counts) == 101

@@ -23,8 +23,18 @@ from torchvision.models.vision_transformer import VisionTransformer
 from birder_repro import record
 from birder_repro.tasks import DatasetNotFound, get_task, list_tasks
 from birder_repro.tasks.common import num_parameters
-from birder_repro.tasks.lstm_ptb import (EOS, UNK, BPTTWindows, HiddenCarry, batchify, load_ptb, lstm_lm,
-                                         markov_chain, markov_stream, shard)
+from birder_repro.tasks.lstm_ptb import (
+    EOS,
+    UNK,
+    BPTTWindows,
+    HiddenCarry,
+    batchify,
+    load_ptb,
+    lstm_lm,
+    markov_chain,
+    markov_stream,
+    shard,
+)
 from birder_repro.tasks.vit import SIZES as VIT_SIZES
 from birder_repro.tasks.vit import SoftTargets
 
@@ -71,8 +81,17 @@ def ptb_root(tmp_path):
 
 def lstm_cfg(compose, *overrides: str):
     """The tiny LSTM with short windows, as ``birder-repro task=lstm_ptb model.size=tiny ...`` composes it."""
-    return compose(["task=lstm_ptb", "model.size=tiny", "train.batch_size=4", "data.bptt=10",
-                    "data.eval_batch_size=2", "data.test_batch_size=1", *overrides])
+    return compose(
+        [
+            "task=lstm_ptb",
+            "model.size=tiny",
+            "train.batch_size=4",
+            "data.bptt=10",
+            "data.eval_batch_size=2",
+            "data.test_batch_size=1",
+            *overrides,
+        ]
+    )
 
 
 def perplexities(task, model, loader) -> dict[str, float]:
@@ -186,8 +205,15 @@ def test_hidden_state_carries_over_windows_and_repeats_leave_no_trace(compose):
     the same as without those passes (dropout off, so that the losses compare exactly)."""
     task = get_task("lstm_ptb")
     no_dropout = [f"model.{k}=0" for k in ("dropout", "dropouth", "dropouti", "dropoute", "wdrop")]
-    cfg = lstm_cfg(compose, "data.source=synthetic", "model.vocab_size=20", "data.synthetic_train_tokens=800",
-                   "data.synthetic_valid_tokens=100", "data.synthetic_test_tokens=100", *no_dropout)
+    cfg = lstm_cfg(
+        compose,
+        "data.source=synthetic",
+        "model.vocab_size=20",
+        "data.synthetic_train_tokens=800",
+        "data.synthetic_valid_tokens=100",
+        "data.synthetic_test_tokens=100",
+        *no_dropout,
+    )
     windows = list(task.build_data(cfg, 0, 1).train)[:3]
     torch.manual_seed(0)
     model = task.build_model(cfg)
@@ -215,8 +241,15 @@ def test_carry_rules():
 
 def test_synthetic_streams_are_said_to_be_synthetic_learnable_and_the_same_on_every_process(compose):
     task = get_task("lstm_ptb")
-    cfg = lstm_cfg(compose, "data.source=synthetic", "model.vocab_size=30", "data.synthetic_train_tokens=4000",
-                   "data.synthetic_valid_tokens=400", "data.synthetic_test_tokens=400", "train.batch_size=8")
+    cfg = lstm_cfg(
+        compose,
+        "data.source=synthetic",
+        "model.vocab_size=30",
+        "data.synthetic_train_tokens=4000",
+        "data.synthetic_valid_tokens=400",
+        "data.synthetic_test_tokens=400",
+        "train.batch_size=8",
+    )
     data = task.build_data(cfg, 0, 2)
     assert "SYNTHETIC" in data.description and "data.source=synthetic" in data.description
     chain = markov_chain(30, 4, 0)
@@ -233,8 +266,11 @@ def test_full_lstm_has_awd_lstm_sizes_and_24_2m_parameters():
     model = lstm_lm(10000)
     # Embedding 10,000 x 400 (tied with the decoder) + decoder bias 10,000 + LSTMs 400->1150, 1150->1150,
     # 1150->400 (4 gates, input and hidden weights, two biases each): 24,221,600, AWD-LSTM's "24M" for PTB.
-    assert num_parameters(model) == 10000 * 400 + 10000 + sum(
-        4 * h * (i + h) + 8 * h for i, h in [(400, 1150), (1150, 1150), (1150, 400)]) == 24_221_600
+    assert (
+        num_parameters(model)
+        == 10000 * 400 + 10000 + sum(4 * h * (i + h) + 8 * h for i, h in [(400, 1150), (1150, 1150), (1150, 400)])
+        == 24_221_600
+    )
     assert model.decoder_bias.shape == (10000,) and len(model.rnns) == 3
 
 
@@ -301,8 +337,14 @@ def test_missing_imagenet_names_the_path_and_data_root(compose, tmp_path):
 
 
 def test_vit_synthetic_is_said_to_be_synthetic(compose):
-    cfg = vit_cfg(compose, "data.source=synthetic", "model.num_classes=10", "data.synthetic_train_size=32",
-                  "data.synthetic_eval_size=8", "train.batch_size=8")
+    cfg = vit_cfg(
+        compose,
+        "data.source=synthetic",
+        "model.num_classes=10",
+        "data.synthetic_train_size=32",
+        "data.synthetic_eval_size=8",
+        "train.batch_size=8",
+    )
     data = get_task("vit").build_data(cfg, 1, 2)
     assert "SYNTHETIC" in data.description and "data.source=synthetic" in data.description
     assert "RandAugment" not in data.description  # tensors, not pictures
@@ -326,8 +368,14 @@ def test_soft_targets_fold_label_smoothing_into_the_cross_entropy():
 
 def birder_repro(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """``birder-repro ARGS`` in a fresh interpreter, as a user runs it (BIRDER_RUNS: the test's runs directory)."""
-    return subprocess.run([sys.executable, "-m", "birder_repro.cli", "logger=none", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "birder_repro.cli", "logger=none", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 def only_record(runs_dir: Path) -> dict:
@@ -338,9 +386,18 @@ def only_record(runs_dir: Path) -> dict:
 def test_ptb_files_train_with_birder_on_two_nodes_and_record_perplexity(ptb_root, runs_dir):
     """The real-format path through the whole runner: DDP over 2 gloo processes, Birder's 1-bit hook, the
     carried hidden state, weight-dropped LSTMs and the tied decoder, evaluation summed over the processes."""
-    out = birder_repro("task=lstm_ptb", "optim=birder", "nodes=2", "gpus_per_node=1", "model.size=tiny",
-                       f"data.root={ptb_root}", "model.vocab_size=13", "train.batch_size=4", "data.bptt=10",
-                       "train.steps=8")
+    out = birder_repro(
+        "task=lstm_ptb",
+        "optim=birder",
+        "nodes=2",
+        "gpus_per_node=1",
+        "model.size=tiny",
+        f"data.root={ptb_root}",
+        "model.vocab_size=13",
+        "train.batch_size=4",
+        "data.bptt=10",
+        "train.steps=8",
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "Penn Treebank (real)" in out.stdout
     rec = only_record(runs_dir)
@@ -351,9 +408,19 @@ def test_ptb_files_train_with_birder_on_two_nodes_and_record_perplexity(ptb_root
 
 @pytest.mark.slow
 def test_vit_image_folders_train_with_sgdm_on_two_nodes_and_record_top1(imagenet_root, runs_dir):
-    out = birder_repro("task=vit", "optim=sgdm", "nodes=2", "gpus_per_node=1", "model.size=tiny",
-                       f"data.root={imagenet_root}", "data.image_size=32", "data.num_workers=0",
-                       "model.num_classes=2", "train.batch_size=2", "train.steps=4")
+    out = birder_repro(
+        "task=vit",
+        "optim=sgdm",
+        "nodes=2",
+        "gpus_per_node=1",
+        "model.size=tiny",
+        f"data.root={imagenet_root}",
+        "data.image_size=32",
+        "data.num_workers=0",
+        "model.num_classes=2",
+        "train.batch_size=2",
+        "train.steps=4",
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rec = only_record(runs_dir)
     assert rec["status"] == "completed" and 0 <= rec["metrics"]["top1"] <= 100

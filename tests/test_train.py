@@ -24,16 +24,16 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from birder_repro.comm.accounting import CommStats, allreduce_bytes
+from birder_repro.comm.readiness import clocked_registration
 from birder_repro.comm.topology import Topology, build_topology
 from birder_repro.logger import METRICS_FILE, RunLogger, wandb_mode
+from birder_repro.perf.profile import load_profile
 from birder_repro.summary import format_summary, human_bytes
 from birder_repro.tasks.base import Task, TaskData
-from birder_repro.comm.readiness import clocked_registration
-from birder_repro.perf.profile import load_profile
 from birder_repro.train import split_step_time, stage_of, total_steps, train
 
 sys.path.insert(0, str(Path(__file__).parent))
-from dist_utils import run_distributed  # noqa: E402
+from dist_utils import run_distributed
 
 ROOT = Path(__file__).resolve().parents[1]
 FREEZE_STEP = 6  # the test hook's stage switch: "warmup" before, "compression" from this step
@@ -75,7 +75,10 @@ def blobs_data(rank: int, world: int, batch_size: int, train_size: int = 80) -> 
     return TaskData(
         train=DataLoader(sampler.dataset, batch_size=batch_size, sampler=sampler),
         eval=DataLoader(eval_set, batch_size=16, sampler=DistributedSampler(eval_set, world, rank, shuffle=False)),
-        train_size=train_size, description="synthetic: 4 Gaussian blobs (test data)", sampler=sampler)
+        train_size=train_size,
+        description="synthetic: 4 Gaussian blobs (test data)",
+        sampler=sampler,
+    )
 
 
 def tiny_model() -> nn.Module:
@@ -119,13 +122,18 @@ def fp16_counting_hook(state: CountingComm, bucket):
 def make_config(run_dir: Path, logger: str = "none", **train) -> OmegaConf:
     """The real ``train:`` and ``logger`` nodes of conf/, struct mode on, with the test's values."""
     base = OmegaConf.load(ROOT / "conf" / "config.yaml")
-    cfg = OmegaConf.create({
-        "train": base.train, "logger": OmegaConf.load(ROOT / "conf" / "logger" / f"{logger}.yaml"),
-        "task": {"name": "blobs"}, "optim": {"name": "sgdm", "lr": 0.2}, "nodes": 2, "gpus_per_node": 1,
-        "seed": 0,
-    })
-    cfg.train.merge_with({"batch_size": 8, "timing_warmup_steps": 2, "log_every": 2, "eval_max_batches": 2,
-                          **train})
+    cfg = OmegaConf.create(
+        {
+            "train": base.train,
+            "logger": OmegaConf.load(ROOT / "conf" / "logger" / f"{logger}.yaml"),
+            "task": {"name": "blobs"},
+            "optim": {"name": "sgdm", "lr": 0.2},
+            "nodes": 2,
+            "gpus_per_node": 1,
+            "seed": 0,
+        }
+    )
+    cfg.train.merge_with({"batch_size": 8, "timing_warmup_steps": 2, "log_every": 2, "eval_max_batches": 2, **train})
     if logger == "wandb":
         cfg.logger.mode = "offline"
     OmegaConf.set_struct(cfg, True)
@@ -147,9 +155,17 @@ def _train_worker(rank: int, world: int, runs: list[tuple[str, str]], env: dict)
         comm = CountingComm()
         with clocked_registration(model):  # as attach_comm registers every hook: its calls are timed
             model.register_comm_hook(comm, fp16_counting_hook)
-        record = train(cfg, task=BlobsTask(), data=blobs_data(rank, world, cfg.train.batch_size), model=model,
-                       optimizer=optimizer, comm=comm, topology=topology, device=torch.device("cpu"),
-                       run_dir=run_dir)
+        record = train(
+            cfg,
+            task=BlobsTask(),
+            data=blobs_data(rank, world, cfg.train.batch_size),
+            model=model,
+            optimizer=optimizer,
+            comm=comm,
+            topology=topology,
+            device=torch.device("cpu"),
+            run_dir=run_dir,
+        )
         # numpy arrays travel by value; tensors would be shared through file descriptors of exited processes.
         results.append((record, {k: v.detach().numpy().copy() for k, v in model.module.state_dict().items()}))
     return results
@@ -161,25 +177,38 @@ def runs(tmp_path_factory):
     then, with logger none, the same run resumed from that checkpoint (mid-epoch: 5 steps an epoch)."""
     tmp = tmp_path_factory.mktemp("train")
     full_dir, resumed_dir = tmp / "full", tmp / "resumed"
-    env = {"WANDB_DIR": str(tmp), "WANDB_CACHE_DIR": str(tmp / "cache"), "WANDB_CONFIG_DIR": str(tmp / "cfg"),
-           "WANDB_SILENT": "true"}
+    env = {
+        "WANDB_DIR": str(tmp),
+        "WANDB_CACHE_DIR": str(tmp / "cache"),
+        "WANDB_CONFIG_DIR": str(tmp / "cfg"),
+        "WANDB_SILENT": "true",
+    }
     schedule = {"name": "multistep", "milestones": [0.5], "gamma": 0.1}  # lr / 10 from step 6 on
     full = make_config(full_dir, logger="wandb", steps=12, checkpoint_every=8, schedule=schedule, eval_every=4)
     with open_dict(full):  # time to accuracy: evaluations after steps 4 and 8, and the final one
         full.task.target = {"metric": "top1", "value": TARGET_TOP1, "direction": "higher"}
-    resumed = make_config(resumed_dir, logger="none", steps=12, resume=str(full_dir),
-                          schedule=schedule)
+    resumed = make_config(resumed_dir, logger="none", steps=12, resume=str(full_dir), schedule=schedule)
     no_eval_dir = tmp / "no-eval"  # train.eval=false: no evaluation at all, those every eval_every steps too
     no_eval = make_config(no_eval_dir, logger="none", steps=4, eval_every=2, eval=False)
     at_target_dir = tmp / "at-target"  # train.stop_at_target: a target any evaluation reaches ends it at step 2
     at_target = make_config(at_target_dir, logger="none", steps=8, eval_every=2, stop_at_target=True)
     with open_dict(at_target):
         at_target.task.target = {"metric": "top1", "value": 0.0, "direction": "higher"}
-    by_rank = run_distributed(_train_worker, 2, [(OmegaConf.to_yaml(c), str(d)) for c, d in
-                                                 ((full, full_dir), (resumed, resumed_dir),
-                                                  (no_eval, no_eval_dir), (at_target, at_target_dir))], env)
-    return {"full": (full_dir, [r[0] for r in by_rank]), "resumed": (resumed_dir, [r[1] for r in by_rank]),
-            "no_eval": (no_eval_dir, [r[2] for r in by_rank]), "at_target": (at_target_dir, [r[3] for r in by_rank])}
+    by_rank = run_distributed(
+        _train_worker,
+        2,
+        [
+            (OmegaConf.to_yaml(c), str(d))
+            for c, d in ((full, full_dir), (resumed, resumed_dir), (no_eval, no_eval_dir), (at_target, at_target_dir))
+        ],
+        env,
+    )
+    return {
+        "full": (full_dir, [r[0] for r in by_rank]),
+        "resumed": (resumed_dir, [r[1] for r in by_rank]),
+        "no_eval": (no_eval_dir, [r[2] for r in by_rank]),
+        "at_target": (at_target_dir, [r[3] for r in by_rank]),
+    }
 
 
 def test_stop_at_target_ends_every_rank_at_the_first_reaching_evaluation(runs):
@@ -208,9 +237,19 @@ def full_run(runs):
 # ------------------------------------------------------------------------------------- two processes
 def test_record_has_every_key_and_parts_sum_to_the_step(full_run):
     _, [(record, _), _] = full_run
-    for key in ("steps", "samples", "throughput_samples_per_s", "throughput_by_stage", "step_time_s",
-                "intra_node_bytes_per_step", "inter_node_bytes_per_step", "fp32_allreduce_bytes_per_step",
-                "metrics", "final_loss", "timing_warmup_steps"):
+    for key in (
+        "steps",
+        "samples",
+        "throughput_samples_per_s",
+        "throughput_by_stage",
+        "step_time_s",
+        "intra_node_bytes_per_step",
+        "inter_node_bytes_per_step",
+        "fp32_allreduce_bytes_per_step",
+        "metrics",
+        "final_loss",
+        "timing_warmup_steps",
+    ):
         assert key in record, key
     assert "loss_history" not in record
     assert record["steps"] == 12 and record["samples"] == 12 * 16 and record["timing_warmup_steps"] == 2
@@ -310,7 +349,12 @@ def test_only_rank0_writes_metrics_jsonl_and_wandb_offline_runs(full_run):
     assert any("final/top1" in r for r in rows)
     assert list((run_dir / "wandb").glob("offline-run-*")), "W&B offline run directory missing"
     assert sorted(p.name for p in (run_dir / "checkpoints" / "step-000008").iterdir()) == [
-        "COMPLETE", "manifest.json", "model.pt", "rank00000.pt", "rank00001.pt"]
+        "COMPLETE",
+        "manifest.json",
+        "model.pt",
+        "rank00000.pt",
+        "rank00001.pt",
+    ]
 
 
 def test_resume_from_checkpoint_continues_as_if_uninterrupted(runs):
@@ -331,10 +375,17 @@ def test_resume_from_checkpoint_continues_as_if_uninterrupted(runs):
 def _single_process_run(run_dir, **train_cfg) -> dict:
     torch.manual_seed(0)
     model = tiny_model()
-    return train(make_config(run_dir, **train_cfg), task=BlobsTask(), data=blobs_data(0, 1, 16), model=model,
-                 optimizer=torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9), comm=None,
-                 topology=Topology(rank=0, world_size=1, gpus_per_node=1), device=torch.device("cpu"),
-                 run_dir=run_dir)
+    return train(
+        make_config(run_dir, **train_cfg),
+        task=BlobsTask(),
+        data=blobs_data(0, 1, 16),
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9),
+        comm=None,
+        topology=Topology(rank=0, world_size=1, gpus_per_node=1),
+        device=torch.device("cpu"),
+        run_dir=run_dir,
+    )
 
 
 def test_single_process_run_without_ddp_recalibrates_compute(tmp_path):
@@ -344,8 +395,9 @@ def test_single_process_run_without_ddp_recalibrates_compute(tmp_path):
     assert record["fp32_allreduce_bytes_per_step"] == 0  # one process sends nothing
     assert set(record["metrics"]) == {"loss"} and record["final_loss"] < 1.0
     st = record["step_time_s"]
-    assert st["compute"] + st["communication"] + st["compression"] + st["data_wait"] == \
-        pytest.approx(st["total"], rel=1e-9)
+    assert st["compute"] + st["communication"] + st["compression"] + st["data_wait"] == pytest.approx(
+        st["total"], rel=1e-9
+    )
     assert record["profile"]["bucket_elements"] == []  # no DDP, no hook: buckets from parameter_count
 
 
@@ -364,10 +416,17 @@ def test_single_process_run_on_cuda(tmp_path):
         torch.manual_seed(0)
         model = tiny_model().to(device)
         run_dir = tmp_path / ("b" if resume else "a")
-        record = train(make_config(run_dir, steps=10, checkpoint_every=6, resume=resume), task=BlobsTask(),
-                       data=blobs_data(0, 1, 16), model=model,
-                       optimizer=torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9), comm=None,
-                       topology=Topology(rank=0, world_size=1, gpus_per_node=1), device=device, run_dir=run_dir)
+        record = train(
+            make_config(run_dir, steps=10, checkpoint_every=6, resume=resume),
+            task=BlobsTask(),
+            data=blobs_data(0, 1, 16),
+            model=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9),
+            comm=None,
+            topology=Topology(rank=0, world_size=1, gpus_per_node=1),
+            device=device,
+            run_dir=run_dir,
+        )
         results.append((record, {k: v.cpu() for k, v in model.state_dict().items()}))
     (full, params), (resumed, params_resumed) = results
     assert resumed["resumed_from_step"] == 6 and full["step_time_s"]["total"] > 0
@@ -426,8 +485,10 @@ def test_a_broken_wandb_warns_once_and_metrics_jsonl_goes_on(broken, tmp_path, m
     if broken == "missing":
         monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
     else:
+
         def init(**kwargs):
             raise RuntimeError("no network")
+
         monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init, Settings=dict))
     with RunLogger(make_config(tmp_path, logger="wandb"), tmp_path) as logger:
         logger.log(1, {"loss": 2.0})
@@ -445,16 +506,27 @@ def test_disabled_logger_writes_nothing(tmp_path):
 
 
 SAMPLE_RECORD = {
-    "status": "completed", "task": "resnet20", "optim": "birder", "world_size": 2,
+    "status": "completed",
+    "task": "resnet20",
+    "optim": "birder",
+    "world_size": 2,
     "cluster": {"nodes": 2, "gpus_per_node": 1, "interconnect": "loopback"},
-    "data": "synthetic CIFAR-100-shaped images (class-conditional)", "steps": 150, "samples": 19200,
-    "global_batch_size": 128, "throughput_samples_per_s": 512.34, "timing_warmup_steps": 5,
-    "throughput_by_stage": {}, "step_time_s": {"total": 0.25, "compute": 0.2, "communication": 0.035,
-                                               "compression": 0.015},
-    "intra_node_bytes_per_step": 0.0, "inter_node_bytes_per_step": 34_000.0,
-    "fp32_allreduce_bytes_per_step": 1_088_000.0, "fp32_allreduce_inter_node_bytes_per_step": 1_088_000.0,
-    "final_loss": 2.5, "loss_definition": "mean training loss over the last 15 steps, all processes",
-    "headline_metric": "top1", "metrics": {"loss": 2.5, "top5": 40.0, "top1": 12.5},
+    "data": "synthetic CIFAR-100-shaped images (class-conditional)",
+    "steps": 150,
+    "samples": 19200,
+    "global_batch_size": 128,
+    "throughput_samples_per_s": 512.34,
+    "timing_warmup_steps": 5,
+    "throughput_by_stage": {},
+    "step_time_s": {"total": 0.25, "compute": 0.2, "communication": 0.035, "compression": 0.015},
+    "intra_node_bytes_per_step": 0.0,
+    "inter_node_bytes_per_step": 34_000.0,
+    "fp32_allreduce_bytes_per_step": 1_088_000.0,
+    "fp32_allreduce_inter_node_bytes_per_step": 1_088_000.0,
+    "final_loss": 2.5,
+    "loss_definition": "mean training loss over the last 15 steps, all processes",
+    "headline_metric": "top1",
+    "metrics": {"loss": 2.5, "top5": 40.0, "top1": 12.5},
 }
 
 
@@ -472,8 +544,13 @@ def test_format_summary_of_a_completed_run():
 def test_format_summary_by_stage_and_of_a_failed_run():
     staged = dict(SAMPLE_RECORD, throughput_by_stage={"warmup": 100.0, "compression": 300.0})
     assert "by stage: warmup 100.0, compression 300.0" in format_summary(staged)
-    failed = {"status": "failed", "task": "resnet20", "optim": "sgdm", "world_size": 4,
-              "error": "Traceback ...\nValueError: boom"}
+    failed = {
+        "status": "failed",
+        "task": "resnet20",
+        "optim": "sgdm",
+        "world_size": 4,
+        "error": "Traceback ...\nValueError: boom",
+    }
     text = format_summary(failed)
     assert "failed" in text and "ValueError: boom" in text and "throughput" not in text
 
@@ -487,8 +564,7 @@ def test_summary_says_an_uncompressed_run_sent_what_fp32_sends():
 
 
 def test_human_bytes():
-    assert [human_bytes(v) for v in (0, 1023, 1024, 1536 * 1024, None)] == ["0 B", "1023 B", "1 KiB", "1.5 MiB",
-                                                                             "n/a"]
+    assert [human_bytes(v) for v in (0, 1023, 1024, 1536 * 1024, None)] == ["0 B", "1023 B", "1 KiB", "1.5 MiB", "n/a"]
 
 
 def test_grad_clip_applies_only_where_grad_holds_gradients():
@@ -503,8 +579,9 @@ def test_grad_clip_applies_only_where_grad_holds_gradients():
     sgd = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the step leaves the parameters, we read grads
     comm = CommStats()  # a plain all-reduce's state: .grad holds gradients
     seen = []
-    sgd.register_step_pre_hook(lambda opt, *_: seen.append(
-        torch.cat([p.grad.reshape(-1) for p in model.parameters()]).norm().item()))
+    sgd.register_step_pre_hook(
+        lambda opt, *_: seen.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).norm().item())
+    )
     run_step(_Task(), model, sgd, torch.ones(8, 4), torch.device("cpu"), comm, grad_clip=0.5)
     assert seen[-1] == pytest.approx(0.5, rel=1e-5)
     assert grads_are_gradients(comm)
@@ -514,9 +591,17 @@ def test_grad_clip_applies_only_where_grad_holds_gradients():
 def test_summary_shows_the_kernel_counted_link_bytes_of_emulated_runs():
     from birder_repro.summary import format_summary
 
-    text = format_summary({"task": "resnet50", "optim": "birder", "status": "completed", "intra_node_bytes_per_step": 0,
-                           "throughput_samples_per_s": 183.4, "step_time_s": {"total": 0.174, "compute": 0.042,
-                                                                           "communication": 0.056, "compression": 0.077},
-                           "inter_node_bytes_per_step": 677350, "fp32_allreduce_bytes_per_step": 21675168,
-                           "link_bytes_per_step": [741715, 719013]})
+    text = format_summary(
+        {
+            "task": "resnet50",
+            "optim": "birder",
+            "status": "completed",
+            "intra_node_bytes_per_step": 0,
+            "throughput_samples_per_s": 183.4,
+            "step_time_s": {"total": 0.174, "compute": 0.042, "communication": 0.056, "compression": 0.077},
+            "inter_node_bytes_per_step": 677350,
+            "fp32_allreduce_bytes_per_step": 21675168,
+            "link_bytes_per_step": [741715, 719013],
+        }
+    )
     assert "kernel count" in text and text.count("KiB") >= 2

@@ -10,8 +10,9 @@ stage of a step, what ``.grad`` holds after the hook) and has ``state_dict()`` /
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -20,10 +21,29 @@ from birder_repro.comm.state import GRADIENT, MOMENTUM, UPDATE, CommState
 from birder_repro.comm.topology import Topology, build_topology, flat_topology
 from birder_repro.registry import Registry
 
-__all__ = ["CommState", "CommStats", "GRADIENT", "UPDATE", "MOMENTUM", "Topology", "build_topology",
-           "flat_topology", "Scheme", "SCHEMES", "attach_comm", "list_schemes", "attach_birder", "BirderState",
-           "attach_onebit", "OneBitState", "attach_allreduce", "attach_powersgd", "attach_birder_fsdp",
-           "attach_onebit_fsdp", "attach_hsdp"]
+__all__ = [
+    "CommState",
+    "CommStats",
+    "GRADIENT",
+    "UPDATE",
+    "MOMENTUM",
+    "Topology",
+    "build_topology",
+    "flat_topology",
+    "Scheme",
+    "SCHEMES",
+    "attach_comm",
+    "list_schemes",
+    "attach_birder",
+    "BirderState",
+    "attach_onebit",
+    "OneBitState",
+    "attach_allreduce",
+    "attach_powersgd",
+    "attach_birder_fsdp",
+    "attach_onebit_fsdp",
+    "attach_hsdp",
+]
 
 
 @dataclass(frozen=True)
@@ -37,21 +57,29 @@ class Scheme:
     description: str
 
 
-SCHEMES: Registry[Scheme] = Registry("communication scheme", [
-    Scheme("allreduce", "birder_repro.comm.allreduce", "DDP's fp32 all-reduce, counted"),
-    Scheme("fp16", "birder_repro.comm.allreduce", "torch's fp16 compression hook, counted"),
-    Scheme("powersgd", "birder_repro.comm.powersgd", "torch's PowerSGD hook, counted"),
-    Scheme("birder", "birder_repro.comm.birder", "Hierarchical-1-bit-All-Reduce"),
-    Scheme("onebit", "birder_repro.comm.onebit", "1-bit Adam / 1-bit LAMB compressed all-reduce"),
-])
+SCHEMES: Registry[Scheme] = Registry(
+    "communication scheme",
+    [
+        Scheme("allreduce", "birder_repro.comm.allreduce", "DDP's fp32 all-reduce, counted"),
+        Scheme("fp16", "birder_repro.comm.allreduce", "torch's fp16 compression hook, counted"),
+        Scheme("powersgd", "birder_repro.comm.powersgd", "torch's PowerSGD hook, counted"),
+        Scheme("birder", "birder_repro.comm.birder", "Hierarchical-1-bit-All-Reduce"),
+        Scheme("onebit", "birder_repro.comm.onebit", "1-bit Adam / 1-bit LAMB compressed all-reduce"),
+    ],
+)
 
 
 def list_schemes() -> list[str]:
     return SCHEMES.names()
 
 
-def attach_comm(scheme: str, ddp_model: torch.nn.parallel.DistributedDataParallel, optimizer: torch.optim.Optimizer,
-                cfg: Mapping[str, Any], topology: Topology) -> CommState:
+def attach_comm(
+    scheme: str,
+    ddp_model: torch.nn.parallel.DistributedDataParallel,
+    optimizer: torch.optim.Optimizer,
+    cfg: Mapping[str, Any],
+    topology: Topology,
+) -> CommState:
     """Register the hook of ``scheme`` on ``ddp_model`` and return its state (KeyError naming the schemes if
     ``scheme`` is not one)."""
     module = importlib.import_module(SCHEMES[scheme].module)
@@ -64,11 +92,17 @@ def attach_comm(scheme: str, ddp_model: torch.nn.parallel.DistributedDataParalle
 
 def __getattr__(name: str):
     # Public attach functions and states, imported on first use so that `import birder_repro.comm` stays light.
-    public = {"attach_birder": "birder_repro.comm.birder", "BirderState": "birder_repro.comm.birder",
-              "attach_onebit": "birder_repro.comm.onebit", "OneBitState": "birder_repro.comm.onebit",
-              "attach_allreduce": "birder_repro.comm.allreduce", "attach_powersgd": "birder_repro.comm.powersgd",
-              "attach_birder_fsdp": "birder_repro.comm.fsdp", "attach_onebit_fsdp": "birder_repro.comm.fsdp",
-              "attach_hsdp": "birder_repro.comm.fsdp"}
+    public = {
+        "attach_birder": "birder_repro.comm.birder",
+        "BirderState": "birder_repro.comm.birder",
+        "attach_onebit": "birder_repro.comm.onebit",
+        "OneBitState": "birder_repro.comm.onebit",
+        "attach_allreduce": "birder_repro.comm.allreduce",
+        "attach_powersgd": "birder_repro.comm.powersgd",
+        "attach_birder_fsdp": "birder_repro.comm.fsdp",
+        "attach_onebit_fsdp": "birder_repro.comm.fsdp",
+        "attach_hsdp": "birder_repro.comm.fsdp",
+    }
     if name in public:
         return getattr(importlib.import_module(public[name]), name)
     raise AttributeError(f"module 'birder_repro.comm' has no attribute {name!r}")

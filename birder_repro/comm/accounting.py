@@ -9,7 +9,7 @@ see them.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from birder_repro.comm.state import CommState
 from birder_repro.comm.topology import Topology

@@ -21,14 +21,15 @@ backward computation with communication.
 # dist.GradBucket and torch.futures.Future[torch.Tensor] as objects, and rejects them as strings.
 
 import threading
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from birder_repro.comm.accounting import flat_allreduce_split
 from birder_repro.comm.state import CommState
-from birder_repro.comm.topology import Topology, flat_topology
+from birder_repro.comm.topology import Topology, flat_topology, group_or_world
 
 __all__ = ["AllReduceState", "attach_allreduce", "attach_from_config"]
 
@@ -54,8 +55,9 @@ class AllReduceState(CommState):
         "_lock",
     )
 
-    def __init__(self, process_group: Optional[dist.ProcessGroup], topology: Topology,
-                 dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self, process_group: dist.ProcessGroup | None, topology: Topology, dtype: torch.dtype = torch.float32
+    ) -> None:
         super().__init__()
         if dtype not in _DTYPES.values():
             raise ValueError(f"attach_allreduce: dtype must be one of {sorted(_DTYPES)}, got {dtype}")
@@ -88,8 +90,8 @@ class AllReduceState(CommState):
         self.load_counters(state_dict["stats"])
 
 
-def _group(process_group: Optional[dist.ProcessGroup]) -> dist.ProcessGroup:
-    return process_group if process_group is not None else dist.group.WORLD
+def _group(process_group: dist.ProcessGroup | None) -> dist.ProcessGroup:
+    return group_or_world(process_group)
 
 
 def _allreduce_hook(state: AllReduceState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -129,9 +131,12 @@ def _allreduce_hook(state: AllReduceState, bucket: dist.GradBucket) -> torch.fut
     return fut.then(decompress if compressing else result)
 
 
-def attach_allreduce(ddp_model: torch.nn.parallel.DistributedDataParallel,
-                     optimizer: Optional[torch.optim.Optimizer] = None, topology: Optional[Topology] = None,
-                     dtype: torch.dtype = torch.float32) -> AllReduceState:
+def attach_allreduce(
+    ddp_model: torch.nn.parallel.DistributedDataParallel,
+    optimizer: torch.optim.Optimizer | None = None,
+    topology: Topology | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> AllReduceState:
     """Register the counted all-reduce hook on ``ddp_model`` and return its state.
 
     Args:
@@ -152,8 +157,13 @@ def attach_allreduce(ddp_model: torch.nn.parallel.DistributedDataParallel,
     return state
 
 
-def attach_from_config(ddp_model: torch.nn.parallel.DistributedDataParallel, optimizer: torch.optim.Optimizer,
-                       cfg: Mapping[str, Any], topology: Topology, scheme: str = "allreduce") -> AllReduceState:
+def attach_from_config(
+    ddp_model: torch.nn.parallel.DistributedDataParallel,
+    optimizer: torch.optim.Optimizer,
+    cfg: Mapping[str, Any],
+    topology: Topology,
+    scheme: str = "allreduce",
+) -> AllReduceState:
     """Scheme ``allreduce`` (fp32, DDP's default) or ``fp16`` (torch's fp16 compression hook)."""
     dtypes = {"allreduce": torch.float32, "fp16": torch.float16}
     if scheme not in dtypes:

@@ -50,15 +50,24 @@ results bit for bit).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from birder_repro.comm import kernels
 from birder_repro.comm.accounting import peer_bytes, reduce_scatter_bytes
-from birder_repro.comm.buckets import (Bucket, BucketStore, ElementPositions, Field, Level, bucket_signature,
-                                       parameter_index, require_buckets)
+from birder_repro.comm.buckets import (
+    Bucket,
+    BucketStore,
+    ElementPositions,
+    Field,
+    Level,
+    bucket_signature,
+    parameter_index,
+    require_buckets,
+)
 from birder_repro.comm.collectives import all_gather_flat, reduce_scatter_flat
 from birder_repro.comm.nonfinite import NonFiniteGuard, local_flag
 from birder_repro.comm.overlap import HookRunner
@@ -72,23 +81,53 @@ SCHEMES = ("hierarchical", "flat", "allgather")
 class BirderState(CompressedCommState):
     """State of the Birder hook on one rank. Counters (bytes, seconds) come from :class:`CommState`."""
 
+    runner: HookRunner
+    guard: NonFiniteGuard
+    store: BucketStore
+
     __slots__ = (
         # user settings
-        "scheme", "beta", "eps", "amsgrad_after", "seed", "kernel_backend",
+        "scheme",
+        "beta",
+        "eps",
+        "amsgrad_after",
+        "seed",
+        "kernel_backend",
         # topology: the physical layout, the worker (intra) and server (inter) groups of the scheme
-        "topology", "worker_group", "server_group", "worker_size", "server_size", "worker_rank", "server_rank",
-        "worker_peers", "server_peers", "worker_id",
+        "topology",
+        "worker_group",
+        "server_group",
+        "worker_size",
+        "server_size",
+        "worker_rank",
+        "server_rank",
+        "worker_peers",
+        "server_peers",
+        "worker_id",
         # internal state: the per-bucket shards (and their layout), which parameter index each parameter has,
         # where each parameter's elements sit (the counters of the random draws), the communication thread
-        "store", "param_index", "positions", "runner",
+        "store",
+        "param_index",
+        "positions",
+        "runner",
         # non-finite gradients: the flags of this step's buckets, their backups, the count of skipped steps
         "guard",
     )
 
-    def __init__(self, topology: Topology, scheme: str = "hierarchical", beta: float = 0.95, eps: float = 1e-8,
-                 amsgrad_after: Optional[int] = None, seed: int = 0, param_numels: Sequence[int] = (),
-                 kernel_backend: str = "auto", overlap: bool = True, nonfinite: str = "skip",
-                 node_averaged: bool = False):
+    def __init__(
+        self,
+        topology: Topology,
+        scheme: str = "hierarchical",
+        beta: float = 0.95,
+        eps: float = 1e-8,
+        amsgrad_after: int | None = None,
+        seed: int = 0,
+        param_numels: Sequence[int] = (),
+        kernel_backend: str = "auto",
+        overlap: bool = True,
+        nonfinite: str = "skip",
+        node_averaged: bool = False,
+    ):
         super().__init__()
         if scheme not in SCHEMES:
             raise ValueError(f"Birder scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
@@ -175,8 +214,9 @@ class BirderState(CompressedCommState):
             self.calls += 1
             return buffer
 
-    def reduce_node_shard(self, index: int, shard: torch.Tensor, signature: tuple,
-                          node_flag: torch.Tensor) -> torch.Tensor:
+    def reduce_node_shard(
+        self, index: int, shard: torch.Tensor, signature: tuple, node_flag: torch.Tensor
+    ) -> torch.Tensor:
         """Steps II-III on a shard whose node average (step I) was already taken elsewhere: FSDP's
         reduce-scatter inside the node (:mod:`birder_repro.comm.fsdp`). Writes the +-1 result into ``shard``.
 
@@ -202,8 +242,9 @@ class BirderState(CompressedCommState):
             self.calls += 1
             return shard
 
-    def exchange_shard(self, bucket: Bucket, g: torch.Tensor,
-                       node_flag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def exchange_shard(
+        self, bucket: Bucket, g: torch.Tensor, node_flag: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Steps II-III on this rank's node-average shard ``g`` of ``bucket`` (padded): the worker step, the
         all-to-all among the processes with this local rank, the server step and the all-gather. Returns the
         packed +-1 of the shard and the agreed non-finite flag. Shared by the DDP hook and the FSDP path."""
@@ -222,9 +263,18 @@ class BirderState(CompressedCommState):
             shard = st["m"].numel()
             seed, where = self._draws(bucket, "worker", self.worker_rank * shard, (self.worker_rank + 1) * shard)
             packed = kernels.worker_compress(
-                g, st["m"], st["b"], st["e"], self.beta, self.eps, seed, where, self.kernel_backend,
+                g,
+                st["m"],
+                st["b"],
+                st["e"],
+                self.beta,
+                self.eps,
+                seed,
+                where,
+                self.kernel_backend,
                 b_hat=st["b_hat"] if amsgrad else None,
-                state_out=tuple(out[k] for k in fields[: 4 if amsgrad else 3]) if new is not None else None)
+                state_out=tuple(out[k] for k in fields[: 4 if amsgrad else 3]) if new is not None else None,
+            )
             if "b_hat" in st and not amsgrad:
                 out["b_hat"].copy_(out["b"])  # until T0, b is the EMA itself (Algorithm 1, line 6)
             self.guard.commit(bucket, new)
@@ -251,7 +301,7 @@ class BirderState(CompressedCommState):
         whole, rest = divmod(numel, shard_size)
         rows[:whole, :shard_size] = flat[: whole * shard_size].view(whole, shard_size)
         if rest:
-            rows[whole, :rest] = flat[whole * shard_size:]
+            rows[whole, :rest] = flat[whole * shard_size :]
         rows[:, shard_size] = flag
         shard = bucket.workspace("shard", numel=shard_size + 1, device=flat.device)
         with self.timing("comm", flat.device):
@@ -260,8 +310,9 @@ class BirderState(CompressedCommState):
         self.add_bytes(reduce_scatter_bytes(rows.numel() * 4, self.worker_size), 0.0)
         return shard[:shard_size].div_(m), shard[shard_size]
 
-    def _step3_server(self, packed: torch.Tensor, bucket: Bucket,
-                      node_flag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _step3_server(
+        self, packed: torch.Tensor, bucket: Bucket, node_flag: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Step III: all-to-all of chunks, server average + re-quantization (lines 11-12), all-gather.
 
         Each chunk carries one more byte, its node's non-finite flag, so every rank learns every node's flag
@@ -283,9 +334,14 @@ class BirderState(CompressedCommState):
             lo = e_bar.numel() * (self.worker_rank * self.server_size + self.server_rank)  # chunk k of shard r
             seed, where = self._draws(bucket, "server", lo, lo + e_bar.numel())
             new = self.guard.fresh(bucket, "e_bar")
-            chunk_packed = kernels.server_compress(received[:, :chunk_bytes].contiguous(), e_bar, seed, where,
-                                                   self.kernel_backend,
-                                                   e_bar_out=None if new is None else new["e_bar"])
+            chunk_packed = kernels.server_compress(
+                received[:, :chunk_bytes].contiguous(),
+                e_bar,
+                seed,
+                where,
+                self.kernel_backend,
+                e_bar_out=None if new is None else new["e_bar"],
+            )
             self.guard.commit(bucket, new)
         shard_packed = torch.empty(packed.numel(), device=packed.device, dtype=torch.uint8)
         with self.timing("comm", packed.device):
@@ -317,7 +373,9 @@ class BirderState(CompressedCommState):
         else:
             buffer[: whole * 8].copy_(kernels.unpack(packed[:whole], self.kernel_backend))
         if numel > whole * 8:
-            buffer[whole * 8:].copy_(kernels.unpack(packed[whole: whole + 1], self.kernel_backend)[: numel - whole * 8])
+            buffer[whole * 8 :].copy_(
+                kernels.unpack(packed[whole : whole + 1], self.kernel_backend)[: numel - whole * 8]
+            )
 
     def _gather_and_average(self, packed: torch.Tensor, flag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``allgather``: every worker's bits (and, in one more byte, its non-finite flag) to every worker,
@@ -335,8 +393,10 @@ class BirderState(CompressedCommState):
         self.add_bytes(*peer_bytes(self.topology, self.server_peers, size + 1))
         rows = gathered.view(n, size + 1)
         with self.timing("compress", packed.device):
-            return (kernels.unpack(rows[:, :size].contiguous(), self.kernel_backend).mean(dim=0),
-                    rows[:, size].sum().to(torch.float32))
+            return (
+                kernels.unpack(rows[:, :size].contiguous(), self.kernel_backend).mean(dim=0),
+                rows[:, size].sum().to(torch.float32),
+            )
 
     # --------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -379,10 +439,16 @@ birder_hook.__annotations__["return"] = torch.futures.Future[torch.Tensor]
 del birder_hook.__annotations__["return_"]
 
 
-def attach_birder(ddp_model: torch.nn.parallel.DistributedDataParallel, optimizer: Birder,
-                  gpus_per_node: Optional[int] = None, scheme: str = "hierarchical",
-                  topology: Optional[Topology] = None, kernel_backend: str = "auto",
-                  overlap: bool = True, nonfinite: str = "skip") -> BirderState:
+def attach_birder(
+    ddp_model: torch.nn.parallel.DistributedDataParallel,
+    optimizer: Birder,
+    gpus_per_node: int | None = None,
+    scheme: str = "hierarchical",
+    topology: Topology | None = None,
+    kernel_backend: str = "auto",
+    overlap: bool = True,
+    nonfinite: str = "skip",
+) -> BirderState:
     """Register the Birder hook on ``ddp_model`` and hand the optimizer its update: three lines in a script.
 
     ``gpus_per_node`` (processes per node; default: LOCAL_WORLD_SIZE from torchrun, which is every process of
@@ -415,12 +481,25 @@ def attach_birder(ddp_model: torch.nn.parallel.DistributedDataParallel, optimize
     else:
         source = "topology given"
     # Workers are nodes only in the hierarchical scheme; flat and allgather compress between all processes.
-    announce_layout(f"attach_birder (scheme={scheme})", topology, source, between_nodes=scheme == "hierarchical",
-                    guessed=source != "topology given")
-    state = BirderState(topology, scheme=scheme, beta=groups[0]["beta"], eps=groups[0]["eps"],
-                        amsgrad_after=groups[0]["amsgrad_after"], seed=optimizer.seed,
-                        param_numels=[p.numel() for p in ddp_model.module.parameters()],
-                        kernel_backend=kernel_backend, overlap=overlap, nonfinite=nonfinite)
+    announce_layout(
+        f"attach_birder (scheme={scheme})",
+        topology,
+        source,
+        between_nodes=scheme == "hierarchical",
+        guessed=source != "topology given",
+    )
+    state = BirderState(
+        topology,
+        scheme=scheme,
+        beta=groups[0]["beta"],
+        eps=groups[0]["eps"],
+        amsgrad_after=groups[0]["amsgrad_after"],
+        seed=optimizer.seed,
+        param_numels=[p.numel() for p in ddp_model.module.parameters()],
+        kernel_backend=kernel_backend,
+        overlap=overlap,
+        nonfinite=nonfinite,
+    )
     state.param_index = parameter_index(ddp_model.module)
     ddp_model.register_comm_hook(state, birder_hook)
     optimizer.compressed_by_hook = True
@@ -432,6 +511,12 @@ def attach_from_config(ddp_model, optimizer, cfg: Mapping[str, Any], topology: T
     """The runner's entry (birder_repro.comm.attach_comm): ``optim.comm.scheme``, ``kernel_backend`` and
     ``overlap`` from the ``optim`` config node (``bucket_cap_mb`` is DDP's: the worker builds DDP with it)."""
     comm = cfg.get("comm") or {}
-    return attach_birder(ddp_model, optimizer, scheme=comm.get("scheme", "hierarchical"), topology=topology,
-                         kernel_backend=str(comm.get("kernel_backend", "auto")),
-                         overlap=bool(comm.get("overlap", True)), nonfinite=str(comm.get("nonfinite", "skip")))
+    return attach_birder(
+        ddp_model,
+        optimizer,
+        scheme=comm.get("scheme", "hierarchical"),
+        topology=topology,
+        kernel_backend=str(comm.get("kernel_backend", "auto")),
+        overlap=bool(comm.get("overlap", True)),
+        nonfinite=str(comm.get("nonfinite", "skip")),
+    )

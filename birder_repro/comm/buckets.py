@@ -32,8 +32,9 @@ rebuild, and one taken after a rebuild loads into a fresh DDP model, whatever it
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -41,8 +42,17 @@ import torch.distributed as dist
 from birder_repro.comm.collectives import all_gather_flat
 from birder_repro.comm.pack import padded_size
 
-__all__ = ["Level", "Field", "Bucket", "BucketStore", "parameter_index", "bucket_signature", "ElementPositions",
-           "adopt", "require_buckets"]
+__all__ = [
+    "Level",
+    "Field",
+    "Bucket",
+    "BucketStore",
+    "parameter_index",
+    "bucket_signature",
+    "ElementPositions",
+    "adopt",
+    "require_buckets",
+]
 
 Signature = tuple  # ((parameter index, offset in the bucket, numel[, start within the parameter]), ...)
 
@@ -61,17 +71,21 @@ def require_buckets(ddp_model, attach: str) -> None:
     its Python reducer calls a communication hook once per parameter with a ``(grad, param)`` pair and ignores
     the returned future, where the compressed hooks work on whole buckets (docs/integrations.md, torch.compile)."""
     if getattr(ddp_model, "_use_python_reducer", False):
-        raise ValueError(f"{attach}: DDP was built with torch._dynamo.config.optimize_ddp='python_reducer' (compiled "
-                         "autograd), whose reducer hands hooks single parameters, not buckets; use torch.compile "
-                         "with optimize_ddp='ddp_optimizer' (the default) and compiled_autograd=False")
+        raise ValueError(
+            f"{attach}: DDP was built with torch._dynamo.config.optimize_ddp='python_reducer' (compiled "
+            "autograd), whose reducer hands hooks single parameters, not buckets; use torch.compile "
+            "with optimize_ddp='ddp_optimizer' (the default) and compiled_autograd=False"
+        )
 
 
 def bucket_signature(param_index: Mapping[int, int], bucket: dist.GradBucket) -> Signature:
     """((parameter index, offset in the bucket, numel), ...) from the bucket's gradient views."""
     buffer = bucket.buffer()
     base, size = buffer.data_ptr(), buffer.element_size()
-    return tuple((param_index[id(p)], (g.data_ptr() - base) // size, g.numel())
-                 for p, g in zip(bucket.parameters(), bucket.gradients()))
+    return tuple(
+        (param_index[id(p)], (g.data_ptr() - base) // size, g.numel())
+        for p, g in zip(bucket.parameters(), bucket.gradients())
+    )
 
 
 class ElementPositions:
@@ -95,7 +109,7 @@ class ElementPositions:
         self.total = total
 
     @classmethod
-    def of(cls, model: torch.nn.Module) -> "ElementPositions":
+    def of(cls, model: torch.nn.Module) -> ElementPositions:
         return cls([p.numel() for p in model.parameters()])
 
     def segments(self, signature: Signature, padded: int, lo: int, hi: int) -> tuple[list[int], list[int]]:
@@ -107,8 +121,10 @@ class ElementPositions:
             if numel <= 0:
                 continue
             if p >= len(self.offsets):
-                raise ValueError(f"parameter index {p} of a bucket is beyond the model's {len(self.offsets)} "
-                                 "parameters: the hook's positions were made for another model")
+                raise ValueError(
+                    f"parameter index {p} of a bucket is beyond the model's {len(self.offsets)} "
+                    "parameters: the hook's positions were made for another model"
+                )
             if offset > cursor:
                 pieces.append((cursor, self.total + cursor))
             # A 4th entry: the piece starts that far into p (an FSDP shard of p's rows, birder_repro.comm.fsdp)
@@ -131,7 +147,7 @@ class ElementPositions:
 class Level:
     """One cut of the bucket: over ``group`` (None when ``size`` is 1) into ``size`` parts, this rank's ``rank``."""
 
-    group: Optional[dist.ProcessGroup]
+    group: dist.ProcessGroup | None
     size: int
     rank: int
 
@@ -171,11 +187,17 @@ class Bucket:
 
     __slots__ = (
         # saved: the layout, the hook's step counter for the bucket, and this rank's part of every field
-        "signature", "numel", "padded", "step", "state",
+        "signature",
+        "numel",
+        "padded",
+        "step",
+        "state",
         # not saved: whatever the hook derives for the bucket from elsewhere (1-bit Adam: the optimizer's mask
         # and scales), None after creation and after loading; the hook's scratch buffers (:meth:`workspace`);
         # values the hook derives from the layout alone (:meth:`cached`: the segment tables of the draws)
-        "derived", "_workspace", "_cache",
+        "derived",
+        "_workspace",
+        "_cache",
     )
     SAVED = ("signature", "numel", "padded", "step", "state")
 
@@ -194,8 +216,15 @@ class Bucket:
             value = self._cache[key] = make()
         return value
 
-    def workspace(self, name: str, like: torch.Tensor | None = None, *, numel: int = 0,
-                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> torch.Tensor:
+    def workspace(
+        self,
+        name: str,
+        like: torch.Tensor | None = None,
+        *,
+        numel: int = 0,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> torch.Tensor:
         """A scratch buffer of this bucket that lives as long as the bucket: zeros when first made, then
         whatever its user left in it. Why: a bucket's per-step temporaries are the size of the bucket (a
         padded gradient, the backup of its state), and allocating them afresh every step costs page faults,
@@ -215,9 +244,14 @@ class Bucket:
         self._workspace[name] = tensor
 
     @classmethod
-    def from_saved(cls, saved: Mapping[str, Any]) -> "Bucket":
-        return cls(tuple(tuple(s) for s in saved["signature"]), int(saved["numel"]), int(saved["padded"]),
-                   {k: t.clone() for k, t in saved["state"].items()}, int(saved["step"]))
+    def from_saved(cls, saved: Mapping[str, Any]) -> Bucket:
+        return cls(
+            tuple(tuple(s) for s in saved["signature"]),
+            int(saved["numel"]),
+            int(saved["padded"]),
+            {k: t.clone() for k, t in saved["state"].items()},
+            int(saved["step"]),
+        )
 
     def saved(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in Bucket.SAVED}
@@ -238,15 +272,16 @@ class BucketStore:
     def __init__(self, fields: Sequence[Field], pad_to: int):
         for f in fields:
             if pad_to % f.parts:
-                raise ValueError(f"buckets padded to a multiple of {pad_to} do not split into {f.parts} parts "
-                                 f"for {f.name}")
+                raise ValueError(
+                    f"buckets padded to a multiple of {pad_to} do not split into {f.parts} parts for {f.name}"
+                )
         self.fields = tuple(fields)
         self.pad_to = pad_to
         self.buckets: dict[int, Bucket] = {}
         self.owner: dict[int, int] = {}  # parameter index -> index of the bucket holding its state
         # Between a layout change and the arrival of every new bucket: field (and "step") -> parameter index ->
         # the parameter's whole state of that field; and the parameters still to re-shard.
-        self.canonical: Optional[dict[str, dict[int, Any]]] = None
+        self.canonical: dict[str, dict[int, Any]] | None = None
         self.pending: set[int] = set()
         self.layout_changes = 0
         self._foreign = False  # tensors loaded by another thread, not yet adopted by the hook's stream (adopt)
@@ -266,7 +301,7 @@ class BucketStore:
         state = {f.name: torch.zeros(padded // f.parts, device=device, dtype=torch.float32) for f in self.fields}
         bucket = Bucket(signature, numel, padded, state)
         if self.canonical is not None:
-            self._fill(bucket)
+            self._fill(bucket, self.canonical)
         self.buckets[index] = bucket
         self.owner.update((p, index) for p in params)
         return bucket
@@ -296,16 +331,15 @@ class BucketStore:
             full = {f.name: f.gather(bucket.state[f.name]) for f in self.fields}
             for p, offset, numel, *_ in bucket.signature:
                 for k, t in full.items():
-                    out[k][p] = t[offset: offset + numel].clone()
+                    out[k][p] = t[offset : offset + numel].clone()
                 out["step"][p] = bucket.step
         self.buckets.clear()
         self.owner.clear()
         self.canonical = out
         self.pending = set(out["step"])
 
-    def _fill(self, bucket: Bucket) -> None:
-        """Steps II and III: this rank's parts of a new bucket out of the per-parameter state."""
-        canon = self.canonical
+    def _fill(self, bucket: Bucket, canon: dict[str, dict[int, Any]]) -> None:
+        """Steps II and III: this rank's parts of a new bucket out of the per-parameter state ``canon``."""
         for f in self.fields:
             target, start = bucket.state[f.name], f.start(bucket.padded)
             for p, offset, numel, *_ in bucket.signature:
@@ -314,7 +348,7 @@ class BucketStore:
                     continue
                 a, b = max(offset, start), min(offset + numel, start + target.numel())  # p's elements in my part
                 if a < b:
-                    target[a - start: b - start] = src[a - offset: b - offset].to(target.device)
+                    target[a - start : b - start] = src[a - offset : b - offset].to(target.device)
         steps = [int(canon["step"][p]) for p, *_ in bucket.signature if p in canon["step"]]
         bucket.step = max(steps, default=0)
         self.pending.difference_update(p for p, *_ in bucket.signature)
@@ -337,14 +371,21 @@ class BucketStore:
         mine = {f.name: [level.size for level in f.levels] for f in self.fields}
         saved = {k: list(v) for k, v in sd["parts"].items()}
         if saved != mine:
-            raise ValueError(f"checkpoint's hook state is cut into parts {saved} (field: group sizes), this run's "
-                             f"into {mine}: it was saved with another layout of processes or another variant")
+            raise ValueError(
+                f"checkpoint's hook state is cut into parts {saved} (field: group sizes), this run's "
+                f"into {mine}: it was saved with another layout of processes or another variant"
+            )
         self.buckets = {int(i): Bucket.from_saved(b) for i, b in sd["buckets"].items()}
         self.owner = {p: i for i, b in self.buckets.items() for p, *_ in b.signature}
         canon = sd["canonical"]
-        self.canonical = None if canon is None else {
-            k: {int(p): (t.clone() if isinstance(t, torch.Tensor) else t) for p, t in per_param.items()}
-            for k, per_param in canon.items()}
+        self.canonical = (
+            None
+            if canon is None
+            else {
+                k: {int(p): (t.clone() if isinstance(t, torch.Tensor) else t) for p, t in per_param.items()}
+                for k, per_param in canon.items()
+            }
+        )
         self.pending = {int(p) for p in sd["pending"]}
         self.layout_changes = int(sd["layout_changes"])
         self._foreign = True

@@ -66,13 +66,15 @@ S' the unit's shard padded to a multiple of 8 n (the extra byte per peer carries
 
 from __future__ import annotations
 
-import math
-import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 from birder_repro.comm.accounting import allreduce_bytes, reduce_scatter_bytes
 from birder_repro.comm.buckets import parameter_index
@@ -80,8 +82,18 @@ from birder_repro.comm.nonfinite import local_flag
 from birder_repro.comm.state import CommState
 from birder_repro.comm.topology import Topology, announce_layout
 
-__all__ = ["Unit", "fsdp_units", "mesh_topology", "FsdpTraffic", "attach_birder_fsdp", "attach_onebit_fsdp",
-           "attach_hsdp", "HsdpState", "FSDP_SCHEMES", "runs_in_hook"]
+__all__ = [
+    "Unit",
+    "fsdp_units",
+    "mesh_topology",
+    "FsdpTraffic",
+    "attach_birder_fsdp",
+    "attach_onebit_fsdp",
+    "attach_hsdp",
+    "HsdpState",
+    "FSDP_SCHEMES",
+    "runs_in_hook",
+]
 
 # The communication schemes that have an FSDP path (birder_repro.comm.SCHEMES names).
 FSDP_SCHEMES = ("allreduce", "birder", "onebit")
@@ -99,22 +111,33 @@ class Unit:
     """
 
     index: int
-    module: torch.nn.Module
+    module: torch.nn.Module  # an FSDPModule too (fully_shard makes the module an instance of both)
     params: tuple  # the sharded parameters (DTensors), in the shard's order
     signature: tuple
     numel: int
     gather_nbytes: int
 
 
+def _as_fsdp(module: torch.nn.Module) -> FSDPModule:
+    """``module`` as the FSDPModule fully_shard made it (its FSDP methods are not nn.Module's)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(module, FSDPModule):
+        raise TypeError(f"{type(module).__name__} is not an FSDP2 module")
+    return module
+
+
 def _param_group(module: torch.nn.Module):
-    state = module._get_fsdp_state()  # FSDPModule's own accessor
+    state = _as_fsdp(module)._get_fsdp_state()  # FSDPModule's own accessor
     groups = getattr(state, "_fsdp_param_groups", None)
     if groups is None:  # older layout: one group or none
         group = getattr(state, "_fsdp_param_group", None)
         groups = [group] if group is not None else []
     if len(groups) > 1:
-        raise ValueError(f"FSDP unit {type(module).__name__} has {len(groups)} parameter groups (a per-parameter "
-                         "mesh): the 1-bit hooks need one group per unit")
+        raise ValueError(
+            f"FSDP unit {type(module).__name__} has {len(groups)} parameter groups (a per-parameter "
+            "mesh): the 1-bit hooks need one group per unit"
+        )
     return groups[0] if groups else None
 
 
@@ -128,7 +151,7 @@ def fsdp_units(model: torch.nn.Module) -> list[Unit]:
     if not isinstance(model, FSDPModule):
         raise TypeError(f"{type(model).__name__} is not an FSDP2 module: call fully_shard(model, mesh=...) first")
     index = parameter_index(model)
-    units = []
+    units: list[Unit] = []
     for module in model.modules():
         if not isinstance(module, FSDPModule):
             continue
@@ -146,21 +169,33 @@ def fsdp_units(model: torch.nn.Module) -> list[Unit]:
             offset += padded
             dtype = fp.param_dtype if getattr(fp, "param_dtype", None) is not None else fp.sharded_param.dtype
             gather += padded * torch.empty((), dtype=dtype).element_size()
-        units.append(Unit(len(units), module, tuple(fp.sharded_param for fp in group.fsdp_params),
-                          tuple(signature), offset, gather))
+        units.append(
+            Unit(
+                len(units),
+                module,
+                tuple(fp.sharded_param for fp in group.fsdp_params),
+                tuple(signature),
+                offset,
+                gather,
+            )
+        )
     return units
 
 
 def mesh_topology(mesh) -> Topology:
     """The :class:`Topology` of a ("replicate", "shard") device mesh: a node is a row of the mesh."""
     if mesh.ndim != 2:
-        raise ValueError(f"the FSDP hooks need a 2-D device mesh (\"replicate\", \"shard\") = (nodes, processes "
-                         f"per node), got {mesh.ndim}-D")
+        raise ValueError(
+            f'the FSDP hooks need a 2-D device mesh ("replicate", "shard") = (nodes, processes '
+            f"per node), got {mesh.ndim}-D"
+        )
     nodes, per_node = mesh.shape
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != nodes * per_node or mesh.mesh.flatten().tolist() != list(range(world)):
-        raise ValueError("the device mesh must hold ranks 0..world-1 node by node (init_device_mesh(device, "
-                         "(nodes, gpus_per_node), mesh_dim_names=(\"replicate\", \"shard\")))")
+        raise ValueError(
+            "the device mesh must hold ranks 0..world-1 node by node (init_device_mesh(device, "
+            '(nodes, gpus_per_node), mesh_dim_names=("replicate", "shard")))'
+        )
     names = mesh.mesh_dim_names or ("replicate", "shard")
     intra = mesh.get_group(names[1]) if per_node > 1 else None
     inter = mesh.get_group(names[0]) if nodes > 1 else None
@@ -196,9 +231,10 @@ class FsdpTraffic:
                 return
             times = 2 if getattr(group, "post_forward_mesh_info", None) is not None else 1
             self.state.add_bytes(times * (self.topology.gpus_per_node - 1) * unit.gather_nbytes, 0.0)
+
         return count
 
-    def reduced(self, unit: Unit, shard_nbytes: Optional[int] = None) -> None:
+    def reduced(self, unit: Unit, shard_nbytes: int | None = None) -> None:
         """One unit's reduction: FSDP's reduce-scatter inside the node (and its HSDP all-reduce across)."""
         m = self.topology.gpus_per_node
         nbytes = shard_nbytes if shard_nbytes is not None else unit.numel * 4
@@ -229,18 +265,25 @@ class _UnitHooks:
         self.pending: list[torch.futures.Future] = []
         self.callback_queued = False
         for unit in units:
-            unit.module.set_all_reduce_hook(lambda shard, u=unit: self.hook(u, shard))
+            _as_fsdp(unit.module).set_all_reduce_hook(self._hook_of(unit))
+
+    def _hook_of(self, unit: Unit) -> Callable[[torch.Tensor], None]:
+        return lambda shard: self.hook(unit, shard)
 
     def hook(self, unit: Unit, shard: torch.Tensor) -> None:
         if shard.numel() != unit.numel:
-            raise RuntimeError(f"FSDP unit {unit.index} ({type(unit.module).__name__}) reduced {shard.numel()} "
-                               f"elements, its parameters' shards hold {unit.numel}: every parameter of a unit "
-                               "must get a gradient in every step with the 1-bit FSDP hooks")
+            raise RuntimeError(
+                f"FSDP unit {unit.index} ({type(unit.module).__name__}) reduced {shard.numel()} "
+                f"elements, its parameters' shards hold {unit.numel}: every parameter of a unit "
+                "must get a gradient in every step with the 1-bit FSDP hooks"
+            )
         inside = runs_in_hook(shard.device, self.state.runner.overlap)
         if not inside and any(p.grad is not None for p in unit.params):
-            raise RuntimeError(f"FSDP unit {unit.index} ({type(unit.module).__name__}) already has gradients: FSDP "
-                               "would add the shard to them before the communication thread writes it; call "
-                               "optimizer.zero_grad(set_to_none=True) before each backward, or set overlap=False")
+            raise RuntimeError(
+                f"FSDP unit {unit.index} ({type(unit.module).__name__}) already has gradients: FSDP "
+                "would add the shard to them before the communication thread writes it; call "
+                "optimizer.zero_grad(set_to_none=True) before each backward, or set overlap=False"
+            )
         self.traffic.reduced(unit, shard.numel() * shard.element_size())
         flag, work = self._node_flag(shard)
         if inside:  # Step III now, on the hook's stream
@@ -286,14 +329,17 @@ def _check_mesh_and_units(model: torch.nn.Module, mesh) -> tuple[Topology, list[
     for unit in units:
         group = _param_group(unit.module)
         if type(group.mesh_info).__name__ == "HSDPMeshInfo" or group.mesh_info.mesh.ndim != 1:
-            raise ValueError("shard every unit on the intra-node mesh (fully_shard(unit, mesh=mesh['shard'])): "
-                             "with native HSDP FSDP's own all-reduce across nodes would run before the hook")
+            raise ValueError(
+                "shard every unit on the intra-node mesh (fully_shard(unit, mesh=mesh['shard'])): "
+                "with native HSDP FSDP's own all-reduce across nodes would run before the hook"
+            )
     return topology, units
 
 
 # ------------------------------------------------------------------------------------------------ Birder
-def attach_birder_fsdp(model: torch.nn.Module, optimizer, mesh, kernel_backend: str = "auto",
-                       overlap: bool = True, nonfinite: str = "skip"):
+def attach_birder_fsdp(
+    model: torch.nn.Module, optimizer, mesh, kernel_backend: str = "auto", overlap: bool = True, nonfinite: str = "skip"
+):
     """Birder's Hierarchical-1-bit-All-Reduce on an FSDP2 model: the same state as :func:`attach_birder`
     (counters, ``stage()``, ``nonfinite_steps``, ``state_dict()``), its inter-node exchange in every unit's
     all-reduce hook. Collective: call it on every rank, after ``fully_shard`` and before the first backward.
@@ -307,8 +353,9 @@ def attach_birder_fsdp(model: torch.nn.Module, optimizer, mesh, kernel_backend: 
     from birder_repro.optim.birder import Birder
 
     if not isinstance(optimizer, Birder):
-        raise TypeError(f"attach_birder_fsdp needs a birder_repro.optim.Birder optimizer, got "
-                        f"{type(optimizer).__name__}")
+        raise TypeError(
+            f"attach_birder_fsdp needs a birder_repro.optim.Birder optimizer, got {type(optimizer).__name__}"
+        )
     # Resolved and, for Triton, self-tested here (compiles, tl.rand draws the CPU backends' numbers), as
     # attach_birder does: a broken backend is refused in one line now, not inside the first backward.
     kernel_backend = kernels.check_backend(kernel_backend, next(model.parameters()).device)
@@ -318,14 +365,28 @@ def attach_birder_fsdp(model: torch.nn.Module, optimizer, mesh, kernel_backend: 
         if len({g[key] for g in groups}) != 1:
             raise ValueError(f"attach_birder_fsdp: every parameter group must share {key}: the hook works per unit")
     announce_layout("attach_birder_fsdp", topology, MESH_SOURCE, guessed=False)
-    state = BirderState(topology, scheme="hierarchical", beta=groups[0]["beta"], eps=groups[0]["eps"],
-                        amsgrad_after=groups[0]["amsgrad_after"], seed=optimizer.seed,
-                        param_numels=[p.numel() for p in model.parameters()], kernel_backend=kernel_backend,
-                        overlap=overlap, nonfinite=nonfinite, node_averaged=True)
+    state = BirderState(
+        topology,
+        scheme="hierarchical",
+        beta=groups[0]["beta"],
+        eps=groups[0]["eps"],
+        amsgrad_after=groups[0]["amsgrad_after"],
+        seed=optimizer.seed,
+        param_numels=[p.numel() for p in model.parameters()],
+        kernel_backend=kernel_backend,
+        overlap=overlap,
+        nonfinite=nonfinite,
+        node_averaged=True,
+    )
     state.param_index = parameter_index(model)
     traffic = FsdpTraffic(state, units, topology)
-    hooks = _UnitHooks(state, units, topology, traffic,
-                       lambda unit, shard, flag: state.reduce_node_shard(unit.index, shard, unit.signature, flag))
+    hooks = _UnitHooks(
+        state,
+        units,
+        topology,
+        traffic,
+        lambda unit, shard, flag: state.reduce_node_shard(unit.index, shard, unit.signature, flag),
+    )
     _remember(state, model, mesh, units, hooks, traffic)
     optimizer.compressed_by_hook = True
     optimizer.hook_state = state
@@ -342,13 +403,15 @@ def attach_onebit_fsdp(model: torch.nn.Module, optimizer, mesh, overlap: bool = 
     from birder_repro.optim.onebit_adam import WARMUP, OneBitOptimizer
 
     if not isinstance(optimizer, OneBitOptimizer):
-        raise TypeError(f"attach_onebit_fsdp needs a OneBitAdam or OneBitLamb optimizer, got "
-                        f"{type(optimizer).__name__}")
+        raise TypeError(
+            f"attach_onebit_fsdp needs a OneBitAdam or OneBitLamb optimizer, got {type(optimizer).__name__}"
+        )
     topology, units = _check_mesh_and_units(model, mesh)
     names = mesh.mesh_dim_names or ("replicate", "shard")
     announce_layout("attach_onebit_fsdp", topology, MESH_SOURCE, guessed=False)
-    state = OneBitState(optimizer, mesh.get_group(names[0]), topology, parameter_index(model),
-                        overlap=overlap, nonfinite=nonfinite)
+    state = OneBitState(
+        optimizer, mesh.get_group(names[0]), topology, parameter_index(model), overlap=overlap, nonfinite=nonfinite
+    )
     traffic = FsdpTraffic(state, units, topology)
 
     def work(unit: Unit, shard: torch.Tensor, flag: torch.Tensor) -> None:
@@ -407,7 +470,7 @@ class FsdpAttachment:
     model: torch.nn.Module
     mesh: Any  # the ("replicate", "shard") device mesh
     units: list
-    hooks: Optional[_UnitHooks]
+    hooks: _UnitHooks | None
     traffic: FsdpTraffic
 
 

@@ -23,8 +23,6 @@ bucket; the flags are read once per step, at ``end_step``.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 __all__ = ["MODES", "NonFiniteGuard", "local_flag"]
@@ -87,7 +85,7 @@ class NonFiniteGuard:
         self._flags: list[torch.Tensor] = []
         self._where: list[tuple[int, int]] = []  # (bucket index, bucket step) of every flag
 
-    def begin(self, bucket) -> Optional[_Undo]:
+    def begin(self, bucket) -> _Undo | None:
         """Before the bucket's first state update of this step: remember its step (skip mode only)."""
         if self.mode != "skip":
             return None
@@ -103,14 +101,14 @@ class NonFiniteGuard:
         if undo is not None and not undo.copies:
             undo.copies = {k: bucket.workspace(f"backup:{k}", t).copy_(t) for k, t in bucket.state.items()}
 
-    def fresh(self, bucket, *names: str) -> Optional[dict[str, torch.Tensor]]:
+    def fresh(self, bucket, *names: str) -> dict[str, torch.Tensor] | None:
         """Buffers for the new values of ``names`` (skip mode; None: update in place). Call ``commit`` after."""
         if self.mode != "skip":
             return None
         self.begin(bucket)
         return {k: bucket.workspace(f"next:{k}", bucket.state[k]) for k in names}
 
-    def commit(self, bucket, new: Optional[dict[str, torch.Tensor]]) -> None:
+    def commit(self, bucket, new: dict[str, torch.Tensor] | None) -> None:
         """The fields of ``new`` (from ``fresh``) become the bucket's state; the old tensors are kept for a
         restore, and the next step writes into them."""
         if new is None:
@@ -152,17 +150,21 @@ class NonFiniteGuard:
             index, step = next(w for w, f in zip(self._where, flags) if f > 0)
             self._flags.clear()
             self._where.clear()
-            raise FloatingPointError(f"non-finite gradient (NaN or Inf) in DDP bucket {index} at the hook's step "
-                                     f"{step}, on some rank (optim.comm.nonfinite=raise)")
+            raise FloatingPointError(
+                f"non-finite gradient (NaN or Inf) in DDP bucket {index} at the hook's step "
+                f"{step}, on some rank (optim.comm.nonfinite=raise)"
+            )
         if skip:
             for undo in self._undo.values():
                 undo.restore()
             self.nonfinite_steps += 1
             if self.rank == 0:
                 bad = [i for (i, _), f in zip(self._where, flags) if f > 0]
-                print(f"[birder-repro] non-finite gradient in bucket(s) {bad}: step skipped on every rank "
-                      f"(parameters and optimizer state unchanged; {self.nonfinite_steps} skipped so far)",
-                      flush=True)
+                print(
+                    f"[birder-repro] non-finite gradient in bucket(s) {bad}: step skipped on every rank "
+                    f"(parameters and optimizer state unchanged; {self.nonfinite_steps} skipped so far)",
+                    flush=True,
+                )
         self._undo.clear()
         self._flags.clear()
         self._where.clear()
@@ -171,5 +173,5 @@ class NonFiniteGuard:
     def state_dict(self) -> dict:
         return {"nonfinite_steps": self.nonfinite_steps}
 
-    def load_state_dict(self, sd: Optional[dict]) -> None:
+    def load_state_dict(self, sd: dict | None) -> None:
         self.nonfinite_steps = int((sd or {}).get("nonfinite_steps", 0))

@@ -48,25 +48,42 @@ lost; only the scales of the step after the change see the new grouping. The opt
 # No ``from __future__ import annotations`` here: DDP's register_comm_hook checks the hook's annotations
 # against dist.GradBucket and torch.futures.Future[torch.Tensor] as objects, not strings.
 import contextlib
-from typing import Any, Mapping, NamedTuple, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 
 from birder_repro.comm.accounting import flat_allreduce_split, peer_bytes
-from birder_repro.comm.buckets import (Bucket, BucketStore, Field, Level, bucket_signature, parameter_index,
-                                       require_buckets)
+from birder_repro.comm.buckets import (
+    Bucket,
+    BucketStore,
+    Field,
+    Level,
+    bucket_signature,
+    parameter_index,
+    require_buckets,
+)
 from birder_repro.comm.collectives import all_gather_flat as _all_gather
+from birder_repro.comm.collectives import wait_all
 from birder_repro.comm.nonfinite import NonFiniteGuard, local_flag
 from birder_repro.comm.onebit_scales import SCALES, compressed_allreduce_per_tensor, tensor_layout
 from birder_repro.comm.overlap import HookRunner
 from birder_repro.comm.pack import pack_bits, unpack_signs
 from birder_repro.comm.state import GRADIENT, MOMENTUM, CommState, CompressedCommState
-from birder_repro.comm.topology import Topology, announce_layout, flat_topology, group_peers
+from birder_repro.comm.topology import Topology, announce_layout, flat_topology, group_or_world, group_peers
 from birder_repro.optim.onebit_adam import COMPRESSION, WARMUP, OneBitOptimizer
 
-__all__ = ["OneBitState", "Exchange", "attach_onebit", "attach_from_config", "onebit_hook", "compress_",
-           "compressed_allreduce", "SCALE_BYTES"]
+__all__ = [
+    "OneBitState",
+    "Exchange",
+    "attach_onebit",
+    "attach_from_config",
+    "onebit_hook",
+    "compress_",
+    "compressed_allreduce",
+    "SCALE_BYTES",
+]
 
 SCALE_BYTES = 4  # one fp32 scale per worker (per bucket) and per server chunk
 
@@ -110,10 +127,16 @@ class Exchange(NamedTuple):
     server_scales: torch.Tensor  # (N,) every server's scale
 
 
-def compressed_allreduce(x: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,
-                         mask: torch.Tensor, group: Optional[dist.ProcessGroup] = None,
-                         stats: Optional[CommState] = None, topology: Optional[Topology] = None,
-                         nonfinite: Optional[torch.Tensor] = None) -> Exchange:
+def compressed_allreduce(
+    x: torch.Tensor,
+    worker_error: torch.Tensor,
+    server_error: torch.Tensor,
+    mask: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+    stats: CommState | None = None,
+    topology: Topology | None = None,
+    nonfinite: torch.Tensor | None = None,
+) -> Exchange:
     """Steps II-VI of the module doc on one padded buffer: the error-compensated 1-bit average over ``group``.
 
     ``x``, ``worker_error``, ``mask``: (P',) with P' a multiple of 8 N; ``server_error``: (P'/N,), the chunk
@@ -122,7 +145,7 @@ def compressed_allreduce(x: torch.Tensor, worker_error: torch.Tensor, server_err
     ``nonfinite`` (> 0: this process's gradient held a NaN or Inf) makes this worker's scale NaN, so that the
     scales every process gathers anyway carry the flag (:mod:`birder_repro.comm.nonfinite`): no extra message.
     """
-    group = group if group is not None else dist.group.WORLD
+    group = group_or_world(group)
     n, me = dist.get_world_size(group), dist.get_rank(group)
     if x.numel() % (8 * n):
         raise ValueError(f"compressed_allreduce needs a multiple of 8 x {n} elements, got {x.numel()}: pad first")
@@ -142,14 +165,15 @@ def compressed_allreduce(x: torch.Tensor, worker_error: torch.Tensor, server_err
     received = torch.empty_like(worker_bits)
     worker_scales = torch.empty(n, device=x.device, dtype=worker_scale.dtype)
     with timing("comm"):
-        works = [dist.all_to_all_single(received, worker_bits, group=group, async_op=True),
-                 _all_gather(worker_scales, worker_scale, group=group, async_op=True)]
-        for w in works:
-            w.wait()
+        works = [
+            dist.all_to_all_single(received, worker_bits, group=group, async_op=True),
+            _all_gather(worker_scales, worker_scale, group=group, async_op=True),
+        ]
+        wait_all(works)
     _count(stats, topology, group, chunk // 8 + SCALE_BYTES)
 
     # Step IV: the server's average of its chunk, error-compensated and compressed again with its own scale.
-    chunk_mask = mask[me * chunk:(me + 1) * chunk]
+    chunk_mask = mask[me * chunk : (me + 1) * chunk]
     with timing("compress"):
         mean = decompress(received.view(n, chunk // 8), worker_scales).mean(dim=0)
         server_chunk_bits, server_scale = compress_(mean, server_error, chunk_mask)
@@ -158,10 +182,11 @@ def compressed_allreduce(x: torch.Tensor, worker_error: torch.Tensor, server_err
     server_bits = torch.empty(n, chunk // 8, device=x.device, dtype=torch.uint8)
     server_scales = torch.empty(n, device=x.device, dtype=server_scale.dtype)
     with timing("comm"):
-        works = [_all_gather(server_bits.view(-1), server_chunk_bits, group=group, async_op=True),
-                 _all_gather(server_scales, server_scale, group=group, async_op=True)]
-        for w in works:
-            w.wait()
+        works = [
+            _all_gather(server_bits.view(-1), server_chunk_bits, group=group, async_op=True),
+            _all_gather(server_scales, server_scale, group=group, async_op=True),
+        ]
+        wait_all(works)
     _count(stats, topology, group, chunk // 8 + SCALE_BYTES)
 
     # Step VI: unpack every chunk with its server's scale.
@@ -170,8 +195,7 @@ def compressed_allreduce(x: torch.Tensor, worker_error: torch.Tensor, server_err
     return Exchange(result, worker_bits, worker_scales, server_bits, server_scales)
 
 
-def _count(stats: Optional[CommState], topology: Optional[Topology], group: dist.ProcessGroup,
-           nbytes_each: int) -> None:
+def _count(stats: CommState | None, topology: Topology | None, group: dist.ProcessGroup, nbytes_each: int) -> None:
     """Add ``nbytes_each`` sent to every other process of ``group``, split by whether it is on this node."""
     if stats is not None and topology is not None:
         stats.add_bytes(*peer_bytes(topology, group_peers(group, topology.rank), nbytes_each))
@@ -188,7 +212,7 @@ class _Derived:
 
     __slots__ = ("params", "beta1", "mask", "scale", "layout")
 
-    def __init__(self, params: list, beta1: float, mask: torch.Tensor, scale: Optional[torch.Tensor]):
+    def __init__(self, params: list, beta1: float, mask: torch.Tensor, scale: torch.Tensor | None):
         self.params, self.beta1, self.mask, self.scale = params, beta1, mask, scale
         self.layout = None  # optim.comm.scale=tensor: where the scales stop (birder_repro.comm.onebit_scales)
 
@@ -201,21 +225,37 @@ class OneBitState(CompressedCommState):
     ``layout_changes`` counts the times DDP's bucket layout changed under stored errors (module doc).
     """
 
+    runner: HookRunner
+    guard: NonFiniteGuard
+    store: BucketStore
+
     __slots__ = (
         # user settings
-        "optimizer", "process_group", "topology", "scale",
+        "optimizer",
+        "process_group",
+        "topology",
+        "scale",
         # internal state: per-bucket errors with their layouts; which parameter index each parameter has; the
         # communication thread
-        "store", "param_index", "runner",
+        "store",
+        "param_index",
+        "runner",
         # statistics
         "last_stage",
         # non-finite gradients: this step's flags, the errors' backups, the count of skipped steps
         "guard",
     )
 
-    def __init__(self, optimizer: OneBitOptimizer, process_group: Optional[dist.ProcessGroup], topology: Topology,
-                 param_index: Mapping[int, int], overlap: bool = True, nonfinite: str = "skip",
-                 scale: str = "bucket"):
+    def __init__(
+        self,
+        optimizer: OneBitOptimizer,
+        process_group: dist.ProcessGroup | None,
+        topology: Topology,
+        param_index: Mapping[int, int],
+        overlap: bool = True,
+        nonfinite: str = "skip",
+        scale: str = "bucket",
+    ):
         super().__init__()
         if scale not in SCALES:
             raise ValueError(f"optim.comm.scale must be one of {', '.join(SCALES)}, got {scale!r}")
@@ -229,12 +269,12 @@ class OneBitState(CompressedCommState):
         # worker error: this process's own, over the whole bucket; server error: chunk k on process k
         self.store = BucketStore([Field("worker_error"), Field("server_error", (every,))], pad_to=8 * n)
         self.param_index = dict(param_index)  # id(parameter) -> its index in the model's parameters()
-        self.last_stage: Optional[str] = None
+        self.last_stage: str | None = None
         self.guard = NonFiniteGuard(nonfinite, topology.rank)
 
     @property
     def group(self) -> dist.ProcessGroup:
-        return self.process_group if self.process_group is not None else dist.group.WORLD
+        return group_or_world(self.process_group)
 
     @property
     def world_size(self) -> int:
@@ -256,8 +296,7 @@ class OneBitState(CompressedCommState):
     def allreduce_average(self, buffer: torch.Tensor) -> torch.futures.Future:
         """Warmup: the fp32 average over all processes, asynchronous like DDP's default all-reduce."""
         n = self.world_size
-        intra, inter = flat_allreduce_split(buffer.numel() * buffer.element_size(), n,
-                                            self.topology.gpus_per_node)
+        intra, inter = flat_allreduce_split(buffer.numel() * buffer.element_size(), n, self.topology.gpus_per_node)
         self.add_bytes(intra, inter)
         buffer.div_(n)  # before the sum, as torch's default allreduce_hook does
         fut = dist.all_reduce(buffer, group=self.group, async_op=True).get_future()
@@ -270,8 +309,14 @@ class OneBitState(CompressedCommState):
         return fut.then(result)
 
     # -------------------------------------------------------------------------------------- compression
-    def compress_bucket(self, index: int, buffer: torch.Tensor, params: Sequence[torch.Tensor],
-                        signature: tuple, node_flag: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def compress_bucket(
+        self,
+        index: int,
+        buffer: torch.Tensor,
+        params: Sequence[torch.Tensor],
+        signature: tuple,
+        node_flag: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Steps I-VI on one bucket; writes the averaged momentum into ``buffer`` and returns it.
 
         ``node_flag``: the non-finite flag this process sends, when its node agreed on one already (the FSDP
@@ -304,10 +349,12 @@ class OneBitState(CompressedCommState):
         if self.scale == "bucket":
             return compressed_allreduce(m, *errors, d.mask, self.group, self, self.topology, nonfinite=flag)
         if d.layout is None:
-            d.layout = tensor_layout(bucket.signature, bucket.padded, d.mask, self.world_size,
-                                     dist.get_rank(self.group))
-        return compressed_allreduce_per_tensor(m, *errors, d.mask, d.layout, self.group, self, self.topology,
-                                               nonfinite=flag)
+            d.layout = tensor_layout(
+                bucket.signature, bucket.padded, d.mask, self.world_size, dist.get_rank(self.group)
+            )
+        return compressed_allreduce_per_tensor(
+            m, *errors, d.mask, d.layout, self.group, self, self.topology, nonfinite=flag
+        )
 
     def _local_momentum(self, bucket: Bucket, buffer: torch.Tensor) -> torch.Tensor:
         """Step I: beta1 * m + (1-beta1) * g over the bucket, padded with zeros (times LAMB's scales)."""
@@ -316,7 +363,7 @@ class OneBitState(CompressedCommState):
         for p, (_, offset, numel, *_) in zip(d.params, bucket.signature):
             prev = self.optimizer.momentum_of(p)
             if prev is not None:
-                m[offset: offset + numel] = _local(prev).reshape(-1)
+                m[offset : offset + numel] = _local(prev).reshape(-1)
         m[: bucket.numel].mul_(d.beta1).add_(buffer.float(), alpha=1 - d.beta1)
         if d.scale is not None:
             m.mul_(d.scale)
@@ -332,14 +379,16 @@ class OneBitState(CompressedCommState):
         for p, (_, offset, numel, *_) in zip(params, bucket.signature):
             inputs = self.optimizer.compression_inputs(p)
             betas.add(inputs.beta1)
-            mask[offset: offset + numel] = _local(inputs.mask).reshape(-1)
-            scale[offset: offset + numel] = _local(inputs.scale) if isinstance(inputs.scale, torch.Tensor) \
-                else inputs.scale
+            mask[offset : offset + numel] = _local(inputs.mask).reshape(-1)
+            scale[offset : offset + numel] = (
+                _local(inputs.scale) if isinstance(inputs.scale, torch.Tensor) else inputs.scale
+            )
         if len(betas) > 1:
-            raise ValueError(f"the parameters of one DDP bucket have different beta1 {sorted(betas)}: the 1-bit "
-                             "hook forms one momentum per bucket")
-        return _Derived(list(params), betas.pop() if betas else 0.0, mask,
-                        scale if bool((scale != 1).any()) else None)
+            raise ValueError(
+                f"the parameters of one DDP bucket have different beta1 {sorted(betas)}: the 1-bit "
+                "hook forms one momentum per bucket"
+            )
+        return _Derived(list(params), betas.pop() if betas else 0.0, mask, scale if bool((scale != 1).any()) else None)
 
     # --------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -358,8 +407,10 @@ class OneBitState(CompressedCommState):
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
         """Load a rank's :meth:`state_dict` into any DDP bucket layout (the first differing bucket migrates it)."""
         if sd["world_size"] != self.world_size:
-            raise ValueError(f"checkpoint of the 1-bit hook was saved on {sd['world_size']} processes, this run has "
-                             f"{self.world_size}: its server errors belong to other chunks")
+            raise ValueError(
+                f"checkpoint of the 1-bit hook was saved on {sd['world_size']} processes, this run has "
+                f"{self.world_size}: its server errors belong to other chunks"
+            )
         self.runner.check_idle("OneBitState.load_state_dict()")
         self.store.load_state_dict(sd["buckets"])
         self.last_stage = sd["last_stage"]
@@ -384,9 +435,14 @@ def onebit_hook(state: OneBitState, bucket: dist.GradBucket) -> torch.futures.Fu
     return state.runner.run(lambda: state.compress_bucket(index, buffer, params, signature), buffer.device)
 
 
-def attach_onebit(ddp_model: torch.nn.parallel.DistributedDataParallel, optimizer: OneBitOptimizer,
-                  topology: Optional[Topology] = None, overlap: bool = True,
-                  nonfinite: str = "skip", scale: str = "bucket") -> OneBitState:
+def attach_onebit(
+    ddp_model: torch.nn.parallel.DistributedDataParallel,
+    optimizer: OneBitOptimizer,
+    topology: Topology | None = None,
+    overlap: bool = True,
+    nonfinite: str = "skip",
+    scale: str = "bucket",
+) -> OneBitState:
     """Register the 1-bit hook on ``ddp_model`` and have ``optimizer`` take its averaged momentum.
 
     Args:
@@ -412,10 +468,15 @@ def attach_onebit(ddp_model: torch.nn.parallel.DistributedDataParallel, optimize
     if not isinstance(optimizer, OneBitOptimizer):
         raise TypeError(f"attach_onebit needs a OneBitAdam or OneBitLamb optimizer, got {type(optimizer).__name__}")
     if optimizer.freeze_step < 2:
-        raise ValueError(f"attach_onebit: freeze_step must be >= 2 with DDP (got {optimizer.freeze_step}): DDP "
-                         "rebuilds its buckets after the first iteration, so at least two steps run uncompressed")
-    source = "topology given" if topology is not None else ("topology not given: every process its own node, "
-                                                            "so every byte counts as inter-node")
+        raise ValueError(
+            f"attach_onebit: freeze_step must be >= 2 with DDP (got {optimizer.freeze_step}): DDP "
+            "rebuilds its buckets after the first iteration, so at least two steps run uncompressed"
+        )
+    source = (
+        "topology given"
+        if topology is not None
+        else ("topology not given: every process its own node, so every byte counts as inter-node")
+    )
     topology = topology if topology is not None else flat_topology()
     process_group = getattr(ddp_model, "process_group", None)
     world = dist.get_world_size(process_group if process_group is not None else dist.group.WORLD)
@@ -423,20 +484,38 @@ def attach_onebit(ddp_model: torch.nn.parallel.DistributedDataParallel, optimize
         raise ValueError(f"topology has {topology.world_size} processes but the DDP process group has {world}")
     # Every process is a worker of the compressed all-reduce whatever the layout: it only splits the counts.
     announce_layout("attach_onebit", topology, source, between_nodes=False)
-    state = OneBitState(optimizer, process_group, topology, parameter_index(ddp_model.module),
-                        overlap=overlap, nonfinite=nonfinite, scale=scale)
+    state = OneBitState(
+        optimizer,
+        process_group,
+        topology,
+        parameter_index(ddp_model.module),
+        overlap=overlap,
+        nonfinite=nonfinite,
+        scale=scale,
+    )
     ddp_model.register_comm_hook(state, onebit_hook)
     optimizer.momentum_by_hook = True
     optimizer.hook_state = state  # its step() asks the hook whether to skip (end_step)
     return state
 
 
-def attach_from_config(ddp_model: torch.nn.parallel.DistributedDataParallel, optimizer: OneBitOptimizer,
-                       cfg: Mapping[str, Any], topology: Topology, scheme: str = "onebit") -> OneBitState:
+def attach_from_config(
+    ddp_model: torch.nn.parallel.DistributedDataParallel,
+    optimizer: OneBitOptimizer,
+    cfg: Mapping[str, Any],
+    topology: Topology,
+    scheme: str = "onebit",
+) -> OneBitState:
     """The runner's entry (birder_repro.comm.attach_comm): ``optim.comm.overlap``, ``.nonfinite`` and ``.scale``
     from the config (``bucket_cap_mb`` is DDP's: the worker builds DDP with it)."""
     if scheme != "onebit":
         raise ValueError(f"birder_repro.comm.onebit handles scheme 'onebit', not {scheme!r}")
     comm = cfg.get("comm") or {}
-    return attach_onebit(ddp_model, optimizer, topology=topology, overlap=bool(comm.get("overlap", True)),
-                         nonfinite=str(comm.get("nonfinite", "skip")), scale=str(comm.get("scale", "bucket")))
+    return attach_onebit(
+        ddp_model,
+        optimizer,
+        topology=topology,
+        overlap=bool(comm.get("overlap", True)),
+        nonfinite=str(comm.get("nonfinite", "skip")),
+        scale=str(comm.get("scale", "bucket")),
+    )

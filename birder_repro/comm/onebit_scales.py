@@ -24,20 +24,28 @@ ones are zeros that nothing reads).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Optional, Sequence
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
 from birder_repro.comm.accounting import peer_bytes
-from birder_repro.comm.collectives import all_gather_flat
+from birder_repro.comm.collectives import all_gather_flat, wait_all
 from birder_repro.comm.pack import pack_bits, unpack_signs
 from birder_repro.comm.state import CommState
-from birder_repro.comm.topology import Topology, group_peers
+from birder_repro.comm.topology import Topology, group_or_world, group_peers
 
-__all__ = ["SCALES", "SCALE_BYTES", "TensorLayout", "tensor_layout", "scale_counts", "compress_segments_",
-           "compressed_allreduce_per_tensor"]
+__all__ = [
+    "SCALES",
+    "SCALE_BYTES",
+    "TensorLayout",
+    "tensor_layout",
+    "scale_counts",
+    "compress_segments_",
+    "compressed_allreduce_per_tensor",
+]
 
 SCALES = ("bucket", "tensor")  # optim.comm.scale
 SCALE_BYTES = 4  # one fp32 scale
@@ -67,8 +75,10 @@ class TensorLayout:
     def tables(self, device: torch.device) -> dict[str, torch.Tensor]:
         """The layout as tensors on ``device`` for the vectorised path (made once per bucket and device)."""
         if device not in self._tables:
+
             def ints(values):
                 return torch.tensor(values, dtype=torch.int64, device=device)
+
             every = [[b - a for a, b in c] + [0] * (self.per_server - len(c)) for c in self.chunks]
             self._tables[device] = {
                 "worker_lengths": ints([b - a for a, b, _ in self.worker]),
@@ -76,7 +86,8 @@ class TensorLayout:
                 "server_lengths": ints([b - a for a, b, _ in self.server]),
                 "server_counts": torch.tensor([max(n, 1) for *_, n in self.server], device=device).float(),
                 "server_tensor": ints(list(self.server_tensor)),
-                "all_lengths": ints([x for row in every for x in row])}
+                "all_lengths": ints([x for row in every for x in row]),
+            }
         return self._tables[device]
 
 
@@ -102,7 +113,7 @@ def tensor_layout(signature: Sequence[tuple], padded: int, mask: torch.Tensor, w
     cuts = [_cut(starts, k * chunk, (k + 1) * chunk) for k in range(world)]
     per_server = max(len(c) for c in cuts)
     mine = cuts[me]
-    chunk_mask = mask[me * chunk:(me + 1) * chunk]
+    chunk_mask = mask[me * chunk : (me + 1) * chunk]
     server = tuple((a, b, int(torch.count_nonzero(chunk_mask[a:b]))) for a, b, _ in mine)
     chunks = tuple(tuple((a, b) for a, b, _ in c) for c in cuts)
     return TensorLayout(worker, server, tuple(j for _, _, j in mine), chunks, per_server)
@@ -123,9 +134,13 @@ def _segment_counts(mask: torch.Tensor, starts: Sequence[int], padded: int) -> l
 
 
 # ------------------------------------------------------------------------------------------- the formulas
-def compress_segments_(x: torch.Tensor, error: torch.Tensor, mask: torch.Tensor,
-                       segments: Sequence[tuple[int, int, int]],
-                       tables: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def compress_segments_(
+    x: torch.Tensor,
+    error: torch.Tensor,
+    mask: torch.Tensor,
+    segments: Sequence[tuple[int, int, int]],
+    tables: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Error-compensated 1-bit compression with a scale per segment (a, b, unmasked count), in place on
     ``error``: c = (x + error) * mask; s_j = ||c[a:b]|| / sqrt(count_j); error = (c - s_j sign(c)) * mask,
     sign(c) = +1 for c > 0, -1 otherwise. Returns the packed bits of c > 0 and the (S,) scales.
@@ -159,16 +174,22 @@ class TensorExchange(NamedTuple):
     server_scales: torch.Tensor  # (N, S) every server's scale of every piece of its chunk (zeros past S_k)
 
 
-def compressed_allreduce_per_tensor(x: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,
-                                    mask: torch.Tensor, layout: TensorLayout,
-                                    group: Optional[dist.ProcessGroup] = None, stats: Optional[CommState] = None,
-                                    topology: Optional[Topology] = None,
-                                    nonfinite: Optional[torch.Tensor] = None,
-                                    vectorised: Optional[bool] = None) -> TensorExchange:
+def compressed_allreduce_per_tensor(
+    x: torch.Tensor,
+    worker_error: torch.Tensor,
+    server_error: torch.Tensor,
+    mask: torch.Tensor,
+    layout: TensorLayout,
+    group: dist.ProcessGroup | None = None,
+    stats: CommState | None = None,
+    topology: Topology | None = None,
+    nonfinite: torch.Tensor | None = None,
+    vectorised: bool | None = None,
+) -> TensorExchange:
     """The compressed all-reduce of :func:`birder_repro.comm.onebit.compressed_allreduce` with the scales of
     ``layout`` (module doc); the same arguments, the same steps, the same errors updated in place.
     ``vectorised``: a fixed number of kernels per step (:func:`compress_segments_`); None: on CUDA only."""
-    group = group if group is not None else dist.group.WORLD
+    group = group_or_world(group)
     n, me = dist.get_world_size(group), dist.get_rank(group)
     if x.numel() % (8 * n):
         raise ValueError(f"compressed_allreduce needs a multiple of 8 x {n} elements, got {x.numel()}: pad first")
@@ -179,41 +200,49 @@ def compressed_allreduce_per_tensor(x: torch.Tensor, worker_error: torch.Tensor,
         return stats.timing(what, device) if stats is not None else contextlib.nullcontext()
 
     with timing("compress"):  # Step II: each tensor of the bucket with its own worker scale
-        worker_bits, worker_scale = compress_segments_(x, worker_error, mask, layout.worker,
-                                                       t and (t["worker_lengths"], t["worker_counts"]))
+        worker_bits, worker_scale = compress_segments_(
+            x, worker_error, mask, layout.worker, (t["worker_lengths"], t["worker_counts"]) if t is not None else None
+        )
         if nonfinite is not None:
             worker_scale = torch.where(nonfinite > 0, torch.full_like(worker_scale, float("nan")), worker_scale)
     received = torch.empty_like(worker_bits)
     worker_scales = torch.empty(n * layout.tensors, device=device, dtype=worker_scale.dtype)
     with timing("comm"):  # Step III
-        works = [dist.all_to_all_single(received, worker_bits, group=group, async_op=True),
-                 all_gather_flat(worker_scales, worker_scale, group=group, async_op=True)]
-        for w in works:
-            w.wait()
+        works = [
+            dist.all_to_all_single(received, worker_bits, group=group, async_op=True),
+            all_gather_flat(worker_scales, worker_scale, group=group, async_op=True),
+        ]
+        wait_all(works)
     _count(stats, topology, group, chunk // 8 + SCALE_BYTES * layout.tensors)
     worker_scales = worker_scales.view(n, layout.tensors)
 
     with timing("compress"):  # Step IV: every worker's scale of the tensor each piece belongs to
         signs = unpack_signs(received.view(n, chunk // 8))
         if t is not None:
-            signs.mul_(worker_scales[:, t["server_tensor"]].repeat_interleave(t["server_lengths"], dim=1,
-                                                                               output_size=chunk))
+            signs.mul_(
+                worker_scales[:, t["server_tensor"]].repeat_interleave(t["server_lengths"], dim=1, output_size=chunk)
+            )
         else:
             for (a, b, _), j in zip(layout.server, layout.server_tensor):
-                signs[:, a:b].mul_(worker_scales[:, j: j + 1])
+                signs[:, a:b].mul_(worker_scales[:, j : j + 1])
         mean = signs.mean(dim=0)
-        server_chunk_bits, server_scale = compress_segments_(mean, server_error, mask[me * chunk:(me + 1) * chunk],
-                                                             layout.server,
-                                                             t and (t["server_lengths"], t["server_counts"]))
+        server_chunk_bits, server_scale = compress_segments_(
+            mean,
+            server_error,
+            mask[me * chunk : (me + 1) * chunk],
+            layout.server,
+            (t["server_lengths"], t["server_counts"]) if t is not None else None,
+        )
         sent_scales = torch.zeros(layout.per_server, device=device, dtype=server_scale.dtype)
         sent_scales[: server_scale.numel()] = server_scale
     server_bits = torch.empty(n, chunk // 8, device=device, dtype=torch.uint8)
     server_scales = torch.empty(n * layout.per_server, device=device, dtype=server_scale.dtype)
     with timing("comm"):  # Step V
-        works = [all_gather_flat(server_bits.view(-1), server_chunk_bits, group=group, async_op=True),
-                 all_gather_flat(server_scales, sent_scales, group=group, async_op=True)]
-        for w in works:
-            w.wait()
+        works = [
+            all_gather_flat(server_bits.view(-1), server_chunk_bits, group=group, async_op=True),
+            all_gather_flat(server_scales, sent_scales, group=group, async_op=True),
+        ]
+        wait_all(works)
     _count(stats, topology, group, chunk // 8 + SCALE_BYTES * layout.per_server)
 
     with timing("compress"):  # Step VI: every piece of every chunk with its server's scale
@@ -229,8 +258,7 @@ def compressed_allreduce_per_tensor(x: torch.Tensor, worker_error: torch.Tensor,
     return TensorExchange(result, worker_bits, worker_scales, server_bits, server_scales)
 
 
-def _count(stats: Optional[CommState], topology: Optional[Topology], group: dist.ProcessGroup,
-           nbytes_each: int) -> None:
+def _count(stats: CommState | None, topology: Topology | None, group: dist.ProcessGroup, nbytes_each: int) -> None:
     """Add ``nbytes_each`` sent to every other process of ``group``, split by whether it is on this node."""
     if stats is not None and topology is not None:
         stats.add_bytes(*peer_bytes(topology, group_peers(group, topology.rank), nbytes_each))

@@ -37,7 +37,7 @@ import contextlib
 import queue
 import threading
 import weakref
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 
@@ -55,10 +55,10 @@ class CommThread:
         self.name = name
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._thread: Optional[threading.Thread] = None
-        self._error: Optional[BaseException] = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
         self._queued: list[torch.futures.Future] = []  # submitted futures not yet completed, in order
-        self._streams: dict[torch.device, "torch.cuda.Stream"] = {}
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
         atexit.register(_close_at_exit, weakref.ref(self))
 
     # ------------------------------------------------------------------------------ the autograd thread
@@ -85,7 +85,7 @@ class CommThread:
         with self._lock:
             return bool(self._queued)
 
-    def close(self, timeout: Optional[float] = 60.0) -> None:
+    def close(self, timeout: float | None = 60.0) -> None:
         """Stop the thread once the buckets queued so far are done (a no-op if it never started)."""
         with self._lock:
             thread, self._thread = self._thread, None
@@ -157,7 +157,7 @@ def _failure(exc: BaseException) -> BaseException:
     return error
 
 
-def _close_at_exit(ref: "weakref.ref[CommThread]") -> None:
+def _close_at_exit(ref: weakref.ref[CommThread]) -> None:
     thread = ref()
     if thread is not None:
         thread.close(timeout=5.0)
@@ -171,7 +171,7 @@ class HookRunner:
     def __init__(self, overlap: bool = True, name: str = "birder-comm"):
         self.overlap = bool(overlap)
         self.name = name
-        self._thread: Optional[CommThread] = None
+        self._thread: CommThread | None = None
 
     def run(self, work: Callable[[], torch.Tensor], device: torch.device) -> torch.futures.Future:
         """The future of ``work()``: queued on the thread, or computed now and returned completed."""

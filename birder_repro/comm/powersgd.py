@@ -26,7 +26,8 @@ A resumed run therefore differs from an uninterrupted one by that one uncompress
 
 import contextlib
 import copy
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -34,7 +35,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDSt
 
 from birder_repro.comm.accounting import flat_allreduce_split
 from birder_repro.comm.state import CommState
-from birder_repro.comm.topology import Topology, flat_topology
+from birder_repro.comm.topology import Topology, flat_topology, group_or_world
 from birder_repro.schedule import steps_of
 
 __all__ = ["PowerSGDCommState", "attach_powersgd", "attach_from_config", "start_iter_from_config"]
@@ -86,8 +87,9 @@ class PowerSGDCommState(CommState):
         return "compression" if self.compressing else "warmup"
 
     def count_allreduce(self, numel: int, element_size: int) -> None:
-        intra, inter = flat_allreduce_split(numel * element_size, _group_size(self.torch_state.process_group),
-                                            self.topology.gpus_per_node)
+        intra, inter = flat_allreduce_split(
+            numel * element_size, _group_size(self.torch_state.process_group), self.topology.gpus_per_node
+        )
         self.intra_node_bytes += intra
         self.inter_node_bytes += inter
         self.calls += 1
@@ -108,11 +110,11 @@ class PowerSGDCommState(CommState):
         self.fp32_iters_after_load = 1
 
 
-def _group(process_group: Optional[dist.ProcessGroup]) -> dist.ProcessGroup:
-    return process_group if process_group is not None else dist.group.WORLD
+def _group(process_group: dist.ProcessGroup | None) -> dist.ProcessGroup:
+    return group_or_world(process_group)
 
 
-def _group_size(process_group: Optional[dist.ProcessGroup]) -> int:
+def _group_size(process_group: dist.ProcessGroup | None) -> int:
     return _group(process_group).size()
 
 
@@ -122,8 +124,10 @@ def _check_bucket_state(torch_state: PowerSGDState, bucket: dist.GradBucket) -> 
     e.g. another ``bucket_cap_mb``)."""
     error = torch_state.error_dict.get(bucket.index())
     if error is not None and error.numel() != bucket.buffer().numel():
-        raise RuntimeError(f"PowerSGD: DDP bucket {bucket.index()} holds {bucket.buffer().numel()} elements but "
-                           f"its saved error {error.numel()}: resume with the DDP settings of the saved run")
+        raise RuntimeError(
+            f"PowerSGD: DDP bucket {bucket.index()} holds {bucket.buffer().numel()} elements but "
+            f"its saved error {error.numel()}: resume with the DDP settings of the saved run"
+        )
 
 
 def _fp32_allreduce(state: PowerSGDCommState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -183,11 +187,18 @@ def _powersgd_hook(state: PowerSGDCommState, bucket: dist.GradBucket) -> torch.f
     return fut
 
 
-def attach_powersgd(ddp_model: torch.nn.parallel.DistributedDataParallel,
-                    optimizer: Optional[torch.optim.Optimizer] = None, topology: Optional[Topology] = None,
-                    matrix_approximation_rank: int = 1, start_powerSGD_iter: int = 1_000,
-                    min_compression_rate: float = 2, use_error_feedback: bool = True, warm_start: bool = True,
-                    orthogonalization_epsilon: float = 0.0, random_seed: int = 0) -> PowerSGDCommState:
+def attach_powersgd(
+    ddp_model: torch.nn.parallel.DistributedDataParallel,
+    optimizer: torch.optim.Optimizer | None = None,
+    topology: Topology | None = None,
+    matrix_approximation_rank: int = 1,
+    start_powerSGD_iter: int = 1_000,
+    min_compression_rate: float = 2,
+    use_error_feedback: bool = True,
+    warm_start: bool = True,
+    orthogonalization_epsilon: float = 0.0,
+    random_seed: int = 0,
+) -> PowerSGDCommState:
     """Register torch's PowerSGD hook (counted) on ``ddp_model`` and return its state.
 
     The arguments after ``topology`` are :class:`PowerSGDState`'s, with its defaults; torch requires
@@ -203,10 +214,16 @@ def attach_powersgd(ddp_model: torch.nn.parallel.DistributedDataParallel,
         raise ValueError(f"topology has {topology.world_size} processes but the DDP process group has {world}")
     if matrix_approximation_rank < 1:
         raise ValueError(f"attach_powersgd: matrix_approximation_rank must be >= 1, got {matrix_approximation_rank}")
-    torch_state = PowerSGDState(process_group, matrix_approximation_rank=matrix_approximation_rank,
-                                start_powerSGD_iter=start_powerSGD_iter, min_compression_rate=min_compression_rate,
-                                use_error_feedback=use_error_feedback, warm_start=warm_start,
-                                orthogonalization_epsilon=orthogonalization_epsilon, random_seed=random_seed)
+    torch_state = PowerSGDState(
+        process_group,
+        matrix_approximation_rank=matrix_approximation_rank,
+        start_powerSGD_iter=start_powerSGD_iter,
+        min_compression_rate=min_compression_rate,
+        use_error_feedback=use_error_feedback,
+        warm_start=warm_start,
+        orthogonalization_epsilon=orthogonalization_epsilon,
+        random_seed=random_seed,
+    )
     serialize = dist.get_backend(process_group) != dist.Backend.NCCL
     state = PowerSGDCommState(torch_state, topology, serialize_buckets=serialize)
     ddp_model.register_comm_hook(state, _powersgd_hook)
@@ -220,15 +237,27 @@ def start_iter_from_config(cfg: Mapping[str, Any]) -> int:
     return max(2, steps_of(cfg["comm"]["start_iter"], cfg.get("total_steps"), "optim.comm.start_iter"))
 
 
-def attach_from_config(ddp_model: torch.nn.parallel.DistributedDataParallel, optimizer: torch.optim.Optimizer,
-                       cfg: Mapping[str, Any], topology: Topology, scheme: str = "powersgd") -> PowerSGDCommState:
+def attach_from_config(
+    ddp_model: torch.nn.parallel.DistributedDataParallel,
+    optimizer: torch.optim.Optimizer,
+    cfg: Mapping[str, Any],
+    topology: Topology,
+    scheme: str = "powersgd",
+) -> PowerSGDCommState:
     """Scheme ``powersgd`` from the ``optim`` node: ``comm.rank``, ``comm.start_iter`` (steps, or a fraction
     of ``total_steps``), ``comm.min_compression_rate``, ``comm.warm_start``, ``comm.use_error_feedback``."""
     if scheme != "powersgd":
         raise ValueError(f"birder_repro.comm.powersgd handles scheme 'powersgd', not {scheme!r}")
     comm = cfg["comm"]
     start = start_iter_from_config(cfg)
-    return attach_powersgd(ddp_model, optimizer, topology, matrix_approximation_rank=comm["rank"],
-                           start_powerSGD_iter=start, min_compression_rate=comm.get("min_compression_rate", 2),
-                           use_error_feedback=comm.get("use_error_feedback", True),
-                           warm_start=comm.get("warm_start", True), random_seed=cfg.get("seed", 0))
+    return attach_powersgd(
+        ddp_model,
+        optimizer,
+        topology,
+        matrix_approximation_rank=comm["rank"],
+        start_powerSGD_iter=start,
+        min_compression_rate=comm.get("min_compression_rate", 2),
+        use_error_feedback=comm.get("use_error_feedback", True),
+        warm_start=comm.get("warm_start", True),
+        random_seed=cfg.get("seed", 0),
+    )

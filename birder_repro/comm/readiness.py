@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any
 
 __all__ = ["BucketClock", "clocked_registration", "bucket_clock"]
 
@@ -91,6 +92,6 @@ def clocked_registration(ddp_model) -> Iterator[BucketClock]:
         del ddp_model.register_comm_hook  # the class's method again
 
 
-def bucket_clock(model) -> Optional[BucketClock]:
+def bucket_clock(model) -> BucketClock | None:
     """The clock of a DDP model whose hook was registered through :func:`clocked_registration`, else None."""
     return getattr(model, CLOCK_ATTR, None)

@@ -30,8 +30,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["CommState", "StepBytes", "GRADIENT", "UPDATE", "MOMENTUM"]
 
@@ -61,8 +65,16 @@ class CommState:
     (one stage, gradients, DDP's own asynchronous collective).
     """
 
-    __slots__ = ("intra_node_bytes", "inter_node_bytes", "_seconds", "calls", "_pending", "_counter_lock", "fsdp",
-                 "_step_mark")
+    __slots__ = (
+        "intra_node_bytes",
+        "inter_node_bytes",
+        "_seconds",
+        "calls",
+        "_pending",
+        "_counter_lock",
+        "fsdp",
+        "_step_mark",
+    )
     COUNTERS = ("intra_node_bytes", "inter_node_bytes", "compress_seconds", "collective_seconds", "calls")
 
     def __init__(self) -> None:
@@ -72,11 +84,12 @@ class CommState:
         self.calls = 0
         self._pending: list = []  # (counter, start event, end event) of CUDA blocks not yet resolved
         self._counter_lock = threading.Lock()
-        self.fsdp = None  # an FSDP attachment's units and hooks (birder_repro.comm.fsdp); None under DDP
+        # an FSDP attachment's units and hooks (birder_repro.comm.fsdp.FsdpAttachment, a layer above); None under DDP
+        self.fsdp: Any = None
         self._step_mark = (0.0, 0.0)  # the byte counters at the last bytes_last_step()
 
     # ------------------------------------------------------------------------------------ the interface
-    def stage(self, step: int) -> Optional[str]:
+    def stage(self, step: int) -> str | None:
         """The stage of step ``step`` (0-based, about to run); None: the scheme has a single stage."""
         return None
 
@@ -88,6 +101,14 @@ class CommState:
         """Whether the hook's compression and collectives run beside the backward pass (a communication
         thread) rather than inside the hook on the autograd thread."""
         return False
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of this rank's hook (every scheme's state defines it)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no checkpoint state")
+
+    def load_state_dict(self, sd: Any) -> None:
+        """Continue from a :meth:`state_dict` (every scheme's state defines it)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no checkpoint state")
 
     # ------------------------------------------------------------------------------------- the counters
     @property
@@ -186,6 +207,39 @@ def _counter(what: str) -> str:
     return _KINDS[what]
 
 
+class _Runner(Protocol):
+    """What :class:`CompressedCommState` asks of its runner (:class:`~birder_repro.comm.overlap.HookRunner`)."""
+
+    @property
+    def overlap(self) -> bool: ...
+
+    def check_idle(self, what: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class _Guard(Protocol):
+    """... of its guard (:class:`~birder_repro.comm.nonfinite.NonFiniteGuard`)."""
+
+    @property
+    def pending(self) -> bool: ...
+
+    @property
+    def skip_step(self) -> bool: ...
+
+    @property
+    def nonfinite_steps(self) -> int: ...
+
+    def end_step(self) -> bool: ...
+
+
+class _Store(Protocol):
+    """... of its store (:class:`~birder_repro.comm.buckets.BucketStore`)."""
+
+    @property
+    def layout_changes(self) -> int: ...
+
+
 class CompressedCommState(CommState):
     """What the compressed hooks (Birder, 1-bit Adam / LAMB) add to :class:`CommState`, written once.
 
@@ -196,10 +250,14 @@ class CompressedCommState(CommState):
 
     # fp16 loss scaling (birder_repro.train.precision): GradScaler's scale tensor, or None
     __slots__ = ("loss_scale",)
+    # set by each subclass (the modules that define them sit above this one: typed by what is used here)
+    runner: _Runner
+    guard: _Guard
+    store: _Store
 
     def __init__(self):
         super().__init__()
-        self.loss_scale: Optional[torch.Tensor] = None
+        self.loss_scale: torch.Tensor | None = None
 
     def overlaps(self) -> bool:
         return self.runner.overlap

@@ -15,8 +15,8 @@ import logging
 import os
 import sys
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping, Optional
 
 import torch.distributed as dist
 
@@ -29,8 +29,8 @@ class Topology:
     world_size: int
     gpus_per_node: int  # processes per node (m)
     # Groups are None where they would hold this process alone: there is nothing to communicate in them.
-    intra_group: Optional[dist.ProcessGroup] = None  # the m processes of this node
-    inter_group: Optional[dist.ProcessGroup] = None  # the n processes with this local rank, one per node
+    intra_group: dist.ProcessGroup | None = None  # the m processes of this node
+    inter_group: dist.ProcessGroup | None = None  # the n processes with this local rank, one per node
 
     @property
     def nodes(self) -> int:
@@ -61,7 +61,18 @@ def layout_groups(world_size: int, gpus_per_node: int) -> tuple[list[list[int]],
     return intra, inter
 
 
-def build_topology(gpus_per_node: int, group: Optional[dist.ProcessGroup] = None) -> Topology:
+def group_or_world(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
+    """``group``, or the default group when it is None (torch types ``dist.group.WORLD`` as optional: it is None
+    until the process group is initialised, which is an error to report, not to pass on)."""
+    if group is not None:
+        return group
+    world = dist.group.WORLD
+    if world is None or not isinstance(world, dist.ProcessGroup):
+        raise RuntimeError("torch.distributed is not initialised: call dist.init_process_group() first")
+    return world
+
+
+def build_topology(gpus_per_node: int, group: dist.ProcessGroup | None = None) -> Topology:
     """Create the intra- and inter-node groups. Collective: every rank of the default group must call it."""
     if not dist.is_initialized():
         return Topology(rank=0, world_size=1, gpus_per_node=1)
@@ -79,41 +90,46 @@ def flat_topology() -> Topology:
     if not dist.is_initialized():
         return Topology(rank=0, world_size=1, gpus_per_node=1)
     world = dist.get_world_size()
-    return Topology(rank=dist.get_rank(), world_size=world, gpus_per_node=1,
-                    inter_group=dist.group.WORLD if world > 1 else None)
+    return Topology(
+        rank=dist.get_rank(), world_size=world, gpus_per_node=1, inter_group=dist.group.WORLD if world > 1 else None
+    )
 
 
-def group_peers(group: Optional[dist.ProcessGroup], rank: int) -> list[int]:
+def group_peers(group: dist.ProcessGroup | None, rank: int) -> list[int]:
     """The global ranks of ``group`` other than ``rank`` (none for a missing group: this process alone)."""
     if group is None:
         return []
     return [r for r in dist.get_process_group_ranks(group) if r != rank]
 
 
-def _my_group(rank_lists: list[list[int]], rank: int) -> Optional[dist.ProcessGroup]:
+def _my_group(rank_lists: list[list[int]], rank: int) -> dist.ProcessGroup | None:
     mine = None
     for ranks in rank_lists:
         if len(ranks) == 1:  # single-process groups are never created: nothing to communicate
             continue
+        g: dist.ProcessGroup | int
         if len(ranks) == dist.get_world_size():
-            g = dist.group.WORLD
-        else:
-            g = dist.new_group(ranks)  # collective: every rank creates every group, in this order
+            g = group_or_world(None)
+        else:  # collective: every rank creates every group, in this order (a non-member gets a placeholder)
+            g = dist.new_group(ranks)
         if rank in ranks:
+            if not isinstance(g, dist.ProcessGroup):
+                raise RuntimeError(f"rank {rank} was not made a member of the process group of ranks {ranks}")
             mine = g
     return mine
 
 
 # --------------------------------------------------------------------------- saying what was assumed
-def gpus_per_node_from(gpus_per_node: Optional[int], env: Mapping[str, str] = os.environ) -> tuple[int, str]:
+def gpus_per_node_from(gpus_per_node: int | None, env: Mapping[str, str] = os.environ) -> tuple[int, str]:
     """Processes per node for an attach without a topology, and where that number came from: the argument, or
     torchrun's ``LOCAL_WORLD_SIZE`` (the processes it started on this machine), or 1 without either."""
     if gpus_per_node is not None:
         return int(gpus_per_node), f"gpus_per_node={gpus_per_node} as given"
     local = env.get("LOCAL_WORLD_SIZE")
     if local is not None:
-        return int(local), (f"gpus_per_node not given: LOCAL_WORLD_SIZE={local}, the processes torchrun "
-                            "started on this machine")
+        return int(local), (
+            f"gpus_per_node not given: LOCAL_WORLD_SIZE={local}, the processes torchrun started on this machine"
+        )
     return 1, "gpus_per_node not given and LOCAL_WORLD_SIZE unset: 1 process per node"
 
 
@@ -123,8 +139,9 @@ def layout_line(topology: Topology) -> str:
     return f"{n} node{'' if n == 1 else 's'} x {m} process{'' if m == 1 else 'es'} per node"
 
 
-def announce_layout(hook: str, topology: Topology, source: str, between_nodes: bool = True,
-                    guessed: bool = True) -> None:
+def announce_layout(
+    hook: str, topology: Topology, source: str, between_nodes: bool = True, guessed: bool = True
+) -> None:
     """On rank 0: one line saying the layout ``hook`` uses and ``source`` (where it came from); and where every
     process is on one node while the hook compresses only ``between_nodes``, that nothing is compressed. The
     line goes to the ``birder_repro.comm`` logger at INFO, or to stderr where no logging handler is configured
@@ -137,14 +154,21 @@ def announce_layout(hook: str, topology: Topology, source: str, between_nodes: b
     line = f"{hook}: {layout_line(topology)} ({source})"
     one_node = topology.nodes == 1 and world > 1
     if one_node:
-        line += (": one node, so nothing is compressed between nodes (inter-node bytes 0)" if between_nodes
-                 else ": one node, so every byte counts as intra-node")
+        line += (
+            ": one node, so nothing is compressed between nodes (inter-node bytes 0)"
+            if between_nodes
+            else ": one node, so every byte counts as intra-node"
+        )
     if log.hasHandlers():
         log.info(line)
     else:
         print(f"[birder_repro.comm] {line}", file=sys.stderr, flush=True)
     if one_node and between_nodes and guessed:
-        warnings.warn(f"{hook}: all {world} processes form one node ({source}), so nothing is compressed between "
-                      "nodes (inter-node bytes 0). On several machines pass gpus_per_node=<processes per machine> "
-                      "(or a topology from birder_repro.comm.build_topology); on one machine, scheme='flat' "
-                      "makes every process a worker", UserWarning, stacklevel=3)
+        warnings.warn(
+            f"{hook}: all {world} processes form one node ({source}), so nothing is compressed between "
+            "nodes (inter-node bytes 0). On several machines pass gpus_per_node=<processes per machine> "
+            "(or a topology from birder_repro.comm.build_topology); on one machine, scheme='flat' "
+            "makes every process a worker",
+            UserWarning,
+            stacklevel=3,
+        )

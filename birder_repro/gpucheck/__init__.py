@@ -25,24 +25,28 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Optional
 
 import torch
 
-from birder_repro.gpucheck.table import FAIL, SKIP, Check, exit_code, markdown, write
+from birder_repro.gpucheck.table import FAIL, Check, exit_code, markdown, write
 
 __all__ = ["main", "no_cuda_line", "unusable_cuda_line", "WHAT"]
 
-WHAT = ("Birder's Triton kernels against the CPU backend bit for bit and against a device copy (25.6M and 110M "
-        "elements); a 1-process DDP run of Birder, 1-bit Adam and the baseline of every task (tiny, synthetic, "
-        "fp32 and bf16; digits in fp16 too) and its record; every hook across ranks against its reference and byte formulas, Birder and "
-        "1-bit Adam under DDP and FSDP2 in fp32, bf16 and fp16 (NCCL with 2+ GPUs, else 2 ranks sharing one GPU)")
+WHAT = (
+    "Birder's Triton kernels against the CPU backend bit for bit and against a device copy (25.6M and 110M "
+    "elements); a 1-process DDP run of Birder, 1-bit Adam and the baseline of every task (tiny, synthetic, "
+    "fp32 and bf16; digits in fp16 too) and its record; every hook across ranks against its reference and byte "
+    "formulas, Birder and "
+    "1-bit Adam under DDP and FSDP2 in fp32, bf16 and fp16 (NCCL with 2+ GPUs, else 2 ranks sharing one GPU)"
+)
 SECTIONS = ("kernels", "runs", "hooks")
 
 
 def no_cuda_line() -> str:
-    return (f"gpu-check: no NVIDIA GPU here (no /dev/nvidia*, nvidia-smi lists none; torch {torch.__version__}, "
-            f"built with CUDA {torch.version.cuda or 'none'}): nothing was checked. On a GPU node it checks {WHAT}.")
+    return (
+        f"gpu-check: no NVIDIA GPU here (no /dev/nvidia*, nvidia-smi lists none; torch {torch.__version__}, "
+        f"built with CUDA {torch.version.cuda or 'none'}): nothing was checked. On a GPU node it checks {WHAT}."
+    )
 
 
 def unusable_cuda_line(why: str) -> str:
@@ -57,6 +61,7 @@ def environment() -> dict:
         env["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if torch.distributed.is_nccl_available() else None
     try:
         import triton
+
         env["triton"] = triton.__version__
     except ImportError:
         env["triton"] = None
@@ -87,8 +92,11 @@ def _section(name: str, fn) -> list[Check]:
         rows = fn()
     except Exception as exc:  # noqa: BLE001
         rows = [Check(name, f"{name} section", FAIL, detail=f"{type(exc).__name__}: {exc}")]
-    print(f"gpu-check: {name}: {sum(r.status == FAIL for r in rows)} of {len(rows)} failed "
-          f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    print(
+        f"gpu-check: {name}: {sum(r.status == FAIL for r in rows)} of {len(rows)} failed "
+        f"({time.perf_counter() - t0:.0f} s)",
+        flush=True,
+    )
     return rows
 
 
@@ -125,7 +133,7 @@ def _hooks() -> list[Check]:
     return check_hooks(gpus, "nccl") if gpus >= 2 else check_hooks(2, "staged:cuda")
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if not torch.cuda.is_available():
         from birder_repro.cuda_env import why_no_cuda
@@ -150,4 +158,3 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(markdown(rows, header), flush=True)
     print(f"gpu-check: the table is in {md} and {js}", flush=True)
     return exit_code(rows)
-

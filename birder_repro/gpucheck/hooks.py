@@ -30,17 +30,37 @@ from __future__ import annotations
 
 import torch
 
-from birder_repro.comm.accounting import (all_gather_bytes, all_to_all_bytes, flat_allreduce_split,
-                                          reduce_scatter_bytes)
+from birder_repro.comm.accounting import all_gather_bytes, all_to_all_bytes, flat_allreduce_split, reduce_scatter_bytes
 from birder_repro.comm.pack import padded_size, unpack_signs
-from birder_repro.gpucheck.scenarios import (BIRDER_SIZES, BIRDER_STEPS, BIRDER_VARIANTS, DDP_STEPS, ONEBIT_ADAM,
-                                             ONEBIT_DDP_STEPS, ONEBIT_FREEZE, ONEBIT_LAMB, ONEBIT_SIZES, ONEBIT_STEPS,
-                                             allreduce_model, birder_grads, layout, onebit_inputs,
-                                             run_processes)
+from birder_repro.gpucheck.scenarios import (
+    BIRDER_SIZES,
+    BIRDER_STEPS,
+    BIRDER_VARIANTS,
+    DDP_STEPS,
+    ONEBIT_ADAM,
+    ONEBIT_DDP_STEPS,
+    ONEBIT_FREEZE,
+    ONEBIT_LAMB,
+    ONEBIT_SIZES,
+    ONEBIT_STEPS,
+    allreduce_model,
+    birder_grads,
+    layout,
+    onebit_inputs,
+    run_processes,
+)
 from birder_repro.gpucheck.table import FAIL, SKIP, Check, verdict
 
-__all__ = ["birder_expected_bytes", "check_birder", "check_onebit", "check_allreduce", "check_birder_ddp",
-           "check_onebit_ddp", "check_hooks", "layout"]
+__all__ = [
+    "birder_expected_bytes",
+    "check_birder",
+    "check_onebit",
+    "check_allreduce",
+    "check_birder_ddp",
+    "check_onebit_ddp",
+    "check_hooks",
+    "layout",
+]
 
 FLAG_BYTES = 1  # Birder's non-finite flag: one byte more in each all-to-all chunk (comm/nonfinite.py)
 SCALE_BYTES = 4  # 1-bit Adam's fp32 scale per worker and per server chunk
@@ -74,22 +94,50 @@ def check_birder(per_rank: list[dict], nodes: int, m: int) -> list[Check]:
     rows, world = [], nodes * m
     for variant in BIRDER_VARIANTS:
         scheme = variant.partition("-")[0]
-        ref = ReferenceBirder(nodes, m, scheme, beta=0.9, eps=1e-8, seed=7, param_numels=BIRDER_SIZES,
-                              amsgrad_after=2 if "amsgrad" in variant else None)
-        want = [ref.bucket(((bi, 0, n),), n, list(birder_grads(t, bi, world)))
-                for t in range(BIRDER_STEPS) for bi, n in enumerate(BIRDER_SIZES)]
-        wrong = [(rank, i) for rank, r in enumerate(per_rank) for i, (got, w) in
-                 enumerate(zip(r["birder"][variant]["results"], want)) if not torch.equal(got, w)]
-        rows.append(Check("hooks", f"birder {variant}: {nodes}x{m} processes = reference", verdict(not wrong),
-                          measured="bit-identical" if not wrong else f"{len(wrong)} bucket results differ "
-                          f"(first: rank {wrong[0][0]}, call {wrong[0][1]})",
-                          expected=f"{len(want)} bucket calls x {world} ranks equal"))
+        ref = ReferenceBirder(
+            nodes,
+            m,
+            scheme,
+            beta=0.9,
+            eps=1e-8,
+            seed=7,
+            param_numels=BIRDER_SIZES,
+            amsgrad_after=2 if "amsgrad" in variant else None,
+        )
+        want = [
+            ref.bucket(((bi, 0, n),), n, list(birder_grads(t, bi, world)))
+            for t in range(BIRDER_STEPS)
+            for bi, n in enumerate(BIRDER_SIZES)
+        ]
+        wrong = [
+            (rank, i)
+            for rank, r in enumerate(per_rank)
+            for i, (got, w) in enumerate(zip(r["birder"][variant]["results"], want))
+            if not torch.equal(got, w)
+        ]
+        rows.append(
+            Check(
+                "hooks",
+                f"birder {variant}: {nodes}x{m} processes = reference",
+                verdict(not wrong),
+                measured="bit-identical"
+                if not wrong
+                else f"{len(wrong)} bucket results differ (first: rank {wrong[0][0]}, call {wrong[0][1]})",
+                expected=f"{len(want)} bucket calls x {world} ranks equal",
+            )
+        )
     intra, inter = (sum(x) * BIRDER_STEPS for x in zip(*(birder_expected_bytes(n, nodes, m) for n in BIRDER_SIZES)))
     got = [(r["birder"]["hierarchical"]["intra"], r["birder"]["hierarchical"]["inter"]) for r in per_rank]
     ok = all(abs(a - intra) <= 1e-6 * max(1, intra) and abs(b - inter) <= 1e-6 * max(1, inter) for a, b in got)
-    rows.append(Check("hooks", f"birder hierarchical bytes, {nodes}x{m}", verdict(ok),
-                      measured=f"intra {got[0][0]:.0f}, inter {got[0][1]:.0f} B (rank 0)",
-                      expected=f"intra {intra:.0f}, inter {inter:.0f} B (comm.accounting)"))
+    rows.append(
+        Check(
+            "hooks",
+            f"birder hierarchical bytes, {nodes}x{m}",
+            verdict(ok),
+            measured=f"intra {got[0][0]:.0f}, inter {got[0][1]:.0f} B (rank 0)",
+            expected=f"intra {intra:.0f}, inter {inter:.0f} B (comm.accounting)",
+        )
+    )
     return rows
 
 
@@ -107,26 +155,47 @@ def check_onebit(per_rank: list[dict]) -> list[Check]:
             want = ref([x for x, _ in inputs], inputs[0][1])
             for rank, r in enumerate(per_rank):
                 got = r["onebit"][numel]["steps"][step]
-                pairs = {"result": (got["result"][:numel], want["result"]),
-                         "worker scales": (got["worker_scales"], want["worker_scales"]),
-                         "worker error": (got["worker_error"], ref.worker_errors[rank]),
-                         "server error": (got["server_error"], ref.server_error[rank * ref.chunk:][:ref.chunk])}
-                problems += [f"step {step} rank {rank}: {k}" for k, (a, b) in pairs.items()
-                             if not torch.allclose(a, b, rtol=1e-5, atol=1e-6)]
+                pairs = {
+                    "result": (got["result"][:numel], want["result"]),
+                    "worker scales": (got["worker_scales"], want["worker_scales"]),
+                    "worker error": (got["worker_error"], ref.worker_errors[rank]),
+                    "server error": (got["server_error"], ref.server_error[rank * ref.chunk :][: ref.chunk]),
+                }
+                problems += [
+                    f"step {step} rank {rank}: {k}"
+                    for k, (a, b) in pairs.items()
+                    if not torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+                ]
                 if not torch.equal(unpack_signs(got["worker_bits"]), want["worker_signs"][rank]):
                     problems.append(f"step {step} rank {rank}: worker signs")
                 if not torch.equal(unpack_signs(got["server_bits"]).reshape(-1), want["server_signs"]):
                     problems.append(f"step {step} rank {rank}: server signs")
-        rows.append(Check("hooks", f"1-bit compressed all-reduce, {numel} elements, {world} processes = reference",
-                          verdict(not problems), measured="equal" if not problems else "; ".join(problems[:3]),
-                          expected="signs bit for bit; scales, errors, average within 1e-5"))
+        rows.append(
+            Check(
+                "hooks",
+                f"1-bit compressed all-reduce, {numel} elements, {world} processes = reference",
+                verdict(not problems),
+                measured="equal" if not problems else "; ".join(problems[:3]),
+                expected="signs bit for bit; scales, errors, average within 1e-5",
+            )
+        )
         padded = padded_size(numel, 8 * world)
-        expected = ONEBIT_STEPS * (all_to_all_bytes(padded // 8, world) + all_gather_bytes(padded // 8 // world, world)
-                                   + 2 * all_gather_bytes(SCALE_BYTES, world))
+        expected = ONEBIT_STEPS * (
+            all_to_all_bytes(padded // 8, world)
+            + all_gather_bytes(padded // 8 // world, world)
+            + 2 * all_gather_bytes(SCALE_BYTES, world)
+        )
         got = [r["onebit"][numel]["bytes"] for r in per_rank]
         ok = all(abs(b - expected) < 1e-6 for b in got)
-        rows.append(Check("hooks", f"1-bit bytes, {numel} elements", verdict(ok),
-                          measured=f"{got[0]:.0f} B (rank 0)", expected=f"{expected:.0f} B (comm.accounting)"))
+        rows.append(
+            Check(
+                "hooks",
+                f"1-bit bytes, {numel} elements",
+                verdict(ok),
+                measured=f"{got[0]:.0f} B (rank 0)",
+                expected=f"{expected:.0f} B (comm.accounting)",
+            )
+        )
     return rows
 
 
@@ -143,15 +212,32 @@ def check_allreduce(per_rank: list[dict], gpus_per_node: int) -> list[Check]:
         steps = DDP_STEPS if exact else 1  # fp16 rounding changes the parameters after the first step
         ours = [r["allreduce"][name]["grads"] for r in per_rank]
         ddps = [r["allreduce"]["ddp"]["grads"] for r in per_rank]
-        wrong = [(rank, s) for rank in range(world) for s in range(steps)
-                 if not all(close(a, b) for a, b in zip(ours[rank][s], ddps[rank][s]))]
-        rows.append(Check("hooks", f"{name} all-reduce hook = DDP's all-reduce, {world} processes", verdict(not wrong),
-                          measured="equal" if not wrong else f"{len(wrong)} (rank, step) differ",
-                          expected="bit for bit (both scale by 1/n)" if exact else "within fp16 rounding (rtol 4e-3)"))
+        wrong = [
+            (rank, s)
+            for rank in range(world)
+            for s in range(steps)
+            if not all(close(a, b) for a, b in zip(ours[rank][s], ddps[rank][s]))
+        ]
+        rows.append(
+            Check(
+                "hooks",
+                f"{name} all-reduce hook = DDP's all-reduce, {world} processes",
+                verdict(not wrong),
+                measured="equal" if not wrong else f"{len(wrong)} (rank, step) differ",
+                expected="bit for bit (both scale by 1/n)" if exact else "within fp16 rounding (rtol 4e-3)",
+            )
+        )
         got = [r["allreduce"][name]["intra"] + r["allreduce"][name]["inter"] for r in per_rank]
         ok = all(abs(b - nbytes) < 1e-6 * nbytes for b in got)
-        rows.append(Check("hooks", f"{name} all-reduce bytes", verdict(ok),
-                          measured=f"{got[0]:.0f} B (rank 0)", expected=f"{nbytes:.0f} B (comm.accounting)"))
+        rows.append(
+            Check(
+                "hooks",
+                f"{name} all-reduce bytes",
+                verdict(ok),
+                measured=f"{got[0]:.0f} B (rank 0)",
+                expected=f"{nbytes:.0f} B (comm.accounting)",
+            )
+        )
     return rows
 
 
@@ -175,12 +261,18 @@ def check_birder_ddp(per_rank: list[dict], nodes: int, m: int) -> list[Check]:
         want = ref.bucket(signature, grad.numel(), [r["calls"][i][1] for r in runs])
         problems += [f"call {i}, rank {rank}" for rank, r in enumerate(runs) if not torch.equal(r["calls"][i][2], want)]
     problems += [f"rank {rank}: an update not +-lr" for rank, r in enumerate(runs) if not all(r["exact"])]
-    problems += [f"rank {rank}: parameters differ across ranks" for rank, r in enumerate(runs)
-                 if not all(r["identical"])]
-    return [Check("hooks", f"birder DDP hook (overlap {runs[0]['overlaps']}), {nodes}x{m} = reference",
-                  verdict(not problems), measured=f"{len(runs[0]['calls'])} bucket calls bit-identical"
-                  if not problems else "; ".join(problems[:3]),
-                  expected="every call = reference; updates +-lr; ranks identical")]
+    problems += [
+        f"rank {rank}: parameters differ across ranks" for rank, r in enumerate(runs) if not all(r["identical"])
+    ]
+    return [
+        Check(
+            "hooks",
+            f"birder DDP hook (overlap {runs[0]['overlaps']}), {nodes}x{m} = reference",
+            verdict(not problems),
+            measured=f"{len(runs[0]['calls'])} bucket calls bit-identical" if not problems else "; ".join(problems[:3]),
+            expected="every call = reference; updates +-lr; ranks identical",
+        )
+    ]
 
 
 def _bucket_order(layout: dict) -> list[list[int]]:
@@ -206,11 +298,15 @@ def check_onebit_ddp(per_rank: list[dict]) -> list[Check]:
                 diff = float((runs[0]["steps"][step]["params"] - want).abs().max())
                 problems.append(f"step {step + 1}: max difference {diff:.2e}")
             problems += [f"step {step + 1}: ranks differ" for r in runs[:1] if not r["steps"][step]["identical"]]
-        rows.append(Check("hooks", f"1-bit {name.upper() if name == 'lamb' else 'Adam'} DDP hook, {world} processes "
-                                   "= reference", verdict(not problems),
-                          measured=f"{ONEBIT_DDP_STEPS} steps equal" if not problems else "; ".join(problems[:3]),
-                          expected=f"parameters within 1e-5 every step (freeze after {ONEBIT_FREEZE}); "
-                                   "ranks identical"))
+        rows.append(
+            Check(
+                "hooks",
+                f"1-bit {name.upper() if name == 'lamb' else 'Adam'} DDP hook, {world} processes = reference",
+                verdict(not problems),
+                measured=f"{ONEBIT_DDP_STEPS} steps equal" if not problems else "; ".join(problems[:3]),
+                expected=f"parameters within 1e-5 every step (freeze after {ONEBIT_FREEZE}); ranks identical",
+            )
+        )
     return rows
 
 
@@ -234,8 +330,11 @@ def _birder_calls_rows(runs: list[dict], label: str, nodes: int, m: int) -> list
         want = ref.bucket(signature, grad.numel(), [r["calls"][i][1] for r in runs])
         problems += [f"call {i}, rank {k}" for k, r in enumerate(runs) if not torch.equal(r["calls"][i][2], want)]
     params = runs[0]["params"]
-    problems += [f"step {t + 2}: an update not +-lr" for t in range(len(params) - 1)
-                 if not torch.allclose((params[t + 1] - params[t]).abs(), torch.full_like(params[t], LR), atol=1e-6)]
+    problems += [
+        f"step {t + 2}: an update not +-lr"
+        for t in range(len(params) - 1)
+        if not torch.allclose((params[t + 1] - params[t]).abs(), torch.full_like(params[t], LR), atol=1e-6)
+    ]
     problems += [f"rank {k}: ranks differ" for k, r in enumerate(runs) if not all(r["identical"])]
     return problems
 
@@ -246,8 +345,10 @@ def check_birder_precisions(per_rank: list[dict], nodes: int, m: int) -> list[Ch
     from birder_repro.gpucheck.training import FSDP_PRECISIONS, PRECISIONS
 
     rows = []
-    for key, label, precisions in (("birder_ddp_precisions", "DDP", PRECISIONS),
-                                   ("birder_fsdp_precisions", "FSDP2", FSDP_PRECISIONS)):
+    for key, label, precisions in (
+        ("birder_ddp_precisions", "DDP", PRECISIONS),
+        ("birder_fsdp_precisions", "FSDP2", FSDP_PRECISIONS),
+    ):
         failed = _failed_scenario(per_rank, key)
         if failed:
             rows.append(failed)
@@ -257,19 +358,35 @@ def check_birder_precisions(per_rank: list[dict], nodes: int, m: int) -> list[Ch
             problems = _birder_calls_rows(runs, label, nodes, m)
             if label == "FSDP2" and name == "fp32" and "error" not in per_rank[0]["birder_ddp_precisions"]:
                 ddp = [r["birder_ddp_precisions"]["fp32"]["params"] for r in per_rank]
-                problems += [f"rank {k} step {t + 1}: parameters differ from DDP's" for k, r in enumerate(runs)
-                             for t, (a, b) in enumerate(zip(r["params"], ddp[k])) if not torch.equal(a, b)]
-            rows.append(Check("hooks", f"birder {label}, {name}, {nodes}x{m} = reference", verdict(not problems),
-                              measured=f"{len(runs[0]['calls'])} calls bit-identical" if not problems
-                              else "; ".join(problems[:3]),
-                              expected="every call = reference; +-lr; ranks identical"
-                                       + ("; = DDP bit for bit" if label == "FSDP2" and name == "fp32" else "")))
+                problems += [
+                    f"rank {k} step {t + 1}: parameters differ from DDP's"
+                    for k, r in enumerate(runs)
+                    for t, (a, b) in enumerate(zip(r["params"], ddp[k]))
+                    if not torch.equal(a, b)
+                ]
+            rows.append(
+                Check(
+                    "hooks",
+                    f"birder {label}, {name}, {nodes}x{m} = reference",
+                    verdict(not problems),
+                    measured=f"{len(runs[0]['calls'])} calls bit-identical"
+                    if not problems
+                    else "; ".join(problems[:3]),
+                    expected="every call = reference; +-lr; ranks identical"
+                    + ("; = DDP bit for bit" if label == "FSDP2" and name == "fp32" else ""),
+                )
+            )
     return rows + [_fsdp_fp16_skip("birder")]
 
 
 def _fsdp_fp16_skip(what: str) -> Check:
-    return Check("hooks", f"{what} FSDP2, fp16", SKIP, detail="train.precision=fp16 is refused under parallel=fsdp "
-                 "(birder_repro.train.parallel): the FSDP hooks do not take GradScaler's scale")
+    return Check(
+        "hooks",
+        f"{what} FSDP2, fp16",
+        SKIP,
+        detail="train.precision=fp16 is refused under parallel=fsdp "
+        "(birder_repro.train.parallel): the FSDP hooks do not take GradScaler's scale",
+    )
 
 
 def check_onebit_precisions(per_rank: list[dict], m: int = 1) -> list[Check]:
@@ -282,8 +399,14 @@ def check_onebit_precisions(per_rank: list[dict], m: int = 1) -> list[Check]:
     rows, world = [], len(per_rank)
     for key, label in (("onebit_ddp_precisions", "DDP"), ("onebit_fsdp_precisions", "FSDP2")):
         if label == "FSDP2" and m > 1:
-            rows.append(Check("hooks", f"1-bit Adam FSDP2, {m} processes a node", SKIP,
-                              detail="shards inside a node: tests/test_fsdp.py compares that layout on gloo"))
+            rows.append(
+                Check(
+                    "hooks",
+                    f"1-bit Adam FSDP2, {m} processes a node",
+                    SKIP,
+                    detail="shards inside a node: tests/test_fsdp.py compares that layout on gloo",
+                )
+            )
             continue
         failed = _failed_scenario(per_rank, key)
         if failed:
@@ -291,8 +414,9 @@ def check_onebit_precisions(per_rank: list[dict], m: int = 1) -> list[Check]:
             continue
         for name in FSDP_PRECISIONS if label == "FSDP2" else PRECISIONS:
             runs = [r[key][name] for r in per_rank]
-            ref = OneBitAdamReference(runs[0]["initial"], [list(range(len(runs[0]["initial"])))], world,
-                                      freeze_step=FREEZE, **ONEBIT)
+            ref = OneBitAdamReference(
+                runs[0]["initial"], [list(range(len(runs[0]["initial"])))], world, freeze_step=FREEZE, **ONEBIT
+            )
             problems = [f"rank {k}: {r['skipped']} steps skipped" for k, r in enumerate(runs) if r["skipped"]]
             for step in range(TRAIN_STEPS):
                 layout = _bucket_order_of(runs[0]["layouts"][step]) if runs[0]["layouts"] else None
@@ -302,10 +426,15 @@ def check_onebit_precisions(per_rank: list[dict], m: int = 1) -> list[Check]:
                     diff = float((runs[0]["params"][step] - want).abs().max())
                     problems.append(f"step {step + 1}: max difference {diff:.2e}")
             problems += [f"rank {k}: ranks differ" for k, r in enumerate(runs) if not all(r["identical"])]
-            rows.append(Check("hooks", f"1-bit Adam {label}, {name}, {world} processes = reference",
-                              verdict(not problems), measured=f"{TRAIN_STEPS} steps equal" if not problems
-                              else "; ".join(problems[:3]),
-                              expected=f"parameters within 1e-5 every step (freeze after {FREEZE}); ranks identical"))
+            rows.append(
+                Check(
+                    "hooks",
+                    f"1-bit Adam {label}, {name}, {world} processes = reference",
+                    verdict(not problems),
+                    measured=f"{TRAIN_STEPS} steps equal" if not problems else "; ".join(problems[:3]),
+                    expected=f"parameters within 1e-5 every step (freeze after {FREEZE}); ranks identical",
+                )
+            )
     return rows + [_fsdp_fp16_skip("1-bit Adam")]
 
 
@@ -322,8 +451,13 @@ def check_hooks(world: int, backend: str = "nccl", training: bool = True) -> lis
         per_rank = run_processes(world, m, backend, names=names)
     except Exception as exc:  # noqa: BLE001 - processes that die are one failed row
         return [Check("hooks", f"{world} {backend} processes", FAIL, detail=f"{type(exc).__name__}: {exc}")]
-    rows = (check_birder(per_rank, nodes, m) + check_onebit(per_rank) + check_allreduce(per_rank, m)
-            + check_birder_ddp(per_rank, nodes, m) + check_onebit_ddp(per_rank))
+    rows = (
+        check_birder(per_rank, nodes, m)
+        + check_onebit(per_rank)
+        + check_allreduce(per_rank, m)
+        + check_birder_ddp(per_rank, nodes, m)
+        + check_onebit_ddp(per_rank)
+    )
     return rows + (check_training(per_rank, nodes, m) if training else [])
 
 

@@ -26,7 +26,6 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from omegaconf import OmegaConf
 
@@ -72,12 +71,25 @@ def plan(tasks: list[str], precisions: list[str], fp16_tasks: tuple[str, ...] = 
     return [RunSpec(t, o, p) for t, p in cells for o in dict.fromkeys((*COMPRESSED, baseline(t)))]
 
 
-def overrides(spec: RunSpec, run_dir: Path, steps: int = STEPS, with_precision: bool = True,
-              device: str = "cuda") -> list[str]:
-    args = [f"task={spec.task}", f"optim={spec.optim}", "model.size=tiny", "data.source=synthetic", "nodes=1",
-            "gpus_per_node=1", "launcher=local", f"device={device}", "logger=none", f"train.steps={steps}",
-            f"train.timing_warmup_steps={TIMING_WARMUP}", f"train.log_every={TIMING_WARMUP}", "train.eval=false",
-            f"hydra.run.dir={run_dir}"]
+def overrides(
+    spec: RunSpec, run_dir: Path, steps: int = STEPS, with_precision: bool = True, device: str = "cuda"
+) -> list[str]:
+    args = [
+        f"task={spec.task}",
+        f"optim={spec.optim}",
+        "model.size=tiny",
+        "data.source=synthetic",
+        "nodes=1",
+        "gpus_per_node=1",
+        "launcher=local",
+        f"device={device}",
+        "logger=none",
+        f"train.steps={steps}",
+        f"train.timing_warmup_steps={TIMING_WARMUP}",
+        f"train.log_every={TIMING_WARMUP}",
+        "train.eval=false",
+        f"hydra.run.dir={run_dir}",
+    ]
     if with_precision:
         args.append(f"train.precision={spec.precision}")
     if spec.optim in COMPRESSED:
@@ -110,7 +122,7 @@ def launch(spec: RunSpec, runs_root: Path, steps: int = STEPS, device: str = "cu
     return run_dir
 
 
-def step_wall_seconds(metrics_path: Path, last_step: int, timed_steps: int) -> Optional[float]:
+def step_wall_seconds(metrics_path: Path, last_step: int, timed_steps: int) -> float | None:
     """Wall-clock of the last ``timed_steps`` steps: the time logged after the last step less the time logged
     after the step before them (``metrics.jsonl`` logs ``time_s`` every ``train.log_every`` steps)."""
     times = {}
@@ -137,8 +149,13 @@ def check_record(spec: RunSpec, run_dir: Path, device: str = "cuda") -> Check:
     rec = json.loads(path.read_text())
     if rec.get("status") != "completed":
         error = str(rec.get("error") or "").strip().splitlines()
-        return Check("runs", label, FAIL, measured=str(rec.get("status")),
-                     detail=f"{error[-1] if error else 'no error recorded'} (record: {path})")
+        return Check(
+            "runs",
+            label,
+            FAIL,
+            measured=str(rec.get("status")),
+            detail=f"{error[-1] if error else 'no error recorded'} (record: {path})",
+        )
     problems = []
     if not str(rec.get("device", "")).startswith(device):
         problems.append(f"ran on {rec.get('device')!r}, not {device}")
@@ -153,8 +170,10 @@ def check_record(spec: RunSpec, run_dir: Path, device: str = "cuda") -> Check:
     if wall is None:
         problems.append("metrics.jsonl lacks the timed steps' times")
     elif not COVERAGE <= coverage <= 1.0 + 1e-3:
-        problems.append(f"step total x {timed} steps = {total * timed * 1e3:.1f} ms against {wall * 1e3:.1f} ms of "
-                        f"wall-clock ({coverage:.2f}; expected {COVERAGE}-1)")
+        problems.append(
+            f"step total x {timed} steps = {total * timed * 1e3:.1f} ms against {wall * 1e3:.1f} ms of "
+            f"wall-clock ({coverage:.2f}; expected {COVERAGE}-1)"
+        )
     if spec.optim in COMPRESSED and not (rec.get("overlap_s") or {}).get("overlapped"):
         problems.append("the hook did not overlap backward (optim.comm.overlap=true was asked)")
     if spec.optim == "onebit_adam" and "compression" not in (rec.get("throughput_by_stage") or {}):
@@ -164,18 +183,28 @@ def check_record(spec: RunSpec, run_dir: Path, device: str = "cuda") -> Check:
         problems.append(f"the record's train.precision is {precision!r}")
     if spec.precision == "fp16" and not (rec.get("loss_scale") or 0) > 0:
         problems.append(f"an fp16 run whose record has no loss scale ({rec.get('loss_scale')!r})")
-    return Check("runs", label, verdict(not problems),
-                 measured=f"step {total * 1e3:.2f} ms = " + " + ".join(f"{k} {float(st.get(k, 0)) * 1e3:.2f}"
-                                                                      for k in PARTS)
-                          + f"; {coverage:.2f} of the timed steps' wall-clock",
-                 expected=f"completed on {device}; parts = total; {COVERAGE}-1 of wall",
-                 detail="; ".join(problems) or f"{rec.get('throughput_samples_per_s', 0):.0f} samples/s, {path}",
-                 numbers={"step_time_s": st, "timed_steps": timed, "wall_s": wall, "coverage": coverage,
-                          "throughput_samples_per_s": rec.get("throughput_samples_per_s")})
+    return Check(
+        "runs",
+        label,
+        verdict(not problems),
+        measured=f"step {total * 1e3:.2f} ms = "
+        + " + ".join(f"{k} {float(st.get(k, 0)) * 1e3:.2f}" for k in PARTS)
+        + f"; {coverage:.2f} of the timed steps' wall-clock",
+        expected=f"completed on {device}; parts = total; {COVERAGE}-1 of wall",
+        detail="; ".join(problems) or f"{rec.get('throughput_samples_per_s', 0):.0f} samples/s, {path}",
+        numbers={
+            "step_time_s": st,
+            "timed_steps": timed,
+            "wall_s": wall,
+            "coverage": coverage,
+            "throughput_samples_per_s": rec.get("throughput_samples_per_s"),
+        },
+    )
 
 
-def check_runs(specs: list[RunSpec], runs_root: Path, jobs: int = 4, steps: int = STEPS,
-               device: str = "cuda") -> list[Check]:
+def check_runs(
+    specs: list[RunSpec], runs_root: Path, jobs: int = 4, steps: int = STEPS, device: str = "cuda"
+) -> list[Check]:
     """Launch the runs, ``jobs`` at a time (separate processes on the one GPU: each its own process group),
     then check every record."""
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:

@@ -22,10 +22,25 @@ import torch.multiprocessing as mp
 
 from birder_repro.comm.pack import padded_size
 
-__all__ = ["BIRDER_SIZES", "BIRDER_STEPS", "ONEBIT_STEPS", "DDP_STEPS", "BIRDER_VARIANTS", "ONEBIT_SIZES",
-           "DDP_BIRDER_LR", "DDP_BIRDER_STEPS", "ONEBIT_FREEZE", "ONEBIT_DDP_STEPS",
-           "ONEBIT_ADAM", "ONEBIT_LAMB", "layout", "birder_grads", "onebit_inputs", "allreduce_model",
-           "run_processes"]
+__all__ = [
+    "BIRDER_SIZES",
+    "BIRDER_STEPS",
+    "ONEBIT_STEPS",
+    "DDP_STEPS",
+    "BIRDER_VARIANTS",
+    "ONEBIT_SIZES",
+    "DDP_BIRDER_LR",
+    "DDP_BIRDER_STEPS",
+    "ONEBIT_FREEZE",
+    "ONEBIT_DDP_STEPS",
+    "ONEBIT_ADAM",
+    "ONEBIT_LAMB",
+    "layout",
+    "birder_grads",
+    "onebit_inputs",
+    "allreduce_model",
+    "run_processes",
+]
 
 BIRDER_SIZES = (1001, 37)  # two buckets, neither a multiple of 8 x m x n
 BIRDER_STEPS, ONEBIT_STEPS, DDP_STEPS = 4, 3, 3
@@ -34,8 +49,18 @@ ONEBIT_SIZES = (1001, 40)
 DDP_BIRDER_LR, DDP_BIRDER_STEPS = 1e-2, 4
 ONEBIT_FREEZE, ONEBIT_DDP_STEPS = 2, 5
 ONEBIT_ADAM = dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
-ONEBIT_LAMB = dict(lr=2e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, c_min=0.01, c_max=0.3, beta3=0.9,
-                   r_min=0.5, r_max=4.0, r_threshold=0.1)
+ONEBIT_LAMB = dict(
+    lr=2e-2,
+    betas=(0.9, 0.999),
+    eps=1e-8,
+    weight_decay=0.01,
+    c_min=0.01,
+    c_max=0.3,
+    beta3=0.9,
+    r_min=0.5,
+    r_max=4.0,
+    r_threshold=0.1,
+)
 
 
 def layout(gpus: int) -> tuple[int, int]:
@@ -67,8 +92,15 @@ def _birder(topology, device) -> dict:
 
     out = {}
     for variant in BIRDER_VARIANTS:
-        state = BirderState(topology, scheme=variant.partition("-")[0], beta=0.9, eps=1e-8, seed=7,
-                            param_numels=BIRDER_SIZES, amsgrad_after=2 if "amsgrad" in variant else None)
+        state = BirderState(
+            topology,
+            scheme=variant.partition("-")[0],
+            beta=0.9,
+            eps=1e-8,
+            seed=7,
+            param_numels=BIRDER_SIZES,
+            amsgrad_after=2 if "amsgrad" in variant else None,
+        )
         results = []
         for t in range(BIRDER_STEPS):
             for bi, numel in enumerate(BIRDER_SIZES):
@@ -92,9 +124,16 @@ def _onebit(topology, device) -> dict:
             xp, mp_ = torch.zeros(padded, device=device), torch.zeros(padded, dtype=torch.bool, device=device)
             xp[:numel], mp_[:numel] = x.to(device), mask.to(device)
             ex = compressed_allreduce(xp, we, se, mp_, stats=stats, topology=topology)
-            steps.append({"result": _host(ex.result), "worker_bits": _host(ex.worker_bits),
-                          "worker_scales": _host(ex.worker_scales), "server_bits": _host(ex.server_bits),
-                          "worker_error": _host(we), "server_error": _host(se)})
+            steps.append(
+                {
+                    "result": _host(ex.result),
+                    "worker_bits": _host(ex.worker_bits),
+                    "worker_scales": _host(ex.worker_scales),
+                    "server_bits": _host(ex.server_bits),
+                    "worker_error": _host(we),
+                    "server_error": _host(se),
+                }
+            )
         out[numel] = {"steps": steps, "bytes": stats.intra_node_bytes + stats.inter_node_bytes}
     return out
 
@@ -109,8 +148,9 @@ def _allreduce(topology, device) -> dict:
 
     out = {}
     for name, dtype in (("ddp", None), ("fp32", torch.float32), ("fp16", torch.float16)):
-        ddp = torch.nn.parallel.DistributedDataParallel(allreduce_model(device), bucket_cap_mb=0.004,
-                                                        device_ids=[device] if device.type == "cuda" else None)
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            allreduce_model(device), bucket_cap_mb=0.004, device_ids=[device] if device.type == "cuda" else None
+        )
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
         state = attach_allreduce(ddp, opt, topology, dtype=dtype) if dtype is not None else None
         grads = []
@@ -121,8 +161,11 @@ def _allreduce(topology, device) -> dict:
             torch.nn.functional.mse_loss(ddp(x), y).backward()
             grads.append([p.grad.detach().cpu().clone() for p in ddp.parameters()])
             opt.step()
-        out[name] = {"grads": grads, "intra": state.intra_node_bytes if state else 0.0,
-                     "inter": state.inter_node_bytes if state else 0.0}
+        out[name] = {
+            "grads": grads,
+            "intra": state.intra_node_bytes if state else 0.0,
+            "inter": state.inter_node_bytes if state else 0.0,
+        }
     return out
 
 
@@ -153,8 +196,9 @@ def _birder_ddp(topology, device) -> dict:
         return out
 
     torch.manual_seed(0)
-    ddp = torch.nn.parallel.DistributedDataParallel(_BirderNet().to(device), bucket_cap_mb=0.0006,
-                                                    device_ids=[device] if device.type == "cuda" else None)
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        _BirderNet().to(device), bucket_cap_mb=0.0006, device_ids=[device] if device.type == "cuda" else None
+    )
     opt = Birder(ddp.parameters(), lr=DDP_BIRDER_LR, beta=0.9, weight_decay=0.0)
     state = attach_birder(ddp, opt, topology=topology)
     BirderState.allreduce_bucket = recording
@@ -168,14 +212,20 @@ def _birder_ddp(topology, device) -> dict:
             opt.step()
             opt.zero_grad()
             after = _flat_params(ddp)
-            exact.append(bool(torch.allclose((before - after).abs(), torch.full_like(after, DDP_BIRDER_LR),
-                                             rtol=0, atol=1e-6)))
+            exact.append(
+                bool(torch.allclose((before - after).abs(), torch.full_like(after, DDP_BIRDER_LR), rtol=0, atol=1e-6))
+            )
             identical.append(_same_on_every_rank(after))
     finally:
         BirderState.allreduce_bucket = original
         state.close()
-    return {"calls": calls, "exact": exact, "identical": identical, "overlaps": state.overlaps(),
-            "numels": [p.numel() for p in ddp.parameters()]}
+    return {
+        "calls": calls,
+        "exact": exact,
+        "identical": identical,
+        "overlaps": state.overlaps(),
+        "numels": [p.numel() for p in ddp.parameters()],
+    }
 
 
 class _OneBitNet(torch.nn.Module):
@@ -204,24 +254,33 @@ def _onebit_ddp(topology, device) -> dict:
         torch.manual_seed(0)
         model = _OneBitNet().to(device)
         initial = [_host(p) for p in model.parameters()]
-        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.001,
-                                                        device_ids=[device] if device.type == "cuda" else None)
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model, bucket_cap_mb=0.001, device_ids=[device] if device.type == "cuda" else None
+        )
         opt = cls(ddp.parameters(), freeze_step=ONEBIT_FREEZE, **kwargs)
         state = attach_onebit(ddp, opt, topology=topology)
         steps = []
         for step in range(ONEBIT_DDP_STEPS):
             g = torch.Generator().manual_seed(1000 * step + topology.rank)
-            batch = (torch.randn(8, 6, generator=g).to(device), torch.randint(0, 8, (8,), generator=g).to(device),
-                     torch.randn(8, 3, generator=g).to(device))
+            batch = (
+                torch.randn(8, 6, generator=g).to(device),
+                torch.randint(0, 8, (8,), generator=g).to(device),
+                torch.randn(8, 3, generator=g).to(device),
+            )
             shadow = copy.deepcopy(ddp.module)  # this rank's own gradient, outside DDP
             ((shadow(*batch[:2]) - batch[2]) ** 2).mean().backward()
             opt.zero_grad()
             ((ddp(*batch[:2]) - batch[2]) ** 2).mean().backward()
             opt.step()
             params = _flat_params(ddp)
-            steps.append({"grads": [_host(p.grad) for p in shadow.parameters()], "params": _host(params),
-                          "layout": {i: b.signature for i, b in state.store.buckets.items()},
-                          "identical": _same_on_every_rank(params)})
+            steps.append(
+                {
+                    "grads": [_host(p.grad) for p in shadow.parameters()],
+                    "params": _host(params),
+                    "layout": {i: b.signature for i, b in state.store.buckets.items()},
+                    "identical": _same_on_every_rank(params),
+                }
+            )
         state.close()
         out[name] = {"initial": initial, "steps": steps}
     return out
@@ -249,8 +308,13 @@ def _device_and_backend(rank: int, backend: str) -> tuple[torch.device, str]:
     return (torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")), backend
 
 
-SCENARIOS = {"birder": _birder, "onebit": _onebit, "allreduce": _allreduce, "birder_ddp": _birder_ddp,
-             "onebit_ddp": _onebit_ddp}
+SCENARIOS = {
+    "birder": _birder,
+    "onebit": _onebit,
+    "allreduce": _allreduce,
+    "birder_ddp": _birder_ddp,
+    "onebit_ddp": _onebit_ddp,
+}
 
 
 def _scenarios() -> dict:
@@ -259,16 +323,22 @@ def _scenarios() -> dict:
     return {**SCENARIOS, **TRAINING}
 
 
-def _process(rank: int, world: int, gpus_per_node: int, port: int, backend: str, outdir: str,
-             names: tuple[str, ...]) -> None:
+def _process(
+    rank: int, world: int, gpus_per_node: int, port: int, backend: str, outdir: str, names: tuple[str, ...]
+) -> None:
     """One process: its device, the process group, the scenarios; what it measured goes to rank<r>.pt."""
     device, pg_backend = _device_and_backend(rank, backend)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     torch.set_num_threads(1)  # several processes share the cores (and, staged, one GPU)
     os.environ.update(LOCAL_RANK=str(rank % gpus_per_node), LOCAL_WORLD_SIZE=str(gpus_per_node))
-    dist.init_process_group(pg_backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            **({"device_id": device} if backend == "nccl" else {}))
+    dist.init_process_group(
+        pg_backend,
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        **({"device_id": device} if backend == "nccl" else {}),
+    )
     from birder_repro.comm.topology import build_topology
 
     topology = build_topology(gpus_per_node)
@@ -289,11 +359,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_processes(world: int, gpus_per_node: int, backend: str = "nccl",
-                  names: tuple[str, ...] = tuple(SCENARIOS)) -> list[dict]:
+def run_processes(
+    world: int, gpus_per_node: int, backend: str = "nccl", names: tuple[str, ...] = tuple(SCENARIOS)
+) -> list[dict]:
     """The scenarios ``names`` on ``world`` processes (``backend``: see :func:`_device_and_backend`); what each
     rank measured."""
     with tempfile.TemporaryDirectory() as outdir:
-        mp.spawn(_process, args=(world, gpus_per_node, _free_port(), backend, outdir, tuple(names)), nprocs=world,
-                 join=True)
+        mp.spawn(
+            _process, args=(world, gpus_per_node, _free_port(), backend, outdir, tuple(names)), nprocs=world, join=True
+        )
         return [torch.load(Path(outdir) / f"rank{r}.pt", weights_only=False) for r in range(world)]

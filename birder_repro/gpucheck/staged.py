@@ -20,8 +20,8 @@ On the CPU (``init_process_group("cpu:staged")``) the copies are host copies: th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -83,6 +83,7 @@ class StagedBackend(_Backend):
         def call(o, i):
             it = iter(o)
             return self.gloo.allgather([[next(it) for _ in range(n)] for n in shape], i, opts)
+
         return self._run(flat, inputs, call)
 
     def all_gather_single(self, output, input, opts):
@@ -92,8 +93,9 @@ class StagedBackend(_Backend):
         return self._run([output], [input], lambda o, i: self.gloo.reduce_scatter_single(o[0], i[0], opts))
 
     def all_to_all_single(self, output, input, output_splits, input_splits, opts):
-        return self._run([output], [input], lambda o, i: self.gloo.all_to_all_single(o[0], i[0], output_splits,
-                                                                                   input_splits, opts))
+        return self._run(
+            [output], [input], lambda o, i: self.gloo.all_to_all_single(o[0], i[0], output_splits, input_splits, opts)
+        )
 
     def barrier(self, opts):
         self.gloo.barrier(opts).wait()
@@ -103,9 +105,9 @@ class StagedBackend(_Backend):
 def register() -> None:
     """Make ``staged`` a backend name for CPU and CUDA tensors (once per process)."""
     if NAME.upper() not in dist.Backend.backend_list and NAME not in dist.Backend.backend_list:
-        dist.Backend.register_backend(NAME, lambda store, rank, size, timeout: StagedBackend(store, rank, size,
-                                                                                            timeout),
-                                      devices=["cpu", "cuda"])
+        dist.Backend.register_backend(
+            NAME, lambda store, rank, size, timeout: StagedBackend(store, rank, size, timeout), devices=["cpu", "cuda"]
+        )
 
 
 def backend_string(device_type: str) -> str:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional
 
 PASS, FAIL, SKIP = "pass", "FAIL", "skip"
 TABLE_MD, TABLE_JSON = "gpu-check.md", "gpu-check.json"
@@ -57,12 +57,21 @@ def markdown(checks: list[Check], header: str = "") -> str:
     """The table as markdown, a summary line first."""
     n_fail, n_pass = len(failed(checks)), sum(c.status == PASS for c in checks)
     n_skip = sum(c.status == SKIP for c in checks)
-    lines = [f"# gpu-check", "", header, "",
-             f"**{'FAILED' if exit_code(checks) else 'PASSED'}**: {n_pass} passed, {n_fail} failed, "
-             f"{n_skip} skipped", "",
-             "| section | check | result | measured | expected | detail |", "| --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {_cell(c.section)} | {_cell(c.name)} | {c.status} | {_cell(c.measured)} | {_cell(c.expected)} | "
-              f"{_cell(c.detail)} |" for c in checks]
+    lines = [
+        "# gpu-check",
+        "",
+        header,
+        "",
+        f"**{'FAILED' if exit_code(checks) else 'PASSED'}**: {n_pass} passed, {n_fail} failed, {n_skip} skipped",
+        "",
+        "| section | check | result | measured | expected | detail |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    lines += [
+        f"| {_cell(c.section)} | {_cell(c.name)} | {c.status} | {_cell(c.measured)} | {_cell(c.expected)} | "
+        f"{_cell(c.detail)} |"
+        for c in checks
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -77,13 +86,15 @@ def _finite(obj):
     return obj
 
 
-def write(checks: list[Check], out_dir: Path, header: str = "",
-          environment: Optional[dict] = None) -> tuple[Path, Path]:
+def write(checks: list[Check], out_dir: Path, header: str = "", environment: dict | None = None) -> tuple[Path, Path]:
     """``gpu-check.md`` and ``gpu-check.json`` in ``out_dir``; returns their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     md, js = out_dir / TABLE_MD, out_dir / TABLE_JSON
     md.write_text(markdown(checks, header))
-    payload = {"passed": exit_code(checks) == 0, "environment": environment or {},
-               "checks": [asdict(c) for c in checks]}
+    payload = {
+        "passed": exit_code(checks) == 0,
+        "environment": environment or {},
+        "checks": [asdict(c) for c in checks],
+    }
     js.write_text(json.dumps(_finite(payload), indent=1) + "\n")
     return md, js

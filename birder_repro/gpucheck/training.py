@@ -29,7 +29,7 @@ __all__ = ["PRECISIONS", "FSDP_PRECISIONS", "TRAIN_STEPS", "LR", "ONEBIT", "FREE
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 FSDP_PRECISIONS = ("fp32", "bf16")  # train/parallel.py refuses fp16 under FSDP (the FSDP hooks ignore the scale)
-TRAIN_STEPS, LR, FREEZE, INIT_SCALE = 4, 1e-2, 2, 2.0 ** 10
+TRAIN_STEPS, LR, FREEZE, INIT_SCALE = 4, 1e-2, 2, 2.0**10
 ONEBIT = dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 KERNELS_ENV = "BIRDER_GPUCHECK_KERNELS"  # Birder's kernel backend here (auto; the tests: triton, interpreted)
 _MESHES: dict = {}  # one device mesh per layout: each new mesh would rendezvous its groups again
@@ -128,7 +128,7 @@ def _sharded(device: torch.device, topology, per_layer: bool, precision: str):
     kwargs = {"mesh": mesh["shard"]}
     if precision == "bf16":
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for layer in (model.layers if per_layer else []):
+    for layer in model.layers if per_layer else []:
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
     return model, mesh
@@ -143,8 +143,9 @@ def _birder_ddp(topology, device) -> dict:
         calls = []
         recording = _recorder(original, calls, lambda buffer: buffer)
         torch.manual_seed(0)
-        ddp = nn.parallel.DistributedDataParallel(Layers().to(device), bucket_cap_mb=0.0003,
-                                                  device_ids=[device] if device.type == "cuda" else None)
+        ddp = nn.parallel.DistributedDataParallel(
+            Layers().to(device), bucket_cap_mb=0.0003, device_ids=[device] if device.type == "cuda" else None
+        )
         opt = Birder(ddp.parameters(), lr=LR, beta=0.9, weight_decay=0.0)
         state = attach_birder(ddp, opt, topology=topology, kernel_backend=_kernels())
         BirderState.allreduce_bucket = recording
@@ -159,6 +160,7 @@ def _birder_ddp(topology, device) -> dict:
 def _recorder(original, calls: list, grad_of):
     """A stand-in for a BirderState method that records (signature, gradient, result) of every call, both divided
     by the loss scale (a power of two: exact)."""
+
     def recording(self, index, buffer, signature, *rest):
         scale = float(self.loss_scale) if self.loss_scale is not None else 1.0
         grad = grad_of(buffer).detach().to("cpu", copy=True) / scale
@@ -166,10 +168,10 @@ def _recorder(original, calls: list, grad_of):
         # FSDP's unit signature also gives each piece's position within its parameter: the reference's layout
         # (parameter, offset, numel) holds where every piece starts its parameter (one process a node)
         if signature and len(signature[0]) == 4:
-            signature = tuple((p, off, n) for p, off, n, pos in signature) if not any(
-                s[3] for s in signature) else None
+            signature = tuple((p, off, n) for p, off, n, pos in signature) if not any(s[3] for s in signature) else None
         calls.append((signature, grad, result.detach().to("cpu", copy=True) / scale))
         return result
+
     return recording
 
 
@@ -202,8 +204,9 @@ def _onebit(topology, device, sharded: bool) -> dict:
             model, mesh = _sharded(device, topology, per_layer=False, precision=name)
         else:
             torch.manual_seed(0)
-            model = nn.parallel.DistributedDataParallel(Layers().to(device), bucket_cap_mb=0.0003,
-                                                        device_ids=[device] if device.type == "cuda" else None)
+            model = nn.parallel.DistributedDataParallel(
+                Layers().to(device), bucket_cap_mb=0.0003, device_ids=[device] if device.type == "cuda" else None
+            )
         initial = _initial()
         opt = OneBitAdam(model.parameters(), freeze_step=FREEZE, **ONEBIT)
         state = attach_onebit_fsdp(model, opt, mesh) if sharded else attach_onebit(model, opt, topology=topology)
@@ -214,10 +217,12 @@ def _onebit(topology, device, sharded: bool) -> dict:
             def step(*args, **kwargs):
                 layouts.append({i: b.signature for i, b in state.store.buckets.items()})
                 return opt_step(*args, **kwargs)
+
             opt.step = step
         bf16_params = sharded and name == "bf16"  # FSDP2 computes in its param_dtype
-        out[name] = _train(model, opt, state, device, name, shadow_grads=True,
-                           compute_dtype=torch.bfloat16 if bf16_params else None)
+        out[name] = _train(
+            model, opt, state, device, name, shadow_grads=True, compute_dtype=torch.bfloat16 if bf16_params else None
+        )
         out[name].update(initial=initial, layouts=layouts)
     return out
 
@@ -227,6 +232,9 @@ def _initial() -> list[torch.Tensor]:
     return [p.detach().clone() for p in Layers().parameters()]
 
 
-TRAINING = {"birder_ddp_precisions": _birder_ddp, "birder_fsdp_precisions": _birder_fsdp,
-            "onebit_ddp_precisions": lambda t, d: _onebit(t, d, sharded=False),
-            "onebit_fsdp_precisions": lambda t, d: _onebit(t, d, sharded=True)}
+TRAINING = {
+    "birder_ddp_precisions": _birder_ddp,
+    "birder_fsdp_precisions": _birder_fsdp,
+    "onebit_ddp_precisions": lambda t, d: _onebit(t, d, sharded=False),
+    "onebit_fsdp_precisions": lambda t, d: _onebit(t, d, sharded=True),
+}

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 from accelerate import Accelerator
@@ -35,8 +35,14 @@ from birder_repro.comm import CommState, attach_birder, attach_onebit, build_top
 from birder_repro.optim import Birder
 from birder_repro.optim.onebit_adam import OneBitOptimizer
 
-__all__ = ["attach_accelerate", "attach_hook", "regroup_buckets", "hook_state_path", "save_hook_state",
-           "load_hook_state"]
+__all__ = [
+    "attach_accelerate",
+    "attach_hook",
+    "regroup_buckets",
+    "hook_state_path",
+    "save_hook_state",
+    "load_hook_state",
+]
 
 log = logging.getLogger(__name__)
 HOOK_FILE = "birder_hook_rank{rank:05d}.pt"
@@ -60,8 +66,10 @@ def load_hook_state(state: CommState, directory: str, rank: int) -> None:
     a fresh hook state under restored parameters: Birder's m, b, e would restart from zero)."""
     path = hook_state_path(directory, rank)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path} is missing: this checkpoint holds no hook state for rank {rank}; resume "
-                                "from a checkpoint written by a run with the hook attached, with as many processes")
+        raise FileNotFoundError(
+            f"{path} is missing: this checkpoint holds no hook state for rank {rank}; resume "
+            "from a checkpoint written by a run with the hook attached, with as many processes"
+        )
     state.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
 
 
@@ -72,8 +80,13 @@ def inner_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     return optimizer
 
 
-def attach_hook(ddp_model: DistributedDataParallel, optimizer: torch.optim.Optimizer,
-                gpus_per_node: Optional[int] = None, scheme: str = "hierarchical", **kwargs) -> CommState:
+def attach_hook(
+    ddp_model: DistributedDataParallel,
+    optimizer: torch.optim.Optimizer,
+    gpus_per_node: int | None = None,
+    scheme: str = "hierarchical",
+    **kwargs,
+) -> CommState:
     """``attach_birder`` for a Birder, ``attach_onebit`` for a OneBitAdam / OneBitLamb (with the topology of
     ``gpus_per_node`` processes per node, which only splits 1-bit Adam's byte counts); ``kwargs`` go to them."""
     if isinstance(optimizer, Birder):
@@ -81,8 +94,10 @@ def attach_hook(ddp_model: DistributedDataParallel, optimizer: torch.optim.Optim
     if isinstance(optimizer, OneBitOptimizer):
         topology = build_topology(gpus_per_node) if gpus_per_node is not None else None
         return attach_onebit(ddp_model, optimizer, topology=topology, **kwargs)
-    raise TypeError(f"the optimizer is a {type(optimizer).__name__}: the hook needs birder_repro.optim's Birder, "
-                    "OneBitAdam or OneBitLamb (other optimizers need no hook: use DDP's own all-reduce)")
+    raise TypeError(
+        f"the optimizer is a {type(optimizer).__name__}: the hook needs birder_repro.optim's Birder, "
+        "OneBitAdam or OneBitLamb (other optimizers need no hook: use DDP's own all-reduce)"
+    )
 
 
 def regroup_buckets(model: torch.nn.Module, loss_fn: Callable[[], torch.Tensor]) -> None:
@@ -111,7 +126,7 @@ def regroup_buckets(model: torch.nn.Module, loss_fn: Callable[[], torch.Tensor])
         p.grad = None
 
 
-def ddp_module(accelerator: Accelerator, model: torch.nn.Module) -> Optional[DistributedDataParallel]:
+def ddp_module(accelerator: Accelerator, model: torch.nn.Module) -> DistributedDataParallel | None:
     """The DDP module ``accelerator.prepare`` built around ``model`` (None in a single process)."""
     if isinstance(model, DistributedDataParallel):
         return model
@@ -121,14 +136,22 @@ def ddp_module(accelerator: Accelerator, model: torch.nn.Module) -> Optional[Dis
     inner = getattr(model, "_orig_mod", None)
     if isinstance(inner, DistributedDataParallel):
         return inner
-    raise TypeError(f"accelerator.prepare made a {type(model).__name__}, not DistributedDataParallel "
-                    f"(distributed_type={accelerator.distributed_type}): the hook needs DDP; under FSDP use "
-                    "birder_repro.comm.attach_birder_fsdp, DeepSpeed is not supported")
+    raise TypeError(
+        f"accelerator.prepare made a {type(model).__name__}, not DistributedDataParallel "
+        f"(distributed_type={accelerator.distributed_type}): the hook needs DDP; under FSDP use "
+        "birder_repro.comm.attach_birder_fsdp, DeepSpeed is not supported"
+    )
 
 
-def attach_accelerate(accelerator: Accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                      gpus_per_node: Optional[int] = None, scheme: str = "hierarchical",
-                      checkpoint: bool = True, **kwargs) -> Optional[CommState]:
+def attach_accelerate(
+    accelerator: Accelerator,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    gpus_per_node: int | None = None,
+    scheme: str = "hierarchical",
+    checkpoint: bool = True,
+    **kwargs,
+) -> CommState | None:
     """Attach the hook to the model and optimizer ``accelerator.prepare`` returned; collective (every rank).
 
     ``gpus_per_node``: processes per node (default: torchrun's LOCAL_WORLD_SIZE, see docs/api.md);
@@ -139,13 +162,13 @@ def attach_accelerate(accelerator: Accelerator, model: torch.nn.Module, optimize
     ddp = ddp_module(accelerator, model)
     opt = inner_optimizer(optimizer)
     if ddp is None:
-        log.info("attach_accelerate: one process, no DDP module: %s runs on its own, no hook",
-                 type(opt).__name__)
+        log.info("attach_accelerate: one process, no DDP module: %s runs on its own, no hook", type(opt).__name__)
         return None
     state = attach_hook(ddp, opt, gpus_per_node=gpus_per_node, scheme=scheme, **kwargs)
     if checkpoint:
         rank = accelerator.process_index
         accelerator.register_save_state_pre_hook(
-            lambda models, weights, output_dir: save_hook_state(state, output_dir, rank))
+            lambda models, weights, output_dir: save_hook_state(state, output_dir, rank)
+        )
         accelerator.register_load_state_pre_hook(lambda models, input_dir: load_hook_state(state, input_dir, rank))
     return state

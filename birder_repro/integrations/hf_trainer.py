@@ -23,17 +23,20 @@ loader uses it as is (Accelerate's ``prepare`` would otherwise shard its batches
 
 from __future__ import annotations
 
-import os
-from typing import Optional
-
 import torch
 from torch.utils.data import DistributedSampler, Sampler
 from transformers import Trainer
 from transformers.trainer_utils import get_last_checkpoint
 
 from birder_repro.comm import CommState
-from birder_repro.integrations.accelerate import (attach_hook, ddp_module, inner_optimizer, load_hook_state,
-                                                  regroup_buckets, save_hook_state)
+from birder_repro.integrations.accelerate import (
+    attach_hook,
+    ddp_module,
+    inner_optimizer,
+    load_hook_state,
+    regroup_buckets,
+    save_hook_state,
+)
 
 __all__ = ["BirderTrainer"]
 
@@ -47,14 +50,21 @@ class BirderTrainer(Trainer):
     After ``train()`` has started, ``trainer.hook_state`` is the hook's state (None in a single process).
     """
 
-    def __init__(self, *args, gpus_per_node: Optional[int] = None, scheme: str = "hierarchical",
-                 hook_kwargs: Optional[dict] = None, train_sampler: Optional[Sampler] = None, **kwargs):
+    def __init__(
+        self,
+        *args,
+        gpus_per_node: int | None = None,
+        scheme: str = "hierarchical",
+        hook_kwargs: dict | None = None,
+        train_sampler: Sampler | None = None,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         self.gpus_per_node, self.scheme, self.hook_kwargs = gpus_per_node, scheme, dict(hook_kwargs or {})
         self.train_sampler = train_sampler
-        self.hook_state: Optional[CommState] = None
-        self._hook_model = None  # the DDP module the hook is on
-        self._resume_dir: Optional[str] = None
+        self.hook_state: CommState | None = None
+        self._hook_model: torch.nn.Module | None = None  # the DDP module the hook is on
+        self._resume_dir: str | None = None
 
     # ------------------------------------------------------------------------------------------ the hook
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
@@ -76,18 +86,32 @@ class BirderTrainer(Trainer):
         if ddp is None:  # one process: the optimizer runs Algorithm 1 on its own, no hook
             return
         if self.args.max_grad_norm > 0:  # 1-bit Adam's warmup steps do hold gradients, its later ones not
-            raise ValueError(f"TrainingArguments.max_grad_norm={self.args.max_grad_norm} would clip .grad, which "
-                             "holds the hook's result (Birder's +-1 update, 1-bit Adam's averaged momentum), not a "
-                             "gradient: set max_grad_norm=0")
-        self.hook_state = attach_hook(ddp, inner_optimizer(self.optimizer), gpus_per_node=self.gpus_per_node,
-                                      scheme=self.scheme, **self.hook_kwargs)
+            raise ValueError(
+                f"TrainingArguments.max_grad_norm={self.args.max_grad_norm} would clip .grad, which "
+                "holds the hook's result (Birder's +-1 update, 1-bit Adam's averaged momentum), not a "
+                "gradient: set max_grad_norm=0"
+            )
+        if self.optimizer is None:
+            raise RuntimeError("BirderTrainer: the Trainer built no optimizer before its first training step")
+        self.hook_state = attach_hook(
+            ddp,
+            inner_optimizer(self.optimizer),
+            gpus_per_node=self.gpus_per_node,
+            scheme=self.scheme,
+            **self.hook_kwargs,
+        )
         self._hook_model = ddp
         if self._resume_dir is not None:
             # DDP's buckets as the saved run had them (1-bit Adam's scales are per bucket), then the saved state.
             # The optimizer's state is loaded already; the hook only reads it, and its errors are replaced.
             model.train()
-            regroup_buckets(model, lambda: self.compute_loss(model, self._prepare_inputs(dict(inputs))))
+            regroup_buckets(model, lambda: self._loss_of(model, inputs))
             load_hook_state(self.hook_state, self._resume_dir, self.args.process_index)
+
+    def _loss_of(self, model: torch.nn.Module, inputs: dict) -> torch.Tensor:
+        """The Trainer's loss of ``inputs`` (compute_loss returns (loss, outputs) when asked for outputs)."""
+        out = self.compute_loss(model, self._prepare_inputs(dict(inputs)))
+        return out[0] if isinstance(out, tuple) else out
 
     # ----------------------------------------------------------------------------------------- checkpoints
     def _save_rng_state(self, output_dir: str) -> None:

@@ -22,14 +22,16 @@ run had, so that 1-bit Adam's per-bucket scales, and so the parameters, continue
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 
 from birder_repro.comm import attach_birder, attach_onebit, build_topology
+from birder_repro.comm.state import CompressedCommState
 from birder_repro.optim import Birder
 from birder_repro.optim.onebit_adam import OneBitOptimizer
 
@@ -58,18 +60,26 @@ class BirderStrategy(DDPStrategy):
 
     strategy_name = "birder_ddp"
 
-    def __init__(self, gpus_per_node: Optional[int] = None, scheme: str = "hierarchical",
-                 kernel_backend: str = "auto", overlap: bool = True, nonfinite: str = "skip", **kwargs: Any):
+    def __init__(
+        self,
+        gpus_per_node: int | None = None,
+        scheme: str = "hierarchical",
+        kernel_backend: str = "auto",
+        overlap: bool = True,
+        nonfinite: str = "skip",
+        **kwargs: Any,
+    ):
         for key in ("ddp_comm_hook", "ddp_comm_state", "ddp_comm_wrapper"):
             if kwargs.get(key) is not None:
-                raise ValueError(f"BirderStrategy({key}=...): the strategy registers its own hook; use DDPStrategy "
-                                 "for another one")
+                raise ValueError(
+                    f"BirderStrategy({key}=...): the strategy registers its own hook; use DDPStrategy for another one"
+                )
         super().__init__(**kwargs)
         self.gpus_per_node, self.scheme, self.kernel_backend = gpus_per_node, scheme, kernel_backend
         self.overlap, self.nonfinite = overlap, nonfinite
-        self.hook_state = None
-        self._ckpt_path: Optional[str] = None   # the checkpoint fit() resumes from
-        self._resume: Optional[dict] = None     # its optimizer states, loaded at the first batch
+        self.hook_state: CompressedCommState | None = None
+        self._ckpt_path: str | None = None  # the checkpoint fit() resumes from
+        self._resume: dict | None = None  # its optimizer states, loaded at the first batch
 
     # ------------------------------------------------------------------------------------------ attaching
     @property
@@ -85,17 +95,29 @@ class BirderStrategy(DDPStrategy):
 
     def _attach(self):
         if len(self.optimizers) != 1:
-            raise ValueError(f"BirderStrategy: configure_optimizers returned {len(self.optimizers)} optimizers; "
-                             "the hook serves exactly one")
+            raise ValueError(
+                f"BirderStrategy: configure_optimizers returned {len(self.optimizers)} optimizers; "
+                "the hook serves exactly one"
+            )
         opt, per_node = self.optimizers[0], self.processes_per_node
         if isinstance(opt, Birder):
-            return attach_birder(self.model, opt, gpus_per_node=per_node, scheme=self.scheme,
-                                 kernel_backend=self.kernel_backend, overlap=self.overlap, nonfinite=self.nonfinite)
+            return attach_birder(
+                self.model,
+                opt,
+                gpus_per_node=per_node,
+                scheme=self.scheme,
+                kernel_backend=self.kernel_backend,
+                overlap=self.overlap,
+                nonfinite=self.nonfinite,
+            )
         if isinstance(opt, OneBitOptimizer):
-            return attach_onebit(self.model, opt, topology=build_topology(per_node), overlap=self.overlap,
-                                 nonfinite=self.nonfinite)
-        raise TypeError(f"BirderStrategy: configure_optimizers returned {type(opt).__name__}; return a "
-                        "birder_repro.optim Birder, OneBitAdam or OneBitLamb (other optimizers: DDPStrategy)")
+            return attach_onebit(
+                self.model, opt, topology=build_topology(per_node), overlap=self.overlap, nonfinite=self.nonfinite
+            )
+        raise TypeError(
+            f"BirderStrategy: configure_optimizers returned {type(opt).__name__}; return a "
+            "birder_repro.optim Birder, OneBitAdam or OneBitLamb (other optimizers: DDPStrategy)"
+        )
 
     def teardown(self) -> None:
         if self.hook_state is not None:
@@ -105,7 +127,7 @@ class BirderStrategy(DDPStrategy):
         super().teardown()
 
     # ----------------------------------------------------------------------------------------- checkpoints
-    def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Optional[Any] = None) -> None:
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
         super().save_checkpoint(checkpoint, filepath, storage_options)  # rank 0 writes Lightning's file
         if self.hook_state is not None:  # every rank writes its own hook state beside it
             torch.save(self.hook_state.state_dict(), hook_state_path(filepath, self.global_rank))
@@ -114,17 +136,23 @@ class BirderStrategy(DDPStrategy):
         super().remove_checkpoint(filepath)
         hook_state_path(filepath, self.global_rank).unlink(missing_ok=True)
 
-    def load_checkpoint(self, checkpoint_path, weights_only: Optional[bool] = None) -> dict[str, Any]:
+    def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
         self._ckpt_path = os.fspath(checkpoint_path)
         return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
 
     def load_optimizer_state_dict(self, checkpoint) -> None:
         if self.hook_state is None:
             return super().load_optimizer_state_dict(checkpoint)
+        if self._ckpt_path is None:
+            raise RuntimeError(
+                "BirderStrategy: an optimizer state arrived without a checkpoint path to read the hook's from"
+            )
         path = hook_state_path(self._ckpt_path, self.global_rank)
         if not path.is_file():
-            raise FileNotFoundError(f"{path}: this rank's Birder hook state is missing beside {self._ckpt_path} "
-                                    "(BirderStrategy writes one per rank; resume on the same number of processes)")
+            raise FileNotFoundError(
+                f"{path}: this rank's Birder hook state is missing beside {self._ckpt_path} "
+                "(BirderStrategy writes one per rank; resume on the same number of processes)"
+            )
         self._resume = {"checkpoint": checkpoint, "hook": torch.load(path, weights_only=True)}
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
@@ -133,7 +161,8 @@ class BirderStrategy(DDPStrategy):
             resume, self._resume = self._resume, None
             self._settle_buckets(batch, batch_idx)
             super().load_optimizer_state_dict(resume["checkpoint"])
-            self.hook_state.load_state_dict(resume["hook"])
+            if self.hook_state is not None:  # set whenever a resume was read (load_optimizer_state_dict)
+                self.hook_state.load_state_dict(resume["hook"])
 
     def _settle_buckets(self, batch: Any, batch_idx: int) -> None:
         """One forward and backward through DDP, before the saved states are loaded (the fresh optimizer is in
@@ -142,7 +171,12 @@ class BirderStrategy(DDPStrategy):
         devices = [self.root_device] if self.root_device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             out = self.training_step(batch, batch_idx)
-            loss = out["loss"] if isinstance(out, dict) else out
+            loss = out["loss"] if isinstance(out, Mapping) else out
+            if not isinstance(loss, torch.Tensor):
+                raise TypeError(
+                    f"BirderStrategy: training_step returned {type(out).__name__}, not a loss to resume with"
+                )
             loss.backward()
-        for p in self.lightning_module.parameters():
+        module = self.lightning_module
+        for p in module.parameters() if module is not None else ():
             p.grad = None

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from omegaconf import DictConfig
 
-from birder_repro import netns  # noqa: F401 - moved below launch/; this keeps `from birder_repro.launch import netns`
-from birder_repro import record
+from birder_repro import (
+    netns,  # noqa: F401 - moved below launch/; this keeps `from birder_repro.launch import netns`
+    record,
+)
 from birder_repro.launch import emulated, local, slurm, slurm_env, torchrun
 from birder_repro.launch.process import Command, log_tail, run_streaming
 
@@ -66,14 +68,20 @@ def plan(cfg: DictConfig, run_dir: Path, env: Mapping[str, str] = os.environ) ->
 
 def format_dry_run(cfg: DictConfig, run_dir: Path, name: str, commands: list[Command]) -> str:
     """What a dry run prints: a header, then one shell line per command."""
-    head = [f"# dry run (launcher={name}): {cfg.nodes} nodes x {cfg.gpus_per_node} processes per node; "
-            f"nothing was started. Run directory with the resolved config: {Path(run_dir).resolve()}"]
+    head = [
+        f"# dry run (launcher={name}): {cfg.nodes} nodes x {cfg.gpus_per_node} processes per node; "
+        f"nothing was started. Run directory with the resolved config: {Path(run_dir).resolve()}"
+    ]
     if name == "torchrun":
-        head.append("# run each line on its node (same rendezvous endpoint and id on all); with the c10d "
-                    "rendezvous the lines are the same and torchrun numbers the nodes as they join")
+        head.append(
+            "# run each line on its node (same rendezvous endpoint and id on all); with the c10d "
+            "rendezvous the lines are the same and torchrun numbers the nodes as they join"
+        )
         if int(cfg.nodes) > 1 and torchrun.master_addr(cfg) == torchrun.DEFAULT_ADDR:
-            head.append(f"# the rendezvous is at {torchrun.DEFAULT_ADDR}: on a real cluster set "
-                        "launcher.master_addr=<node 0's address> (SLURM's first node is used inside SLURM)")
+            head.append(
+                f"# the rendezvous is at {torchrun.DEFAULT_ADDR}: on a real cluster set "
+                "launcher.master_addr=<node 0's address> (SLURM's first node is used inside SLURM)"
+            )
     return "\n".join(head + [c.shell() for c in commands])
 
 
@@ -93,8 +101,11 @@ def launch(cfg: DictConfig, run_dir: Path, env: Mapping[str, str] = os.environ) 
     command = commands[mine]
     if name == "torchrun" and int(cfg.nodes) > 1:
         endpoint = f"{torchrun.master_addr(cfg, env)}:{cfg.launcher.master_port}"
-        print(f"[birder-repro] node {mine} of {cfg.nodes}: the other nodes must start at the same rendezvous "
-              f"({endpoint}); inside SLURM: srun --ntasks-per-node=1 birder-repro ...", flush=True)
+        print(
+            f"[birder-repro] node {mine} of {cfg.nodes}: the other nodes must start at the same rendezvous "
+            f"({endpoint}); inside SLURM: srun --ntasks-per-node=1 birder-repro ...",
+            flush=True,
+        )
     print(f"[birder-repro] {command.shell()}", flush=True)
     log = torchrun.log_name(cfg, env) if name == "torchrun" else record.LOG_FILE  # one file per node
     return run_streaming(command, Path(run_dir) / log, stop_timeout_s=torchrun.stop_timeout(cfg))

@@ -47,9 +47,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -61,8 +62,20 @@ from birder_repro.launch.process import Command
 from birder_repro.launch.torchrun import stop_timeout
 from birder_repro.probes import LINK_IFACE_ENV  # the interface whose counters a node's local rank 0 reads
 
-__all__ = ["CLUSTER", "LINK_IFACE_ENV", "INFO_FILE", "is_emulated", "check_launcher", "check_config",
-           "shaping", "fabric_for", "node_command", "commands", "format_dry_run", "launch"]
+__all__ = [
+    "CLUSTER",
+    "LINK_IFACE_ENV",
+    "INFO_FILE",
+    "is_emulated",
+    "check_launcher",
+    "check_config",
+    "shaping",
+    "fabric_for",
+    "node_command",
+    "commands",
+    "format_dry_run",
+    "launch",
+]
 
 CLUSTER = "emulated"
 NODE_ENV = "BIRDER_EMULATED_NODE"  # set for each node's CLI: k, the node it runs as (it builds no fabric)
@@ -83,26 +96,32 @@ def check_launcher(cfg: DictConfig) -> None:
     if cfg.launcher.name != "auto":
         raise layout.ConfigError(
             f"cluster=emulated starts its nodes itself (one network namespace and torchrun each); "
-            f"launcher={cfg.launcher.name} cannot run it: leave launcher=auto (the default)")
+            f"launcher={cfg.launcher.name} cannot run it: leave launcher=auto (the default)"
+        )
 
 
 def check_config(cfg: DictConfig) -> None:
     """Values the emulated cluster cannot use, refused before anything is made; each names its key."""
     cl = cfg.cluster
     if cl.get("latency_ms") is not None:
-        raise layout.ConfigError(f"cluster.latency_ms={cl.latency_ms}: a propagation delay needs tc netem, "
-                                 "which the emulated cluster does not use; set cluster.latency_ms=null "
-                                 "(cluster.queue_ms bounds the queueing delay of a shaped link)")
+        raise layout.ConfigError(
+            f"cluster.latency_ms={cl.latency_ms}: a propagation delay needs tc netem, "
+            "which the emulated cluster does not use; set cluster.latency_ms=null "
+            "(cluster.queue_ms bounds the queueing delay of a shaped link)"
+        )
     if cl.get("link_mbit") is not None and not float(cl.link_mbit) > 0:
-        raise layout.ConfigError(f"cluster.link_mbit={cl.link_mbit}: give a rate > 0 in Mbit/s, or null "
-                                 "for unshaped links")
+        raise layout.ConfigError(
+            f"cluster.link_mbit={cl.link_mbit}: give a rate > 0 in Mbit/s, or null for unshaped links"
+        )
     for key in ("queue_ms", "burst_ms"):
         if not float(cl[key]) > 0:
             raise layout.ConfigError(f"cluster.{key}={cl[key]}: use a time > 0 in milliseconds")
     if cl.backend == "nccl" or cfg.device == "cuda":
-        raise layout.ConfigError("cluster=emulated runs its workers on the CPU with gloo, whose TCP traffic "
-                                 "is what its links carry (NCCL would bypass them through shared memory): set "
-                                 "device=cpu (or auto) and cluster.backend=gloo")
+        raise layout.ConfigError(
+            "cluster=emulated runs its workers on the CPU with gloo, whose TCP traffic "
+            "is what its links carry (NCCL would bypass them through shared memory): set "
+            "device=cpu (or auto) and cluster.backend=gloo"
+        )
     if not 1 <= int(cfg.nodes) <= netns.MAX_NODES:
         raise layout.ConfigError(f"nodes={cfg.nodes}: an emulated cluster has 1 to {netns.MAX_NODES} nodes")
     local.check_fits_this_machine(cfg)  # every process of every node runs on this machine
@@ -112,12 +131,14 @@ def shaping(cfg: DictConfig) -> netns.Shaping:
     return netns.cluster_shaping(cfg.cluster)
 
 
-def fabric_for(cfg: DictConfig, run_id: Optional[str] = None) -> netns.Fabric:
+def fabric_for(cfg: DictConfig, run_id: str | None = None) -> netns.Fabric:
     try:
         return netns.plan_fabric(int(cfg.nodes), str(cfg.cluster.subnet), shaping(cfg), run_id)
     except ValueError as err:  # a malformed or too small subnet
-        raise layout.ConfigError(f"cluster.subnet={cfg.cluster.subnet}: {err}; use a private IPv4 subnet with "
-                                 "room for every node, e.g. 10.77.0.0/24") from None
+        raise layout.ConfigError(
+            f"cluster.subnet={cfg.cluster.subnet}: {err}; use a private IPv4 subnet with "
+            "room for every node, e.g. 10.77.0.0/24"
+        ) from None
 
 
 # ---------------------------------------------------------------------------------------- the commands
@@ -127,7 +148,7 @@ def node_cores(nodes: int, cores: Sequence[int]) -> list[list[int]]:
     per = len(cores) // max(nodes, 1)
     if per == 0:
         return [[] for _ in range(nodes)]
-    return [list(cores[k * per:(k + 1) * per]) for k in range(nodes)]
+    return [list(cores[k * per : (k + 1) * per]) for k in range(nodes)]
 
 
 def pin_prefix(cfg: DictConfig, k: int) -> list[str]:
@@ -145,15 +166,18 @@ def node_overrides(run_dir: Path) -> list[str]:
     command = record.read_command(run_dir)
     words = shlex.split(command, comments=True) if command else []
     if not words or "#" in command:
-        raise layout.ConfigError(f"cluster=emulated starts `birder-repro <overrides>` on every node, but this run's "
-                                 f"overrides are unknown ({run_dir / record.COMMAND_FILE}: {command!r}): start it "
-                                 "with the birder-repro command")
+        raise layout.ConfigError(
+            f"cluster=emulated starts `birder-repro <overrides>` on every node, but this run's "
+            f"overrides are unknown ({run_dir / record.COMMAND_FILE}: {command!r}): start it "
+            "with the birder-repro command"
+        )
     # a dry run starts no node: the lines it prints are what the nodes would run
     return [w for w in words[1:] if not w.startswith("dry_run=")]
 
 
-def node_command(cfg: DictConfig, run_dir: Path, fabric: netns.Fabric, k: int,
-                 env: Mapping[str, str] = os.environ) -> Command:
+def node_command(
+    cfg: DictConfig, run_dir: Path, fabric: netns.Fabric, k: int, env: Mapping[str, str] = os.environ
+) -> Command:
     """What node ``k`` runs, inside its namespace: the birder-repro CLI with the run's overrides, as one node's
     share (``launcher=torchrun``, its node rank, node 0's address, the one run directory), bound to its veth.
 
@@ -163,14 +187,30 @@ def node_command(cfg: DictConfig, run_dir: Path, fabric: netns.Fabric, k: int,
     """
     node, run_dir = fabric.nodes[k], Path(run_dir).resolve()
     backend = cfg.launcher.get("rdzv_backend") or "c10d"
-    argv = ["ip", "netns", "exec", node.netns, *pin_prefix(cfg, k), sys.executable, "-m", "birder_repro.cli",
-            *node_overrides(run_dir), "launcher=torchrun", f"launcher.node_rank={k}",
-            f"launcher.master_addr={fabric.nodes[0].address}",
-            f"launcher.rdzv_id={cfg.launcher.get('rdzv_id') or f'emulated-{fabric.run_id}'}",
-            f"hydra.run.dir={_hydra_value(str(run_dir))}", "hydra.output_subdir=null"]
-    extra = {NODE_ENV: str(k), "PET_LOCAL_ADDR": node.address,
-             "GLOO_SOCKET_IFNAME": node.node_veth, LINK_IFACE_ENV: node.node_veth,
-             "CUDA_VISIBLE_DEVICES": ""}  # device=auto resolves to the CPU in every node (check_config)
+    argv = [
+        "ip",
+        "netns",
+        "exec",
+        node.netns,
+        *pin_prefix(cfg, k),
+        sys.executable,
+        "-m",
+        "birder_repro.cli",
+        *node_overrides(run_dir),
+        "launcher=torchrun",
+        f"launcher.node_rank={k}",
+        f"launcher.master_addr={fabric.nodes[0].address}",
+        f"launcher.rdzv_id={cfg.launcher.get('rdzv_id') or f'emulated-{fabric.run_id}'}",
+        f"hydra.run.dir={_hydra_value(str(run_dir))}",
+        "hydra.output_subdir=null",
+    ]
+    extra = {
+        NODE_ENV: str(k),
+        "PET_LOCAL_ADDR": node.address,
+        "GLOO_SOCKET_IFNAME": node.node_veth,
+        LINK_IFACE_ENV: node.node_veth,
+        "CUDA_VISIBLE_DEVICES": "",
+    }  # device=auto resolves to the CPU in every node (check_config)
     if backend == "c10d":
         extra["PET_RDZV_CONF"] = f"is_host={int(k == 0)}"
     threads = local.omp_threads(layout.world_size(cfg), env)  # every node shares this machine's cores
@@ -181,7 +221,7 @@ def node_command(cfg: DictConfig, run_dir: Path, fabric: netns.Fabric, k: int,
     return Command(argv=argv, env=extra, note=f"node {k} of {cfg.nodes}, namespace {node.netns} ({node.address})")
 
 
-def node_index(env: Mapping[str, str] = os.environ) -> Optional[int]:
+def node_index(env: Mapping[str, str] = os.environ) -> int | None:
     """Which node of an emulated cluster this CLI runs as (:data:`NODE_ENV`), or None for the one that builds it."""
     value = env.get(NODE_ENV, "")
     return int(value) if value.isdigit() else None
@@ -194,18 +234,21 @@ def _hydra_value(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def commands(cfg: DictConfig, run_dir: Path, fabric: netns.Fabric,
-             env: Mapping[str, str] = os.environ) -> list[Command]:
+def commands(
+    cfg: DictConfig, run_dir: Path, fabric: netns.Fabric, env: Mapping[str, str] = os.environ
+) -> list[Command]:
     return [node_command(cfg, run_dir, fabric, k, env) for k in range(int(cfg.nodes))]
 
 
 def format_dry_run(cfg: DictConfig, run_dir: Path, fabric: netns.Fabric, cmds: Sequence[Command]) -> str:
     """The fabric's setup, one line per node (all run at once), and the teardown, as a root shell would."""
     tbf = " ".join(fabric.shaping.tbf()) or "unshaped"
-    lines = [f"# dry run (cluster=emulated): {cfg.nodes} nodes x {cfg.gpus_per_node} processes per node, "
-             f"each node a network namespace; links: {tbf}; nothing was started.",
-             f"# Run directory with the resolved config: {Path(run_dir).resolve()}",
-             "# 1. the fabric (as root), and /etc/netns/<namespace>/hosts naming every node in each namespace:"]
+    lines = [
+        f"# dry run (cluster=emulated): {cfg.nodes} nodes x {cfg.gpus_per_node} processes per node, "
+        f"each node a network namespace; links: {tbf}; nothing was started.",
+        f"# Run directory with the resolved config: {Path(run_dir).resolve()}",
+        "# 1. the fabric (as root), and /etc/netns/<namespace>/hosts naming every node in each namespace:",
+    ]
     lines += [" ".join(c) for c in netns.setup_commands(fabric)]
     lines.append("# 2. one birder-repro CLI per node (it starts the node's torchrun), all at once:")
     lines += [f"{Command(c.argv, c.env).shell()} &  # {c.note}" for c in cmds]
@@ -228,40 +271,58 @@ def launch(cfg: DictConfig, run_dir: Path, env: Mapping[str, str] = os.environ) 
     netns.require_tools()
     stale = netns.clean_stale()
     if stale:
-        print(f"[birder-repro] removed the emulated cluster(s) {', '.join(stale)} left by runs that were killed",
-              flush=True)
-    info: dict[str, Any] = {**fabric.describe(), "setup": [" ".join(c) for c in netns.setup_commands(fabric)],
-                            "nodes_commands": [c.shell() for c in cmds]}
+        print(
+            f"[birder-repro] removed the emulated cluster(s) {', '.join(stale)} left by runs that were killed",
+            flush=True,
+        )
+    info: dict[str, Any] = {
+        **fabric.describe(),
+        "setup": [" ".join(c) for c in netns.setup_commands(fabric)],
+        "nodes_commands": [c.shell() for c in cmds],
+    }
     users = _run_files(run_dir)
     code = 1
     with _signals_raise() as signals:
         try:
             netns.create(fabric)
-            print(f"[birder-repro] emulated cluster {fabric.run_id}: {len(fabric.nodes)} namespaces on "
-                  f"{cfg.cluster.subnet}, links {' '.join(fabric.shaping.tbf()) or 'unshaped'}", flush=True)
+            print(
+                f"[birder-repro] emulated cluster {fabric.run_id}: {len(fabric.nodes)} namespaces on "
+                f"{cfg.cluster.subnet}, links {' '.join(fabric.shaping.tbf()) or 'unshaped'}",
+                flush=True,
+            )
             before = _whole_run_bytes(fabric)
             # a node's CLI waits train.stop_timeout_s for its workers after SIGTERM, and a minute more for torchrun
             code = run_nodes(cmds, run_dir / NODES_LOG, stop_timeout_s=stop_timeout(cfg) + 60 + STOP_TIMEOUT_S)
             info["link_bytes_whole_run"] = _difference(_whole_run_bytes(fabric), before)
         except _Interrupted as stop:
             code = SIGNAL_CODES[stop.signum]
-            print(f"[birder-repro] stopped by {signal.Signals(stop.signum).name}; removing the emulated cluster",
-                  file=sys.stderr, flush=True)
+            print(
+                f"[birder-repro] stopped by {signal.Signals(stop.signum).name}; removing the emulated cluster",
+                file=sys.stderr,
+                flush=True,
+            )
         finally:
             signals.disarm()  # a second Ctrl-C must not cut the removal short
             info["left_after_removal"] = netns.destroy(fabric)
             _write_info(run_dir, info)
             _restore_run_files(run_dir, users, cfg)
     if info["left_after_removal"]:
-        print(f"[birder-repro] could not remove {', '.join(info['left_after_removal'])}; the next emulated run "
-              "removes them (or: ip netns delete / ip link delete)", file=sys.stderr, flush=True)
+        print(
+            f"[birder-repro] could not remove {', '.join(info['left_after_removal'])}; the next emulated run "
+            "removes them (or: ip netns delete / ip link delete)",
+            file=sys.stderr,
+            flush=True,
+        )
     return code
 
 
 def _run_files(run_dir: Path) -> dict[str, str]:
     """The config and command the user's CLI wrote, which each node's CLI rewrites with its own launcher."""
-    return {name: (run_dir / name).read_text() for name in (record.CONFIG_FILE, record.COMMAND_FILE)
-            if (run_dir / name).is_file()}
+    return {
+        name: (run_dir / name).read_text()
+        for name in (record.CONFIG_FILE, record.COMMAND_FILE)
+        if (run_dir / name).is_file()
+    }
 
 
 def _restore_run_files(run_dir: Path, files: dict[str, str], cfg: DictConfig) -> None:
@@ -320,8 +381,9 @@ def _signals_raise() -> Iterator[_SignalGuard]:
             signal.signal(sig, old)
 
 
-def run_nodes(cmds: Sequence[Command], log_path: Path, grace_s: float = STOP_GRACE_S,
-              stop_timeout_s: float = STOP_TIMEOUT_S) -> int:
+def run_nodes(
+    cmds: Sequence[Command], log_path: Path, grace_s: float = STOP_GRACE_S, stop_timeout_s: float = STOP_TIMEOUT_S
+) -> int:
     """Start every node's command at once, stream their output (prefixed by node) to stdout and ``log_path``.
 
     Returns 0, or the exit code of the first node that failed. When one fails the others may wait on it for
@@ -330,14 +392,25 @@ def run_nodes(cmds: Sequence[Command], log_path: Path, grace_s: float = STOP_GRA
     """
     # each node in a session of its own: a Ctrl-C at the terminal reaches this launcher only, which stops each
     # node once, through its CLI
-    procs = [subprocess.Popen(c.argv, env=c.full_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              start_new_session=True, preexec_fn=_die_with_parent) for c in cmds]
+    procs = [
+        subprocess.Popen(
+            c.argv,
+            env=c.full_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        for c in cmds
+    ]
     lock = threading.Lock()
     first = TerminalEcho(sys.stdout)  # one a node, muted together: a failure on any node spares the terminal
     echoes = [first] + [TerminalEcho(sys.stdout, shared=first) for _ in procs[1:]]
     with open(log_path, "ab") as log:
-        pumps = [threading.Thread(target=_pump, args=(p.stdout, log, f"[node {k}] ".encode(), lock, echoes[k]),
-                                  daemon=True) for k, p in enumerate(procs)]
+        pumps = [
+            threading.Thread(target=_pump, args=(p.stdout, log, f"[node {k}] ".encode(), lock, echoes[k]), daemon=True)
+            for k, p in enumerate(procs)
+        ]
         for t in pumps:
             t.start()
         try:
@@ -402,12 +475,12 @@ def _pump(stream, log, prefix: bytes, lock: threading.Lock, echo: TerminalEcho) 
         echo.close()
 
 
-def _whole_run_bytes(fabric: netns.Fabric) -> list[Optional[int]]:
+def _whole_run_bytes(fabric: netns.Fabric) -> list[int | None]:
     # The bridge end of node k's veth receives exactly what node k sends: read from the root namespace.
     return [netns.rx_bytes(n.host_veth) for n in fabric.nodes]
 
 
-def _difference(after: list[Optional[int]], before: list[Optional[int]]) -> list[Optional[int]]:
+def _difference(after: list[int | None], before: list[int | None]) -> list[int | None]:
     return [None if a is None or b is None else a - b for a, b in zip(after, before)]
 
 
@@ -416,4 +489,3 @@ def _write_info(run_dir: Path, info: dict) -> None:
         (run_dir / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
     except OSError as err:  # the run's outcome must not depend on this note
         print(f"[birder-repro] could not write {run_dir / INFO_FILE}: {err}", file=sys.stderr)
-

@@ -8,8 +8,8 @@ processes whose intra- and inter-node groups are the ones a real cluster would h
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, Optional
 
 from omegaconf import DictConfig
 
@@ -41,10 +41,11 @@ def check_fits_this_machine(cfg: DictConfig) -> None:
         f"at most {limit} on this machine ({layout.cpu_count()} CPU cores; launcher.max_local_processes). "
         "Run a smaller layout here (for example nodes=2 gpus_per_node=1), or run it on a cluster with "
         "launcher=torchrun (one command per node; add dry_run=true to print them), or raise "
-        "launcher.max_local_processes if this machine can take it.")
+        "launcher.max_local_processes if this machine can take it."
+    )
 
 
-def omp_threads(local_processes: int, env: Mapping[str, str]) -> Optional[str]:
+def omp_threads(local_processes: int, env: Mapping[str, str]) -> str | None:
     """OMP_NUM_THREADS for CPU workers: the cores shared out (at least 1), unless the user has set it.
 
     torchrun would otherwise set 1 for every worker, leaving cores idle when there are fewer processes
@@ -59,8 +60,7 @@ def command(cfg: DictConfig, run_dir: Path, env: Mapping[str, str] = os.environ)
     """The one torchrun command that starts every worker of the layout on this machine."""
     check_fits_this_machine(cfg)
     world = layout.world_size(cfg)
-    argv = torchrun_argv(Path(run_dir).resolve(), world, restarts=max_restarts(cfg),
-                         shutdown_timeout=stop_timeout(cfg))
+    argv = torchrun_argv(Path(run_dir).resolve(), world, restarts=max_restarts(cfg), shutdown_timeout=stop_timeout(cfg))
     extra = {}
     if _device(cfg, world) == "cpu":
         threads = omp_threads(world, env)
@@ -68,8 +68,10 @@ def command(cfg: DictConfig, run_dir: Path, env: Mapping[str, str] = os.environ)
             extra["OMP_NUM_THREADS"] = threads
     note = f"nodes={cfg.nodes} x gpus_per_node={cfg.gpus_per_node} as {world} processes on this machine"
     if world > max_local_processes(cfg):  # only a dry run gets here (check_fits_this_machine)
-        note += (f"; more than launcher=local runs here (launcher.max_local_processes={max_local_processes(cfg)}): "
-                 "on a cluster, launcher=torchrun prints one command per node")
+        note += (
+            f"; more than launcher=local runs here (launcher.max_local_processes={max_local_processes(cfg)}): "
+            "on a cluster, launcher=torchrun prints one command per node"
+        )
     return Command(argv=argv, env=extra, note=note)
 
 

@@ -15,9 +15,9 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Optional
 
 from birder_repro.failures import TerminalEcho
 
@@ -38,7 +38,7 @@ class Command:
         line = " ".join(prefix + [shlex.join(self.argv)])
         return f"{line}  # {self.note}" if self.note else line
 
-    def full_env(self, base: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+    def full_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         return {**(os.environ if base is None else base), **self.env}
 
 
@@ -56,8 +56,13 @@ def run_streaming(command: Command, log_path: Path, stop_timeout_s: float = 30.0
     checkpoint and write the record; meanwhile this process keeps copying their output and waits.
     """
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(command.argv, env=command.full_env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            command.argv,
+            env=command.full_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         echo = TerminalEcho(sys.stdout)
         # once stopping, the terminal is spared torchrun's report of the signal: our own lines only
         with ForwardSignals(proc, stop_timeout_s, on_signal=echo.own_lines_only) as forward:
@@ -78,9 +83,9 @@ class ForwardSignals:
     def __init__(self, proc: subprocess.Popen, grace_s: float, on_signal=None):
         self.proc, self.grace_s, self.signum, self.on_signal = proc, grace_s, 0, on_signal
         self._saved: dict = {}
-        self._timer: Optional[threading.Timer] = None
+        self._timer: threading.Timer | None = None
 
-    def __enter__(self) -> "ForwardSignals":
+    def __enter__(self) -> ForwardSignals:
         if threading.current_thread() is threading.main_thread():
             self._saved = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
         return self
@@ -94,14 +99,22 @@ class ForwardSignals:
     def _handle(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
         if self.signum:
-            print(f"[birder-repro] {name}: already stopping; the workers have {self.grace_s:g} s "
-                  "(train.stop_timeout_s) before torchrun kills them", file=sys.stderr, flush=True)
+            print(
+                f"[birder-repro] {name}: already stopping; the workers have {self.grace_s:g} s "
+                "(train.stop_timeout_s) before torchrun kills them",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         self.signum = signum
         if self.on_signal is not None:
             self.on_signal()
-        print(f"[birder-repro] {name}: the workers stop after their current step, save a checkpoint and write the "
-              f"record (within train.stop_timeout_s={self.grace_s:g} s)", file=sys.stderr, flush=True)
+        print(
+            f"[birder-repro] {name}: the workers stop after their current step, save a checkpoint and write the "
+            f"record (within train.stop_timeout_s={self.grace_s:g} s)",
+            file=sys.stderr,
+            flush=True,
+        )
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
         self._timer = threading.Timer(self.grace_s + 60, self._kill)

@@ -45,25 +45,41 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 from birder_repro import config as layout
 from birder_repro import record
+from birder_repro.digest import LAUNCH_ENV
 from birder_repro.launch import slurm_env
 from birder_repro.launch.torchrun import WORKER, Rendezvous, max_restarts, stop_timeout, torchrun_argv
-from birder_repro.digest import LAUNCH_ENV
 
-__all__ = ["SCRIPT_FILE", "JOB_ID_FILE", "check_config", "job_name", "cpus_per_task", "batch_script",
-           "write_script", "warnings", "cluster_warning", "submit", "launch"]
+__all__ = [
+    "SCRIPT_FILE",
+    "JOB_ID_FILE",
+    "check_config",
+    "job_name",
+    "cpus_per_task",
+    "batch_script",
+    "write_script",
+    "warnings",
+    "cluster_warning",
+    "submit",
+    "launch",
+]
 
 SCRIPT_FILE = "job.sbatch"
 JOB_ID_FILE = "slurm_job_id"
 # Options passed to sbatch as they are given: config key -> sbatch option.
-OPTIONAL_DIRECTIVES = {"partition": "--partition", "account": "--account", "qos": "--qos",
-                       "constraint": "--constraint", "mem": "--mem"}
+OPTIONAL_DIRECTIVES = {
+    "partition": "--partition",
+    "account": "--account",
+    "qos": "--qos",
+    "constraint": "--constraint",
+    "mem": "--mem",
+}
 # data.num_workers=auto: the loader processes per training process that cpus_per_task=auto asks cores for
 # (the default of pytorch/examples' ImageNet training, --workers 4); inside the job, auto then finds them.
 AUTO_LOADERS = 4
@@ -75,8 +91,10 @@ def check_config(cfg: DictConfig) -> None:
     """Settings a batch job cannot use; each error names its key."""
     lc = cfg.launcher
     if (lc.get("rdzv_backend") or "c10d") != "c10d":
-        raise layout.ConfigError(f"launcher.rdzv_backend={lc.rdzv_backend}: a SLURM job runs the same "
-                                 "command on every node, which needs the c10d rendezvous: set it to c10d")
+        raise layout.ConfigError(
+            f"launcher.rdzv_backend={lc.rdzv_backend}: a SLURM job runs the same "
+            "command on every node, which needs the c10d rendezvous: set it to c10d"
+        )
     if not str(lc.time or "").strip():
         raise layout.ConfigError("launcher.time is empty: give the job's wall-clock limit, e.g. 04:00:00")
     try:
@@ -87,26 +105,33 @@ def check_config(cfg: DictConfig) -> None:
         raise layout.ConfigError(f"nodes={cfg.nodes}: a job needs at least one node")
     cpus = lc.get("cpus_per_task")
     if cpus not in (None, "auto") and not (str(cpus).isdigit() and int(cpus) >= 1):
-        raise layout.ConfigError(f"launcher.cpus_per_task={cpus}: use auto, a whole number >= 1, or null "
-                                 "(the cluster's default: one CPU for all of a node's workers)")
+        raise layout.ConfigError(
+            f"launcher.cpus_per_task={cpus}: use auto, a whole number >= 1, or null "
+            "(the cluster's default: one CPU for all of a node's workers)"
+        )
     signal_s = lc.get("signal_s")
     if not (isinstance(signal_s, int) and 0 < signal_s <= 65535):
-        raise layout.ConfigError(f"launcher.signal_s={signal_s}: use whole seconds from 1 to 65535 (sbatch "
-                                 "--signal's range), e.g. 120")
+        raise layout.ConfigError(
+            f"launcher.signal_s={signal_s}: use whole seconds from 1 to 65535 (sbatch --signal's range), e.g. 120"
+        )
     if lc.get("requeue") and limit is not None and signal_s >= limit:
-        raise layout.ConfigError(f"launcher.signal_s={signal_s} is not shorter than launcher.time={lc.time}: "
-                                 "the job would be stopped as it starts; lower launcher.signal_s")
+        raise layout.ConfigError(
+            f"launcher.signal_s={signal_s} is not shorter than launcher.time={lc.time}: "
+            "the job would be stopped as it starts; lower launcher.signal_s"
+        )
     if lc.get("requeue") and signal_s <= stop_timeout(cfg):
-        raise layout.ConfigError(f"launcher.signal_s={signal_s} is not longer than train.stop_timeout_s="
-                                 f"{stop_timeout(cfg)}: the workers could still be saving their checkpoint at the "
-                                 "time limit; raise launcher.signal_s or lower train.stop_timeout_s")
+        raise layout.ConfigError(
+            f"launcher.signal_s={signal_s} is not longer than train.stop_timeout_s="
+            f"{stop_timeout(cfg)}: the workers could still be saving their checkpoint at the "
+            "time limit; raise launcher.signal_s or lower train.stop_timeout_s"
+        )
 
 
 def job_name(cfg: DictConfig) -> str:
     return f"birder-{cfg.task.name}-{cfg.optim.name}-n{cfg.nodes}"
 
 
-def cpus_per_task(cfg: DictConfig) -> Optional[int]:
+def cpus_per_task(cfg: DictConfig) -> int | None:
     """CPU cores for each node's one task (all of that node's workers): ``launcher.cpus_per_task`` as given;
     ``auto``: processes per node x (loader processes per process + 1), ``data.num_workers=auto`` counting as
     :data:`AUTO_LOADERS`; null: none asked for (SLURM's default, one CPU per task)."""
@@ -140,28 +165,38 @@ def batch_script(cfg: DictConfig, run_dir: Path, command_line: str = "") -> str:
     run_dir = Path(run_dir).resolve()
     lc = cfg.launcher
     python = lc.python or sys.executable
-    lines = ["#!/bin/bash",
-             f"# birder-repro, run directory {run_dir} (must be on a file system every node shares)",
-             f"# {command_line}" if command_line else "#",
-             f"# {cfg.nodes} nodes x {cfg.gpus_per_node} processes (gpus_per_node): one task per node runs torchrun "
-             "for its processes; c10d rendezvous on the job's first node."]
+    lines = [
+        "#!/bin/bash",
+        f"# birder-repro, run directory {run_dir} (must be on a file system every node shares)",
+        f"# {command_line}" if command_line else "#",
+        f"# {cfg.nodes} nodes x {cfg.gpus_per_node} processes (gpus_per_node): one task per node runs torchrun "
+        "for its processes; c10d rendezvous on the job's first node.",
+    ]
     lines += [f"#SBATCH {d}" for d in _directives(cfg, run_dir)]
     lines += ["", "set -euo pipefail", *[str(s) for s in lc.setup]]
-    lines += [f"RUN_DIR={shlex.quote(str(run_dir))}", f"PYTHON={shlex.quote(python)}",
-              'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
-              f"MASTER_PORT={int(lc.master_port)}",
-              'ATTEMPT=$((${SLURM_RESTART_COUNT:-0} + 1))',
-              '# each attempt is one entry of the record\'s attempts (birder_repro.train.restarts)',
-              f'export {LAUNCH_ENV}="slurm job $SLURM_JOB_ID, attempt $ATTEMPT"',
-              'echo "[birder-repro] job $SLURM_JOB_ID, attempt $ATTEMPT, on $SLURM_JOB_NODELIST, '
-              '$(date -u \'+%F %T UTC\')"',
-              "# the newest complete checkpoint now (a requeue needs a newer one), and the time",
-              f'read -r SINCE STARTED <<< "$("$PYTHON" -m {SUMMARY} "$RUN_DIR" --attempt-start)"',
-              "", *_traps(cfg), ""]
+    lines += [
+        f"RUN_DIR={shlex.quote(str(run_dir))}",
+        f"PYTHON={shlex.quote(python)}",
+        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
+        f"MASTER_PORT={int(lc.master_port)}",
+        "ATTEMPT=$((${SLURM_RESTART_COUNT:-0} + 1))",
+        "# each attempt is one entry of the record's attempts (birder_repro.train.restarts)",
+        f'export {LAUNCH_ENV}="slurm job $SLURM_JOB_ID, attempt $ATTEMPT"',
+        "echo \"[birder-repro] job $SLURM_JOB_ID, attempt $ATTEMPT, on $SLURM_JOB_NODELIST, $(date -u '+%F %T UTC')\"",
+        "# the newest complete checkpoint now (a requeue needs a newer one), and the time",
+        f'read -r SINCE STARTED <<< "$("$PYTHON" -m {SUMMARY} "$RUN_DIR" --attempt-start)"',
+        "",
+        *_traps(cfg),
+        "",
+    ]
     # srun does not pass sbatch's --cpus-per-task on to its tasks (SLURM 22.05 to 23.02): say it again.
-    lines += ['srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1'
-              + (' --cpus-per-task="$SLURM_CPUS_PER_TASK"' if cpus_per_task(cfg) is not None else "") + " \\",
-              f"  {_torchrun_line(cfg, run_dir)} &", "SRUN_PID=$!"]
+    lines += [
+        'srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1'
+        + (' --cpus-per-task="$SLURM_CPUS_PER_TASK"' if cpus_per_task(cfg) is not None else "")
+        + " \\",
+        f"  {_torchrun_line(cfg, run_dir)} &",
+        "SRUN_PID=$!",
+    ]
     lines += _ending(cfg)
     return "\n".join(lines) + "\n"
 
@@ -169,14 +204,16 @@ def batch_script(cfg: DictConfig, run_dir: Path, command_line: str = "") -> str:
 def _traps(cfg: DictConfig) -> list[str]:
     """The shell's handlers: USR1 (``--signal``, the limit is near) and TERM (scancel, preemption) stop the
     workers through srun, which forwards SIGTERM to its tasks."""
-    lines = ['SRUN_PID="" STOPPED=""',
-             "stop_workers() {",
-             '  STOPPED=$1',
-             '  echo "[birder-repro] SIG$1 at $(date -u \'+%T UTC\'): stopping the workers at a step boundary '
-             '(they save a checkpoint)"',
-             '  if [ -n "$SRUN_PID" ]; then kill -TERM "$SRUN_PID" 2>/dev/null || true; fi',
-             "}",
-             "trap 'stop_workers TERM' TERM"]
+    lines = [
+        'SRUN_PID="" STOPPED=""',
+        "stop_workers() {",
+        "  STOPPED=$1",
+        "  echo \"[birder-repro] SIG$1 at $(date -u '+%T UTC'): stopping the workers at a step boundary "
+        '(they save a checkpoint)"',
+        '  if [ -n "$SRUN_PID" ]; then kill -TERM "$SRUN_PID" 2>/dev/null || true; fi',
+        "}",
+        "trap 'stop_workers TERM' TERM",
+    ]
     if cfg.launcher.requeue:
         lines.append("trap 'stop_workers USR1' USR1  # --signal=B:USR1: the time limit is near")
     return lines
@@ -185,34 +222,48 @@ def _traps(cfg: DictConfig) -> list[str]:
 def _ending(cfg: DictConfig) -> list[str]:
     """Wait for srun (a trapped signal ends ``wait`` early, srun still running: wait again), print the summary,
     requeue after USR1 when the summary says the run can resume (exit status 75)."""
-    lines = ['CODE=0; wait "$SRUN_PID" || CODE=$?',
-             "# a trapped signal ends wait early, srun still running: wait for srun itself",
-             'while kill -0 "$SRUN_PID" 2>/dev/null; do CODE=0; wait "$SRUN_PID" || CODE=$?; done',
-             "",
-             "# the run's end as the CLI prints it; 75: stopped, with a checkpoint newer than the attempt's start",
-             f'END=0; "$PYTHON" -m {SUMMARY} "$RUN_DIR" --exit-code "$CODE" --stopped "$STOPPED" '
-             '--since-step "${SINCE:-0}" --started "${STARTED:-}" || END=$?']
+    lines = [
+        'CODE=0; wait "$SRUN_PID" || CODE=$?',
+        "# a trapped signal ends wait early, srun still running: wait for srun itself",
+        'while kill -0 "$SRUN_PID" 2>/dev/null; do CODE=0; wait "$SRUN_PID" || CODE=$?; done',
+        "",
+        "# the run's end as the CLI prints it; 75: stopped, with a checkpoint newer than the attempt's start",
+        f'END=0; "$PYTHON" -m {SUMMARY} "$RUN_DIR" --exit-code "$CODE" --stopped "$STOPPED" '
+        '--since-step "${SINCE:-0}" --started "${STARTED:-}" || END=$?',
+    ]
     if cfg.launcher.requeue:
-        lines += ['if [ "$STOPPED" = USR1 ] && [ "$END" = 75 ]; then',
-                  '  echo "[birder-repro] requeueing job $SLURM_JOB_ID: attempt $((ATTEMPT + 1)) resumes from the '
-                  'newest complete checkpoint in $RUN_DIR"',
-                  '  scontrol requeue "$SLURM_JOB_ID"',
-                  "  exit 0",
-                  "fi"]
-    return lines + ['if [ "$END" = 75 ]; then exit 143; fi  # stopped by SIGTERM: scancel, or preemption',
-                    'exit "$END"']
+        lines += [
+            'if [ "$STOPPED" = USR1 ] && [ "$END" = 75 ]; then',
+            '  echo "[birder-repro] requeueing job $SLURM_JOB_ID: attempt $((ATTEMPT + 1)) resumes from the '
+            'newest complete checkpoint in $RUN_DIR"',
+            '  scontrol requeue "$SLURM_JOB_ID"',
+            "  exit 0",
+            "fi",
+        ]
+    return lines + [
+        'if [ "$END" = 75 ]; then exit 143; fi  # stopped by SIGTERM: scancel, or preemption',
+        'exit "$END"',
+    ]
 
 
 def _torchrun_line(cfg: DictConfig, run_dir: Path) -> str:
     """Every node's torchrun (the command ``launcher=torchrun`` prints for a node), in SLURM's variables,
     wrapped before the rendezvous and the worker."""
     meet = Rendezvous("c10d", "$MASTER_ADDR:$MASTER_PORT", "$SLURM_JOB_ID")
-    argv = torchrun_argv(run_dir, cfg.gpus_per_node, meet, nnodes="$SLURM_NNODES", python="$PYTHON",
-                         restarts=max_restarts(cfg), shutdown_timeout=stop_timeout(cfg))
+    argv = torchrun_argv(
+        run_dir,
+        cfg.gpus_per_node,
+        meet,
+        nnodes="$SLURM_NNODES",
+        python="$PYTHON",
+        restarts=max_restarts(cfg),
+        shutdown_timeout=stop_timeout(cfg),
+    )
     words = [_shell_word(a) for a in argv]
     breaks = [words.index(_shell_word(f"--rdzv-backend={meet.backend}")), len(words) - len(WORKER) - 2]
-    return " \\\n  ".join(" ".join(part) for part in (words[:breaks[0]], words[breaks[0]:breaks[1]],
-                                                          words[breaks[1]:]))
+    return " \\\n  ".join(
+        " ".join(part) for part in (words[: breaks[0]], words[breaks[0] : breaks[1]], words[breaks[1] :])
+    )
 
 
 def _shell_word(arg: str) -> str:
@@ -240,16 +291,18 @@ def warnings(cfg: DictConfig) -> list[str]:
     return [w for w in (_time_limit_advice(cfg), cluster_warning(cfg)) if w]
 
 
-def cluster_warning(cfg: DictConfig) -> Optional[str]:
+def cluster_warning(cfg: DictConfig) -> str | None:
     """``cluster=local`` for a run on SLURM's nodes: its record would say they talk over loopback."""
     if cfg.cluster.name != "local":
         return None
-    return ("warning: cluster=local under SLURM: the record will say the nodes talk over loopback (interconnect: "
-            f"{cfg.cluster.interconnect}); name the job's network: cluster=ethernet_10g or cluster=infiniband_200g "
-            "(or a conf/cluster/<yours>.yaml)")
+    return (
+        "warning: cluster=local under SLURM: the record will say the nodes talk over loopback (interconnect: "
+        f"{cfg.cluster.interconnect}); name the job's network: cluster=ethernet_10g or cluster=infiniband_200g "
+        "(or a conf/cluster/<yours>.yaml)"
+    )
 
 
-def _time_limit_advice(cfg: DictConfig) -> Optional[str]:
+def _time_limit_advice(cfg: DictConfig) -> str | None:
     """A warning where the run is likely to outlast the time limit with no checkpoint saved before it; a note
     on the requeues to expect where it will be stopped, checkpointed and requeued."""
     limit = slurm_env.time_limit_s(cfg.launcher.time)
@@ -261,23 +314,29 @@ def _time_limit_advice(cfg: DictConfig) -> Optional[str]:
     if predicted is None:  # no prediction: a rule, any run that could outlast the limit
         if every or on_stop:
             return None
-        return (f"warning: launcher.time={cfg.launcher.time} and no checkpoint is ever saved (train.checkpoint_every=0"
-                f"{_stop_setting(cfg)}): if the run takes longer it is killed with nothing saved; set "
-                "train.checkpoint_every=<steps>, or a launcher.time the run surely fits in")
+        return (
+            f"warning: launcher.time={cfg.launcher.time} and no checkpoint is ever saved (train.checkpoint_every=0"
+            f"{_stop_setting(cfg)}): if the run takes longer it is killed with nothing saved; set "
+            "train.checkpoint_every=<steps>, or a launcher.time the run surely fits in"
+        )
     seconds, step_s, basis = predicted
     if seconds <= limit:
         return None
     if on_stop:  # stopped before the limit, it saves a checkpoint and is requeued
-        return (f"note: the run is predicted to take {_hours(seconds)} ({basis}), launcher.time={cfg.launcher.time}: "
-                f"expect about {math.ceil(seconds / limit) - 1} requeue(s), each attempt resuming from the last one's "
-                "checkpoint")
+        return (
+            f"note: the run is predicted to take {_hours(seconds)} ({basis}), launcher.time={cfg.launcher.time}: "
+            f"expect about {math.ceil(seconds / limit) - 1} requeue(s), each attempt resuming from the last one's "
+            "checkpoint"
+        )
     if every and every * step_s < limit - int(cfg.launcher.signal_s):
         return None
     suggest = max(1, int(0.5 * limit / step_s))
-    return (f"warning: the run is predicted to take {_hours(seconds)} ({basis}) but launcher.time={cfg.launcher.time} "
-            f"({_hours(limit)}), and no checkpoint would be saved before the limit (train.checkpoint_every={every}"
-            f"{_stop_setting(cfg)}): it would be killed with nothing saved; set train.checkpoint_every={suggest} "
-            "(half the limit), or a longer launcher.time")
+    return (
+        f"warning: the run is predicted to take {_hours(seconds)} ({basis}) but launcher.time={cfg.launcher.time} "
+        f"({_hours(limit)}), and no checkpoint would be saved before the limit (train.checkpoint_every={every}"
+        f"{_stop_setting(cfg)}): it would be killed with nothing saved; set train.checkpoint_every={suggest} "
+        "(half the limit), or a longer launcher.time"
+    )
 
 
 def _stop_setting(cfg: DictConfig) -> str:
@@ -286,7 +345,7 @@ def _stop_setting(cfg: DictConfig) -> str:
     return ", train.checkpoint_on_stop=false" if "checkpoint_on_stop" in cfg.train else ""
 
 
-def predicted_run(cfg: DictConfig) -> Optional[tuple[float, float, str]]:
+def predicted_run(cfg: DictConfig) -> tuple[float, float, str] | None:
     """(seconds, seconds a step, what the figure rests on) of the whole run by the performance model
     (birder_repro.perf.predict, ``predict.profile``, else the paper's profile of the task), or None where it
     has no profile for the task and batch or the steps are not known before the data are loaded."""
@@ -303,12 +362,14 @@ def predicted_run(cfg: DictConfig) -> Optional[tuple[float, float, str]]:
     except Exception:  # noqa: BLE001 - no profile for this task or batch: no prediction, the rule applies
         return None
     step_s = rec["global_batch_size"] / rec["throughput_samples_per_s"]
-    basis = (f"{steps} steps at {step_s * 1e3:.0f} ms by the performance model, profile "
-             f"{plain['predict']['profile']}: {rec['profile'].get('device', '?')}")
+    basis = (
+        f"{steps} steps at {step_s * 1e3:.0f} ms by the performance model, profile "
+        f"{plain['predict']['profile']}: {rec['profile'].get('device', '?')}"
+    )
     return steps * step_s, step_s, basis
 
 
-def _planned_steps(cfg: DictConfig) -> Optional[int]:
+def _planned_steps(cfg: DictConfig) -> int | None:
     """``train.steps``, else ``train.epochs`` over ``data.synthetic_train_size`` (the task's training-set
     size), as birder_repro.train.settings.total_steps counts them (not imported: it would load torch here)."""
     if cfg.train.get("steps") is not None:
@@ -329,17 +390,23 @@ def submit(script: Path, run_dir: Path, env: Mapping[str, str] = os.environ) -> 
     """``sbatch --parsable script``; the job id goes to ``run_dir/slurm_job_id``. Returns sbatch's exit code."""
     sbatch = shutil.which("sbatch", path=env.get("PATH"))
     if sbatch is None:
-        return _refuse(run_dir, "launcher=slurm submits with sbatch, which is not on PATH: run birder-repro on the "
-                                f"cluster's login node, or submit {script} there yourself (sbatch {script})")
-    out = subprocess.run([sbatch, "--parsable", str(script)], capture_output=True, text=True, env=dict(env),
-                         check=False)
+        return _refuse(
+            run_dir,
+            "launcher=slurm submits with sbatch, which is not on PATH: run birder-repro on the "
+            f"cluster's login node, or submit {script} there yourself (sbatch {script})",
+        )
+    out = subprocess.run(
+        [sbatch, "--parsable", str(script)], capture_output=True, text=True, env=dict(env), check=False
+    )
     if out.returncode != 0:
-        return _refuse(run_dir, f"sbatch failed (exit code {out.returncode}): {out.stderr.strip()}",
-                       out.returncode)
+        return _refuse(run_dir, f"sbatch failed (exit code {out.returncode}): {out.stderr.strip()}", out.returncode)
     job_id = re.split(r"[;\s]", out.stdout.strip())[0]  # --parsable: "<id>" or "<id>;<cluster>"
     (Path(run_dir) / JOB_ID_FILE).write_text(job_id + "\n")
-    print(f"[birder-repro] submitted SLURM job {job_id} ({script}); its output and, at its end, the run's summary: "
-          f"{run_dir}/slurm-{job_id}.out; rank 0 writes {run_dir / record.RECORD_FILE}", flush=True)
+    print(
+        f"[birder-repro] submitted SLURM job {job_id} ({script}); its output and, at its end, the run's summary: "
+        f"{run_dir}/slurm-{job_id}.out; rank 0 writes {run_dir / record.RECORD_FILE}",
+        flush=True,
+    )
     return 0
 
 
@@ -358,8 +425,11 @@ def launch(cfg: DictConfig, run_dir: Path, env: Mapping[str, str] = os.environ) 
     for line in warnings(cfg):
         print(f"[birder-repro] {line}", file=sys.stderr, flush=True)
     if cfg.dry_run:
-        print(f"# dry run (launcher=slurm): the batch script, written to {script}; nothing was submitted "
-              f"(submit it with: sbatch {script})", flush=True)
+        print(
+            f"# dry run (launcher=slurm): the batch script, written to {script}; nothing was submitted "
+            f"(submit it with: sbatch {script})",
+            flush=True,
+        )
         print(script.read_text(), end="", flush=True)
         return 0
     return submit(script, run_dir, env)

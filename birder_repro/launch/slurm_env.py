@@ -8,7 +8,7 @@ run this command, the job's variables the whole allocation.
 from __future__ import annotations
 
 import re
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 __all__ = ["in_allocation", "allocation_nodes", "node_id", "first_host", "expand_hostlist", "time_limit_s"]
 
@@ -27,13 +27,13 @@ def allocation_nodes(env: Mapping[str, str]) -> int:
     return 1
 
 
-def node_id(env: Mapping[str, str]) -> Optional[int]:
+def node_id(env: Mapping[str, str]) -> int | None:
     """This node's index in the job step (``SLURM_NODEID``), or None outside SLURM."""
     value = env.get("SLURM_NODEID", "")
     return int(value) if value.isdigit() else None
 
 
-def first_host(env: Mapping[str, str]) -> Optional[str]:
+def first_host(env: Mapping[str, str]) -> str | None:
     """The first host of the step's (else the job's) node list: where node 0 runs, in SLURM's order."""
     for key in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
         if env.get(key):
@@ -71,7 +71,7 @@ def _expand_one(name: str) -> list[str]:
     match = re.search(r"\[([^\]]*)\]", name)
     if match is None:
         return [name]
-    prefix, rest = name[:match.start()], name[match.end():]
+    prefix, rest = name[: match.start()], name[match.end() :]
     return [prefix + item + tail for item in _expand_ranges(match.group(1)) for tail in _expand_one(rest)]
 
 
@@ -88,7 +88,7 @@ def _expand_ranges(spec: str) -> list[str]:
     return items
 
 
-def time_limit_s(text: str) -> Optional[int]:
+def time_limit_s(text: str) -> int | None:
     """A ``--time`` value in seconds; None for no limit (0, ``UNLIMITED``, ``INFINITE``).
 
     The forms ``man sbatch`` lists: ``minutes``, ``minutes:seconds``, ``hours:minutes:seconds``, ``days-hours``,

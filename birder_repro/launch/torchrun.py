@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
 
 from omegaconf import DictConfig
 
@@ -31,8 +31,19 @@ from birder_repro import config as layout
 from birder_repro.launch import slurm_env
 from birder_repro.launch.process import Command
 
-__all__ = ["Rendezvous", "torchrun_argv", "max_restarts", "node_rank", "master_addr", "rdzv_id", "log_name",
-           "stop_timeout", "check_slurm_layout", "node_command", "commands"]
+__all__ = [
+    "Rendezvous",
+    "torchrun_argv",
+    "max_restarts",
+    "node_rank",
+    "master_addr",
+    "rdzv_id",
+    "log_name",
+    "stop_timeout",
+    "check_slurm_layout",
+    "node_command",
+    "commands",
+]
 
 WORKER = ["-m", "birder_repro.worker"]
 DEFAULT_ADDR = "127.0.0.1"
@@ -52,9 +63,16 @@ def max_restarts(cfg: DictConfig) -> int:
     return int(cfg.get("train", {}).get("max_restarts") or 0)
 
 
-def torchrun_argv(run_dir: str, nproc_per_node: object, rendezvous: Optional[Rendezvous] = None,
-                  nnodes: object = 1, extra: Sequence[str] = (), python: str = sys.executable,
-                  restarts: int = 0, shutdown_timeout: Optional[int] = None) -> list[str]:
+def torchrun_argv(
+    run_dir: str,
+    nproc_per_node: object,
+    rendezvous: Rendezvous | None = None,
+    nnodes: object = 1,
+    extra: Sequence[str] = (),
+    python: str = sys.executable,
+    restarts: int = 0,
+    shutdown_timeout: int | None = None,
+) -> list[str]:
     """``python -m torch.distributed.run ... -m birder_repro.worker --run-dir RUN_DIR``.
 
     Without ``rendezvous`` the command runs the whole layout on one machine (``--standalone``); with it, it is
@@ -74,8 +92,11 @@ def torchrun_argv(run_dir: str, nproc_per_node: object, rendezvous: Optional[Ren
     if shutdown_timeout is not None:
         argv.append(f"--shutdown-timeout={shutdown_timeout}")
     if rendezvous is not None:
-        argv += [f"--rdzv-backend={rendezvous.backend}", f"--rdzv-endpoint={rendezvous.endpoint}",
-                 f"--rdzv-id={rendezvous.id}"]
+        argv += [
+            f"--rdzv-backend={rendezvous.backend}",
+            f"--rdzv-endpoint={rendezvous.endpoint}",
+            f"--rdzv-id={rendezvous.id}",
+        ]
     return argv + [*extra, *WORKER, "--run-dir", str(run_dir)]
 
 
@@ -84,15 +105,16 @@ def node_rank(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> int:
     value = cfg.launcher.get("node_rank")
     rank = int(value) if value is not None else slurm_env.node_id(env) or 0
     if not 0 <= rank < int(cfg.nodes):
-        raise layout.ConfigError(f"launcher.node_rank={rank} is outside the layout's nodes 0..{cfg.nodes - 1}: "
-                                 "set launcher.node_rank (or nodes) so that it is")
+        raise layout.ConfigError(
+            f"launcher.node_rank={rank} is outside the layout's nodes 0..{cfg.nodes - 1}: "
+            "set launcher.node_rank (or nodes) so that it is"
+        )
     return rank
 
 
 def master_addr(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> str:
     """Node 0's address: ``launcher.master_addr``, else MASTER_ADDR, else SLURM's first node, else 127.0.0.1."""
-    return (cfg.launcher.get("master_addr") or env.get("MASTER_ADDR") or slurm_env.first_host(env)
-            or DEFAULT_ADDR)
+    return cfg.launcher.get("master_addr") or env.get("MASTER_ADDR") or slurm_env.first_host(env) or DEFAULT_ADDR
 
 
 def rdzv_id(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> str:
@@ -135,7 +157,8 @@ def check_slurm_layout(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> 
     if nodes and nodes != int(cfg.nodes):
         raise layout.ConfigError(
             f"nodes={cfg.nodes} but this SLURM job step runs on {nodes} nodes: set nodes={nodes}, or start the "
-            f"step on {cfg.nodes} nodes (srun --nodes={cfg.nodes} --ntasks-per-node=1 birder-repro ...)")
+            f"step on {cfg.nodes} nodes (srun --nodes={cfg.nodes} --ntasks-per-node=1 birder-repro ...)"
+        )
 
 
 def node_command(cfg: DictConfig, run_dir: Path, rank: int, env: Mapping[str, str] = os.environ) -> Command:
@@ -144,8 +167,15 @@ def node_command(cfg: DictConfig, run_dir: Path, rank: int, env: Mapping[str, st
     meet = Rendezvous(backend, f"{master_addr(cfg, env)}:{cfg.launcher.master_port}", rdzv_id(cfg, env))
     # static is the only rendezvous that reads --node-rank (see the module docstring)
     extra = [f"--node-rank={rank}"] if backend == "static" else []
-    argv = torchrun_argv(Path(run_dir).resolve(), cfg.gpus_per_node, meet, nnodes=cfg.nodes, extra=extra,
-                         restarts=max_restarts(cfg), shutdown_timeout=stop_timeout(cfg))
+    argv = torchrun_argv(
+        Path(run_dir).resolve(),
+        cfg.gpus_per_node,
+        meet,
+        nnodes=cfg.nodes,
+        extra=extra,
+        restarts=max_restarts(cfg),
+        shutdown_timeout=stop_timeout(cfg),
+    )
     return Command(argv=argv, note=f"node {rank} of {cfg.nodes}")
 
 

@@ -8,8 +8,9 @@ module and config file); no module registers itself on import.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 
@@ -21,8 +22,18 @@ from birder_repro.optim.softsignsgd import SoftSignSGD, build_softsignsgd
 from birder_repro.optim.torch_optims import build_adamw, build_sgd
 from birder_repro.registry import Registry
 
-__all__ = ["Birder", "OneBitAdam", "OneBitLamb", "BertAdam", "SoftSignSGD", "OptimInfo", "OPTIMIZERS",
-           "get_optim_info", "list_optimizers", "build_optimizer"]
+__all__ = [
+    "Birder",
+    "OneBitAdam",
+    "OneBitLamb",
+    "BertAdam",
+    "SoftSignSGD",
+    "OptimInfo",
+    "OPTIMIZERS",
+    "get_optim_info",
+    "list_optimizers",
+    "build_optimizer",
+]
 
 
 @dataclass(frozen=True)
@@ -39,28 +50,53 @@ class OptimInfo:
     description: str
 
 
-OPTIMIZERS: Registry[OptimInfo] = Registry("optimizer", [
-    OptimInfo("birder", build_birder, "birder", "Birder with the Hierarchical-1-bit-All-Reduce hook"),
-    OptimInfo("onebit_adam", build_onebit_adam, "onebit",
-              "1-bit Adam: Adam warmup, then frozen variance and 1-bit compressed momentum all-reduce"),
-    OptimInfo("onebit_adam_precond", build_onebit_adam, "onebit",
-              "1-bit Adam compressing the preconditioned momentum m / sqrt(v) (its opt-in setting, "
-              "docs/optimizers.md): a peer of its own, so that it has recipes and tuned values of its own"),
-    OptimInfo("onebit_lamb", build_onebit_lamb, "onebit",
-              "1-bit LAMB: LAMB warmup, then frozen variance, 1-bit compressed momentum and scaling ratios"),
-    OptimInfo("bertadam", build_bertadam, "allreduce",
-              "BERT's Adam (no bias correction, decoupled weight decay, global clipping at 1.0) with "
-              "DDP's fp32 all-reduce (the BERT baseline)"),
-    OptimInfo("softsignsgd", build_softsignsgd, "allreduce",
-              "SoftSignSGD, Birder uncompressed (appendix B), with DDP's fp32 all-reduce"),
-    # torch's own optimizers (birder_repro.optim.torch_optims), and the same over torch's compressing hooks
-    OptimInfo("sgd", build_sgd(0.0), "allreduce", "Vanilla SGD (no momentum) with DDP's fp32 all-reduce"),
-    OptimInfo("sgdm", build_sgd(0.9), "allreduce", "SGD with momentum and DDP's fp32 all-reduce (the CNN baseline)"),
-    OptimInfo("adamw", build_adamw, "allreduce", "torch's AdamW with DDP's fp32 all-reduce"),
-    OptimInfo("sgdm_powersgd", build_sgd(0.9), "powersgd", "SGD with momentum over torch's PowerSGD hook"),
-    OptimInfo("adamw_powersgd", build_adamw, "powersgd", "torch's AdamW over torch's PowerSGD hook"),
-    OptimInfo("sgdm_fp16", build_sgd(0.9), "fp16", "SGD with momentum over torch's fp16 compression hook"),
-])
+OPTIMIZERS: Registry[OptimInfo] = Registry(
+    "optimizer",
+    [
+        OptimInfo("birder", build_birder, "birder", "Birder with the Hierarchical-1-bit-All-Reduce hook"),
+        OptimInfo(
+            "onebit_adam",
+            build_onebit_adam,
+            "onebit",
+            "1-bit Adam: Adam warmup, then frozen variance and 1-bit compressed momentum all-reduce",
+        ),
+        OptimInfo(
+            "onebit_adam_precond",
+            build_onebit_adam,
+            "onebit",
+            "1-bit Adam compressing the preconditioned momentum m / sqrt(v) (its opt-in setting, "
+            "docs/optimizers.md): a peer of its own, so that it has recipes and tuned values of its own",
+        ),
+        OptimInfo(
+            "onebit_lamb",
+            build_onebit_lamb,
+            "onebit",
+            "1-bit LAMB: LAMB warmup, then frozen variance, 1-bit compressed momentum and scaling ratios",
+        ),
+        OptimInfo(
+            "bertadam",
+            build_bertadam,
+            "allreduce",
+            "BERT's Adam (no bias correction, decoupled weight decay, global clipping at 1.0) with "
+            "DDP's fp32 all-reduce (the BERT baseline)",
+        ),
+        OptimInfo(
+            "softsignsgd",
+            build_softsignsgd,
+            "allreduce",
+            "SoftSignSGD, Birder uncompressed (appendix B), with DDP's fp32 all-reduce",
+        ),
+        # torch's own optimizers (birder_repro.optim.torch_optims), and the same over torch's compressing hooks
+        OptimInfo("sgd", build_sgd(0.0), "allreduce", "Vanilla SGD (no momentum) with DDP's fp32 all-reduce"),
+        OptimInfo(
+            "sgdm", build_sgd(0.9), "allreduce", "SGD with momentum and DDP's fp32 all-reduce (the CNN baseline)"
+        ),
+        OptimInfo("adamw", build_adamw, "allreduce", "torch's AdamW with DDP's fp32 all-reduce"),
+        OptimInfo("sgdm_powersgd", build_sgd(0.9), "powersgd", "SGD with momentum over torch's PowerSGD hook"),
+        OptimInfo("adamw_powersgd", build_adamw, "powersgd", "torch's AdamW over torch's PowerSGD hook"),
+        OptimInfo("sgdm_fp16", build_sgd(0.9), "fp16", "SGD with momentum over torch's fp16 compression hook"),
+    ],
+)
 
 
 def get_optim_info(name: str) -> OptimInfo:

@@ -21,22 +21,23 @@ BERT's ``polynomial_decay(power=1.0)`` after warmup). ``step`` uses the group's 
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 
 from birder_repro.optim.common import closure_loss
 
-__all__ = ["BertAdam", "bert_param_groups", "clip_coefficient", "bertadam_update_", "build_bertadam",
-           "NO_DECAY_NAMES"]
+__all__ = ["BertAdam", "bert_param_groups", "clip_coefficient", "bertadam_update_", "build_bertadam", "NO_DECAY_NAMES"]
 
 # BERT's exclude_from_weight_decay=["LayerNorm", "layer_norm", "bias"] (google-research/bert optimization.py);
 # Hugging Face's examples use ["bias", "LayerNorm.bias", "LayerNorm.weight"], the same parameters.
 NO_DECAY_NAMES = ("bias", "LayerNorm", "layer_norm")
 
 
-def bert_param_groups(params: Iterable, weight_decay: float,
-                      no_decay: Sequence[str] = NO_DECAY_NAMES) -> list[dict[str, Any]]:
+def bert_param_groups(
+    params: Iterable, weight_decay: float, no_decay: Sequence[str] = NO_DECAY_NAMES
+) -> list[dict[str, Any]]:
     """Split parameters into a group with ``weight_decay`` and one without, as BERT does.
 
     ``params`` may be ``model.named_parameters()``: a parameter whose name contains one of ``no_decay`` is not
@@ -47,7 +48,8 @@ def bert_param_groups(params: Iterable, weight_decay: float,
     params = list(params)
     if not params or isinstance(params[0], dict):
         return params
-    decay, no_decay_params = [], []
+    decay: list = []
+    no_decay_params: list = []
     for item in params:
         if isinstance(item, tuple):
             name, p = item
@@ -69,8 +71,17 @@ def clip_coefficient(grads: Sequence[torch.Tensor], max_norm: float) -> torch.Te
     return max_norm / torch.clamp(norm, min=max_norm)
 
 
-def bertadam_update_(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, lr: float,
-                     beta1: float, beta2: float, eps: float, weight_decay: float) -> None:
+def bertadam_update_(
+    p: torch.Tensor,
+    g: torch.Tensor,
+    m: torch.Tensor,
+    v: torch.Tensor,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+) -> None:
     """One BertAdam step on one tensor, in place on p, m, v (AdamWeightDecayOptimizer.apply_gradients):
 
     m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2;  x = x - lr (m / (sqrt(v) + eps) + wd x).
@@ -105,8 +116,15 @@ class BertAdam(torch.optim.Optimizer):
         max_grad_norm: c, the global norm the gradients are clipped to; BERT's 1.0. None or 0: no clipping.
     """
 
-    def __init__(self, params: Iterable, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-6, weight_decay: float = 0.01, max_grad_norm: float | None = 1.0):
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-4,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.01,
+        max_grad_norm: float | None = 1.0,
+    ):
         if not lr >= 0.0:
             raise ValueError(f"BertAdam: lr must be >= 0, got {lr}")
         if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
@@ -144,8 +162,17 @@ class BertAdam(torch.optim.Optimizer):
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["step"] += 1
                 g = p.grad if scale is None else p.grad * scale.to(p.grad.dtype)
-                bertadam_update_(p, g, state["exp_avg"], state["exp_avg_sq"], group["lr"], beta1, beta2,
-                                 group["eps"], group["weight_decay"])
+                bertadam_update_(
+                    p,
+                    g,
+                    state["exp_avg"],
+                    state["exp_avg_sq"],
+                    group["lr"],
+                    beta1,
+                    beta2,
+                    group["eps"],
+                    group["weight_decay"],
+                )
         return loss
 
     def state_dict(self):
@@ -163,5 +190,11 @@ def build_bertadam(params: Iterable, cfg: Mapping[str, Any]) -> BertAdam:
     """From the ``optim`` node (conf/optim/bertadam.yaml): biases and 1-D weights undecayed, as BERT."""
     weight_decay = cfg.get("weight_decay", 0.01)
     groups = bert_param_groups(params, weight_decay, tuple(cfg.get("no_decay", NO_DECAY_NAMES)))
-    return BertAdam(groups, lr=cfg["lr"], betas=tuple(cfg.get("betas", (0.9, 0.999))), eps=cfg.get("eps", 1e-6),
-                    weight_decay=weight_decay, max_grad_norm=cfg.get("max_grad_norm", 1.0))
+    return BertAdam(
+        groups,
+        lr=cfg["lr"],
+        betas=tuple(cfg.get("betas", (0.9, 0.999))),
+        eps=cfg.get("eps", 1e-6),
+        weight_decay=weight_decay,
+        max_grad_norm=cfg.get("max_grad_norm", 1.0),
+    )

@@ -14,11 +14,12 @@ then only applies the update. Used without the hook it runs Algorithm 1 with one
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Optional
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 
-from birder_repro.optim.common import closure_loss
+from birder_repro.optim.common import StepGate, closure_loss, grad_of
 
 
 def stochastic_sign_bits(x: torch.Tensor, rand: torch.Tensor) -> torch.Tensor:
@@ -41,7 +42,7 @@ def worker_step_(
     rand: torch.Tensor,
     beta: float,
     eps: float,
-    b_hat: Optional[torch.Tensor] = None,
+    b_hat: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Algorithm 1, lines 4-9 on one worker, in place on m, b (and b_hat), e. Returns the bits of u.
 
@@ -101,8 +102,16 @@ class Birder(torch.optim.Optimizer):
     ``step`` applies line 16 only; the hook holds m, b, e and e_bar, sharded over the node's processes.
     """
 
-    def __init__(self, params: Iterable, lr: float = 1e-3, beta: float = 0.95, weight_decay: float = 0.0,
-                 eps: float = 1e-8, amsgrad_after: Optional[int] = None, seed: int = 0):
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        beta: float = 0.95,
+        weight_decay: float = 0.0,
+        eps: float = 1e-8,
+        amsgrad_after: int | None = None,
+        seed: int = 0,
+    ):
         if not lr >= 0.0:
             raise ValueError(f"Birder: lr must be >= 0, got {lr}")
         if not 0.0 <= beta < 1.0:
@@ -118,8 +127,9 @@ class Birder(torch.optim.Optimizer):
         self.seed = seed
         # Set by attach_birder: the gradients are then u_bar from the hook and step() only applies them.
         self.compressed_by_hook = False
-        self.hook_state = None  # the hook's state (attach_birder): a step with a non-finite gradient is skipped
-        self._generator: Optional[torch.Generator] = None
+        # the hook's state (attach_birder): a step with a non-finite gradient is skipped
+        self.hook_state: StepGate | None = None
+        self._generator: torch.Generator | None = None
 
     def _rand_like(self, t: torch.Tensor) -> torch.Tensor:
         if self._generator is None or self._generator.device != t.device:
@@ -145,7 +155,7 @@ class Birder(torch.optim.Optimizer):
 
     def _local_update(self, p: torch.Tensor, group: dict) -> torch.Tensor:
         """Algorithm 1 with a single worker: both quantizations, with their errors, on this process."""
-        g = p.grad
+        g = grad_of(p)
         if g.is_sparse:
             raise RuntimeError("Birder does not support sparse gradients")
         state = self.state[p]
@@ -161,8 +171,9 @@ class Birder(torch.optim.Optimizer):
                 state["b_hat"] = state["b"].clone()
             if state["step"] > t0:
                 b_hat = state["b_hat"]
-        bits = worker_step_(g, state["m"], state["b"], state["e"], self._rand_like(g), group["beta"], group["eps"],
-                            b_hat=b_hat)
+        bits = worker_step_(
+            g, state["m"], state["b"], state["e"], self._rand_like(g), group["beta"], group["eps"], b_hat=b_hat
+        )
         if t0 is not None and b_hat is None:
             state["b_hat"].copy_(state["b"])
         u = bits_to_signs(bits, g.dtype)
@@ -186,5 +197,12 @@ class Birder(torch.optim.Optimizer):
 
 def build_birder(params: Iterable, cfg: Mapping[str, Any]) -> Birder:
     """The registry's builder, from the ``optim`` node (conf/optim/birder.yaml)."""
-    return Birder(params, lr=cfg["lr"], beta=cfg["beta"], weight_decay=cfg.get("weight_decay", 0.0),
-                  eps=cfg.get("eps", 1e-8), amsgrad_after=cfg.get("amsgrad_after"), seed=cfg.get("seed", 0))
+    return Birder(
+        params,
+        lr=cfg["lr"],
+        beta=cfg["beta"],
+        weight_decay=cfg.get("weight_decay", 0.0),
+        eps=cfg.get("eps", 1e-8),
+        amsgrad_after=cfg.get("amsgrad_after"),
+        seed=cfg.get("seed", 0),
+    )

@@ -24,7 +24,8 @@ Opt-in deviation, ``precondition_compression`` (``optim.compress_preconditioned`
 way): compress the preconditioned momentum m/(sqrt(v)+eps) instead of m, and divide it back after the
 averaging. With v frozen and the same on every rank the average is unchanged; what changes is what 1 bit
 costs. 1 bit cannot say "small": the compressor sends every element at its scale (the RMS of the whole
-bucket, Algorithm 1 lines 7-8, or of its tensor with the hook's ``scale='tensor'``) and error feedback makes an element with nothing to send oscillate by
+bucket, Algorithm 1 lines 7-8, or of its tensor with the hook's ``scale='tensor'``) and error feedback makes an
+element with nothing to send oscillate by
 that scale, step after step. Divided by a frozen sqrt(v) of 1e-10 (an element that saw almost no gradient
 during the warmup: a rarely active ReLU unit), that is a step of scale/eps: 0.34 -> 93 in one step on the
 reproduction in docs/optimizers.md ("1-bit Adam: the warmup"). The paper's bound (1-bit Adam paper, section 5,
@@ -44,11 +45,12 @@ the averaged momentum as the gradient; ``step`` then stores it as ``exp_avg`` an
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, NamedTuple, Optional
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
 
 import torch
 
-from birder_repro.optim.common import closure_loss
+from birder_repro.optim.common import StepGate, closure_loss, grad_of
 from birder_repro.schedule import steps_of
 
 WARMUP, COMPRESSION = "warmup", "compression"
@@ -83,7 +85,7 @@ def apply_update_(p: torch.Tensor, update: torch.Tensor, lr: float, weight_decay
     p.add_(update, alpha=-lr)
 
 
-def momentum_mask(frozen_v: torch.Tensor, user_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+def momentum_mask(frozen_v: torch.Tensor, user_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Elements whose compressed momentum may be non-zero: frozen variance > 0 (and the group's mask, if any)."""
     mask = frozen_v > 0
     if user_mask is not None:
@@ -102,8 +104,9 @@ def freeze_step_from_config(cfg: Mapping[str, Any]) -> int:
     """
     freeze = cfg.get("freeze")
     if freeze is None or freeze <= 0:  # at least one warmup step: its variance is what gets frozen
-        raise ValueError(f"optim.freeze must be a fraction of the run in (0, 1) or a number of steps >= 1, "
-                         f"got {freeze}")
+        raise ValueError(
+            f"optim.freeze must be a fraction of the run in (0, 1) or a number of steps >= 1, got {freeze}"
+        )
     return max(2, steps_of(freeze, cfg.get("total_steps"), "optim.freeze"))
 
 
@@ -116,21 +119,23 @@ MIN_FROZEN_FRACTION = 0.3
 def frozen_fraction(beta2: float, freeze_step: int) -> float:
     """1 - beta2^T: Adam's variance without bias correction (Eq. (1)) after T steps from zero, as a fraction
     of its steady value; 1-bit Adam freezes it there (Algorithm 1, line 2)."""
-    return 1.0 - beta2 ** freeze_step
+    return 1.0 - beta2**freeze_step
 
 
-def short_warmup_warning(optimizer: "OneBitOptimizer", preconditioned: bool = False) -> Optional[str]:
+def short_warmup_warning(optimizer: OneBitOptimizer, preconditioned: bool = False) -> str | None:
     """One line for a run whose warmup leaves the frozen variance below :data:`MIN_FROZEN_FRACTION` of its
     steady value, or None. Not an error: the paper's behaviour, which short test runs use on purpose."""
     beta2 = optimizer.param_groups[0]["betas"][1]
     fraction = frozen_fraction(beta2, optimizer.freeze_step)
     if fraction >= MIN_FROZEN_FRACTION or preconditioned:
         return None
-    return (f"warning: 1-bit warmup of {optimizer.freeze_step} steps (optim.freeze): the frozen variance is "
-            f"1 - beta2^T = {fraction:.1%} of its steady value (the paper's shortest warmup kept 33 %), and "
-            "elements that saw almost no gradient divide the 1-bit scale by a near-zero sqrt(v): compressed steps "
-            "may blow up (docs/optimizers.md, '1-bit Adam: the warmup'). Lengthen optim.freeze, or set "
-            "optim.compress_preconditioned=true (1-bit Adam)")
+    return (
+        f"warning: 1-bit warmup of {optimizer.freeze_step} steps (optim.freeze): the frozen variance is "
+        f"1 - beta2^T = {fraction:.1%} of its steady value (the paper's shortest warmup kept 33 %), and "
+        "elements that saw almost no gradient divide the 1-bit scale by a near-zero sqrt(v): compressed steps "
+        "may blow up (docs/optimizers.md, '1-bit Adam: the warmup'). Lengthen optim.freeze, or set "
+        "optim.compress_preconditioned=true (1-bit Adam)"
+    )
 
 
 class CompressionInputs(NamedTuple):
@@ -168,7 +173,8 @@ class OneBitOptimizer(torch.optim.Optimizer):
         # Set by birder_repro.comm.attach_onebit: in the compression stage the gradient is then the averaged
         # momentum from the hook, not a gradient.
         self.momentum_by_hook = False
-        self.hook_state = None  # the hook's state (attach_onebit): a step with a non-finite gradient is skipped
+        # the hook's state (attach_onebit): a step with a non-finite gradient is skipped
+        self.hook_state: StepGate | None = None
 
     @property
     def stage(self) -> str:
@@ -176,7 +182,7 @@ class OneBitOptimizer(torch.optim.Optimizer):
         return WARMUP if self.steps_done < self.freeze_step else COMPRESSION
 
     # ------------------------------------------------------------------------------- the hook's interface
-    def momentum_of(self, p: torch.Tensor) -> Optional[torch.Tensor]:
+    def momentum_of(self, p: torch.Tensor) -> torch.Tensor | None:
         """The averaged momentum m of the last step (None before the first step), read by the hook each step."""
         return self.state.get(p, {}).get("exp_avg")
 
@@ -231,9 +237,9 @@ class OneBitOptimizer(torch.optim.Optimizer):
     def _new_momentum(self, p: torch.Tensor, group: dict) -> torch.Tensor:
         """This step's averaged momentum: the hook's (already masked), or the local one computed here."""
         if self.momentum_by_hook:
-            return p.grad
+            return grad_of(p)
         state = self.state[p]
-        m = local_momentum_(state["exp_avg"].clone(), p.grad, group["betas"][0])
+        m = local_momentum_(state["exp_avg"].clone(), grad_of(p), group["betas"][0])
         user_mask = group.get("exp_avg_mask_by_param", {}).get(p)
         return m.mul_(momentum_mask(state["exp_avg_sq"], user_mask))
 
@@ -261,8 +267,9 @@ class OneBitOptimizer(torch.optim.Optimizer):
                 raise ValueError("exp_avg_mask needs one tensor per parameter of its group")
             for p, mk in zip(group["params"], masks):
                 if mk.numel() != p.numel():
-                    raise ValueError(f"exp_avg_mask of shape {tuple(mk.shape)} does not fit a parameter of shape "
-                                     f"{tuple(p.shape)}")
+                    raise ValueError(
+                        f"exp_avg_mask of shape {tuple(mk.shape)} does not fit a parameter of shape {tuple(p.shape)}"
+                    )
             group["exp_avg_mask_by_param"] = dict(zip(group["params"], masks))
 
     # ------------------------------------------------------------------------------------- checkpoints
@@ -312,9 +319,16 @@ class OneBitAdam(OneBitOptimizer):
         precondition_compression: compress m/(sqrt(v)+eps) rather than m (module doc); False: the paper.
     """
 
-    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0, freeze_step: int = 100_000,
-                 precondition_compression: bool = False):
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        freeze_step: int = 100_000,
+        precondition_compression: bool = False,
+    ):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         super().__init__(params, defaults, freeze_step, "OneBitAdam")
         self.precondition_compression = bool(precondition_compression)
@@ -341,6 +355,12 @@ class OneBitAdam(OneBitOptimizer):
 
 def build_onebit_adam(params: Iterable, cfg: Mapping[str, Any]) -> OneBitAdam:
     """The registry's builder: ``optim.freeze`` (fraction or steps) with ``optim.total_steps``."""
-    return OneBitAdam(params, lr=cfg["lr"], betas=tuple(cfg.get("betas", (0.9, 0.999))), eps=cfg.get("eps", 1e-8),
-                      weight_decay=cfg.get("weight_decay", 0.0), freeze_step=freeze_step_from_config(cfg),
-                      precondition_compression=bool(cfg.get("compress_preconditioned", False)))
+    return OneBitAdam(
+        params,
+        lr=cfg["lr"],
+        betas=tuple(cfg.get("betas", (0.9, 0.999))),
+        eps=cfg.get("eps", 1e-8),
+        weight_decay=cfg.get("weight_decay", 0.0),
+        freeze_step=freeze_step_from_config(cfg),
+        precondition_compression=bool(cfg.get("compress_preconditioned", False)),
+    )

@@ -35,12 +35,18 @@ The momentum mask and the single-process behaviour are 1-bit Adam's (:mod:`birde
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 
-from birder_repro.optim.onebit_adam import (COMPRESSION, OneBitOptimizer, adam_moments_, freeze_step_from_config,
-                                            preconditioned_update)
+from birder_repro.optim.onebit_adam import (
+    COMPRESSION,
+    OneBitOptimizer,
+    adam_moments_,
+    freeze_step_from_config,
+    preconditioned_update,
+)
 
 
 def momentum_scales(norms_per_numel: list[float]) -> list[float]:
@@ -62,8 +68,9 @@ def reconstruct_gradient(m: torch.Tensor, m_prev: torch.Tensor, beta1: float) ->
 
 # LAMB's scalars are 0-dim tensors on the parameter's device: a float() of a norm per tensor per step would make
 # the host wait for the device several times per parameter per step.
-def lamb_coefficient(weight_norm: torch.Tensor, update_norm: torch.Tensor, c_min: float,
-                     c_max: float) -> tuple[torch.Tensor, torch.Tensor]:
+def lamb_coefficient(
+    weight_norm: torch.Tensor, update_norm: torch.Tensor, c_min: float, c_max: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. (1): c = clip(||x|| / ||u||, c_min, c_max), and whether it measured anything: where a norm is 0 the
     ratio says nothing, and c is 1."""
     measured = (weight_norm > 0) & (update_norm > 0)
@@ -122,10 +129,21 @@ class OneBitLamb(OneBitOptimizer):
         r_min, r_max, r_threshold: the clips of the scaling ratio (0.5, 4.0, 0.1).
     """
 
-    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0, freeze_step: int = 100_000, c_min: float = 0.01,
-                 c_max: float = 0.3, beta3: float = 0.9, r_min: float = 0.5, r_max: float = 4.0,
-                 r_threshold: float = 0.1):
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        freeze_step: int = 100_000,
+        c_min: float = 0.01,
+        c_max: float = 0.3,
+        beta3: float = 0.9,
+        r_min: float = 0.5,
+        r_max: float = 4.0,
+        r_threshold: float = 0.1,
+    ):
         if not 0.0 < c_min <= c_max:
             raise ValueError(f"OneBitLamb: need 0 < c_min <= c_max, got c_min={c_min}, c_max={c_max}")
         if not 0.0 <= beta3 < 1.0:
@@ -135,8 +153,18 @@ class OneBitLamb(OneBitOptimizer):
             raise ValueError(f"OneBitLamb: need 0 < r_min <= 1 <= r_max, got r_min={r_min}, r_max={r_max}")
         if not 0.0 <= r_threshold < 1.0:
             raise ValueError(f"OneBitLamb: r_threshold must be in [0, 1), got {r_threshold}")
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, c_min=c_min, c_max=c_max,
-                        beta3=beta3, r_min=r_min, r_max=r_max, r_threshold=r_threshold)
+        defaults = dict(
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            c_min=c_min,
+            c_max=c_max,
+            beta3=beta3,
+            r_min=r_min,
+            r_max=r_max,
+            r_threshold=r_threshold,
+        )
         super().__init__(params, defaults, freeze_step, "OneBitLamb")
 
     def _init_state(self, p: torch.Tensor) -> None:
@@ -197,8 +225,17 @@ class OneBitLamb(OneBitOptimizer):
 
 def build_onebit_lamb(params: Iterable, cfg: Mapping[str, Any]) -> OneBitLamb:
     """The registry's builder: ``optim.freeze`` (fraction or steps) with ``optim.total_steps``."""
-    return OneBitLamb(params, lr=cfg["lr"], betas=tuple(cfg.get("betas", (0.9, 0.999))), eps=cfg.get("eps", 1e-8),
-                      weight_decay=cfg.get("weight_decay", 0.0), freeze_step=freeze_step_from_config(cfg),
-                      c_min=cfg.get("c_min", 0.01), c_max=cfg.get("c_max", 0.3), beta3=cfg.get("beta3", 0.9),
-                      r_min=cfg.get("r_min", 0.5), r_max=cfg.get("r_max", 4.0),
-                      r_threshold=cfg.get("r_threshold", 0.1))
+    return OneBitLamb(
+        params,
+        lr=cfg["lr"],
+        betas=tuple(cfg.get("betas", (0.9, 0.999))),
+        eps=cfg.get("eps", 1e-8),
+        weight_decay=cfg.get("weight_decay", 0.0),
+        freeze_step=freeze_step_from_config(cfg),
+        c_min=cfg.get("c_min", 0.01),
+        c_max=cfg.get("c_max", 0.3),
+        beta3=cfg.get("beta3", 0.9),
+        r_min=cfg.get("r_min", 0.5),
+        r_max=cfg.get("r_max", 4.0),
+        r_threshold=cfg.get("r_threshold", 0.1),
+    )

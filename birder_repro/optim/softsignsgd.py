@@ -12,7 +12,8 @@ the identity in place of both quantizers Q (u = m / b, no errors), with m and b 
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 
@@ -44,8 +45,9 @@ class SoftSignSGD(torch.optim.Optimizer):
         eps: added to b before the division.
     """
 
-    def __init__(self, params: Iterable, lr: float = 1e-3, beta: float = 0.95, weight_decay: float = 0.0,
-                 eps: float = 1e-8):
+    def __init__(
+        self, params: Iterable, lr: float = 1e-3, beta: float = 0.95, weight_decay: float = 0.0, eps: float = 1e-8
+    ):
         if not lr >= 0.0:
             raise ValueError(f"SoftSignSGD: lr must be >= 0, got {lr}")
         if not 0.0 <= beta < 1.0:
@@ -77,5 +79,6 @@ class SoftSignSGD(torch.optim.Optimizer):
 
 
 def build_softsignsgd(params: Iterable, cfg: Mapping[str, Any]) -> SoftSignSGD:
-    return SoftSignSGD(params, lr=cfg["lr"], beta=cfg["beta"], weight_decay=cfg.get("weight_decay", 0.0),
-                       eps=cfg.get("eps", 1e-8))
+    return SoftSignSGD(
+        params, lr=cfg["lr"], beta=cfg["beta"], weight_decay=cfg.get("weight_decay", 0.0), eps=cfg.get("eps", 1e-8)
+    )

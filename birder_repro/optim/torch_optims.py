@@ -11,7 +11,8 @@ with the communication they run with).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 
@@ -20,12 +21,24 @@ __all__ = ["build_sgd", "build_adamw"]
 
 def build_sgd(default_momentum: float) -> Callable[[Iterable, Mapping[str, Any]], torch.optim.SGD]:
     """torch's SGD from the ``optim`` node; ``momentum`` there overrides the registered default."""
+
     def build(params: Iterable, cfg: Mapping[str, Any]) -> torch.optim.SGD:
-        return torch.optim.SGD(params, lr=cfg["lr"], momentum=cfg.get("momentum", default_momentum),
-                               weight_decay=cfg.get("weight_decay", 0.0), nesterov=cfg.get("nesterov", False))
+        return torch.optim.SGD(
+            params,
+            lr=cfg["lr"],
+            momentum=cfg.get("momentum", default_momentum),
+            weight_decay=cfg.get("weight_decay", 0.0),
+            nesterov=cfg.get("nesterov", False),
+        )
+
     return build
 
 
 def build_adamw(params: Iterable, cfg: Mapping[str, Any]) -> torch.optim.AdamW:
-    return torch.optim.AdamW(params, lr=cfg["lr"], betas=tuple(cfg.get("betas", (0.9, 0.999))),
-                             eps=cfg.get("eps", 1e-8), weight_decay=cfg.get("weight_decay", 0.01))
+    return torch.optim.AdamW(
+        params,
+        lr=cfg["lr"],
+        betas=tuple(cfg.get("betas", (0.9, 0.999))),
+        eps=cfg.get("eps", 1e-8),
+        weight_decay=cfg.get("weight_decay", 0.01),
+    )

@@ -25,9 +25,10 @@ Costs of one collective (Thakur, Rabenseifner and Gropp 2005 formulas, birder_re
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from birder_repro.resources import conf_dir
 
@@ -52,7 +53,7 @@ class ClusterSpec:
     intra_mbit: float
     intra_latency_us: float
     intra_efficiency: float = 1.0
-    exchange_efficiency: Optional[float] = None  # pairwise exchanges across nodes; None: inter_efficiency
+    exchange_efficiency: float | None = None  # pairwise exchanges across nodes; None: inter_efficiency
     shared_host: bool = False  # emulated clusters: every node's processes share one machine's cores
 
     def __post_init__(self) -> None:
@@ -82,31 +83,35 @@ class ClusterSpec:
         return asdict(self)
 
     @classmethod
-    def from_config(cls, cluster: Mapping[str, Any]) -> "ClusterSpec":
+    def from_config(cls, cluster: Mapping[str, Any]) -> ClusterSpec:
         """From a ``cluster`` config (a mapping, or an omegaconf node): ``link_mbit`` and the ``perf`` block."""
         perf = cluster.get("perf") or {}
         name = cluster.get("name", "cluster")
 
         def need(key: str, value):
             if value is None:
-                raise ValueError(f"cluster {name!r} has no {key}: the performance model needs it "
-                                 f"(set cluster.{key}=...)")
+                raise ValueError(
+                    f"cluster {name!r} has no {key}: the performance model needs it (set cluster.{key}=...)"
+                )
             return float(value)
 
         # The configs' rule (conf/cluster/*.yaml): the link is link_mbit; perf.inter_mbit only while it is null
         # (unshaped veths, loopback "nodes"), so that cluster.link_mbit=100 is what an emulated run predicts with.
         link = cluster.get("link_mbit")
         inter_mbit = link if link is not None else perf.get("inter_mbit")
-        return cls(name=str(name),
-                   inter_mbit=need("link_mbit", inter_mbit),
-                   inter_latency_us=need("perf.inter_latency_us", perf.get("inter_latency_us")),
-                   inter_efficiency=need("perf.inter_efficiency", perf.get("inter_efficiency")),
-                   intra_mbit=need("perf.intra_mbit", perf.get("intra_mbit")),
-                   intra_latency_us=need("perf.intra_latency_us", perf.get("intra_latency_us")),
-                   intra_efficiency=float(perf.get("intra_efficiency", 1.0) or 1.0),
-                   exchange_efficiency=(None if perf.get("exchange_efficiency") is None
-                                        else float(perf.get("exchange_efficiency"))),
-                   shared_host=bool(perf.get("shared_host", False)))
+        return cls(
+            name=str(name),
+            inter_mbit=need("link_mbit", inter_mbit),
+            inter_latency_us=need("perf.inter_latency_us", perf.get("inter_latency_us")),
+            inter_efficiency=need("perf.inter_efficiency", perf.get("inter_efficiency")),
+            intra_mbit=need("perf.intra_mbit", perf.get("intra_mbit")),
+            intra_latency_us=need("perf.intra_latency_us", perf.get("intra_latency_us")),
+            intra_efficiency=float(perf.get("intra_efficiency", 1.0) or 1.0),
+            exchange_efficiency=(
+                None if perf.get("exchange_efficiency") is None else float(perf.get("exchange_efficiency"))
+            ),
+            shared_host=bool(perf.get("shared_host", False)),
+        )
 
 
 def op_time(op: Collective, nodes: int, gpus_per_node: int, cluster: ClusterSpec) -> float:
@@ -119,9 +124,11 @@ def op_time(op: Collective, nodes: int, gpus_per_node: int, cluster: ClusterSpec
     if op.group == "inter":
         return collective_time(op.kind, op.nbytes, n, nic if op.kind == "allreduce" else exchange)
     if op.kind == "allreduce":
-        return (collective_time("reduce_scatter", op.nbytes, m, cluster.intra)
-                + collective_time("allreduce", op.nbytes / m, n, nic)
-                + collective_time("all_gather", op.nbytes, m, cluster.intra))
+        return (
+            collective_time("reduce_scatter", op.nbytes, m, cluster.intra)
+            + collective_time("allreduce", op.nbytes / m, n, nic)
+            + collective_time("all_gather", op.nbytes, m, cluster.intra)
+        )
     world = n * m
     intra_bytes, inter_bytes = counted_bytes(op, n, m)
     # NCCL's tuning model (src/graph/tuning.cc, ncclTopoTuneModel): of a collective's N-1 steps, n-1 cross the
@@ -130,7 +137,7 @@ def op_time(op: Collective, nodes: int, gpus_per_node: int, cluster: ClusterSpec
     return latency + max(inter_bytes * exchange.beta, intra_bytes * cluster.intra.beta)
 
 
-def host_contention(cluster: ClusterSpec, processes: int, threads: int, host_cores: Optional[int]) -> float:
+def host_contention(cluster: ClusterSpec, processes: int, threads: int, host_cores: int | None) -> float:
     """How much slower computation runs than in the profile, because the emulated cluster's ``processes``
     of ``threads`` each share one machine of ``host_cores`` (1 on real clusters, or when not known):
     ASSUMPTION, compute-bound work time-shares the cores evenly, max(1, processes x threads / cores)."""
@@ -139,7 +146,7 @@ def host_contention(cluster: ClusterSpec, processes: int, threads: int, host_cor
     return max(1.0, processes * max(threads, 1) / float(host_cores))
 
 
-def no_spare_core(cluster: ClusterSpec, processes: int, threads: int, host_cores: Optional[int]) -> bool:
+def no_spare_core(cluster: ClusterSpec, processes: int, threads: int, host_cores: int | None) -> bool:
     """Whether the emulated cluster's ``processes`` of ``threads`` each leave no core of ``host_cores`` for a
     hook's communication thread, so that its compression takes turns with the backward pass (measured with
     ResNet-50 at 100 Mbit/s, 2 nodes of one core: the backward pass 0.25-0.3 s longer than alone while the

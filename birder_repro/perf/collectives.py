@@ -15,8 +15,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Link", "ring_allreduce", "ring_reduce_scatter", "ring_all_gather", "pairwise_all_to_all",
-           "broadcast", "collective_time", "KINDS", "BROADCAST_SHORT_BYTES"]
+__all__ = [
+    "Link",
+    "ring_allreduce",
+    "ring_reduce_scatter",
+    "ring_all_gather",
+    "pairwise_all_to_all",
+    "broadcast",
+    "collective_time",
+    "KINDS",
+    "BROADCAST_SHORT_BYTES",
+]
 
 # MPICH's switch from the binomial-tree broadcast to scatter + all-gather (Thakur et al. 2005, section 4.1).
 BROADCAST_SHORT_BYTES = 12 * 1024
@@ -43,7 +52,7 @@ class Link:
     def beta(self) -> float:
         return 1.0 / self.bandwidth_Bps
 
-    def shared(self, ways: int) -> "Link":
+    def shared(self, ways: int) -> Link:
         """The same link split among ``ways`` concurrent transfers (the m processes of a node on one NIC)."""
         return Link(self.alpha_s, self.bandwidth_Bps / max(ways, 1))
 

@@ -6,7 +6,8 @@ Reads every completed record of ``cluster=emulated`` under RUNS_DIR. The profile
 setting: task, model size, batch, image size) is the one its newest 1-node run measured (record key
 ``profile``, birder_repro.train.profile): nothing of a multi-node run goes into its prediction but the
 layout and its link rate; the model's parameters are conf/cluster/emulated.yaml's ``perf`` block as it is
-now (efficiency, the veth's latency, ``shared_host``: the nodes share this machine's cores). Each multi-node run's measured
+now (efficiency, the veth's latency, ``shared_host``: the nodes share this machine's cores). Each multi-node run's
+measured
 throughput (over whole steps, data wait included) is compared with the prediction, implementation ``this``.
 
 TARGET: median absolute error of the predicted throughput at most 10 %, none over 20 %.
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pandas as pd
 
@@ -32,8 +33,14 @@ TARGET_MEDIAN, TARGET_MAX = 0.10, 0.20
 
 def _setting(rec: dict[str, Any]) -> tuple:
     cfg = rec.get("config") or {}
-    return (rec.get("task"), rec.get("optim"), ((cfg.get("optim") or {}).get("comm") or {}).get("scheme"),
-            (cfg.get("model") or {}).get("size"), rec.get("batch_size"), (cfg.get("data") or {}).get("image_size"))
+    return (
+        rec.get("task"),
+        rec.get("optim"),
+        ((cfg.get("optim") or {}).get("comm") or {}).get("scheme"),
+        (cfg.get("model") or {}).get("size"),
+        rec.get("batch_size"),
+        (cfg.get("data") or {}).get("image_size"),
+    )
 
 
 def _warmup_fraction(rec: dict[str, Any]) -> float:
@@ -46,7 +53,7 @@ def _warmup_fraction(rec: dict[str, Any]) -> float:
     return max(0, freeze_step - skip) / max(steps - skip, 1)
 
 
-def _spec(link_mbit, spec_file: Optional[Path] = None) -> ClusterSpec:
+def _spec(link_mbit, spec_file: Path | None = None) -> ClusterSpec:
     """The model's emulated cluster at the run's link: conf/cluster/emulated.yaml's perf block as it is now, or
     ``spec_file`` (a cluster spec that ``birder-repro mode=probe`` wrote), whose efficiencies are fractions of
     the line rate and so carry over to another ``link_mbit``."""
@@ -67,7 +74,7 @@ def _records(root: Path) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: str(r.get("started")))
 
 
-def emulated_frame(root: Path, implementation: str = "this", spec_file: Optional[Path] = None) -> pd.DataFrame:
+def emulated_frame(root: Path, implementation: str = "this", spec_file: Path | None = None) -> pd.DataFrame:
     """One row per multi-node emulated run with a 1-node run of the same setting: measured and predicted
     (with ``spec_file``'s cluster spec instead of conf/cluster/emulated.yaml, if given)."""
     recs = _records(root)
@@ -82,20 +89,36 @@ def emulated_frame(root: Path, implementation: str = "this", spec_file: Optional
         spec = _spec(rec["cluster"]["link_mbit"], spec_file)
         scheme = scheme_for_optim(rec["optim"], (cfg["optim"].get("comm") or {}).get("scheme"))
         nodes, gpus = int(rec["cluster"]["nodes"]), int(rec["cluster"]["gpus_per_node"])
-        pred = predict_run(profile, spec, nodes, gpus, scheme, int(rec["batch_size"]),
-                           warmup_fraction=_warmup_fraction(rec), implementation=implementation)["run"]
+        pred = predict_run(
+            profile,
+            spec,
+            nodes,
+            gpus,
+            scheme,
+            int(rec["batch_size"]),
+            warmup_fraction=_warmup_fraction(rec),
+            implementation=implementation,
+        )["run"]
         measured = float(rec["throughput_samples_per_s"])
         st = rec.get("step_time_s") or {}
-        rows.append({"optim": rec["optim"], "nodes": nodes, "link_mbit": rec["cluster"]["link_mbit"],
-                     "measured": measured, "predicted": pred["throughput_samples_per_s"],
-                     "error": pred["throughput_samples_per_s"] / measured - 1,
-                     "step_ms": 1e3 * float(st.get("total") or float("nan")), "pred_step_ms": 1e3 * pred["total_s"],
-                     "comm_ms": 1e3 * float(st.get("communication") or 0.0),
-                     "pred_comm_ms": 1e3 * pred["communication_s"],
-                     "compress_ms": 1e3 * float(st.get("compression") or 0.0),
-                     "pred_compress_ms": 1e3 * pred["compression_s"],
-                     "link_mbit_measured": (rec.get("profile") or {}).get("link_mbit_measured"),
-                     "run": "/".join(Path(str(rec.get("run_dir"))).parts[-2:])})
+        rows.append(
+            {
+                "optim": rec["optim"],
+                "nodes": nodes,
+                "link_mbit": rec["cluster"]["link_mbit"],
+                "measured": measured,
+                "predicted": pred["throughput_samples_per_s"],
+                "error": pred["throughput_samples_per_s"] / measured - 1,
+                "step_ms": 1e3 * float(st.get("total") or float("nan")),
+                "pred_step_ms": 1e3 * pred["total_s"],
+                "comm_ms": 1e3 * float(st.get("communication") or 0.0),
+                "pred_comm_ms": 1e3 * pred["communication_s"],
+                "compress_ms": 1e3 * float(st.get("compression") or 0.0),
+                "pred_compress_ms": 1e3 * pred["compression_s"],
+                "link_mbit_measured": (rec.get("profile") or {}).get("link_mbit_measured"),
+                "run": "/".join(Path(str(rec.get("run_dir"))).parts[-2:]),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -108,17 +131,20 @@ def format_emulated(frame: pd.DataFrame) -> str:
     shown["error"] = shown["error"].map(lambda x: f"{100 * x:+.1f}%")
     for col in ("step_ms", "pred_step_ms", "comm_ms", "pred_comm_ms", "compress_ms", "pred_compress_ms"):
         shown[col] = shown[col].map(lambda x: f"{x:.0f}")
-    shown["link_mbit_measured"] = shown["link_mbit_measured"].map(lambda x: "—" if x is None or pd.isna(x)
-                                                                  else f"{x:.0f}")
+    shown["link_mbit_measured"] = shown["link_mbit_measured"].map(
+        lambda x: "—" if x is None or pd.isna(x) else f"{x:.0f}"
+    )
     errors = frame["error"].abs()
     med, worst = float(statistics.median(errors)), float(errors.max())
     verdict = "meets" if med <= TARGET_MEDIAN and worst <= TARGET_MAX else "MISSES"
-    return (shown.to_markdown(index=False) + f"\n\nthroughput error over {len(frame)} runs: median |error| "
-            f"{100 * med:.1f}%, max {100 * worst:.1f}% ({verdict} the target: median <= "
-            f"{100 * TARGET_MEDIAN:.0f}%, none over {100 * TARGET_MAX:.0f}%)")
+    return (
+        shown.to_markdown(index=False) + f"\n\nthroughput error over {len(frame)} runs: median |error| "
+        f"{100 * med:.1f}%, max {100 * worst:.1f}% ({verdict} the target: median <= "
+        f"{100 * TARGET_MEDIAN:.0f}%, none over {100 * TARGET_MAX:.0f}%)"
+    )
 
 
-def main_emulated(root: str, implementation: str = "this", spec_file: Optional[str] = None) -> int:
+def main_emulated(root: str, implementation: str = "this", spec_file: str | None = None) -> int:
     if spec_file:
         print(f"cluster spec: {spec_file}")
     frame = emulated_frame(Path(root), implementation, Path(spec_file) if spec_file else None)

@@ -60,13 +60,20 @@ Anything that takes an implementation's name also takes a mapping of scheme to :
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Iterable, Mapping, Union
 
 from .schemes import SCHEMES
 
-__all__ = ["Implementation", "IMPLEMENTATIONS", "implementation_of", "with_overlap", "PAPER_DDP_OVERLAP",
-           "DDP_SCHEMES", "ImplementationLike"]
+__all__ = [
+    "Implementation",
+    "IMPLEMENTATIONS",
+    "implementation_of",
+    "with_overlap",
+    "PAPER_DDP_OVERLAP",
+    "DDP_SCHEMES",
+    "ImplementationLike",
+]
 
 GRANULARITIES = ("bucket", "whole")
 
@@ -96,11 +103,16 @@ _IN_STEP = Implementation(overlap=0.0, granularity="whole")
 
 IMPLEMENTATIONS: dict[str, dict[str, Implementation]] = {
     "this": {scheme: _HOOK for scheme in SCHEMES},
-    "paper": {**{s: Implementation(overlap=PAPER_DDP_OVERLAP) for s in DDP_SCHEMES}, "onebit": _IN_STEP,
-              "hierarchical": _BLOCKING_HOOK, "flat": _BLOCKING_HOOK, "allgather": _BLOCKING_HOOK},
+    "paper": {
+        **{s: Implementation(overlap=PAPER_DDP_OVERLAP) for s in DDP_SCHEMES},
+        "onebit": _IN_STEP,
+        "hierarchical": _BLOCKING_HOOK,
+        "flat": _BLOCKING_HOOK,
+        "allgather": _BLOCKING_HOOK,
+    },
 }
 
-ImplementationLike = Union[str, Mapping[str, Implementation]]
+ImplementationLike = str | Mapping[str, Implementation]
 
 
 def implementation_of(name: ImplementationLike, scheme: str) -> Implementation:

@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Optional
 
 from .cluster import CLUSTER_DIR
 from .measure import call_points, fit_alpha_beta, measure
@@ -48,7 +47,7 @@ def _worker(rank: int, world: int, master: str, port: int, out: str) -> None:
 
 
 # --------------------------------------------------------------------------------------- the launcher
-def probe(nodes: int, link_mbit: Optional[float], port: int = 29533) -> dict[str, dict[int, float]]:
+def probe(nodes: int, link_mbit: float | None, port: int = 29533) -> dict[str, dict[int, float]]:
     """Build the fabric, run a worker per node, remove the fabric; rank 0's medians per kind and size."""
     import yaml
 
@@ -61,11 +60,27 @@ def probe(nodes: int, link_mbit: Optional[float], port: int = 29533) -> dict[str
         out = str(Path(tmp) / "probe.json")
         netns.create(fabric)
         try:
-            procs = [subprocess.Popen(
-                ["ip", "netns", "exec", node.netns, sys.executable, "-m", "birder_repro.perf.linkprobe", "--worker",
-                 str(node.index), str(nodes), fabric.nodes[0].address, str(port), out],
-                env={**os.environ, "GLOO_SOCKET_IFNAME": node.node_veth, "OMP_NUM_THREADS": "1"})
-                for node in fabric.nodes]
+            procs = [
+                subprocess.Popen(
+                    [
+                        "ip",
+                        "netns",
+                        "exec",
+                        node.netns,
+                        sys.executable,
+                        "-m",
+                        "birder_repro.perf.linkprobe",
+                        "--worker",
+                        str(node.index),
+                        str(nodes),
+                        fabric.nodes[0].address,
+                        str(port),
+                        out,
+                    ],
+                    env={**os.environ, "GLOO_SOCKET_IFNAME": node.node_veth, "OMP_NUM_THREADS": "1"},
+                )
+                for node in fabric.nodes
+            ]
             codes = [p.wait(timeout=600) for p in procs]
         finally:
             netns.destroy(fabric)
@@ -74,7 +89,7 @@ def probe(nodes: int, link_mbit: Optional[float], port: int = 29533) -> dict[str
         return {k: {int(s): t for s, t in v.items()} for k, v in json.loads(Path(out).read_text()).items()}
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
     if argv[:1] == ["--worker"]:

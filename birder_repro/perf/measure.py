@@ -11,10 +11,23 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-__all__ = ["COLLECTIVES", "WARMUP", "REPEATS", "bus_factor", "latency_steps", "fit_alpha_beta", "call_points",
-           "slowest_rank", "known_values", "measure", "table_rows", "fit_level"]
+__all__ = [
+    "COLLECTIVES",
+    "WARMUP",
+    "REPEATS",
+    "bus_factor",
+    "latency_steps",
+    "fit_alpha_beta",
+    "call_points",
+    "slowest_rank",
+    "known_values",
+    "measure",
+    "table_rows",
+    "fit_level",
+]
 
 WARMUP, REPEATS = 3, 9
 # NCCL-tests' bus-bandwidth factors (its doc/PERFORMANCE.md), the same as the cost model's per-byte factors
@@ -36,8 +49,9 @@ def latency_steps(kind: str, p: int) -> int:
     return (2 if kind == "allreduce" else 1) * (p - 1)
 
 
-def fit_alpha_beta(sizes: Sequence[float], seconds: Sequence[float], n: int, kind: str = "all_to_all",
-                   robust: bool = False) -> tuple[float, float]:
+def fit_alpha_beta(
+    sizes: Sequence[float], seconds: Sequence[float], n: int, kind: str = "all_to_all", robust: bool = False
+) -> tuple[float, float]:
     """Fit t = steps alpha + factor S beta (:func:`latency_steps`, :func:`bus_factor`: the model's cost of
     ``kind``, S its size as NCCL-tests counts it) over the points; returns (alpha s, beta s/byte), each at
     least 0, so 1/beta is the bus bandwidth. A size may come several times (one point per call). Least squares
@@ -86,8 +100,10 @@ def _fit_two_regimes(xs: Sequence[float], ts: Sequence[float], k: int, rounds: i
     alpha = beta = 0.0
     for _ in range(rounds):
         beta = max(0.0, _upper_quartile([(ts[i] - k * alpha) / xs[i] for i in large]))
-        previous, alpha = alpha, max(0.0, statistics.median((ts[i] - xs[i] * beta) / k for i in small)
-                                     if small else 0.0)
+        previous, alpha = (
+            alpha,
+            max(0.0, statistics.median((ts[i] - xs[i] * beta) / k for i in small) if small else 0.0),
+        )
         if abs(alpha - previous) <= 1e-12 * max(alpha, 1e-30):
             break
     return alpha, beta
@@ -133,10 +149,12 @@ def known_values(kind: str, p: int, rank: int, device=None, numel: int = 16):
     import torch
 
     n = numel * p
-    expected = {"allreduce": torch.full((n,), p * (p + 1) / 2),        # every rank sends rank + 1
-                "reduce_scatter": torch.full((n,), p * (p + 1) / 2),   # its chunk of that sum
-                "all_gather": torch.arange(1, p + 1).repeat_interleave(numel).float(),
-                "all_to_all": (torch.arange(p) * p + rank).repeat_interleave(numel).float()}[kind]
+    expected = {
+        "allreduce": torch.full((n,), p * (p + 1) / 2),  # every rank sends rank + 1
+        "reduce_scatter": torch.full((n,), p * (p + 1) / 2),  # its chunk of that sum
+        "all_gather": torch.arange(1, p + 1).repeat_interleave(numel).float(),
+        "all_to_all": (torch.arange(p) * p + rank).repeat_interleave(numel).float(),
+    }[kind]
     if kind == "all_to_all":  # chunk j of rank r holds r p + j, so chunk i received here holds i p + rank
         send = (rank * p + torch.arange(p)).repeat_interleave(numel).float()
     else:
@@ -144,8 +162,9 @@ def known_values(kind: str, p: int, rank: int, device=None, numel: int = 16):
     return send.to(device), expected[: numel if kind == "reduce_scatter" else n].to(device)
 
 
-def measure(kinds: Sequence[str], sizes: Sequence[int], group=None, device=None, warmup: int = WARMUP,
-            repeats: int = REPEATS) -> dict[str, dict[int, list[float]]]:
+def measure(
+    kinds: Sequence[str], sizes: Sequence[int], group=None, device=None, warmup: int = WARMUP, repeats: int = REPEATS
+) -> dict[str, dict[int, list[float]]]:
     """The seconds of each of ``repeats`` calls (after ``warmup``) of each collective of ``kinds`` at each size
     in bytes (rounded up to whole float32 elements on every process of ``group``); each call after a barrier
     and taken at its slowest rank. Every call is kept, not only a median: between emulated nodes an exchange
@@ -163,8 +182,10 @@ def measure(kinds: Sequence[str], sizes: Sequence[int], group=None, device=None,
         _call(kind, send, recv, p, group)
         got = send if kind == "allreduce" else recv[: expected.numel()]
         if not torch.equal(got, expected):
-            raise RuntimeError(f"probe: {kind} over {p} processes returned wrong values (rank "
-                               f"{dist.get_rank(group)}: {got[:4].tolist()}..., expected {expected[:4].tolist()}...)")
+            raise RuntimeError(
+                f"probe: {kind} over {p} processes returned wrong values (rank "
+                f"{dist.get_rank(group)}: {got[:4].tolist()}..., expected {expected[:4].tolist()}...)"
+            )
     results: dict[str, dict[int, list[float]]] = {k: {} for k in kinds}
     for size in sizes:
         size = -(-int(size) // (4 * p)) * 4 * p
@@ -193,8 +214,16 @@ def table_rows(results: Mapping[str, Mapping[int, Sequence[float]]], p: int) -> 
         for size, calls in sorted(by_size.items()):
             seconds = statistics.median(calls)
             algbw = size / seconds
-            rows.append({"kind": kind, "bytes": int(size), "seconds": seconds, "algbw_Bps": algbw,
-                         "busbw_Bps": algbw * bus_factor(kind, p), "calls_s": [float(t) for t in calls]})
+            rows.append(
+                {
+                    "kind": kind,
+                    "bytes": int(size),
+                    "seconds": seconds,
+                    "algbw_Bps": algbw,
+                    "busbw_Bps": algbw * bus_factor(kind, p),
+                    "calls_s": [float(t) for t in calls],
+                }
+            )
     return rows
 
 

@@ -20,14 +20,13 @@ the stages' step times weighted by their share of the steps.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any
 
 from .cluster import ClusterSpec, host_contention, no_spare_core, op_time
+from .implementations import ImplementationLike, implementation_of
 from .profile import Profile
 from .schemes import COMPRESSION_BACKEND, bucket_collectives, compressed_elements, counted_bytes
-from .implementations import ImplementationLike, implementation_of
-from .timeline import (BucketWork, StepTimeline, blend, ready_times, simulate, simulate_sequential,
-                       simulate_shared)
+from .timeline import BucketWork, StepTimeline, blend, ready_times, simulate, simulate_sequential, simulate_shared
 
 __all__ = ["StepPrediction", "predict_step", "predict_run"]
 
@@ -42,11 +41,11 @@ class StepPrediction:
     compute_s: float
     communication_s: float
     compression_s: float
-    intra_node_bytes: float   # per process per step, as the hooks count them
+    intra_node_bytes: float  # per process per step, as the hooks count them
     inter_node_bytes: float
-    collectives: int          # collectives per step per process
-    comm_busy_s: float        # all collectives' time, hidden or not
-    compress_busy_s: float    # all compression time, hidden or not
+    collectives: int  # collectives per step per process
+    comm_busy_s: float  # all collectives' time, hidden or not
+    compress_busy_s: float  # all compression time, hidden or not
     data_wait_s: float = 0.0  # the wait for the data loader (the profile's), part of total_s
 
     @property
@@ -57,7 +56,7 @@ class StepPrediction:
         return {**asdict(self), "throughput_samples_per_s": self.throughput}
 
 
-def _bucket_matrices(profile: Profile, sizes: list[int]) -> list[Optional[list]]:
+def _bucket_matrices(profile: Profile, sizes: list[int]) -> list[list | None]:
     """Each bucket's (rows, cols) for PowerSGD, when the profile lists them (in parameter order)."""
     if not profile.matrices or sizes == [profile.parameter_count]:
         return [None] * len(sizes)
@@ -73,9 +72,16 @@ def _bucket_matrices(profile: Profile, sizes: list[int]) -> list[Optional[list]]
     return out
 
 
-def predict_step(profile: Profile, cluster: ClusterSpec, nodes: int, gpus_per_node: int, scheme: str,
-                 batch_size: Optional[int] = None, rank: int = 1,
-                 implementation: ImplementationLike = "this") -> StepPrediction:
+def predict_step(
+    profile: Profile,
+    cluster: ClusterSpec,
+    nodes: int,
+    gpus_per_node: int,
+    scheme: str,
+    batch_size: int | None = None,
+    rank: int = 1,
+    implementation: ImplementationLike = "this",
+) -> StepPrediction:
     """One step of ``scheme`` (birder_repro.perf.schemes.SCHEMES) on ``nodes`` x ``gpus_per_node``, as
     ``implementation`` (birder_repro.perf.implementations: ``this`` or ``paper``) runs it."""
     impl = implementation_of(implementation, scheme)
@@ -91,8 +97,10 @@ def predict_step(profile: Profile, cluster: ClusterSpec, nodes: int, gpus_per_no
     backend = COMPRESSION_BACKEND[scheme]
     per_element = slow * profile.compression_s_per_element.get(backend, 0.0) if backend else 0.0
     if backend and backend not in profile.compression_s_per_element and nodes * gpus_per_node > 1:
-        raise ValueError(f"profile {profile.name!r} has no compression cost for {backend!r} (scheme {scheme}); "
-                         f"it has {sorted(profile.compression_s_per_element)}")
+        raise ValueError(
+            f"profile {profile.name!r} has no compression cost for {backend!r} (scheme {scheme}); "
+            f"it has {sorted(profile.compression_s_per_element)}"
+        )
     work, intra, inter, count = [], 0.0, 0.0, 0
     for size, t_ready, mats in zip(sizes, ready, _bucket_matrices(profile, sizes)):
         ops = bucket_collectives(scheme, size, nodes, gpus_per_node, matrices=mats, rank=rank)
@@ -109,16 +117,35 @@ def predict_step(profile: Profile, cluster: ClusterSpec, nodes: int, gpus_per_no
         shared = no_spare_core(cluster, nodes * gpus_per_node, profile.threads, profile.host_cores)
         overlapped = (simulate_shared if shared else simulate)(work, fb, optimizer)
         tl = overlapped if impl.overlap == 1 else blend(overlapped, tl, impl.overlap)
-    return StepPrediction(scheme=scheme, nodes=nodes, gpus_per_node=gpus_per_node, batch_size=batch,
-                          total_s=tl.total_s + profile.data_wait_s, compute_s=tl.compute_s, communication_s=tl.communication_s,
-                          compression_s=tl.compression_s, intra_node_bytes=intra, inter_node_bytes=inter,
-                          collectives=count, comm_busy_s=sum(w.comm_s for w in work),
-                          compress_busy_s=sum(w.compress_s for w in work), data_wait_s=profile.data_wait_s)
+    return StepPrediction(
+        scheme=scheme,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        batch_size=batch,
+        total_s=tl.total_s + profile.data_wait_s,
+        compute_s=tl.compute_s,
+        communication_s=tl.communication_s,
+        compression_s=tl.compression_s,
+        intra_node_bytes=intra,
+        inter_node_bytes=inter,
+        collectives=count,
+        comm_busy_s=sum(w.comm_s for w in work),
+        compress_busy_s=sum(w.compress_s for w in work),
+        data_wait_s=profile.data_wait_s,
+    )
 
 
-def predict_run(profile: Profile, cluster: ClusterSpec, nodes: int, gpus_per_node: int, scheme: str,
-                batch_size: Optional[int] = None, rank: int = 1,
-                warmup_fraction: float = 0.0, implementation: ImplementationLike = "this") -> dict[str, Any]:
+def predict_run(
+    profile: Profile,
+    cluster: ClusterSpec,
+    nodes: int,
+    gpus_per_node: int,
+    scheme: str,
+    batch_size: int | None = None,
+    rank: int = 1,
+    warmup_fraction: float = 0.0,
+    implementation: ImplementationLike = "this",
+) -> dict[str, Any]:
     """The whole run: ``warmup_fraction`` of the steps in fp32 (1-bit Adam's freeze, PowerSGD's start
     iteration), the rest in ``scheme``. Returns the mean step ('run') and each stage's prediction."""
     if not 0 <= warmup_fraction <= 1:
@@ -127,14 +154,25 @@ def predict_run(profile: Profile, cluster: ClusterSpec, nodes: int, gpus_per_nod
     stages = {scheme: main}
     warmup = "fsdp_hsdp" if scheme.startswith("fsdp_") else "fp32"  # the uncompressed exchange of the warmup
     if warmup_fraction > 0 and scheme != warmup:
-        stages = {"warmup": predict_step(profile, cluster, nodes, gpus_per_node, warmup, batch_size,
-                                         implementation=implementation),
-                  "compression": main}
+        stages = {
+            "warmup": predict_step(
+                profile, cluster, nodes, gpus_per_node, warmup, batch_size, implementation=implementation
+            ),
+            "compression": main,
+        }
         weights = {"warmup": warmup_fraction, "compression": 1 - warmup_fraction}
     else:
         weights = {scheme: 1.0}
-    keys = ("total_s", "compute_s", "communication_s", "compression_s", "data_wait_s", "intra_node_bytes",
-            "inter_node_bytes", "collectives")
+    keys = (
+        "total_s",
+        "compute_s",
+        "communication_s",
+        "compression_s",
+        "data_wait_s",
+        "intra_node_bytes",
+        "inter_node_bytes",
+        "collectives",
+    )
     mean = {k: sum(weights[s] * getattr(p, k) for s, p in stages.items()) for k in keys}
     world = nodes * gpus_per_node
     mean["throughput_samples_per_s"] = world * main.batch_size / mean["total_s"]

@@ -17,7 +17,8 @@ runs did (Birder's hook and 1-bit Adam's compressed all-reduce not overlapped).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from .cluster import ClusterSpec
 from .model import predict_run
@@ -58,8 +59,10 @@ def predict_record(cfg: Any) -> dict[str, Any]:
     source = (c.get("predict") or {}).get("profile")
     implementation = str((c.get("predict") or {}).get("implementation") or "this")
     if source is None:
-        raise ValueError("predict.profile is null: give 'paper', a run directory or record.json with a profile, "
-                         "or a profile JSON file")
+        raise ValueError(
+            "predict.profile is null: give 'paper', a run directory or record.json with a profile, "
+            "or a profile JSON file"
+        )
     task, optim, train = c["task"]["name"], c["optim"], c.get("train") or {}
     gpus = c.get("gpus_per_node", 1)
     if gpus == "auto":
@@ -78,17 +81,27 @@ def predict_record(cfg: Any) -> dict[str, Any]:
     cluster = ClusterSpec.from_config(cluster_config)
     # the paper's rows the links were fitted on (the report marks those cells in-sample); none for a measured spec
     fitted_on = (cluster_config.get("perf") or {}).get("fitted_on")
-    profile = paper_profile(task=task, batch_size=batch, node=cluster, implementation=implementation) \
-        if source == "paper" \
+    profile = (
+        paper_profile(task=task, batch_size=batch, node=cluster, implementation=implementation)
+        if source == "paper"
         else load_profile(source)
+    )
     if profile.task != task:
         raise ValueError(f"profile {profile.name!r} is for task {profile.task!r}, not {task!r}")
     parallel = str(c.get("parallel") or "ddp")
     scheme = scheme_for_optim(optim["name"], (optim.get("comm") or {}).get("scheme"), parallel)
     rank = int((optim.get("comm") or {}).get("rank", 1) or 1)
-    run = predict_run(profile, cluster, nodes, gpus, scheme, batch * accumulate, rank,
-                      warmup_fraction=_warmup_fraction(optim, scheme, train.get("steps")),
-                      implementation=implementation)
+    run = predict_run(
+        profile,
+        cluster,
+        nodes,
+        gpus,
+        scheme,
+        batch * accumulate,
+        rank,
+        warmup_fraction=_warmup_fraction(optim, scheme, train.get("steps")),
+        implementation=implementation,
+    )
     mean, stages = run["run"], run["stages"]
     by_stage = None
     if len(stages) > 1:
@@ -97,8 +110,13 @@ def predict_record(cfg: Any) -> dict[str, Any]:
         "status": "predicted",
         "task": task,
         "optim": optim["name"],
-        "cluster": {"name": c["cluster"].get("name"), "nodes": nodes, "gpus_per_node": gpus,
-                    "interconnect": c["cluster"].get("interconnect"), "link_mbit": c["cluster"].get("link_mbit")},
+        "cluster": {
+            "name": c["cluster"].get("name"),
+            "nodes": nodes,
+            "gpus_per_node": gpus,
+            "interconnect": c["cluster"].get("interconnect"),
+            "link_mbit": c["cluster"].get("link_mbit"),
+        },
         "world_size": nodes * gpus,
         "parallel": parallel,
         "batch_size": batch,
@@ -106,15 +124,25 @@ def predict_record(cfg: Any) -> dict[str, Any]:
         "global_batch_size": batch * nodes * gpus * accumulate,
         "throughput_samples_per_s": mean["throughput_samples_per_s"],
         "throughput_by_stage": by_stage,
-        "step_time_s": {"total": mean["total_s"], "compute": mean["compute_s"],
-                        "communication": mean["communication_s"], "compression": mean["compression_s"],
-                        "data_wait": mean["data_wait_s"]},
+        "step_time_s": {
+            "total": mean["total_s"],
+            "compute": mean["compute_s"],
+            "communication": mean["communication_s"],
+            "compression": mean["compression_s"],
+            "data_wait": mean["data_wait_s"],
+        },
         "data_wait_s_per_step": mean["data_wait_s"],
         "intra_node_bytes_per_step": mean["intra_node_bytes"],
         "inter_node_bytes_per_step": mean["inter_node_bytes"],
         "collectives_per_step": mean["collectives"],
-        "prediction": {"scheme": scheme, "implementation": implementation, "stages": stages,
-                       "weights": run["weights"], "fitted_on": fitted_on, "cluster_spec_file": spec_file},
+        "prediction": {
+            "scheme": scheme,
+            "implementation": implementation,
+            "stages": stages,
+            "weights": run["weights"],
+            "fitted_on": fitted_on,
+            "cluster_spec_file": spec_file,
+        },
         "profile": profile.to_dict(),
         "cluster_spec": cluster.to_dict(),
     }
@@ -149,5 +177,7 @@ def format_prediction(rec: Mapping[str, Any]) -> str:
         "collectives",
     ]
     if rec.get("throughput_by_stage"):
-        lines.append("by stage:   " + ", ".join(f"{k} {v:.1f} samples/s" for k, v in rec["throughput_by_stage"].items()))
+        lines.append(
+            "by stage:   " + ", ".join(f"{k} {v:.1f} samples/s" for k, v in rec["throughput_by_stage"].items())
+        )
     return "\n".join(lines)

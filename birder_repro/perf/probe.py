@@ -43,14 +43,23 @@ under ``probe``, which tells a probe's record from a training run's).
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from .cluster import MBIT
 from .measure import COLLECTIVES, fit_level, measure, table_rows
 
-__all__ = ["SPEC_FILE", "is_probe_record", "probe_sizes", "check_settings", "spec_from_fits", "probe_worker",
-           "format_probe", "load_cluster_spec"]
+__all__ = [
+    "SPEC_FILE",
+    "is_probe_record",
+    "probe_sizes",
+    "check_settings",
+    "spec_from_fits",
+    "probe_worker",
+    "format_probe",
+    "load_cluster_spec",
+]
 
 SPEC_FILE = "cluster_spec.yaml"
 # What crosses nodes in the model's schemes (birder_repro.perf.schemes): DDP's all-reduce, and the compressed
@@ -86,8 +95,9 @@ def check_settings(cfg: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ConfigError(f"probe.{key}={value!r}: use a whole number >= {least}")
     if probe.max_bytes < probe.min_bytes:
-        raise ConfigError(f"probe.max_bytes={probe.max_bytes} is below probe.min_bytes={probe.min_bytes}: "
-                          "give max_bytes >= min_bytes")
+        raise ConfigError(
+            f"probe.max_bytes={probe.max_bytes} is below probe.min_bytes={probe.min_bytes}: give max_bytes >= min_bytes"
+        )
     if int(cfg.nodes) < 2:
         raise ConfigError(f"nodes={cfg.nodes}: mode=probe measures the link between nodes; use nodes=2 or more")
 
@@ -98,8 +108,11 @@ def _fraction(rate_Bps: float, line_mbit: float) -> float:
     return min(1.0, rate_Bps / (line_mbit * MBIT))
 
 
-def spec_from_fits(cluster: Mapping[str, Any], inter: Mapping[str, Mapping[str, float]],
-                   intra: Optional[Mapping[str, Mapping[str, float]]]) -> dict[str, Any]:
+def spec_from_fits(
+    cluster: Mapping[str, Any],
+    inter: Mapping[str, Mapping[str, float]],
+    intra: Mapping[str, Mapping[str, float]] | None,
+) -> dict[str, Any]:
     """The cluster config ``cluster`` with its ``perf`` block replaced by what the fits measured (the module
     doc's mapping); keys the probe cannot measure are kept."""
     perf = {k: v for k, v in (cluster.get("perf") or {}).items() if k != "fitted_on"}  # measured, not fitted
@@ -108,15 +121,18 @@ def spec_from_fits(cluster: Mapping[str, Any], inter: Mapping[str, Mapping[str, 
     allreduce = inter["allreduce"]["bandwidth_Bps"]
     pairwise = statistics.fmean(inter[k]["bandwidth_Bps"] for k in PAIRWISE)
     if line is None:  # no line rate given: the all-reduce's rate is the link, the exchanges a fraction of it
-        perf.update(inter_mbit=allreduce / MBIT, inter_efficiency=1.0,
-                    exchange_efficiency=min(1.0, pairwise / allreduce))
+        perf.update(
+            inter_mbit=allreduce / MBIT, inter_efficiency=1.0, exchange_efficiency=min(1.0, pairwise / allreduce)
+        )
     else:
         perf.update(inter_efficiency=_fraction(allreduce, line), exchange_efficiency=_fraction(pairwise, line))
     perf["inter_latency_us"] = 1e6 * median_alpha
     if intra:
-        perf.update(intra_mbit=statistics.median(f["bandwidth_Bps"] for f in intra.values()) / MBIT,
-                    intra_efficiency=1.0,
-                    intra_latency_us=1e6 * statistics.median(f["alpha_s"] for f in intra.values()))
+        perf.update(
+            intra_mbit=statistics.median(f["bandwidth_Bps"] for f in intra.values()) / MBIT,
+            intra_efficiency=1.0,
+            intra_latency_us=1e6 * statistics.median(f["alpha_s"] for f in intra.values()),
+        )
     return {**{k: v for k, v in cluster.items() if k != "perf"}, "perf": perf}
 
 
@@ -158,19 +174,34 @@ def probe_worker(cfg: Any, rank: int, device: Any, run_dir: Path) -> dict[str, A
     fits = {"inter": fit_level(inter, n), "intra": fit_level(intra, m) if intra else None}
     cluster = OmegaConf.to_container(cfg.cluster, resolve=True)
     spec = spec_from_fits(cluster, fits["inter"], fits["intra"])
-    spec["probe"] = {"measured": record.now(), "command": record.read_command(run_dir), "nodes": n,
-                     "gpus_per_node": m, "backend": dist.get_backend(), "device": str(device),
-                     "intra_measured": intra is not None,
-                     "fits": _plain(fits)}
+    spec["probe"] = {
+        "measured": record.now(),
+        "command": record.read_command(run_dir),
+        "nodes": n,
+        "gpus_per_node": m,
+        "backend": dist.get_backend(),
+        "device": str(device),
+        "intra_measured": intra is not None,
+        "fits": _plain(fits),
+    }
     spec_path = Path(run_dir) / SPEC_FILE
     import yaml
 
-    spec_path.write_text("# birder-repro mode=probe: the cluster as measured (birder_repro.perf.probe). Use it with\n"
-                         f"#   birder-repro mode=predict ... predict.cluster_spec={spec_path.resolve()}\n"
-                         + yaml.safe_dump(spec, sort_keys=False))
-    return {"probe": {"inter": table_rows(inter, n), "intra": table_rows(intra, m) if intra else None,
-                      "fits": _plain(fits), "cluster_spec_file": str(spec_path.resolve()),
-                      "cluster_spec": spec["perf"], "sizes": sizes}}
+    spec_path.write_text(
+        "# birder-repro mode=probe: the cluster as measured (birder_repro.perf.probe). Use it with\n"
+        f"#   birder-repro mode=predict ... predict.cluster_spec={spec_path.resolve()}\n"
+        + yaml.safe_dump(spec, sort_keys=False)
+    )
+    return {
+        "probe": {
+            "inter": table_rows(inter, n),
+            "intra": table_rows(intra, m) if intra else None,
+            "fits": _plain(fits),
+            "cluster_spec_file": str(spec_path.resolve()),
+            "cluster_spec": spec["perf"],
+            "sizes": sizes,
+        }
+    }
 
 
 def _plain(value: Any) -> Any:
@@ -184,27 +215,38 @@ def format_probe(rec: Mapping[str, Any]) -> str:
     """What ``birder-repro mode=probe`` prints: nccl-tests' table per level, the fits and the spec's path."""
     probe = rec["probe"]
     c = rec["cluster"]
-    lines = [f"probe: {c['nodes']} nodes x {c['gpus_per_node']} processes, cluster {c['name']}, "
-             f"link {c.get('link_mbit') or 'not given'} Mbit/s; median of each call's slowest rank"]
+    lines = [
+        f"probe: {c['nodes']} nodes x {c['gpus_per_node']} processes, cluster {c['name']}, "
+        f"link {c.get('link_mbit') or 'not given'} Mbit/s; median of each call's slowest rank"
+    ]
     for level in ("inter", "intra"):
         rows = probe.get(level)
         if not rows:
             continue
-        lines += ["", f"{level}-node ({'one process per node' if level == 'inter' else 'the processes of node 0'}):",
-                  f"{'collective':>15s} {'size (B)':>11s} {'time (us)':>11s} {'algbw (GB/s)':>13s} "
-                  f"{'busbw (GB/s)':>13s} {'busbw (Mbit/s)':>15s}"]
+        lines += [
+            "",
+            f"{level}-node ({'one process per node' if level == 'inter' else 'the processes of node 0'}):",
+            f"{'collective':>15s} {'size (B)':>11s} {'time (us)':>11s} {'algbw (GB/s)':>13s} "
+            f"{'busbw (GB/s)':>13s} {'busbw (Mbit/s)':>15s}",
+        ]
         for r in rows:
-            lines.append(f"{r['kind']:>15s} {r['bytes']:11d} {1e6 * r['seconds']:11.1f} {r['algbw_Bps'] / 1e9:13.4f} "
-                         f"{r['busbw_Bps'] / 1e9:13.4f} {r['busbw_Bps'] / MBIT:15.1f}")
+            lines.append(
+                f"{r['kind']:>15s} {r['bytes']:11d} {1e6 * r['seconds']:11.1f} {r['algbw_Bps'] / 1e9:13.4f} "
+                f"{r['busbw_Bps'] / 1e9:13.4f} {r['busbw_Bps'] / MBIT:15.1f}"
+            )
         for kind, f in probe["fits"][level].items():
-            lines.append(f"  fit {kind}: alpha {1e6 * f['alpha_s']:.0f} us, bus bandwidth "
-                         f"{f['bandwidth_Bps'] / MBIT:.1f} Mbit/s")
+            lines.append(
+                f"  fit {kind}: alpha {1e6 * f['alpha_s']:.0f} us, bus bandwidth {f['bandwidth_Bps'] / MBIT:.1f} Mbit/s"
+            )
     perf = probe["cluster_spec"]
-    lines += ["", "cluster spec (perf): " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
-                                                      for k, v in perf.items()),
-              f"[birder-repro] cluster spec: {probe['cluster_spec_file']}",
-              f"[birder-repro] predict with it: birder-repro mode=predict ... "
-              f"predict.cluster_spec={probe['cluster_spec_file']}"]
+    lines += [
+        "",
+        "cluster spec (perf): "
+        + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in perf.items()),
+        f"[birder-repro] cluster spec: {probe['cluster_spec_file']}",
+        f"[birder-repro] predict with it: birder-repro mode=predict ... "
+        f"predict.cluster_spec={probe['cluster_spec_file']}",
+    ]
     return "\n".join(lines)
 
 
@@ -216,8 +258,10 @@ def load_cluster_spec(path: Any) -> dict[str, Any]:
     if path.is_dir():
         path = path / SPEC_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"predict.cluster_spec={path}: no such file (birder-repro mode=probe writes "
-                                f"{SPEC_FILE} in its run directory)")
+        raise FileNotFoundError(
+            f"predict.cluster_spec={path}: no such file (birder-repro mode=probe writes "
+            f"{SPEC_FILE} in its run directory)"
+        )
     spec = yaml.safe_load(path.read_text())
     if not isinstance(spec, dict) or "perf" not in spec:
         raise ValueError(f"predict.cluster_spec={path}: not a cluster spec (no perf block)")

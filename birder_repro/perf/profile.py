@@ -36,9 +36,10 @@ birder_repro.perf.paper_profiles) and is JSON-serialisable, so that a run can wr
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
 
 __all__ = ["Profile", "ddp_bucket_elements", "load_profile"]
 
@@ -65,25 +66,30 @@ class Profile:
     bucket_ready_s: list[float] = field(default_factory=list)
     data_wait_s: float = 0.0
     threads: int = 1
-    host_cores: Optional[int] = None
-    link_mbit_measured: Optional[float] = None
+    host_cores: int | None = None
+    link_mbit_measured: float | None = None
     notes: str = ""
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.forward_backward_s <= 0 or self.parameter_count < 1:
-            raise ValueError(f"profile {self.name!r}: batch_size, forward_backward_s and parameter_count must "
-                             f"be positive, got {self.batch_size}, {self.forward_backward_s}, {self.parameter_count}")
+            raise ValueError(
+                f"profile {self.name!r}: batch_size, forward_backward_s and parameter_count must "
+                f"be positive, got {self.batch_size}, {self.forward_backward_s}, {self.parameter_count}"
+            )
         if not 0 < self.backward_fraction <= 1:
             raise ValueError(f"profile {self.name!r}: backward_fraction must be in (0, 1]")
         if self.bucket_elements and sum(self.bucket_elements) != self.parameter_count:
-            raise ValueError(f"profile {self.name!r}: bucket_elements sum to {sum(self.bucket_elements)}, "
-                             f"not parameter_count {self.parameter_count}")
+            raise ValueError(
+                f"profile {self.name!r}: bucket_elements sum to {sum(self.bucket_elements)}, "
+                f"not parameter_count {self.parameter_count}"
+            )
 
     def buckets(self) -> list[int]:
-        return list(self.bucket_elements) or ddp_bucket_elements(self.parameter_count, self.bucket_cap_mb,
-                                                                  self.first_bucket_mb)
+        return list(self.bucket_elements) or ddp_bucket_elements(
+            self.parameter_count, self.bucket_cap_mb, self.first_bucket_mb
+        )
 
-    def compute_s(self, batch_size: Optional[int] = None) -> float:
+    def compute_s(self, batch_size: int | None = None) -> float:
         """forward + backward at ``batch_size``: ASSUMPTION, linear in the batch (a GPU at a small batch
         is less efficient; profile the batch you predict for where you can)."""
         batch = self.batch_size if batch_size is None else batch_size
@@ -93,7 +99,7 @@ class Profile:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Profile":
+    def from_dict(cls, data: Mapping[str, Any]) -> Profile:
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:
@@ -128,8 +134,10 @@ def load_profile(source: Any) -> Profile:
     if path.is_dir():
         path = path / "record.json"
     if not path.is_file():
-        raise FileNotFoundError(f"no profile at {text!r}: give a run directory, a record.json or a profile "
-                                f"JSON file (the paper's: birder_repro.perf.paper_profiles.paper_profile)")
+        raise FileNotFoundError(
+            f"no profile at {text!r}: give a run directory, a record.json or a profile "
+            f"JSON file (the paper's: birder_repro.perf.paper_profiles.paper_profile)"
+        )
     data = json.loads(path.read_text())
     if "profile" in data:
         if data["profile"] is None:

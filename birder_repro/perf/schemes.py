@@ -55,31 +55,65 @@ gradients (4P'):
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
-from birder_repro.comm.accounting import (all_gather_bytes, all_to_all_bytes, allreduce_bytes,
-                                          flat_allreduce_split, reduce_scatter_bytes)
+from birder_repro.comm.accounting import (
+    all_gather_bytes,
+    all_to_all_bytes,
+    allreduce_bytes,
+    flat_allreduce_split,
+    reduce_scatter_bytes,
+)
 from birder_repro.comm.onebit_scales import scale_counts
 
-__all__ = ["Collective", "SCHEMES", "FSDP_SCHEMES", "COMPRESSION_BACKEND", "bucket_collectives", "compressed_elements",
-           "counted_bytes", "padded_elements", "scheme_for_optim", "powersgd_elements"]
+__all__ = [
+    "Collective",
+    "SCHEMES",
+    "FSDP_SCHEMES",
+    "COMPRESSION_BACKEND",
+    "bucket_collectives",
+    "compressed_elements",
+    "counted_bytes",
+    "padded_elements",
+    "scheme_for_optim",
+    "powersgd_elements",
+]
 
-SCHEMES = ("fp32", "fp16", "powersgd", "onebit", "hierarchical", "flat", "allgather", "fsdp_hsdp", "fsdp_birder",
-           "fsdp_onebit")
+SCHEMES = (
+    "fp32",
+    "fp16",
+    "powersgd",
+    "onebit",
+    "hierarchical",
+    "flat",
+    "allgather",
+    "fsdp_hsdp",
+    "fsdp_birder",
+    "fsdp_onebit",
+)
 FSDP_SCHEMES = {"fp32": "fsdp_hsdp", "hierarchical": "fsdp_birder", "onebit": "fsdp_onebit"}  # DDP's -> FSDP's
 GROUPS = ("intra", "inter", "world")
 # Which per-element compression cost of a profile each scheme uses (Profile.compression_s_per_element).
-COMPRESSION_BACKEND = {"fp32": None, "fp16": "fp16", "powersgd": "powersgd", "onebit": "onebit",
-                       "hierarchical": "birder", "flat": "birder", "allgather": "birder", "fsdp_hsdp": None,
-                       "fsdp_birder": "birder", "fsdp_onebit": "onebit"}
+COMPRESSION_BACKEND = {
+    "fp32": None,
+    "fp16": "fp16",
+    "powersgd": "powersgd",
+    "onebit": "onebit",
+    "hierarchical": "birder",
+    "flat": "birder",
+    "allgather": "birder",
+    "fsdp_hsdp": None,
+    "fsdp_birder": "birder",
+    "fsdp_onebit": "onebit",
+}
 SCALE_BYTES = 4  # 1-bit Adam's fp32 scale per worker and per server chunk
 
 
 @dataclass(frozen=True)
 class Collective:
-    kind: str     # allreduce | reduce_scatter | all_gather | all_to_all | broadcast
-    group: str    # intra | inter | world
+    kind: str  # allreduce | reduce_scatter | all_gather | all_to_all | broadcast
+    group: str  # intra | inter | world
     nbytes: float  # Thakur et al.'s n for this kind (see the module doc)
 
     def __post_init__(self) -> None:
@@ -94,8 +128,15 @@ def _padded(numel: int, multiple: int) -> int:
 def padded_elements(scheme: str, numel: int, nodes: int, gpus_per_node: int) -> int:
     """P' as the hooks pad a bucket: every chunk at every level holds whole bytes."""
     world = nodes * gpus_per_node
-    multiple = {"onebit": 8 * world, "hierarchical": 8 * world, "flat": 8 * world, "allgather": 8,
-                "fsdp_birder": 8 * world, "fsdp_onebit": 8 * world, "fsdp_hsdp": gpus_per_node}.get(scheme, 1)
+    multiple = {
+        "onebit": 8 * world,
+        "hierarchical": 8 * world,
+        "flat": 8 * world,
+        "allgather": 8,
+        "fsdp_birder": 8 * world,
+        "fsdp_onebit": 8 * world,
+        "fsdp_hsdp": gpus_per_node,
+    }.get(scheme, 1)
     return _padded(numel, multiple)
 
 
@@ -115,9 +156,16 @@ def powersgd_elements(matrices: Sequence[Sequence[int]], rank: int) -> tuple[int
     return unc, p, q
 
 
-def bucket_collectives(scheme: str, numel: int, nodes: int, gpus_per_node: int, *,
-                       matrices: Optional[Sequence[Sequence[int]]] = None, rank: int = 1,
-                       scale: str = "bucket") -> list[Collective]:
+def bucket_collectives(
+    scheme: str,
+    numel: int,
+    nodes: int,
+    gpus_per_node: int,
+    *,
+    matrices: Sequence[Sequence[int]] | None = None,
+    rank: int = 1,
+    scale: str = "bucket",
+) -> list[Collective]:
     """The collectives ``scheme`` issues for one bucket of ``numel`` elements, in order. ``scale``: 1-bit
     Adam's ``optim.comm.scale`` (``tensor`` counts a scale per tensor of ``matrices``; none given: one tensor)."""
     n, m = nodes, gpus_per_node
@@ -135,19 +183,26 @@ def bucket_collectives(scheme: str, numel: int, nodes: int, gpus_per_node: int, 
         unc, p, q = powersgd_elements(matrices if matrices is not None else _square(numel), rank)
         return [Collective("allreduce", "world", 4.0 * x) for x in (unc, p, q) if x]
     if scheme == "onebit":
-        tensors, pieces = (1, 1) if scale == "bucket" or not matrices else \
-            scale_counts([math.prod(int(d) for d in shape) for shape in matrices], world)
-        return [Collective("all_to_all", "world", padded / 8),
-                Collective("all_gather", "world", SCALE_BYTES * world * tensors),
-                Collective("all_gather", "world", padded / 8),
-                Collective("all_gather", "world", SCALE_BYTES * world * pieces)]
+        tensors, pieces = (
+            (1, 1)
+            if scale == "bucket" or not matrices
+            else scale_counts([math.prod(int(d) for d in shape) for shape in matrices], world)
+        )
+        return [
+            Collective("all_to_all", "world", padded / 8),
+            Collective("all_gather", "world", SCALE_BYTES * world * tensors),
+            Collective("all_gather", "world", padded / 8),
+            Collective("all_gather", "world", SCALE_BYTES * world * pieces),
+        ]
     if scheme == "hierarchical":
         ops = []
         if m > 1:
             ops.append(Collective("reduce_scatter", "intra", 4.0 * padded))
         if n > 1:
-            ops += [Collective("all_to_all", "inter", padded / (8 * m)),
-                    Collective("all_gather", "inter", padded / (8 * m))]
+            ops += [
+                Collective("all_to_all", "inter", padded / (8 * m)),
+                Collective("all_gather", "inter", padded / (8 * m)),
+            ]
         if m > 1:
             ops.append(Collective("all_gather", "intra", padded / 8))
         return ops
@@ -162,16 +217,23 @@ def _fsdp_collectives(scheme: str, padded: int, n: int, m: int) -> list[Collecti
     """One FSDP unit's collectives (module doc): FSDP's own inside the node, then the exchange across nodes."""
     ops = []
     if m > 1:
-        ops += [Collective("all_gather", "intra", 4.0 * padded), Collective("all_gather", "intra", 4.0 * padded),
-                Collective("reduce_scatter", "intra", 4.0 * padded)]
+        ops += [
+            Collective("all_gather", "intra", 4.0 * padded),
+            Collective("all_gather", "intra", 4.0 * padded),
+            Collective("reduce_scatter", "intra", 4.0 * padded),
+        ]
     shard = padded / m
     if n > 1 and scheme == "fsdp_hsdp":
         ops.append(Collective("allreduce", "inter", 4.0 * shard))
     elif n > 1 and scheme == "fsdp_birder":
         ops += [Collective("all_to_all", "inter", shard / 8 + n), Collective("all_gather", "inter", shard / 8)]
     elif n > 1:  # fsdp_onebit
-        ops += [Collective("all_to_all", "inter", shard / 8), Collective("all_gather", "inter", SCALE_BYTES * n),
-                Collective("all_gather", "inter", shard / 8), Collective("all_gather", "inter", SCALE_BYTES * n)]
+        ops += [
+            Collective("all_to_all", "inter", shard / 8),
+            Collective("all_gather", "inter", SCALE_BYTES * n),
+            Collective("all_gather", "inter", shard / 8),
+            Collective("all_gather", "inter", SCALE_BYTES * n),
+        ]
     if m > 1 and scheme == "fsdp_birder":
         ops.append(Collective("allreduce", "intra", 4.0))
     return ops
@@ -179,7 +241,7 @@ def _fsdp_collectives(scheme: str, padded: int, n: int, m: int) -> list[Collecti
 
 def _square(numel: int) -> list[list[int]]:
     """No tensor shapes known: the bucket as one square matrix (PowerSGD's best case; say so where used)."""
-    side = max(int(round(numel ** 0.5)), 1)
+    side = max(round(numel**0.5), 1)
     return [[side, max(numel // side, 1)]]
 
 
@@ -211,8 +273,15 @@ def _group_bytes(op: Collective, p: int) -> float:
     raise ValueError(f"no byte count for collective {op.kind!r} in a group")
 
 
-def compressed_elements(scheme: str, numel: int, nodes: int, gpus_per_node: int, rank: int = 1,
-                        matrices: Optional[Sequence[Sequence[int]]] = None, alone: bool = False) -> float:
+def compressed_elements(
+    scheme: str,
+    numel: int,
+    nodes: int,
+    gpus_per_node: int,
+    rank: int = 1,
+    matrices: Sequence[Sequence[int]] | None = None,
+    alone: bool = False,
+) -> float:
     """Elements one rank compresses or decompresses per bucket (multiplies the profile's seconds/element).
 
     hierarchical: Step II on the shard (P'/m) + the server's unpack of n chunks (P'/m) and re-quantization
@@ -232,8 +301,11 @@ def compressed_elements(scheme: str, numel: int, nodes: int, gpus_per_node: int,
         return 2.0 * numel
     if scheme == "powersgd":
         mats = matrices if matrices is not None else _square(numel)
-        compressed = sum(int(s[0]) * (int(s[1]) if len(s) > 1 else 1) for s in mats
-                         if len(s) > 1 and (int(s[0]) + int(s[1])) * rank * 2 < int(s[0]) * int(s[1]))
+        compressed = sum(
+            int(s[0]) * (int(s[1]) if len(s) > 1 else 1)
+            for s in mats
+            if len(s) > 1 and (int(s[0]) + int(s[1])) * rank * 2 < int(s[0]) * int(s[1])
+        )
         return numel + 3.0 * rank * compressed
     if scheme == "onebit":
         return 3.0 * p + p / world
@@ -248,7 +320,7 @@ def compressed_elements(scheme: str, numel: int, nodes: int, gpus_per_node: int,
     return p + world * p  # allgather
 
 
-def scheme_for_optim(optim_name: str, comm_scheme: Optional[str] = None, parallel: str = "ddp") -> str:
+def scheme_for_optim(optim_name: str, comm_scheme: str | None = None, parallel: str = "ddp") -> str:
     """The communication scheme an optimizer config runs with (conf/optim/*.yaml), under ``parallel``."""
     if parallel == "fsdp":
         ddp = scheme_for_optim(optim_name, comm_scheme)

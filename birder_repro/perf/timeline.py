@@ -9,32 +9,32 @@ when both the backward pass and the last bucket are done, and the optimizer has 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
-__all__ = ["BucketWork", "StepTimeline", "simulate", "simulate_shared", "simulate_sequential", "blend",
-           "ready_times"]
+__all__ = ["BucketWork", "StepTimeline", "simulate", "simulate_shared", "simulate_sequential", "blend", "ready_times"]
 
 
 @dataclass(frozen=True)
 class BucketWork:
-    ready_s: float      # when its gradients are all computed, from the start of the step
-    compress_s: float   # compression and decompression on this rank
-    comm_s: float       # its collectives, one after another
+    ready_s: float  # when its gradients are all computed, from the start of the step
+    compress_s: float  # compression and decompression on this rank
+    comm_s: float  # its collectives, one after another
 
 
 @dataclass(frozen=True)
 class StepTimeline:
     total_s: float
-    compute_s: float            # forward + backward + optimizer step
-    communication_s: float      # exposed communication: not hidden behind the backward pass
-    compression_s: float        # exposed compression
+    compute_s: float  # forward + backward + optimizer step
+    communication_s: float  # exposed communication: not hidden behind the backward pass
+    compression_s: float  # exposed compression
     starts: tuple[float, ...]
     ends: tuple[float, ...]
 
 
-def ready_times(sizes: Sequence[float], forward_s: float, backward_s: float,
-                fractions: Sequence[float] | None = None) -> list[float]:
+def ready_times(
+    sizes: Sequence[float], forward_s: float, backward_s: float, fractions: Sequence[float] | None = None
+) -> list[float]:
     """When each bucket is ready: ``fractions`` of the backward pass if measured, else spread over the
     backward pass in proportion to the buckets' sizes (bucket k ready once its share and all before it are)."""
     if fractions is not None:
@@ -62,10 +62,14 @@ def simulate(buckets: Sequence[BucketWork], forward_backward_s: float, optimizer
     compress = sum(b.compress_s for b in buckets)
     comm = sum(b.comm_s for b in buckets)
     share = compress / (compress + comm) if compress + comm > 0 else 0.0
-    return StepTimeline(total_s=forward_backward_s + exposed + optimizer_s,
-                        compute_s=forward_backward_s + optimizer_s,
-                        communication_s=exposed * (1 - share), compression_s=exposed * share,
-                        starts=tuple(starts), ends=tuple(ends))
+    return StepTimeline(
+        total_s=forward_backward_s + exposed + optimizer_s,
+        compute_s=forward_backward_s + optimizer_s,
+        communication_s=exposed * (1 - share),
+        compression_s=exposed * share,
+        starts=tuple(starts),
+        ends=tuple(ends),
+    )
 
 
 def simulate_shared(buckets: Sequence[BucketWork], forward_backward_s: float, optimizer_s: float) -> StepTimeline:
@@ -84,14 +88,17 @@ def simulate_shared(buckets: Sequence[BucketWork], forward_backward_s: float, op
     compute_end = forward_backward_s + delay
     compress = sum(b.compress_s for b in buckets)
     after = max(free - compute_end, 0.0)  # beyond the (delayed) backward: the rest of the compression, and waits
-    return StepTimeline(total_s=compute_end + after + optimizer_s,
-                        compute_s=forward_backward_s + optimizer_s,
-                        communication_s=max(after - (compress - delay), 0.0), compression_s=compress,
-                        starts=tuple(starts), ends=tuple(ends))
+    return StepTimeline(
+        total_s=compute_end + after + optimizer_s,
+        compute_s=forward_backward_s + optimizer_s,
+        communication_s=max(after - (compress - delay), 0.0),
+        compression_s=compress,
+        starts=tuple(starts),
+        ends=tuple(ends),
+    )
 
 
-def simulate_sequential(buckets: Sequence[BucketWork], forward_backward_s: float,
-                        optimizer_s: float) -> StepTimeline:
+def simulate_sequential(buckets: Sequence[BucketWork], forward_backward_s: float, optimizer_s: float) -> StepTimeline:
     """The buckets' compression and collectives in the compute stream's order (not overlapped): each adds its
     whole time to the step, as Figure 4 of the Birder paper stacks computation, communication and
     compression. Whether they stall the backward pass bucket by bucket (a blocking comm hook) or run after
@@ -103,9 +110,14 @@ def simulate_sequential(buckets: Sequence[BucketWork], forward_backward_s: float
         starts.append(free)
         free += b.compress_s + b.comm_s
         ends.append(free)
-    return StepTimeline(total_s=forward_backward_s + compress + comm + optimizer_s,
-                        compute_s=forward_backward_s + optimizer_s, communication_s=comm,
-                        compression_s=compress, starts=tuple(starts), ends=tuple(ends))
+    return StepTimeline(
+        total_s=forward_backward_s + compress + comm + optimizer_s,
+        compute_s=forward_backward_s + optimizer_s,
+        communication_s=comm,
+        compression_s=compress,
+        starts=tuple(starts),
+        ends=tuple(ends),
+    )
 
 
 def blend(overlapped: StepTimeline, sequential: StepTimeline, overlap: float) -> StepTimeline:
@@ -118,7 +130,11 @@ def blend(overlapped: StepTimeline, sequential: StepTimeline, overlap: float) ->
     def mix(a: float, b: float) -> float:
         return overlap * a + (1 - overlap) * b
 
-    return StepTimeline(total_s=mix(overlapped.total_s, sequential.total_s), compute_s=overlapped.compute_s,
-                        communication_s=mix(overlapped.communication_s, sequential.communication_s),
-                        compression_s=mix(overlapped.compression_s, sequential.compression_s),
-                        starts=overlapped.starts, ends=overlapped.ends)
+    return StepTimeline(
+        total_s=mix(overlapped.total_s, sequential.total_s),
+        compute_s=overlapped.compute_s,
+        communication_s=mix(overlapped.communication_s, sequential.communication_s),
+        compression_s=mix(overlapped.compression_s, sequential.compression_s),
+        starts=overlapped.starts,
+        ends=overlapped.ends,
+    )

@@ -61,10 +61,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections.abc import Sequence
 from dataclasses import replace
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
-from typing import Optional, Sequence
 
 import pandas as pd
 import yaml
@@ -74,12 +74,29 @@ from birder_repro.resources import paper_tables_dir
 from .cluster import CLUSTER_DIR, ClusterSpec
 from .implementations import IMPLEMENTATIONS, ImplementationLike, with_overlap
 from .model import predict_run
-from .paper_profiles import PAPER_GPUS_PER_NODE, _data as _paper_data, paper_profile
+from .paper_profiles import _data as _paper_data
+from .paper_profiles import paper_profile
 from .schemes import scheme_for_optim
 
-__all__ = ["TARGET", "FIT_CHOICES", "validate", "target_rows", "median_speedup_error", "fit_link", "cross_validate",
-           "overlap_sweep", "cluster_spec", "held_out", "two_node_fit", "leave_one_count_out", "table1_128",
-           "in_sample", "error_summary", "out_of_sample_report", "main"]
+__all__ = [
+    "TARGET",
+    "FIT_CHOICES",
+    "validate",
+    "target_rows",
+    "median_speedup_error",
+    "fit_link",
+    "cross_validate",
+    "overlap_sweep",
+    "cluster_spec",
+    "held_out",
+    "two_node_fit",
+    "leave_one_count_out",
+    "table1_128",
+    "in_sample",
+    "error_summary",
+    "out_of_sample_report",
+    "main",
+]
 
 TARGET = 0.15
 CLUSTERS = ("ethernet_10g", "infiniband_200g")  # the interconnects of Tables 3 and 4
@@ -87,14 +104,14 @@ REPO = Path(__file__).resolve().parents[2]
 PAPER_DIR = paper_tables_dir()  # tables/paper, of the checkout or installed with the package
 
 
-def cluster_spec(name: str, link: Optional[dict[str, float]] = None) -> ClusterSpec:
+def cluster_spec(name: str, link: dict[str, float] | None = None) -> ClusterSpec:
     """conf/cluster/<name>.yaml as a ClusterSpec, optionally with another ``inter_efficiency`` and
     ``inter_latency_us`` (keys of ``link``)."""
     spec = _config_spec(name)
     return spec if not link else replace(spec, **link)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _config_spec(name: str) -> ClusterSpec:
     return ClusterSpec.from_config(yaml.safe_load((CLUSTER_DIR / f"{name}.yaml").read_text()))
 
@@ -106,7 +123,7 @@ def _paper_profile(task: str, batch: int, spec: ClusterSpec, implementation: str
     return _derived_profile(task, batch, one_node, implementation)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _derived_profile(task: str, batch: int, node: ClusterSpec, implementation: str):
     return paper_profile(task=task, batch_size=batch, node=node, implementation=implementation)
 
@@ -118,9 +135,13 @@ def _warmup(scheme: str, task: str, batch: int) -> float:
     return float(rows[0]["onebit_warmup_fraction"])
 
 
-def validate(tables: tuple[int, ...] = (1, 2, 3, 4), links: Optional[dict[str, dict[str, float]]] = None,
-             paper_dir: Path = PAPER_DIR, implementation: ImplementationLike = "paper",
-             clusters: Optional[Sequence[str]] = None) -> pd.DataFrame:
+def validate(
+    tables: tuple[int, ...] = (1, 2, 3, 4),
+    links: dict[str, dict[str, float]] | None = None,
+    paper_dir: Path = PAPER_DIR,
+    implementation: ImplementationLike = "paper",
+    clusters: Sequence[str] | None = None,
+) -> pd.DataFrame:
     """One row per paper row of ``tables``: printed and predicted throughput, speedup, scale efficiency,
     each scheme run as ``implementation`` runs it (birder_repro.perf.implementations). ``links``: per cluster,
     other values of ``inter_efficiency`` / ``inter_latency_us`` than its config's. ``clusters``: only the rows
@@ -132,8 +153,11 @@ def validate(tables: tuple[int, ...] = (1, 2, 3, 4), links: Optional[dict[str, d
     out = []
     for (task, batch, cluster), group in paper.groupby(["task", "batch_per_gpu", "cluster"], sort=False):
         spec = specs[cluster]
-        profile = (_paper_profile(task, int(batch), spec, implementation) if isinstance(implementation, str)
-                   else paper_profile(task=task, batch_size=int(batch), node=spec, implementation=implementation))
+        profile = (
+            _paper_profile(task, int(batch), spec, implementation)
+            if isinstance(implementation, str)
+            else paper_profile(task=task, batch_size=int(batch), node=spec, implementation=implementation)
+        )
         base_name = "sgdm" if task == "resnet50" else "bertadam"
         cache: dict[tuple, float] = {}
 
@@ -141,9 +165,16 @@ def validate(tables: tuple[int, ...] = (1, 2, 3, 4), links: Optional[dict[str, d
             key = (optim, nodes)
             if key not in cache:
                 scheme = scheme_for_optim(optim)
-                run = predict_run(profile, spec, nodes, gpus_per_node, scheme, int(batch),
-                                  warmup_fraction=_warmup(scheme, task, int(batch)),
-                                  implementation=implementation)
+                run = predict_run(
+                    profile,
+                    spec,
+                    nodes,
+                    gpus_per_node,
+                    scheme,
+                    int(batch),
+                    warmup_fraction=_warmup(scheme, task, int(batch)),
+                    implementation=implementation,
+                )
                 cache[key] = run["run"]["throughput_samples_per_s"]
             return cache[key]
 
@@ -153,21 +184,31 @@ def validate(tables: tuple[int, ...] = (1, 2, 3, 4), links: Optional[dict[str, d
             base = tput(base_name, n, m)
             one = tput(row["optimizer"], 1, m)
             speedup = pred / base
-            out.append({"table": int(row["table"]), "task": task, "batch": int(batch), "cluster": cluster,
-                        "optimizer": row["optimizer"], "gpus": int(row["gpus"]), "nodes": n,
-                        "throughput": float(row["throughput"]), "pred_throughput": pred,
-                        "throughput_error": pred / float(row["throughput"]) - 1,
-                        "speedup": float(row["speedup"]), "pred_speedup": speedup,
-                        "speedup_error": speedup / float(row["speedup"]) - 1,
-                        "scale_efficiency": row.get("scale_efficiency"),
-                        "pred_scale_efficiency": 100 * pred / (n * one)})
+            out.append(
+                {
+                    "table": int(row["table"]),
+                    "task": task,
+                    "batch": int(batch),
+                    "cluster": cluster,
+                    "optimizer": row["optimizer"],
+                    "gpus": int(row["gpus"]),
+                    "nodes": n,
+                    "throughput": float(row["throughput"]),
+                    "pred_throughput": pred,
+                    "throughput_error": pred / float(row["throughput"]) - 1,
+                    "speedup": float(row["speedup"]),
+                    "pred_speedup": speedup,
+                    "speedup_error": speedup / float(row["speedup"]) - 1,
+                    "scale_efficiency": row.get("scale_efficiency"),
+                    "pred_scale_efficiency": 100 * pred / (n * one),
+                }
+            )
     return pd.DataFrame(out)
 
 
 def target_rows(frame: pd.DataFrame) -> pd.DataFrame:
     """The rows the target is about: Tables 3 and 4, several nodes, not the baseline."""
-    return frame[frame["table"].isin([3, 4]) & (frame["nodes"] > 1)
-                 & ~frame["optimizer"].isin(["sgdm", "bertadam"])]
+    return frame[frame["table"].isin([3, 4]) & (frame["nodes"] > 1) & ~frame["optimizer"].isin(["sgdm", "bertadam"])]
 
 
 def median_speedup_error(frame: pd.DataFrame) -> float:
@@ -178,8 +219,7 @@ EFFICIENCY_GRID = [round(0.02 * k, 2) for k in range(2, 51)]
 LATENCY_GRID_US = [9.6, 25, 50, 75, 100, 150, 200, 300, 400, 500, 600, 700, 800, 1000, 1200, 1500, 2000]
 
 
-def _fit_loss(frame: pd.DataFrame, cluster: str, task: Optional[str] = None,
-              nodes: Optional[Sequence[int]] = None) -> float:
+def _fit_loss(frame: pd.DataFrame, cluster: str, task: str | None = None, nodes: Sequence[int] | None = None) -> float:
     """Least absolute deviations in log throughput over the multi-node rows of ``cluster`` (of ``task``):
     robust to the rows the paper itself calls anomalous (1-bit Adam at 64 GPUs over Ethernet, slower than at
     32, appendix E), which in a least-squares fit make up two thirds of the Ethernet loss and drag both of
@@ -194,8 +234,13 @@ def _fit_loss(frame: pd.DataFrame, cluster: str, task: Optional[str] = None,
     return sum(abs(math.log(p / t)) for p, t in zip(rows["pred_throughput"], rows["throughput"]))
 
 
-def fit_link(cluster: str, task: Optional[str] = None, implementation: ImplementationLike = "paper",
-             nodes: Optional[Sequence[int]] = None, paper_dir: Path = PAPER_DIR) -> dict[str, float]:
+def fit_link(
+    cluster: str,
+    task: str | None = None,
+    implementation: ImplementationLike = "paper",
+    nodes: Sequence[int] | None = None,
+    paper_dir: Path = PAPER_DIR,
+) -> dict[str, float]:
     """The inter-node efficiency and per-step latency of ``cluster`` that best fit (:func:`_fit_loss`: least
     absolute deviations in log throughput) the multi-node rows of Tables 3 and 4 on that interconnect (of
     ``task`` only, and of ``nodes`` only, if given), baselines included; not the target's metric. Coordinate
@@ -228,8 +273,13 @@ def overlap_sweep(overlaps: Sequence[float] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)) ->
         losses = {c: _fit_loss(frame, c) for c in CLUSTERS}
         row = {"ddp_overlap": overlap, "loss": sum(losses.values())}
         for c in CLUSTERS:
-            row.update({f"{c}_loss": losses[c], f"{c}_efficiency": links[c]["inter_efficiency"],
-                        f"{c}_latency_us": links[c]["inter_latency_us"]})
+            row.update(
+                {
+                    f"{c}_loss": losses[c],
+                    f"{c}_efficiency": links[c]["inter_efficiency"],
+                    f"{c}_latency_us": links[c]["inter_latency_us"],
+                }
+            )
         out.append({**row, "median_speedup_error": median_speedup_error(frame)})
     return pd.DataFrame(out)
 
@@ -261,13 +311,18 @@ FIT_CHOICES = (
 FIT_CHOICES_NOTE = (
     "These choices were made in an earlier round by looking at all multi-node rows of Tables 3 and 4, so the "
     "held-out rows were not hidden from them; since then they are fixed in code and only the two numbers per "
-    "interconnect are refitted on the fitted rows of each protocol below.")
+    "interconnect are refitted on the fitted rows of each protocol below."
+)
 BASELINES = ("sgdm", "bertadam")
 NODE_COUNTS = (2, 4, 8)
 
 
-def held_out(fit_nodes: Sequence[int], test_nodes: Sequence[int], implementation: ImplementationLike = "paper",
-             paper_dir: Path = PAPER_DIR) -> pd.DataFrame:
+def held_out(
+    fit_nodes: Sequence[int],
+    test_nodes: Sequence[int],
+    implementation: ImplementationLike = "paper",
+    paper_dir: Path = PAPER_DIR,
+) -> pd.DataFrame:
     """Every multi-node row of Tables 3 and 4 at ``test_nodes``, predicted with each interconnect's link
     fitted (:func:`fit_link`) on its rows at ``fit_nodes`` only. Columns of :func:`validate`, plus
     ``fitted_on`` and the fitted ``inter_efficiency`` / ``inter_latency_us`` of the row's interconnect."""
@@ -310,41 +365,64 @@ def error_summary(frame: pd.DataFrame) -> dict[str, float]:
     |speedup error| (signed); over every row: the median and the largest |throughput error| (signed)."""
     compressed = frame[~frame["optimizer"].isin(BASELINES)]
     speed, tput = compressed["speedup_error"], frame["throughput_error"]
-    return {"rows": len(compressed), "median": float(speed.abs().median()),
-            "worst": float(speed.loc[speed.abs().idxmax()]), "throughput_rows": len(frame),
-            "throughput_median": float(tput.abs().median()), "throughput_worst": float(tput.loc[tput.abs().idxmax()])}
+    return {
+        "rows": len(compressed),
+        "median": float(speed.abs().median()),
+        "worst": float(speed.loc[speed.abs().idxmax()]),
+        "throughput_rows": len(frame),
+        "throughput_median": float(tput.abs().median()),
+        "throughput_worst": float(tput.loc[tput.abs().idxmax()]),
+    }
 
 
 def summary_line(name: str, frame: pd.DataFrame) -> str:
     s = error_summary(frame)
     verdict = "meets" if s["median"] <= TARGET else "MISSES"
-    return (f"{name}: median |speedup error| {100 * s['median']:.1f}% ({verdict} the {100 * TARGET:.0f}% "
-            f"target), worst {100 * s['worst']:+.1f}% ({s['rows']} compressed rows); throughput: median "
-            f"{100 * s['throughput_median']:.1f}%, worst {100 * s['throughput_worst']:+.1f}% "
-            f"({s['throughput_rows']} rows)")
+    return (
+        f"{name}: median |speedup error| {100 * s['median']:.1f}% ({verdict} the {100 * TARGET:.0f}% "
+        f"target), worst {100 * s['worst']:+.1f}% ({s['rows']} compressed rows); throughput: median "
+        f"{100 * s['throughput_median']:.1f}%, worst {100 * s['throughput_worst']:+.1f}% "
+        f"({s['throughput_rows']} rows)"
+    )
 
 
 def out_of_sample_report(implementation: ImplementationLike = "paper") -> tuple[str, int]:
     """What ``make validate`` prints: each protocol's rows and figures, the in-sample figure beside them;
     and whether the headline (the 2-node fit) meets :data:`TARGET` (0) or not (1)."""
     protocols = [
-        ("HEADLINE, out of sample: each interconnect fitted on its 2-node rows only, 4 and 8 nodes predicted",
-         two_node_fit(implementation), True),
-        ("out of sample: leave one node count out (fitted on the other two node counts' rows)",
-         leave_one_count_out(implementation), True),
-        ("out of sample: Table 1 at 128 per GPU, never fitted (the shipped links, fitted on Tables 3 and 4)",
-         table1_128(implementation), False),
-        ("IN-SAMPLE: the shipped links, fitted on all multi-node rows of Tables 3 and 4, measured on those same rows",
-         in_sample(implementation), False),
+        (
+            "HEADLINE, out of sample: each interconnect fitted on its 2-node rows only, 4 and 8 nodes predicted",
+            two_node_fit(implementation),
+            True,
+        ),
+        (
+            "out of sample: leave one node count out (fitted on the other two node counts' rows)",
+            leave_one_count_out(implementation),
+            True,
+        ),
+        (
+            "out of sample: Table 1 at 128 per GPU, never fitted (the shipped links, fitted on Tables 3 and 4)",
+            table1_128(implementation),
+            False,
+        ),
+        (
+            "IN-SAMPLE: the shipped links, fitted on all multi-node rows of Tables 3 and 4, measured on those same "
+            "rows",
+            in_sample(implementation),
+            False,
+        ),
     ]
     lines = ["Fitting choices, fixed in code before the held-out rows were predicted:"]
     lines += [f"  - {c}" for c in FIT_CHOICES] + [f"  {FIT_CHOICES_NOTE}"]
-    names = ("2-node fit -> 4 and 8 nodes (headline)", "leave one node count out", "Table 1 at 128 per GPU",
-             "in-sample (not a prediction)")
+    names = (
+        "2-node fit -> 4 and 8 nodes (headline)",
+        "leave one node count out",
+        "Table 1 at 128 per GPU",
+        "in-sample (not a prediction)",
+    )
     for (title, frame, fitted), name in zip(protocols, names):
         lines += ["", f"## {title}", "", format_table(frame, fitted), "", summary_line(name, frame)]
-    lines += ["", "## Summary (median |speedup error| of the compressed rows; TARGET "
-              f"{100 * TARGET:.0f}%)", ""]
+    lines += ["", f"## Summary (median |speedup error| of the compressed rows; TARGET {100 * TARGET:.0f}%)", ""]
     lines += [f"  {summary_line(name, frame)}" for (_, frame, _), name in zip(protocols, names)]
     headline = error_summary(protocols[0][1])["median"]
     return "\n".join(lines), 0 if headline <= TARGET else 1
@@ -361,34 +439,71 @@ def format_table(frame: pd.DataFrame, fitted: bool = False) -> str:
     shown["pred_speedup"] = shown["pred_speedup"].map(lambda x: f"{x:.2f}x")
     shown["scale_efficiency"] = shown["scale_efficiency"].map(lambda x: "" if pd.isna(x) else f"{x:.1f}%")
     shown["pred_scale_efficiency"] = shown["pred_scale_efficiency"].map(lambda x: f"{x:.1f}%")
-    cols = ["table", "task", "batch", "cluster", "gpus", "optimizer", "throughput", "pred_throughput",
-            "throughput_error", "speedup", "pred_speedup", "speedup_error", "scale_efficiency",
-            "pred_scale_efficiency"]
+    cols = [
+        "table",
+        "task",
+        "batch",
+        "cluster",
+        "gpus",
+        "optimizer",
+        "throughput",
+        "pred_throughput",
+        "throughput_error",
+        "speedup",
+        "pred_speedup",
+        "speedup_error",
+        "scale_efficiency",
+        "pred_scale_efficiency",
+    ]
     if fitted:
         shown["inter_latency_us"] = shown["inter_latency_us"].map(lambda x: f"{x:g}")
         cols += ["fitted_on", "inter_efficiency", "inter_latency_us"]
     return shown[cols].to_markdown(index=False)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tables", default=None,
-                        help="instead: every row of these paper tables (comma separated) with the shipped links")
-    parser.add_argument("--fit", action="store_true",
-                        help="with --tables: refit each interconnect on all multi-node rows of Tables 3-4 first")
-    parser.add_argument("--cross-validate", action="store_true",
-                        help="also: each task's rows predicted with the links fitted on the other task's rows")
-    parser.add_argument("--overlap-sweep", action="store_true",
-                        help="also: the fit loss with the paper's DDP baselines overlapped 0..1 (links refitted)")
-    parser.add_argument("--strict", action="store_true",
-                        help="exit 1 when the headline (2-node fit -> 4 and 8 nodes) misses the target")
-    parser.add_argument("--implementation", default="paper", choices=sorted(IMPLEMENTATIONS),
-                        help="how each scheme runs (birder_repro.perf.implementations); default: the paper's")
-    parser.add_argument("--emulated", metavar="RUNS_DIR",
-                        help="instead: multi-node emulated runs under RUNS_DIR predicted from its 1-node runs")
-    parser.add_argument("--cluster-spec", metavar="YAML", default=None,
-                        help="with --emulated: predict with this cluster spec (birder-repro mode=probe writes one) "
-                             "instead of conf/cluster/emulated.yaml")
+    parser.add_argument(
+        "--tables",
+        default=None,
+        help="instead: every row of these paper tables (comma separated) with the shipped links",
+    )
+    parser.add_argument(
+        "--fit",
+        action="store_true",
+        help="with --tables: refit each interconnect on all multi-node rows of Tables 3-4 first",
+    )
+    parser.add_argument(
+        "--cross-validate",
+        action="store_true",
+        help="also: each task's rows predicted with the links fitted on the other task's rows",
+    )
+    parser.add_argument(
+        "--overlap-sweep",
+        action="store_true",
+        help="also: the fit loss with the paper's DDP baselines overlapped 0..1 (links refitted)",
+    )
+    parser.add_argument(
+        "--strict", action="store_true", help="exit 1 when the headline (2-node fit -> 4 and 8 nodes) misses the target"
+    )
+    parser.add_argument(
+        "--implementation",
+        default="paper",
+        choices=sorted(IMPLEMENTATIONS),
+        help="how each scheme runs (birder_repro.perf.implementations); default: the paper's",
+    )
+    parser.add_argument(
+        "--emulated",
+        metavar="RUNS_DIR",
+        help="instead: multi-node emulated runs under RUNS_DIR predicted from its 1-node runs",
+    )
+    parser.add_argument(
+        "--cluster-spec",
+        metavar="YAML",
+        default=None,
+        help="with --emulated: predict with this cluster spec (birder-repro mode=probe writes one) "
+        "instead of conf/cluster/emulated.yaml",
+    )
     args = parser.parse_args(argv)
     if args.emulated:
         from .emulated import main_emulated
@@ -404,22 +519,38 @@ def main(argv: Optional[list[str]] = None) -> int:
         tables = tuple(int(t) for t in args.tables.split(","))
         frame = validate(tuple(sorted(set(tables) | {3, 4})), links, implementation=args.implementation)
         print(format_table(frame[frame["table"].isin(tables)]))
-        print(f"\nIN-SAMPLE median |speedup error|, multi-node compressed rows of Tables 3-4 (the rows the links "
-              f"were fitted on): {100 * median_speedup_error(frame):.1f}% ({len(target_rows(frame))} rows)")
+        print(
+            f"\nIN-SAMPLE median |speedup error|, multi-node compressed rows of Tables 3-4 (the rows the links "
+            f"were fitted on): {100 * median_speedup_error(frame):.1f}% ({len(target_rows(frame))} rows)"
+        )
     else:
         text, code = out_of_sample_report(args.implementation)
         print(text)
     if args.cross_validate:
         cv = cross_validate(args.implementation)
-        shown = cv[["cluster", "task", "optimizer", "gpus", "fitted_on", "inter_efficiency", "inter_latency_us",
-                    "speedup", "pred_speedup", "speedup_error"]].copy()
+        shown = cv[
+            [
+                "cluster",
+                "task",
+                "optimizer",
+                "gpus",
+                "fitted_on",
+                "inter_efficiency",
+                "inter_latency_us",
+                "speedup",
+                "pred_speedup",
+                "speedup_error",
+            ]
+        ].copy()
         shown["speedup_error"] = shown["speedup_error"].map(lambda x: f"{100 * x:+.1f}%")
         print("\ncross-validated (links fitted on the other task's rows of the same interconnect):")
         print(shown.to_markdown(index=False, floatfmt=".2f"))
         print(f"median |speedup error|, cross-validated: {100 * float(cv['speedup_error'].abs().median()):.1f}%")
     if args.overlap_sweep:
-        print("\nthe paper's DDP baselines overlapped by a fraction, links refitted (loss: least absolute "
-              "deviations in log throughput, all multi-node rows of Tables 3-4):")
+        print(
+            "\nthe paper's DDP baselines overlapped by a fraction, links refitted (loss: least absolute "
+            "deviations in log throughput, all multi-node rows of Tables 3-4):"
+        )
         print(overlap_sweep().to_markdown(index=False, floatfmt=".3f"))
     return code if args.strict else 0
 

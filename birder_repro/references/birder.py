@@ -11,7 +11,7 @@ the server's. With those draws the reference's +-1 results must equal the hook's
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -24,8 +24,17 @@ def quantize(x: torch.Tensor, rand: torch.Tensor) -> torch.Tensor:
 
 
 class ReferenceBirder:
-    def __init__(self, nodes: int, gpus_per_node: int, scheme: str, beta: float, eps: float, seed: int,
-                 param_numels: Sequence[int], amsgrad_after: Optional[int] = None):
+    def __init__(
+        self,
+        nodes: int,
+        gpus_per_node: int,
+        scheme: str,
+        beta: float,
+        eps: float,
+        seed: int,
+        param_numels: Sequence[int],
+        amsgrad_after: int | None = None,
+    ):
         self.world = nodes * gpus_per_node
         if scheme == "hierarchical":
             self.n, self.m = nodes, gpus_per_node
@@ -44,18 +53,18 @@ class ReferenceBirder:
         out = torch.zeros(padded)
         for p, off, numel in signature:
             if p in per_param:
-                out[off: off + numel] = per_param[p]
+                out[off : off + numel] = per_param[p]
         return out
 
     def _store(self, per_param: dict, signature, full: torch.Tensor) -> None:
         for p, off, numel in signature:
-            per_param[p] = full[off: off + numel].clone()
+            per_param[p] = full[off : off + numel].clone()
 
     def _positions(self, signature, padded: int) -> torch.Tensor:
         """Every element's position among all the parameters; padding past the end."""
         pos = self.total + torch.arange(padded, dtype=torch.int64)
         for p, off, numel in signature:
-            pos[off: off + numel] = self.starts[p] + torch.arange(numel, dtype=torch.int64)
+            pos[off : off + numel] = self.starts[p] + torch.arange(numel, dtype=torch.int64)
         return pos
 
     def bucket(self, signature, numel: int, grads: list[torch.Tensor]) -> torch.Tensor:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -33,18 +32,24 @@ class Choices:
 
     zero_sign: float = 1.0  # what sign(0) sends: DeepSpeed +1; the project's bit 0 = -1
     mask_padding: bool = False  # padding left out of the scales and the errors (DeepSpeed: counted, carries error)
-    pad_multiple: Optional[int] = None  # pad to a multiple of this; None: DeepSpeed's N lcm(N, 8)
+    pad_multiple: int | None = None  # pad to a multiple of this; None: DeepSpeed's N lcm(N, 8)
     init_step: bool = True  # the first step() only initialises (DeepSpeed); False: F Adam steps, as the project
     mask_inside: bool = False  # mask (v == 0, and exp_avg_mask) inside the compression: zero in, not counted in
-                               # the scales, no error (the project); False: exp_avg_mask after the all-reduce
+    # the scales, no error (the project); False: exp_avg_mask after the all-reduce
     by_bucket: bool = False  # tensors grouped in buckets (step's layout), the servers' chunks cut over a bucket
     scale: str = "tensor"  # a scale per tensor (and per piece of a tensor in a chunk); "bucket": one per bucket
-                           # and per chunk (the project's optim.comm.scale=bucket)
+    # and per chunk (the project's optim.comm.scale=bucket)
 
     @classmethod
-    def project(cls, world: int, by_bucket: bool = True) -> "Choices":
-        return cls(zero_sign=-1.0, mask_padding=True, pad_multiple=8 * world, init_step=False, mask_inside=True,
-                   by_bucket=by_bucket)
+    def project(cls, world: int, by_bucket: bool = True) -> Choices:
+        return cls(
+            zero_sign=-1.0,
+            mask_padding=True,
+            pad_multiple=8 * world,
+            init_step=False,
+            mask_inside=True,
+            by_bucket=by_bucket,
+        )
 
     def padded(self, numel: int, world: int) -> int:
         multiple = self.pad_multiple or world * (world * 8 // math.gcd(world, 8))
@@ -73,9 +78,18 @@ class DeepSpeedOnebitAdamReference:
     kept per element so that a bucket layout may change between steps, as the project's does).
     """
 
-    def __init__(self, params: list[torch.Tensor], workers: int, lr: float, betas: tuple[float, float],
-                 eps: float, weight_decay: float, freeze_step: int, choices: Choices = Choices(),
-                 exp_avg_mask: Optional[dict[int, torch.Tensor]] = None):
+    def __init__(
+        self,
+        params: list[torch.Tensor],
+        workers: int,
+        lr: float,
+        betas: tuple[float, float],
+        eps: float,
+        weight_decay: float,
+        freeze_step: int,
+        choices: Choices = Choices(),
+        exp_avg_mask: dict[int, torch.Tensor] | None = None,
+    ):
         self.x = [p.detach().clone().float() for p in params]
         self.m = [torch.zeros_like(p) for p in self.x]
         self.v = [torch.zeros_like(p) for p in self.x]
@@ -90,7 +104,7 @@ class DeepSpeedOnebitAdamReference:
         """The warmup's Adam steps: F - 1 with DeepSpeed's initialising first step, F without it."""
         return self.freeze_step - (1 if self.choices.init_step else 0)
 
-    def step(self, grads: list[list[torch.Tensor]], buckets: Optional[list[list[int]]] = None) -> str:
+    def step(self, grads: list[list[torch.Tensor]], buckets: list[list[int]] | None = None) -> str:
         """``grads[i][j]``: worker i's gradient of parameter j; ``buckets``: parameter indices in buffer order
         (only with ``by_bucket``). Returns what the step was: ``init``, ``warmup`` or ``compression``."""
         self.calls += 1
@@ -103,8 +117,10 @@ class DeepSpeedOnebitAdamReference:
                 self.v[j] = self.beta2 * self.v[j] + (1 - self.beta2) * g * g
             stage = "warmup"
         else:
-            local = [[self.beta1 * self.m[j] + (1 - self.beta1) * grads[i][j] for j in range(len(self.x))]
-                     for i in range(self.n)]
+            local = [
+                [self.beta1 * self.m[j] + (1 - self.beta1) * grads[i][j] for j in range(len(self.x))]
+                for i in range(self.n)
+            ]
             alone = [[j] for j in range(len(self.x))]
             layout = buckets or alone if self.choices.by_bucket else alone
             for bucket in layout:
@@ -161,7 +177,7 @@ class DeepSpeedOnebitAdamReference:
         self._keep_error(bucket, "server", server_error)
         out = []
         for j, start in zip(bucket, starts):
-            mj = result[start: start + self.x[j].numel()].reshape(self.x[j].shape)
+            mj = result[start : start + self.x[j].numel()].reshape(self.x[j].shape)
             if not ch.mask_inside and j in self.exp_avg_mask:
                 mj = mj * self.exp_avg_mask[j]  # DeepSpeed: the mask multiplies the all-reduce's result
             out.append(mj)
@@ -178,6 +194,6 @@ class DeepSpeedOnebitAdamReference:
     def _keep_error(self, bucket: list[int], who, error: torch.Tensor) -> None:
         offset = 0
         for j in bucket:
-            self.errors[(j, who)] = error[offset: offset + self.x[j].numel()].clone()
+            self.errors[(j, who)] = error[offset : offset + self.x[j].numel()].clone()
             offset += self.x[j].numel()
         self.errors[(tuple(bucket), who)] = error[offset:].clone()

@@ -26,8 +26,13 @@ def compress(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return scale, scale * sign(x) * mask
 
 
-def compressed_allreduce_reference(momenta: list[torch.Tensor], worker_errors: list[torch.Tensor],
-                                   server_error: torch.Tensor, mask: torch.Tensor, workers: int) -> dict:
+def compressed_allreduce_reference(
+    momenta: list[torch.Tensor],
+    worker_errors: list[torch.Tensor],
+    server_error: torch.Tensor,
+    mask: torch.Tensor,
+    workers: int,
+) -> dict:
     """One step over vectors of P elements; the errors are P-element vectors too (each element's own).
 
     The buffer is padded to P' (a multiple of 8 N) with masked zeros and cut into N chunks, chunk k served by
@@ -63,9 +68,15 @@ def compressed_allreduce_reference(momenta: list[torch.Tensor], worker_errors: l
         server_scales.append(scale)
         server_signs.append(sign(c * mask[part]))
         result[part] = m_bar
-    return {"result": result[:numel], "worker_errors": new_worker_errors, "server_error": new_server_error,
-            "worker_scales": torch.stack(worker_scales), "worker_signs": worker_signs,
-            "server_scales": torch.stack(server_scales), "server_signs": torch.cat(server_signs)}
+    return {
+        "result": result[:numel],
+        "worker_errors": new_worker_errors,
+        "server_error": new_server_error,
+        "worker_scales": torch.stack(worker_scales),
+        "worker_signs": worker_signs,
+        "server_scales": torch.stack(server_scales),
+        "server_signs": torch.cat(server_signs),
+    }
 
 
 class CompressedAllReduceReference:
@@ -79,8 +90,9 @@ class CompressedAllReduceReference:
         self.server_error = torch.zeros(self.padded)  # delta-bar over P': chunk k is served by process k
 
     def __call__(self, momenta: list[torch.Tensor], mask: torch.Tensor) -> dict:
-        out = compressed_allreduce_reference(momenta, [e[: self.numel] for e in self.worker_errors],
-                                             self.server_error[: self.numel], mask, self.n)
+        out = compressed_allreduce_reference(
+            momenta, [e[: self.numel] for e in self.worker_errors], self.server_error[: self.numel], mask, self.n
+        )
         for e, new in zip(self.worker_errors, out["worker_errors"]):
             e[: self.numel] = new
         self.server_error = out["server_error"]
@@ -94,7 +106,7 @@ def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
 def _unflat(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
     out, i = [], 0
     for t in like:
-        out.append(flat[i: i + t.numel()].reshape(t.shape))
+        out.append(flat[i : i + t.numel()].reshape(t.shape))
         i += t.numel()
     return out
 
@@ -105,8 +117,17 @@ class OneBitAdamReference:
     order their momenta are laid out in the buffer; a step may be given its own layout); momentum masked where
     the frozen variance is 0. The errors belong to parameter elements, whatever the layout."""
 
-    def __init__(self, params: list[torch.Tensor], buckets: list[list[int]], workers: int, lr: float,
-                 betas: tuple[float, float], eps: float, weight_decay: float, freeze_step: int):
+    def __init__(
+        self,
+        params: list[torch.Tensor],
+        buckets: list[list[int]],
+        workers: int,
+        lr: float,
+        betas: tuple[float, float],
+        eps: float,
+        weight_decay: float,
+        freeze_step: int,
+    ):
         self.x = [p.detach().clone().float() for p in params]
         self.m = [torch.zeros_like(p) for p in self.x]
         self.v = [torch.zeros_like(p) for p in self.x]
@@ -129,27 +150,34 @@ class OneBitAdamReference:
         for j in range(len(self.x)):
             self.x[j] = self.x[j] - self.lr * (self.m[j] / (self.v[j].sqrt() + self.eps) + self.wd * self.x[j])
 
-    def compressed_momentum(self, grads: list[list[torch.Tensor]], scales: list[float],
-                            buckets: list[list[int]]) -> list[torch.Tensor]:
+    def compressed_momentum(
+        self, grads: list[list[torch.Tensor]], scales: list[float], buckets: list[list[int]]
+    ) -> list[torch.Tensor]:
         """Lines 6-13: local momenta from the last averaged one, compressed all-reduce per bucket (each tensor
         multiplied by its scale before and divided after, 1-bit LAMB's A.5.2; 1 for 1-bit Adam)."""
-        local = [[(self.beta1 * self.m[j] + (1 - self.beta1) * grads[i][j]) * scales[j] for j in range(len(self.x))]
-                 for i in range(self.n)]
+        local = [
+            [(self.beta1 * self.m[j] + (1 - self.beta1) * grads[i][j]) * scales[j] for j in range(len(self.x))]
+            for i in range(self.n)
+        ]
         masks = [self.v[j] > 0 for j in range(len(self.x))]
         if self.n == 1:  # one process: nothing to communicate, so nothing is compressed (exact momentum)
             return [local[0][j] * masks[j] / scales[j] for j in range(len(self.x))]
         new_m = [None] * len(self.x)
         for b in buckets:
             like = [self.x[j] for j in b]
-            out = compressed_allreduce_reference([_flat([local[i][j] for j in b]) for i in range(self.n)],
-                                                 [_flat([self.worker_errors[i][j] for j in b]) for i in range(self.n)],
-                                                 _flat([self.server_errors[j] for j in b]),
-                                                 _flat([masks[j] for j in b]), self.n)
+            out = compressed_allreduce_reference(
+                [_flat([local[i][j] for j in b]) for i in range(self.n)],
+                [_flat([self.worker_errors[i][j] for j in b]) for i in range(self.n)],
+                _flat([self.server_errors[j] for j in b]),
+                _flat([masks[j] for j in b]),
+                self.n,
+            )
             for i in range(self.n):
                 for j, e in zip(b, _unflat(out["worker_errors"][i], like)):
                     self.worker_errors[i][j] = e
-            for j, e, mj in zip(b, _unflat(out["server_error"][: out["result"].numel()], like),
-                                _unflat(out["result"], like)):
+            for j, e, mj in zip(
+                b, _unflat(out["server_error"][: out["result"].numel()], like), _unflat(out["result"], like)
+            ):
                 self.server_errors[j] = e
                 new_m[j] = mj / scales[j]
         return new_m
@@ -160,8 +188,9 @@ class OneBitLambReference(OneBitAdamReference):
     (birder_repro/optim/onebit_lamb.py): the ratio of denominators for line 17, weight decay blended into the
     ratio, clips in the paper's order, coefficient 1 (not averaged) where a norm is 0, momentum scales."""
 
-    def __init__(self, *args, c_min: float, c_max: float, beta3: float, r_min: float, r_max: float,
-                 r_threshold: float, **kwargs):
+    def __init__(
+        self, *args, c_min: float, c_max: float, beta3: float, r_min: float, r_max: float, r_threshold: float, **kwargs
+    ):
         super().__init__(*args, **kwargs)
         self.c_min, self.c_max, self.beta3 = c_min, c_max, beta3
         self.r_min, self.r_max, self.r_threshold = r_min, r_max, r_threshold

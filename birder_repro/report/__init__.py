@@ -13,5 +13,14 @@
 from .records import flatten_record, load_frame, load_records, records_frame, runs_root
 from .tables import cell_table, scale_efficiency, speedup, volume_ratio
 
-__all__ = ["cell_table", "flatten_record", "load_frame", "load_records", "records_frame", "runs_root",
-           "scale_efficiency", "speedup", "volume_ratio"]
+__all__ = [
+    "cell_table",
+    "flatten_record",
+    "load_frame",
+    "load_records",
+    "records_frame",
+    "runs_root",
+    "scale_efficiency",
+    "speedup",
+    "volume_ratio",
+]

@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 import pandas as pd
 
@@ -23,21 +23,27 @@ from .display import to_latex
 from .records import load_frame, runs_root
 
 
-def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m birder_repro.report",
         description="Tables in the paper's shape (markdown, CSV, LaTeX) and throughput figures from every run "
-                    "record (record.json) under the runs directory; `make tables ARGS=...` passes options.")
-    p.add_argument("--runs", metavar="DIR",
-                   help="the runs root, searched for record.json at any depth (default: $BIRDER_RUNS, else "
-                        "runs/); e.g. a sweep's own directory, runs/multirun/<sweep>, for its runs alone")
+        "record (record.json) under the runs directory; `make tables ARGS=...` passes options.",
+    )
+    p.add_argument(
+        "--runs",
+        metavar="DIR",
+        help="the runs root, searched for record.json at any depth (default: $BIRDER_RUNS, else "
+        "runs/); e.g. a sweep's own directory, runs/multirun/<sweep>, for its runs alone",
+    )
     p.add_argument("--out", metavar="DIR", default="tables", help="where the tables go (default: tables/)")
-    p.add_argument("--figures", metavar="DIR", default="figures",
-                   help="where the figures go (default: figures/)")
-    p.add_argument("--paper", metavar="DIR",
-                   help="the paper's CSVs (default: tables/paper of this checkout)")
-    p.add_argument("--throughput", choices=tables.THROUGHPUT_MODES, default="whole",
-                   help="1-bit Adam / LAMB throughput over the whole run or its compression stage")
+    p.add_argument("--figures", metavar="DIR", default="figures", help="where the figures go (default: figures/)")
+    p.add_argument("--paper", metavar="DIR", help="the paper's CSVs (default: tables/paper of this checkout)")
+    p.add_argument(
+        "--throughput",
+        choices=tables.THROUGHPUT_MODES,
+        default="whole",
+        help="1-bit Adam / LAMB throughput over the whole run or its compression stage",
+    )
     return p.parse_args(argv)
 
 
@@ -52,8 +58,7 @@ def _write(path: Path, text: str, written: list[Path]) -> None:
     written.append(path)
 
 
-def write_task_files(out: Path, frame: pd.DataFrame, cells: pd.DataFrame, left: pd.DataFrame,
-                     mode: str) -> list[Path]:
+def write_task_files(out: Path, frame: pd.DataFrame, cells: pd.DataFrame, left: pd.DataFrame, mode: str) -> list[Path]:
     """tables/<task>.md, .csv (the numbers) and .tex for every task that has any record."""
     written: list[Path] = []
     for task in sorted(frame["task"].astype("object").fillna("unknown").unique()):
@@ -68,16 +73,23 @@ def write_task_files(out: Path, frame: pd.DataFrame, cells: pd.DataFrame, left: 
     return written
 
 
-def figure_files(draw, figures_dir: Optional[Path]) -> list[Path]:
+def figure_files(draw, figures_dir: Path | None) -> list[Path]:
     """``draw(figures_dir)``'s files, or nothing where there is no directory or no matplotlib."""
     if figures_dir is None or not figures.have_matplotlib():
         return []
     return draw(figures_dir)
 
 
-def write_overview(out: Path, frame: pd.DataFrame, cells: pd.DataFrame, left: pd.DataFrame, mode: str,
-                   task_files: list[Path], paper_dir: Optional[str],
-                   figures_dir: Optional[Path] = None) -> list[Path]:
+def write_overview(
+    out: Path,
+    frame: pd.DataFrame,
+    cells: pd.DataFrame,
+    left: pd.DataFrame,
+    mode: str,
+    task_files: list[Path],
+    paper_dir: str | None,
+    figures_dir: Path | None = None,
+) -> list[Path]:
     """tables/summary.md|csv, left_out.csv, time_to_target, tuning and crossover (with its figure) and
     tables/paper_comparison.md|csv."""
     written: list[Path] = []
@@ -121,20 +133,24 @@ def print_left_out(left: pd.DataFrame) -> None:
         print(f"  {row['run']} ({row['optimizer']}, {row['steps']} steps): {row['reason']}")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     root = runs_root(args.runs)
     frame = load_frame(root)
     if frame.empty:
         # Writing empty tables would look like a result; say what is missing instead.
-        print(f"no run records (record.json) under {root}/: nothing written. Run an experiment first "
-              f"(birder-repro ...), or point --runs / BIRDER_RUNS at the runs.")
+        print(
+            f"no run records (record.json) under {root}/: nothing written. Run an experiment first "
+            f"(birder-repro ...), or point --runs / BIRDER_RUNS at the runs."
+        )
         return 0
     n_done = int((frame["status"] == "completed").sum())
     n_pred = int((frame["status"] == "predicted").sum())
     predicted = f"{n_pred} predicted, " if n_pred else ""
-    print(f"read {len(frame)} run record(s) under {root}/: {n_done} completed, {predicted}"
-          f"{len(frame) - n_done - n_pred} not completed")
+    print(
+        f"read {len(frame)} run record(s) under {root}/: {n_done} completed, {predicted}"
+        f"{len(frame) - n_done - n_pred} not completed"
+    )
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

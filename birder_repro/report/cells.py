@@ -28,8 +28,19 @@ DIVERGED = "diverged"  # a record's status (birder_repro.schema)
 SHOWN_STATUSES = ("completed", "predicted", DIVERGED)
 DONE_STATUSES = ("completed", "predicted")
 
-SETTING = ("source", "task", "parallel", "cluster", "interconnect", "link_mbit", "data_source", "model_size",
-           "precision", "batch_size", "run_length")
+SETTING = (
+    "source",
+    "task",
+    "parallel",
+    "cluster",
+    "interconnect",
+    "link_mbit",
+    "data_source",
+    "model_size",
+    "precision",
+    "batch_size",
+    "run_length",
+)
 LAYOUT = ("nodes", "gpus_per_node")
 CELL = SETTING + LAYOUT
 ROW = (*CELL, "optim", "variant", "cell_key")
@@ -47,8 +58,17 @@ TARGET_MEANS = ("target_s", "target_step", "target_samples", "target_wall_s")
 def fill_keys(frame: pd.DataFrame) -> pd.DataFrame:
     """Missing text keys become "unknown" so that such runs still group (and show) together."""
     frame = frame.copy()
-    for col in ("source", "task", "optim", "cluster", "interconnect", "data_source", "model_size", "precision",
-                "run_length"):
+    for col in (
+        "source",
+        "task",
+        "optim",
+        "cluster",
+        "interconnect",
+        "data_source",
+        "model_size",
+        "precision",
+        "run_length",
+    ):
         frame[col] = frame[col].astype("object").where(frame[col].notna(), "unknown")
     default = frame["optim"].map(DEFAULT_VARIANTS)
     named = default.notna() & frame["variant"].notna() & (frame["variant"] != default)
@@ -71,7 +91,8 @@ def status_reason(row) -> str:
     error = row.get("error") if isinstance(row.get("error"), str) and row.get("error") else None
     if status == "interrupted":  # its error line, where it has one, says how to resume it
         return f"interrupted at step {_int_text(row['steps'])}: " + (
-            error or "not a result until resumed and completed")
+            error or "not a result until resumed and completed"
+        )
     return f"{status}: {error}" if error else status
 
 
@@ -87,8 +108,16 @@ def _partial_resume(runs: pd.DataFrame) -> pd.Series:
     """Runs resumed into a new directory (records from before a resumed run kept its directory and its
     attempts): their clock and samples start at the checkpoint's step."""
     partial = runs["resumed_from_step"].notna() & (runs["attempts"].fillna(1) <= 1)
-    return runs["resumed_from_step"].map(lambda s: f"resumed from step {_int_text(s)} in a new directory (an old "
-                                                   "record): its figures cover only the steps after it").where(partial)
+    return (
+        runs["resumed_from_step"]
+        .map(
+            lambda s: (
+                f"resumed from step {_int_text(s)} in a new directory (an old "
+                "record): its figures cover only the steps after it"
+            )
+        )
+        .where(partial)
+    )
 
 
 def _smoke(runs: pd.DataFrame) -> pd.Series:
@@ -97,8 +126,10 @@ def _smoke(runs: pd.DataFrame) -> pd.Series:
     steps = runs["steps"].astype("float64")
     longest = steps.groupby([runs[k] for k in CELL if k != "run_length"], dropna=False).transform("max")
     smoke = (runs["source"] == "measured") & (steps <= SMOKE_FRACTION * longest)
-    text = [f"smoke run: {_int_text(n)} steps, at most a tenth of the {_int_text(m)} of its cell's longest run"
-            for n, m in zip(steps, longest)]
+    text = [
+        f"smoke run: {_int_text(n)} steps, at most a tenth of the {_int_text(m)} of its cell's longest run"
+        for n, m in zip(steps, longest)
+    ]
     return pd.Series(text, index=runs.index, dtype="object").where(smoke)
 
 
@@ -164,8 +195,12 @@ def _aggregate_row(runs: pd.DataFrame, means: list[str], spreads: list[str]) -> 
     row["per_run"] = _per_run(done)
     row["target_reached"] = True if len(reached) else row.get("target_reached")
     seeds = sorted({int(s) for s in done["seed"].dropna()})
-    row.update(n=len(done), seeds=" ".join(map(str, seeds)), run_dirs=list(done["run_dir"]),
-               attempts=int(done["attempts"].fillna(1).max()))
+    row.update(
+        n=len(done),
+        seeds=" ".join(map(str, seeds)),
+        run_dirs=list(done["run_dir"]),
+        attempts=int(done["attempts"].fillna(1).max()),
+    )
     return row
 
 
@@ -183,8 +218,9 @@ def aggregate(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per :data:`ROW` of the selected runs, with ``n``, ``seeds``, ``run_dirs``, ``<figure>_sd`` and
     ``target_reached_n``; then ``setting_note`` (:func:`add_setting_notes`)."""
     if runs.empty:
-        empty = runs.assign(n=pd.Series(dtype="int64"), seeds="", run_dirs=None, target_reached_n=0,
-                            setting_note="", match_note="")
+        empty = runs.assign(
+            n=pd.Series(dtype="int64"), seeds="", run_dirs=None, target_reached_n=0, setting_note="", match_note=""
+        )
         for col in _spread_columns(runs):
             empty[f"{col}_sd"] = pd.Series(dtype="float64")
         return empty
@@ -224,6 +260,7 @@ def add_setting_notes(rows: pd.DataFrame) -> pd.DataFrame:
         for i in cell.index:
             items = rows.at[i, "config_items"] if isinstance(rows.at[i, "config_items"], dict) else {}
             rows.at[i, "setting_note"] = ", ".join(f"{k}={_value_text(items.get(k))}" for k in keys)
-            rows.at[i, "match_note"] = ", ".join(f"{k}={_value_text(items.get(k))}" for k in keys
-                                                 if not k.startswith("optim."))
+            rows.at[i, "match_note"] = ", ".join(
+                f"{k}={_value_text(items.get(k))}" for k in keys if not k.startswith("optim.")
+            )
     return rows

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import pandas as pd
 
@@ -60,7 +59,7 @@ def series(metrics: pd.DataFrame, column: str) -> pd.DataFrame:
 
 
 def metric_axis_label(metric: str) -> str:
-    """"top-1 on the evaluation set, %": the metric's name and its unit where it has one."""
+    """ "top-1 on the evaluation set, %": the metric's name and its unit where it has one."""
     unit = METRIC_UNITS.get(metric)
     return f"{metric_label(metric)} on the evaluation set" + (f", {unit}" if unit else "")
 
@@ -103,13 +102,22 @@ def curves(rows: pd.DataFrame) -> list[dict]:
             if "time_s" in m or "train_s" in m:
                 m["t"], xlabel = time_axis(m, own["compile_s"])
             first = not any(c["row"] == r.name for c in found)  # the row's legend entry, once
-            found.append({"row": r.name, "label": row_label(r) if first else None, "style": row_style(r),
-                          "headline": r["headline_metric"], "metrics": m, "xlabel": xlabel, "hit": own["hit"],
-                          "target": target})
+            found.append(
+                {
+                    "row": r.name,
+                    "label": row_label(r) if first else None,
+                    "style": row_style(r),
+                    "headline": r["headline_metric"],
+                    "metrics": m,
+                    "xlabel": xlabel,
+                    "hit": own["hit"],
+                    "target": target,
+                }
+            )
     return found
 
 
-def _headline(found: list[dict]) -> Optional[str]:
+def _headline(found: list[dict]) -> str | None:
     """The headline metric some run evaluated, during training or at the end."""
     for c in found:
         h = c["headline"]
@@ -129,8 +137,15 @@ def _draw_metric(axes, c: dict, metric: str) -> tuple[bool, bool]:
             continue
         ax.plot(line[x], line["value"], label=c["label"], marker="o", markersize=3, **c["style"])
         if not final.empty:
-            ax.plot(final[x], final["value"], marker="s", markersize=7, linestyle="none",
-                    color=c["style"]["color"], markeredgecolor="black")
+            ax.plot(
+                final[x],
+                final["value"],
+                marker="s",
+                markersize=7,
+                linestyle="none",
+                color=c["style"]["color"],
+                markeredgecolor="black",
+            )
     return not during.empty, not final.empty
 
 
@@ -146,8 +161,15 @@ def _draw_target(axes, found: list[dict], metric: str) -> tuple[bool, bool]:
         if c["hit"] is None or not c["target"] or c["target"][0] != metric:
             continue
         for ax, x in zip(axes, c["hit"]):
-            ax.plot([x], [c["target"][1]], marker="*", markersize=11, color=c["style"]["color"],
-                    markeredgecolor="black", linestyle="none")
+            ax.plot(
+                [x],
+                [c["target"][1]],
+                marker="*",
+                markersize=11,
+                color=c["style"]["color"],
+                markeredgecolor="black",
+                linestyle="none",
+            )
         stars = True
     return bool(targets), stars
 
@@ -190,8 +212,7 @@ def convergence_figure(rows: pd.DataFrame):
     plt = pyplot()
     metric = _headline(found)
     # sharex: the metric's steps and times on the loss's scale, also where only the final evaluation is drawn
-    fig, axes = plt.subplots(2 if metric else 1, 2, figsize=(9, 6.6 if metric else 3.4), squeeze=False,
-                             sharex="col")
+    fig, axes = plt.subplots(2 if metric else 1, 2, figsize=(9, 6.6 if metric else 3.4), squeeze=False, sharex="col")
     _loss_panel(axes[0], found)
     marks = _metric_panel(axes[1], found, metric) if metric else []
     for panel in axes:
@@ -202,8 +223,7 @@ def convergence_figure(rows: pd.DataFrame):
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
     first = rows.iloc[0]
-    title = (f"{short_title(rows)}, {int(first['gpus'])} processes "
-             f"({int(first['nodes'])}x{int(first['gpus_per_node'])})")
+    title = f"{short_title(rows)}, {int(first['gpus'])} processes ({int(first['nodes'])}x{int(first['gpus_per_node'])})"
     fig.suptitle(title + ("\n" + "; ".join(marks) if marks else ""), fontsize=9)
     fig.tight_layout()
     return fig

@@ -26,7 +26,7 @@ import json
 import math
 import statistics
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -34,8 +34,15 @@ import pandas as pd
 from .cells import fill_keys
 from .display import fmt_layout, fmt_number, is_missing, optim_label, optim_rank, to_markdown
 
-__all__ = ["BASELINES", "PREDICTED_LINKS", "TARGET_ERROR", "crossover_runs", "crossover_tables",
-           "crossover_markdown", "crossover_figures"]
+__all__ = [
+    "BASELINES",
+    "PREDICTED_LINKS",
+    "TARGET_ERROR",
+    "crossover_runs",
+    "crossover_tables",
+    "crossover_markdown",
+    "crossover_figures",
+]
 
 # The uncompressed and 16-bit exchanges a compressed optimizer must beat.
 BASELINES = ("sgdm", "adamw", "sgdm_fp16", "bertadam")
@@ -70,8 +77,12 @@ def crossover_runs(frame: pd.DataFrame) -> pd.DataFrame:
     need = {"eval_set", "config_items", "target_metric"}
     if frame.empty or not need <= set(frame.columns):
         return pd.DataFrame()
-    runs = frame[(frame["source"] == "measured") & frame["target_metric"].notna() & (frame["nodes"] > 1)
-                 & (frame["eval_set"].astype("object").fillna("test") != "val")]
+    runs = frame[
+        (frame["source"] == "measured")
+        & frame["target_metric"].notna()
+        & (frame["nodes"] > 1)
+        & (frame["eval_set"].astype("object").fillna("test") != "val")
+    ]
     if runs.empty:
         return pd.DataFrame()
     runs = fill_keys(runs)
@@ -89,8 +100,15 @@ def crossover_runs(frame: pd.DataFrame) -> pd.DataFrame:
 def _profile_key(rec: dict) -> tuple:
     cfg = rec.get("config") or {}
     model = json.dumps(cfg.get("model") or {}, sort_keys=True, default=str)
-    return (rec.get("task"), rec.get("optim"), ((cfg.get("optim") or {}).get("comm") or {}).get("scheme"), model,
-            rec.get("batch_size"), rec.get("precision") or "fp32", (rec.get("cluster") or {}).get("name"))
+    return (
+        rec.get("task"),
+        rec.get("optim"),
+        ((cfg.get("optim") or {}).get("comm") or {}).get("scheme"),
+        model,
+        rec.get("batch_size"),
+        rec.get("precision") or "fp32",
+        (rec.get("cluster") or {}).get("name"),
+    )
 
 
 def one_node_profiles(run_dirs) -> dict[tuple, Any]:
@@ -133,36 +151,39 @@ class StepModel:
         self.freeze = freeze_step(cfg, int(rec.get("planned_steps") or rec["steps"]))
         self.cluster = (rec.get("cluster") or {}).get("name")
 
-    def _spec(self, link: Optional[float]):
+    def _spec(self, link: float | None):
         from birder_repro.perf.emulated import _spec
 
         return _spec(None if link is None or math.isnan(link) else float(link))
 
-    def step_s(self, link: Optional[float]) -> tuple[float, float, float]:
+    def step_s(self, link: float | None) -> tuple[float, float, float]:
         """(warmup step s, compressed step s, communication share of the compressed step)."""
         from birder_repro.perf.model import predict_step
 
         spec = self._spec(link)
         main = predict_step(self.profile, spec, self.nodes, self.gpus, self.scheme, self.batch)
-        warm = main if self.freeze == 0 or self.scheme == "fp32" else \
-            predict_step(self.profile, spec, self.nodes, self.gpus, "fp32", self.batch)
+        warm = (
+            main
+            if self.freeze == 0 or self.scheme == "fp32"
+            else predict_step(self.profile, spec, self.nodes, self.gpus, "fp32", self.batch)
+        )
         return warm.total_s, main.total_s, main.communication_s / main.total_s
 
-    def time_to_target(self, steps: float, link: Optional[float]) -> float:
+    def time_to_target(self, steps: float, link: float | None) -> float:
         warm, main, _ = self.step_s(link)
         first = min(steps, self.freeze)
         return first * warm + max(0.0, steps - first) * main
 
 
-def _record(run_dir: str) -> Optional[dict]:
+def _record(run_dir: str) -> dict | None:
     from birder_repro.record import read_record
 
     return read_record(Path(run_dir))
 
 
-def _models(runs: pd.DataFrame, profiles: dict) -> dict[str, Optional[StepModel]]:
+def _models(runs: pd.DataFrame, profiles: dict) -> dict[str, StepModel | None]:
     """A StepModel per series (None where no 1-node profile of its setting, or not an emulated cluster)."""
-    out: dict[str, Optional[StepModel]] = {}
+    out: dict[str, StepModel | None] = {}
     for series, rows in runs.groupby("series", sort=False):
         rec = _record(rows["run_dir"].iloc[0])
         profile = profiles.get(_profile_key(rec)[:-1] + ("emulated",)) if rec else None
@@ -194,23 +215,47 @@ def crossover_tables(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
         for _, r in hit.iterrows():
             pred = model.time_to_target(float(r["target_step"]), link) if model else float("nan")
             preds.append(pred)
-            per_run.append({"comparison": comparison, "optim": r["optim"], "variant": r["variant"], "link": link,
-                            "seed": r["seed"], "steps": int(r["target_step"]), "measured_s": r["target_s"],
-                            "predicted_s": pred, "error": pred / r["target_s"] - 1 if r["target_s"] else math.nan,
-                            "run_dir": r["run_dir"]})
+            per_run.append(
+                {
+                    "comparison": comparison,
+                    "optim": r["optim"],
+                    "variant": r["variant"],
+                    "link": link,
+                    "seed": r["seed"],
+                    "steps": int(r["target_step"]),
+                    "measured_s": r["target_s"],
+                    "predicted_s": pred,
+                    "error": pred / r["target_s"] - 1 if r["target_s"] else math.nan,
+                    "run_dir": r["run_dir"],
+                }
+            )
         first = rows.iloc[0]
         comm = (rows["step_ms_communication"] / rows["step_ms_total"]).mean()
-        points.append({"comparison": comparison, "series": series, "task": first["task"], "optim": first["optim"],
-                       "variant": first["variant"], "nodes": first["nodes"], "gpus_per_node": first["gpus_per_node"],
-                       "gpus": first["gpus"], "run_length": first["run_length"],
-                       "target_metric": first["target_metric"], "target_value": first["target_value"],
-                       "target_direction": first["target_direction"], "link": link, "source": "measured",
-                       "runs": len(rows), "reached": len(hit),
-                       "measured_s": hit["target_s"].mean() if len(hit) else math.nan,
-                       "measured_sd": hit["target_s"].std() if len(hit) > 1 else math.nan,
-                       "steps": hit["target_step"].astype(float).mean() if len(hit) else math.nan,
-                       "predicted_s": statistics.mean(preds) if preds and model else math.nan,
-                       "comm_share": comm})
+        points.append(
+            {
+                "comparison": comparison,
+                "series": series,
+                "task": first["task"],
+                "optim": first["optim"],
+                "variant": first["variant"],
+                "nodes": first["nodes"],
+                "gpus_per_node": first["gpus_per_node"],
+                "gpus": first["gpus"],
+                "run_length": first["run_length"],
+                "target_metric": first["target_metric"],
+                "target_value": first["target_value"],
+                "target_direction": first["target_direction"],
+                "link": link,
+                "source": "measured",
+                "runs": len(rows),
+                "reached": len(hit),
+                "measured_s": hit["target_s"].mean() if len(hit) else math.nan,
+                "measured_sd": hit["target_s"].std() if len(hit) > 1 else math.nan,
+                "steps": hit["target_step"].astype(float).mean() if len(hit) else math.nan,
+                "predicted_s": statistics.mean(preds) if preds and model else math.nan,
+                "comm_share": comm,
+            }
+        )
     table = pd.DataFrame(points)
     extra = []
     for series, rows in table.groupby("series", sort=False):
@@ -220,15 +265,26 @@ def crossover_tables(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
         for link in PREDICTED_LINKS:
             if (rows["link"] == link).any():
                 continue
-            extra.append({**rows.iloc[0].to_dict(), "link": link, "source": "predicted", "runs": 0, "reached": 0,
-                          "measured_s": math.nan, "measured_sd": math.nan, "steps": steps,
-                          "predicted_s": model.time_to_target(steps, link), "comm_share": model.step_s(link)[2]})
+            extra.append(
+                {
+                    **rows.iloc[0].to_dict(),
+                    "link": link,
+                    "source": "predicted",
+                    "runs": 0,
+                    "reached": 0,
+                    "measured_s": math.nan,
+                    "measured_sd": math.nan,
+                    "steps": steps,
+                    "predicted_s": model.time_to_target(steps, link),
+                    "comm_share": model.step_s(link)[2],
+                }
+            )
     table = pd.concat([table, pd.DataFrame(extra)], ignore_index=True) if extra else table
     table.attrs["models"] = models
     return table, pd.DataFrame(per_run)
 
 
-def _crossing(links: np.ndarray, ratio: np.ndarray) -> Optional[float]:
+def _crossing(links: np.ndarray, ratio: np.ndarray) -> float | None:
     """The link rate where ``ratio`` (optimizer time / best baseline time) first rises through 1, interpolated in
     log link rate; None where it never crosses (always faster, or never)."""
     for i in range(len(links) - 1):
@@ -262,11 +318,15 @@ def crossovers(table: pd.DataFrame) -> list[dict]:
             mine = mine.set_index("x").sort_index()
             xs = [x for x in mine.index if x in best.index and not math.isnan(mine.loc[x, "measured_s"])]
             ratio = np.array([mine.loc[x, "measured_s"] / best[x] for x in xs])
-            found = {"comparison": comparison, "optim": mine["optim"].iloc[0], "variant": mine["variant"].iloc[0],
-                     "measured": _crossing(np.array(xs), ratio) if len(xs) > 1 else None,
-                     "measured_ratios": dict(zip(xs, ratio)),
-                     "faster_everywhere_measured": bool(len(ratio) and (ratio < 1).all()),
-                     "slower_everywhere_measured": bool(len(ratio) and (ratio >= 1).all())}
+            found = {
+                "comparison": comparison,
+                "optim": mine["optim"].iloc[0],
+                "variant": mine["variant"].iloc[0],
+                "measured": _crossing(np.array(xs), ratio) if len(xs) > 1 else None,
+                "measured_ratios": dict(zip(xs, ratio)),
+                "faster_everywhere_measured": bool(len(ratio) and (ratio < 1).all()),
+                "slower_everywhere_measured": bool(len(ratio) and (ratio >= 1).all()),
+            }
             model = models.get(series)
             base_models = [(models.get(s), rows[rows["series"] == s]["steps"].mean()) for s in base_series]
             base_models = [(m, s) for m, s in base_models if m is not None and not math.isnan(s)]
@@ -275,13 +335,16 @@ def crossovers(table: pd.DataFrame) -> list[dict]:
                 mine_t = np.array([model.time_to_target(steps, x) for x in GRID])
                 base_t = np.min([[m.time_to_target(s, x) for x in GRID] for m, s in base_models], axis=0)
                 ratio_p = mine_t / base_t
-                found.update(predicted=_crossing(GRID, ratio_p), grid_ratio=ratio_p,
-                             paper_regime=_paper_regime(models, rows, base_models, model, steps))
+                found.update(
+                    predicted=_crossing(GRID, ratio_p),
+                    grid_ratio=ratio_p,
+                    paper_regime=_paper_regime(models, rows, base_models, model, steps),
+                )
             out.append(found)
     return out
 
 
-def _paper_regime(models, rows, base_models, model, steps) -> Optional[dict]:
+def _paper_regime(models, rows, base_models, model, steps) -> dict | None:
     """The link where the model puts SGDM's communication share at the paper's (60 %), and there the
     optimizer's predicted time to target over the fastest baseline's."""
     sgdm = [s for s in rows[rows["optim"] == "sgdm"]["series"].unique() if models.get(s) is not None]
@@ -324,30 +387,45 @@ def crossover_markdown(table: pd.DataFrame, per_run: pd.DataFrame) -> str:
     found = crossovers(table)
     for comparison, rows in table.groupby("comparison", sort=False):
         first = rows.iloc[0]
-        goal = f"{first['target_metric']} {'<=' if first['target_direction'] == 'lower' else '>='} " \
-               f"{fmt_number(first['target_value'])}"
+        goal = (
+            f"{first['target_metric']} {'<=' if first['target_direction'] == 'lower' else '>='} "
+            f"{fmt_number(first['target_value'])}"
+        )
         lines += ["", f"## {first['task']}: {fmt_layout(first)}, {first['run_length']}, time to {goal}", ""]
         order = rows.assign(_r=optim_rank(rows["optim"])).sort_values(["_r", "variant"], kind="stable")
         names = list(dict.fromkeys(optim_label(o, v) for o, v in zip(order["optim"], order["variant"])))
         wide: dict[tuple, dict] = {}
         for _, r in rows.iterrows():
             key = (r["source"], -1.0 if is_missing(r["link"]) else float(r["link"]))
-            entry = wide.setdefault(key, {"link, Mbit/s": _link_text(r["link"]) + (
-                " (predicted)" if r["source"] == "predicted" else ""), "SGDM's comm. share": ""})
+            entry = wide.setdefault(
+                key,
+                {
+                    "link, Mbit/s": _link_text(r["link"]) + (" (predicted)" if r["source"] == "predicted" else ""),
+                    "SGDM's comm. share": "",
+                },
+            )
             entry[optim_label(r["optim"], r["variant"])] = _cell(r)
             if r["optim"] == "sgdm" and not is_missing(r["comm_share"]):
                 entry["SGDM's comm. share"] = f"{100 * r['comm_share']:.0f} %"
         keys = sorted(wide, key=lambda k: (k[0] == "predicted", math.inf if k[1] < 0 else k[1]))
-        lines.append(to_markdown(pd.DataFrame([{c: wide[k].get(c, "") for c in
-                                                ["link, Mbit/s", "SGDM's comm. share", *names]} for k in keys])))
+        lines.append(
+            to_markdown(
+                pd.DataFrame(
+                    [{c: wide[k].get(c, "") for c in ["link, Mbit/s", "SGDM's comm. share", *names]} for k in keys]
+                )
+            )
+        )
         mine = per_run[per_run["comparison"] == comparison] if not per_run.empty else per_run
         errors = mine["error"].dropna().abs() if not mine.empty else pd.Series(dtype=float)
         if len(errors):
             med = float(errors.median())
             verdict = "meets" if med <= TARGET_ERROR else "MISSES"
-            lines += ["", f"The model against the measured times: median |predicted / measured - 1| "
-                          f"{100 * med:.1f} % over {len(errors)} runs, worst {100 * float(errors.max()):.1f} % "
-                          f"({verdict} the target of {100 * TARGET_ERROR:.0f} %)."]
+            lines += [
+                "",
+                f"The model against the measured times: median |predicted / measured - 1| "
+                f"{100 * med:.1f} % over {len(errors)} runs, worst {100 * float(errors.max()):.1f} % "
+                f"({verdict} the target of {100 * TARGET_ERROR:.0f} %).",
+            ]
         lines += ["", "Crossovers (against the fastest baseline at each link):", ""]
         for c in [c for c in found if c["comparison"] == comparison]:
             lines.append("- " + _crossover_text(c))
@@ -362,23 +440,32 @@ def _crossover_text(c: dict) -> str:
         meas = "measured: faster at every link run"
     else:
         meas = "measured: slower at every link run"
-    ratios = ", ".join(f"{_link_text(x) if x < 9999 else 'unshaped'} {r:.2f}x"
-                       for x, r in sorted(c["measured_ratios"].items()))
+    ratios = ", ".join(
+        f"{_link_text(x) if x < 9999 else 'unshaped'} {r:.2f}x" for x, r in sorted(c["measured_ratios"].items())
+    )
     text = f"**{name}**: {meas} (its time over the fastest baseline's: {ratios})"
     if "predicted" in c:
         pred = c["predicted"]
-        text += "; predicted: " + (f"faster below about {fmt_number(pred, 3)} Mbit/s" if pred is not None else
-                                   ("faster on every link from 10 Mbit/s to 100 Gbit/s" if c["grid_ratio"][-1] < 1
-                                    else "slower on every link from 10 Mbit/s to 100 Gbit/s"))
+        text += "; predicted: " + (
+            f"faster below about {fmt_number(pred, 3)} Mbit/s"
+            if pred is not None
+            else (
+                "faster on every link from 10 Mbit/s to 100 Gbit/s"
+                if c["grid_ratio"][-1] < 1
+                else "slower on every link from 10 Mbit/s to 100 Gbit/s"
+            )
+        )
         regime = c.get("paper_regime")
         if regime:
-            text += (f"; where SGDM's communication share is the paper's 60 % (the model: at "
-                     f"{fmt_number(regime['link'], 3)} Mbit/s), {regime['speedup']:.2f}x the fastest baseline's "
-                     "speed to the target")
+            text += (
+                f"; where SGDM's communication share is the paper's 60 % (the model: at "
+                f"{fmt_number(regime['link'], 3)} Mbit/s), {regime['speedup']:.2f}x the fastest baseline's "
+                "speed to the target"
+            )
     return text
 
 
-def csv_text(table: pd.DataFrame) -> Optional[str]:
+def csv_text(table: pd.DataFrame) -> str | None:
     if table.empty:
         return None
     return table.drop(columns=["comparison", "series"]).to_csv(index=False)
@@ -400,18 +487,31 @@ def crossover_figures(table: pd.DataFrame, out_dir: Path) -> list[Path]:
     models = table.attrs.get("models", {})
     unshaped = _unshaped_link()
     written = []
-    for index, (comparison, rows) in enumerate(table.groupby("comparison", sort=False)):
+    for index, (_comparison, rows) in enumerate(table.groupby("comparison", sort=False)):
         fig, ax = plt.subplots(figsize=(7.5, 4.8))
         for series, s in rows.groupby("series", sort=False):
             style = optim_style(s["optim"].iloc[0], s["variant"].iloc[0] or "")
             label = optim_label(s["optim"].iloc[0], s["variant"].iloc[0])
             m = s[s["source"] == "measured"].assign(x=lambda d: d["link"].fillna(unshaped)).sort_values("x")
-            ax.errorbar(m["x"], m["measured_s"], yerr=m["measured_sd"].fillna(0), fmt="o", color=style["color"],
-                        label=f"{label}, measured", capsize=3)
+            ax.errorbar(
+                m["x"],
+                m["measured_s"],
+                yerr=m["measured_sd"].fillna(0),
+                fmt="o",
+                color=style["color"],
+                label=f"{label}, measured",
+                capsize=3,
+            )
             model = models.get(series)
             if model is not None and not math.isnan(s["steps"].mean()):
-                ax.plot(GRID, [model.time_to_target(s["steps"].mean(), x) for x in GRID], color=style["color"],
-                        linestyle=style["linestyle"], linewidth=1.2, label=f"{label}, model")
+                ax.plot(
+                    GRID,
+                    [model.time_to_target(s["steps"].mean(), x) for x in GRID],
+                    color=style["color"],
+                    linestyle=style["linestyle"],
+                    linewidth=1.2,
+                    label=f"{label}, model",
+                )
         ax.axvline(unshaped, color="0.7", linewidth=0.8)
         ax.text(unshaped, ax.get_ylim()[1], " unshaped", color="0.4", fontsize=7, va="top")
         ax.set_xscale("log")
@@ -419,8 +519,11 @@ def crossover_figures(table: pd.DataFrame, out_dir: Path) -> list[Path]:
         ax.set_xlabel("inter-node link, Mbit/s (each node's, both directions)")
         ax.set_ylabel("time to target, s (training clock)")
         first = rows.iloc[0]
-        ax.set_title(f"{first['task']}: {fmt_layout(first)}, time to {first['target_metric']} "
-                     f"{fmt_number(first['target_value'])}", fontsize=10)
+        ax.set_title(
+            f"{first['task']}: {fmt_layout(first)}, time to {first['target_metric']} "
+            f"{fmt_number(first['target_value'])}",
+            fontsize=10,
+        )
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=6.5, ncol=2, loc="upper right")
         fig.tight_layout()

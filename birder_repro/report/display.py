@@ -6,7 +6,6 @@ Numbers stay numbers in the cell table (and its CSV); they become text only here
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import pandas as pd
 
@@ -14,26 +13,75 @@ from . import records
 from .cells import DIVERGED, short_run
 
 # Baselines first, then the paper's order (Tables 1-4: baseline, 1-bit Adam, Birder) with the peers between.
-OPTIM_ORDER = ("sgdm", "bertadam", "sgd", "adamw", "softsignsgd", "sgdm_fp16", "sgdm_powersgd",
-               "adamw_powersgd", "onebit_adam", "onebit_adam_precond", "onebit_lamb", "birder")
+OPTIM_ORDER = (
+    "sgdm",
+    "bertadam",
+    "sgd",
+    "adamw",
+    "softsignsgd",
+    "sgdm_fp16",
+    "sgdm_powersgd",
+    "adamw_powersgd",
+    "onebit_adam",
+    "onebit_adam_precond",
+    "onebit_lamb",
+    "birder",
+)
 OPTIM_LABELS = {
-    "sgd": "SGD", "sgdm": "SGDM", "adamw": "AdamW", "bertadam": "BertAdam", "softsignsgd": "SoftSignSGD",
-    "onebit_adam": "1-bit Adam", "onebit_adam_precond": "1-bit Adam, preconditioned", "onebit_lamb": "1-bit LAMB", "birder": "Birder",
-    "sgdm_fp16": "SGDM + fp16 hook", "sgdm_powersgd": "SGDM + PowerSGD", "adamw_powersgd": "AdamW + PowerSGD",
+    "sgd": "SGD",
+    "sgdm": "SGDM",
+    "adamw": "AdamW",
+    "bertadam": "BertAdam",
+    "softsignsgd": "SoftSignSGD",
+    "onebit_adam": "1-bit Adam",
+    "onebit_adam_precond": "1-bit Adam, preconditioned",
+    "onebit_lamb": "1-bit LAMB",
+    "birder": "Birder",
+    "sgdm_fp16": "SGDM + fp16 hook",
+    "sgdm_powersgd": "SGDM + PowerSGD",
+    "adamw_powersgd": "AdamW + PowerSGD",
 }
 # How a metric's column is headed; a metric without a label here is headed by its own name.
-METRIC_LABELS = {"top1": "top-1", "top5": "top-5", "f1": "F1", "exact_match": "EM", "perplexity": "ppl",
-                 "val_perplexity": "val ppl", "mlm_loss": "MLM loss", "mlm_accuracy": "MLM acc.",
-                 "nsp_accuracy": "NSP acc.", "eval_loss": "eval loss", "loss": "train loss"}
+METRIC_LABELS = {
+    "top1": "top-1",
+    "top5": "top-5",
+    "f1": "F1",
+    "exact_match": "EM",
+    "perplexity": "ppl",
+    "val_perplexity": "val ppl",
+    "mlm_loss": "MLM loss",
+    "mlm_accuracy": "MLM acc.",
+    "nsp_accuracy": "NSP acc.",
+    "eval_loss": "eval loss",
+    "loss": "train loss",
+}
 # The unit of a metric where it has one (the tasks report accuracies and F1 / EM in percent).
-METRIC_UNITS = {"top1": "%", "top5": "%", "f1": "%", "exact_match": "%", "mlm_accuracy": "%",
-                "nsp_accuracy": "%", "accuracy": "%"}
+METRIC_UNITS = {
+    "top1": "%",
+    "top5": "%",
+    "f1": "%",
+    "exact_match": "%",
+    "mlm_accuracy": "%",
+    "nsp_accuracy": "%",
+    "accuracy": "%",
+}
 STAGE_MARK = "*"  # marks a throughput taken from the compression stage only (--throughput stage)
 TARGET_HEADER = "time to target"
 NOTE_HEADER = "setting (where the rows differ)"
 # Columns a diverged row keeps (its others say "diverged at step N").
-KEPT_WHEN_DIVERGED = {"source", "task", "cluster", "data", "model", "batch/proc", "length", "optimizer",
-                      NOTE_HEADER, "#GPUs (nodes x GPUs/node)", "run"}
+KEPT_WHEN_DIVERGED = {
+    "source",
+    "task",
+    "cluster",
+    "data",
+    "model",
+    "batch/proc",
+    "length",
+    "optimizer",
+    NOTE_HEADER,
+    "#GPUs (nodes x GPUs/node)",
+    "run",
+}
 
 
 def is_missing(x) -> bool:
@@ -49,7 +97,7 @@ def fmt_number(x, digits: int = 4) -> str:
 
 
 def fmt_spread(mean, sd, digits: int = 4) -> str:
-    """"98.52 ± 0.16", "3261 ± 1009": a mean over seeds and its sample standard deviation (none for one seed),
+    """ "98.52 ± 0.16", "3261 ± 1009": a mean over seeds and its sample standard deviation (none for one seed),
     the sd to two significant digits and the mean to the same decimal place."""
     if is_missing(mean) or is_missing(sd):
         return fmt_number(mean, digits)
@@ -62,7 +110,7 @@ def fmt_percent(x, digits: int = 1) -> str:
 
 
 def fmt_throughput(row) -> str:
-    """"3462 (0.94x)": the shown throughput (± its spread over seeds) and its speedup over the baseline."""
+    """ "3462 (0.94x)": the shown throughput (± its spread over seeds) and its speedup over the baseline."""
     if is_missing(row["throughput_shown"]):
         return "—"
     mark = STAGE_MARK if row["throughput_basis"] == "compression stage" else ""
@@ -71,9 +119,11 @@ def fmt_throughput(row) -> str:
 
 
 def fmt_layout(row) -> str:
-    """"16 (2x8)": world size, then nodes x GPUs per node."""
+    """ "16 (2x8)": world size, then nodes x GPUs per node."""
+
     def part(v):
         return "?" if is_missing(v) else str(int(v))
+
     return f"{part(row['gpus'])} ({part(row['nodes'])}x{part(row['gpus_per_node'])})"
 
 
@@ -85,7 +135,7 @@ def fmt_scale(row) -> str:
 
 
 def fmt_runs(row) -> str:
-    """"3 (seeds 0 1 2)": how many runs the row's figures are over."""
+    """ "3 (seeds 0 1 2)": how many runs the row's figures are over."""
     n = row.get("n")
     if is_missing(n):
         return "1"
@@ -94,14 +144,14 @@ def fmt_runs(row) -> str:
 
 
 def fmt_steps(row) -> str:
-    """"100", or "100 (resumed: 2 attempts)" where a run was stopped and resumed in its own directory."""
+    """ "100", or "100 (resumed: 2 attempts)" where a run was stopped and resumed in its own directory."""
     text = fmt_number(row.get("steps"))
     attempts = row.get("attempts")
     return text if is_missing(attempts) or int(attempts) < 2 else f"{text} (resumed: {int(attempts)} attempts)"
 
 
 def target_goal(row) -> str:
-    """"top1 >= 98": the target of a row's run (time to accuracy); "" where it has none."""
+    """ "top1 >= 98": the target of a row's run (time to accuracy); "" where it has none."""
     if is_missing(row.get("target_metric")) or is_missing(row.get("target_value")):
         return ""
     sign = ">=" if row.get("target_direction") == "higher" else "<="
@@ -109,7 +159,7 @@ def target_goal(row) -> str:
 
 
 def fmt_time_to_target(row) -> str:
-    """"5.70 s (step 55)", over seeds "5.7 ± 0.3 s (step 50; 3 of 3)", "not reached", or "—" (no target)."""
+    """ "5.70 s (step 55)", over seeds "5.7 ± 0.3 s (step 50; 3 of 3)", "not reached", or "—" (no target)."""
     if not target_goal(row):
         return "—"
     if row.get("target_reached") is not True:
@@ -142,7 +192,7 @@ def metric_label(column: str) -> str:
 
 
 def optim_label(name: str, variant: str = "") -> str:
-    """"Birder", or "Birder (flat)" for a scheme other than the default (``variant`` is "" for that)."""
+    """ "Birder", or "Birder (flat)" for a scheme other than the default (``variant`` is "" for that)."""
     label = OPTIM_LABELS.get(name, name)
     return f"{label} ({variant})" if variant else label
 
@@ -188,10 +238,16 @@ def _bytes_and_times(out: pd.DataFrame, cells: pd.DataFrame) -> None:
     out["inter / fp32 inter"] = cells["inter_vs_fp32"].map(lambda x: fmt_percent(x, 2))
     if cells["link_mb_per_step"].notna().any():  # emulated clusters: bytes the kernel counted
         out["link MB/step/node"] = cells["link_mb_per_step"].map(fmt_number)
-        out["link MB/step, by node"] = cells["per_node_link_mb"].astype("object").where(
-            cells["per_node_link_mb"].notna(), "—")
-    for part, label in (("total", "step ms"), ("compute", "compute ms"), ("communication", "comm ms"),
-                        ("compression", "compress ms"), ("data_wait", "data wait ms")):
+        out["link MB/step, by node"] = (
+            cells["per_node_link_mb"].astype("object").where(cells["per_node_link_mb"].notna(), "—")
+        )
+    for part, label in (
+        ("total", "step ms"),
+        ("compute", "compute ms"),
+        ("communication", "comm ms"),
+        ("compression", "compress ms"),
+        ("data_wait", "data wait ms"),
+    ):
         out[label] = cells[f"step_ms_{part}"].map(lambda x: fmt_number(x, 3))
 
 
@@ -221,7 +277,7 @@ def display_frame(cells: pd.DataFrame, mode: str, with_setting: bool = False) ->
 
 
 def main_metric(row) -> str:
-    """"top-1 75.3": the run's headline metric (its task's ``headline_metric``), ± its spread over seeds."""
+    """ "top-1 75.3": the run's headline metric (its task's ``headline_metric``), ± its spread over seeds."""
     name = row.get("headline_metric")
     column = None if is_missing(name) else records.metric_column(name)
     if column is None or is_missing(row.get(column)):
@@ -240,7 +296,7 @@ def to_markdown(table: pd.DataFrame) -> str:
         return "\n".join(lines)
 
 
-def to_latex(table: pd.DataFrame) -> Optional[str]:
+def to_latex(table: pd.DataFrame) -> str | None:
     """LaTeX tabular of a display table, or None where pandas' LaTeX writer (jinja2) is missing."""
     try:
         return table.to_latex(index=False, escape=True)

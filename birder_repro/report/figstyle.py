@@ -6,25 +6,53 @@ import re
 
 import pandas as pd
 
-
 # One colour and one line style per optimizer, in STYLE_ORDER (12 optimizers; matplotlib's default cycle
 # has 10 colours, which gave SGDM and Birder the same blue); names and variants beyond it take the next pairs.
-COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-           "#17becf", "#000000", "#aec7e8", "#ffbb78", "#98df8a")
+COLOURS = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+    "#000000",
+    "#aec7e8",
+    "#ffbb78",
+    "#98df8a",
+)
 LINESTYLES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 1)), (0, (8, 2, 2, 2)))
 
 
 # The order styles are handed out in: display.OPTIM_ORDER as it was when each name was added, new names at the
 # end, so that adding an optimizer to the tables' order never changes another one's colour (Birder: black).
-STYLE_ORDER = ("sgdm", "bertadam", "sgd", "adamw", "softsignsgd", "sgdm_fp16", "sgdm_powersgd", "adamw_powersgd",
-               "onebit_adam", "onebit_lamb", "birder", "onebit_adam_precond")
+STYLE_ORDER = (
+    "sgdm",
+    "bertadam",
+    "sgd",
+    "adamw",
+    "softsignsgd",
+    "sgdm_fp16",
+    "sgdm_powersgd",
+    "adamw_powersgd",
+    "onebit_adam",
+    "onebit_lamb",
+    "birder",
+    "onebit_adam_precond",
+)
 
 
 def optim_style(optim: str, variant: str = "") -> dict:
     """The colour and line style of an optimizer (and Birder variant) in every figure: distinct pairs for the
     optimizers of display.OPTIM_ORDER, then for other names by a stable index of the name."""
-    index = STYLE_ORDER.index(optim) if optim in STYLE_ORDER and not variant else \
-        len(STYLE_ORDER) + sum(map(ord, f"{optim}/{variant}")) % (len(COLOURS) - len(STYLE_ORDER))
+    index = (
+        STYLE_ORDER.index(optim)
+        if optim in STYLE_ORDER and not variant
+        else len(STYLE_ORDER) + sum(map(ord, f"{optim}/{variant}")) % (len(COLOURS) - len(STYLE_ORDER))
+    )
     return {"color": COLOURS[index % len(COLOURS)], "linestyle": LINESTYLES[index % len(LINESTYLES)]}
 
 
@@ -45,6 +73,7 @@ def have_matplotlib() -> bool:
 
 def pyplot():
     import matplotlib
+
     matplotlib.use("Agg")  # no display on cluster nodes or CI
     import matplotlib.pyplot as plt
 
@@ -62,8 +91,17 @@ def figure_name(rows: pd.DataFrame, prefix: str = "fig3", with_source: bool = Fa
     model = [] if first["model_size"] == "unknown" else [first["model_size"]]
     source = [first["source"]] if with_source else []
     length = [] if first.get("run_length") in (None, "unknown") else [str(first["run_length"]).replace(" ", "")]
-    parts = [prefix, *source, first["task"], first["cluster"], *link, first["data_source"], *model,
-             f"b{first['batch_size']}", *length]
+    parts = [
+        prefix,
+        *source,
+        first["task"],
+        first["cluster"],
+        *link,
+        first["data_source"],
+        *model,
+        f"b{first['batch_size']}",
+        *length,
+    ]
     return _safe(parts) + ".png"
 
 
@@ -71,5 +109,6 @@ def short_title(rows: pd.DataFrame) -> str:
     first = rows.iloc[0]
     link = "" if pd.isna(first["link_mbit"]) else f" {first['link_mbit']:g} Mbit/s"
     length = "" if first.get("run_length") in (None, "unknown") else f", {first['run_length']}"
-    return (f"{first['task']}: {first['cluster']}{link}, {first['data_source']} data, "
-            f"{first['batch_size']}/process{length}")
+    return (
+        f"{first['task']}: {first['cluster']}{link}, {first['data_source']} data, {first['batch_size']}/process{length}"
+    )

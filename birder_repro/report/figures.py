@@ -25,11 +25,24 @@ from .display import optim_label
 from .documents import settings
 from .figstyle import figure_name, have_matplotlib, optim_style, pyplot, row_style, short_title
 
-__all__ = ["convergence_figure", "convergence_figures", "have_matplotlib", "optim_style", "read_metrics",
-           "step_time_figures", "throughput_figure", "throughput_figures", "time_axis"]
+__all__ = [
+    "convergence_figure",
+    "convergence_figures",
+    "have_matplotlib",
+    "optim_style",
+    "read_metrics",
+    "step_time_figures",
+    "throughput_figure",
+    "throughput_figures",
+    "time_axis",
+]
 
-PARTS = (("compute", "compute", "#4c72b0"), ("communication", "communication", "#dd8452"),
-         ("compression", "compression", "#55a868"), ("data_wait", "data wait", "#c44e52"))
+PARTS = (
+    ("compute", "compute", "#4c72b0"),
+    ("communication", "communication", "#dd8452"),
+    ("compression", "compression", "#55a868"),
+    ("data_wait", "data wait", "#c44e52"),
+)
 SOURCE_STYLE = {"measured": dict(linestyle="-", marker="o"), "predicted": dict(linestyle="--", marker="x")}
 # A scale a reader of Figure 3 sees whole: from zero, with room above the highest bar or point for the legend.
 HEADROOM = 1.2
@@ -52,12 +65,22 @@ def _bars(ax, rows: pd.DataFrame) -> None:
     for x, (_, r) in enumerate(rows.iterrows()):
         labels.append(_label(r) + ("" if r["source"] == "measured" else "\n(predicted)"))
         if r["status"] == "diverged" or pd.isna(r["throughput_shown"]):
-            ax.text(x, 0, " " + (r["status"] if isinstance(r["status"], str) else "no figure"), rotation=90,
-                    ha="center", va="bottom", fontsize=8)
+            ax.text(
+                x,
+                0,
+                " " + (r["status"] if isinstance(r["status"], str) else "no figure"),
+                rotation=90,
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
             continue
         colour = row_style(r)["color"]
-        looks = dict(color=colour, edgecolor="black") if r["source"] == "measured" else \
-            dict(facecolor="white", edgecolor=colour, hatch="//")  # predicted: hatched in the optimizer's colour
+        looks = (
+            dict(color=colour, edgecolor="black")
+            if r["source"] == "measured"
+            else dict(facecolor="white", edgecolor=colour, hatch="//")
+        )  # predicted: hatched in the optimizer's colour
         ax.bar(x, r["throughput_shown"], linewidth=0.8, yerr=r.get("throughput_shown_sd"), capsize=4, **looks)
     ax.set_xticks(range(len(rows)), labels, fontsize=8)
     first = rows.iloc[0]
@@ -72,8 +95,15 @@ def _lines(ax, rows: pd.DataFrame) -> None:
             continue
         first = line.iloc[0]
         label = f"{_label(first)} ({first['source']})" + diverged_note(rows, line)
-        ax.errorbar(line["gpus"].astype(float), line["throughput_shown"], yerr=line["throughput_shown_sd"],
-                    label=label, capsize=3, color=row_style(first)["color"], **SOURCE_STYLE[first["source"]])
+        ax.errorbar(
+            line["gpus"].astype(float),
+            line["throughput_shown"],
+            yerr=line["throughput_shown_sd"],
+            label=label,
+            capsize=3,
+            color=row_style(first)["color"],
+            **SOURCE_STYLE[first["source"]],
+        )
     gpus = sorted(int(g) for g in rows["gpus"].dropna().unique())
     ax.set_xscale("log", base=2)
     ax.set_xticks(gpus, [str(g) for g in gpus])
@@ -126,8 +156,12 @@ def throughput_figures(cells: pd.DataFrame, out_dir: Path, mode: str) -> list[Pa
 def diverged_note(rows: pd.DataFrame, line: pd.DataFrame) -> str:
     """Figure 3's legend note for a line's diverged layouts (no throughput point is drawn for them)."""
     first = line.iloc[0]
-    mine = rows[(rows["optim"] == first["optim"]) & (rows["variant"] == first["variant"]) &
-                (rows["setting_note"] == first["setting_note"]) & (rows["source"] == first["source"])]
+    mine = rows[
+        (rows["optim"] == first["optim"])
+        & (rows["variant"] == first["variant"])
+        & (rows["setting_note"] == first["setting_note"])
+        & (rows["source"] == first["source"])
+    ]
     gpus = sorted(int(g) for g in mine.loc[mine["status"] == "diverged", "gpus"].dropna())
     return f"; diverged at {', '.join(map(str, gpus))} GPUs" if gpus else ""
 
@@ -141,8 +175,9 @@ def step_time_figures(cells: pd.DataFrame, out_dir: Path) -> list[Path]:
         rows = rows.dropna(subset=["step_ms_total"]).sort_values(["gpus", "nodes"], kind="stable")
         if rows.empty:
             continue
-        labels = [f"{_label(r)}\n{int(r['gpus'])} ({int(r['nodes'])}x{int(r['gpus_per_node'])})"
-                  for _, r in rows.iterrows()]
+        labels = [
+            f"{_label(r)}\n{int(r['gpus'])} ({int(r['nodes'])}x{int(r['gpus_per_node'])})" for _, r in rows.iterrows()
+        ]
         fig, ax = plt.subplots(figsize=(max(5.0, 0.75 * len(rows) + 2), 4.2))
         bottom = pd.Series(0.0, index=rows.index)
         for part, name, colour in PARTS:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 __all__ = ["IGNORED_KEYS", "MEASURED_ONLY_KEYS", "config_items", "config_key", "is_ignored"]
 
@@ -24,11 +25,11 @@ IGNORED_KEYS: dict[str, str] = {
     "optim.seed": "the seed again (optim.seed: ${seed}, the quantizer's draws)",
     "logger": "where metrics are written (W&B or metrics.jsonl only)",
     "launcher": "how the processes are started (local, torchrun per node, SLURM) and the rendezvous; the "
-                "network is the cluster config's, which stays in",
+    "network is the cluster config's, which stays in",
     "dry_run": "a dry run writes no record",
     "probe": "mode=probe only, whose records are not runs (the report leaves them out)",
     "train.resume": "which checkpoint a run resumed from: a resumed run is the same run (its record counts "
-                    "every attempt)",
+    "every attempt)",
     "train.checkpoint_every": "checkpoints are left out of the clock, and restarts end bit-equal",
     "train.keep_checkpoints": "how many checkpoints stay on disk",
     "train.checkpoint_on_stop": "whether a stopped run saves a checkpoint",
@@ -41,7 +42,7 @@ IGNORED_KEYS: dict[str, str] = {
 MEASURED_ONLY_KEYS: dict[str, str] = {
     "predict": "mode=predict's settings: a measured run never reads them",
     "cluster.perf": "the performance model's account of the links (mode=predict, refitted by mode=probe); a "
-                    "measured run's network is the cluster's name, interconnect, link_mbit and latency, which stay",
+    "measured run's network is the cluster's name, interconnect, link_mbit and latency, which stay",
 }
 
 

@@ -7,7 +7,6 @@ The CSV columns and the transcription notes are in tables/paper/README.md.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import pandas as pd
 
@@ -24,7 +23,7 @@ def default_paper_dir() -> Path:
     return paper_tables_dir()
 
 
-def load_paper_tables(paper_dir: Optional[Path] = None) -> pd.DataFrame:
+def load_paper_tables(paper_dir: Path | None = None) -> pd.DataFrame:
     """Every tables/paper/table*.csv in one frame (same columns in each file); empty where there are none."""
     files = sorted(Path(paper_dir or default_paper_dir()).glob("table*.csv"))
     if not files:
@@ -37,8 +36,12 @@ def merge_repeated(paper: pd.DataFrame) -> pd.DataFrame:
     so rows with the same cell and the same throughput become one row labelled with both tables. Rows whose
     figures differ (Table 1 prints 4745 where Table 3 prints 4715) stay apart."""
     keys = list(MATCH) + ["gpus", "interconnect", "throughput", "speedup"]
-    agg = {"table": lambda s: ", ".join(sorted({str(t) for t in s})), "cluster": "first",
-           "scale_efficiency": "first", **{m: "first" for m in PAPER_METRICS}}
+    agg = {
+        "table": lambda s: ", ".join(sorted({str(t) for t in s})),
+        "cluster": "first",
+        "scale_efficiency": "first",
+        **{m: "first" for m in PAPER_METRICS},
+    }
     return paper.groupby(keys, dropna=False, sort=False).agg(agg).reset_index()
 
 
@@ -59,22 +62,36 @@ def comparison_frame(cells: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
     joined = merge_repeated(paper).merge(repro, on=list(MATCH), suffixes=("_paper", ""))
     # A run on one of the paper's clusters (ethernet_10g, infiniband_200g) is compared with that cluster's
     # figures only; a run elsewhere (local, emulated) with every interconnect the paper reports.
-    other_paper_cluster = joined["cluster"].isin(set(paper["cluster"])) & \
-        (joined["cluster"] != joined["cluster_paper"])
+    other_paper_cluster = joined["cluster"].isin(set(paper["cluster"])) & (joined["cluster"] != joined["cluster_paper"])
     joined = joined[~other_paper_cluster]
-    joined = joined.assign(throughput_error=joined["throughput_shown"] / joined["throughput_paper"] - 1,
-                           speedup_error=joined["speedup"] / joined["speedup_paper"] - 1)
-    order = ["source", "task", "batch_per_gpu", "cluster", "data_source", "interconnect_paper", "gpus", "_rank", "table"]
+    joined = joined.assign(
+        throughput_error=joined["throughput_shown"] / joined["throughput_paper"] - 1,
+        speedup_error=joined["speedup"] / joined["speedup_paper"] - 1,
+    )
+    order = [
+        "source",
+        "task",
+        "batch_per_gpu",
+        "cluster",
+        "data_source",
+        "interconnect_paper",
+        "gpus",
+        "_rank",
+        "table",
+    ]
     baseline_first = (joined["optimizer"] == joined["baseline"]) * 100
     joined = joined.assign(_rank=optim_rank(joined["optimizer"]) - baseline_first)
     return joined.sort_values(order, kind="stable").drop(columns="_rank").reset_index(drop=True)
 
 
-FIT_ROLES = {"one_node": "1-node row: the profile is derived from it", "in_sample": "IN-SAMPLE: fitted on",
-             "held_out": "held out"}
+FIT_ROLES = {
+    "one_node": "1-node row: the profile is derived from it",
+    "in_sample": "IN-SAMPLE: fitted on",
+    "held_out": "held out",
+}
 
 
-def _fitted_on(run_dir) -> Optional[dict]:
+def _fitted_on(run_dir) -> dict | None:
     """The paper rows the links of a predicted record were fitted on (its ``prediction.fitted_on``, from the
     cluster config's ``perf.fitted_on``); None where they were fitted on none (a measured cluster spec)."""
     from birder_repro.record import read_record
@@ -83,7 +100,7 @@ def _fitted_on(run_dir) -> Optional[dict]:
     return (rec.get("prediction") or {}).get("fitted_on")
 
 
-def fit_role(row: pd.Series, fitted_on: Optional[dict]) -> str:
+def fit_role(row: pd.Series, fitted_on: dict | None) -> str:
     """Whether a predicted cell's paper row was used to fit the links it was predicted with: ``one_node`` (the
     paper profile is derived from the 1-node rows), ``in_sample`` (its table, node count and interconnect are
     among ``fitted_on``'s, e.g. ``{tables: [3, 4], nodes: [2, 4, 8]}`` in conf/cluster/ethernet_10g.yaml) or
@@ -94,16 +111,19 @@ def fit_role(row: pd.Series, fitted_on: Optional[dict]) -> str:
     if not fitted_on:
         return "held_out"
     tables = {int(t) for t in str(row["table"]).split(",")}
-    fitted = (tables & {int(t) for t in fitted_on.get("tables", [])}
-              and int(row["nodes"]) in {int(n) for n in fitted_on.get("nodes", [])}
-              and row["cluster"] == row["cluster_paper"])
+    fitted = (
+        tables & {int(t) for t in fitted_on.get("tables", [])}
+        and int(row["nodes"]) in {int(n) for n in fitted_on.get("nodes", [])}
+        and row["cluster"] == row["cluster_paper"]
+    )
     return "in_sample" if fitted else "held_out"
 
 
 def with_fit_roles(joined: pd.DataFrame) -> pd.DataFrame:
     """``joined`` with a ``fit_role`` column (:func:`fit_role`) on predicted rows; None on measured ones."""
-    roles = [fit_role(r, _fitted_on(r["run_dir"])) if r["source"] == "predicted" else None
-             for _, r in joined.iterrows()]
+    roles = [
+        fit_role(r, _fitted_on(r["run_dir"])) if r["source"] == "predicted" else None for _, r in joined.iterrows()
+    ]
     return joined.assign(fit_role=roles)
 
 
@@ -120,17 +140,20 @@ def _with_speedup(value, ratio) -> str:
 def comparison_display(joined: pd.DataFrame) -> pd.DataFrame:
     """Paper and reproduced figures of each matched cell side by side."""
     rows = joined.reset_index(drop=True)
-    out = pd.DataFrame({
-        "task": rows["task"],
-        "#GPUs (nodes x GPUs/node)": rows.apply(fmt_layout, axis=1),
-        "batch/GPU": rows["batch_per_gpu"],
-        "optimizer": rows["optimizer"].map(optim_label),
-        "paper table": rows["table"],
-        "paper interconnect": rows["interconnect_paper"],
-        "paper throughput (speedup)": rows.apply(lambda r: _with_speedup(r["throughput_paper"],
-                                                                         r["speedup_paper"]), axis=1),
-        "paper scale eff.": rows["scale_efficiency_paper"].map(fmt_paper_percent),
-    })
+    out = pd.DataFrame(
+        {
+            "task": rows["task"],
+            "#GPUs (nodes x GPUs/node)": rows.apply(fmt_layout, axis=1),
+            "batch/GPU": rows["batch_per_gpu"],
+            "optimizer": rows["optimizer"].map(optim_label),
+            "paper table": rows["table"],
+            "paper interconnect": rows["interconnect_paper"],
+            "paper throughput (speedup)": rows.apply(
+                lambda r: _with_speedup(r["throughput_paper"], r["speedup_paper"]), axis=1
+            ),
+            "paper scale eff.": rows["scale_efficiency_paper"].map(fmt_paper_percent),
+        }
+    )
     what = "predicted" if (rows["source"] == "predicted").all() else "reproduced"
     if what == "predicted" and "fit_role" in rows:
         out["paper row in the links' fit?"] = rows["fit_role"].map(FIT_ROLES)
@@ -141,11 +164,13 @@ def comparison_display(joined: pd.DataFrame) -> pd.DataFrame:
                 out[f"reproduced {m}"] = rows[m].map(fmt_number)
     out[f"{what} cluster / data"] = rows["cluster"] + " / " + rows["data_source"]
     out[f"{what} throughput (speedup)"] = rows.apply(
-        lambda r: _with_speedup(r["throughput_shown"], r["speedup"]), axis=1)
+        lambda r: _with_speedup(r["throughput_shown"], r["speedup"]), axis=1
+    )
     out["throughput error"] = rows["throughput_error"].map(lambda x: "—" if is_missing(x) else f"{100 * x:+.1f}%")
     out["speedup error"] = rows["speedup_error"].map(lambda x: "—" if is_missing(x) else f"{100 * x:+.1f}%")
     out[f"{what} scale eff."] = rows.apply(
-        lambda r: "—" if r["n_layouts"] < 2 else fmt_percent(r["scale_efficiency"]), axis=1)
+        lambda r: "—" if r["n_layouts"] < 2 else fmt_percent(r["scale_efficiency"]), axis=1
+    )
     out["device"] = rows["device"]
     return out
 
@@ -159,24 +184,32 @@ def error_line(joined: pd.DataFrame) -> str:
 
     def figures(rows: pd.DataFrame) -> str:
         err = rows["throughput_error"].abs().dropna()
-        return (f"median |throughput error| {100 * err.median():.1f}%, largest {100 * err.max():.1f}% "
-                f"({len(err)} rows)") if not err.empty else "no rows"
+        return (
+            (f"median |throughput error| {100 * err.median():.1f}%, largest {100 * err.max():.1f}% ({len(err)} rows)")
+            if not err.empty
+            else "no rows"
+        )
 
     if "fit_role" not in multi:
         return f"Multi-node rows: {figures(multi)}."
-    return (f"Held-out multi-node rows (not used to fit the links): {figures(multi[multi['fit_role'] == 'held_out'])}. "
-            f"In-sample rows (the links were fitted on them, so their error tests nothing): "
-            f"{figures(multi[multi['fit_role'] == 'in_sample'])}.")
+    return (
+        f"Held-out multi-node rows (not used to fit the links): {figures(multi[multi['fit_role'] == 'held_out'])}. "
+        f"In-sample rows (the links were fitted on them, so their error tests nothing): "
+        f"{figures(multi[multi['fit_role'] == 'in_sample'])}."
+    )
 
 
 def comparison_markdown(cells: pd.DataFrame, paper: pd.DataFrame) -> str:
-    lines = ["# The paper's numbers beside reproduced cells", "",
-             "Paper: Birder paper, Tables 1-4 as transcribed in tables/paper/*.csv (ResNet-50 on "
-             "ImageNet and BERT-Base on SQuAD 1.1, nodes of 8 A100 GPUs). A reproduced cell matches a paper "
-             "row on task, optimizer, nodes, GPUs per node and batch per GPU; its interconnect, data source "
-             "and device are shown, since they may differ from the paper's. Runs of `model.size=tiny` and "
-             "Birder's flat and allgather variants are left out. Metrics of synthetic-data runs say nothing "
-             "about the paper's accuracy."]
+    lines = [
+        "# The paper's numbers beside reproduced cells",
+        "",
+        "Paper: Birder paper, Tables 1-4 as transcribed in tables/paper/*.csv (ResNet-50 on "
+        "ImageNet and BERT-Base on SQuAD 1.1, nodes of 8 A100 GPUs). A reproduced cell matches a paper "
+        "row on task, optimizer, nodes, GPUs per node and batch per GPU; its interconnect, data source "
+        "and device are shown, since they may differ from the paper's. Runs of `model.size=tiny` and "
+        "Birder's flat and allgather variants are left out. Metrics of synthetic-data runs say nothing "
+        "about the paper's accuracy.",
+    ]
     if paper.empty:
         return "\n".join(lines + ["", "No paper tables found (tables/paper/table*.csv)."]) + "\n"
     joined = comparison_frame(cells, paper)
@@ -184,22 +217,31 @@ def comparison_markdown(cells: pd.DataFrame, paper: pd.DataFrame) -> str:
         layouts = paper[["task", "nodes", "gpus_per_node", "batch_per_gpu"]].drop_duplicates()
         names = sorted(f"{t} {n}x{g} batch {b}" for t, n, g, b in layouts.itertuples(index=False))
         cells_text = ", ".join(names)
-        lines += ["", "No reproduced cell matches a cell of the paper's tables yet. The paper's cells: "
-                  + cells_text + "."]
+        lines += [
+            "",
+            "No reproduced cell matches a cell of the paper's tables yet. The paper's cells: " + cells_text + ".",
+        ]
     else:
-        for source, title in (("predicted", "Predicted by the performance model (`birder-repro mode=predict`)"),
-                              ("measured", "Measured runs")):
+        for source, title in (
+            ("predicted", "Predicted by the performance model (`birder-repro mode=predict`)"),
+            ("measured", "Measured runs"),
+        ):
             part = joined[joined["source"] == source]
             if part.empty:
                 continue
             lines += ["", f"## {title}", ""]
             if source == "predicted":
                 part = with_fit_roles(part)
-                lines += ["Error: predicted / paper - 1. The paper's profile (`predict.profile=paper`) is derived "
-                          "from its 1-node rows, so those rows match by construction. Each predicted cell says "
-                          "whether its paper row was used to fit the interconnect's two link numbers "
-                          "(conf/cluster/<name>.yaml, `perf.fitted_on`): only held-out rows test the model "
-                          "(`make validate` prints its out-of-sample figures).", "", error_line(part), ""]
+                lines += [
+                    "Error: predicted / paper - 1. The paper's profile (`predict.profile=paper`) is derived "
+                    "from its 1-node rows, so those rows match by construction. Each predicted cell says "
+                    "whether its paper row was used to fit the interconnect's two link numbers "
+                    "(conf/cluster/<name>.yaml, `perf.fitted_on`): only held-out rows test the model "
+                    "(`make validate` prints its out-of-sample figures).",
+                    "",
+                    error_line(part),
+                    "",
+                ]
             else:
                 lines += ["Error: reproduced / paper - 1 (on other hardware, a difference, not an error).", ""]
             lines += [to_markdown(comparison_display(part))]

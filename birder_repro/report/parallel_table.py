@@ -2,15 +2,17 @@
 
 One markdown row per configuration under ``DIR`` (its newest completed run; a configuration is the resolved
 config less the seed and the settings that cannot change a result, birder_repro.report.identity, so runs of
-another length or learning rate are rows of their own, with their steps shown): throughput, the step-time split, bytes per step and per process inside and across nodes, and memory per
+another length or learning rate are rows of their own, with their steps shown): throughput, the step-time split,
+bytes per step and per process inside and across nodes, and memory per
 process (the largest over the processes: parameters, gradients, optimizer state with the hook's, peak).
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any
 
 from birder_repro.report.identity import config_key
 from birder_repro.report.records import load_records
@@ -18,27 +20,52 @@ from birder_repro.schema import get
 
 __all__ = ["rows", "markdown", "main"]
 
-HEADER = ("task", "optim", "parallel", "layout", "link Mbit/s", "steps", "samples/s", "step ms", "compute", "communication",
-          "compression", "intra KiB/step", "inter KiB/step", "params MiB", "grads MiB", "optim state MiB",
-          "peak MiB")
+HEADER = (
+    "task",
+    "optim",
+    "parallel",
+    "layout",
+    "link Mbit/s",
+    "steps",
+    "samples/s",
+    "step ms",
+    "compute",
+    "communication",
+    "compression",
+    "intra KiB/step",
+    "inter KiB/step",
+    "params MiB",
+    "grads MiB",
+    "optim state MiB",
+    "peak MiB",
+)
 
 
-def _max_memory(record: dict, key: str) -> Optional[float]:
+def _max_memory(record: dict, key: str) -> float | None:
     memory = get(record, "memory")
     return max(m[key] for m in memory) / 2**20 if memory else None
 
 
 def _row(record: dict) -> tuple:
     step = get(record, "step_time_s") or {}
-    ms = [None if step.get(k) is None else 1e3 * step[k] for k in ("total", "compute", "communication",
-                                                                  "compression")]
-    kib = [None if get(record, k) is None else get(record, k) / 1024
-           for k in ("intra_node_bytes_per_step", "inter_node_bytes_per_step")]
+    ms = [None if step.get(k) is None else 1e3 * step[k] for k in ("total", "compute", "communication", "compression")]
+    kib = [
+        None if get(record, k) is None else get(record, k) / 1024
+        for k in ("intra_node_bytes_per_step", "inter_node_bytes_per_step")
+    ]
     cluster = get(record, "cluster") or {}
-    return (get(record, "task"), get(record, "optim"), get(record, "parallel") or "ddp",
-            f"{cluster.get('nodes')}x{cluster.get('gpus_per_node')}", cluster.get("link_mbit"), get(record, "steps"),
-            get(record, "throughput_samples_per_s"), *ms, *kib,
-            *(_max_memory(record, k) for k in ("parameters", "gradients", "optimizer_state", "peak")))
+    return (
+        get(record, "task"),
+        get(record, "optim"),
+        get(record, "parallel") or "ddp",
+        f"{cluster.get('nodes')}x{cluster.get('gpus_per_node')}",
+        cluster.get("link_mbit"),
+        get(record, "steps"),
+        get(record, "throughput_samples_per_s"),
+        *ms,
+        *kib,
+        *(_max_memory(record, k) for k in ("parameters", "gradients", "optimizer_state", "peak")),
+    )
 
 
 def rows(records: Iterable[dict]) -> list[tuple]:
@@ -65,7 +92,7 @@ def markdown(table: Sequence[tuple]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m birder_repro.report.parallel_table", description=__doc__)
     parser.add_argument("--runs", type=Path, required=True, help="searched for record.json at any depth")
     args = parser.parse_args(argv)

@@ -9,8 +9,9 @@ column (each task's own, in the order :func:`birder_repro.schema.metric_names` g
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any
 
 import pandas as pd
 
@@ -21,33 +22,95 @@ from birder_repro.schema import get
 
 from .identity import config_items, config_key
 
-__all__ = ["COLUMNS", "STAGED_OPTIMIZERS", "runs_root", "find_records", "load_records", "flatten_record",
-           "metric_column", "metric_columns", "records_frame", "load_frame"]
+__all__ = [
+    "COLUMNS",
+    "STAGED_OPTIMIZERS",
+    "runs_root",
+    "find_records",
+    "load_records",
+    "flatten_record",
+    "metric_column",
+    "metric_columns",
+    "records_frame",
+    "load_frame",
+]
 
 # Optimizers whose records split throughput into a warmup and a compression stage.
 STAGED_OPTIMIZERS = ("onebit_adam", "onebit_adam_precond", "onebit_lamb")
 
 # The fixed columns; the metric columns follow them.
 COLUMNS = (
-    "run_dir", "status", "error", "diverged_at_step", "source", "implementation", "task", "parallel", "optim",
-    "variant", "baseline",
-    "cluster", "interconnect", "link_mbit", "nodes", "gpus_per_node", "gpus",
-    "data_source", "model_size", "precision", "batch_size", "global_batch_size", "steps", "lr",
-    "throughput", "throughput_warmup", "throughput_compression",
-    "step_ms_total", "step_ms_compute", "step_ms_communication", "step_ms_compression", "step_ms_data_wait",
-    "intra_mb_per_step", "inter_mb_per_step", "fp32_mb_per_step", "fp32_inter_mb_per_step", "link_mb_per_step",
+    "run_dir",
+    "status",
+    "error",
+    "diverged_at_step",
+    "source",
+    "implementation",
+    "task",
+    "parallel",
+    "optim",
+    "variant",
+    "baseline",
+    "cluster",
+    "interconnect",
+    "link_mbit",
+    "nodes",
+    "gpus_per_node",
+    "gpus",
+    "data_source",
+    "model_size",
+    "precision",
+    "batch_size",
+    "global_batch_size",
+    "steps",
+    "lr",
+    "throughput",
+    "throughput_warmup",
+    "throughput_compression",
+    "step_ms_total",
+    "step_ms_compute",
+    "step_ms_communication",
+    "step_ms_compression",
+    "step_ms_data_wait",
+    "intra_mb_per_step",
+    "inter_mb_per_step",
+    "fp32_mb_per_step",
+    "fp32_inter_mb_per_step",
+    "link_mb_per_step",
     "per_node_link_mb",
-    "intra_mb_per_step_compression", "inter_mb_per_step_compression",
-    "headline_metric", "device", "git_sha", "started", "ended",
+    "intra_mb_per_step_compression",
+    "inter_mb_per_step_compression",
+    "headline_metric",
+    "device",
+    "git_sha",
+    "started",
+    "ended",
     # time to accuracy (schema key time_to_target, birder_repro.train.target) and what is reported apart from it
-    "target_metric", "target_value", "target_direction", "target_reached", "target_s", "target_step",
-    "target_samples", "target_wall_s", "target_evaluations", "startup_s", "compile_s", "seed",
+    "target_metric",
+    "target_value",
+    "target_direction",
+    "target_reached",
+    "target_s",
+    "target_step",
+    "target_samples",
+    "target_wall_s",
+    "target_evaluations",
+    "startup_s",
+    "compile_s",
+    "seed",
     # which cell a run is of (birder_repro.report.identity) and how it ran: its length, its attempts (a run
     # stopped and resumed in its own directory), or the step an old-style resume in a new directory began at
-    "cell_key", "config_items", "run_length", "eval_every", "attempts", "resumed_from_step",
+    "cell_key",
+    "config_items",
+    "run_length",
+    "eval_every",
+    "attempts",
+    "resumed_from_step",
     # what it was scored on (data.eval_set: test, or val for tuning), and a run that ended at its target
     # (train.stop_at_target) with the length its schedule was planned for
-    "eval_set", "stop_at_target", "planned_steps",
+    "eval_set",
+    "stop_at_target",
+    "planned_steps",
 )
 
 
@@ -61,11 +124,11 @@ def load_records(root: Path) -> list[tuple[Path, dict]]:
     return pairs
 
 
-def _scaled(value: Any, factor: float) -> Optional[float]:
+def _scaled(value: Any, factor: float) -> float | None:
     return None if value is None else float(value) * factor
 
 
-def _mean_over_nodes(per_node: Any) -> Optional[float]:
+def _mean_over_nodes(per_node: Any) -> float | None:
     """Mean of the per-node kernel byte counts (emulated clusters); None where nothing was counted."""
     if not isinstance(per_node, (list, tuple)):
         return None if per_node is None else float(per_node)
@@ -73,14 +136,14 @@ def _mean_over_nodes(per_node: Any) -> Optional[float]:
     return sum(counted) / len(counted) if counted else None
 
 
-def _per_node_text(per_node: Any) -> Optional[str]:
-    """"0.70 / 0.66": each node's kernel-counted MB per step, in node order (emulated clusters)."""
+def _per_node_text(per_node: Any) -> str | None:
+    """ "0.70 / 0.66": each node's kernel-counted MB per step, in node order (emulated clusters)."""
     if not isinstance(per_node, (list, tuple)) or not per_node:
         return None
     return " / ".join("—" if v is None else f"{float(v) * 1e-6:.3g}" for v in per_node)
 
 
-def fp32_inter_node_bytes(record: dict, world: Any, gpus_per_node: Any) -> Optional[float]:
+def fp32_inter_node_bytes(record: dict, world: Any, gpus_per_node: Any) -> float | None:
     """The inter-node share of the fp32 all-reduce a run compares its own bytes with.
 
     The record's ``fp32_allreduce_inter_node_bytes_per_step`` where written; else split from the total
@@ -99,12 +162,12 @@ def fp32_inter_node_bytes(record: dict, world: Any, gpus_per_node: Any) -> Optio
     return flat_allreduce_split(gradient_bytes, world, gpus_per_node)[1]
 
 
-def default_baseline(task: Optional[str]) -> str:
+def default_baseline(task: str | None) -> str:
     """The paper's baseline where a record's config does not name one: BertAdam for BERT, SGDM for the rest."""
     return "bertadam" if str(task or "").startswith("bert") else "sgdm"
 
 
-def first_line(text: Any) -> Optional[str]:
+def first_line(text: Any) -> str | None:
     if text is None:
         return None
     lines = str(text).strip().splitlines()
@@ -119,6 +182,7 @@ def metric_column(name: str) -> str:
 def flatten_record(record: dict, run_dir: Path | str) -> dict:
     """One table row from one record: nested keys become the flat columns of ``COLUMNS``, and each metric the
     record has a column of its own (:func:`metric_column`)."""
+
     def config(*path: str) -> Any:
         return get(record, "config", *path)
 
@@ -167,9 +231,11 @@ def flatten_record(record: dict, run_dir: Path | str) -> dict:
         "fp32_mb_per_step": _scaled(get(record, "fp32_allreduce_bytes_per_step"), 1e-6),
         "fp32_inter_mb_per_step": _scaled(fp32_inter_node_bytes(record, world, gpus_per_node), 1e-6),
         "intra_mb_per_step_compression": _scaled(
-            get(record, "intra_node_bytes_per_step_by_stage", "compression"), 1e-6),
+            get(record, "intra_node_bytes_per_step_by_stage", "compression"), 1e-6
+        ),
         "inter_mb_per_step_compression": _scaled(
-            get(record, "inter_node_bytes_per_step_by_stage", "compression"), 1e-6),
+            get(record, "inter_node_bytes_per_step_by_stage", "compression"), 1e-6
+        ),
         "link_mb_per_step": _scaled(_mean_over_nodes(link), 1e-6),
         "per_node_link_mb": _per_node_text(link),
         "headline_metric": _headline(record),
@@ -202,8 +268,8 @@ def _train_config(record: dict) -> dict:
     return train if isinstance(train, dict) else {}
 
 
-def run_length(record: dict) -> Optional[str]:
-    """"60 steps" or "10 epochs": the length the run was asked for (train.steps, else train.epochs), the same
+def run_length(record: dict) -> str | None:
+    """ "60 steps" or "10 epochs": the length the run was asked for (train.steps, else train.epochs), the same
     for every layout of a sweep by epochs; for records without it, the steps the run took."""
     train = _train_config(record)
     if train.get("steps") is not None:
@@ -223,29 +289,39 @@ def _attempt_count(attempts: Any) -> int:
 
 def _identity_columns(record: dict, source: str) -> dict:
     attempts = optional(record, "attempts")
-    return {"cell_key": config_key(get(record, "config"), source),
-            "config_items": config_items(get(record, "config"), source),
-            "run_length": run_length(record),
-            "eval_every": _train_config(record).get("eval_every"),
-            "attempts": _attempt_count(attempts),
-            "resumed_from_step": get(record, "resumed_from_step"),
-            "eval_set": get(record, "config", "data", "eval_set", default=None),
-            "stop_at_target": bool(_train_config(record).get("stop_at_target")),
-            "planned_steps": optional(record, "planned_steps") or get(record, "steps")}
+    return {
+        "cell_key": config_key(get(record, "config"), source),
+        "config_items": config_items(get(record, "config"), source),
+        "run_length": run_length(record),
+        "eval_every": _train_config(record).get("eval_every"),
+        "attempts": _attempt_count(attempts),
+        "resumed_from_step": get(record, "resumed_from_step"),
+        "eval_set": get(record, "config", "data", "eval_set", default=None),
+        "stop_at_target": bool(_train_config(record).get("stop_at_target")),
+        "planned_steps": optional(record, "planned_steps") or get(record, "steps"),
+    }
 
 
 def _target_columns(record: dict) -> dict:
     """The ``target_*`` columns from the record's ``time_to_target`` (all None where it has none)."""
+
     def part(name: str) -> Any:
         return get(record, "time_to_target", name)
 
-    return {"target_metric": part("metric"), "target_value": part("target"), "target_direction": part("direction"),
-            "target_reached": part("reached"), "target_s": part("seconds"), "target_step": part("step"),
-            "target_samples": part("samples"), "target_wall_s": part("wall_s"),
-            "target_evaluations": part("evaluations")}
+    return {
+        "target_metric": part("metric"),
+        "target_value": part("target"),
+        "target_direction": part("direction"),
+        "target_reached": part("reached"),
+        "target_s": part("seconds"),
+        "target_step": part("step"),
+        "target_samples": part("samples"),
+        "target_wall_s": part("wall_s"),
+        "target_evaluations": part("evaluations"),
+    }
 
 
-def _headline(record: dict) -> Optional[str]:
+def _headline(record: dict) -> str | None:
     """The record's headline metric; for records written before it was recorded, its first own metric."""
     own = [m for m in get(record, "metrics", default={}) if m not in schema.LOSS_METRICS]
     return get(record, "headline_metric") or (own[0] if own else None)
@@ -272,14 +348,37 @@ def records_frame(pairs: Iterable[tuple[Path | str, dict]]) -> pd.DataFrame:
     metrics = [metric_column(m) for m in schema.metric_names(record for _, record in ordered)]
     rows = [flatten_record(record, run_dir) for run_dir, record in pairs]
     frame = pd.DataFrame(rows, columns=[*COLUMNS, *metrics])
-    for col in ("nodes", "gpus_per_node", "gpus", "batch_size", "global_batch_size", "steps", "target_step",
-                "target_samples", "target_evaluations", "seed", "attempts", "resumed_from_step", "eval_every",
-                "planned_steps"):
+    for col in (
+        "nodes",
+        "gpus_per_node",
+        "gpus",
+        "batch_size",
+        "global_batch_size",
+        "steps",
+        "target_step",
+        "target_samples",
+        "target_evaluations",
+        "seed",
+        "attempts",
+        "resumed_from_step",
+        "eval_every",
+        "planned_steps",
+    ):
         frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("Int64")
-    numeric = ["link_mbit", "lr", "throughput", "throughput_warmup", "throughput_compression", "target_value",
-               "target_s", "target_wall_s", "startup_s", "compile_s",
-               *[c for c in COLUMNS if c.startswith(("step_ms_", "intra_", "inter_", "fp32_", "link_mb"))],
-               *metrics]
+    numeric = [
+        "link_mbit",
+        "lr",
+        "throughput",
+        "throughput_warmup",
+        "throughput_compression",
+        "target_value",
+        "target_s",
+        "target_wall_s",
+        "startup_s",
+        "compile_s",
+        *[c for c in COLUMNS if c.startswith(("step_ms_", "intra_", "inter_", "fp32_", "link_mb"))],
+        *metrics,
+    ]
     for col in numeric:
         frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("float64")
     frame["started_at"] = _started_time(frame["started"].astype("object"))

@@ -19,13 +19,30 @@ import pandas as pd
 
 from . import records
 from .cells import CELL, DIVERGED, LAYOUT, SETTING, aggregate, select_runs
-from .display import (OPTIM_LABELS, OPTIM_ORDER, STAGE_MARK, TARGET_HEADER, display_frame, optim_rank,
-                      throughput_header)
+from .display import OPTIM_LABELS, OPTIM_ORDER, STAGE_MARK, TARGET_HEADER, display_frame, optim_rank, throughput_header
 from .records import STAGED_OPTIMIZERS
 
-__all__ = ["CELL", "DIVERGED", "LAYOUT", "OPTIM_LABELS", "OPTIM_ORDER", "SETTING", "STAGE_MARK", "TARGET_HEADER",
-           "THROUGHPUT_MODES", "add_scale_efficiency", "add_speedup", "cell_table", "csv_columns",
-           "display_frame", "scale_efficiency", "shown_figures", "speedup", "throughput_header", "volume_ratio"]
+__all__ = [
+    "CELL",
+    "DIVERGED",
+    "LAYOUT",
+    "OPTIM_LABELS",
+    "OPTIM_ORDER",
+    "SETTING",
+    "STAGE_MARK",
+    "TARGET_HEADER",
+    "THROUGHPUT_MODES",
+    "add_scale_efficiency",
+    "add_speedup",
+    "cell_table",
+    "csv_columns",
+    "display_frame",
+    "scale_efficiency",
+    "shown_figures",
+    "speedup",
+    "throughput_header",
+    "volume_ratio",
+]
 
 THROUGHPUT_MODES = ("whole", "stage")
 
@@ -33,6 +50,7 @@ THROUGHPUT_MODES = ("whole", "stage")
 # ---------------------------------------------------------------------------------------------------------
 # Formulas
 # ---------------------------------------------------------------------------------------------------------
+
 
 def speedup(throughput: float, baseline_throughput: float) -> float:
     """Throughput over the baseline's in the same cell (Birder paper, Tables 1-4: Birder 8 GPUs,
@@ -58,6 +76,7 @@ def volume_ratio(inter_node_bytes: float, fp32_inter_node_bytes: float) -> float
 # The numeric cell table
 # ---------------------------------------------------------------------------------------------------------
 
+
 def shown_figures(cells: pd.DataFrame, mode: str) -> pd.DataFrame:
     """Add the throughput and bytes per step the tables show, and ``throughput_basis`` saying whence.
 
@@ -77,7 +96,8 @@ def shown_figures(cells: pd.DataFrame, mode: str) -> pd.DataFrame:
     stage_bytes = use_stage & cells["inter_mb_per_step_compression"].notna()
     for kind in ("intra", "inter"):
         cells[f"{kind}_mb_shown"] = cells[f"{kind}_mb_per_step_compression"].where(
-            stage_bytes, cells[f"{kind}_mb_per_step"])
+            stage_bytes, cells[f"{kind}_mb_per_step"]
+        )
     cells["bytes_basis"] = stage_bytes.map({True: "compression stage", False: "whole run"})
     return cells
 
@@ -108,9 +128,13 @@ def add_scale_efficiency(cells: pd.DataFrame) -> pd.DataFrame:
     ref_throughput = groups["throughput_shown"].transform(first)
     ref_gpus = groups["gpus"].transform(first).astype("float64")
     cells["scale_efficiency"] = scale_efficiency(
-        cells["throughput_shown"], cells["gpus"].astype("float64"), ref_throughput, ref_gpus)
-    cells["scale_ref"] = groups["nodes"].transform(first).astype("string") + "x" + \
-        groups["gpus_per_node"].transform(first).astype("string")
+        cells["throughput_shown"], cells["gpus"].astype("float64"), ref_throughput, ref_gpus
+    )
+    cells["scale_ref"] = (
+        groups["nodes"].transform(first).astype("string")
+        + "x"
+        + groups["gpus_per_node"].transform(first).astype("string")
+    )
     cells["n_layouts"] = groups["gpus"].transform("size")
     return cells
 
@@ -122,8 +146,7 @@ def cell_table(frame: pd.DataFrame, mode: str = "whole") -> pd.DataFrame:
     cells = aggregate(kept)
     cells = add_scale_efficiency(add_speedup(shown_figures(cells, mode)))
     crosses_nodes = cells["fp32_inter_mb_per_step"] > 0  # on one node there is nothing to compare with
-    cells["inter_vs_fp32"] = volume_ratio(cells["inter_mb_shown"], cells["fp32_inter_mb_per_step"]).where(
-        crosses_nodes)
+    cells["inter_vs_fp32"] = volume_ratio(cells["inter_mb_shown"], cells["fp32_inter_mb_per_step"]).where(crosses_nodes)
     cells["_rank"] = optim_rank(cells["optim"]) - (cells["optim"] == cells["baseline"]) * 100
     order = [*SETTING, "gpus", "nodes", "_rank", "optim", "variant", "setting_note"]
     cells = cells.sort_values(order, na_position="last", kind="stable")
@@ -140,21 +163,64 @@ def csv_columns(cells: pd.DataFrame) -> list[str]:
 
 
 CSV_HEAD = (
-    *CELL, "gpus", "optim", "variant", "baseline",
-    "throughput_shown", "throughput_basis", "throughput", "throughput_warmup", "throughput_compression",
-    "throughput_shown_sd", "n", "seeds", "attempts", "setting_note", "cell_key",
-    "speedup", "scale_efficiency", "scale_ref", "headline_metric",
-    "target_metric", "target_direction", "target_value", "target_reached", "target_s", "target_step",
-    "target_samples", "target_wall_s", "target_evaluations", "target_reached_n", "target_s_sd", "startup_s",
+    *CELL,
+    "gpus",
+    "optim",
+    "variant",
+    "baseline",
+    "throughput_shown",
+    "throughput_basis",
+    "throughput",
+    "throughput_warmup",
+    "throughput_compression",
+    "throughput_shown_sd",
+    "n",
+    "seeds",
+    "attempts",
+    "setting_note",
+    "cell_key",
+    "speedup",
+    "scale_efficiency",
+    "scale_ref",
+    "headline_metric",
+    "target_metric",
+    "target_direction",
+    "target_value",
+    "target_reached",
+    "target_s",
+    "target_step",
+    "target_samples",
+    "target_wall_s",
+    "target_evaluations",
+    "target_reached_n",
+    "target_s_sd",
+    "startup_s",
     "compile_s",
 )
 CSV_TAIL = (
-    "bytes_basis", "intra_mb_shown", "inter_mb_shown", "intra_mb_per_step", "inter_mb_per_step",
-    "intra_mb_per_step_compression", "inter_mb_per_step_compression",
-    "fp32_mb_per_step", "fp32_inter_mb_per_step", "inter_vs_fp32", "link_mb_per_step", "per_node_link_mb",
-    "step_ms_total", "step_ms_compute", "step_ms_communication", "step_ms_compression", "step_ms_data_wait",
-    "implementation", "steps", "global_batch_size", "device", "run_dir", "started",
-    "status", "diverged_at_step",  # a diverged run's row: status diverged, its numbers empty
+    "bytes_basis",
+    "intra_mb_shown",
+    "inter_mb_shown",
+    "intra_mb_per_step",
+    "inter_mb_per_step",
+    "intra_mb_per_step_compression",
+    "inter_mb_per_step_compression",
+    "fp32_mb_per_step",
+    "fp32_inter_mb_per_step",
+    "inter_vs_fp32",
+    "link_mb_per_step",
+    "per_node_link_mb",
+    "step_ms_total",
+    "step_ms_compute",
+    "step_ms_communication",
+    "step_ms_compression",
+    "step_ms_data_wait",
+    "implementation",
+    "steps",
+    "global_batch_size",
+    "device",
+    "run_dir",
+    "started",
+    "status",
+    "diverged_at_step",  # a diverged run's row: status diverged, its numbers empty
 )
-
-

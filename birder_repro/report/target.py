@@ -11,22 +11,20 @@ A run that ended otherwise than completed (failed, diverged) is counted in its r
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import pandas as pd
 
 from . import records
 from .cells import CELL, SETTING, fill_keys, select_runs
-from .display import (fmt_layout, fmt_number, is_missing, metric_label, optim_label, optim_rank, target_goal,
-                      to_markdown)
+from .display import fmt_layout, fmt_number, is_missing, metric_label, optim_label, optim_rank, target_goal, to_markdown
 from .documents import settings
 
 __all__ = ["GROUP", "spread", "target_rows", "target_markdown"]
 
 # cell_key: one configuration less its seed (birder_repro.report.identity), as the task tables' rows
 # (its asked length, not the steps taken: a run ended at its target by train.stop_at_target took fewer)
-GROUP = (*CELL, "optim", "variant", "cell_key", "target_metric", "target_value", "target_direction", "run_length",
-         "lr")
+GROUP = (*CELL, "optim", "variant", "cell_key", "target_metric", "target_value", "target_direction", "run_length", "lr")
 # Runs left out here as in the task tables; failed, interrupted and diverged runs stay, counted and never averaged.
 LEFT_OUT_HERE = ("smoke run", "superseded", "resumed from step")
 
@@ -63,16 +61,24 @@ def _row(keys: dict, runs: pd.DataFrame) -> dict:
     metric_col = records.metric_column(headline.iloc[0]) if not headline.empty else None
     final = spread(done[metric_col]) if metric_col in done else spread([])
     others = runs[runs["status"] != "completed"]["status"].fillna("unknown").value_counts()
-    return {**keys, "gpus": runs["gpus"].iloc[0], "runs": len(runs), "completed": len(done), "reached": len(hit),
-            "not_completed": ", ".join(f"{n} {status}" for status, n in others.items()),
-            "seeds": " ".join(str(int(s)) for s in sorted(runs["seed"].dropna().unique())),
-            **{f"target_s_{k}": v for k, v in spread(hit["target_s"]).items() if k != "n"},
-            **{f"target_step_{k}": v for k, v in spread(hit["target_step"]).items() if k != "n"},
-            "target_wall_s_mean": spread(hit["target_wall_s"])["mean"],
-            "throughput_mean": spread(done["throughput"])["mean"],
-            "final_metric": headline.iloc[0] if not headline.empty else None,
-            "final_metric_mean": final["mean"], "final_metric_sd": final["sd"],
-            "compile_s_mean": spread(done["compile_s"])["mean"], "startup_s_mean": spread(done["startup_s"])["mean"]}
+    return {
+        **keys,
+        "gpus": runs["gpus"].iloc[0],
+        "runs": len(runs),
+        "completed": len(done),
+        "reached": len(hit),
+        "not_completed": ", ".join(f"{n} {status}" for status, n in others.items()),
+        "seeds": " ".join(str(int(s)) for s in sorted(runs["seed"].dropna().unique())),
+        **{f"target_s_{k}": v for k, v in spread(hit["target_s"]).items() if k != "n"},
+        **{f"target_step_{k}": v for k, v in spread(hit["target_step"]).items() if k != "n"},
+        "target_wall_s_mean": spread(hit["target_wall_s"])["mean"],
+        "throughput_mean": spread(done["throughput"])["mean"],
+        "final_metric": headline.iloc[0] if not headline.empty else None,
+        "final_metric_mean": final["mean"],
+        "final_metric_sd": final["sd"],
+        "compile_s_mean": spread(done["compile_s"])["mean"],
+        "startup_s_mean": spread(done["startup_s"])["mean"],
+    }
 
 
 def target_rows(frame: pd.DataFrame) -> pd.DataFrame:
@@ -83,7 +89,9 @@ def target_rows(frame: pd.DataFrame) -> pd.DataFrame:
     rows = [_row(dict(zip(GROUP, keys)), group) for keys, group in runs.groupby(list(GROUP), dropna=False, sort=False)]
     table = pd.DataFrame(rows)
     table["_rank"] = optim_rank(table["optim"])
-    table = table.sort_values([*SETTING, "gpus", "nodes", "_rank", "variant", "lr", "run_length"], na_position="last", kind="stable")
+    table = table.sort_values(
+        [*SETTING, "gpus", "nodes", "_rank", "variant", "lr", "run_length"], na_position="last", kind="stable"
+    )
     return table.drop(columns="_rank").reset_index(drop=True)
 
 
@@ -104,8 +112,10 @@ def display_rows(table: pd.DataFrame) -> pd.DataFrame:
     out["optimizer"] = [optim_label(o, v) for o, v in zip(table["optim"], table["variant"])]
     out["#GPUs (nodes x GPUs/node)"] = table.apply(fmt_layout, axis=1)
     out["target"] = table.apply(lambda r: target_goal(r), axis=1)
-    out["reached"] = [f"{r} of {n}" + (f" ({o})" if o else "") for r, n, o in
-                      zip(table["reached"], table["runs"], table["not_completed"])]
+    out["reached"] = [
+        f"{r} of {n}" + (f" ({o})" if o else "")
+        for r, n, o in zip(table["reached"], table["runs"], table["not_completed"])
+    ]
     out["time to target, s (mean ± sd)"] = table.apply(lambda r: _mean_sd(r, "target_s"), axis=1)
     out["range, s"] = table.apply(lambda r: _range(r, "target_s"), axis=1)
     out["steps to target"] = table.apply(lambda r: _mean_sd(r, "target_step", 3), axis=1)
@@ -113,7 +123,8 @@ def display_rows(table: pd.DataFrame) -> pd.DataFrame:
     out["throughput, samples/s (mean)"] = table["throughput_mean"].map(fmt_number)
     out["final metric (mean ± sd)"] = [
         "—" if is_missing(m) else f"{metric_label(name)} {_mean_sd(r, 'final_metric', 4)}"
-        for name, m, (_, r) in zip(table["final_metric"], table["final_metric_mean"], table.iterrows())]
+        for name, m, (_, r) in zip(table["final_metric"], table["final_metric_mean"], table.iterrows())
+    ]
     out["first-step one-time work, s"] = table["compile_s_mean"].map(lambda x: fmt_number(x, 3))
     out["seeds"] = table["seeds"]
     return out.reset_index(drop=True)
@@ -141,5 +152,5 @@ def target_markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def csv_text(table: pd.DataFrame) -> Optional[str]:
+def csv_text(table: pd.DataFrame) -> str | None:
     return None if table.empty else table.to_csv(index=False)

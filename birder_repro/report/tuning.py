@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Optional
+from typing import Any
 
 import pandas as pd
 
@@ -55,7 +55,7 @@ def trial_score(row) -> tuple:
     return (not completed, not reached, step, final)
 
 
-def _final(row, metric_cols: set) -> Optional[float]:
+def _final(row, metric_cols: set) -> float | None:
     name = row.get("headline_metric")
     col = name if name in metric_cols else f"metric_{name}"
     value = row.get(col) if col in metric_cols else None
@@ -74,8 +74,9 @@ def tuning_rows(frame: pd.DataFrame) -> pd.DataFrame:
     runs["study"] = [study_key(_items(i)) for i in runs["config_items"]]
     runs["tuned"] = [tuned_values(_items(i)) for i in runs["config_items"]]
     # a trial run again (the same values and seed: make tune-fashion twice) counts once, its newest run
-    runs["_trial"] = [json.dumps([s, t, seed], default=str) for s, t, seed in
-                      zip(runs["study"], runs["tuned"], runs["seed"])]
+    runs["_trial"] = [
+        json.dumps([s, t, seed], default=str) for s, t, seed in zip(runs["study"], runs["tuned"], runs["seed"])
+    ]
     runs = runs.sort_values("started_at", kind="stable").drop_duplicates("_trial", keep="last")
     runs = runs.drop(columns="_trial")
     runs["score"] = [trial_score(r) for _, r in runs.iterrows()]
@@ -114,8 +115,7 @@ NOTES = (
     "values, so fewer steps is less time on any link); ties and misses by the higher final metric; failed "
     "or diverged trials last. `trials` is each optimizer's budget: the same for every optimizer of a "
     "comparison.",
-    "Final metric: at the run's end, which is the target's evaluation for a run ended there "
-    "(`train.stop_at_target`).",
+    "Final metric: at the run's end, which is the target's evaluation for a run ended there (`train.stop_at_target`).",
 )
 
 
@@ -126,35 +126,65 @@ def tuning_markdown(rows: pd.DataFrame) -> str:
     for task, of_task in rows.groupby("task", sort=False):
         chosen = of_task[of_task["chosen"]]
         first = chosen.iloc[0]
-        goal = f"{metric_label(first['target_metric'])} {'<=' if first['target_direction'] == 'lower' else '>='} " \
-               f"{fmt_number(first['target_value'])}"
-        lines += ["", f"## {task}: {fmt_layout(first)}, {first['run_length']}, target {goal} on the validation split",
-                  "", "The choices (each optimizer's best trial):", ""]
-        table = pd.DataFrame({
-            "optimizer": [optim_label(o, v) for o, v in zip(chosen["optim"], chosen["variant"])],
-            "trials": chosen["trials"].astype(int),
-            "chosen values": chosen["tuned"].map(_values_text),
-            "steps to target (val)": chosen.apply(_outcome, axis=1),
-            f"final {metric_label(first['headline_metric'])} (val)": chosen.apply(_final_text, axis=1),
-        })
+        goal = (
+            f"{metric_label(first['target_metric'])} {'<=' if first['target_direction'] == 'lower' else '>='} "
+            f"{fmt_number(first['target_value'])}"
+        )
+        lines += [
+            "",
+            f"## {task}: {fmt_layout(first)}, {first['run_length']}, target {goal} on the validation split",
+            "",
+            "The choices (each optimizer's best trial):",
+            "",
+        ]
+        table = pd.DataFrame(
+            {
+                "optimizer": [optim_label(o, v) for o, v in zip(chosen["optim"], chosen["variant"])],
+                "trials": chosen["trials"].astype(int),
+                "chosen values": chosen["tuned"].map(_values_text),
+                "steps to target (val)": chosen.apply(_outcome, axis=1),
+                f"final {metric_label(first['headline_metric'])} (val)": chosen.apply(_final_text, axis=1),
+            }
+        )
         lines.append(to_markdown(table))
-        for study, trials in of_task.groupby("study", sort=False):
+        for _study, trials in of_task.groupby("study", sort=False):
             head = trials.iloc[0]
             lines += ["", f"### {optim_label(head['optim'], head['variant'])}: {len(trials)} trials", ""]
-            lines.append(to_markdown(pd.DataFrame({
-                "values": trials["tuned"].map(_values_text),
-                "outcome": trials.apply(_outcome, axis=1),
-                f"final {metric_label(head['headline_metric'])} (val)": trials.apply(_final_text, axis=1),
-                "chosen": trials["chosen"].map(lambda c: "**chosen**" if c else ""),
-                "run": trials["run_dir"].map(lambda d: "/".join(str(d).split("/")[-2:])),
-            })))
+            lines.append(
+                to_markdown(
+                    pd.DataFrame(
+                        {
+                            "values": trials["tuned"].map(_values_text),
+                            "outcome": trials.apply(_outcome, axis=1),
+                            f"final {metric_label(head['headline_metric'])} (val)": trials.apply(_final_text, axis=1),
+                            "chosen": trials["chosen"].map(lambda c: "**chosen**" if c else ""),
+                            "run": trials["run_dir"].map(lambda d: "/".join(str(d).split("/")[-2:])),
+                        }
+                    )
+                )
+            )
     return "\n".join(lines) + "\n"
 
 
-def csv_text(rows: pd.DataFrame) -> Optional[str]:
+def csv_text(rows: pd.DataFrame) -> str | None:
     if rows.empty:
         return None
-    out = rows[["task", "optim", "variant", "nodes", "gpus_per_node", "run_length", "trials", "chosen", "status",
-                "target_reached", "target_step", "final_metric_value", "run_dir"]].copy()
+    out = rows[
+        [
+            "task",
+            "optim",
+            "variant",
+            "nodes",
+            "gpus_per_node",
+            "run_length",
+            "trials",
+            "chosen",
+            "status",
+            "target_reached",
+            "target_step",
+            "final_metric_value",
+            "run_dir",
+        ]
+    ].copy()
     out.insert(3, "values", rows["tuned"].map(lambda t: json.dumps(t, default=str)))
     return out.to_csv(index=False)

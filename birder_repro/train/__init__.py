@@ -42,5 +42,16 @@ from birder_repro.train.parallel import build_parallel
 from birder_repro.train.settings import RunPlan, TrainSettings, total_steps
 from birder_repro.train.timing import grads_are_gradients, run_step, stage_of
 
-__all__ = ["train", "build_parallel", "TrainSettings", "RunPlan", "total_steps", "split_step_time",
-           "fp32_allreduce_bytes", "stage_of", "grads_are_gradients", "run_step", "CHECKPOINTS"]
+__all__ = [
+    "train",
+    "build_parallel",
+    "TrainSettings",
+    "RunPlan",
+    "total_steps",
+    "split_step_time",
+    "fp32_allreduce_bytes",
+    "stage_of",
+    "grads_are_gradients",
+    "run_step",
+    "CHECKPOINTS",
+]

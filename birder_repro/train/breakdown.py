@@ -39,8 +39,9 @@ from birder_repro.train.timing import StepResult
 __all__ = ["split_step_time", "Totals", "stage_figures", "summarize_timing"]
 
 
-def split_step_time(step_s: float, compute_s: float, compress_s: float,
-                    overlapped: bool = False) -> tuple[float, float, float]:
+def split_step_time(
+    step_s: float, compute_s: float, compress_s: float, overlapped: bool = False
+) -> tuple[float, float, float]:
     """(compute, communication, compression) of a (mean) step, summing to ``step_s`` (module docstring).
 
     communication = max(0, step - compute - compression); compute takes what is left, so it absorbs any
@@ -71,8 +72,17 @@ class Totals:
     intra_bytes: float = 0.0
     inter_bytes: float = 0.0
 
-    FIELDS = ("steps", "seconds", "optimizer", "compression", "collectives", "data_wait", "samples",
-              "intra_bytes", "inter_bytes")
+    FIELDS = (
+        "steps",
+        "seconds",
+        "optimizer",
+        "compression",
+        "collectives",
+        "data_wait",
+        "samples",
+        "intra_bytes",
+        "inter_bytes",
+    )
 
     def add(self, r: StepResult, data_wait: float) -> None:
         self.steps += 1
@@ -98,15 +108,17 @@ def stage_figures(stages: dict[str, Totals], world: int, device: torch.device) -
     out = {}
     width = len(Totals.FIELDS)
     for i, name in enumerate(names):
-        sums = dict(zip(Totals.FIELDS, flat[i * width:(i + 1) * width]))
+        sums = dict(zip(Totals.FIELDS, flat[i * width : (i + 1) * width]))
         per_process = {k: v / world for k, v in sums.items() if k != "samples"}
         out[name] = {**per_process, "samples": sums["samples"]}
     return out
 
 
-def summarize_timing(figures: dict[str, dict[str, float]], forward_backward_s: float,
-                     overlapped: bool = False) -> dict[str, Any]:
+def summarize_timing(
+    figures: dict[str, dict[str, float]], forward_backward_s: float, overlapped: bool = False
+) -> dict[str, Any]:
     """Throughput, step-time parts and bytes per step, over the whole run and per stage (record keys)."""
+
     def per_step(f, key):
         return f[key] / f["steps"] if f["steps"] else float("nan")
 
@@ -117,15 +129,17 @@ def summarize_timing(figures: dict[str, dict[str, float]], forward_backward_s: f
     def step_time(f):
         step = per_step(f, "seconds")
         wait = per_step(f, "data_wait")
-        parts = split_step_time(step, forward_backward_s + per_step(f, "optimizer"), per_step(f, "compression"),
-                                overlapped)
+        parts = split_step_time(
+            step, forward_backward_s + per_step(f, "optimizer"), per_step(f, "compression"), overlapped
+        )
         return dict(zip(schema.STEP_TIME_PARTS, (step + wait, *parts, wait)))
 
     def overlap(f):
         st = step_time(f)
         exposed = st["total"] - st["data_wait"] - st["compute"]  # the step's, not the loader's
-        return dict(zip(schema.OVERLAP_PARTS, (overlapped, exposed, per_step(f, "collectives"),
-                                               per_step(f, "compression"))))
+        return dict(
+            zip(schema.OVERLAP_PARTS, (overlapped, exposed, per_step(f, "collectives"), per_step(f, "compression")))
+        )
 
     total = {k: sum(f[k] for f in figures.values()) for k in Totals.FIELDS}
     staged = {name: f for name, f in figures.items() if name != ""}
@@ -140,5 +154,5 @@ def summarize_timing(figures: dict[str, dict[str, float]], forward_backward_s: f
         "inter_node_bytes_per_step": per_step(total, "inter_bytes"),
         "intra_node_bytes_per_step_by_stage": {n: per_step(f, "intra_bytes") for n, f in staged.items()},
         "inter_node_bytes_per_step_by_stage": {n: per_step(f, "inter_bytes") for n, f in staged.items()},
-        "timed_steps": int(round(total["steps"])),
+        "timed_steps": round(total["steps"]),
     }

@@ -47,7 +47,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -56,9 +56,25 @@ from birder_repro.train.checkpoint_files import CheckpointError, load_file, shar
 from birder_repro.train.collectives import allreduce_sum, barrier
 from birder_repro.train.rng import rng_state, set_rng_state
 
-__all__ = ["CHECKPOINTS", "COMPLETE", "MANIFEST", "MODEL", "CheckpointError", "RunIdentity", "step_dir",
-           "save_checkpoint", "mark_complete", "load_checkpoint", "complete_checkpoints", "choose_resume", "read_manifest",
-           "check_manifest", "load_file", "shard_name", "settle_ddp_buckets"]
+__all__ = [
+    "CHECKPOINTS",
+    "COMPLETE",
+    "MANIFEST",
+    "MODEL",
+    "CheckpointError",
+    "RunIdentity",
+    "step_dir",
+    "save_checkpoint",
+    "mark_complete",
+    "load_checkpoint",
+    "complete_checkpoints",
+    "choose_resume",
+    "read_manifest",
+    "check_manifest",
+    "load_file",
+    "shard_name",
+    "settle_ddp_buckets",
+]
 
 CHECKPOINTS = "checkpoints"
 COMPLETE = "COMPLETE"
@@ -80,7 +96,7 @@ class RunIdentity:
     config_digest: str = ""
 
     @classmethod
-    def from_config(cls, cfg, comm, world_size: int) -> "RunIdentity":
+    def from_config(cls, cfg, comm, world_size: int) -> RunIdentity:
         from omegaconf import OmegaConf
 
         from birder_repro.optim import get_optim_info
@@ -94,9 +110,15 @@ class RunIdentity:
         if variant and variant != scheme:
             scheme = f"{scheme}/{variant}"
         text = OmegaConf.to_yaml(cfg, resolve=True) if OmegaConf.is_config(cfg) else json.dumps(cfg, default=str)
-        return cls(task=str(cfg.task.name), optim=str(cfg.optim.name), scheme=scheme, nodes=int(cfg.nodes),
-                   gpus_per_node=int(cfg.gpus_per_node), world_size=world_size,
-                   config_digest=hashlib.sha256(text.encode()).hexdigest()[:16])
+        return cls(
+            task=str(cfg.task.name),
+            optim=str(cfg.optim.name),
+            scheme=scheme,
+            nodes=int(cfg.nodes),
+            gpus_per_node=int(cfg.gpus_per_node),
+            world_size=world_size,
+            config_digest=hashlib.sha256(text.encode()).hexdigest()[:16],
+        )
 
 
 # ------------------------------------------------------------------------------------------------ names
@@ -134,12 +156,25 @@ def _atomic_json(obj: Any, path: Path) -> None:
             json.dump(obj, f, indent=1)
             f.flush()
             os.fsync(f.fileno())
+
     _atomic(path, write)
 
 
-def save_checkpoint(run_dir, step: int, samples: float, model, optimizer, comm, rank: int, world_size: int,
-                    device: torch.device, identity: Optional[RunIdentity] = None, keep: int = 2,
-                    precision=None, carry: Optional[dict] = None) -> Path:
+def save_checkpoint(
+    run_dir,
+    step: int,
+    samples: float,
+    model,
+    optimizer,
+    comm,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    identity: RunIdentity | None = None,
+    keep: int = 2,
+    precision=None,
+    carry: dict | None = None,
+) -> Path:
     """Write the checkpoint of ``step`` and mark it complete; keep the newest ``keep``. Collective.
 
     A rank that fails to write (a full disk), or a file rank 0 cannot see, makes every rank raise
@@ -160,12 +195,18 @@ def save_checkpoint(run_dir, step: int, samples: float, model, optimizer, comm, 
         where.mkdir(parents=True, exist_ok=True)
         if sharded:
             fsdp_checkpoint.save_sharded(where, model, optimizer, comm, device)
-        shard = {"step": step, "world_size": world_size, "samples": samples,
-                 "optimizer": None if sharded else optimizer.state_dict(),
-                 "comm": fsdp_checkpoint.hook_meta(comm, optimizer, model) if sharded else
-                 (comm.state_dict() if hasattr(comm, "state_dict") else None), "rng": rng_state(device),
-                 "scaler": precision.state_dict() if precision is not None else None,  # fp16's loss scale
-                 "carry": carry}
+        shard = {
+            "step": step,
+            "world_size": world_size,
+            "samples": samples,
+            "optimizer": None if sharded else optimizer.state_dict(),
+            "comm": fsdp_checkpoint.hook_meta(comm, optimizer, model)
+            if sharded
+            else (comm.state_dict() if hasattr(comm, "state_dict") else None),
+            "rng": rng_state(device),
+            "scaler": precision.state_dict() if precision is not None else None,  # fp16's loss scale
+            "carry": carry,
+        }
         _atomic(where / shard_name(rank), lambda tmp: torch.save(shard, tmp))
         if rank == 0 and not sharded:
             module = getattr(model, "module", model)
@@ -175,22 +216,30 @@ def save_checkpoint(run_dir, step: int, samples: float, model, optimizer, comm, 
     failed = allreduce_sum([1.0 if error else 0.0], device)[0]  # also the barrier: every shard is written
     if failed:
         what = f"rank {rank}: {error}" if error else "another rank could not write its shard"
-        raise CheckpointError(f"checkpoint of step {step} could not be written in {where} ({what}); it is left "
-                              "incomplete and the earlier checkpoints are kept")
+        raise CheckpointError(
+            f"checkpoint of step {step} could not be written in {where} ({what}); it is left "
+            "incomplete and the earlier checkpoints are kept"
+        )
     refused = ""
     if leader:
-        manifest = {"step": step, "files": [shard_name(r) for r in range(world_size)]
-                    + [fsdp_checkpoint.DCP_DIR if sharded else MODEL], "sharded": sharded,
-                    **(_identity_dict(identity) if identity else {"world_size": world_size}),
-                    "versions": _versions()}
+        manifest = {
+            "step": step,
+            "files": [shard_name(r) for r in range(world_size)] + [fsdp_checkpoint.DCP_DIR if sharded else MODEL],
+            "sharded": sharded,
+            **(_identity_dict(identity) if identity else {"world_size": world_size}),
+            "versions": _versions(),
+        }
         try:
             mark_complete(where, manifest)
             _remove_old(Path(run_dir) / CHECKPOINTS, step, keep)
         except CheckpointError as exc:
             refused = str(exc)
     if allreduce_sum([1.0 if refused else 0.0], device)[0]:  # every rank learns it, none waits in vain
-        raise CheckpointError(refused or f"checkpoint of step {step} in {where} was refused by rank 0 (a rank's "
-                              "file is missing there); it is left incomplete")
+        raise CheckpointError(
+            refused
+            or f"checkpoint of step {step} in {where} was refused by rank 0 (a rank's "
+            "file is missing there); it is left incomplete"
+        )
     return where
 
 
@@ -201,18 +250,24 @@ def mark_complete(where: Path, manifest: dict) -> None:
     missing = [name for name in manifest["files"] if not (where / name).exists()]
     if missing:
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        raise CheckpointError(f"checkpoint of step {manifest['step']} is not complete: {where / missing[0]}{more} "
-                              "is missing (the ranks wrote their files where rank 0 cannot see them: BIRDER_RUNS or "
-                              "hydra.run.dir must be on a file system every node shares); it is left incomplete")
+        raise CheckpointError(
+            f"checkpoint of step {manifest['step']} is not complete: {where / missing[0]}{more} "
+            "is missing (the ranks wrote their files where rank 0 cannot see them: BIRDER_RUNS or "
+            "hydra.run.dir must be on a file system every node shares); it is left incomplete"
+        )
     _atomic_json(manifest, where / MANIFEST)
     _atomic_json({"step": manifest["step"]}, where / COMPLETE)  # last: from here on resume may take it
 
 
 def _identity_dict(identity: RunIdentity) -> dict:
-    return {"task": identity.task, "optim": identity.optim, "scheme": identity.scheme,
-            "layout": {"nodes": identity.nodes, "gpus_per_node": identity.gpus_per_node,
-                       "world_size": identity.world_size},
-            "world_size": identity.world_size, "config_digest": identity.config_digest}
+    return {
+        "task": identity.task,
+        "optim": identity.optim,
+        "scheme": identity.scheme,
+        "layout": {"nodes": identity.nodes, "gpus_per_node": identity.gpus_per_node, "world_size": identity.world_size},
+        "world_size": identity.world_size,
+        "config_digest": identity.config_digest,
+    }
 
 
 def _versions() -> dict:
@@ -238,7 +293,7 @@ def _remove_old(root: Path, newest: int, keep: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- finding
-def _newest_in(path: Path) -> Optional[Path]:
+def _newest_in(path: Path) -> Path | None:
     for root in (path, path / CHECKPOINTS):
         found = complete_checkpoints(root)
         if found:
@@ -254,17 +309,20 @@ def resolve_path(spec: str) -> Path:
     if path.is_file() or (path / MANIFEST).exists() or _STEP_DIR.match(path.name):
         step = path if path.is_dir() else path.parent
         if not _is_complete(step):
-            raise CheckpointError(f"train.resume={spec}: {step} is not a complete checkpoint (no {COMPLETE} "
-                                  f"marker or {MANIFEST}: its writing was interrupted, or it is not one)")
+            raise CheckpointError(
+                f"train.resume={spec}: {step} is not a complete checkpoint (no {COMPLETE} "
+                f"marker or {MANIFEST}: its writing was interrupted, or it is not one)"
+            )
         return step
     newest = _newest_in(path)
     if newest is None:
-        raise CheckpointError(f"train.resume={spec}: no complete checkpoint (checkpoints/step-*/ with "
-                              f"{COMPLETE}) in this directory")
+        raise CheckpointError(
+            f"train.resume={spec}: no complete checkpoint (checkpoints/step-*/ with {COMPLETE}) in this directory"
+        )
     return newest
 
 
-def _agreed_newest(run_dir, device: torch.device) -> Optional[Path]:
+def _agreed_newest(run_dir, device: torch.device) -> Path | None:
     """The newest complete checkpoint of this run directory that every rank has (each may have its own disk)."""
     found = complete_checkpoints(Path(run_dir) / CHECKPOINTS)
     mine = found[-1][0] if found else -1
@@ -278,12 +336,13 @@ def _agreed_newest(run_dir, device: torch.device) -> Optional[Path]:
         return None
     where = step_dir(run_dir, step)
     if not _is_complete(where):
-        raise CheckpointError(f"the ranks' newest common checkpoint is of step {step}, but {where} is not complete "
-                              "on this machine")
+        raise CheckpointError(
+            f"the ranks' newest common checkpoint is of step {step}, but {where} is not complete on this machine"
+        )
     return where
 
 
-def choose_resume(spec: Optional[str], run_dir, restarted: bool, device: torch.device) -> Optional[Path]:
+def choose_resume(spec: str | None, run_dir, restarted: bool, device: torch.device) -> Path | None:
     """The checkpoint directory this run starts from, or None for a fresh start (rules in the module doc).
     Collective when the run's own directory is searched."""
     spec = None if spec in (None, "", "null") else str(spec)
@@ -311,13 +370,17 @@ def check_manifest(manifest: dict, identity: RunIdentity, where: Path) -> str:
     for key in ("task", "optim", "scheme"):
         saved = manifest.get(key)
         if saved is not None and saved != getattr(identity, key):
-            raise CheckpointError(f"{where} is a checkpoint of {key} {saved!r}; this run's {key} is "
-                                  f"{getattr(identity, key)!r}: resume it with {key} {saved!r}, or start afresh")
+            raise CheckpointError(
+                f"{where} is a checkpoint of {key} {saved!r}; this run's {key} is "
+                f"{getattr(identity, key)!r}: resume it with {key} {saved!r}, or start afresh"
+            )
     layout = manifest.get("layout") or {"world_size": manifest.get("world_size")}
     if layout.get("nodes") not in (None, identity.nodes):
         return "nodes"
     if layout.get("world_size") != identity.world_size or layout.get("gpus_per_node") not in (
-            None, identity.gpus_per_node):
+        None,
+        identity.gpus_per_node,
+    ):
         return "gpus_per_node" if layout.get("nodes") is not None else "nodes"
     return "same"
 
@@ -337,9 +400,19 @@ def settle_ddp_buckets(task, model, data, device: torch.device) -> None:
         p.grad = None
 
 
-def load_checkpoint(where, model, optimizer, comm, rank: int, world_size: int, device: torch.device,
-                    identity: Optional[RunIdentity] = None, policy: str = "strict",
-                    precision=None, carry: Optional[dict] = None) -> tuple[int, float]:
+def load_checkpoint(
+    where,
+    model,
+    optimizer,
+    comm,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    identity: RunIdentity | None = None,
+    policy: str = "strict",
+    precision=None,
+    carry: dict | None = None,
+) -> tuple[int, float]:
     """Restore the checkpoint in directory ``where``; returns (step, this process's samples so far). Collective.
 
     Rank 0 reads the model and broadcasts it. ``carry``, if given, is filled with what the shard carries on
@@ -349,8 +422,11 @@ def load_checkpoint(where, model, optimizer, comm, rank: int, world_size: int, d
 
     where = Path(where)
     manifest = read_manifest(where)
-    change = check_manifest(manifest, identity, where) if identity else (
-        "same" if manifest.get("world_size") == world_size else "nodes")
+    change = (
+        check_manifest(manifest, identity, where)
+        if identity
+        else ("same" if manifest.get("world_size") == world_size else "nodes")
+    )
     from birder_repro.train import fsdp_checkpoint
 
     if fsdp_checkpoint.is_fsdp(comm) or manifest.get("sharded"):
@@ -393,21 +469,34 @@ def _steps_on_cpu(optimizer_sd: dict) -> dict:
     return optimizer_sd
 
 
-def _load_sharded(where: Path, manifest: dict, change: str, model, optimizer, comm, rank: int,
-                  device: torch.device, carry: Optional[dict] = None) -> tuple[int, float]:
+def _load_sharded(
+    where: Path,
+    manifest: dict,
+    change: str,
+    model,
+    optimizer,
+    comm,
+    rank: int,
+    device: torch.device,
+    carry: dict | None = None,
+) -> tuple[int, float]:
     """A ``parallel=fsdp`` checkpoint (birder_repro.train.fsdp_checkpoint): DCP reshards it to this run's
     gpus_per_node; another node count is refused (the nodes are Algorithm 1's workers)."""
     from birder_repro.train import fsdp_checkpoint
 
     if not (fsdp_checkpoint.is_fsdp(comm) and manifest.get("sharded")):
         saved, now = ("fsdp", "ddp") if manifest.get("sharded") else ("ddp", "fsdp")
-        raise CheckpointError(f"{where} is a checkpoint of parallel={saved}; this run is parallel={now}: resume it "
-                              f"with parallel={saved}, or start afresh")
+        raise CheckpointError(
+            f"{where} is a checkpoint of parallel={saved}; this run is parallel={now}: resume it "
+            f"with parallel={saved}, or start afresh"
+        )
     if change == "nodes":
         layout = manifest.get("layout", {})
-        raise CheckpointError(f"{where} was saved on nodes={layout.get('nodes')} x gpus_per_node="
-                              f"{layout.get('gpus_per_node')}; under parallel=fsdp a checkpoint resumes only on "
-                              "the same number of nodes (any gpus_per_node): use that many nodes, or start afresh")
+        raise CheckpointError(
+            f"{where} was saved on nodes={layout.get('nodes')} x gpus_per_node="
+            f"{layout.get('gpus_per_node')}; under parallel=fsdp a checkpoint resumes only on "
+            "the same number of nodes (any gpus_per_node): use that many nodes, or start afresh"
+        )
     own = where / shard_name(rank)
     shard = load_file(own if own.is_file() else where / shard_name(0), device)  # another gpus_per_node: rank 0's
     step = int(manifest["step"])
@@ -418,4 +507,3 @@ def _load_sharded(where: Path, manifest: dict, change: str, model, optimizer, co
     if carry is not None:
         carry.update(shard.get("carry") or {})
     return step, float(shard["samples"])
-

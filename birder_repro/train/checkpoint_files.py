@@ -32,8 +32,12 @@ def load_file(path: Path, device: torch.device) -> Any:
         return torch.load(path, map_location=device, weights_only=True)
     except pickle.UnpicklingError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"{path} is not a plain checkpoint: it holds something other than tensors and "
-                              f"plain values, which is refused (weights_only loading; {first})") from None
+        raise CheckpointError(
+            f"{path} is not a plain checkpoint: it holds something other than tensors and "
+            f"plain values, which is refused (weights_only loading; {first})"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - corrupt bytes fail the unpickler in any way (IndexError, KeyError, ...)
-        raise CheckpointError(f"{path} cannot be read: truncated or corrupt ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+        raise CheckpointError(
+            f"{path} cannot be read: truncated or corrupt ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''})"
+        ) from None

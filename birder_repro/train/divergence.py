@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -35,18 +35,22 @@ class Diverged(Exception):
         self.step, self.line = step, line
 
 
-def likely_cause(optim: Any, since: int, lr: float, stage: Optional[str]) -> str:
+def likely_cause(optim: Any, since: int, lr: float, stage: str | None) -> str:
     """The likeliest reason a run went non-finite from step ``since`` (1-based) on, and what to change.
 
     ``optim``: the run's ``optim`` config; ``stage``: the hook's stage at that step (1-bit Adam / LAMB).
     """
     name = str(optim.get("name", ""))
     if name in ONEBIT and stage == "compression":
-        return ("1-bit compression with a frozen variance: elements whose warmup gradients were near zero get "
-                "the bucket's whole 1-bit scale divided by their tiny sqrt(v) (docs/optimizers.md, '1-bit Adam: the "
-                "warmup'); set optim.compress_preconditioned=true, or lengthen optim.freeze")
-    return (f"a learning rate too large for this model and batch (lr {lr:g} at step {since}; optim.lr="
-            f"{optim.get('lr')}): lower optim.lr, or set train.grad_clip")
+        return (
+            "1-bit compression with a frozen variance: elements whose warmup gradients were near zero get "
+            "the bucket's whole 1-bit scale divided by their tiny sqrt(v) (docs/optimizers.md, '1-bit Adam: the "
+            "warmup'); set optim.compress_preconditioned=true, or lengthen optim.freeze"
+        )
+    return (
+        f"a learning rate too large for this model and batch (lr {lr:g} at step {since}; optim.lr="
+        f"{optim.get('lr')}): lower optim.lr, or set train.grad_clip"
+    )
 
 
 @dataclass
@@ -59,13 +63,13 @@ class DivergenceWatch:
     run: int = 0  # consecutive non-finite steps so far
     since: int = 0  # the first of them (1-based)
     since_lr: float = math.nan
-    since_stage: Optional[str] = None
+    since_stage: str | None = None
     skips_seen: int = 0  # the hook's nonfinite_steps at the last step
     # fp16 (train/precision.py): GradScaler's skipped steps are its normal search for a scale that does not
     # overflow (the hooks count them as non-finite too), so there only a non-finite loss counts
     count_skips: bool = True
 
-    def after_step(self, step: int, loss_sum: float, comm: Any, lr: float, stage: Optional[str]) -> None:
+    def after_step(self, step: int, loss_sum: float, comm: Any, lr: float, stage: str | None) -> None:
         """After step ``step`` (1-based; collective on every rank when the check is on)."""
         if not self.limit:
             return
@@ -83,6 +87,8 @@ class DivergenceWatch:
 
     def line(self, step: int) -> str:
         cause = likely_cause(self.optim, self.since, self.since_lr, self.since_stage)
-        return (f"diverged at step {step}: non-finite training loss (or steps skipped for non-finite gradients) "
-                f"on some rank for {self.run} consecutive steps, since step {self.since} "
-                f"(train.diverge_after={self.limit}); likely cause: {cause}")
+        return (
+            f"diverged at step {step}: non-finite training loss (or steps skipped for non-finite gradients) "
+            f"on some rank for {self.run} consecutive steps, since step {self.since} "
+            f"(train.diverge_after={self.limit}); likely cause: {cause}"
+        )

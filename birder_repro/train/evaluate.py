@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-from typing import Optional
 
 import torch
 
@@ -12,7 +11,7 @@ from birder_repro.train.collectives import allreduce_sum
 __all__ = ["evaluate"]
 
 
-def evaluate(task, model, data, device: torch.device, max_batches: Optional[int] = None) -> dict[str, float]:
+def evaluate(task, model, data, device: torch.device, max_batches: int | None = None) -> dict[str, float]:
     """Per metric, the (sum, count) pairs of ``task.evaluate`` summed over processes, divided, then finalized.
 
     ``max_batches`` (``train.eval_max_batches``) caps the batches each process evaluates. Collective.
@@ -29,6 +28,7 @@ def evaluate(task, model, data, device: torch.device, max_batches: Optional[int]
     module.train(was_training)
     names = sorted(pairs)  # the same order on every rank: the all-reduce is positional
     totals = allreduce_sum([float(v) for name in names for v in pairs[name]], device)
-    means = {name: totals[2 * i] / totals[2 * i + 1] if totals[2 * i + 1] else float("nan")
-             for i, name in enumerate(names)}
+    means = {
+        name: totals[2 * i] / totals[2 * i + 1] if totals[2 * i + 1] else float("nan") for i, name in enumerate(names)
+    }
     return dict(task.finalize(means))

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 __all__ = ["DCP_DIR", "is_fsdp", "save_sharded", "load_sharded", "hook_meta"]
 
@@ -65,15 +64,25 @@ def _hook_state(comm, device: torch.device) -> dict[str, Any]:
                     full = bucket.state[name]
                 else:
                     full = _gather_server(bucket.state[name], comm, n)
-                piece = full[offset: offset + numel].reshape(local_shape).clone()
+                piece = full[offset : offset + numel].reshape(local_shape).clone()
                 if name in node_fields:
                     out[f"{name}.{index}"] = DTensor.from_local(
-                        piece.unsqueeze(0), mesh2d, [Shard(0), Shard(1)], run_check=False,
-                        shape=torch.Size((n, *p.shape)), stride=_contiguous((n, *p.shape)))
+                        piece.unsqueeze(0),
+                        mesh2d,
+                        [Shard(0), Shard(1)],
+                        run_check=False,
+                        shape=torch.Size((n, *p.shape)),
+                        stride=_contiguous((n, *p.shape)),
+                    )
                 else:
                     out[f"{name}.{index}"] = DTensor.from_local(
-                        piece, mesh2d, [Replicate(), Shard(0)], run_check=False, shape=p.shape,
-                        stride=_contiguous(tuple(p.shape)))
+                        piece,
+                        mesh2d,
+                        [Replicate(), Shard(0)],
+                        run_check=False,
+                        shape=p.shape,
+                        stride=_contiguous(tuple(p.shape)),
+                    )
     return out
 
 
@@ -107,19 +116,30 @@ def hook_meta(comm, optimizer=None, model=None) -> dict:
     own, where DDP broadcasts rank 0's), and DCP saves a plain tensor once, as if every rank had it."""
     store = getattr(comm, "store", None)
     steps = {int(i): int(b.step) for i, b in store.buckets.items()} if store is not None else {}
-    extra = {} if optimizer is None else {k: v for k, v in optimizer.state_dict().items()
-                                          if k not in ("state", "param_groups")}
+    extra = (
+        {}
+        if optimizer is None
+        else {k: v for k, v in optimizer.state_dict().items() if k not in ("state", "param_groups")}
+    )
     buffers = {} if model is None else {k: b.detach().clone() for k, b in model.named_buffers()}
-    return {"unit_steps": steps, "counters": comm.snapshot(), "optimizer_extra": extra, "buffers": buffers,
-            "nonfinite": comm.guard.state_dict() if hasattr(comm, "guard") else None,
-            "last_stage": getattr(comm, "last_stage", None)}
+    return {
+        "unit_steps": steps,
+        "counters": comm.snapshot(),
+        "optimizer_extra": extra,
+        "buffers": buffers,
+        "nonfinite": comm.guard.state_dict() if hasattr(comm, "guard") else None,
+        "last_stage": getattr(comm, "last_stage", None),
+    }
 
 
 def _states(model, optimizer, comm, device):
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    return {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer),
-            "hook": _hook_state(comm, device)}
+    return {
+        "model": get_model_state_dict(model),
+        "optimizer": get_optimizer_state_dict(model, optimizer),
+        "hook": _hook_state(comm, device),
+    }
 
 
 def save_sharded(where: Path, model, optimizer, comm, device: torch.device) -> None:
@@ -170,10 +190,10 @@ def _put_hook_state(comm, hook: dict, meta: dict, device: torch.device) -> None:
             full = torch.zeros(bucket.padded, device=device)
             for index, offset, numel, _first in unit.signature:
                 local = hook[f"{name}.{index}"].to_local()
-                full[offset: offset + numel] = local.reshape(-1)
+                full[offset : offset + numel] = local.reshape(-1)
             if name in node_fields:
                 bucket.state[name].copy_(full[: bucket.state[name].numel()])
             else:
                 part = bucket.state[name]
                 start = part.numel() * topo.node_rank
-                part.copy_(full[start: start + part.numel()])
+                part.copy_(full[start : start + part.numel()])

@@ -12,8 +12,9 @@ import math
 import statistics
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import torch
 
@@ -23,14 +24,22 @@ from birder_repro.logger import RunLogger
 from birder_repro.probes import start_probes, stop_probes
 from birder_repro.schedule import lr_factor
 from birder_repro.train import breakdown, stop
-from birder_repro.train.checkpoint import (COMPLETE, RunIdentity, choose_resume, complete_checkpoints,
-                                           load_checkpoint, save_checkpoint, settle_ddp_buckets, step_dir)
+from birder_repro.train.checkpoint import (
+    COMPLETE,
+    RunIdentity,
+    choose_resume,
+    complete_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+    settle_ddp_buckets,
+    step_dir,
+)
 from birder_repro.train.collectives import allreduce_sum
 from birder_repro.train.data import batches, steps_per_epoch
 from birder_repro.train.divergence import DivergenceWatch
 from birder_repro.train.evaluate import evaluate
-from birder_repro.train.profile import measured_profile
 from birder_repro.train.precision import Precision
+from birder_repro.train.profile import measured_profile
 from birder_repro.train.progress import LogInterval, Progress, log_interval
 from birder_repro.train.restarts import Attempts, inject_fault, restart_count
 from birder_repro.train.settings import RunPlan, TrainSettings
@@ -86,8 +95,20 @@ class _Parts:
     identity: RunIdentity
 
 
-def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir, probes: Sequence = (),
-          plan: Optional[RunPlan] = None) -> dict:
+def train(
+    cfg,
+    *,
+    task,
+    data,
+    model,
+    optimizer,
+    comm,
+    topology,
+    device,
+    run_dir,
+    probes: Sequence = (),
+    plan: RunPlan | None = None,
+) -> dict:
     """Train ``model`` for the configured steps and return the run's figures (record keys, birder_repro.schema).
 
     Collective: every process calls it with the same config. Only rank 0 prints, logs and writes the model.
@@ -109,37 +130,70 @@ def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir,
     carried: dict = {}
     if start is not None:
         settle_ddp_buckets(task, model, data, device)
-        run.step, run.samples = load_checkpoint(start, model, optimizer, comm, topology.rank, topology.world_size,
-                                                device, identity, settings.resume_policy, precision, carried)
+        run.step, run.samples = load_checkpoint(
+            start,
+            model,
+            optimizer,
+            comm,
+            topology.rank,
+            topology.world_size,
+            device,
+            identity,
+            settings.resume_policy,
+            precision,
+            carried,
+        )
         if is_main:
             print(f"[birder-repro] resuming from {start}", flush=True)
     run.start = run.step
     attempts.started(run.step)
-    run.target = TimeToTarget(target_from_config(cfg, schema.declared_metrics(task)), topology.world_size,
-                              run.step, settings.eval_every)
+    run.target = TimeToTarget(
+        target_from_config(cfg, schema.declared_metrics(task)), topology.world_size, run.step, settings.eval_every
+    )
     run.target.load_state_dict(carried.get("target"))
     timing = StepPlan.build(settings, steps, start_step=run.step)
     run.tail = deque((tuple(t) for t in carried.get("tail") or ()), maxlen=max(1, math.ceil(LOSS_TAIL * steps)))
     if is_main:
-        print(f"train: {steps} steps{f' from step {run.step}' if run.step else ''}, global batch "
-              f"{plan.global_batch} ({topology.world_size} processes x {settings.batch_size}"
-              f"{f' x {settings.accumulate} micro-batches' if settings.accumulate > 1 else ''}); data: "
-              f"{data.description}; throughput and step times leave out the first {timing.warmup_steps} steps",
-              flush=True)
+        print(
+            f"train: {steps} steps{f' from step {run.step}' if run.step else ''}, global batch "
+            f"{plan.global_batch} ({topology.world_size} processes x {settings.batch_size}"
+            f"{f' x {settings.accumulate} micro-batches' if settings.accumulate > 1 else ''}); data: "
+            f"{data.description}; throughput and step times leave out the first {timing.warmup_steps} steps",
+            flush=True,
+        )
     logger = RunLogger(cfg, run_dir, enabled=is_main, clock=run.target.training_seconds)
     progress = Progress(steps, run.step, enabled=is_main)
-    parts = _Parts(cfg, task, data, model, optimizer, comm, topology, device, run_dir, settings, precision, logger,
-                   progress, identity)
+    parts = _Parts(
+        cfg,
+        task,
+        data,
+        model,
+        optimizer,
+        comm,
+        topology,
+        device,
+        run_dir,
+        settings,
+        precision,
+        logger,
+        progress,
+        identity,
+    )
     exit_code = 1
     probing = False
-    diverging = DivergenceWatch(settings.diverge_after, cfg.optim, device,  # train/divergence.py
-                                count_skips=precision.scaler is None)
+    diverging = DivergenceWatch(
+        settings.diverge_after,
+        cfg.optim,
+        device,  # train/divergence.py
+        count_skips=precision.scaler is None,
+    )
     try:
         model.train()
         # train.accumulate micro-batches a step: the stream counts micro-batches (a resume starts at step x K)
         k = settings.accumulate
-        stream = batches(data, steps_per_epoch(data, int(data.train_size), plan.global_batch // k), run.step * k,
-                         device)
+        stream = batches(
+            data, steps_per_epoch(data, int(data.train_size), plan.global_batch // k), run.step * k, device
+        )
         stop.in_loop()
         while run.step < steps:
             inject_fault(topology.rank, run.step + 1)  # tests only (BIRDER_TEST_FAULT)
@@ -150,16 +204,15 @@ def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir,
             accumulated = [b for _, b in micro[:-1]]
             data_wait = time.perf_counter() - t_data
             if timing.calibration_passes_at(run.step):
-                run.calibration += calibrate_forward_backward(task, model, batch, device,
-                                                              timing.calibration_passes_at(run.step), precision,
-                                                              accumulated)
+                run.calibration += calibrate_forward_backward(
+                    task, model, batch, device, timing.calibration_passes_at(run.step), precision, accumulated
+                )
             lr = _set_lr(optimizer, base_lrs, run.step, steps, settings.schedule)
             stage = stage_of(comm, run.step)
             if not probing and timing.timed(run.step):
                 start_probes(probes)
                 probing = True
-            result = run_step(task, model, optimizer, batch, device, comm, settings.grad_clip, precision,
-                              accumulated)
+            result = run_step(task, model, optimizer, batch, device, comm, settings.grad_clip, precision, accumulated)
             _record_step(run, timing, result, stage, data_wait)
             diverging.after_step(run.step, result.loss_sum, comm, lr, stage)
             progress.step()
@@ -171,8 +224,12 @@ def train(cfg, *, task, data, model, optimizer, comm, topology, device, run_dir,
         probed = stop_probes(probes, timed_steps=int(sum(t.steps for t in run.stages.values())))
         record, profile_inputs = _finish(parts, run, timing, plan)
         record.update(probed)
-        record.update(attempts.figures(), nonfinite_steps=_nonfinite_steps(comm, precision),
-                      precision=precision.name, loss_scale=precision.loss_scale)
+        record.update(
+            attempts.figures(),
+            nonfinite_steps=_nonfinite_steps(comm, precision),
+            precision=precision.name,
+            loss_scale=precision.loss_scale,
+        )
         record["profile"] = measured_profile(cfg, record, **profile_inputs)
         logger.log(run.step, {f"final/{k}": v for k, v in record["metrics"].items()})
         logger.summary({"throughput_samples_per_s": record["throughput_samples_per_s"], **record["metrics"]})
@@ -191,7 +248,7 @@ def _set_lr(optimizer, base_lrs: list[float], step: int, steps: int, schedule) -
     return optimizer.param_groups[0]["lr"]
 
 
-def _record_step(run: _Run, timing: StepPlan, result: StepResult, stage: Optional[str], data_wait: float) -> None:
+def _record_step(run: _Run, timing: StepPlan, result: StepResult, stage: str | None, data_wait: float) -> None:
     if timing.timed(run.step):  # before counting the step: it is the index of the step just taken
         run.stages.setdefault(stage or "", breakdown.Totals()).add(result, data_wait)
         run.buckets.append(result.buckets)
@@ -203,15 +260,14 @@ def _record_step(run: _Run, timing: StepPlan, result: StepResult, stage: Optiona
     run.interval.add(result)
 
 
-def _between_steps(p: _Parts, run: _Run, timing: StepPlan, lr: float, stage: Optional[str]) -> None:
+def _between_steps(p: _Parts, run: _Run, timing: StepPlan, lr: float, stage: str | None) -> None:
     """Log, evaluate and checkpoint when their intervals come round (all collective on every rank)."""
     s = p.settings
     if run.step % s.log_every == 0 or run.step == timing.steps:
         log_interval(run.step, run.epoch, run.interval, p.logger, p.progress, lr, stage, p.device)
         run.interval = LogInterval()
     # train.eval=false turns off every evaluation, those during training too (a throughput run measures steps)
-    if (s.eval and s.eval_every and run.step % s.eval_every == 0 and run.step < timing.steps
-            and p.data.eval is not None):
+    if s.eval and s.eval_every and run.step % s.eval_every == 0 and run.step < timing.steps and p.data.eval is not None:
         metrics = evaluate(p.task, p.model, p.data, p.device, s.eval_max_batches)
         p.logger.log(run.step, {f"eval/{k}": v for k, v in metrics.items()})
         run.target.evaluated(run.step, metrics)
@@ -222,9 +278,21 @@ def _between_steps(p: _Parts, run: _Run, timing: StepPlan, lr: float, stage: Opt
 def _save(p: _Parts, run: _Run):
     """This step's checkpoint, with what a resumed run carries on (collective)."""
     carry = {"target": run.target.state_dict(), "tail": [list(t) for t in run.tail]}
-    return save_checkpoint(p.run_dir, run.step, run.samples, p.model, p.optimizer, p.comm, p.topology.rank,
-                           p.topology.world_size, p.device, p.identity, p.settings.keep_checkpoints, p.precision,
-                           carry)
+    return save_checkpoint(
+        p.run_dir,
+        run.step,
+        run.samples,
+        p.model,
+        p.optimizer,
+        p.comm,
+        p.topology.rank,
+        p.topology.world_size,
+        p.device,
+        p.identity,
+        p.settings.keep_checkpoints,
+        p.precision,
+        carry,
+    )
 
 
 def _stop_if_signalled(p: _Parts, run: _Run) -> None:
@@ -257,9 +325,15 @@ def _finish(p: _Parts, run: _Run, timing: StepPlan, plan: RunPlan) -> tuple[dict
     measured from besides them (birder_repro.train.profile)."""
     world = p.topology.world_size
     tail_loss, tail_samples, samples, forward_backward, backward = allreduce_sum(
-        [sum(l for l, _ in run.tail), float(sum(n for _, n in run.tail)), run.samples,
-         statistics.median(t for t, _ in run.calibration), statistics.median(b for _, b in run.calibration)],
-        p.device)
+        [
+            sum(loss for loss, _ in run.tail),
+            float(sum(n for _, n in run.tail)),
+            run.samples,
+            statistics.median(t for t, _ in run.calibration),
+            statistics.median(b for _, b in run.calibration),
+        ],
+        p.device,
+    )
     forward_backward /= world  # the mean over processes of each one's median
     backward /= world
     final_loss = tail_loss / tail_samples if tail_samples else float("nan")
@@ -271,16 +345,22 @@ def _finish(p: _Parts, run: _Run, timing: StepPlan, plan: RunPlan) -> tuple[dict
     figures = breakdown.stage_figures(run.stages, world, p.device)
     main = figures.get("compression") or _summed(figures)  # 1-bit Adam / LAMB: the compression stage's
     profile_inputs = {
-        "bucket_steps": run.buckets, "backward_s": backward,
-        "optimizer_s": _per_step(_summed(figures), "optimizer"), "compress_s": _per_step(main, "compression"),
-        "nodes": p.topology.world_size // p.topology.gpus_per_node, "gpus_per_node": p.topology.gpus_per_node,
-        "device": _device_name(p.device), "torch_device": p.device, "threads": torch.get_num_threads()}
+        "bucket_steps": run.buckets,
+        "backward_s": backward,
+        "optimizer_s": _per_step(_summed(figures), "optimizer"),
+        "compress_s": _per_step(main, "compression"),
+        "nodes": p.topology.world_size // p.topology.gpus_per_node,
+        "gpus_per_node": p.topology.gpus_per_node,
+        "device": _device_name(p.device),
+        "torch_device": p.device,
+        "threads": torch.get_num_threads(),
+    }
     return {
         "steps": run.step,
         "planned_steps": timing.steps,  # the run's length; less than that with train.stop_at_target
         "stopped_at_target": run.step < timing.steps,
         "resumed_from_step": timing.start_step or None,
-        "samples": int(round(samples)),
+        "samples": round(samples),
         "epochs_trained": samples / p.data.train_size if p.data.train_size else None,
         "batch_size": p.settings.batch_size,
         "accumulate": p.settings.accumulate,
@@ -289,8 +369,7 @@ def _finish(p: _Parts, run: _Run, timing: StepPlan, plan: RunPlan) -> tuple[dict
         "timing_warmup_steps": timing.warmup_steps,
         "forward_backward_s": forward_backward,
         "compute_calibration_passes": len(run.calibration),
-        **breakdown.summarize_timing(figures, forward_backward,
-                                     bool(getattr(p.comm, "overlaps", lambda: False)())),
+        **breakdown.summarize_timing(figures, forward_backward, bool(getattr(p.comm, "overlaps", lambda: False)())),
         "parameters": num_params,
         "fp32_allreduce_bytes_per_step": fp32_total,
         "fp32_allreduce_intra_node_bytes_per_step": fp32_intra,

@@ -25,7 +25,7 @@ evaluation shards may differ by a batch and an FSDP forward is collective.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -55,20 +55,27 @@ def check_parallel(cfg, scheme: str) -> None:
     if mode == "ddp":
         return
     if scheme not in FSDP_SCHEMES:
-        raise ValueError(f"parallel=fsdp: optim={cfg.optim.name} communicates with scheme {scheme!r}, which has "
-                         f"no FSDP path; the schemes that have one: {', '.join(FSDP_SCHEMES)} (e.g. optim=birder, "
-                         "onebit_adam, onebit_lamb, sgdm, adamw, bertadam), or use parallel=ddp")
+        raise ValueError(
+            f"parallel=fsdp: optim={cfg.optim.name} communicates with scheme {scheme!r}, which has "
+            f"no FSDP path; the schemes that have one: {', '.join(FSDP_SCHEMES)} (e.g. optim=birder, "
+            "onebit_adam, onebit_lamb, sgdm, adamw, bertadam), or use parallel=ddp"
+        )
     birder_scheme = OmegaConf.select(cfg, "optim.comm.scheme", default="hierarchical")
     if scheme == "birder" and birder_scheme != "hierarchical":
-        raise ValueError(f"parallel=fsdp: optim.comm.scheme={birder_scheme!r} has no FSDP path; under FSDP Birder "
-                         "runs hierarchical (set optim.comm.scheme=hierarchical or parallel=ddp)")
+        raise ValueError(
+            f"parallel=fsdp: optim.comm.scheme={birder_scheme!r} has no FSDP path; under FSDP Birder "
+            "runs hierarchical (set optim.comm.scheme=hierarchical or parallel=ddp)"
+        )
     if precision_of(cfg) == "fp16":
-        raise ValueError("parallel=fsdp: train.precision=fp16 is not supported under FSDP (its loss scaler is "
-                         "DDP's); use train.precision=bf16 or fp32, or parallel=ddp")
+        raise ValueError(
+            "parallel=fsdp: train.precision=fp16 is not supported under FSDP (its loss scaler is "
+            "DDP's); use train.precision=bf16 or fp32, or parallel=ddp"
+        )
 
 
-def build_parallel(cfg: DictConfig, task, model: torch.nn.Module, device: torch.device, topology, ocfg,
-                   is_main: bool = False) -> tuple[torch.nn.Module, Any, Any]:
+def build_parallel(
+    cfg: DictConfig, task, model: torch.nn.Module, device: torch.device, topology, ocfg, is_main: bool = False
+) -> tuple[torch.nn.Module, Any, Any]:
     """(the model the loop trains, its optimizer, the communication state) for the run's ``parallel``."""
     from birder_repro import comm, optim
 
@@ -76,8 +83,11 @@ def build_parallel(cfg: DictConfig, task, model: torch.nn.Module, device: torch.
     check_parallel(cfg, scheme)
     if parallel_of(cfg) == "ddp":
         cap = OmegaConf.select(cfg, "optim.comm.bucket_cap_mb", default=None)
-        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
-                                                        else None, **({"bucket_cap_mb": float(cap)} if cap else {}))
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            **({"bucket_cap_mb": float(cap)} if cap else {}),
+        )
         opt = optim.build_optimizer(ddp.parameters(), ocfg)
         return ddp, opt, comm.attach_comm(scheme, ddp, opt, ocfg, topology)
     return _build_fsdp(cfg, task, model, device, topology, ocfg, scheme, is_main)
@@ -92,8 +102,11 @@ def _build_fsdp(cfg, task, model, device, topology, ocfg, scheme: str, is_main: 
 
     nodes, per_node = topology.nodes, topology.gpus_per_node
     if is_main and per_node == 1:
-        print("[birder-repro] parallel=fsdp with gpus_per_node=1: nothing to shard inside a node, so every process "
-              "holds whole parameters; FSDP and the hooks run as usual", flush=True)
+        print(
+            "[birder-repro] parallel=fsdp with gpus_per_node=1: nothing to shard inside a node, so every process "
+            "holds whole parameters; FSDP and the hooks run as usual",
+            flush=True,
+        )
     mesh = init_device_mesh(device.type, (nodes, per_node), mesh_dim_names=("replicate", "shard"))
     # Baselines: native HSDP on the 2-D mesh. The 1-bit schemes: the intra-node mesh, their hooks between nodes.
     shard_mesh = mesh if scheme == "allreduce" else mesh["shard"]
@@ -112,8 +125,14 @@ def _build_fsdp(cfg, task, model, device, topology, ocfg, scheme: str, is_main: 
     settings = ocfg.get("comm") or {}
     overlap, nonfinite = bool(settings.get("overlap", True)), str(settings.get("nonfinite", "skip"))
     if scheme == "birder":
-        state = fsdp.attach_birder_fsdp(model, opt, mesh, kernel_backend=str(settings.get("kernel_backend", "auto")),
-                                        overlap=overlap, nonfinite=nonfinite)
+        state = fsdp.attach_birder_fsdp(
+            model,
+            opt,
+            mesh,
+            kernel_backend=str(settings.get("kernel_backend", "auto")),
+            overlap=overlap,
+            nonfinite=nonfinite,
+        )
     elif scheme == "onebit":
         state = fsdp.attach_onebit_fsdp(model, opt, mesh, overlap=overlap, nonfinite=nonfinite)
     else:
@@ -148,7 +167,7 @@ def _no_sync(model):
 
         for module in model.modules():
             group = _param_group(module) if hasattr(module, "_get_fsdp_state") else None
-            for fp in (group.fsdp_params if group is not None else ()):
+            for fp in group.fsdp_params if group is not None else ():
                 fp.unsharded_accumulated_grad = None
                 if hasattr(fp, "_unsharded_param"):
                     fp._unsharded_param.grad = None
@@ -160,7 +179,7 @@ class _EvalCopy:
 
     def __init__(self, task, cfg, model: torch.nn.Module, device: torch.device):
         self.task, self.cfg, self.model, self.device = task, cfg, model, device
-        self.plain: Optional[torch.nn.Module] = None
+        self.plain: torch.nn.Module | None = None
 
     def __call__(self) -> torch.nn.Module:
         if self.plain is None:
@@ -180,7 +199,7 @@ class _EvalCopy:
         return self.plain
 
 
-def _local_bytes(t: Optional[torch.Tensor]) -> int:
+def _local_bytes(t: torch.Tensor | None) -> int:
     if t is None:
         return 0
     local = t.to_local() if hasattr(t, "to_local") else t
@@ -218,8 +237,12 @@ def memory_report(model: torch.nn.Module, optimizer, comm, device: torch.device)
     grads = sum((p.to_local() if hasattr(p, "to_local") else p).numel() * 4 for p in model.parameters())
     store = getattr(comm, "store", None)
     hook = sum(_state_bytes(b.state) for b in store.buckets.values()) if store is not None else 0
-    mine = {"parameters": params, "gradients": grads,
-            "optimizer_state": _state_bytes(list(optimizer.state.values())) + hook, "peak": peak_memory(device)}
+    mine = {
+        "parameters": params,
+        "gradients": grads,
+        "optimizer_state": _state_bytes(list(optimizer.state.values())) + hook,
+        "peak": peak_memory(device),
+    }
     if not (dist.is_available() and dist.is_initialized()):
         return [mine]
     every: list = [None] * dist.get_world_size()

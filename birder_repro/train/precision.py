@@ -29,7 +29,7 @@ so the tests cover it.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -47,10 +47,9 @@ class Precision:
             raise ValueError(f"train.precision={name!r}: use one of {', '.join(PRECISIONS)}")
         self.name, self.device, self.comm = name, torch.device(device), comm
         self.dtype = _DTYPES[name]
-        self.scaler: Optional[torch.amp.GradScaler] = (torch.amp.GradScaler(self.device.type) if name == "fp16"
-                                                       else None)
+        self.scaler: torch.amp.GradScaler | None = torch.amp.GradScaler(self.device.type) if name == "fp16" else None
         # steps GradScaler skipped for an Inf or NaN gradient, counted on the scale's device (read at the end)
-        self._skipped: Optional[torch.Tensor] = None
+        self._skipped: torch.Tensor | None = None
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Around the forward pass and the loss (not backward: autocast's casts are recorded in the graph)."""
@@ -93,7 +92,7 @@ class Precision:
         return 0 if self._skipped is None else int(self._skipped)
 
     @property
-    def loss_scale(self) -> Optional[float]:
+    def loss_scale(self) -> float | None:
         return self.scaler.get_scale() if self.scaler is not None else None
 
     def _share_scale(self) -> None:
@@ -103,10 +102,10 @@ class Precision:
             self.comm.loss_scale = _scale_tensor(self.scaler)
 
     # ------------------------------------------------------------------------------------ checkpoints
-    def state_dict(self) -> Optional[dict]:
+    def state_dict(self) -> dict | None:
         return self.scaler.state_dict() if self.scaler is not None else None
 
-    def load_state_dict(self, sd: Optional[dict]) -> None:
+    def load_state_dict(self, sd: dict | None) -> None:
         if self.scaler is not None and sd:
             self.scaler.load_state_dict(sd)
 
@@ -116,6 +115,8 @@ def _scale_tensor(scaler: torch.amp.GradScaler) -> torch.Tensor:
     ``scale()`` multiplies by; stable across torch 2.x). ``get_scale()`` would copy it to the host."""
     scale = getattr(scaler, "_scale", None)
     if not isinstance(scale, torch.Tensor):
-        raise RuntimeError("torch.amp.GradScaler keeps no _scale tensor in this torch: fp16 with a compressed "
-                           "hook needs it (train.precision=bf16 needs none)")
+        raise RuntimeError(
+            "torch.amp.GradScaler keeps no _scale tensor in this torch: fp16 with a compressed "
+            "hook needs it (train.precision=bf16 needs none)"
+        )
     return scale

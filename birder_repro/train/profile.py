@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import os
 import statistics
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["bucket_timings", "measured_profile"]
 
@@ -91,7 +92,7 @@ def _lone_onebit(buckets: list[int], device, repeats: int = 3) -> dict[str, floa
     return {"onebit": statistics.median(times) / compressed_elements("onebit", size, 1, 1, alone=True)}
 
 
-def _link_mbit(record: dict[str, Any]) -> Optional[float]:
+def _link_mbit(record: dict[str, Any]) -> float | None:
     per_node = [v for v in (record.get("link_bytes_per_step") or []) if v is not None]
     comm = (record.get("step_time_s") or {}).get("communication") or 0.0
     if not per_node or not max(per_node) > 0 or not comm > 0:
@@ -99,9 +100,20 @@ def _link_mbit(record: dict[str, Any]) -> Optional[float]:
     return max(per_node) * 8 / comm / 1e6
 
 
-def measured_profile(cfg, record: dict[str, Any], *, bucket_steps: Sequence, backward_s: float,
-                     optimizer_s: float, compress_s: float, nodes: int, gpus_per_node: int, device: str,
-                     threads: int, torch_device=None) -> Optional[dict[str, Any]]:
+def measured_profile(
+    cfg,
+    record: dict[str, Any],
+    *,
+    bucket_steps: Sequence,
+    backward_s: float,
+    optimizer_s: float,
+    compress_s: float,
+    nodes: int,
+    gpus_per_node: int,
+    device: str,
+    threads: int,
+    torch_device=None,
+) -> dict[str, Any] | None:
     """The profile (a dict of Profile's fields) from the run's figures ``record`` (the loop's and the probes'
     keys), the hook calls of its timed steps, and per step of its main stage (1-bit Adam's compression stage,
     else the whole run) the optimizer's own seconds and the hook's compression seconds; None where the run
@@ -120,16 +132,28 @@ def measured_profile(cfg, record: dict[str, Any], *, bucket_steps: Sequence, bac
     scheme = _scheme(cfg)
     backward = min(max(backward_s, 1e-9), fb)
     profile = Profile(
-        name=f"run:{cfg.task.name}/{cfg.optim.name}/{nodes}x{gpus_per_node}", device=device,
-        task=str(cfg.task.name), forward_backward_s=float(fb),  # fb: all micro-batches of a step (train.accumulate)
+        name=f"run:{cfg.task.name}/{cfg.optim.name}/{nodes}x{gpus_per_node}",
+        device=device,
+        task=str(cfg.task.name),
+        forward_backward_s=float(fb),  # fb: all micro-batches of a step (train.accumulate)
         batch_size=int(record["batch_size"]) * int(record.get("accumulate") or 1),
-        parameter_count=int(params), optimizer_s=max(optimizer_s, 0.0), backward_fraction=backward / fb,
-        bucket_elements=buckets, bucket_ready=[min(t / backward, 1.0) for t in ready_s],
-        compression_s_per_element=(_lone_onebit(buckets, torch_device or "cpu") if scheme == "onebit" and nodes * gpus_per_node == 1
-                                   else _per_element(scheme, buckets, nodes, gpus_per_node, compress_s)),
-        bucket_ready_s=ready_s, data_wait_s=float(record.get("data_wait_s_per_step") or 0.0),
-        threads=int(threads), host_cores=os.cpu_count(), link_mbit_measured=_link_mbit(record),
-        notes=f"measured by the run itself ({timed} timed steps; scheme {scheme} on {nodes} x {gpus_per_node})")
+        parameter_count=int(params),
+        optimizer_s=max(optimizer_s, 0.0),
+        backward_fraction=backward / fb,
+        bucket_elements=buckets,
+        bucket_ready=[min(t / backward, 1.0) for t in ready_s],
+        compression_s_per_element=(
+            _lone_onebit(buckets, torch_device or "cpu")
+            if scheme == "onebit" and nodes * gpus_per_node == 1
+            else _per_element(scheme, buckets, nodes, gpus_per_node, compress_s)
+        ),
+        bucket_ready_s=ready_s,
+        data_wait_s=float(record.get("data_wait_s_per_step") or 0.0),
+        threads=int(threads),
+        host_cores=os.cpu_count(),
+        link_mbit_measured=_link_mbit(record),
+        notes=f"measured by the run itself ({timed} timed steps; scheme {scheme} on {nodes} x {gpus_per_node})",
+    )
     if nodes == 1:
         _add_overhead(profile, cfg, record, scheme, gpus_per_node)
     return profile.to_dict()

@@ -19,7 +19,7 @@ the baselines' optimizer state is the same on every rank, so theirs moves exactl
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -42,8 +42,17 @@ def _stateless(comm) -> bool:
     return comm is None or isinstance(comm, AllReduceState) or not hasattr(comm, "state_dict")
 
 
-def adapt(where: Path, manifest: dict, change: str, comm, rank: int, world_size: int, device: torch.device,
-          policy: str, identity) -> tuple[dict, Optional[dict]]:
+def adapt(
+    where: Path,
+    manifest: dict,
+    change: str,
+    comm,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    policy: str,
+    identity,
+) -> tuple[dict, dict | None]:
     """(this rank's shard, the hook state to load or None) for a checkpoint of another layout."""
     from birder_repro.train.checkpoint_files import CheckpointError, load_file, shard_name
 
@@ -62,15 +71,23 @@ def adapt(where: Path, manifest: dict, change: str, comm, rank: int, world_size:
         return shard, shard["comm"]
     if policy == "reset_errors":
         if rank == 0:
-            print(f"[birder-repro] resuming {where} ({saved}) on {now}: the communication hook's error-feedback "
-                  "state starts afresh (train.resume_policy=reset_errors)", flush=True)
+            print(
+                f"[birder-repro] resuming {where} ({saved}) on {now}: the communication hook's error-feedback "
+                "state starts afresh (train.resume_policy=reset_errors)",
+                flush=True,
+            )
         return shard, None
-    why = ("another number of nodes changes the number of workers of Algorithm 1" if change == "nodes" else
-           f"the {identity.scheme} hook keeps its error feedback per process, so another number of processes "
-           "changes its workers")
-    raise CheckpointError(f"{where} was saved on {saved}; this run is {now}: {why}, and its error-feedback "
-                          f"buffers cannot be moved exactly. Resume on {saved}, or set "
-                          "train.resume_policy=reset_errors to start those buffers afresh")
+    why = (
+        "another number of nodes changes the number of workers of Algorithm 1"
+        if change == "nodes"
+        else f"the {identity.scheme} hook keeps its error feedback per process, so another number of processes "
+        "changes its workers"
+    )
+    raise CheckpointError(
+        f"{where} was saved on {saved}; this run is {now}: {why}, and its error-feedback "
+        f"buffers cannot be moved exactly. Resume on {saved}, or set "
+        "train.resume_policy=reset_errors to start those buffers afresh"
+    )
 
 
 def _part_start(sizes: list[int], ranks: list[int], padded: int) -> int:
@@ -88,8 +105,9 @@ def rebuild_canonical(stores: list[dict], level_ranks) -> dict[str, dict[int, An
     canon: dict[str, dict[int, Any]] = {k: {} for k in (*parts, "step")}
     pending = stores[0].get("canonical") or {}  # a migration in progress: the same on every rank
     for key, per_param in pending.items():
-        canon.setdefault(key, {}).update({int(p): t for p, t in per_param.items()
-                                          if int(p) in set(stores[0]["pending"])})
+        canon.setdefault(key, {}).update(
+            {int(p): t for p, t in per_param.items() if int(p) in set(stores[0]["pending"])}
+        )
     for index, bucket in stores[0]["buckets"].items():
         padded = int(bucket["padded"])
         for name, sizes in parts.items():
@@ -98,9 +116,9 @@ def rebuild_canonical(stores: list[dict], level_ranks) -> dict[str, dict[int, An
             for r, store in enumerate(stores):
                 part = store["buckets"][index]["state"][name]
                 start = _part_start(list(sizes), level_ranks(r)[: len(sizes)], padded)
-                full[start: start + part.numel()] = part
+                full[start : start + part.numel()] = part
             for p, offset, numel in bucket["signature"]:
-                canon[name][int(p)] = full[offset: offset + numel].clone()
+                canon[name][int(p)] = full[offset : offset + numel].clone()
         for p, _, _ in bucket["signature"]:
             canon["step"][int(p)] = int(bucket["step"])
     return canon
@@ -111,7 +129,13 @@ def _birder_per_node(old_comms: list[dict], mine: dict, comm, old_m: int, nodes:
     stores = [c["buckets"] for c in old_comms]
     canon = rebuild_canonical(stores, lambda r: [r % old_m, r // old_m])  # (worker: local rank, server: node)
     store = comm.store
-    return {**mine, "buckets": {
-        "parts": {f.name: [level.size for level in f.levels] for f in store.fields},
-        "buckets": {}, "canonical": canon, "pending": sorted(canon["step"]),
-        "layout_changes": int(stores[0]["layout_changes"]) + 1}}
+    return {
+        **mine,
+        "buckets": {
+            "parts": {f.name: [level.size for level in f.levels] for f in store.fields},
+            "buckets": {},
+            "canonical": canon,
+            "pending": sorted(canon["step"]),
+            "layout_changes": int(stores[0]["layout_changes"]) + 1,
+        },
+    }

@@ -25,13 +25,23 @@ import json
 import os
 import signal
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, Optional
 
 from birder_repro.digest import LAUNCH_ENV
 
-__all__ = ["RESTART_ENV", "FAULT_ENV", "LAUNCH_ENV", "restart_count", "Attempts", "previous_attempts",
-           "attempt_entry", "reached_step", "inject_fault", "InjectedFault"]
+__all__ = [
+    "RESTART_ENV",
+    "FAULT_ENV",
+    "LAUNCH_ENV",
+    "restart_count",
+    "Attempts",
+    "previous_attempts",
+    "attempt_entry",
+    "reached_step",
+    "inject_fault",
+    "InjectedFault",
+]
 
 RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
 
@@ -56,15 +66,21 @@ class Attempts:
         self.history: list[dict] = []
         if enabled and self.attempt and (self.run_dir / RESTARTS).is_file():
             self.history = json.loads((self.run_dir / RESTARTS).read_text()).get("attempts", [])
-        self._fd: Optional[int] = None
+        self._fd: int | None = None
 
     def started(self, resumed_from: int) -> None:
         """At the start of an attempt: record what the previous one reached (a restart only)."""
         if not (self.enabled and self.attempt):
             return
         reached = self._reached()
-        self.history.append({"attempt": self.attempt, "reached": reached, "resumed_from": resumed_from,
-                             "steps_redone": max(0, reached - resumed_from)})
+        self.history.append(
+            {
+                "attempt": self.attempt,
+                "reached": reached,
+                "resumed_from": resumed_from,
+                "steps_redone": max(0, reached - resumed_from),
+            }
+        )
         tmp = self.run_dir / (RESTARTS + ".tmp")
         tmp.write_text(json.dumps({"attempts": self.history}, indent=1))
         os.replace(tmp, self.run_dir / RESTARTS)
@@ -90,7 +106,7 @@ class Attempts:
         return {"restarts": self.attempt, "steps_redone": sum(a["steps_redone"] for a in self.history)}
 
 
-def reached_step(run_dir) -> Optional[int]:
+def reached_step(run_dir) -> int | None:
     """The last step rank 0 completed in this run directory (its ``progress.json``), None where unknown."""
     try:
         return int(json.loads((Path(run_dir) / PROGRESS).read_text())["step"])
@@ -98,7 +114,7 @@ def reached_step(run_dir) -> Optional[int]:
         return None
 
 
-def previous_attempts(record: Optional[Mapping], env: Mapping[str, str] = os.environ) -> list[dict]:
+def previous_attempts(record: Mapping | None, env: Mapping[str, str] = os.environ) -> list[dict]:
     """The attempts before this launch, from the record already in the run directory (None: a new run). A record
     from before attempts were kept counts as one attempt."""
     if not record:
@@ -106,17 +122,39 @@ def previous_attempts(record: Optional[Mapping], env: Mapping[str, str] = os.env
     launch = env.get(LAUNCH_ENV)
     attempts = list(record.get("attempts") or [])
     if not attempts and record.get("status") in ("interrupted", "failed"):
-        attempts = [{"launch": None, "started": record.get("started"), "ended": record.get("ended"),
-                     "status": record["status"], "from_step": record.get("resumed_from_step"),
-                     "to_step": record.get("stopped_at_step"), "restarts": record.get("restarts")}]
+        attempts = [
+            {
+                "launch": None,
+                "started": record.get("started"),
+                "ended": record.get("ended"),
+                "status": record["status"],
+                "from_step": record.get("resumed_from_step"),
+                "to_step": record.get("stopped_at_step"),
+                "restarts": record.get("restarts"),
+            }
+        ]
     return [a for a in attempts if launch is None or a.get("launch") != launch]
 
 
-def attempt_entry(status: str, started: Optional[str], ended: Optional[str], from_step: Optional[int],
-                  to_step: Optional[int], restarts: int = 0, env: Mapping[str, str] = os.environ) -> dict:
+def attempt_entry(
+    status: str,
+    started: str | None,
+    ended: str | None,
+    from_step: int | None,
+    to_step: int | None,
+    restarts: int = 0,
+    env: Mapping[str, str] = os.environ,
+) -> dict:
     """This launch's entry of the record's ``attempts``."""
-    return {"launch": env.get(LAUNCH_ENV), "started": started, "ended": ended, "status": status,
-            "from_step": from_step, "to_step": to_step, "restarts": restarts}
+    return {
+        "launch": env.get(LAUNCH_ENV),
+        "started": started,
+        "ended": ended,
+        "status": status,
+        "from_step": from_step,
+        "to_step": to_step,
+        "restarts": restarts,
+    }
 
 
 def inject_fault(rank: int, next_step: int, env: Mapping[str, str] = os.environ) -> None:

@@ -8,8 +8,9 @@ under ``train:`` for itself (``train.label_smoothing`` of ViT) are the task's to
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -20,7 +21,7 @@ from birder_repro.train.precision import PRECISIONS
 __all__ = ["TrainSettings", "RunPlan", "total_steps"]
 
 
-def total_steps(steps: Optional[int], epochs: float, train_size: int, global_batch: int) -> int:
+def total_steps(steps: int | None, epochs: float, train_size: int, global_batch: int) -> int:
     """``steps`` when given, else ``epochs`` passes over ``train_size`` samples at ``global_batch`` per step."""
     if steps is not None:
         if steps < 1:
@@ -28,10 +29,10 @@ def total_steps(steps: Optional[int], epochs: float, train_size: int, global_bat
         return int(steps)
     if train_size < 1 or global_batch < 1:
         raise ValueError(f"cannot count steps: train_size={train_size}, global batch={global_batch}")
-    return max(1, int(math.ceil(epochs * math.ceil(train_size / global_batch))))
+    return max(1, math.ceil(epochs * math.ceil(train_size / global_batch)))
 
 
-def _whole(key: str, value: Any, minimum: int, allow_none: bool = False) -> Optional[int]:
+def _whole(key: str, value: Any, minimum: int, allow_none: bool = False) -> int | None:
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -46,22 +47,22 @@ class TrainSettings:
 
     batch_size: int  # per process, per micro-batch
     accumulate: int = 1  # micro-batches per optimizer step (gradient accumulation; the hooks run once a step)
-    steps: Optional[int] = None  # None: ``epochs`` passes over the training set
+    steps: int | None = None  # None: ``epochs`` passes over the training set
     epochs: float = 1.0
     schedule: Mapping[str, Any] = field(default_factory=lambda: {"name": "constant"})  # birder_repro.schedule
-    grad_clip: Optional[float] = None  # global norm the averaged gradients are clipped to (None: no clipping)
+    grad_clip: float | None = None  # global norm the averaged gradients are clipped to (None: no clipping)
     timing_warmup_steps: int = 5  # left out of throughput, step time and bytes per step
     log_every: int = 10  # steps between log lines (metrics.jsonl, W&B, the progress line)
     eval: bool = True  # evaluate at the end of the run
     eval_every: int = 0  # also every this many steps (0: at the end only)
     stop_at_target: bool = False  # end the run at the first evaluation that reaches task.target
-    eval_max_batches: Optional[int] = None  # evaluation batches per process (None: all)
+    eval_max_batches: int | None = None  # evaluation batches per process (None: all)
     compute_calibration_passes: int = 3  # forward + backward passes under no_sync() after the timing warm-up
     compute_calibration_every: int = 100  # one more every this many timed steps (0: never again)
     checkpoint_every: int = 0  # steps between checkpoints (0: none)
     checkpoint_on_stop: bool = True  # a checkpoint when a signal stops the run (train.stop)
     stop_timeout_s: int = 30  # torchrun's grace for the workers to stop on a signal before it kills them
-    resume: Optional[str] = None  # auto | a checkpoint directory (or a run directory) | None (train.checkpoint)
+    resume: str | None = None  # auto | a checkpoint directory (or a run directory) | None (train.checkpoint)
     keep_checkpoints: int = 2  # complete checkpoints kept in the run directory (older ones are removed)
     max_restarts: int = 0  # torchrun restarts the workers after a failure, at most this often
     resume_policy: str = "strict"  # strict | reset_errors (another layout: start the hook's error buffers afresh)
@@ -70,7 +71,7 @@ class TrainSettings:
     diverge_after: int = 10  # consecutive non-finite steps that stop the run as diverged (0: never; train.divergence)
 
     @classmethod
-    def from_config(cls, cfg) -> "TrainSettings":
+    def from_config(cls, cfg) -> TrainSettings:
         """Read ``cfg.train`` (the run's whole config); a key left out takes the default above."""
         node = cfg.train
         raw = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
@@ -130,8 +131,12 @@ class RunPlan:
     steps: int  # optimizer steps of the whole run (also the optimizer's ``total_steps``)
 
     @classmethod
-    def build(cls, cfg, world_size: int, train_size: int) -> "RunPlan":
+    def build(cls, cfg, world_size: int, train_size: int) -> RunPlan:
         settings = TrainSettings.from_config(cfg)
         batch = settings.global_batch(world_size)
-        return cls(settings=settings, world_size=world_size, global_batch=batch,
-                   steps=total_steps(settings.steps, float(settings.epochs), int(train_size), batch))
+        return cls(
+            settings=settings,
+            world_size=world_size,
+            global_batch=batch,
+            steps=total_steps(settings.steps, float(settings.epochs), int(train_size), batch),
+        )

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
-from typing import Optional
 
 __all__ = ["Stopped", "install", "agreed", "in_loop", "requested", "signal_name"]
 
@@ -28,8 +27,9 @@ class Stopped(Exception):
     """The run stopped on a signal after ``step`` steps (None: before training); ``checkpoint`` is the newest
     complete checkpoint it has (None: none); ``from_step``: the step this attempt started from."""
 
-    def __init__(self, signum: int, step: Optional[int] = None, checkpoint: Optional[Path] = None,
-                 from_step: Optional[int] = None):
+    def __init__(
+        self, signum: int, step: int | None = None, checkpoint: Path | None = None, from_step: int | None = None
+    ):
         self.signum, self.step, self.checkpoint, self.from_step = signum, step, checkpoint, from_step
         when = "before training started" if step is None else f"after step {step}"
         super().__init__(f"stopped by {signal_name(signum)} {when}")
@@ -75,8 +75,9 @@ def agreed(device) -> int:
     Collective: every rank calls it before the same step."""
     from birder_repro.train.collectives import allreduce_sum
 
-    got_int, got_term = allreduce_sum([float(_State.signum == signal.SIGINT),
-                                       float(_State.signum not in (0, signal.SIGINT))], device)
+    got_int, got_term = allreduce_sum(
+        [float(_State.signum == signal.SIGINT), float(_State.signum not in (0, signal.SIGINT))], device
+    )
     return signal.SIGINT if got_int else signal.SIGTERM if got_term else 0
 
 

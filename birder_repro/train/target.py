@@ -28,9 +28,10 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -56,14 +57,14 @@ class Target:
         return x >= self.value if self.direction == "higher" else x <= self.value
 
 
-def _node(cfg) -> Optional[Mapping[str, Any]]:
+def _node(cfg) -> Mapping[str, Any] | None:
     node = OmegaConf.select(cfg, "task.target", default=None)
     if node is None:
         return None
     return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
 
 
-def target_from_config(cfg, task_metrics: tuple[str, ...] = ()) -> Optional[Target]:
+def target_from_config(cfg, task_metrics: tuple[str, ...] = ()) -> Target | None:
     """The run's target from ``task.target`` (metric, value, direction); None where the task has none or its
     value is null. ``task_metrics``: the metrics the task's evaluation reports, which the metric must be one of.
     Raises :class:`ConfigError` naming the key."""
@@ -76,8 +77,10 @@ def target_from_config(cfg, task_metrics: tuple[str, ...] = ()) -> Optional[Targ
     if direction not in DIRECTIONS:
         raise ConfigError(f"task.target.direction={direction!r}: use higher or lower (which way is better)")
     if not isinstance(metric, str) or (task_metrics and metric not in task_metrics):
-        raise ConfigError(f"task.target.metric={metric!r} is not a metric of task {cfg.task.name!r}: use one of "
-                          f"{', '.join(task_metrics)}")
+        raise ConfigError(
+            f"task.target.metric={metric!r} is not a metric of task {cfg.task.name!r}: use one of "
+            f"{', '.join(task_metrics)}"
+        )
     return Target(metric=metric, value=float(value), direction=direction)
 
 
@@ -89,7 +92,7 @@ def check_target(cfg) -> None:
     target_from_config(cfg, declared_metrics(get_task(cfg.task.name)))
 
 
-def process_age_s() -> Optional[float]:
+def process_age_s() -> float | None:
     """Seconds since this process started (Linux: /proc/uptime less the process's start in /proc/self/stat,
     to 10 ms); None where /proc is not there."""
     try:
@@ -109,16 +112,15 @@ class TimeToTarget:
     (``train_s`` of every metrics.jsonl line, Figure 2's time axis) and the start-up figures.
     """
 
-    def __init__(self, target: Optional[Target], world_size: int, start_step: int = 0,
-                 eval_every: int = 0) -> None:
+    def __init__(self, target: Target | None, world_size: int, start_step: int = 0, eval_every: int = 0) -> None:
         self.target, self.world_size, self.start_step, self.eval_every = target, world_size, start_step, eval_every
         self.step_seconds: list[float] = []  # every step's seconds, its wait for data included
         self.clock_s = 0.0  # their sum
         self.samples = 0  # this process's samples
-        self.first_step_start: Optional[float] = None  # perf_counter
-        self.startup_s: Optional[float] = None
+        self.first_step_start: float | None = None  # perf_counter
+        self.startup_s: float | None = None
         self.evaluations = 0
-        self.hit: Optional[dict[str, Any]] = None  # the first reaching evaluation
+        self.hit: dict[str, Any] | None = None  # the first reaching evaluation
         self.wall_before_s = 0.0  # a resumed run: the earlier attempts' wall-clock from their first step on
 
     def step_done(self, seconds: float, samples: int) -> None:
@@ -146,10 +148,18 @@ class TimeToTarget:
         self.evaluations += 1
         if self.target is None or self.hit is not None or not self.target.reached_by(metrics.get(self.target.metric)):
             return
-        wall = (self.wall_before_s + time.perf_counter() - self.first_step_start
-                if self.first_step_start is not None else None)
-        self.hit = {"step": int(step), "samples": self.samples * self.world_size, "clock_s": self.clock_s,
-                    "wall_s": wall, "value": float(metrics[self.target.metric])}
+        wall = (
+            self.wall_before_s + time.perf_counter() - self.first_step_start
+            if self.first_step_start is not None
+            else None
+        )
+        self.hit = {
+            "step": int(step),
+            "samples": self.samples * self.world_size,
+            "clock_s": self.clock_s,
+            "wall_s": wall,
+            "value": float(metrics[self.target.metric]),
+        }
 
     def figures(self) -> dict[str, Any]:
         """The record's ``time_to_target``, ``startup_s``, ``first_step_s`` and ``compile_s``."""
@@ -164,13 +174,21 @@ class TimeToTarget:
             return out
         hit = self.hit or {}
         out["time_to_target"] = {
-            "metric": self.target.metric, "target": self.target.value, "direction": self.target.direction,
-            "reached": self.hit is not None, "step": hit.get("step"), "samples": hit.get("samples"),
+            "metric": self.target.metric,
+            "target": self.target.value,
+            "direction": self.target.direction,
+            "reached": self.hit is not None,
+            "step": hit.get("step"),
+            "samples": hit.get("samples"),
             # an earlier attempt's hit carries its seconds with that attempt's one-time work already taken off
             "seconds": (hit["clock_s"] if hit.get("carried") else max(0.0, hit["clock_s"] - compile_s))
-            if self.hit else None,
-            "wall_s": hit.get("wall_s"), "value": hit.get("value"),
-            "evaluations": self.evaluations, "eval_every": self.eval_every, "clock_from_step": self.start_step,
+            if self.hit
+            else None,
+            "wall_s": hit.get("wall_s"),
+            "value": hit.get("value"),
+            "evaluations": self.evaluations,
+            "eval_every": self.eval_every,
+            "clock_from_step": self.start_step,
         }
         return out
 
@@ -178,15 +196,21 @@ class TimeToTarget:
         """What a checkpoint carries so that a resumed run counts across its attempts (plain values): the
         clock (this attempt's one-time first-step work taken off), samples, evaluations, wall-clock, the hit."""
         compile_s = self.compile_s()
-        wall = self.wall_before_s + (time.perf_counter() - self.first_step_start
-                                     if self.first_step_start is not None else 0.0)
+        wall = self.wall_before_s + (
+            time.perf_counter() - self.first_step_start if self.first_step_start is not None else 0.0
+        )
         hit = dict(self.hit) if self.hit else None
         if hit and not hit.get("carried"):
             hit.update(clock_s=max(0.0, hit["clock_s"] - compile_s), carried=True)
-        return {"clock_s": max(0.0, self.clock_s - compile_s), "samples": self.samples,
-                "evaluations": self.evaluations, "wall_s": wall, "hit": hit}
+        return {
+            "clock_s": max(0.0, self.clock_s - compile_s),
+            "samples": self.samples,
+            "evaluations": self.evaluations,
+            "wall_s": wall,
+            "hit": hit,
+        }
 
-    def load_state_dict(self, state: Optional[Mapping[str, Any]]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
         """Continue the counts of :meth:`state_dict` (a resumed run); the clock then runs from the run's first
         step (``clock_from_step`` 0). Without a state (an older checkpoint) the counts start at the resume."""
         if not state:

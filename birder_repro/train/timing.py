@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 import torch
 
@@ -22,8 +22,15 @@ from birder_repro.train.precision import Precision
 from birder_repro.train.rng import rng_state, set_rng_state
 from birder_repro.train.settings import TrainSettings
 
-__all__ = ["StepResult", "StepPlan", "run_step", "accumulating", "calibrate_forward_backward", "stage_of",
-           "grads_are_gradients"]
+__all__ = [
+    "StepResult",
+    "StepPlan",
+    "run_step",
+    "accumulating",
+    "calibrate_forward_backward",
+    "stage_of",
+    "grads_are_gradients",
+]
 
 
 def _sync(device: torch.device) -> None:
@@ -38,15 +45,19 @@ def _now(device: torch.device) -> float:
 
 
 # ------------------------------------------------------------------------------ the hook state, read
-def stage_of(comm: CommState, step: int) -> Optional[str]:
+def stage_of(comm: CommState, step: int) -> str | None:
     """The hook's stage at ``step`` (:meth:`CommState.stage`); None: the scheme has one stage."""
     stage = comm.stage(step)
     return None if stage is None else str(stage)
 
 
 def _counters(comm) -> tuple[float, float, float, float]:
-    return (float(comm.intra_node_bytes), float(comm.inter_node_bytes), float(comm.compress_seconds),
-            float(comm.collective_seconds))
+    return (
+        float(comm.intra_node_bytes),
+        float(comm.inter_node_bytes),
+        float(comm.compress_seconds),
+        float(comm.collective_seconds),
+    )
 
 
 def grads_are_gradients(comm: CommState) -> bool:
@@ -94,8 +105,17 @@ def _accumulate(task, model, micro_batches, device, precision: Precision, share:
     return loss_sum, samples
 
 
-def run_step(task, model, optimizer, batch, device, comm, grad_clip: Optional[float] = None,
-             precision: Optional[Precision] = None, accumulated: Sequence = ()) -> StepResult:
+def run_step(
+    task,
+    model,
+    optimizer,
+    batch,
+    device,
+    comm,
+    grad_clip: float | None = None,
+    precision: Precision | None = None,
+    accumulated: Sequence = (),
+) -> StepResult:
     """One optimizer step, timed; the counters of ``comm`` read around it.
 
     ``grad_clip``: the global norm the averaged gradients are clipped to before the step (AWD-LSTM's 0.25,
@@ -129,12 +149,17 @@ def run_step(task, model, optimizer, batch, device, comm, grad_clip: Optional[fl
     after = _counters(comm)
     # Compression or communication that the scheme counts inside optimizer.step() is not computation.
     in_optimizer = (after[2] - mid[2]) + (after[3] - mid[3])
-    return StepResult(loss_sum=early_loss + float(loss.detach()) * n, samples=early_samples + int(n),
-                      seconds=t2 - t0,
-                      optimizer=max(0.0, (t2 - t1) - in_optimizer), compression=after[2] - before[2],
-                      intra_bytes=after[0] - before[0], inter_bytes=after[1] - before[1],
-                      collectives=after[3] - before[3],
-                      buckets=tuple(clock.take()) if clock is not None else ())
+    return StepResult(
+        loss_sum=early_loss + float(loss.detach()) * n,
+        samples=early_samples + int(n),
+        seconds=t2 - t0,
+        optimizer=max(0.0, (t2 - t1) - in_optimizer),
+        compression=after[2] - before[2],
+        intra_bytes=after[0] - before[0],
+        inter_bytes=after[1] - before[1],
+        collectives=after[3] - before[3],
+        buckets=tuple(clock.take()) if clock is not None else (),
+    )
 
 
 # ------------------------------------------------------------------------- which steps, calibration
@@ -149,14 +174,17 @@ class StepPlan:
     calibrate_every: int  # 0: calibrate compute once, after the warm-up
 
     @classmethod
-    def build(cls, settings: TrainSettings, steps: int, start_step: int) -> "StepPlan":
+    def build(cls, settings: TrainSettings, steps: int, start_step: int) -> StepPlan:
         remaining = steps - start_step
         if remaining < 1:
             raise ValueError(f"nothing to train: the checkpoint is at step {start_step} of {steps}")
-        return cls(steps=steps, start_step=start_step,
-                   warmup_steps=min(settings.timing_warmup_steps, remaining - 1),
-                   calibration_passes=settings.compute_calibration_passes,
-                   calibrate_every=settings.compute_calibration_every)
+        return cls(
+            steps=steps,
+            start_step=start_step,
+            warmup_steps=min(settings.timing_warmup_steps, remaining - 1),
+            calibration_passes=settings.compute_calibration_passes,
+            calibrate_every=settings.compute_calibration_every,
+        )
 
     def calibration_passes_at(self, step: int) -> int:
         """Forward + backward calibration passes to run before ``step``: many first, then one now and then."""
@@ -169,9 +197,15 @@ class StepPlan:
         return step - self.start_step >= self.warmup_steps
 
 
-def calibrate_forward_backward(task, model, batch, device: torch.device, passes: int,
-                               precision: Optional[Precision] = None,
-                               accumulated: Sequence = ()) -> list[tuple[float, float]]:
+def calibrate_forward_backward(
+    task,
+    model,
+    batch,
+    device: torch.device,
+    passes: int,
+    precision: Precision | None = None,
+    accumulated: Sequence = (),
+) -> list[tuple[float, float]]:
     """(forward + backward, backward) seconds of ``passes`` passes without communication, leaving no trace on
     training. Each pass covers the whole step: the ``accumulated`` micro-batches and ``batch``.
 

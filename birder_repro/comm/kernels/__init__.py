@@ -28,18 +28,31 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import Optional
 
 import torch
 
 from birder_repro.comm.kernels.philox import Offset, Segments, as_segments, derive_seed, uniform
 
-__all__ = ["worker_compress", "server_compress", "unpack", "uniform", "derive_seed", "Segments", "BACKENDS",
-           "available_backends", "resolve_backend", "check_backend", "backend_threads"]
+__all__ = [
+    "worker_compress",
+    "server_compress",
+    "unpack",
+    "uniform",
+    "derive_seed",
+    "Segments",
+    "BACKENDS",
+    "available_backends",
+    "resolve_backend",
+    "check_backend",
+    "backend_threads",
+]
 
 # backend name -> module with worker_compress, server_compress, unpack, threads
-BACKENDS = {"torch": "birder_repro.comm.kernels.reference", "cpu": "birder_repro.comm.kernels.cpu",
-            "triton": "birder_repro.comm.kernels.gpu"}
+BACKENDS = {
+    "torch": "birder_repro.comm.kernels.reference",
+    "cpu": "birder_repro.comm.kernels.cpu",
+    "triton": "birder_repro.comm.kernels.gpu",
+}
 _IMPORT_ERRORS: dict[str, str] = {}
 
 
@@ -74,15 +87,20 @@ def resolve_backend(backend: str, device: torch.device | str) -> str:
         if device.type == "cuda":  # never the slow reference on a GPU without a word
             if "triton" in choices:
                 return "triton"
-            raise ValueError(f"kernels backend auto on CUDA needs Triton, which is unavailable here "
-                             f"({_IMPORT_ERRORS.get('triton', 'it did not import')}): install the triton that "
-                             "matches torch, or set optim.comm.kernel_backend=torch (the slow reference)")
+            raise ValueError(
+                f"kernels backend auto on CUDA needs Triton, which is unavailable here "
+                f"({_IMPORT_ERRORS.get('triton', 'it did not import')}): install the triton that "
+                "matches torch, or set optim.comm.kernel_backend=torch (the slow reference)"
+            )
         return "cpu" if "cpu" in choices else "torch"
     if backend not in BACKENDS:
         raise ValueError(f"unknown kernels backend {backend!r}; choices: auto, {', '.join(BACKENDS)}")
     if backend not in available_backends(device):
-        why = _IMPORT_ERRORS.get(backend, f"it does not run on {device.type} tensors"
-                                 + (" (set TRITON_INTERPRET=1 for CPU)" if backend == "triton" else ""))
+        why = _IMPORT_ERRORS.get(
+            backend,
+            f"it does not run on {device.type} tensors"
+            + (" (set TRITON_INTERPRET=1 for CPU)" if backend == "triton" else ""),
+        )
         raise ValueError(f"kernels backend {backend!r} is unavailable: {why}")
     return backend
 
@@ -110,7 +128,7 @@ def backend_threads(backend: str, device: torch.device | str = "cpu"):
     return "gpu" if torch.device(device).type == "cuda" else _module(name).threads()
 
 
-def _check_float(name: str, t: torch.Tensor, n: Optional[int], device, what: str = "the length of g") -> None:
+def _check_float(name: str, t: torch.Tensor, n: int | None, device, what: str = "the length of g") -> None:
     if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
         raise ValueError(f"{name} must be a float32 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
     if t.dim() != 1 or not t.is_contiguous():
@@ -126,10 +144,19 @@ def _check_seed(seed: int) -> None:
         raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
 
 
-def worker_compress(g: torch.Tensor, m: torch.Tensor, b: torch.Tensor, e: torch.Tensor, beta: float = 0.95,
-                    eps: float = 1e-8, seed: int = 0, offset: Offset = 0, backend: str = "auto",
-                    b_hat: Optional[torch.Tensor] = None,
-                    state_out: Optional[tuple[torch.Tensor, ...]] = None) -> torch.Tensor:
+def worker_compress(
+    g: torch.Tensor,
+    m: torch.Tensor,
+    b: torch.Tensor,
+    e: torch.Tensor,
+    beta: float = 0.95,
+    eps: float = 1e-8,
+    seed: int = 0,
+    offset: Offset = 0,
+    backend: str = "auto",
+    b_hat: torch.Tensor | None = None,
+    state_out: tuple[torch.Tensor, ...] | None = None,
+) -> torch.Tensor:
     """Algorithm 1, lines 4-9 on one worker's buffer, in place on m, b, e (and b_hat); returns u packed.
 
     ``state_out=(m', b', e')`` (with ``b_hat``: ``(m', b', e', b_hat')``) writes the new state there instead
@@ -144,8 +171,10 @@ def worker_compress(g: torch.Tensor, m: torch.Tensor, b: torch.Tensor, e: torch.
         _check_float(name, t, n, g.device)
     if state_out is not None:
         if len(state_out) != len(state):
-            raise ValueError(f"state_out needs {len(state)} tensors (m, b, e{', b_hat' if b_hat is not None else ''}), "
-                             f"got {len(state_out)}")
+            raise ValueError(
+                f"state_out needs {len(state)} tensors (m, b, e{', b_hat' if b_hat is not None else ''}), "
+                f"got {len(state_out)}"
+            )
         for name, t in zip(("m'", "b'", "e'", "b_hat'"), state_out):
             _check_float(name, t, n, g.device)
     _check_seed(seed)
@@ -153,18 +182,27 @@ def worker_compress(g: torch.Tensor, m: torch.Tensor, b: torch.Tensor, e: torch.
     impl = _module(resolve_backend(backend, g.device))
     if n == 0:
         return torch.empty(0, dtype=torch.uint8, device=g.device)
-    return impl.worker_compress(g, m, b, e, b_hat, float(beta), float(eps), seed, segments,
-                                tuple(state_out) if state_out is not None else state)
+    return impl.worker_compress(
+        g, m, b, e, b_hat, float(beta), float(eps), seed, segments, tuple(state_out) if state_out is not None else state
+    )
 
 
-def server_compress(received: torch.Tensor, e_bar: torch.Tensor, seed: int = 0, offset: Offset = 0,
-                    backend: str = "auto", e_bar_out: Optional[torch.Tensor] = None) -> torch.Tensor:
+def server_compress(
+    received: torch.Tensor,
+    e_bar: torch.Tensor,
+    seed: int = 0,
+    offset: Offset = 0,
+    backend: str = "auto",
+    e_bar_out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Algorithm 1, lines 11-12 on the workers' packed chunks (workers, k): in place on e_bar (8k); packed.
     ``e_bar_out``: the new error goes there and e_bar is left as it was (see ``state_out`` above)."""
     if not isinstance(received, torch.Tensor) or received.dtype != torch.uint8 or received.dim() != 2:
-        raise ValueError(f"received must be a 2-D uint8 tensor (workers, bytes), got "
-                         f"{getattr(received, 'dtype', type(received).__name__)} of shape "
-                         f"{tuple(getattr(received, 'shape', ()))}")
+        raise ValueError(
+            f"received must be a 2-D uint8 tensor (workers, bytes), got "
+            f"{getattr(received, 'dtype', type(received).__name__)} of shape "
+            f"{tuple(getattr(received, 'shape', ()))}"
+        )
     if received.shape[0] < 1:
         raise ValueError("received holds no worker's chunk")
     received = received.contiguous()
@@ -179,7 +217,7 @@ def server_compress(received: torch.Tensor, e_bar: torch.Tensor, seed: int = 0, 
     return impl.server_compress(received, e_bar, seed, segments, e_bar if e_bar_out is None else e_bar_out)
 
 
-def unpack(packed: torch.Tensor, backend: str = "auto", out: Optional[torch.Tensor] = None) -> torch.Tensor:
+def unpack(packed: torch.Tensor, backend: str = "auto", out: torch.Tensor | None = None) -> torch.Tensor:
     """uint8 bytes -> float32 +-1, eight per byte, LSB first: (..., k) -> (..., 8k); into 1-D ``out`` if given."""
     if not isinstance(packed, torch.Tensor) or packed.dtype != torch.uint8:
         raise ValueError(f"unpack takes a uint8 tensor, got {getattr(packed, 'dtype', type(packed).__name__)}")

@@ -80,7 +80,7 @@ def _block_uniforms(out, lo, hi, starts, deltas, keys):
     j = lo
     while j < hi:
         stop = hi if s + 1 >= starts.size else min(hi, starts[s + 1])
-        _uniforms(out[j - lo:], deltas[s], j, stop, keys)
+        _uniforms(out[j - lo :], deltas[s], j, stop, keys)
         j = stop
         s += 1
 
@@ -94,8 +94,7 @@ def _pack(bits, out, out_lo):
 
 
 @njit(parallel=True, **_JIT)
-def _worker(g, m, b, e, b_hat, m_o, b_o, e_o, b_hat_o, use_b_hat, beta, one_minus_beta, eps, starts, deltas, keys,
-            out):
+def _worker(g, m, b, e, b_hat, m_o, b_o, e_o, b_hat_o, use_b_hat, beta, one_minus_beta, eps, starts, deltas, keys, out):
     """Reads the state from m, b, e (b_hat), writes the new one to m_o, b_o, e_o (b_hat_o): the same arrays
     for an update in place."""
     n = g.size
@@ -199,8 +198,23 @@ def worker_compress(g, m, b, e, b_hat, beta, eps, seed, segments, state_out):
     empty = np.empty(0, np.float32)
     bh = _np(b_hat) if b_hat is not None else empty
     bh_o = _np(state_out[3]) if b_hat is not None else empty
-    _worker(_np(g), _np(m), _np(b), _np(e), bh, *(_np(t) for t in state_out[:3]), bh_o, b_hat is not None,
-            np.float32(beta), np.float32(1 - beta), np.float32(eps), starts, deltas, keys, _np(out))
+    _worker(
+        _np(g),
+        _np(m),
+        _np(b),
+        _np(e),
+        bh,
+        *(_np(t) for t in state_out[:3]),
+        bh_o,
+        b_hat is not None,
+        np.float32(beta),
+        np.float32(1 - beta),
+        np.float32(eps),
+        starts,
+        deltas,
+        keys,
+        _np(out),
+    )
     return out
 
 

@@ -56,7 +56,7 @@ NO_SPECIALIZE = ("seed_lo", "seed_hi", "n", "nbytes", "nseg", "nsteps", "workers
 def seed_halves(seed: int) -> tuple[int, int]:
     """A 64-bit key as two signed 32-bit ints (low word, high word): Triton types both i32 whatever the key."""
     lo, hi = seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
-    return tuple(v - (1 << 32) if v >= 1 << 31 else v for v in (lo, hi))
+    return (lo - (1 << 32) if lo >= 1 << 31 else lo, hi - (1 << 32) if hi >= 1 << 31 else hi)
 
 
 @triton.jit
@@ -108,9 +108,30 @@ def _unpack_bits(packed_bytes, BLOCK: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=NO_SPECIALIZE)
-def _worker_kernel(g_ptr, m_ptr, b_ptr, e_ptr, b_hat_ptr, m_o_ptr, b_o_ptr, e_o_ptr, b_hat_o_ptr, out_ptr, n, beta,
-                   one_minus_beta, eps, seed_lo, seed_hi, starts_ptr, deltas_ptr, nseg, nsteps, HAS_B_HAT: tl.constexpr,
-                   BLOCK: tl.constexpr):
+def _worker_kernel(
+    g_ptr,
+    m_ptr,
+    b_ptr,
+    e_ptr,
+    b_hat_ptr,
+    m_o_ptr,
+    b_o_ptr,
+    e_o_ptr,
+    b_hat_o_ptr,
+    out_ptr,
+    n,
+    beta,
+    one_minus_beta,
+    eps,
+    seed_lo,
+    seed_hi,
+    starts_ptr,
+    deltas_ptr,
+    nseg,
+    nsteps,
+    HAS_B_HAT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     # The state is read from m, b, e (b_hat) and written to the *_o pointers (the same ones: in place).
     j = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = j < n
@@ -135,8 +156,22 @@ def _worker_kernel(g_ptr, m_ptr, b_ptr, e_ptr, b_hat_ptr, m_o_ptr, b_o_ptr, e_o_
 
 
 @triton.jit(do_not_specialize=NO_SPECIALIZE)
-def _server_kernel(received_ptr, e_bar_ptr, e_bar_o_ptr, out_ptr, workers, float_workers, nbytes, seed_lo, seed_hi,
-                   starts_ptr, deltas_ptr, nseg, nsteps, BLOCK: tl.constexpr):
+def _server_kernel(
+    received_ptr,
+    e_bar_ptr,
+    e_bar_o_ptr,
+    out_ptr,
+    workers,
+    float_workers,
+    nbytes,
+    seed_lo,
+    seed_hi,
+    starts_ptr,
+    deltas_ptr,
+    nseg,
+    nsteps,
+    BLOCK: tl.constexpr,
+):
     q = tl.program_id(0).to(tl.int64) * (BLOCK // 8) + tl.arange(0, BLOCK // 8)
     qmask = q < nbytes
     count = tl.zeros((BLOCK,), tl.int32)
@@ -193,33 +228,79 @@ def worker_compress(g, m, b, e, b_hat, beta, eps, seed, segments: Segments, stat
     n = g.numel()
     out = torch.empty(n // 8, dtype=torch.uint8, device=g.device)
     m_o, b_o, e_o = state_out[:3]
-    _launch(_worker_kernel, (triton.cdiv(n, BLOCK),), g.device,
-            g, m, b, e, b if b_hat is None else b_hat, m_o, b_o, e_o, b_o if b_hat is None else state_out[3], out,
-            n, beta, 1 - beta, eps, *seed_halves(seed), *_segment_args(segments, g.device),
-            HAS_B_HAT=b_hat is not None, BLOCK=BLOCK)
+    _launch(
+        _worker_kernel,
+        (triton.cdiv(n, BLOCK),),
+        g.device,
+        g,
+        m,
+        b,
+        e,
+        b if b_hat is None else b_hat,
+        m_o,
+        b_o,
+        e_o,
+        b_o if b_hat is None else state_out[3],
+        out,
+        n,
+        beta,
+        1 - beta,
+        eps,
+        *seed_halves(seed),
+        *_segment_args(segments, g.device),
+        HAS_B_HAT=b_hat is not None,
+        BLOCK=BLOCK,
+    )
     return out
 
 
 def server_compress(received, e_bar, seed, segments: Segments, e_bar_out):
     workers, nbytes = received.shape
     out = torch.empty(nbytes, dtype=torch.uint8, device=received.device)
-    _launch(_server_kernel, (triton.cdiv(nbytes * 8, BLOCK),), received.device,
-            received, e_bar, e_bar_out, out, workers, float(workers), nbytes, *seed_halves(seed),
-            *_segment_args(segments, received.device), BLOCK=BLOCK)
+    _launch(
+        _server_kernel,
+        (triton.cdiv(nbytes * 8, BLOCK),),
+        received.device,
+        received,
+        e_bar,
+        e_bar_out,
+        out,
+        workers,
+        float(workers),
+        nbytes,
+        *seed_halves(seed),
+        *_segment_args(segments, received.device),
+        BLOCK=BLOCK,
+    )
     return out
 
 
 def unpack(packed, out):
-    _launch(_unpack_kernel, (triton.cdiv(packed.numel() * 8, BLOCK),), packed.device, packed, out, packed.numel(),
-            BLOCK=BLOCK)
+    _launch(
+        _unpack_kernel,
+        (triton.cdiv(packed.numel() * 8, BLOCK),),
+        packed.device,
+        packed,
+        out,
+        packed.numel(),
+        BLOCK=BLOCK,
+    )
     return out
 
 
 def tl_rand(seed: int, offsets: torch.Tensor) -> torch.Tensor:
     """``tl.rand(seed, offsets)`` itself, for checking :func:`.philox.uniform` against Triton."""
     out = torch.empty(offsets.shape, dtype=torch.float32, device=offsets.device)
-    _launch(_rand_kernel, (triton.cdiv(offsets.numel(), BLOCK),), offsets.device, offsets, out, offsets.numel(),
-            *seed_halves(seed), BLOCK=BLOCK)
+    _launch(
+        _rand_kernel,
+        (triton.cdiv(offsets.numel(), BLOCK),),
+        offsets.device,
+        offsets,
+        out,
+        offsets.numel(),
+        *seed_halves(seed),
+        BLOCK=BLOCK,
+    )
     return out
 
 
@@ -238,22 +319,26 @@ def self_test(device) -> None:
         one = Segments(torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
         two = Segments(torch.tensor([0, n // 2]), torch.tensor([0, 1 << 40]))
         for segments in (one, two):
-            worker_compress(g, *state[:3], None, 0.9, 1e-8, 1 << 63, segments, tuple(state[3:6]))
-            worker_compress(g, *state[:3], state[6], 0.9, 1e-8, 1 << 63, segments, tuple(state[3:7]))
+            m, b, e = state[:3]
+            worker_compress(g, m, b, e, None, 0.9, 1e-8, 1 << 63, segments, tuple(state[3:6]))
+            worker_compress(g, m, b, e, state[6], 0.9, 1e-8, 1 << 63, segments, tuple(state[3:7]))
         packed = server_compress(torch.zeros(2, n // 8, dtype=torch.uint8, device=device), state[0], 5, one, state[1])
         unpack(packed, state[2])
         offsets = torch.tensor([0, 1, (1 << 31) - 1, 1 << 31, (1 << 32) + 7, (1 << 62) + 3], device=device)
         draws = {seed: tl_rand(seed, offsets) for seed in (0, 12345, (1 << 64) - 1)}
-    except Exception as exc:  # noqa: BLE001 - any failure to compile or launch: refuse in one line
-        raise RuntimeError(f"the triton kernels backend does not run on {device} (Triton {triton.__version__}): "
-                           f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''} "
-                           "- set optim.comm.kernel_backend=torch (the slow reference) or fix the Triton install"
-                           ) from exc
+    except Exception as exc:
+        raise RuntimeError(
+            f"the triton kernels backend does not run on {device} (Triton {triton.__version__}): "
+            f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''} "
+            "- set optim.comm.kernel_backend=torch (the slow reference) or fix the Triton install"
+        ) from exc
     for seed, got in draws.items():
         if not torch.equal(got.cpu(), uniform(seed, offsets.cpu())):
-            raise RuntimeError(f"Triton {triton.__version__}'s tl.rand does not draw Philox4x32-10 as the CPU "
-                               "backends do (Triton before 3.4 drew Philox4x64): use Triton >= 3.4, or set "
-                               "optim.comm.kernel_backend=torch")
+            raise RuntimeError(
+                f"Triton {triton.__version__}'s tl.rand does not draw Philox4x32-10 as the CPU "
+                "backends do (Triton before 3.4 drew Philox4x64): use Triton >= 3.4, or set "
+                "optim.comm.kernel_backend=torch"
+            )
 
 
 def threads() -> str:

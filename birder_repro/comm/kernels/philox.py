@@ -20,8 +20,8 @@ every (run seed, step, role, rank) its own Philox key; positions within a key ne
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence, Union
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -116,20 +116,22 @@ class Segments:
 
     starts: torch.Tensor
     global_offsets: torch.Tensor
+    _tables: dict = field(default_factory=dict, init=False, compare=False, repr=False)  # device -> (starts, deltas)
 
     def __post_init__(self):
         starts = torch.as_tensor(self.starts, dtype=torch.int64).reshape(-1).cpu()
         offsets = torch.as_tensor(self.global_offsets, dtype=torch.int64).reshape(-1).cpu()
         if starts.numel() == 0 or starts.numel() != offsets.numel():
-            raise ValueError(f"Segments needs as many starts as global_offsets (at least one), got "
-                             f"{starts.numel()} and {offsets.numel()}")
+            raise ValueError(
+                f"Segments needs as many starts as global_offsets (at least one), got "
+                f"{starts.numel()} and {offsets.numel()}"
+            )
         if starts[0] != 0 or bool((starts[1:] <= starts[:-1]).any()):
             raise ValueError(f"Segments.starts must begin at 0 and increase strictly, got {starts.tolist()}")
         if bool((offsets < 0).any()):
             raise ValueError("Segments.global_offsets must be non-negative")
         object.__setattr__(self, "starts", starts)
         object.__setattr__(self, "global_offsets", offsets)
-        object.__setattr__(self, "_tables", {})
 
     def on(self, device) -> tuple[torch.Tensor, torch.Tensor]:
         """(starts, deltas) on ``device``, copied there once and kept: a hook keeps one Segments per bucket, so
@@ -155,7 +157,7 @@ class Segments:
         return j + self.deltas.to(j.device)[seg]
 
 
-Offset = Union[int, Segments]
+Offset = int | Segments
 
 
 def as_segments(offset: Offset, numel: int) -> Segments:

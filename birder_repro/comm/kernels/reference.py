@@ -37,9 +37,10 @@ def worker_compress(g, m, b, e, b_hat, beta, eps, seed, segments: Segments, stat
     out = torch.empty(g.numel() // 8, dtype=torch.uint8, device=g.device)
     for lo, hi in _chunks(g.numel(), g.device):
         rand = uniform(seed, segments.positions(lo, hi, g.device))
-        bits = worker_step_(g[lo:hi], m[lo:hi], b[lo:hi], e[lo:hi], rand, beta, eps,
-                            b_hat=None if b_hat is None else b_hat[lo:hi])
-        out[lo // 8: hi // 8] = pack_bits(bits)
+        bits = worker_step_(
+            g[lo:hi], m[lo:hi], b[lo:hi], e[lo:hi], rand, beta, eps, b_hat=None if b_hat is None else b_hat[lo:hi]
+        )
+        out[lo // 8 : hi // 8] = pack_bits(bits)
     return out
 
 
@@ -52,15 +53,15 @@ def server_compress(received, e_bar, seed, segments: Segments, e_bar_out):
     (e_bar,) = _into((e_bar_out,), (e_bar,))
     out = torch.empty(received.shape[1], dtype=torch.uint8, device=received.device)
     for lo, hi in _chunks(e_bar.numel(), e_bar.device):
-        mean = server_mean(received[:, lo // 8: hi // 8])
+        mean = server_mean(received[:, lo // 8 : hi // 8])
         rand = uniform(seed, segments.positions(lo, hi, e_bar.device))
-        out[lo // 8: hi // 8] = pack_bits(server_step_(mean, e_bar[lo:hi], rand))
+        out[lo // 8 : hi // 8] = pack_bits(server_step_(mean, e_bar[lo:hi], rand))
     return out
 
 
 def unpack(packed, out):
     for lo, hi in _chunks(out.numel(), out.device):
-        out[lo:hi] = unpack_signs(packed[lo // 8: hi // 8])
+        out[lo:hi] = unpack_signs(packed[lo // 8 : hi // 8])
     return out
 
 
