@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 ARGS    ?=
 
-.PHONY: help install run test test-all tables bench gpu-check emulated-setup validate validate-emulated tune-fashion time-to-accuracy clean
+.PHONY: help install run lint test test-all tables bench gpu-check emulated-setup validate validate-emulated tune-fashion time-to-accuracy clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -21,10 +21,15 @@ install: $(STAMP)  ## create .venv and install the package with its test tools
 run: $(STAMP)  ## the quick start: SGDM, 1-bit Adam and Birder on real digits, 2 nodes x 1 process (ARGS= adds overrides)
 	$(BIN)/birder-repro -m experiment=quickstart optim=sgdm,onebit_adam,birder $(ARGS)
 
-test: $(STAMP)  ## the fast test suite (the one CI runs)
+lint: $(STAMP)  ## ruff (lint and format check) over the tree, mypy on the library (comm, optim, integrations)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: lint  ## lint, then the fast test suite (the one CI runs)
 	$(BIN)/python -m pytest -q $(ARGS)
 
-test-all: $(STAMP)  ## every test, slow ones included
+test-all: lint  ## lint, then every test, slow ones included
 	$(BIN)/python -m pytest -q -m 'not gpu' $(ARGS)
 
 tables: $(STAMP)  ## build tables/ from every run record under runs/

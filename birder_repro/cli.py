@@ -19,6 +19,7 @@ checkpoint; the CLI waits for them and ends with the command that resumes the ru
 from __future__ import annotations
 
 import contextlib
+import difflib
 import importlib.util
 import os
 import socket
@@ -458,7 +459,57 @@ def main() -> None:
     problem = _runs_dir_problem()
     if problem:
         sys.exit(f"birder-repro: {problem}")
-    _hydra_main()
+    with _override_errors_in_one_line():
+        _hydra_main()
+
+
+@contextlib.contextmanager
+def _override_errors_in_one_line() -> Iterator[None]:
+    """``train.stepz=3`` (no ``+``): Hydra refuses the override while composing, in five lines of its own, before
+    the app can check anything. Its ``run_and_report`` (the one place Hydra turns an exception into that message,
+    looked up at call time) is wrapped so that this refusal is the project's one line with the closest key, exit
+    2 like every config error; any other exception takes Hydra's own way."""
+    from hydra._internal import utils as hydra_utils
+
+    report = hydra_utils.run_and_report
+
+    def one_line(func):
+        def guarded():
+            try:
+                return func()
+            except Exception as exc:
+                line = override_error_line(exc)
+                if line is None:
+                    raise
+                print(f"[birder-repro] config error: {line}", file=sys.stderr, flush=True)
+                sys.exit(2)
+
+        return report(guarded)
+
+    hydra_utils.run_and_report = one_line
+    try:
+        yield
+    finally:
+        hydra_utils.run_and_report = report
+
+
+def override_error_line(exc: BaseException) -> str | None:
+    """The one line for Hydra's refusal of ``key=value`` where the config has no ``key`` (None for anything
+    else): the key, the closest one its section has, and the ``+key=`` form's verdict."""
+    from hydra.errors import ConfigCompositionException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    cause = exc.__cause__
+    if not isinstance(exc, ConfigCompositionException) or not isinstance(cause, ConfigAttributeError | ConfigKeyError):
+        return None
+    full_key, parent = cause.full_key, cause.parent_node
+    if not full_key:
+        return None
+    section, _, _ = full_key.rpartition(".")
+    known = [f"{section}.{k}" if section else str(k) for k in (parent.keys() if isinstance(parent, DictConfig) else ())]
+    close = difflib.get_close_matches(full_key, known, n=1)
+    hint = f"did you mean {close[0]}?" if close else "check the spelling (birder-repro --cfg job lists the keys)"
+    return f"{full_key}: no such setting; {hint}"
 
 
 def _runs_dir_problem(env=os.environ) -> str | None:

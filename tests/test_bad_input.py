@@ -55,7 +55,7 @@ def records(runs: Path) -> list[dict]:
 @pytest.mark.parametrize(
     "args,line,recorded",
     [
-        (["train.stepz=3"], "Could not override 'train.stepz'", False),  # misspelt key: Hydra, before any run
+        (["train.stepz=3"], "train.stepz: no such setting; did you mean train.steps?", False),  # before any run
         (["+train.stepz=3"], "train.stepz: no such setting; did you mean train.steps?", True),  # added unknown key
         (["optim.lr=abc"], "optim.lr='abc': use a number", True),
         (["data.source=real", "data.root=/nonexistent/cifar"], "not found at '/nonexistent/cifar", True),
@@ -82,6 +82,8 @@ def test_cli_bad_input(tmp_path, args, line, recorded):
     assert line in said, said[-3000:]
     assert len(recs) == (1 if recorded else 0)
     assert all(r["status"] == "failed" for r in recs)
+    if not recorded:  # refused while composing: one line, exit 2 like every config error
+        assert out.returncode == 2 and out.stderr.strip().splitlines() == [f"[birder-repro] config error: {line}"]
     if recorded:  # one line, last, and the record's error is that line
         assert out.stderr.strip().splitlines()[-1] == f"[birder-repro] {recs[0]['error']}"
         assert "Traceback" not in said
