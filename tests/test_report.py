@@ -192,6 +192,18 @@ def test_unreadable_record_is_skipped_with_a_warning(tmp_path):
     assert len(frame) == 1
 
 
+def test_a_refused_runs_record_with_an_unreadable_value_is_skipped_naming_it(tmp_path, capsys):
+    # birder-repro train.steps=ten: refused at config time, its failed record keeps the value as given
+    refused = make_record("birder", status="failed", error="config error: train.steps='ten': use a whole number")
+    refused["config"]["train"] = {"steps": "ten"}
+    root = write_runs(tmp_path / "runs", [make_record("sgdm"), refused])
+    assert main(["--runs", str(root), "--out", str(tmp_path / "out"), "--figures", str(tmp_path / "f")]) == 0
+    err = capsys.readouterr().err
+    [line] = [x for x in err.splitlines() if "skipping run record" in x]
+    assert "record.json" in line and "'ten'" in line and "Traceback" not in err
+    assert (tmp_path / "out" / "resnet50.md").exists()
+
+
 def test_inter_node_bytes_against_fp32_allreduce(tmp_path):
     # Without the record's own fp32 inter-node figure, a ring over 2 nodes x 8 sends 1/8 of it across nodes.
     derived = make_record("sgdm", 2, 8, 100.0)  # fp32 total 3.2 MB, inter 0.1 MB

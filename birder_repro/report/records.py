@@ -9,6 +9,7 @@ column (each task's own, in the order :func:`birder_repro.schema.metric_names` g
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import pandas as pd
 
 from birder_repro import schema
 from birder_repro.comm.accounting import allreduce_bytes, flat_allreduce_split
-from birder_repro.record import find_records, read_record, runs_root
+from birder_repro.record import RECORD_FILE, find_records, read_record, runs_root
 from birder_repro.schema import get
 
 from .identity import config_items, config_key
@@ -346,7 +347,7 @@ def records_frame(pairs: Iterable[tuple[Path | str, dict]]) -> pd.DataFrame:
     pairs = list(pairs)
     ordered = sorted(pairs, key=lambda p: (str(get(p[1], "task") or ""), str(p[0])))
     metrics = [metric_column(m) for m in schema.metric_names(record for _, record in ordered)]
-    rows = [flatten_record(record, run_dir) for run_dir, record in pairs]
+    rows = [row for run_dir, record in pairs if (row := _flat_or_skipped(record, run_dir)) is not None]
     frame = pd.DataFrame(rows, columns=[*COLUMNS, *metrics])
     for col in (
         "nodes",
@@ -384,6 +385,17 @@ def records_frame(pairs: Iterable[tuple[Path | str, dict]]) -> pd.DataFrame:
     frame["started_at"] = _started_time(frame["started"].astype("object"))
     frame.attrs["metric_columns"] = metrics
     return frame
+
+
+def _flat_or_skipped(record: dict, run_dir: Path | str) -> dict | None:
+    """``flatten_record``, or None with a warning naming the record and what in it cannot be read (a run refused
+    for a value such as ``train.steps=ten`` records that value; one such record must not stop every table)."""
+    try:
+        return flatten_record(record, run_dir)
+    except (ValueError, TypeError, KeyError, AttributeError) as err:
+        where = Path(run_dir) / RECORD_FILE
+        print(f"skipping run record {where}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        return None
 
 
 def load_frame(root: Path) -> pd.DataFrame:
