@@ -37,6 +37,7 @@ __all__ = [
     "data_workers",
     "check_types",
     "check_known_keys",
+    "check_misplaced_sections",
     "validate",
     "resolve",
     "install_section_checks",
@@ -258,6 +259,24 @@ def check_known_keys(cfg: Any, reference: Any) -> None:
     )
 
 
+def check_misplaced_sections(cfg: Any, shipped: Any) -> None:
+    """A top-level key that no shipped config has, holding sections the shipped ones do (``mine.train.steps``):
+    the settings of a ``+mine=fast`` file of the user's whose ``# @package _global_`` is not on its first line
+    (Hydra reads the directive only there, and otherwise puts the file under its group's name), where nothing
+    reads them. Raises :class:`ConfigError` saying so."""
+    values, sections = _plain(cfg), _plain(shipped)
+    for key, value in values.items():
+        if key in sections or not isinstance(value, Mapping):
+            continue
+        misplaced = sorted(k for k in value if k in sections and isinstance(sections[k], Mapping))
+        if misplaced:
+            landed = ", ".join(f"{key}.{k}" for k in misplaced)
+            raise ConfigError(
+                f"{landed}: settings under '{key}.', where nothing reads them: the config file picked as "
+                f"+{key}=... needs '# @package _global_' as its first line (Hydra reads the directive only there)"
+            )
+
+
 def _unknown_key(values: Mapping, reference: Mapping, prefix: str) -> str | None:
     """The dotted name of the first key of ``values`` that ``reference`` lacks, or None."""
     if not reference:  # a section the config files leave empty: its keys are the user's
@@ -299,6 +318,7 @@ def validate(cfg: DictConfig, references: Sequence[Any] = ()) -> None:
     if references:
         # The first reference has this run's group choices; the others (the task alone) would let keys of
         # other choices through (another optimizer's, say).
+        check_misplaced_sections(cfg, references[-1])
         check_known_keys(cfg, references[0])
         check_types(cfg, references)
     _check_positive_int(cfg, "nodes")

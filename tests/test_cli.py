@@ -511,3 +511,26 @@ def test_a_group_of_the_users_own_config_dir_adds_its_keys(runs_dir, tmp_path):
     assert resolved["note"] == "mine" and resolved["train"]["steps"] == 2
     refused = birder_repro(*common, "+note=mine")
     assert refused.returncode == 2 and "note: no such setting" in last_line(refused.stderr)
+
+
+def test_the_config_dir_example_of_the_docs_works_as_copied_and_a_misplaced_directive_is_refused(runs_dir, tmp_path):
+    """docs/configuration.md's own example, copied as written (its YAML block and its command), sets what it says;
+    the same file with a comment above ``# @package _global_`` is refused in one line instead of running with the
+    settings under ``mine.``."""
+    page = (REPO / "docs" / "configuration.md").read_text()
+    section = page[page.index("### Your own config directory") :]
+    example = re.search(r"```yaml\n(.*?)```", section, flags=re.S).group(1)
+    command = re.search(r"^    (birder-repro --config-dir DIR .*)$", section, flags=re.M).group(1).split()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "fast.yaml").write_text(example)
+    args = [str(tmp_path) if a == "DIR" else a for a in command[1:]]
+    out = birder_repro(*args, "logger=none", "dry_run=true")
+    assert out.returncode == 0, out.stderr[-2000:]
+    (run_dir,) = run_dirs(runs_dir)
+    resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert resolved["train"]["steps"] == 200 and resolved["data"]["source"] == "synthetic" and "mine" not in resolved
+    (tmp_path / "mine" / "fast.yaml").write_text("# DIR/mine/fast.yaml\n" + example)
+    refused = birder_repro(*args, "logger=none", "dry_run=true")
+    assert refused.returncode == 2
+    assert "mine.data, mine.train: settings under 'mine.'" in last_line(refused.stderr), refused.stderr[-2000:]
+    assert "# @package _global_" in last_line(refused.stderr)
