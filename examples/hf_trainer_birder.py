@@ -53,10 +53,10 @@ training_args = TrainingArguments(
     per_device_train_batch_size=toy.BATCH,
     max_steps=toy.STEPS,
     lr_scheduler_type="constant",
-    max_grad_norm=0,  # .grad holds Birder's +-1 update after the hook: never clip it
+    max_grad_norm=0,  # .grad holds Birder's +-1 update after the hook: never clip it (ddp_find_unused_parameters:
+    # left at its default, BirderTrainer turns it off; True would deadlock and is refused)
     save_strategy="steps" if args.save else "no",
     save_steps=args.stop_at,
-    ddp_find_unused_parameters=False,
     report_to="none",
     disable_tqdm=True,
     log_level="warning",

@@ -568,3 +568,43 @@ def test_attach_birder_without_gpus_per_node_says_what_it_took(local_world_size)
         assert tuple(map(sum, zip(*r["steps"]))) == pytest.approx(r["total"])
         assert all(intra > 0 for intra, _ in r["steps"]) if one_node else all(inter > 0 for _, inter in r["steps"])
         assert all(inter == 0 for _, inter in r["steps"]) == one_node
+
+
+def _attach_to_what_ddp_cannot_run(rank: int, world: int) -> dict:
+    """Each compressed attach on a DDP module built as the HF Trainer builds it by default
+    (find_unused_parameters=True), and a second attach on a module that has its hook: the one-line refusals."""
+    from birder_repro.comm import attach_birder, attach_onebit, flat_topology
+    from birder_repro.optim import Birder, OneBitAdam
+
+    refused = {}
+    for name in ("birder", "onebit"):
+        ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(24, 3), find_unused_parameters=True)
+        try:
+            if name == "birder":
+                attach_birder(ddp, Birder(ddp.parameters(), lr=1e-3), topology=flat_topology(), overlap=False)
+            else:
+                attach_onebit(ddp, OneBitAdam(ddp.parameters(), lr=1e-3, freeze_step=2), topology=flat_topology())
+        except ValueError as err:
+            refused[name] = str(err)
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(24, 3))
+    state = attach_birder(ddp, Birder(ddp.parameters(), lr=1e-3), topology=flat_topology(), overlap=False)
+    try:
+        attach_birder(ddp, Birder(ddp.parameters(), lr=1e-3), topology=flat_topology(), overlap=False)
+    except ValueError as err:
+        refused["twice"] = str(err)
+    state.close()
+    return refused
+
+
+def test_a_compressed_hook_refuses_in_one_line_what_ddp_would_deadlock_or_ignore():
+    """find_unused_parameters=True: DDP's used-map all-reduce from the autograd thread and the hook's collectives
+    have no common order (2 gloo processes hung until gloo's timeout): refused at the attach, saying the setting
+    to change; a second hook: refused naming the first, not in torch's words."""
+    from dist_utils import run_distributed
+
+    for refused in run_distributed(_attach_to_what_ddp_cannot_run, 2):
+        assert set(refused) == {"birder", "onebit", "twice"}, refused
+        for name in ("birder", "onebit"):
+            assert refused[name].startswith(f"attach_{name}: DDP(find_unused_parameters=True) would deadlock")
+            assert "find_unused_parameters=False" in refused[name] and "\n" not in refused[name]
+        assert "has a communication hook already (its state: BirderState)" in refused["twice"]

@@ -31,3 +31,23 @@ def test_attach_refuses_an_optimizer_without_a_hook():
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
     with pytest.raises(TypeError, match="SGD: the hook needs"):
         attach_hook(None, opt)
+
+
+def test_the_trainer_arguments_the_hook_needs_are_set_or_refused_in_one_message():
+    from types import SimpleNamespace
+
+    from birder_repro.integrations.hf_trainer import _settle_arguments
+
+    defaults = SimpleNamespace(max_grad_norm=1.0, ddp_find_unused_parameters=None, world_size=2)  # the Trainer's
+    with pytest.raises(ValueError, match=r"max_grad_norm=1.0 .* pass max_grad_norm=0$"):
+        _settle_arguments(defaults)
+    both = SimpleNamespace(max_grad_norm=1.0, ddp_find_unused_parameters=True, world_size=2)
+    with pytest.raises(ValueError) as err:
+        _settle_arguments(both)
+    assert "max_grad_norm=0" in str(err.value) and "ddp_find_unused_parameters=False" in str(err.value)
+    assert "\n" not in str(err.value)
+    guessed = SimpleNamespace(max_grad_norm=0.0, ddp_find_unused_parameters=None, world_size=2)
+    _settle_arguments(guessed)  # the Trainer's guess (on for a model without gradient checkpointing): turned off
+    assert guessed.ddp_find_unused_parameters is False
+    alone = SimpleNamespace(max_grad_norm=1.0, ddp_find_unused_parameters=None, world_size=1)
+    _settle_arguments(alone)  # one process: no hook, .grad holds gradients, clipping stays the user's

@@ -41,6 +41,34 @@ from birder_repro.integrations.accelerate import (
 __all__ = ["BirderTrainer"]
 
 
+def _settle_arguments(args) -> None:
+    """The two TrainingArguments the hook changes the meaning of, checked before anything runs: what the Trainer
+    would only have guessed is set, what the user asked for and the hook cannot honour is refused, both problems
+    in one message.
+
+    - ``ddp_find_unused_parameters``: left at None, the Trainer turns it on for a model without gradient
+      checkpointing, and DDP's map of used parameters would deadlock with the hook
+      (:mod:`birder_repro.comm.ddp`): set to False. Asked for (True): refused.
+    - ``max_grad_norm`` (1.0 by default): clipping rescales ``.grad``, which holds the hook's result (Birder's
+      +-1 update, 1-bit Adam's averaged momentum), not a gradient: it must be 0.
+    """
+    problems = []
+    if args.max_grad_norm and args.max_grad_norm > 0 and args.world_size > 1:  # one process: no hook, true grads
+        problems.append(
+            f"max_grad_norm={args.max_grad_norm} (the Trainer's default is 1.0) would clip .grad, which holds the "
+            "hook's result, not a gradient: pass max_grad_norm=0"
+        )
+    if args.ddp_find_unused_parameters:
+        problems.append(
+            "ddp_find_unused_parameters=True would deadlock DDP's map of used parameters with the hook's "
+            "collectives: pass ddp_find_unused_parameters=False"
+        )
+    if problems:
+        raise ValueError("BirderTrainer: TrainingArguments " + "; ".join(problems))
+    if args.ddp_find_unused_parameters is None:
+        args.ddp_find_unused_parameters = False
+
+
 class BirderTrainer(Trainer):
     """A :class:`transformers.Trainer` that trains with Birder's (or 1-bit Adam's) hook on its DDP model.
 
@@ -60,6 +88,7 @@ class BirderTrainer(Trainer):
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
+        _settle_arguments(self.args)
         self.gpus_per_node, self.scheme, self.hook_kwargs = gpus_per_node, scheme, dict(hook_kwargs or {})
         self.train_sampler = train_sampler
         self.hook_state: CommState | None = None
@@ -85,12 +114,6 @@ class BirderTrainer(Trainer):
         ddp = ddp_module(self.accelerator, model)
         if ddp is None:  # one process: the optimizer runs Algorithm 1 on its own, no hook
             return
-        if self.args.max_grad_norm > 0:  # 1-bit Adam's warmup steps do hold gradients, its later ones not
-            raise ValueError(
-                f"TrainingArguments.max_grad_norm={self.args.max_grad_norm} would clip .grad, which "
-                "holds the hook's result (Birder's +-1 update, 1-bit Adam's averaged momentum), not a "
-                "gradient: set max_grad_norm=0"
-            )
         if self.optimizer is None:
             raise RuntimeError("BirderTrainer: the Trainer built no optimizer before its first training step")
         self.hook_state = attach_hook(
