@@ -88,12 +88,17 @@ class BirderTrainer(Trainer):
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
-        _settle_arguments(self.args)
+        _settle_arguments(self.args)  # again: a Trainer without _build_accelerator_args reaches here unchecked
         self.gpus_per_node, self.scheme, self.hook_kwargs = gpus_per_node, scheme, dict(hook_kwargs or {})
         self.train_sampler = train_sampler
         self.hook_state: CommState | None = None
         self._hook_model: torch.nn.Module | None = None  # the DDP module the hook is on
         self._resume_dir: str | None = None
+
+    def _build_accelerator_args(self, **kwargs):
+        # Where the Trainer (inside __init__) turns ddp_find_unused_parameters into DDP's keyword: settled first.
+        _settle_arguments(self.args)
+        return super()._build_accelerator_args(**kwargs)
 
     # ------------------------------------------------------------------------------------------ the hook
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
