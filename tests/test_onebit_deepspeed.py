@@ -331,3 +331,28 @@ def test_deepspeeds_load_resets_the_errors():
     g = [[torch.full((5,), 0.1)], [torch.full((5,), -0.2)]]
     assert ref.step(g) == kept.step(g) == "compression"
     assert not torch.allclose(ref.x[0], kept.x[0])
+
+
+def test_the_vectorised_scales_read_nothing_back_to_the_host(monkeypatch):
+    """The path CUDA takes (a fixed number of kernels a step) must not sync: torch.segment_reduce validates its
+    lengths on the host unless told unsafe=True (4 syncs per bucket per step on a GPU, once per call); and the
+    spread of the scales is told its size (repeat_interleave's output_size), which it would otherwise read back."""
+    calls = {}
+    segment_reduce, repeat_interleave = torch.segment_reduce, torch.Tensor.repeat_interleave
+
+    def watched_reduce(*args, **kwargs):
+        calls["segment_reduce"] = kwargs
+        return segment_reduce(*args, **kwargs)
+
+    def watched_repeat(self, *args, **kwargs):
+        calls["repeat_interleave"] = kwargs
+        return repeat_interleave(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "segment_reduce", watched_reduce)
+    monkeypatch.setattr(torch.Tensor, "repeat_interleave", watched_repeat)
+    x, mask = torch.randn(16), torch.ones(16)
+    compress_segments_(
+        x, torch.zeros(16), mask, [(0, 6, 6), (6, 16, 10)], (torch.tensor([6, 10]), torch.tensor([6.0, 10.0]))
+    )
+    assert calls["segment_reduce"].get("unsafe") is True, calls
+    assert calls["repeat_interleave"].get("output_size") == 16, calls

@@ -153,7 +153,9 @@ def compress_segments_(
     bits = c > 0
     if tables is not None:
         lengths, counts = tables
-        scales = torch.segment_reduce(c * c, "sum", lengths=lengths).div_(counts).sqrt_()
+        # unsafe=True: the lengths are the layout's own (non-negative, summing to the bucket); the check it skips
+        # reads them back to the host, a sync per call on CUDA
+        scales = torch.segment_reduce(c * c, "sum", lengths=lengths, unsafe=True).div_(counts).sqrt_()
         spread = scales.repeat_interleave(lengths, output_size=c.numel())
         c.sub_(torch.where(bits, spread, spread.neg())).mul_(mask)
         return pack_bits(bits), scales
