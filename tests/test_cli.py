@@ -459,6 +459,7 @@ def test_a_sweep_whose_cells_all_pass_exits_zero_and_lists_nothing(runs_dir):
     assert [d.parent for d in run_dirs(runs_dir)] == [runs_dir / "mine"] * 2
 
 
+@pytest.mark.slow  # 16 s (12 Hydra jobs); the sweep's own tests (a failed cell, all passing) stay by default
 def test_the_table3_dry_run_prints_all_twelve_cells(runs_dir):
     out = birder_repro("-m", "experiment=table3", "optim=sgdm,onebit_adam,birder", "nodes=1,2,4,8", "dry_run=true")
     assert out.returncode == 0, out.stderr[-3000:]

@@ -230,6 +230,7 @@ def _allreduce_worker(rank: int, port: int, outdir: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # 19 s; the all-reduce hook's multi-process check on 4 processes stays in the default run
 def test_allreduce_hook_equals_ddp_bit_for_bit_on_3_and_6_processes(tmp_path):
     """DDP scales by 1/n (a multiplication); a hook that divides by n rounds differently for n = 3 or 6 (on 3
     gloo processes 9 (rank, step) pairs differed): the hook multiplies as DDP does, so every gradient is equal."""

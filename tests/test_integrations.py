@@ -51,3 +51,13 @@ def test_the_trainer_arguments_the_hook_needs_are_set_or_refused_in_one_message(
     assert guessed.ddp_find_unused_parameters is False
     alone = SimpleNamespace(max_grad_norm=1.0, ddp_find_unused_parameters=None, world_size=1)
     _settle_arguments(alone)  # one process: no hook, .grad holds gradients, clipping stays the user's
+
+
+def test_a_ranks_lightning_hook_file_makes_its_folder(tmp_path):
+    """Rank 1 may save before rank 0 has made the checkpoint's folder (or on a node that never sees it)."""
+    pytest.importorskip("lightning")
+    from birder_repro.integrations.lightning import hook_state_path, save_rank_file
+
+    path = hook_state_path(tmp_path / "not-made-yet" / "epoch=0-step=10.ckpt", rank=1)
+    save_rank_file({"m": torch.ones(2)}, path)
+    assert torch.load(path, weights_only=True)["m"].tolist() == [1.0, 1.0]

@@ -188,7 +188,7 @@ def _run(make_opt, rank: int, topology) -> dict:
     initial = [p.detach().clone() for p in model.parameters()]
     ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.001)  # two buckets after the rebuild
     opt = make_opt(ddp.parameters())
-    state = attach_onebit(ddp, opt, topology=topology)
+    state = attach_onebit(ddp, opt, topology=topology, scale="bucket")  # the reference: one scale per bucket
     steps, blob = [], None
     t0 = time.perf_counter()
     for step in range(STEPS):
@@ -206,7 +206,7 @@ def _run(make_opt, rank: int, topology) -> dict:
     model2 = _net()
     ddp2 = nn.parallel.DistributedDataParallel(model2, bucket_cap_mb=0.001)
     opt2 = make_opt(ddp2.parameters())
-    state2 = attach_onebit(ddp2, opt2, topology=topology)
+    state2 = attach_onebit(ddp2, opt2, topology=topology, scale="bucket")
     _restore(blob, ddp2, opt2, state2)
     fresh = [_train_step(ddp2, opt2, state2, rank, step) for step in range(SAVE_AFTER, STEPS)]
     return {
@@ -229,7 +229,7 @@ def _scenario_attach_checks(topology) -> dict:
         ("not_onebit", torch.optim.Adam(ddp.parameters())),
     ):
         try:
-            attach_onebit(ddp, opt, topology=topology)
+            attach_onebit(ddp, opt, topology=topology, scale="bucket")
             errors[name] = None
         except (ValueError, TypeError) as e:
             errors[name] = type(e).__name__

@@ -356,3 +356,24 @@ def test_the_vectorised_scales_read_nothing_back_to_the_host(monkeypatch):
     )
     assert calls["segment_reduce"].get("unsafe") is True, calls
     assert calls["repeat_interleave"].get("output_size") == 16, calls
+
+
+def test_the_runner_passes_optim_comm_scale_and_the_library_defaults_to_the_clis_scale(monkeypatch):
+    """A user moving from ``birder-repro optim=onebit_adam`` (or ``onebit_lamb``) to ``attach_onebit`` in a script
+    (or a framework's attach) gets the same arithmetic: the library's default scale is the optimizer's, which is
+    its config's; and the runner hands the configured scale to the hook, whichever it is."""
+    from conftest import compose_config
+
+    from birder_repro.comm import onebit
+    from birder_repro.optim import OneBitLamb
+
+    for name, cls in (("onebit_adam", OneBitAdam), ("onebit_lamb", OneBitLamb)):
+        assert cls.comm_scale == compose_config([f"optim={name}"]).optim.comm.scale, name
+    assert OneBitAdam.comm_scale == "tensor"  # DeepSpeed's
+    passed = []
+    monkeypatch.setattr(onebit, "attach_onebit", lambda *args, **kwargs: passed.append(kwargs["scale"]))
+    opt = OneBitAdam(nn.Linear(2, 2).parameters(), freeze_step=2)
+    for scale in ("bucket", "tensor"):
+        onebit.attach_from_config(None, opt, {"comm": {"scale": scale}}, topology=None)
+    onebit.attach_from_config(None, opt, {"comm": {}}, topology=None)
+    assert passed == ["bucket", "tensor", "tensor"]

@@ -355,6 +355,7 @@ def test_in_sample_figure_is_the_one_the_readme_names_in_sample():
     assert V.median_speedup_error(V.validate((3, 4))) == pytest.approx(0.104, abs=5e-4)
 
 
+@pytest.mark.slow  # 15 s of fitting; the out-of-sample headline below stays in the default run
 def test_held_out_rows_never_reach_the_fit(tmp_path):
     """A fit on the 2-node rows is the same whatever the 4- and 8-node rows say; a fit on all rows is not."""
     import shutil
@@ -397,6 +398,7 @@ def test_out_of_sample_headline_as_the_readme_states_it():
     }
 
 
+@pytest.mark.slow  # 16 s of fitting: the shipped numbers change only when the paper's rows or the fit do
 def test_shipped_links_and_overlap_are_the_fit():
     """conf/cluster's fitted numbers and PAPER_DDP_OVERLAP are what the fit gives (the loss, not the target)."""
     sweep = V.overlap_sweep((0.0, 1.0)).set_index("ddp_overlap")

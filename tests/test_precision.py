@@ -218,7 +218,16 @@ def test_onebit_hook_poisons_a_flagged_bucket_whose_values_are_finite():
 
 
 # ------------------------------------------------------------------- every task's forward and loss, autocast
-TASKS = ["digits", "resnet20", "resnet50", "vit", "lstm_ptb", "bert_squad", "bert_pretrain"]
+# resnet50 (30 s, the largest) only in make test-all: its layers are resnet20's kinds (convolutions, batch norm)
+TASKS = [
+    "digits",
+    "resnet20",
+    pytest.param("resnet50", marks=pytest.mark.slow),
+    "vit",
+    "lstm_ptb",
+    "bert_squad",
+    "bert_pretrain",
+]
 
 
 class _MatmulDtypes(TorchDispatchMode):

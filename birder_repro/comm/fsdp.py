@@ -68,7 +68,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -119,12 +119,9 @@ class Unit:
 
 
 def _as_fsdp(module: torch.nn.Module) -> FSDPModule:
-    """``module`` as the FSDPModule fully_shard made it (its FSDP methods are not nn.Module's)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    if not isinstance(module, FSDPModule):
-        raise TypeError(f"{type(module).__name__} is not an FSDP2 module")
-    return module
+    """``module`` as the FSDPModule fully_shard made it (typed so: its FSDP methods are not nn.Module's; the
+    attach checked each unit when it collected them)."""
+    return cast("FSDPModule", module)
 
 
 def _param_group(module: torch.nn.Module):
@@ -409,8 +406,15 @@ def attach_onebit_fsdp(model: torch.nn.Module, optimizer, mesh, overlap: bool = 
     topology, units = _check_mesh_and_units(model, mesh)
     names = mesh.mesh_dim_names or ("replicate", "shard")
     announce_layout("attach_onebit_fsdp", topology, MESH_SOURCE, guessed=False)
+    # One scale per unit's shard: per tensor (attach_onebit's default) is not yet taken through FSDP's shards.
     state = OneBitState(
-        optimizer, mesh.get_group(names[0]), topology, parameter_index(model), overlap=overlap, nonfinite=nonfinite
+        optimizer,
+        mesh.get_group(names[0]),
+        topology,
+        parameter_index(model),
+        overlap=overlap,
+        nonfinite=nonfinite,
+        scale="bucket",
     )
     traffic = FsdpTraffic(state, units, topology)
 

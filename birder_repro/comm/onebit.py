@@ -442,7 +442,7 @@ def attach_onebit(
     topology: Topology | None = None,
     overlap: bool = True,
     nonfinite: str = "skip",
-    scale: str = "bucket",
+    scale: str | None = None,
 ) -> OneBitState:
     """Register the 1-bit hook on ``ddp_model`` and have ``optimizer`` take its averaged momentum.
 
@@ -460,7 +460,9 @@ def attach_onebit(
             (``raise``).
         scale: ``bucket`` (one worker scale per DDP bucket, one server scale per chunk) or ``tensor`` (one per
             tensor of the bucket and per piece of a tensor in a server's chunk, as DeepSpeed's OnebitAdam;
-            :mod:`birder_repro.comm.onebit_scales`).
+            :mod:`birder_repro.comm.onebit_scales`). None: the optimizer's ``comm_scale``, the default of its
+            ``optim=`` config too (OneBitAdam ``tensor``, OneBitLamb ``bucket``), so that a script and the CLI
+            compute alike.
 
     Rank 0 says the layout the counts are split by and where it came from. The state's counters are cumulative
     from the attach on; ``state.bytes_last_step()`` gives one step's bytes.
@@ -493,7 +495,7 @@ def attach_onebit(
         parameter_index(ddp_model.module),
         overlap=overlap,
         nonfinite=nonfinite,
-        scale=scale,
+        scale=optimizer.comm_scale if scale is None else scale,
     )
     ddp_model.register_comm_hook(state, onebit_hook)
     optimizer.momentum_by_hook = True
@@ -519,5 +521,5 @@ def attach_from_config(
         topology=topology,
         overlap=bool(comm.get("overlap", True)),
         nonfinite=str(comm.get("nonfinite", "skip")),
-        scale=str(comm.get("scale", "bucket")),
+        scale=str(comm.get("scale", optimizer.comm_scale)),
     )

@@ -258,7 +258,7 @@ def _onebit_ddp(topology, device) -> dict:
             model, bucket_cap_mb=0.001, device_ids=[device] if device.type == "cuda" else None
         )
         opt = cls(ddp.parameters(), freeze_step=ONEBIT_FREEZE, **kwargs)
-        state = attach_onebit(ddp, opt, topology=topology)
+        state = attach_onebit(ddp, opt, topology=topology, scale="bucket")  # the reference: one scale a bucket
         steps = []
         for step in range(ONEBIT_DDP_STEPS):
             g = torch.Generator().manual_seed(1000 * step + topology.rank)

@@ -209,7 +209,12 @@ def _onebit(topology, device, sharded: bool) -> dict:
             )
         initial = _initial()
         opt = OneBitAdam(model.parameters(), freeze_step=FREEZE, **ONEBIT)
-        state = attach_onebit_fsdp(model, opt, mesh) if sharded else attach_onebit(model, opt, topology=topology)
+        # one scale per bucket as FSDP's one per unit shard, so that the two compare
+        state = (
+            attach_onebit_fsdp(model, opt, mesh)
+            if sharded
+            else attach_onebit(model, opt, topology=topology, scale="bucket")
+        )
         layouts = []
         if not sharded:  # the bucket layout of every step, read after its backward
             opt_step = opt.step

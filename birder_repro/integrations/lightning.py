@@ -43,6 +43,13 @@ def hook_state_path(checkpoint: str | os.PathLike, rank: int) -> Path:
     return Path(f"{os.fspath(checkpoint)}.birder_hook_rank{rank:05d}.pt")
 
 
+def save_rank_file(state: dict, path: Path) -> None:
+    """Write one rank's file, making its folder first: Lightning makes the checkpoint's folder on rank 0 alone, so
+    another rank may get there first, and without a shared file system the folder is never made on its node."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state, path)
+
+
 class BirderStrategy(DDPStrategy):
     """``DDPStrategy`` with Birder's Hierarchical-1-bit-All-Reduce (for a ``Birder`` optimizer) or the 1-bit
     compressed all-reduce (for ``OneBitAdam`` / ``OneBitLamb``) as DDP's communication hook.
@@ -130,7 +137,7 @@ class BirderStrategy(DDPStrategy):
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
         super().save_checkpoint(checkpoint, filepath, storage_options)  # rank 0 writes Lightning's file
         if self.hook_state is not None:  # every rank writes its own hook state beside it
-            torch.save(self.hook_state.state_dict(), hook_state_path(filepath, self.global_rank))
+            save_rank_file(self.hook_state.state_dict(), hook_state_path(filepath, self.global_rank))
 
     def remove_checkpoint(self, filepath) -> None:
         super().remove_checkpoint(filepath)

@@ -154,6 +154,8 @@ class OneBitOptimizer(torch.optim.Optimizer):
     ``_freeze()`` (called once, right after step ``freeze_step``).
     """
 
+    comm_scale = "bucket"  # the hook's default 1-bit scale (attach_onebit, optim.comm.scale): one per bucket
+
     def __init__(self, params: Iterable, defaults: dict, freeze_step: int, name: str):
         lr, (beta1, beta2) = defaults["lr"], defaults["betas"]
         if not lr >= 0.0:
@@ -318,6 +320,8 @@ class OneBitAdam(OneBitOptimizer):
         freeze_step: T_w, the number of warmup (Adam, uncompressed) steps; >= 1, and >= 2 with the hook.
         precondition_compression: compress m/(sqrt(v)+eps) rather than m (module doc); False: the paper.
     """
+
+    comm_scale = "tensor"  # the hook's default 1-bit scale (attach_onebit): per tensor, as DeepSpeed's OnebitAdam
 
     def __init__(
         self,
