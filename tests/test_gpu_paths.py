@@ -6,6 +6,7 @@ test_precision.py; the GPU-side checks themselves are ``make gpu-check``.)
 
 from __future__ import annotations
 
+import pytest
 import torch
 from dist_utils import run_distributed
 
@@ -219,3 +220,47 @@ def test_onebit_lamb_steps_read_nothing_back_from_the_device(monkeypatch):
         counts.append(len(reads))
     assert counts == [0, 0, 1, 0, 0, 0], counts
     assert all(torch.isfinite(p).all() for p in params)
+
+
+class _FakeEvent:
+    """torch.cuda.Event's timing surface on the CPU: each pair lasts 2 ms; ``done`` says whether the GPU got there."""
+
+    done = True
+
+    def __init__(self, enable_timing=False):
+        self.finished = False
+
+    def record(self, stream=None):
+        self.finished = _FakeEvent.done
+
+    def query(self):
+        return self.finished
+
+    def synchronize(self):
+        self.finished = True
+
+    def elapsed_time(self, end):
+        return 2.0
+
+
+def test_cuda_timings_keep_only_the_events_still_in_flight(monkeypatch):
+    """A user's script that never reads the counters (the integrations read them at save time, or never) must not
+    keep two CUDA events per timed block of every step: finished pairs are folded in at each new one."""
+    from birder_repro.comm.state import CommState
+
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    state = CommState()
+    for _ in range(700):  # 100 steps of Birder's 7 timed blocks
+        with state.timing("compress", "cuda"):
+            pass
+    assert len(state._pending) == 0
+    _FakeEvent.done = False  # still running on the GPU: kept, then waited for when read
+    try:
+        for _ in range(3):
+            with state.timing("comm", "cuda"):
+                pass
+        assert len(state._pending) == 3
+    finally:
+        _FakeEvent.done = True
+    assert state.compress_seconds == pytest.approx(1.4) and state.collective_seconds == pytest.approx(0.006)
+    assert len(state._pending) == 0
