@@ -61,3 +61,25 @@ def test_a_ranks_lightning_hook_file_makes_its_folder(tmp_path):
     path = hook_state_path(tmp_path / "not-made-yet" / "epoch=0-step=10.ckpt", rank=1)
     save_rank_file({"m": torch.ones(2)}, path)
     assert torch.load(path, weights_only=True)["m"].tolist() == [1.0, 1.0]
+
+
+def test_a_per_rank_sampler_is_not_sharded_again_and_any_other_is_sharded_with_a_warning():
+    """A sampler that already yields one rank's share, sharded again by Accelerate, shows each rank every other
+    batch of it (seen: the Trainer reported epoch 2 after 20 steps)."""
+    from torch.utils.data import DistributedSampler, RandomSampler, Sampler
+
+    from birder_repro.integrations.hf_trainer import sampler_is_per_rank
+
+    class RankAware(Sampler):  # a user's own, with the usual rank-aware attributes
+        num_replicas, rank = 2, 1
+
+        def __iter__(self):
+            return iter(range(1, 10, 2))
+
+    data = list(range(10))
+    assert sampler_is_per_rank(DistributedSampler(data, num_replicas=2, rank=0), None, 2) == (True, None)
+    assert sampler_is_per_rank(RankAware(), None, 2) == (True, None)
+    per_rank, note = sampler_is_per_rank(RandomSampler(data), None, 2)
+    assert not per_rank and "train_sampler=RandomSampler" in note and "train_sampler_per_rank=True" in note
+    assert sampler_is_per_rank(RandomSampler(data), True, 2) == (True, None)  # declared: no guess, no warning
+    assert sampler_is_per_rank(RandomSampler(data), None, 1) == (False, None)  # one process: nothing to shard

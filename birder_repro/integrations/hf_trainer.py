@@ -17,11 +17,14 @@ file per process (``_save_rng_state``, called on every process with the checkpoi
 
 Two settings the hook changes the meaning of: ``.grad`` holds Birder's update (+-1) or 1-bit Adam's averaged
 momentum after the hook, so gradient clipping (``max_grad_norm``, 1.0 by default) would rescale the update
-itself: it must be 0. And a ``train_sampler`` that is a ``DistributedSampler`` is already one rank's share: the
-loader uses it as is (Accelerate's ``prepare`` would otherwise shard its batches again).
+itself: it must be 0. And a ``train_sampler`` that is a ``DistributedSampler`` (or has ``num_replicas`` and
+``rank``, or is declared so by ``train_sampler_per_rank=True``) is already one rank's share: the loader uses it as
+is (Accelerate's ``prepare`` would otherwise shard its batches again); any other is sharded, with a warning.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 from torch.utils.data import DistributedSampler, Sampler
@@ -69,6 +72,26 @@ def _settle_arguments(args) -> None:
         args.ddp_find_unused_parameters = False
 
 
+def sampler_is_per_rank(sampler, declared: bool | None, world_size: int) -> tuple[bool, str | None]:
+    """Whether ``train_sampler`` yields one rank's share already (so Accelerate must not shard its batches again),
+    and a warning where that is a guess. ``declared`` (``train_sampler_per_rank=``) decides; else a
+    ``DistributedSampler``, or a sampler with ``num_replicas`` and ``rank`` (the convention of rank-aware
+    samplers), is per rank; any other sampler is sharded across the processes, with a warning saying so, since
+    a per-rank sampler sharded again would show each rank every other batch of its share (and the epochs pass
+    twice as fast)."""
+    if sampler is None or world_size <= 1:
+        return False, None
+    if declared is not None:
+        return declared, None
+    if isinstance(sampler, DistributedSampler) or (hasattr(sampler, "num_replicas") and hasattr(sampler, "rank")):
+        return True, None
+    return False, (
+        f"BirderTrainer: train_sampler={type(sampler).__name__} is taken as the whole data set's order and its "
+        f"batches are sharded across the {world_size} processes; if it already yields this rank's share, pass "
+        "train_sampler_per_rank=True"
+    )
+
+
 class BirderTrainer(Trainer):
     """A :class:`transformers.Trainer` that trains with Birder's (or 1-bit Adam's) hook on its DDP model.
 
@@ -85,12 +108,14 @@ class BirderTrainer(Trainer):
         scheme: str = "hierarchical",
         hook_kwargs: dict | None = None,
         train_sampler: Sampler | None = None,
+        train_sampler_per_rank: bool | None = None,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
         _settle_arguments(self.args)  # again: a Trainer without _build_accelerator_args reaches here unchecked
         self.gpus_per_node, self.scheme, self.hook_kwargs = gpus_per_node, scheme, dict(hook_kwargs or {})
         self.train_sampler = train_sampler
+        self.train_sampler_per_rank = train_sampler_per_rank
         self.hook_state: CommState | None = None
         self._hook_model: torch.nn.Module | None = None  # the DDP module the hook is on
         self._resume_dir: str | None = None
@@ -153,9 +178,12 @@ class BirderTrainer(Trainer):
         return self.train_sampler if self.train_sampler is not None else super()._get_train_sampler(train_dataset)
 
     def get_train_dataloader(self):
-        """The Trainer's loader; a ``DistributedSampler`` given as ``train_sampler`` is not sharded again."""
+        """The Trainer's loader; a ``train_sampler`` that is one rank's share already is not sharded again."""
         loader = super().get_train_dataloader()
-        if isinstance(self.train_sampler, DistributedSampler):
+        per_rank, note = sampler_is_per_rank(self.train_sampler, self.train_sampler_per_rank, self.args.world_size)
+        if note:
+            warnings.warn(note, stacklevel=2)
+        if per_rank:
             shard = getattr(loader, "batch_sampler", None)  # Accelerate's BatchSamplerShard
             if hasattr(shard, "num_processes"):
                 # transformers does the same for its own rank-aware BatchRebalanceSampler
