@@ -143,3 +143,17 @@ def test_the_flags_of_all_buckets_are_read_in_one_host_sync(monkeypatch, mode):
             except FloatingPointError as exc:
                 assert mode == "raise" and bad and "DDP bucket 4 at the hook's step 7" in str(exc)
         assert len(reads) == 1, reads
+
+
+def test_a_load_drops_the_flags_a_settling_pass_left():
+    """The integrations run one forward and backward before loading a checkpoint (DDP's buckets as the saved run
+    had them); its flags belong to no step of the resumed run: a non-finite settle batch must not skip the first
+    resumed step. The guard alone, as the hook states' load_state_dict hands it its part."""
+    from birder_repro.comm.nonfinite import NonFiniteGuard
+
+    guard = NonFiniteGuard("skip")
+    guard.note(torch.tensor(1.0), index=0, step=0)  # the settling pass saw a NaN
+    assert guard.pending
+    guard.load_state_dict({"nonfinite_steps": 3})
+    assert not guard.pending and not guard.skip_step and guard.nonfinite_steps == 3
+    assert guard.end_step() is False  # the first resumed step runs

@@ -174,4 +174,10 @@ class NonFiniteGuard:
         return {"nonfinite_steps": self.nonfinite_steps}
 
     def load_state_dict(self, sd: dict | None) -> None:
+        """The count, and nothing of a step in progress: the flags and backups a settling forward and backward
+        left before the load (the integrations run one to rebuild DDP's buckets) belong to no step of the resumed
+        run; kept, a non-finite settle batch would skip its first step."""
         self.nonfinite_steps = int((sd or {}).get("nonfinite_steps", 0))
+        self._undo.clear()
+        self._flags.clear()
+        self._where.clear()
