@@ -159,3 +159,25 @@ def test_predicted_step_counts_every_micro_batch(compose):
     assert eight["intra_node_bytes_per_step"] == pytest.approx(one["intra_node_bytes_per_step"])
     assert eight["step_time_s"]["compute"] > 5 * one["step_time_s"]["compute"]  # forward and backward x 8
     assert eight["throughput_samples_per_s"] == pytest.approx(2048 / eight["step_time_s"]["total"])
+
+
+def test_a_step_of_four_micro_batches_reads_its_loss_once(monkeypatch):
+    """The micro-batches' losses add up on the device and are read with the step's own (counted on the CPU:
+    host_syncs.py): a read per micro-batch would make a GPU wait for each one's kernels before queueing the next."""
+    from host_syncs import counted_reads
+
+    from birder_repro.comm import CommState
+    from birder_repro.train.timing import run_step
+
+    torch.manual_seed(0)
+    from test_train import blobs
+
+    model, data = nn.Linear(8, 4), blobs(32, 0)
+    batches = [(data.tensors[0][i : i + 8], data.tensors[1][i : i + 8]) for i in range(0, 32, 8)]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with counted_reads(monkeypatch) as reads:
+        result = run_step(
+            BlobsTask(), model, optimizer, batches[-1], torch.device("cpu"), CommState(), accumulated=batches[:-1]
+        )
+    assert reads.count("__float__") == 1, reads
+    assert result.samples == 32 and result.loss_sum > 0

@@ -91,17 +91,22 @@ def accumulating(model) -> contextlib.AbstractContextManager:
     return maker() if maker is not None else contextlib.nullcontext()
 
 
-def _accumulate(task, model, micro_batches, device, precision: Precision, share: float) -> tuple[float, int]:
+def _accumulate(
+    task, model, micro_batches, device, precision: Precision, share: float
+) -> tuple[torch.Tensor | float, int]:
     """Forward and backward of the step's first micro-batches, without communication: each one's loss is
     scaled by ``share`` (1 / train.accumulate), so that the summed gradients are those of one batch K times
-    as large. Returns their (loss x samples, samples)."""
-    loss_sum, samples = 0.0, 0
+    as large. Returns their (loss x samples, samples), the first on the device, in float64 (the arithmetic of
+    Python floats): read once with the step's own loss, not once per micro-batch (on a GPU each read waits for
+    the micro-batch's kernels, so the next one's are not queued behind them)."""
+    loss_sum: torch.Tensor | float = 0.0
+    samples = 0
     for batch in micro_batches:
         with accumulating(model):
             with precision.autocast():
                 loss, n = task.loss(model, batch, device)
             precision.backward(loss * share)
-        loss_sum, samples = loss_sum + float(loss.detach()) * n, samples + int(n)
+        loss_sum, samples = loss_sum + loss.detach().double() * n, samples + int(n)
     return loss_sum, samples
 
 
@@ -150,7 +155,7 @@ def run_step(
     # Compression or communication that the scheme counts inside optimizer.step() is not computation.
     in_optimizer = (after[2] - mid[2]) + (after[3] - mid[3])
     return StepResult(
-        loss_sum=early_loss + float(loss.detach()) * n,
+        loss_sum=float(early_loss + loss.detach().double() * n),
         samples=early_samples + int(n),
         seconds=t2 - t0,
         optimizer=max(0.0, (t2 - t1) - in_optimizer),
