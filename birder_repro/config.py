@@ -328,6 +328,7 @@ def validate(cfg: DictConfig, references: Sequence[Any] = ()) -> None:
     if cfg.train.get("steps") is not None:
         _check_positive_int(cfg, "train.steps")
     resolve_gpus_per_node(cfg.gpus_per_node, gpu_count=0)  # type check only; auto is always fine
+    _check_fp16_nonfinite(cfg)
     workers = OmegaConf.select(cfg, "data.num_workers", default=None)
     if (
         workers is not None
@@ -366,6 +367,18 @@ def install_section_checks(checks: Iterable[tuple[str, Callable[[DictConfig], No
 def section_checks() -> list[str]:
     """The sections whose checks :func:`validate` runs besides its own (empty: no table installed)."""
     return [section for section, _ in _SECTION_CHECKS]
+
+
+def _check_fp16_nonfinite(cfg: DictConfig) -> None:
+    """fp16's loss scaling overflows routinely (GradScaler then skips the step and lowers its scale), and the
+    hook turns an overflowing bucket into inf for it: ``nonfinite=raise`` would end the run at the first one."""
+    optim = cfg.get("optim") or {}
+    comm = optim.get("comm") or {}
+    if (cfg.get("train") or {}).get("precision") == "fp16" and comm.get("nonfinite") == "raise":
+        raise ConfigError(
+            "optim.comm.nonfinite=raise with train.precision=fp16: fp16's loss scale overflows routinely and "
+            "GradScaler skips those steps itself; raise would end the run at the first: use nonfinite=skip"
+        )
 
 
 def _check_positive_int(cfg: DictConfig, key: str) -> None:

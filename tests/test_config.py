@@ -331,3 +331,16 @@ def test_a_section_every_reference_leaves_empty_takes_any_key():
     layout.check_known_keys({"env": {"NCCL_DEBUG": "INFO"}}, {"env": {}})
     with pytest.raises(layout.ConfigError, match="env.NCCL_DEBUG"):
         layout.check_known_keys({"env": {"NCCL_DEBUG": "INFO"}}, {"env": {"OTHER": 1}})
+
+
+@pytest.mark.parametrize("optim", ["birder", "onebit_adam"])
+def test_fp16_with_nonfinite_raise_is_refused_before_its_first_routine_overflow(compose, optim):
+    """GradScaler's scale overflows in the first steps by design (it starts at 65536 and backs off): with
+    nonfinite=raise such a run died at step 0 with a FloatingPointError; refused in one line instead."""
+    cfg = compose([f"optim={optim}", "train.precision=fp16", "optim.comm.nonfinite=raise"])
+    with pytest.raises(
+        layout.ConfigError, match=r"^optim\.comm\.nonfinite=raise with train\.precision=fp16: .* use nonfinite=skip$"
+    ):
+        layout.validate(cfg)
+    layout.validate(compose([f"optim={optim}", "train.precision=fp16"]))  # skip, the default, is fine
+    layout.validate(compose([f"optim={optim}", "train.precision=bf16", "optim.comm.nonfinite=raise"]))
