@@ -115,6 +115,11 @@ def test_lightning_strategy_layout_and_refusals():
     cpus = [torch.device("cpu")] * 4
     assert BirderStrategy(parallel_devices=cpus).processes_per_node == 4
     assert BirderStrategy(parallel_devices=cpus, gpus_per_node=1).processes_per_node == 1
+    # and the layout line says which (it said "gpus_per_node=4 as given" where the value came from devices)
+    assert BirderStrategy(parallel_devices=cpus).layout_source == "Lightning's devices=4 a node, num_nodes=1"
+    assert BirderStrategy(parallel_devices=cpus, gpus_per_node=1).layout_source == (
+        "gpus_per_node=1 given to BirderStrategy"
+    )
 
 
 # ------------------------------------------------------------------------------------------ torch.compile

@@ -449,6 +449,7 @@ def attach_birder(
     kernel_backend: str = "auto",
     overlap: bool = True,
     nonfinite: str = "skip",
+    layout_source: str | None = None,
 ) -> BirderState:
     """Register the Birder hook on ``ddp_model`` and hand the optimizer its update: three lines in a script.
 
@@ -462,6 +463,8 @@ def attach_birder(
     ``overlap``: run the hook's work on a communication thread beside the backward pass (false: inside it).
     ``nonfinite``: a NaN or Inf in any rank's gradient skips the whole step on every rank (``skip``: parameters
     and hook state untouched, ``state.nonfinite_steps`` counts it) or fails it (``raise``).
+    ``layout_source``: what rank 0's layout line says the layout came from, where a framework knows better
+    (Lightning's ``devices``); by default where the attach found it.
 
     The state's counters (``intra_node_bytes``, ``inter_node_bytes``, ``compress_seconds``,
     ``collective_seconds``) are cumulative from the attach on; ``state.bytes_last_step()`` gives one step's
@@ -477,6 +480,7 @@ def attach_birder(
     for key in ("beta", "eps", "amsgrad_after"):
         if len({g[key] for g in groups}) != 1:
             raise ValueError(f"attach_birder: every parameter group must share {key}: the hook works per bucket")
+    guessed = topology is None
     if topology is None:
         gpus_per_node, source = gpus_per_node_from(gpus_per_node)
         topology = build_topology(gpus_per_node)
@@ -486,9 +490,9 @@ def attach_birder(
     announce_layout(
         f"attach_birder (scheme={scheme})",
         topology,
-        source,
+        layout_source or source,
         between_nodes=scheme == "hierarchical",
-        guessed=source != "topology given",
+        guessed=guessed,
     )
     state = BirderState(
         topology,

@@ -443,6 +443,7 @@ def attach_onebit(
     overlap: bool = True,
     nonfinite: str = "skip",
     scale: str | None = None,
+    layout_source: str | None = None,
 ) -> OneBitState:
     """Register the 1-bit hook on ``ddp_model`` and have ``optimizer`` take its averaged momentum.
 
@@ -463,6 +464,8 @@ def attach_onebit(
             :mod:`birder_repro.comm.onebit_scales`). None: the optimizer's ``comm_scale``, the default of its
             ``optim=`` config too (OneBitAdam ``tensor``, OneBitLamb ``bucket``), so that a script and the CLI
             compute alike.
+        layout_source: what rank 0's layout line says the layout came from, where a framework knows better
+            (Lightning's ``devices``); by default where the attach found it.
 
     Rank 0 says the layout the counts are split by and where it came from. The state's counters are cumulative
     from the attach on; ``state.bytes_last_step()`` gives one step's bytes.
@@ -487,7 +490,7 @@ def attach_onebit(
     if topology.world_size != world:
         raise ValueError(f"topology has {topology.world_size} processes but the DDP process group has {world}")
     # Every process is a worker of the compressed all-reduce whatever the layout: it only splits the counts.
-    announce_layout("attach_onebit", topology, source, between_nodes=False)
+    announce_layout("attach_onebit", topology, layout_source or source, between_nodes=False)
     state = OneBitState(
         optimizer,
         process_group,

@@ -95,6 +95,13 @@ class BirderStrategy(DDPStrategy):
         are then Lightning's ``num_nodes``: Lightning checks that devices x num_nodes is the world size)."""
         return self.gpus_per_node if self.gpus_per_node is not None else self.num_processes
 
+    @property
+    def layout_source(self) -> str:
+        """Where :attr:`processes_per_node` came from, as rank 0's layout line says it."""
+        if self.gpus_per_node is not None:
+            return f"gpus_per_node={self.gpus_per_node} given to BirderStrategy"
+        return f"Lightning's devices={self.num_processes} a node, num_nodes={self.num_nodes}"
+
     def setup(self, trainer) -> None:
         super().setup(trainer)  # wraps the model in DDP (configure_ddp), then builds the optimizer
         if trainer.state.fn == TrainerFn.FITTING:
@@ -106,12 +113,13 @@ class BirderStrategy(DDPStrategy):
                 f"BirderStrategy: configure_optimizers returned {len(self.optimizers)} optimizers; "
                 "the hook serves exactly one"
             )
-        opt, per_node = self.optimizers[0], self.processes_per_node
+        opt, per_node, said = self.optimizers[0], self.processes_per_node, self.layout_source
         if isinstance(opt, Birder):
             return attach_birder(
                 self.model,
                 opt,
                 gpus_per_node=per_node,
+                layout_source=said,
                 scheme=self.scheme,
                 kernel_backend=self.kernel_backend,
                 overlap=self.overlap,
@@ -119,7 +127,12 @@ class BirderStrategy(DDPStrategy):
             )
         if isinstance(opt, OneBitOptimizer):
             return attach_onebit(
-                self.model, opt, topology=build_topology(per_node), overlap=self.overlap, nonfinite=self.nonfinite
+                self.model,
+                opt,
+                topology=build_topology(per_node),
+                overlap=self.overlap,
+                nonfinite=self.nonfinite,
+                layout_source=said,
             )
         raise TypeError(
             f"BirderStrategy: configure_optimizers returned {type(opt).__name__}; return a "
