@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from conftest import write_records
 
@@ -211,3 +212,46 @@ def test_a_run_that_never_evaluated_has_no_row_in_time_to_target(tmp_path):
     never["time_to_target"]["evaluations"] = 0  # train.eval=false: a profile or throughput run
     frame = load_frame(write(tmp_path / "runs", [never, record("sgdm", lr=0.05, step=190)]))
     assert list(report_target.target_rows(frame)["nodes"]) == [2]
+
+
+def _measured(rows: list[tuple[str, float, float]]) -> pd.DataFrame:
+    """(optimizer, link Mbit/s, measured seconds to target) as crossover_tables lays out measured rows."""
+    table = pd.DataFrame(
+        [
+            {
+                "comparison": "c",
+                "source": "measured",
+                "link": link,
+                "optim": optim,
+                "variant": "",
+                "series": optim,
+                "measured_s": seconds,
+                "steps": 100.0,
+            }
+            for optim, link, seconds in rows
+        ]
+    )
+    table.attrs["models"] = {}
+    return table
+
+
+def test_the_crossover_is_taken_against_the_fastest_baseline_at_each_link():
+    """Two baselines: SGDM (slow everywhere) and the fp16 hook (fast on fast links). Against the fastest the
+    compressed optimizer pays only below about 316 Mbit/s; against the slowest it would seem to pay everywhere."""
+    rows = [("sgdm", x, 100.0) for x in (50.0, 200.0, 500.0)]
+    rows += [("sgdm_fp16", 50.0, 60.0), ("sgdm_fp16", 200.0, 40.0), ("sgdm_fp16", 500.0, 20.0)]
+    rows += [("birder", x, 30.0) for x in (50.0, 200.0, 500.0)]
+    [found] = crossover.crossovers(_measured(rows))
+    assert found["measured_ratios"] == pytest.approx({50.0: 0.5, 200.0: 0.75, 500.0: 1.5})
+    assert 200 < found["measured"] < 500 and not found["faster_everywhere_measured"]
+    assert "measured: faster below about" in crossover._crossover_text(found)
+
+
+def test_a_ratio_falling_through_1_says_where_the_optimizer_is_faster():
+    """Slower on slow links and faster on fast ones (a compressor whose own work dominates there): neither
+    'slower at every link' nor 'faster below'."""
+    rows = [("sgdm", 50.0, 10.0), ("sgdm", 500.0, 40.0), ("birder", 50.0, 20.0), ("birder", 500.0, 20.0)]
+    [found] = crossover.crossovers(_measured(rows))
+    text = crossover._crossover_text(found)
+    assert found["measured"] is not None and "measured: faster above about" in text, text
+    assert "slower at every link" not in text
