@@ -255,3 +255,13 @@ def test_a_ratio_falling_through_1_says_where_the_optimizer_is_faster():
     text = crossover._crossover_text(found)
     assert found["measured"] is not None and "measured: faster above about" in text, text
     assert "slower at every link" not in text
+
+
+def test_1bit_adams_warmup_steps_are_priced_as_fp32_steps_and_the_rest_as_compressed(monkeypatch):
+    """Time to target = freeze x the fp32 step + (steps - freeze) x the compressed step: swapping the two (or
+    pricing every step alike) changes it."""
+    model = crossover.StepModel.__new__(crossover.StepModel)
+    model.freeze = 30
+    monkeypatch.setattr(model, "step_s", lambda link: (0.2, 0.05, 0.5), raising=False)
+    assert model.time_to_target(100, 200.0) == pytest.approx(30 * 0.2 + 70 * 0.05)
+    assert model.time_to_target(20, 200.0) == pytest.approx(20 * 0.2)  # reached inside the warmup
