@@ -265,3 +265,15 @@ def test_1bit_adams_warmup_steps_are_priced_as_fp32_steps_and_the_rest_as_compre
     monkeypatch.setattr(model, "step_s", lambda link: (0.2, 0.05, 0.5), raising=False)
     assert model.time_to_target(100, 200.0) == pytest.approx(30 * 0.2 + 70 * 0.05)
     assert model.time_to_target(20, 200.0) == pytest.approx(20 * 0.2)  # reached inside the warmup
+
+
+def test_trials_differing_in_freeze_are_one_study_and_equal_steps_go_to_the_higher_final_metric():
+    """1-bit Adam's warmup length (optim.freeze) is tuned: its trials are one study, each showing its value; and
+    two trials reaching the target at the same step are told apart by the final metric."""
+    config = {"optim.name": "onebit_adam", "optim.lr": 2.5e-4, "optim.freeze": 0.15, "task.name": "fashion_mnist"}
+    other = {**config, "optim.freeze": 0.3}
+    assert tuning.study_key(config) == tuning.study_key(other)
+    assert tuning.tuned_values(other) == {"lr": 2.5e-4, "freeze": 0.3}
+    base = {"status": "completed", "target_direction": "higher", "target_reached": True, "target_step": 200}
+    low, high = {**base, "final_metric_value": 87.1}, {**base, "final_metric_value": 87.9}
+    assert sorted([low, high], key=tuning.trial_score) == [high, low]
