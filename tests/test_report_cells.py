@@ -150,6 +150,15 @@ def test_a_smoke_run_never_takes_the_place_of_the_sweep(tmp_path):
     assert "27.22" not in md and "7080" not in md.split("## Runs left out")[0]
 
 
+def test_a_smoke_run_of_an_optimizer_with_no_full_length_run_is_left_out_too(tmp_path):
+    """The longest run is its cell's, any optimizer's: a 2-step run of 1-bit LAMB beside the 60-step sweep is a
+    smoke run even though no 60-step 1-bit LAMB run exists."""
+    smoke = run_record("onebit_lamb", 5000.0, steps=2, top1=30.0, started="2026-01-01T11:00:00")
+    rows, left, _ = report(tmp_path, [*sweep_and_smoke()[:3], smoke])
+    assert sorted(rows["optim"]) == ["birder", "onebit_adam", "sgdm"]
+    assert list(left["reason"]) == ["smoke run: 2 steps, at most a tenth of the 60 of its cell's longest run"]
+
+
 def test_left_out_runs_are_printed_with_the_reason(tmp_path, capsys):
     report(tmp_path, sweep_and_smoke())
     printed = capsys.readouterr().out
