@@ -277,3 +277,31 @@ def test_trials_differing_in_freeze_are_one_study_and_equal_steps_go_to_the_high
     base = {"status": "completed", "target_direction": "higher", "target_reached": True, "target_step": 200}
     low, high = {**base, "final_metric_value": 87.1}, {**base, "final_metric_value": 87.9}
     assert sorted([low, high], key=tuning.trial_score) == [high, low]
+
+
+def test_the_crossover_figure_draws_each_optimizers_measured_times_at_their_links(tmp_path, monkeypatch):
+    """What the figure shows, read off its axes (not its size in bytes): per optimizer one measured series at its
+    links (the unshaped link at the model's rate for it), log axes, the task's target in the title."""
+    import matplotlib.figure
+
+    drawn = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: drawn.append(fig))
+    records = [
+        record("sgdm", lr=0.05, step=100, link=50, seconds=10.0),
+        record("sgdm", lr=0.05, step=100, link=None, seconds=1.0),
+        record("birder", lr=1e-3, step=150, link=50, seconds=3.0),
+        record("birder", lr=1e-3, step=150, link=None, seconds=2.0),
+    ]
+    points, _ = crossover.crossover_tables(load_frame(write(tmp_path / "runs", records)))
+    [path] = crossover.crossover_figures(points, tmp_path / "f")
+    [fig] = drawn
+    ax = fig.axes[0]
+    assert path.name == "crossover_fashion_mnist.png" and ax.get_xscale() == ax.get_yscale() == "log"
+    unshaped = crossover._unshaped_link()
+    series = {}
+    for container in ax.containers:  # one errorbar per series: its data line holds the points
+        label = container.get_label().removesuffix(", measured")
+        xs, ys = container.lines[0].get_data()
+        series[label] = sorted(zip(map(float, xs), map(float, ys)))
+    assert series == {"SGDM": [(50.0, 10.0), (unshaped, 1.0)], "Birder": [(50.0, 3.0), (unshaped, 2.0)]}
+    assert "top1 87" in ax.get_title()
