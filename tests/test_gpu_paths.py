@@ -264,3 +264,16 @@ def test_cuda_timings_keep_only_the_events_still_in_flight(monkeypatch):
         _FakeEvent.done = True
     assert state.compress_seconds == pytest.approx(1.4) and state.collective_seconds == pytest.approx(0.006)
     assert len(state._pending) == 0
+
+
+def test_a_hook_state_loaded_on_the_cpu_moves_to_the_buckets_device_at_its_first_bucket():
+    """Accelerate and the Trainer load every rank's hook state with map_location="cpu": on a GPU the first
+    bucket met CPU state ("m is on cpu, expected cuda:N"), and a layout change all-gathered CPU tensors over NCCL.
+    Here the bucket's device is "meta" (a device the CPU state is not on; no GPU needed)."""
+    store = BucketStore([Field("m"), Field("e")], pad_to=8)
+    sig = ((0, 0, 10), (1, 10, 6))
+    store.bucket(0, 16, sig, torch.device("cpu"))
+    fresh = BucketStore([Field("m"), Field("e")], pad_to=8)
+    fresh.load_state_dict(store.state_dict())
+    bucket = fresh.bucket(0, 16, sig, torch.device("meta"))
+    assert {t.device.type for t in bucket.state.values()} == {"meta"}

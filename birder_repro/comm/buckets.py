@@ -290,7 +290,7 @@ class BucketStore:
         """The bucket DDP calls ``index`` with this ``signature``: the stored one, or a new one (migrating the
         state first if the layout changed: collective, and every rank meets the same change at the same call)."""
         if self._foreign:
-            self._adopt()
+            self._adopt(device)
         bucket = self.buckets.get(index)
         if bucket is not None and bucket.signature == signature:
             return bucket
@@ -306,12 +306,22 @@ class BucketStore:
         self.owner.update((p, index) for p in params)
         return bucket
 
-    def _adopt(self) -> None:
-        """Loaded state (cloned on the training thread, on its stream) is read from here on by the hook, on its
+    def _adopt(self, device: torch.device) -> None:
+        """Loaded state first goes to the device of DDP's buckets: a checkpoint loaded with
+        ``map_location="cpu"`` (the integrations load so) would otherwise meet CUDA gradients in the update, or
+        be all-gathered from the CPU over NCCL by a layout change.
+
+        Loaded state (cloned on the training thread, on its stream) is read from here on by the hook, on its
         side stream (:mod:`birder_repro.comm.overlap`), and freed there too by a migration: without
         ``record_stream`` the caching allocator would hand the freed block to the training stream (backward)
         while side-stream kernels may still read it, silently corrupting m, b, e, e_bar after a resume into
         another bucket layout. Called once, from the first bucket after a load."""
+        for b in self.buckets.values():
+            b.state = {k: t.to(device) for k, t in b.state.items()}
+        for per_param in (self.canonical or {}).values():
+            for p, t in per_param.items():
+                if isinstance(t, torch.Tensor) and t.is_floating_point():
+                    per_param[p] = t.to(device)
         tensors = [t for b in self.buckets.values() for t in b.state.values()]
         for per_param in (self.canonical or {}).values():
             tensors += [t for t in per_param.values() if isinstance(t, torch.Tensor)]
