@@ -47,6 +47,8 @@ class Probe:
     torch_version: str = ""
     torch_cuda: str | None = None  # torch.version.cuda: None for a CPU-only build
     visible: str | None = None  # CUDA_VISIBLE_DEVICES, None when unset
+    slurm_job: bool = False  # inside a SLURM job (SLURM_JOB_ID set)
+    slurm_gpus: str | None = None  # the GPUs SLURM gave the job (SLURM_JOB_GPUS / SLURM_STEP_GPUS / _ON_NODE)
 
     @property
     def nvidia_present(self) -> bool:
@@ -104,6 +106,10 @@ def probe(
         torch_version=torch_version,
         torch_cuda=torch_cuda,
         visible=env.get("CUDA_VISIBLE_DEVICES"),
+        slurm_job=bool(env.get("SLURM_JOB_ID")),
+        slurm_gpus=next(
+            (env[k] for k in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE") if env.get(k)), None
+        ),
     )
 
 
@@ -112,15 +118,43 @@ def _major(version: str | None) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def cpu_allocation(p: Probe) -> bool:
+    """A SLURM job given no GPU on a GPU node: the device files show, but the CPU is what the job was given
+    (SLURM sets CUDA_VISIBLE_DEVICES=NoDevFiles, or leaves the job's GPU variables unset or 0)."""
+    no_gpus = p.slurm_gpus is None or p.slurm_gpus.strip() in ("", "0")
+    return p.slurm_job and (no_gpus or (p.visible or "").strip() == "NoDevFiles")
+
+
 def diagnosis(p: Probe) -> str | None:
-    """One line: why torch sees no CUDA device on a machine with NVIDIA GPUs, and the fix; None without them."""
-    if not p.nvidia_present:
+    """One line: why torch sees no CUDA device on a machine with NVIDIA GPUs, and the fix; None without them,
+    and None for a SLURM job given no GPU (:func:`cpu_allocation`: ``device=auto`` trains on the CPU there)."""
+    if not p.nvidia_present or cpu_allocation(p):
         return None
     seen = f"this machine has {p.gpu_count} NVIDIA GPU{'s' if p.gpu_count != 1 else ''}"
-    if p.visible is not None and p.visible.strip() in ("", "-1", "NoDevFiles"):
+    visible = (p.visible or "").strip()
+    if p.visible is not None and visible == "NoDevFiles":
+        return (
+            f"{seen}, but CUDA_VISIBLE_DEVICES=NoDevFiles: the scheduler gave this job no GPU; ask for GPUs "
+            "(SLURM: --gres=gpu:N or --gpus-per-node=N) or run with device=cpu"
+        )
+    if p.visible is not None and visible in ("", "-1"):
         return (
             f"{seen}, but CUDA_VISIBLE_DEVICES={p.visible!r} hides them from torch: unset it or list the GPUs "
             "(e.g. CUDA_VISIBLE_DEVICES=0,1)"
+        )
+    named = [v.strip() for v in visible.split(",") if v.strip()]
+    if any(v.startswith("MIG-") for v in named):
+        return (
+            f"{seen}, and CUDA_VISIBLE_DEVICES names MIG instances ({', '.join(named)}): check that each still "
+            "exists (nvidia-smi -L lists them) and that torch's CUDA supports MIG; one process sees one MIG "
+            "instance only"
+        )
+    listed = " ".join(p.gpus)
+    stale = [v for v in named if v.startswith("GPU-") and p.gpus and v not in listed]
+    if stale:
+        return (
+            f"{seen}, but CUDA_VISIBLE_DEVICES names GPU UUIDs this machine does not have ({', '.join(stale)}): "
+            "a value left from another node or job; unset it or take the UUIDs from nvidia-smi -L"
         )
     if p.torch_cuda is None:
         return (

@@ -144,3 +144,24 @@ def test_the_cli_on_a_gpu_node_without_usable_cuda_stops_in_one_line(tmp_path):
     assert "torch sees no CUDA device" in last and "CUDA_VISIBLE_DEVICES=''" in last and "device=cpu" in last
     records = [json.loads(p.read_text()) for p in (tmp_path / "runs").rglob("record.json")]
     assert [r["status"] for r in records] in ([], ["failed"])  # nothing trained: at most a failed record
+
+
+def test_a_slurm_job_given_no_gpu_on_a_gpu_node_trains_on_the_cpu(tmp_path):
+    """The device files show, the job was given the CPU: not an error (device=auto takes the CPU)."""
+    env = stand_in(tmp_path, driver="580.65.06", gpus=4)
+    assert cuda_env.diagnosis(_probe(env, SLURM_JOB_ID="17")) is None
+    assert cuda_env.diagnosis(_probe(env, SLURM_JOB_ID="17", CUDA_VISIBLE_DEVICES="NoDevFiles")) is None
+    assert cuda_env.diagnosis(_probe(env, SLURM_JOB_ID="17", SLURM_GPUS_ON_NODE="0")) is None
+    given = cuda_env.diagnosis(_probe(env, SLURM_JOB_ID="17", SLURM_JOB_GPUS="0,1"))
+    assert given is not None and "cannot use them" in given  # GPUs given, torch still cannot: diagnosed
+
+
+def test_nodevfiles_mig_and_stale_uuids_are_named_for_what_they_are(tmp_path):
+    env = stand_in(tmp_path, driver="580.65.06", gpus=2)
+    line = cuda_env.diagnosis(_probe(env, CUDA_VISIBLE_DEVICES="NoDevFiles"))
+    assert "gave this job no GPU" in line and "unset it" not in line
+    line = cuda_env.diagnosis(_probe(env, CUDA_VISIBLE_DEVICES="MIG-4f2a-1c"))
+    assert "MIG instances (MIG-4f2a-1c)" in line
+    line = cuda_env.diagnosis(_probe(env, CUDA_VISIBLE_DEVICES="GPU-dead,GPU-0f5c"))
+    assert "UUIDs this machine does not have (GPU-dead)" in line
+    assert "UUIDs" not in (cuda_env.diagnosis(_probe(env, CUDA_VISIBLE_DEVICES="GPU-0f5c")) or "")
