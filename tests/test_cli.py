@@ -535,3 +535,36 @@ def test_the_config_dir_example_of_the_docs_works_as_copied_and_a_misplaced_dire
     assert refused.returncode == 2
     assert "mine.data, mine.train: settings under 'mine.'" in last_line(refused.stderr), refused.stderr[-2000:]
     assert "# @package _global_" in last_line(refused.stderr)
+
+
+def test_a_cell_that_crashes_or_raises_is_a_failed_cell_with_its_last_line(monkeypatch, capsys):
+    """The sweep's verdict for cells that fail at run time, not at config time: a cell whose run returned 1 and
+    one that raised are both listed with their last stderr line, and the sweep exits 1; a cell returning 0
+    (or True, which is no exit code) is not a failure."""
+    from hydra.core.utils import JobReturn, JobStatus
+    from omegaconf import OmegaConf
+
+    from birder_repro import sweep
+
+    def cell(num: int, status: JobStatus, value, said: str) -> None:
+        cfg = OmegaConf.create({"hydra": {"job": {"num": num}}})
+        report.on_job_start(cfg)
+        print(said, file=sys.stderr)
+        job = JobReturn(overrides=[f"optim=x{num}"], status=status)
+        job._return_value = value
+        report.on_job_end(cfg, job)
+
+    report = sweep.SweepReport()
+    report.on_multirun_start(OmegaConf.create({}))
+    cell(0, JobStatus.COMPLETED, 0, "fine")
+    cell(1, JobStatus.COMPLETED, 1, "[birder-repro] rank 1 died: Signal 9 (SIGKILL)")
+    cell(2, JobStatus.FAILED, RuntimeError("boom"), "RuntimeError: boom")
+    cell(3, JobStatus.COMPLETED, True, "a task function returning True")
+    with pytest.raises(SystemExit) as ended:
+        report.on_multirun_end(OmegaConf.create({}))
+    assert ended.value.code == sweep.FAILED_SWEEP
+    err = capsys.readouterr().err
+    assert "sweep: 2 of 4 cells failed or were refused:" in err
+    assert "#1 optim=x1: rank 1 died: Signal 9 (SIGKILL) (exit code 1)" in err
+    assert "#2 optim=x2: RuntimeError: boom (exit code 1)" in err
+    assert "#0 " not in err and "#3 " not in err
