@@ -499,10 +499,17 @@ def test_a_broken_wandb_warns_once_and_metrics_jsonl_goes_on(broken, tmp_path, m
     assert rows == [{"step": 1, "loss": 2.0}, {"step": 2, "loss": None}]
 
 
-def test_disabled_logger_writes_nothing(tmp_path):
-    with RunLogger(make_config(tmp_path), tmp_path / "run", enabled=False) as logger:
+def test_disabled_logger_writes_nothing(tmp_path, monkeypatch):
+    """A rank other than 0 logs nothing: no file anywhere, no W&B run started (whatever logger= says)."""
+    import wandb
+
+    started = []
+    monkeypatch.setattr(wandb, "init", lambda *a, **k: started.append(k))
+    before = set(tmp_path.rglob("*"))
+    with RunLogger(make_config(tmp_path, logger="wandb"), tmp_path / "run", enabled=False) as logger:
         logger.log(1, {"loss": 1.0})
-    assert not (tmp_path / "run").exists()
+        logger.log(2, {"loss": float("nan")})
+    assert set(tmp_path.rglob("*")) == before and started == []
 
 
 SAMPLE_RECORD = {
