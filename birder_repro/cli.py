@@ -19,7 +19,6 @@ checkpoint; the CLI waits for them and ends with the command that resumes the ru
 from __future__ import annotations
 
 import contextlib
-import difflib
 import importlib.util
 import os
 import socket
@@ -507,9 +506,7 @@ def override_error_line(exc: BaseException) -> str | None:
         return None
     section, _, _ = full_key.rpartition(".")
     known = [f"{section}.{k}" if section else str(k) for k in (parent.keys() if isinstance(parent, DictConfig) else ())]
-    close = difflib.get_close_matches(full_key, known, n=1)
-    hint = f"did you mean {close[0]}?" if close else "check the spelling (birder-repro --cfg job lists the keys)"
-    return f"{full_key}: no such setting; {hint}"
+    return layout.no_such_setting(full_key, known)
 
 
 def _runs_dir_problem(env=os.environ) -> str | None:

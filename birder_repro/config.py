@@ -38,6 +38,7 @@ __all__ = [
     "check_types",
     "check_known_keys",
     "check_misplaced_sections",
+    "no_such_setting",
     "validate",
     "resolve",
     "install_section_checks",
@@ -252,11 +253,17 @@ def check_known_keys(cfg: Any, reference: Any) -> None:
     unknown = _unknown_key(_plain(cfg), ref, prefix="")
     if unknown is None:
         return
-    close = difflib.get_close_matches(unknown, sorted(_dotted_keys(ref)), n=1)
-    hint = f"did you mean {close[0]}?" if close else "check the spelling (birder-repro --cfg job lists the keys)"
     raise ConfigError(
-        f"{unknown}: no such setting; {hint} (a '+key=' override cannot add a setting that no config file declares)"
+        f"{no_such_setting(unknown, _dotted_keys(ref))} (a '+key=' override cannot add a setting that no config "
+        "file declares)"
     )
+
+
+def no_such_setting(key: str, known: Iterable[str]) -> str:
+    """``train.stepz: no such setting; did you mean train.steps?``: the key and the closest of ``known``."""
+    close = difflib.get_close_matches(key, sorted(known), n=1)
+    hint = f"did you mean {close[0]}?" if close else "check the spelling (birder-repro --cfg job lists the keys)"
+    return f"{key}: no such setting; {hint}"
 
 
 def check_misplaced_sections(cfg: Any, shipped: Any) -> None:

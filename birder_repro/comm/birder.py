@@ -69,7 +69,6 @@ from birder_repro.comm.buckets import (
     require_buckets,
 )
 from birder_repro.comm.collectives import all_gather_flat, reduce_scatter_flat
-from birder_repro.comm.ddp import check_ddp_for_hook
 from birder_repro.comm.nonfinite import NonFiniteGuard, local_flag
 from birder_repro.comm.overlap import HookRunner
 from birder_repro.comm.state import UPDATE, CompressedCommState
@@ -473,7 +472,6 @@ def attach_birder(
     # Resolved and, on a GPU, self-tested here: a broken backend fails in one line now, not on the thread later.
     kernel_backend = kernels.check_backend(kernel_backend, next(ddp_model.module.parameters()).device)
     require_buckets(ddp_model, "attach_birder")
-    check_ddp_for_hook(ddp_model, "attach_birder")
     if not isinstance(optimizer, Birder):
         raise TypeError(f"attach_birder needs a birder_repro.optim.Birder optimizer, got {type(optimizer).__name__}")
     groups = optimizer.param_groups

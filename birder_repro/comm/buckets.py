@@ -67,14 +67,37 @@ def parameter_index(model: torch.nn.Module) -> dict[int, int]:
 
 
 def require_buckets(ddp_model, attach: str) -> None:
-    """Refuse a DDP model built for compiled autograd (``torch._dynamo.config.optimize_ddp = "python_reducer"``):
-    its Python reducer calls a communication hook once per parameter with a ``(grad, param)`` pair and ignores
-    the returned future, where the compressed hooks work on whole buckets (docs/integrations.md, torch.compile)."""
+    """What a compressed hook needs of its DDP module, refused in one line each where it is not so:
+
+    - not built for compiled autograd (``torch._dynamo.config.optimize_ddp = "python_reducer"``): its Python
+      reducer calls a communication hook once per parameter with a ``(grad, param)`` pair and ignores the
+      returned future, where the compressed hooks work on whole buckets (docs/integrations.md, torch.compile);
+    - ``find_unused_parameters=False``: with True, DDP all-reduces its map of locally used parameters on its own
+      process group from the autograd thread once the last bucket's hook has returned, while the hook's
+      collectives may still run on its communication thread (:mod:`~birder_repro.comm.overlap`) on the same
+      group, or on the node's and the nodes' groups: two threads issuing collectives in no common order
+      deadlock (gloo) or hang (NCCL). The HF Trainer turns it on by default for models without gradient
+      checkpointing;
+    - no hook yet: DDP takes one (torch's reducer refuses a second in words that do not say which was there).
+    """
     if getattr(ddp_model, "_use_python_reducer", False):
         raise ValueError(
             f"{attach}: DDP was built with torch._dynamo.config.optimize_ddp='python_reducer' (compiled "
             "autograd), whose reducer hands hooks single parameters, not buckets; use torch.compile "
             "with optimize_ddp='ddp_optimizer' (the default) and compiled_autograd=False"
+        )
+    if getattr(ddp_model, "find_unused_parameters", False):
+        raise ValueError(
+            f"{attach}: DDP(find_unused_parameters=True) would deadlock with this hook (DDP all-reduces its map of "
+            "used parameters from the autograd thread while the hook's collectives run): build DDP with "
+            "find_unused_parameters=False (HF Trainer: ddp_find_unused_parameters=False; Lightning: "
+            "DDPStrategy(find_unused_parameters=False)), every parameter taking part in each step's loss"
+        )
+    hooks = getattr(ddp_model, "_comm_hooks", None)
+    if hooks:
+        raise ValueError(
+            f"{attach}: this DDP module has a communication hook already (its state: {type(hooks[0][1]).__name__}); "
+            "DDP takes one: wrap the model in a new DistributedDataParallel to attach another"
         )
 
 

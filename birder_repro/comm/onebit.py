@@ -66,7 +66,6 @@ from birder_repro.comm.buckets import (
 )
 from birder_repro.comm.collectives import all_gather_flat as _all_gather
 from birder_repro.comm.collectives import wait_all
-from birder_repro.comm.ddp import check_ddp_for_hook
 from birder_repro.comm.nonfinite import NonFiniteGuard, local_flag
 from birder_repro.comm.onebit_scales import SCALES, compressed_allreduce_per_tensor, tensor_layout
 from birder_repro.comm.overlap import HookRunner
@@ -471,7 +470,6 @@ def attach_onebit(
     from the attach on; ``state.bytes_last_step()`` gives one step's bytes.
     """
     require_buckets(ddp_model, "attach_onebit")
-    check_ddp_for_hook(ddp_model, "attach_onebit")
     if not isinstance(optimizer, OneBitOptimizer):
         raise TypeError(f"attach_onebit needs a OneBitAdam or OneBitLamb optimizer, got {type(optimizer).__name__}")
     if optimizer.freeze_step < 2:

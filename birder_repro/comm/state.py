@@ -203,12 +203,10 @@ class CommState:
         if not self._pending:
             return
         with self._counter_lock:
-            pending, self._pending = self._pending, []
-        for counter, start, end in pending:
+            ends = [end for _, _, end in self._pending]
+        for end in ends:  # waited for outside the lock: the communication thread may be adding pairs meanwhile
             end.synchronize()
-            seconds = start.elapsed_time(end) / 1000.0
-            with self._counter_lock:
-                self._seconds[counter] += seconds
+        self._fold_finished()
 
 
 def _counter(what: str) -> str:

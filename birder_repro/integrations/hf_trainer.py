@@ -51,7 +51,7 @@ def _settle_arguments(args) -> None:
 
     - ``ddp_find_unused_parameters``: left at None, the Trainer turns it on for a model without gradient
       checkpointing, and DDP's map of used parameters would deadlock with the hook
-      (:mod:`birder_repro.comm.ddp`): set to False. Asked for (True): refused.
+      (:func:`birder_repro.comm.buckets.require_buckets`): set to False. Asked for (True): refused.
     - ``max_grad_norm`` (1.0 by default): clipping rescales ``.grad``, which holds the hook's result (Birder's
       +-1 update, 1-bit Adam's averaged momentum), not a gradient: it must be 0.
     """
