@@ -16,6 +16,8 @@ import pytest
 import torch
 from dist_utils import run_distributed
 from onebit_reference import OneBitAdamReference
+
+from birder_repro.references.deepspeed_onebit import Choices, DeepSpeedOnebitAdamReference
 from torch import nn
 
 from birder_repro.gpucheck.training import Layers
@@ -50,11 +52,17 @@ def _sharded_net(mesh_shape=(NODES, GPUS)):
     return model, mesh
 
 
-def _fsdp_birder(rank, world):
+def _fsdp_birder(rank, world, force_sum: bool = False):
+    """``force_sum``: FSDP reduce-scatters a sum and divides after the hook (what it does with an fp16 reduce
+    dtype too): the hook must still see the node average and hand back +-1."""
     from birder_repro.comm import attach_birder_fsdp
     from birder_repro.optim import Birder
 
     model, mesh = _sharded_net()
+    if force_sum:
+        for module in model.modules():
+            if hasattr(module, "set_force_sum_reduction_for_comms"):
+                module.set_force_sum_reduction_for_comms(True)
     opt = Birder(model.parameters(), lr=LR, beta=0.9, weight_decay=1e-3)
     state = attach_birder_fsdp(model, opt, mesh)
     inter = []
@@ -94,7 +102,7 @@ def _ddp_birder(rank, world):
     return torch.cat([p.detach().reshape(-1) for p in ddp.parameters()])
 
 
-def _fsdp_onebit(rank, world):
+def _fsdp_onebit(rank, world, scale="bucket"):
     """1-bit Adam under FSDP; each step also every rank's own full gradient (from a plain copy of the model)
     for the reference."""
     from birder_repro.comm import attach_onebit_fsdp
@@ -103,7 +111,7 @@ def _fsdp_onebit(rank, world):
     model, mesh = _sharded_net()
     initial = [p.full_tensor().clone() for p in model.parameters()]
     opt = OneBitAdam(model.parameters(), freeze_step=FREEZE, **ONEBIT)
-    state = attach_onebit_fsdp(model, opt, mesh, overlap=rank % 2 == 0)  # both ways at once
+    state = attach_onebit_fsdp(model, opt, mesh, overlap=rank % 2 == 0, scale=scale)  # both ways at once
     grads, params, stages = [], [], []
     for step in range(ONEBIT_STEPS):
         x, y = _batch(rank, step)
@@ -241,8 +249,10 @@ def _resumes(rank, where: str, build, save_at: int, steps: int) -> dict:
 def _all(rank, world, where):
     return {
         "fsdp": _fsdp_birder(rank, world),
+        "fsdp_sum": _fsdp_birder(rank, world, force_sum=True),
         "ddp": _ddp_birder(rank, world),
         "onebit": _fsdp_onebit(rank, world),
+        "onebit_tensor": _fsdp_onebit(rank, world, scale="tensor"),
         "dcp": _dcp_round_trip(rank, world, where),
         "bn": _resumes(rank, where + "/bn", _bn_birder, 2, 4),
         "onebit_resume": _resumes(rank, where + "/onebit", _onebit_adam, FREEZE + 1, ONEBIT_STEPS),
@@ -336,6 +346,14 @@ def test_user_fsdp_script_equals_ddp_hierarchical_bit_for_bit(runs):
     assert {"buckets", "counters", "scheme", "seed"} <= set(s["saved"])
 
 
+def test_fsdp_summing_before_the_hook_and_dividing_after_changes_nothing(runs):
+    """set_force_sum_reduction_for_comms (as an fp16 reduce dtype does): FSDP sums, the hook gets m x the node
+    average and FSDP divides after it. The hook takes the divide in and out: the same run bit for bit (without
+    it, the +-1 leave FSDP as +-1/2)."""
+    for rank in range(WORLD):
+        assert torch.equal(runs[rank]["fsdp_sum"]["params"], runs[rank]["fsdp"]["params"]), f"rank {rank}"
+
+
 def _shard_numels(rank_in_node: int) -> list[int]:
     """Each unit's shard on a process: every parameter's dim-0 chunk padded to ceil(rows / GPUS) rows."""
     out = []
@@ -412,3 +430,34 @@ def test_onebit_adam_under_fsdp_matches_the_reference(runs):
             if w is not None:
                 assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), f"step {step + 1}: max {(a - b).abs().max()}"
     assert res[0]["inter"] > 0
+
+
+def test_onebit_adam_under_fsdp_honours_a_scale_per_tensor(runs):
+    """``scale="tensor"`` (optim=onebit_adam's default) under FSDP: a worker scale per parameter's piece of the
+    unit's shard, a server scale per piece of one in a chunk: DeepSpeed's per-tensor compression laid out as
+    FSDP lays out the shards (the reference of tests/test_onebit_deepspeed.py, cut by unit); and not the
+    bucket-scale run."""
+    res = [runs[r]["onebit_tensor"] for r in range(WORLD)]
+    pieces, where, buckets = _reference_layout(res[0]["initial"])
+    ref = DeepSpeedOnebitAdamReference(pieces, NODES, freeze_step=FREEZE, choices=Choices.project(NODES), **ONEBIT)
+
+    def cut(full: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [
+            torch.zeros(len(x)) if w is None else full[w[0]].reshape(-1)[w[1] : w[2]].clone()
+            for x, w in zip(pieces, where)
+        ]
+
+    for step in range(ONEBIT_STEPS):
+        node_grads = [
+            [(a + b) / 2 for a, b in zip(cut(res[k * GPUS]["grads"][step]), cut(res[k * GPUS + 1]["grads"][step]))]
+            for k in range(NODES)
+        ]
+        ref.step(node_grads, buckets)
+        got = cut(res[0]["params"][step])
+        for rank in range(1, WORLD):
+            assert all(torch.equal(a, b) for a, b in zip(got, cut(res[rank]["params"][step])))
+        for a, b, w in zip(got, ref.x, where):
+            if w is not None:
+                assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), f"step {step + 1}: max {(a - b).abs().max()}"
+    bucket_scale = runs[0]["onebit"]["params"][-1]
+    assert any(not torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(res[0]["params"][-1], bucket_scale))

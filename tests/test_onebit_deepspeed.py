@@ -377,3 +377,17 @@ def test_the_runner_passes_optim_comm_scale_and_the_library_defaults_to_the_clis
         onebit.attach_from_config(None, opt, {"comm": {"scale": scale}}, topology=None)
     onebit.attach_from_config(None, opt, {"comm": {}}, topology=None)
     assert passed == ["bucket", "tensor", "tensor"]
+
+
+def test_the_runner_passes_optim_comm_scale_to_the_fsdp_hook_too(monkeypatch):
+    """``parallel=fsdp optim=onebit_adam``: the configured scale reaches attach_onebit_fsdp (it used to build
+    every FSDP state with one scale per unit whatever the setting said); unset, the optimizer's default."""
+    from birder_repro.comm import fsdp
+
+    passed = []
+    monkeypatch.setattr(fsdp, "attach_onebit_fsdp", lambda *args, **kwargs: passed.append(kwargs["scale"]))
+    opt = OneBitAdam(nn.Linear(2, 2).parameters(), freeze_step=2)
+    for scale in ("bucket", "tensor"):
+        fsdp.attach_from_config(None, opt, None, {"comm": {"scale": scale}}, "onebit")
+    fsdp.attach_from_config(None, opt, None, {"comm": {}}, "onebit")
+    assert passed == ["bucket", "tensor", None]  # None: attach_onebit_fsdp takes the optimizer's comm_scale

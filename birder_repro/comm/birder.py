@@ -230,7 +230,7 @@ class BirderState(CompressedCommState):
             bucket = self.store.bucket(index, shard.numel(), signature, shard.device)
             self.guard.begin(bucket)
             bucket.step += 1
-            g = shard.float()
+            g = self.unscale_(shard.float())  # fp16: the true node-average gradient (Step I)
             if bucket.padded != bucket.numel:
                 padded = bucket.workspace("padded", numel=bucket.padded, device=g.device)
                 padded[: bucket.numel] = g  # the tail was zeroed when the workspace was made and stays zero
@@ -238,6 +238,7 @@ class BirderState(CompressedCommState):
             shard_packed, flag = self.exchange_shard(bucket, g, node_flag)
             with self.timing("compress", shard.device):
                 self._unpack_into(shard_packed, bucket.numel, shard)
+            self.rescale_(shard, flag)  # fp16: what GradScaler divides back, or NaN on a skip (Step II)
             self.guard.note(flag, index, bucket.step)
             self.calls += 1
             return shard
@@ -449,6 +450,7 @@ def attach_birder(
     overlap: bool = True,
     nonfinite: str = "skip",
     layout_source: str | None = None,
+    grad_scaler=None,
 ) -> BirderState:
     """Register the Birder hook on ``ddp_model`` and hand the optimizer its update: three lines in a script.
 
@@ -464,6 +466,9 @@ def attach_birder(
     and hook state untouched, ``state.nonfinite_steps`` counts it) or fails it (``raise``).
     ``layout_source``: what rank 0's layout line says the layout came from, where a framework knows better
     (Lightning's ``devices``); by default where the attach found it.
+    ``grad_scaler``: the ``torch.amp.GradScaler`` the script scales its loss with (fp16), so that the hook
+    compresses true gradients and the scaler still finds overflows (``state.use_grad_scaler``); a scaler that
+    steps the optimizer without having been passed here is refused at the first step.
 
     The state's counters (``intra_node_bytes``, ``inter_node_bytes``, ``compress_seconds``,
     ``collective_seconds``) are cumulative from the attach on; ``state.bytes_last_step()`` gives one step's
@@ -504,6 +509,7 @@ def attach_birder(
         overlap=overlap,
         nonfinite=nonfinite,
     )
+    state.use_grad_scaler(grad_scaler)
     state.param_index = parameter_index(ddp_model.module)
     ddp_model.register_comm_hook(state, birder_hook)
     optimizer.compressed_by_hook = True

@@ -55,6 +55,13 @@ used from one thread, in the same order on every rank: the node's group by the a
 flags), the replicate group by the communication thread (tests/test_fsdp_order.py records them); gloo has no
 device-wide synchronisation to tie the two groups together.
 
+FSDP's divide (:func:`fsdp_postdivide`). With an fp32 or bf16 reduce dtype FSDP averages in its
+reduce-scatter and the hook gets the node average. With an fp16 reduce dtype (or ``set_force_sum_reduction_for_
+comms(True)``, or a ``set_gradient_divide_factor``) it sums instead, dividing by a pre-factor before and a
+post-factor after the hook: the hook would see post x the node average and its +-1 would come out divided by
+post. So the hook divides the shard by FSDP's post-factor before its work and multiplies the result by it after,
+and FSDP's own divide then leaves the node average in and the +-1 (1-bit Adam: the averaged momentum) out.
+
 Bytes: the hooks count what they send (:mod:`birder_repro.comm.accounting`); :class:`FsdpTraffic` counts
 FSDP's own collectives inside the node (the reduce-scatter and the parameters' all-gathers in forward and, for
 units resharded after forward, in backward) and, for native HSDP (the baselines), its fp32 all-reduce across
@@ -274,7 +281,10 @@ class _UnitHooks:
                 f"elements, its parameters' shards hold {unit.numel}: every parameter of a unit "
                 "must get a gradient in every step with the 1-bit FSDP hooks"
             )
-        inside = runs_in_hook(shard.device, self.state.runner.overlap)
+        # FSDP summed (module doc, FSDP's divide): the work then runs here, between FSDP's two divides; on the
+        # thread it would race the divide FSDP applies to the shard as soon as this hook returns.
+        post = fsdp_postdivide(unit, shard)
+        inside = runs_in_hook(shard.device, self.state.runner.overlap) or post != 1.0
         if not inside and any(p.grad is not None for p in unit.params):
             raise RuntimeError(
                 f"FSDP unit {unit.index} ({type(unit.module).__name__}) already has gradients: FSDP "
@@ -284,10 +294,15 @@ class _UnitHooks:
         self.traffic.reduced(unit, shard.numel() * shard.element_size())
         flag, work = self._node_flag(shard)
         if inside:  # Step III now, on the hook's stream
+            self._drain()  # units still queued on the thread first: one thread at a time on a group
             with torch.no_grad():
                 if work is not None:
                     work.wait()
+                if post != 1.0:
+                    shard.div_(post)  # the node average in
                 self.work(unit, shard, flag)
+                if post != 1.0:
+                    shard.mul_(post)  # FSDP's divide leaves the result
             return
 
         def run() -> torch.Tensor:
@@ -315,9 +330,37 @@ class _UnitHooks:
     def wait(self) -> None:
         """Every unit's work of this backward pass done (re-raises a failure of the communication thread)."""
         self.callback_queued = False
+        self._drain()
+
+    def _drain(self) -> None:
         pending, self.pending = self.pending, []
         for fut in pending:
             fut.wait()
+
+
+def fsdp_postdivide(unit: Unit, shard: torch.Tensor) -> float:
+    """The factor FSDP2 divides ``unit``'s reduce-scatter output by after its all-reduce hook (1.0: none; it
+    averaged in the collective). Asked of FSDP's own rule (its private ``_get_gradient_divide_factors``, with
+    the unit's reduce dtype, divide factor and forced-sum setting), so that it follows the torch in use."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives
+
+    group = _param_group(unit.module)
+    factor = getattr(group, "gradient_divide_factor", None)
+    force_sum = bool(getattr(group, "force_sum_reduction_for_comms", False))
+    if shard.dtype in (torch.float32, torch.bfloat16) and factor is None and not force_sum:
+        return 1.0  # FSDP's AVG reduce-scatter (every torch with set_all_reduce_hook)
+    try:
+        rule = _fsdp_collectives._get_gradient_divide_factors
+        _, post, _, _ = rule(
+            group.mesh_info.shard_process_group, None, shard.dtype, shard.device.type, factor, force_sum
+        )
+    except Exception as err:  # any change of the private rule: refuse in one line, naming the setting
+        raise RuntimeError(
+            f"FSDP unit {unit.index} reduces in {shard.dtype} with a sum (fp16 reduce dtype, a gradient divide "
+            "factor or forced sum reduction): this torch's FSDP does not say what it divides by after the hook "
+            f"({type(err).__name__}: {err}); reduce in float32 (MixedPrecisionPolicy(reduce_dtype=torch.float32))"
+        ) from err
+    return float(post) if post else 1.0
 
 
 def _check_mesh_and_units(model: torch.nn.Module, mesh) -> tuple[Topology, list[Unit]]:
@@ -335,15 +378,21 @@ def _check_mesh_and_units(model: torch.nn.Module, mesh) -> tuple[Topology, list[
 
 # ------------------------------------------------------------------------------------------------ Birder
 def attach_birder_fsdp(
-    model: torch.nn.Module, optimizer, mesh, kernel_backend: str = "auto", overlap: bool = True, nonfinite: str = "skip"
+    model: torch.nn.Module,
+    optimizer,
+    mesh,
+    kernel_backend: str = "auto",
+    overlap: bool = True,
+    nonfinite: str = "skip",
+    grad_scaler=None,
 ):
     """Birder's Hierarchical-1-bit-All-Reduce on an FSDP2 model: the same state as :func:`attach_birder`
     (counters, ``stage()``, ``nonfinite_steps``, ``state_dict()``), its inter-node exchange in every unit's
     all-reduce hook. Collective: call it on every rank, after ``fully_shard`` and before the first backward.
 
     ``mesh``: the ("replicate", "shard") device mesh whose "shard" dimension every unit is sharded on; rank 0
-    says the layout it gives (nodes x processes per node). The counters are cumulative from the attach on;
-    ``state.bytes_last_step()`` gives one step's bytes.
+    says the layout it gives (nodes x processes per node). ``grad_scaler``: as :func:`attach_birder`'s. The
+    counters are cumulative from the attach on; ``state.bytes_last_step()`` gives one step's bytes.
     """
     from birder_repro.comm import kernels
     from birder_repro.comm.birder import BirderState
@@ -375,6 +424,7 @@ def attach_birder_fsdp(
         nonfinite=nonfinite,
         node_averaged=True,
     )
+    state.use_grad_scaler(grad_scaler)
     state.param_index = parameter_index(model)
     traffic = FsdpTraffic(state, units, topology)
     hooks = _UnitHooks(
@@ -391,10 +441,23 @@ def attach_birder_fsdp(
 
 
 # ----------------------------------------------------------------------------------- 1-bit Adam / LAMB
-def attach_onebit_fsdp(model: torch.nn.Module, optimizer, mesh, overlap: bool = True, nonfinite: str = "skip"):
+def attach_onebit_fsdp(
+    model: torch.nn.Module,
+    optimizer,
+    mesh,
+    overlap: bool = True,
+    nonfinite: str = "skip",
+    scale: str | None = None,
+    grad_scaler=None,
+):
     """1-bit Adam / 1-bit LAMB on an FSDP2 model, hierarchically: FSDP's reduce-scatter averages inside the
     node, and the error-compensated 1-bit all-reduce (or the fp32 all-reduce of the warmup) runs among the
     processes with the same local rank, one per node, on each unit's shard. The state is :func:`attach_onebit`'s.
+
+    ``scale``: as :func:`attach_onebit`'s (None: the optimizer's ``comm_scale``); with ``tensor`` the scales
+    stop where each parameter's piece of the unit's shard stops (the shard is the "bucket": a worker scale per
+    parameter shard, a server scale per piece of one in a server's chunk). ``grad_scaler``: as
+    :func:`attach_onebit`'s.
     """
     from birder_repro.comm.onebit import OneBitState
     from birder_repro.optim.onebit_adam import WARMUP, OneBitOptimizer
@@ -406,7 +469,6 @@ def attach_onebit_fsdp(model: torch.nn.Module, optimizer, mesh, overlap: bool = 
     topology, units = _check_mesh_and_units(model, mesh)
     names = mesh.mesh_dim_names or ("replicate", "shard")
     announce_layout("attach_onebit_fsdp", topology, MESH_SOURCE, guessed=False)
-    # One scale per unit's shard: per tensor (attach_onebit's default) is not yet taken through FSDP's shards.
     state = OneBitState(
         optimizer,
         mesh.get_group(names[0]),
@@ -414,8 +476,9 @@ def attach_onebit_fsdp(model: torch.nn.Module, optimizer, mesh, overlap: bool = 
         parameter_index(model),
         overlap=overlap,
         nonfinite=nonfinite,
-        scale="bucket",
+        scale=optimizer.comm_scale if scale is None else scale,
     )
+    state.use_grad_scaler(grad_scaler)
     traffic = FsdpTraffic(state, units, topology)
 
     def work(unit: Unit, shard: torch.Tensor, flag: torch.Tensor) -> None:
@@ -447,6 +510,20 @@ def _warmup_allreduce(state, unit: Unit, shard: torch.Tensor, flag: torch.Tensor
         state.add_bytes(0.0, allreduce_bytes(buf.numel() * 4, n))
     shard.copy_(buf[:-1].div_(n))
     state.guard.note(buf[-1], unit.index, state.optimizer.steps_done + 1)
+
+
+def attach_from_config(model: torch.nn.Module, optimizer, mesh, cfg, scheme: str):
+    """The runner's entry (``parallel=fsdp``): ``optim.comm``'s ``overlap``, ``nonfinite``, Birder's
+    ``kernel_backend`` and 1-bit Adam's ``scale`` (None: the optimizer's default), as the DDP path's
+    ``attach_from_config`` of each scheme reads them."""
+    comm = cfg.get("comm") or {}
+    common = dict(overlap=bool(comm.get("overlap", True)), nonfinite=str(comm.get("nonfinite", "skip")))
+    if scheme == "birder":
+        return attach_birder_fsdp(
+            model, optimizer, mesh, kernel_backend=str(comm.get("kernel_backend", "auto")), **common
+        )
+    scale = comm.get("scale")
+    return attach_onebit_fsdp(model, optimizer, mesh, scale=None if scale is None else str(scale), **common)
 
 
 # ------------------------------------------------------------------------------------ baselines: HSDP

@@ -131,21 +131,38 @@ class NonFiniteGuard:
         """Whether buckets were noted since the last :meth:`end_step` (a step the optimizer has not closed)."""
         return bool(self._flags)
 
-    def _read_flags(self) -> list[float]:
-        """Every flag noted this step, read in one device-to-host copy: the device syncs once per step, not
-        once per bucket."""
-        return torch.stack(self._flags).tolist() if self._flags else []
+    def _read_flags(self, extra: torch.Tensor | None = None) -> list[float]:
+        """Every flag noted this step (and ``extra`` last), read in one device-to-host copy: the device syncs
+        once per step, not once per bucket."""
+        flags = self._flags if extra is None else [*self._flags, extra.reshape(()).to(self._device_of(extra))]
+        return torch.stack(flags).tolist() if flags else []
+
+    def _device_of(self, extra: torch.Tensor) -> torch.device:
+        return self._flags[0].device if self._flags else extra.device
 
     @property
     def skip_step(self) -> bool:
         """Whether the step in progress saw a non-finite gradient (reads the flags: syncs the device once)."""
         return any(f > 0 for f in self._read_flags())
 
-    def end_step(self) -> bool:
+    def end_step(self, found_inf: torch.Tensor | None = None) -> bool:
         """At the optimizer's step: restore every bucket's state if the step is skipped; True if it is. Raise
-        mode fails here, naming the first non-finite bucket, before the optimizer applies anything."""
-        flags = self._read_flags()
+        mode fails here, naming the first non-finite bucket, before the optimizer applies anything.
+
+        ``found_inf``: GradScaler's verdict (> 0: an Inf or NaN somewhere, maybe outside the hook's buckets):
+        it skips the step too, and is read with the flags in the same copy. Counted in ``nonfinite_steps``
+        only where a bucket was non-finite (an overflow of the scaled loss is: the scaler's own count has the
+        rest)."""
+        flags = self._read_flags(found_inf)
+        scaler_skips = found_inf is not None and flags.pop() > 0
         skip = any(f > 0 for f in flags)
+        if scaler_skips and not skip:
+            for undo in self._undo.values():
+                undo.restore()
+            self._undo.clear()
+            self._flags.clear()
+            self._where.clear()
+            return True
         if skip and self.mode == "raise":
             index, step = next(w for w, f in zip(self._where, flags) if f > 0)
             self._flags.clear()

@@ -443,6 +443,7 @@ def attach_onebit(
     nonfinite: str = "skip",
     scale: str | None = None,
     layout_source: str | None = None,
+    grad_scaler=None,
 ) -> OneBitState:
     """Register the 1-bit hook on ``ddp_model`` and have ``optimizer`` take its averaged momentum.
 
@@ -465,6 +466,9 @@ def attach_onebit(
             compute alike.
         layout_source: what rank 0's layout line says the layout came from, where a framework knows better
             (Lightning's ``devices``); by default where the attach found it.
+        grad_scaler: the ``torch.amp.GradScaler`` the script scales its loss with (fp16), so that the hook
+            compresses true gradients and the scaler still finds overflows (``state.use_grad_scaler``); a
+            scaler that steps the optimizer without having been passed here is refused at the first step.
 
     Rank 0 says the layout the counts are split by and where it came from. The state's counters are cumulative
     from the attach on; ``state.bytes_last_step()`` gives one step's bytes.
@@ -498,6 +502,7 @@ def attach_onebit(
         nonfinite=nonfinite,
         scale=optimizer.comm_scale if scale is None else scale,
     )
+    state.use_grad_scaler(grad_scaler)
     ddp_model.register_comm_hook(state, onebit_hook)
     optimizer.momentum_by_hook = True
     optimizer.hook_state = state  # its step() asks the hook whether to skip (end_step)

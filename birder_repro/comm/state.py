@@ -238,7 +238,10 @@ class _Guard(Protocol):
     @property
     def nonfinite_steps(self) -> int: ...
 
-    def end_step(self) -> bool: ...
+    @property
+    def mode(self) -> str: ...
+
+    def end_step(self, found_inf: torch.Tensor | None = None) -> bool: ...
 
 
 class _Store(Protocol):
@@ -256,8 +259,9 @@ class CompressedCommState(CommState):
     (:class:`~birder_repro.comm.buckets.BucketStore`).
     """
 
-    # fp16 loss scaling (birder_repro.train.precision): GradScaler's scale tensor, or None
-    __slots__ = ("loss_scale",)
+    # fp16 loss scaling: the GradScaler whose scale the gradients carry (use_grad_scaler), or its scale tensor
+    # handed over directly (birder_repro.train.precision)
+    __slots__ = ("_loss_scale", "grad_scaler")
     # set by each subclass (the modules that define them sit above this one: typed by what is used here)
     runner: _Runner
     guard: _Guard
@@ -265,25 +269,59 @@ class CompressedCommState(CommState):
 
     def __init__(self):
         super().__init__()
-        self.loss_scale: torch.Tensor | None = None
+        self._loss_scale: torch.Tensor | None = None
+        self.grad_scaler: Any = None
 
     def overlaps(self) -> bool:
         return self.runner.overlap
 
-    # --------------------------------------------------------- fp16 loss scaling (train/precision.py)
+    # ------------------------------------------------ fp16 loss scaling (train/precision.py, Steps I-III)
+    def use_grad_scaler(self, scaler: Any) -> None:
+        """Compress the true gradients of a script that scales its loss with ``scaler`` (a
+        ``torch.amp.GradScaler``: yours, or Accelerate's, the Trainer's, Lightning's), and hand it back what it
+        expects: Step I divides each bucket by the scale, Step II multiplies the result by it (NaN where a
+        bucket overflowed, so that the scaler skips the step and backs off). The scale is read from the scaler
+        at every bucket, so its growth, back-off and checkpoint load are followed; a disabled scaler (``enabled=
+        False``, or fp16 off) scales nothing. None: no scaler."""
+        if scaler is not None:
+            if not (hasattr(scaler, "is_enabled") and hasattr(scaler, "unscale_")):
+                raise TypeError(f"grad_scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}")
+            if self.guard.mode == "raise":
+                raise ValueError(
+                    "nonfinite='raise' with a GradScaler: its loss scale overflows routinely (the scaler then "
+                    "skips the step and lowers the scale) and raise would end the run there: use nonfinite='skip'"
+                )
+        self.grad_scaler = scaler
+
+    @property
+    def loss_scale(self) -> torch.Tensor | None:
+        """The loss scale S the gradients carry, as the 1-element tensor GradScaler keeps on the device (reading
+        it needs no sync); None: unscaled gradients. ``_scale`` is not public but is what ``scale()`` multiplies
+        by, updated in place by ``update()`` and ``load_state_dict()``, created by the first ``scale()``."""
+        scaler = self.grad_scaler
+        if scaler is not None:
+            return getattr(scaler, "_scale", None) if scaler.is_enabled() else None
+        return self._loss_scale
+
+    @loss_scale.setter
+    def loss_scale(self, scale: torch.Tensor | None) -> None:
+        self._loss_scale = scale
+
     def unscale_(self, g: torch.Tensor) -> torch.Tensor:
         """Step I of loss scaling: the true gradient from the scaled one, in place, before any state update."""
-        if self.loss_scale is not None:
-            g.div_(self.loss_scale)
+        scale = self.loss_scale
+        if scale is not None:
+            g.div_(scale)
         return g
 
     def rescale_(self, result: torch.Tensor, flag: torch.Tensor) -> torch.Tensor:
         """Step II: the bucket's result times the scale (GradScaler divides it back), or NaN where the bucket's
         agreed non-finite ``flag`` is set, so that GradScaler skips the step on every rank alike."""
-        if self.loss_scale is not None:
+        scale = self.loss_scale
+        if scale is not None:
             import torch
 
-            result.mul_(torch.where(flag > 0, torch.full_like(self.loss_scale, float("nan")), self.loss_scale))
+            result.mul_(torch.where(flag > 0, torch.full_like(scale, float("nan")), scale))
         return result
 
     def settle_step(self) -> None:
@@ -305,10 +343,12 @@ class CompressedCommState(CommState):
         """Whether the step in progress is to be skipped (read after backward, before the optimizer's step)."""
         return self.guard.skip_step
 
-    def end_step(self) -> bool:
-        """Called by the optimizer's step(): undo this step's state updates if it is skipped; True if so."""
+    def end_step(self, found_inf: torch.Tensor | None = None) -> bool:
+        """Called by the optimizer's step(): undo this step's state updates if it is skipped; True if so.
+        ``found_inf``: GradScaler's verdict on the step (> 0: it found an Inf or NaN), read with the hook's own
+        flags in one device-to-host copy; either skips the step."""
         self.runner.check_idle(f"{type(self).__name__}.end_step()")
-        return self.guard.end_step()
+        return self.guard.end_step(found_inf)
 
     @property
     def layout_changes(self) -> int:

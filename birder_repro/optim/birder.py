@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from birder_repro.optim.common import StepGate, closure_loss, grad_of
+from birder_repro.optim.common import ScaledStepGate, closure_loss, grad_of, scaled_step_skips
 
 
 def stochastic_sign_bits(x: torch.Tensor, rand: torch.Tensor) -> torch.Tensor:
@@ -102,6 +102,9 @@ class Birder(torch.optim.Optimizer):
     ``step`` applies line 16 only; the hook holds m, b, e and e_bar, sharded over the node's processes.
     """
 
+    # GradScaler.step hands the step its scale and Inf verdict (birder_repro.optim.common, amp_handover)
+    _step_supports_amp_scaling = True
+
     def __init__(
         self,
         params: Iterable,
@@ -128,7 +131,7 @@ class Birder(torch.optim.Optimizer):
         # Set by attach_birder: the gradients are then u_bar from the hook and step() only applies them.
         self.compressed_by_hook = False
         # the hook's state (attach_birder): a step with a non-finite gradient is skipped
-        self.hook_state: StepGate | None = None
+        self.hook_state: ScaledStepGate | None = None
         self._generator: torch.Generator | None = None
 
     def _rand_like(self, t: torch.Tensor) -> torch.Tensor:
@@ -140,7 +143,8 @@ class Birder(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure_loss(closure)
-        if self.compressed_by_hook and self.hook_state is not None and self.hook_state.end_step():
+        hook = self.hook_state if self.compressed_by_hook else None
+        if scaled_step_skips(self, hook, "attach_birder"):
             return loss  # some rank's gradient was non-finite: the hook undid its state; parameters stay
         for group in self.param_groups:
             for p in group["params"]:

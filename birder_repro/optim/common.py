@@ -28,3 +28,53 @@ def grad_of(p: torch.Tensor) -> torch.Tensor:
     if p.grad is None:
         raise RuntimeError("a parameter without a gradient reached the update")
     return p.grad
+
+
+# ------------------------------------------------------------------------------- GradScaler's handover
+# The optimizers of this package set ``_step_supports_amp_scaling``: torch.amp.GradScaler.step then calls their
+# step() directly, with ``grad_scale`` (the scale still in the gradients; None once the script called
+# ``scaler.unscale_``) and ``found_inf`` (its Inf / NaN verdict) set on the optimizer for that call, instead of
+# unscaling the gradients itself and skipping the call on an Inf. So the step sees that a scaler drives it, and
+# a hook that was not given that scaler (it compressed S g, not g) is refused in one line rather than training
+# on gradients off by the scale.
+class ScaledStepGate(StepGate, Protocol):
+    @property
+    def loss_scale(self) -> torch.Tensor | None: ...
+
+    def end_step(self, found_inf: torch.Tensor | None = None) -> bool: ...
+
+
+def amp_handover(
+    optimizer, hook: ScaledStepGate | None, attach: str
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(grad_scale, found_inf) as GradScaler.step left them on ``optimizer`` for this call; (None, None) when
+    no scaler drives the step. Raises where ``hook`` compresses without knowing the scaler."""
+    found_inf = getattr(optimizer, "found_inf", None)
+    grad_scale = getattr(optimizer, "grad_scale", None)
+    if found_inf is not None and hook is not None and hook.loss_scale is None:
+        raise RuntimeError(
+            f"a GradScaler steps this {type(optimizer).__name__}, but its hook compressed the scaled gradients "
+            f"without knowing the scale: pass the scaler to the hook ({attach}(..., grad_scaler=scaler), or "
+            "state.use_grad_scaler(scaler) before the first backward; the birder_repro.integrations do this "
+            "for Accelerate, the Trainer and Lightning)"
+        )
+    return grad_scale, found_inf
+
+
+def scaled_step_skips(optimizer, hook: ScaledStepGate | None, attach: str) -> bool:
+    """The start of ``step()``: True where the step is to be skipped (some rank's bucket was non-finite, or a
+    GradScaler found an Inf or NaN: the hook's state is then restored). Otherwise the gradients a GradScaler
+    left scaled are unscaled here, with GradScaler's own arithmetic (times the float32 reciprocal)."""
+    grad_scale, found_inf = amp_handover(optimizer, hook, attach)
+    if hook is not None:
+        skip = hook.end_step(found_inf)
+    else:
+        skip = found_inf is not None and bool(found_inf.item() > 0)
+    if skip:
+        return True
+    if grad_scale is not None:
+        inv = grad_scale.double().reciprocal().float().reshape(())
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if grads:
+            torch._foreach_mul_(grads, inv)
+    return False

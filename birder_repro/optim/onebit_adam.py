@@ -50,7 +50,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from birder_repro.optim.common import StepGate, closure_loss, grad_of
+from birder_repro.optim.common import ScaledStepGate, closure_loss, grad_of, scaled_step_skips
 from birder_repro.schedule import steps_of
 
 WARMUP, COMPRESSION = "warmup", "compression"
@@ -155,6 +155,8 @@ class OneBitOptimizer(torch.optim.Optimizer):
     """
 
     comm_scale = "bucket"  # the hook's default 1-bit scale (attach_onebit, optim.comm.scale): one per bucket
+    # GradScaler.step hands the step its scale and Inf verdict (birder_repro.optim.common, amp_handover)
+    _step_supports_amp_scaling = True
 
     def __init__(self, params: Iterable, defaults: dict, freeze_step: int, name: str):
         lr, (beta1, beta2) = defaults["lr"], defaults["betas"]
@@ -176,7 +178,7 @@ class OneBitOptimizer(torch.optim.Optimizer):
         # momentum from the hook, not a gradient.
         self.momentum_by_hook = False
         # the hook's state (attach_onebit): a step with a non-finite gradient is skipped
-        self.hook_state: StepGate | None = None
+        self.hook_state: ScaledStepGate | None = None
 
     @property
     def stage(self) -> str:
@@ -210,8 +212,8 @@ class OneBitOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure_loss(closure)
-        hook = self.hook_state
-        if self.momentum_by_hook and hook is not None and hook.end_step():
+        hook = self.hook_state if self.momentum_by_hook else None
+        if scaled_step_skips(self, hook, "attach_onebit"):
             return loss  # some rank's gradient was non-finite: the hook undid its errors; nothing else moves
         compressing = self.stage == COMPRESSION
         for group in self.param_groups:

@@ -122,19 +122,8 @@ def _build_fsdp(cfg, task, model, device, topology, ocfg, scheme: str, is_main: 
         fully_shard(unit, **kwargs)
     fully_shard(model, **kwargs)
     opt = optim.build_optimizer(model.parameters(), ocfg)
-    settings = ocfg.get("comm") or {}
-    overlap, nonfinite = bool(settings.get("overlap", True)), str(settings.get("nonfinite", "skip"))
-    if scheme == "birder":
-        state = fsdp.attach_birder_fsdp(
-            model,
-            opt,
-            mesh,
-            kernel_backend=str(settings.get("kernel_backend", "auto")),
-            overlap=overlap,
-            nonfinite=nonfinite,
-        )
-    elif scheme == "onebit":
-        state = fsdp.attach_onebit_fsdp(model, opt, mesh, overlap=overlap, nonfinite=nonfinite)
+    if scheme in ("birder", "onebit"):
+        state = fsdp.attach_from_config(model, opt, mesh, ocfg, scheme)
     else:
         state = fsdp.attach_hsdp(model, mesh)
     model.no_sync = lambda: _no_sync(model)  # what the loop's compute calibration uses (DDP's name)
