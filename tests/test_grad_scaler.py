@@ -162,3 +162,74 @@ def test_a_lone_optimizer_stepped_by_a_scaler_unscales_and_skips_as_gradscaler_w
     untouched = [p.detach().clone() for p in nn.Linear(4, 2).parameters()]
     skipped, steps = run(True, True)
     assert steps == 0 and all(torch.equal(a, b) for a, b in zip(skipped, untouched))
+
+
+# ----------------------------------------------------------------------------- the frameworks' scalers
+def _accelerate(rank: int, world: int, optim: str) -> dict:
+    """Accelerate as it runs with ``mixed_precision="fp16"`` on a GPU (it makes no scaler on the CPU: the scaler
+    is set as prepare() would find it there), attach_accelerate left at its defaults; and the same script
+    without a scaler. Rank 1's loss is infinite at step BAD_STEP of the scaled run."""
+    from accelerate import Accelerator
+
+    from birder_repro.integrations.accelerate import attach_accelerate
+    from birder_repro.optim import Birder, OneBitAdam
+
+    out = {}
+    for scaled in (False, True):
+        accelerator = Accelerator(cpu=True)
+        if scaled:
+            accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=INIT_SCALE)
+        model = _model()
+        opt = Birder(model.parameters(), lr=0.01) if optim == "birder" else OneBitAdam(model.parameters(), lr=0.01)
+        ddp, opt = accelerator.prepare(model, opt)
+        state = attach_accelerate(accelerator, ddp, opt, gpus_per_node=1, checkpoint=False)
+        gen = torch.Generator().manual_seed(rank)
+        params, skipped = [], []
+        for step in range(STEPS):
+            x, y = torch.randn(8, 6, generator=gen), torch.randint(0, 3, (8,), generator=gen)
+            loss = nn.functional.cross_entropy(ddp(x), y)
+            if scaled and step == BAD_STEP and rank == 1:
+                loss = loss * float("inf")
+            accelerator.backward(loss)
+            opt.step()
+            opt.zero_grad()
+            params.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+            skipped.append(opt.step_was_skipped)
+        state.close()
+        out[scaled] = {"params": params, "skipped": skipped}
+    return out
+
+
+def test_accelerates_fp16_scaler_reaches_the_hook_and_its_skips_are_reported(scripts):
+    optim, _ = scripts
+    runs = run_distributed(_accelerate, 2, optim)
+    for rank, run in enumerate(runs):
+        plain, scaled = run[False]["params"], run[True]["params"]
+        for step in range(BAD_STEP):
+            assert torch.equal(plain[step], scaled[step]), f"{optim} rank {rank} step {step}"
+        assert run[True]["skipped"] == [step == BAD_STEP for step in range(STEPS)], rank
+        assert torch.equal(scaled[BAD_STEP], scaled[BAD_STEP - 1])
+        assert torch.equal(scaled[-1], runs[0][True]["params"][-1])
+
+
+@pytest.mark.parametrize("optim", ["birder", "onebit_adam"])
+def test_lightnings_16_mixed_scaler_is_given_to_the_hook(monkeypatch, optim):
+    """precision="16-mixed" on a GPU: Lightning's precision plugin holds the GradScaler (on the CPU Lightning
+    runs 16-mixed as bf16-mixed and makes none); BirderStrategy hands it to the attach."""
+    pytest.importorskip("lightning")
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    from birder_repro.integrations import lightning as integration
+    from birder_repro.optim import Birder, OneBitAdam
+
+    given = {}
+    attach = "attach_birder" if optim == "birder" else "attach_onebit"
+    monkeypatch.setattr(integration, attach, lambda *args, **kwargs: given.update(kwargs))
+    monkeypatch.setattr(integration, "build_topology", lambda per_node: None)
+    strategy = integration.BirderStrategy(gpus_per_node=1)
+    plugin = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))
+    strategy.precision_plugin = plugin
+    params = nn.Linear(2, 2).parameters()
+    strategy.optimizers = [Birder(params) if optim == "birder" else OneBitAdam(params, freeze_step=2)]
+    strategy._attach()
+    assert given["grad_scaler"] is plugin.scaler

@@ -517,13 +517,13 @@ def attach_from_config(model: torch.nn.Module, optimizer, mesh, cfg, scheme: str
     ``kernel_backend`` and 1-bit Adam's ``scale`` (None: the optimizer's default), as the DDP path's
     ``attach_from_config`` of each scheme reads them."""
     comm = cfg.get("comm") or {}
-    common = dict(overlap=bool(comm.get("overlap", True)), nonfinite=str(comm.get("nonfinite", "skip")))
+    overlap, nonfinite = bool(comm.get("overlap", True)), str(comm.get("nonfinite", "skip"))
     if scheme == "birder":
-        return attach_birder_fsdp(
-            model, optimizer, mesh, kernel_backend=str(comm.get("kernel_backend", "auto")), **common
-        )
+        backend = str(comm.get("kernel_backend", "auto"))
+        return attach_birder_fsdp(model, optimizer, mesh, kernel_backend=backend, overlap=overlap, nonfinite=nonfinite)
     scale = comm.get("scale")
-    return attach_onebit_fsdp(model, optimizer, mesh, scale=None if scale is None else str(scale), **common)
+    scale = None if scale is None else str(scale)
+    return attach_onebit_fsdp(model, optimizer, mesh, overlap=overlap, nonfinite=nonfinite, scale=scale)
 
 
 # ------------------------------------------------------------------------------------ baselines: HSDP

@@ -100,6 +100,24 @@ def attach_hook(
     )
 
 
+def report_skips_to_accelerate(wrapper: AcceleratedOptimizer, opt: torch.optim.Optimizer) -> None:
+    """Accelerate tells a skipped step (``step_was_skipped``, read by its schedulers) by whether GradScaler
+    called ``optimizer.step`` at all; this package's optimizers take GradScaler's handover, so their step is
+    always called, and they say themselves whether they skipped (``step_skipped``). Its private step patch
+    (``_optimizer_patched_step_method``, Accelerate 1.x) is told that instead."""
+    original = getattr(wrapper, "_optimizer_original_step_method", None)
+    if original is None or not hasattr(wrapper, "_optimizer_patched_step_method"):
+        log.warning("this Accelerate has no step patch: step_was_skipped stays False on a skipped step")
+        return
+
+    def patched(*args, **kwargs):
+        out = original(*args, **kwargs)
+        wrapper._accelerate_step_called = not getattr(opt, "step_skipped", False)
+        return out
+
+    wrapper._optimizer_patched_step_method = patched
+
+
 def regroup_buckets(model: torch.nn.Module, loss_fn: Callable[[], torch.Tensor]) -> None:
     """Before loading a checkpoint into a fresh process: one forward and backward (``loss_fn()``) through the DDP
     module, its gradients dropped and the random state kept. Collective (every rank).
@@ -157,6 +175,9 @@ def attach_accelerate(
     ``gpus_per_node``: processes per node (default: torchrun's LOCAL_WORLD_SIZE, see docs/api.md);
     ``scheme``: Birder's (hierarchical, flat, allgather); ``kwargs``: the attach's others (overlap, ...).
     ``checkpoint``: have ``accelerator.save_state`` / ``load_state`` write and read every rank's hook state.
+    With ``mixed_precision="fp16"`` (on a GPU: Accelerate makes no scaler on the CPU) the hook is given
+    Accelerate's GradScaler (``grad_scaler=``), and a step the hook or the scaler skipped is reported as skipped
+    (``optimizer.step_was_skipped``, which Accelerate's schedulers read).
     Returns the hook's state, or None in a single process, where there is no DDP and the optimizer runs alone.
     """
     ddp = ddp_module(accelerator, model)
@@ -164,7 +185,10 @@ def attach_accelerate(
     if ddp is None:
         log.info("attach_accelerate: one process, no DDP module: %s runs on its own, no hook", type(opt).__name__)
         return None
+    kwargs.setdefault("grad_scaler", accelerator.scaler)
     state = attach_hook(ddp, opt, gpus_per_node=gpus_per_node, scheme=scheme, **kwargs)
+    if isinstance(optimizer, AcceleratedOptimizer) and optimizer.scaler is not None:
+        report_skips_to_accelerate(optimizer, opt)
     if checkpoint:
         rank = accelerator.process_index
         accelerator.register_save_state_pre_hook(

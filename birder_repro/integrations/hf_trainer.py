@@ -27,6 +27,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+from accelerate.optimizer import AcceleratedOptimizer
 from torch.utils.data import DistributedSampler, Sampler
 from transformers import Trainer
 from transformers.trainer_utils import get_last_checkpoint
@@ -38,6 +39,7 @@ from birder_repro.integrations.accelerate import (
     inner_optimizer,
     load_hook_state,
     regroup_buckets,
+    report_skips_to_accelerate,
     save_hook_state,
 )
 
@@ -151,8 +153,10 @@ class BirderTrainer(Trainer):
             inner_optimizer(self.optimizer),
             gpus_per_node=self.gpus_per_node,
             scheme=self.scheme,
-            **self.hook_kwargs,
+            **{"grad_scaler": self.accelerator.scaler, **self.hook_kwargs},  # fp16=True: the Trainer's scaler
         )
+        if isinstance(self.optimizer, AcceleratedOptimizer) and self.optimizer.scaler is not None:
+            report_skips_to_accelerate(self.optimizer, inner_optimizer(self.optimizer))
         self._hook_model = ddp
         if self._resume_dir is not None:
             # DDP's buckets as the saved run had them (1-bit Adam's scales are per bucket), then the saved state.

@@ -114,6 +114,9 @@ class BirderStrategy(DDPStrategy):
                 "the hook serves exactly one"
             )
         opt, per_node, said = self.optimizers[0], self.processes_per_node, self.layout_source
+        # precision="16-mixed" on a GPU: the precision plugin's GradScaler (Lightning makes none on the CPU,
+        # where it runs 16-mixed as bf16-mixed)
+        scaler = getattr(self.precision_plugin, "scaler", None)
         if isinstance(opt, Birder):
             return attach_birder(
                 self.model,
@@ -124,6 +127,7 @@ class BirderStrategy(DDPStrategy):
                 kernel_backend=self.kernel_backend,
                 overlap=self.overlap,
                 nonfinite=self.nonfinite,
+                grad_scaler=scaler,
             )
         if isinstance(opt, OneBitOptimizer):
             return attach_onebit(
@@ -133,6 +137,7 @@ class BirderStrategy(DDPStrategy):
                 overlap=self.overlap,
                 nonfinite=self.nonfinite,
                 layout_source=said,
+                grad_scaler=scaler,
             )
         raise TypeError(
             f"BirderStrategy: configure_optimizers returned {type(opt).__name__}; return a "

@@ -70,6 +70,7 @@ def scaled_step_skips(optimizer, hook: ScaledStepGate | None, attach: str) -> bo
         skip = hook.end_step(found_inf)
     else:
         skip = found_inf is not None and bool(found_inf.item() > 0)
+    optimizer.step_skipped = skip  # what a framework that wraps the step reads (Accelerate's step_was_skipped)
     if skip:
         return True
     if grad_scale is not None:
