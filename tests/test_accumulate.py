@@ -42,7 +42,9 @@ class _Blobs(BlobsTask):
         return [model[0]]  # parallel=fsdp: the first layer a unit of its own, the root the rest
 
 
-def _config(compose, optim: str, batch: int, accumulate: int, run_dir: Path, parallel: str = "ddp") -> str:
+def _config(
+    compose, optim: str, batch: int, accumulate: int, run_dir: Path, parallel: str = "ddp", extra: tuple = ()
+) -> str:
     cfg = compose(
         [
             f"optim={optim}",
@@ -60,6 +62,7 @@ def _config(compose, optim: str, batch: int, accumulate: int, run_dir: Path, par
             "train.timing_warmup_steps=1",
             "optim.lr=0.05",
             "optim.weight_decay=0.0",
+            *extra,
         ]
     )
     return OmegaConf.to_yaml(cfg, resolve=True)
@@ -181,3 +184,19 @@ def test_a_step_of_four_micro_batches_reads_its_loss_once(monkeypatch):
         )
     assert reads.count("__float__") == 1, reads
     assert result.samples == 32 and result.loss_sum > 0
+
+
+def test_a_run_of_micro_batches_resumed_mid_epoch_equals_the_run_left_alone(compose, tmp_path):
+    """K = 4 micro-batches a step, stopped after step 2 (a checkpoint) and resumed to step 6: the resumed run
+    starts at micro-batch 2 x 4 of the data stream, not at batch 2, and so ends where the run left alone does,
+    bit for bit (SGDM, whose momentum and weights follow every sample)."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    runs = [
+        (_config(compose, "sgdm", MICRO, K, tmp_path / "alone"), str(tmp_path / "alone")),
+        (_config(compose, "sgdm", MICRO, K, first, extra=("train.steps=2", "train.checkpoint_every=2")), str(first)),
+        (_config(compose, "sgdm", MICRO, K, second, extra=(f"train.resume={first}",)), str(second)),
+    ]
+    (alone, alone_state), _, (resumed, resumed_state) = run_distributed(_worker, 2, runs)[0]
+    assert resumed["resumed_from_step"] == 2 and resumed["steps"] == alone["steps"] == STEPS
+    for name, want in alone_state.items():
+        np.testing.assert_array_equal(resumed_state[name], want, err_msg=name)
