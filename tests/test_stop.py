@@ -32,3 +32,21 @@ def test_the_stop_names_the_signal_it_was():
 
     assert signal_name(signal.SIGTERM) == "SIGTERM" and signal_name(signal.SIGINT) == "SIGINT"
     assert "stopped by SIGTERM" in str(Stopped(signal.SIGTERM))
+
+
+def test_a_run_stopped_by_sigterm_has_a_record_and_a_last_line_that_say_sigterm(tmp_path, capsys):
+    """What the worker writes when the agreed signal is SIGTERM (a scheduler's, SLURM's preemption): the record
+    and rank 0's last line name SIGTERM, not Ctrl-C's SIGINT."""
+    from conftest import compose_config
+
+    from birder_repro import record
+    from birder_repro.train.stop import Stopped
+    from birder_repro.worker import DistEnv, _Attempt
+
+    cfg = compose_config(["logger=none"])
+    attempt = _Attempt(tmp_path, cfg, DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1))
+    attempt.interrupted(Stopped(signal.SIGTERM, 3, None, 0), {})
+    rec = record.read_record(tmp_path)
+    assert rec["status"] == "interrupted" and rec["stopped_at_step"] == 3
+    assert rec["error"].startswith("interrupted by SIGTERM after step 3; no checkpoint"), rec["error"]
+    assert "stopped: interrupted by SIGTERM after step 3" in capsys.readouterr().out
