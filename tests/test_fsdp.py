@@ -16,11 +16,10 @@ import pytest
 import torch
 from dist_utils import run_distributed
 from onebit_reference import OneBitAdamReference
-
-from birder_repro.references.deepspeed_onebit import Choices, DeepSpeedOnebitAdamReference
 from torch import nn
 
 from birder_repro.gpucheck.training import Layers
+from birder_repro.references.deepspeed_onebit import Choices, DeepSpeedOnebitAdamReference
 
 NODES, GPUS, WORLD = 2, 2, 4
 LR, STEPS = 1e-2, 6

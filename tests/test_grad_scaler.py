@@ -97,7 +97,7 @@ def test_a_scaler_the_hook_was_not_given_is_refused_in_one_line(scripts):
 
 
 def test_an_overflow_on_one_rank_skips_the_step_on_every_rank_and_backs_off(scripts):
-    optim, runs = scripts
+    _, runs = scripts
     for rank, run in enumerate(runs):
         over = run["overflow"]
         assert "error" not in over, over.get("error")

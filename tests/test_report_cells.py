@@ -247,6 +247,9 @@ def test_the_ddp_fsdp_table_keeps_a_row_per_configuration():
     sweep = run_record("birder", 3700.0, started="2026-01-01T10:00:00")
     other_seed = run_record("birder", 3800.0, seed=1, started="2026-01-01T10:30:00")
     smoke = run_record("birder", 7000.0, steps=2, started="2026-01-01T11:00:00")
-    rows = parallel_table.rows([sweep, other_seed, smoke])
+    longer = run_record("birder", 3600.0, steps=120, started="2026-01-01T11:30:00")
+    rows = parallel_table.rows([sweep, other_seed, smoke, longer])
     steps_at = parallel_table.HEADER.index("steps")
-    assert sorted((r[steps_at], r[steps_at + 1]) for r in rows) == [(2, 7000.0), (60, 3800.0)]
+    # the newest run of each length (seed left out); the 2-step run is a smoke run, left out as in the main tables
+    assert sorted((r[steps_at], r[steps_at + 1]) for r in rows) == [(60, 3800.0), (120, 3600.0)]
+    assert [r[steps_at] for r in parallel_table.smoke_runs([sweep, smoke])] == [2]

@@ -2,7 +2,9 @@
 
 One markdown row per configuration under ``DIR`` (its newest completed run; a configuration is the resolved
 config less the seed and the settings that cannot change a result, birder_repro.report.identity, so runs of
-another length or learning rate are rows of their own, with their steps shown): throughput, the step-time split,
+another length or learning rate are rows of their own, with their steps shown; smoke runs, at most a tenth of
+the steps of the longest run of their task, parallelism, layout and link, are left out as in the main tables,
+birder_repro.report.cells): throughput, the step-time split,
 bytes per step and per process inside and across nodes, and memory per
 process (the largest over the processes: parameters, gradients, optimizer state with the hook's, peak).
 """
@@ -10,10 +12,12 @@ process (the largest over the processes: parameters, gradients, optimizer state 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from birder_repro.report.cells import SMOKE_FRACTION
 from birder_repro.report.identity import config_key
 from birder_repro.report.records import load_records
 from birder_repro.schema import get
@@ -69,13 +73,40 @@ def _row(record: dict) -> tuple:
 
 
 def rows(records: Iterable[dict]) -> list[tuple]:
-    """The newest completed record of each configuration (seed left out), as table rows."""
+    """The newest completed record of each configuration (seed left out), as table rows; smoke runs left out."""
+    newest = _newest(records)
+    return [row for row in newest if not _is_smoke(row, _longest(newest))]
+
+
+def smoke_runs(records: Iterable[dict]) -> list[tuple]:
+    """The rows :func:`rows` leaves out as smoke runs."""
+    newest = _newest(records)
+    return [row for row in newest if _is_smoke(row, _longest(newest))]
+
+
+def _newest(records: Iterable[dict]) -> list[tuple]:
     newest: dict[tuple, dict] = {}
     for rec in sorted(records, key=lambda r: str(get(r, "started") or "")):
         if get(rec, "status") != "completed":
             continue
         newest[(*_row(rec)[:5], config_key(get(rec, "config")))] = rec
     return sorted((_row(r) for r in newest.values()), key=lambda r: tuple(str(x) for x in r[:6]))
+
+
+_STEPS = HEADER.index("steps")
+_WHERE = (0, 2, 3, 4)  # task, parallel, layout, link: the cell whose longest run a smoke run is measured against
+
+
+def _longest(table: Sequence[tuple]) -> dict[tuple, int]:
+    longest: dict[tuple, int] = {}
+    for row in table:
+        where = tuple(row[i] for i in _WHERE)
+        longest[where] = max(longest.get(where, 0), int(row[_STEPS] or 0))
+    return longest
+
+
+def _is_smoke(row: tuple, longest: dict[tuple, int]) -> bool:
+    return int(row[_STEPS] or 0) <= SMOKE_FRACTION * longest[tuple(row[i] for i in _WHERE)]
 
 
 def _cell(value: Any) -> str:
@@ -96,7 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m birder_repro.report.parallel_table", description=__doc__)
     parser.add_argument("--runs", type=Path, required=True, help="searched for record.json at any depth")
     args = parser.parse_args(argv)
-    print(markdown(rows(rec for _, rec in load_records(args.runs))))
+    records = [rec for _, rec in load_records(args.runs)]
+    print(markdown(rows(records)))
+    for row in smoke_runs(records):
+        print(f"left out: {row[1]} {row[2]} {row[3]}, {row[_STEPS]} steps: a smoke run", file=sys.stderr)
     return 0
 
 
