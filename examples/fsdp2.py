@@ -4,8 +4,10 @@
 
 The mesh is ("replicate", "shard") = (nodes, processes per node); here 2 nodes of toy.GPUS_PER_NODE = 1
 process, so FSDP's reduce-scatter inside a node is the process's own gradient and the hook's exchange runs
-between the two processes. Birder's result equals examples/plain_ddp.py bit for bit; 1-bit Adam's within
-rounding (its scales are norms over each exchanged vector: a unit's shard here, a DDP bucket there).
+between the two processes. Birder's result equals examples/plain_ddp.py bit for bit. 1-bit Adam's follows the
+single-process reference with a scale per tensor (tests/test_examples.py), not plain DDP's run: its server scales
+stop at the edges of each server's chunk of the exchanged vector, which here holds the parameters in the model's
+order and in DDP's bucket in the order their gradients became ready.
 """
 
 import argparse

@@ -69,13 +69,55 @@ def test_fsdp2_birder_equals_plain_ddp_bit_for_bit():
     assert run_example("fsdp2.py", "--optim", "birder") == reference("birder")
 
 
+def _onebit_reference_of_the_toy_run():
+    """The toy run (examples/toy.py: its model, data order and 1-bit Adam) through the single-process 1-bit Adam
+    reference with a scale per tensor (birder_repro.references.deepspeed_onebit, the project's choices), laid out
+    as examples/fsdp2.py lays it out: one unit holding every parameter in the model's order, each of the 2
+    processes a node (its own gradient is its node's)."""
+    sys.path.insert(0, str(EXAMPLES))
+    import toy
+
+    from birder_repro.references.deepspeed_onebit import Choices, DeepSpeedOnebitAdamReference
+
+    model, dataset = toy.make_model(), toy.make_dataset()
+    params = [p.detach().clone() for p in model.parameters()]
+    ref = DeepSpeedOnebitAdamReference(
+        params,
+        2,
+        lr=1e-2,
+        betas=(0.9, 0.999),
+        eps=1e-8,
+        weight_decay=0.0,
+        freeze_step=toy.FREEZE_STEP,
+        choices=Choices.project(2),
+    )
+    loaders = [
+        iter(torch.utils.data.DataLoader(dataset, batch_size=toy.BATCH, sampler=toy.make_sampler(dataset, r, 2)))
+        for r in range(2)
+    ]
+    for _ in range(toy.STEPS):
+        grads = []
+        for loader in loaders:
+            x, y = next(loader)
+            with torch.no_grad():
+                for p, q in zip(model.parameters(), ref.x):
+                    p.copy_(q)
+            model.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            grads.append([p.grad.detach().clone() for p in model.parameters()])
+        ref.step(grads, [list(range(len(params)))])
+    return dict(zip(model.state_dict(), ref.x))
+
+
 @pytest.mark.slow
-def test_fsdp2_onebit_adam_runs_and_learns(tmp_path):
-    # Not compared with plain DDP: 1-bit Adam's scales are per chunk of the exchanged vector, and FSDP's shard
-    # orders the parameters as the model does, DDP's bucket in gradient-ready order (docs/integrations.md).
+def test_fsdp2_onebit_adam_follows_the_per_tensor_reference(tmp_path):
+    # Not compared with plain DDP: 1-bit Adam's server scales are per piece of a chunk of the exchanged vector,
+    # and FSDP's shard orders the parameters as the model does, DDP's bucket in gradient-ready order.
     run_example("fsdp2.py", "--optim", "onebit_adam", "--save", str(tmp_path))
     params = torch.load(tmp_path / "model.pt", weights_only=True)
-    assert all(torch.isfinite(p).all() for p in params.values())
+    want = _onebit_reference_of_the_toy_run()
+    for name, value in params.items():
+        torch.testing.assert_close(value, want[name], rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
 
 
 # ------------------------------------------------------------------------------------------- Lightning
