@@ -95,6 +95,10 @@ OPTIMIZERS: Registry[OptimInfo] = Registry(
         OptimInfo("sgdm_powersgd", build_sgd(0.9), "powersgd", "SGD with momentum over torch's PowerSGD hook"),
         OptimInfo("adamw_powersgd", build_adamw, "powersgd", "torch's AdamW over torch's PowerSGD hook"),
         OptimInfo("sgdm_fp16", build_sgd(0.9), "fp16", "SGD with momentum over torch's fp16 compression hook"),
+        OptimInfo("sgdm_2level", build_sgd(0.9), "two_level", "SGD with momentum over a two-level fp32 all-reduce"),
+        OptimInfo(
+            "sgdm_bf16_2level", build_sgd(0.9), "two_level_bf16", "SGD with momentum over a two-level bf16 all-reduce"
+        ),
     ],
 )
 

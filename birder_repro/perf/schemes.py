@@ -18,6 +18,9 @@ Schemes (bucket of P elements, P' padded as the hook pads it; n nodes of m proce
 
     ``fp32``        DDP's default hook: one all-reduce of 4P bytes over the world.
     ``fp16``        torch's fp16 compression hook: one all-reduce of 2P bytes over the world.
+    ``two_level``   the two-level fp32 all-reduce (birder_repro.comm.two_level), P' a multiple of m: intra
+                    reduce-scatter (4P'), inter all-reduce of the shard (4P'/m), intra all-gather (4P' out);
+    ``two_level_bf16`` the same in bf16 (2 bytes an element).
     ``powersgd``    torch's PowerSGD hook (Vogels et al., NeurIPS 2019, Algorithm 1): three all-reduces over
                     the world: the uncompressed tensors, P (rows x r per matrix) and Q (cols x r).
     ``onebit``      1-bit Adam / 1-bit LAMB compression stage (1-bit Adam paper, Algorithm 1; DeepSpeed's
@@ -83,6 +86,8 @@ __all__ = [
 SCHEMES = (
     "fp32",
     "fp16",
+    "two_level",
+    "two_level_bf16",
     "powersgd",
     "onebit",
     "hierarchical",
@@ -98,6 +103,8 @@ GROUPS = ("intra", "inter", "world")
 COMPRESSION_BACKEND = {
     "fp32": None,
     "fp16": "fp16",
+    "two_level": None,
+    "two_level_bf16": "fp16",  # a cast to 16 bits and back, as the fp16 hook's
     "powersgd": "powersgd",
     "onebit": "onebit",
     "hierarchical": "birder",
@@ -136,6 +143,8 @@ def padded_elements(scheme: str, numel: int, nodes: int, gpus_per_node: int) -> 
         "fsdp_birder": 8 * world,
         "fsdp_onebit": 8 * world,
         "fsdp_hsdp": gpus_per_node,
+        "two_level": gpus_per_node,
+        "two_level_bf16": gpus_per_node,
     }.get(scheme, 1)
     return _padded(numel, multiple)
 
@@ -179,6 +188,12 @@ def bucket_collectives(
         return [Collective("allreduce", "world", 4.0 * numel)]
     if scheme == "fp16":
         return [Collective("allreduce", "world", 2.0 * numel)]
+    if scheme in ("two_level", "two_level_bf16"):
+        size = 4.0 if scheme == "two_level" else 2.0
+        shard = padded / m
+        ops = [Collective("reduce_scatter", "intra", size * padded)] if m > 1 else []
+        ops += [Collective("allreduce", "inter", size * shard)] if n > 1 else []
+        return ops + ([Collective("all_gather", "intra", size * padded)] if m > 1 else [])
     if scheme == "powersgd":
         unc, p, q = powersgd_elements(matrices if matrices is not None else _square(numel), rank)
         return [Collective("allreduce", "world", 4.0 * x) for x in (unc, p, q) if x]
@@ -335,4 +350,8 @@ def scheme_for_optim(optim_name: str, comm_scheme: str | None = None, parallel: 
         return "powersgd"
     if optim_name.endswith("_fp16"):
         return "fp16"
+    if optim_name.endswith("_bf16_2level"):
+        return "two_level_bf16"
+    if optim_name.endswith("_2level"):
+        return "two_level"
     return "fp32"

@@ -20,6 +20,8 @@ OPTIM_ORDER = (
     "adamw",
     "softsignsgd",
     "sgdm_fp16",
+    "sgdm_2level",
+    "sgdm_bf16_2level",
     "sgdm_powersgd",
     "adamw_powersgd",
     "onebit_adam",
@@ -38,6 +40,8 @@ OPTIM_LABELS = {
     "onebit_lamb": "1-bit LAMB",
     "birder": "Birder",
     "sgdm_fp16": "SGDM + fp16 hook",
+    "sgdm_2level": "SGDM + two-level fp32",
+    "sgdm_bf16_2level": "SGDM + two-level bf16",
     "sgdm_powersgd": "SGDM + PowerSGD",
     "adamw_powersgd": "AdamW + PowerSGD",
 }

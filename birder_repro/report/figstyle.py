@@ -42,6 +42,8 @@ STYLE_ORDER = (
     "onebit_lamb",
     "birder",
     "onebit_adam_precond",
+    "sgdm_2level",
+    "sgdm_bf16_2level",
 )
 
 
