@@ -62,6 +62,7 @@ SCHEMES: Registry[Scheme] = Registry(
     [
         Scheme("allreduce", "birder_repro.comm.allreduce", "DDP's fp32 all-reduce, counted"),
         Scheme("fp16", "birder_repro.comm.allreduce", "torch's fp16 compression hook, counted"),
+        Scheme("diloco", "birder_repro.comm.diloco", "DiLoCo: node average every step, nodes every H steps"),
         Scheme("two_level", "birder_repro.comm.two_level", "fp32 all-reduce in two levels (node, then nodes)"),
         Scheme("two_level_bf16", "birder_repro.comm.two_level", "bf16 all-reduce in two levels (node, then nodes)"),
         Scheme("powersgd", "birder_repro.comm.powersgd", "torch's PowerSGD hook, counted"),
@@ -101,6 +102,7 @@ def __getattr__(name: str):
         "OneBitState": "birder_repro.comm.onebit",
         "attach_allreduce": "birder_repro.comm.allreduce",
         "attach_two_level": "birder_repro.comm.two_level",
+        "attach_diloco": "birder_repro.comm.diloco",
         "attach_powersgd": "birder_repro.comm.powersgd",
         "attach_birder_fsdp": "birder_repro.comm.fsdp",
         "attach_onebit_fsdp": "birder_repro.comm.fsdp",

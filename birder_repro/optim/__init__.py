@@ -16,6 +16,7 @@ import torch
 
 from birder_repro.optim.bertadam import BertAdam, build_bertadam
 from birder_repro.optim.birder import Birder, build_birder
+from birder_repro.optim.diloco import DiLoCo, build_diloco
 from birder_repro.optim.onebit_adam import OneBitAdam, build_onebit_adam
 from birder_repro.optim.onebit_lamb import OneBitLamb, build_onebit_lamb
 from birder_repro.optim.softsignsgd import SoftSignSGD, build_softsignsgd
@@ -28,6 +29,7 @@ __all__ = [
     "OneBitLamb",
     "BertAdam",
     "SoftSignSGD",
+    "DiLoCo",
     "OptimInfo",
     "OPTIMIZERS",
     "get_optim_info",
@@ -95,6 +97,12 @@ OPTIMIZERS: Registry[OptimInfo] = Registry(
         OptimInfo("sgdm_powersgd", build_sgd(0.9), "powersgd", "SGD with momentum over torch's PowerSGD hook"),
         OptimInfo("adamw_powersgd", build_adamw, "powersgd", "torch's AdamW over torch's PowerSGD hook"),
         OptimInfo("sgdm_fp16", build_sgd(0.9), "fp16", "SGD with momentum over torch's fp16 compression hook"),
+        OptimInfo(
+            "diloco",
+            build_diloco,
+            "diloco",
+            "DiLoCo: AdamW inside each node, an outer Nesterov step on the nodes' average every H steps",
+        ),
         OptimInfo("sgdm_2level", build_sgd(0.9), "two_level", "SGD with momentum over a two-level fp32 all-reduce"),
         OptimInfo(
             "sgdm_bf16_2level", build_sgd(0.9), "two_level_bf16", "SGD with momentum over a two-level bf16 all-reduce"

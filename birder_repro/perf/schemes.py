@@ -21,6 +21,9 @@ Schemes (bucket of P elements, P' padded as the hook pads it; n nodes of m proce
     ``two_level``   the two-level fp32 all-reduce (birder_repro.comm.two_level), P' a multiple of m: intra
                     reduce-scatter (4P'), inter all-reduce of the shard (4P'/m), intra all-gather (4P' out);
     ``two_level_bf16`` the same in bf16 (2 bytes an element).
+    ``diloco``      DiLoCo (Douillard et al. 2023; birder_repro.comm.diloco): every step an intra fp32
+                    all-reduce (4P); every H steps, once for the whole model, an inter all-reduce of a 1/m shard
+                    of it (4P/m) and an intra all-gather (4P out): :func:`sync_collectives`.
     ``powersgd``    torch's PowerSGD hook (Vogels et al., NeurIPS 2019, Algorithm 1): three all-reduces over
                     the world: the uncompressed tensors, P (rows x r per matrix) and Q (cols x r).
     ``onebit``      1-bit Adam / 1-bit LAMB compression stage (1-bit Adam paper, Algorithm 1; DeepSpeed's
@@ -88,6 +91,7 @@ SCHEMES = (
     "fp16",
     "two_level",
     "two_level_bf16",
+    "diloco",
     "powersgd",
     "onebit",
     "hierarchical",
@@ -105,6 +109,7 @@ COMPRESSION_BACKEND = {
     "fp16": "fp16",
     "two_level": None,
     "two_level_bf16": "fp16",  # a cast to 16 bits and back, as the fp16 hook's
+    "diloco": None,
     "powersgd": "powersgd",
     "onebit": "onebit",
     "hierarchical": "birder",
@@ -188,6 +193,8 @@ def bucket_collectives(
         return [Collective("allreduce", "world", 4.0 * numel)]
     if scheme == "fp16":
         return [Collective("allreduce", "world", 2.0 * numel)]
+    if scheme == "diloco":  # every step: the node's fp32 all-reduce; the outer exchange: sync_collectives
+        return [Collective("allreduce", "intra", 4.0 * numel)] if m > 1 else []
     if scheme in ("two_level", "two_level_bf16"):
         size = 4.0 if scheme == "two_level" else 2.0
         shard = padded / m
@@ -350,8 +357,21 @@ def scheme_for_optim(optim_name: str, comm_scheme: str | None = None, parallel: 
         return "powersgd"
     if optim_name.endswith("_fp16"):
         return "fp16"
+    if optim_name == "diloco":
+        return "diloco"
     if optim_name.endswith("_bf16_2level"):
         return "two_level_bf16"
     if optim_name.endswith("_2level"):
         return "two_level"
     return "fp32"
+
+
+def sync_collectives(scheme: str, numel: int, nodes: int, gpus_per_node: int) -> list[Collective]:
+    """The collectives ``scheme`` issues once per outer step for a model of ``numel`` elements (none for the
+    schemes that exchange every step): DiLoCo's pseudo-gradient average over the nodes."""
+    n, m = nodes, gpus_per_node
+    if scheme != "diloco" or n == 1:
+        return []
+    padded = _padded(numel, m)
+    ops = [Collective("allreduce", "inter", 4.0 * padded / m)]
+    return ops + ([Collective("all_gather", "intra", 4.0 * padded)] if m > 1 else [])

@@ -229,7 +229,9 @@ def memory_report(model: torch.nn.Module, optimizer, comm, device: torch.device)
     mine = {
         "parameters": params,
         "gradients": grads,
-        "optimizer_state": _state_bytes(list(optimizer.state.values())) + hook,
+        # DiLoCo keeps its outer parameters and momentum beside AdamW's state (held_tensors)
+        "optimizer_state": _state_bytes([*optimizer.state.values(), *getattr(optimizer, "held_tensors", list)()])
+        + hook,
         "peak": peak_memory(device),
     }
     if not (dist.is_available() and dist.is_initialized()):

@@ -36,10 +36,11 @@ def per_node_state(comm) -> bool:
 
 
 def _stateless(comm) -> bool:
-    """Hooks without error feedback (fp32 / fp16 all-reduce, the counters only)."""
+    """Hooks without error feedback (fp32 / fp16 all-reduce, flat or in two levels: the counters only)."""
     from birder_repro.comm.allreduce import AllReduceState
+    from birder_repro.comm.two_level import TwoLevelState
 
-    return comm is None or isinstance(comm, AllReduceState) or not hasattr(comm, "state_dict")
+    return comm is None or isinstance(comm, (AllReduceState, TwoLevelState)) or not hasattr(comm, "state_dict")
 
 
 def adapt(
@@ -78,7 +79,9 @@ def adapt(
             )
         return shard, None
     why = (
-        "another number of nodes changes the number of workers of Algorithm 1"
+        "DiLoCo keeps each node's own parameters and AdamW state between outer steps, per process here"
+        if str(identity.scheme).startswith("diloco")
+        else "another number of nodes changes the number of workers of Algorithm 1"
         if change == "nodes"
         else f"the {identity.scheme} hook keeps its error feedback per process, so another number of processes "
         "changes its workers"

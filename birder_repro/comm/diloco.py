@@ -1,0 +1,131 @@
+"""DiLoCo's communication (:class:`birder_repro.optim.DiLoCo`): every step inside the node, every H steps across.
+
+DiLoCo (Douillard et al. 2023) makes each node a worker that takes H inner steps on its own. On this project's
+topology (n nodes of m processes):
+
+    every step  the DDP hook averages the bucket over the node's m processes only (fp32 all-reduce on the
+                node's group; nothing at all for m = 1), so the node's processes stay one worker;
+    every H     the optimizer's outer step asks :meth:`DiLoCoState.average_over_nodes` for the nodes' average
+                pseudo-gradient: the m processes of a node hold the same vector, so each all-reduces one m-th
+                of it with its peers of the same local rank on the other nodes (a shard of P/m elements, the
+                m exchanges of a node side by side) and the node all-gathers the shards back.
+
+Bytes per process: every step 2 (m-1)/m 4P inside the node; every H steps 2 (n-1)/n 4P/m across nodes and
+(m-1)/m 4P inside it (the all-gather). Each node's link carries 2 (n-1)/n 4P every H steps: a flat fp32
+all-reduce's bytes, H times less often. The outer step's seconds are in ``collective_seconds`` (the
+all-reduce) like every hook's; ``outer_steps`` counts them. The record's bytes per step are the averages over
+the run, so the sync every H steps is in them; the performance model charges it per H steps.
+
+There is nothing to compress: DiLoCo's own saving is the H. (Streaming DiLoCo, which syncs fragments in turn
+and overlaps them with the inner steps, is not implemented here.)
+"""
+
+# No `from __future__ import annotations`: DDP's register_comm_hook compares the hook's annotations as objects.
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from birder_repro.comm.accounting import all_gather_bytes, allreduce_bytes
+from birder_repro.comm.buckets import require_buckets
+from birder_repro.comm.collectives import all_gather_flat, completed_future
+from birder_repro.comm.state import CommState
+from birder_repro.comm.topology import Topology, announce_layout, build_topology, gpus_per_node_from
+
+__all__ = ["DiLoCoState", "attach_diloco", "attach_from_config"]
+
+
+class DiLoCoState(CommState):
+    """The hook's state: the topology and the :class:`CommState` counters, and ``outer_steps``."""
+
+    __slots__ = ("topology", "outer_steps")
+
+    def __init__(self, topology: Topology):
+        super().__init__()
+        self.topology = topology
+        self.outer_steps = 0
+
+    def average_over_nodes(self, tensors: list[torch.Tensor]) -> None:
+        """Replace ``tensors`` (the same on every process of a node) by their average over the nodes, in place."""
+        topo = self.topology
+        m, n = topo.gpus_per_node, topo.nodes
+        self.outer_steps += 1
+        if n == 1 or not tensors:
+            return
+        device = tensors[0].device
+        flat = torch.cat([t.reshape(-1).float() for t in tensors])
+        numel, shard = flat.numel(), -(-flat.numel() // m)
+        padded = torch.zeros(shard * m, device=device)
+        padded[:numel] = flat
+        piece = padded[topo.rank % m * shard : (topo.rank % m + 1) * shard].clone()  # this local rank's m-th
+        with self.timing("comm", device):
+            dist.all_reduce(piece, group=topo.inter_group)
+        self.add_bytes(0.0, allreduce_bytes(piece.numel() * 4, n))
+        piece.div_(n)
+        if topo.intra_group is not None:
+            with self.timing("comm", device):
+                all_gather_flat(padded, piece, group=topo.intra_group)
+            self.add_bytes(all_gather_bytes(piece.numel() * 4, m), 0.0)
+        else:
+            padded = piece
+        offset = 0
+        for t in tensors:
+            t.copy_(padded[offset : offset + t.numel()].view_as(t))
+            offset += t.numel()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scheme": "diloco", "outer_steps": self.outer_steps, "stats": self.snapshot()}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        self.outer_steps = int(state_dict.get("outer_steps", 0))
+        self.load_counters(state_dict["stats"])
+
+
+def diloco_hook(state: DiLoCoState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: the bucket's average over the node's processes (module doc)."""
+    buffer = bucket.buffer()
+    group, m = state.topology.intra_group, state.topology.gpus_per_node
+    if group is None:
+        state.calls += 1
+        return completed_future(buffer)
+    buffer.mul_(1.0 / m)  # as DDP's reducer scales: multiplied, not divided
+    state.add_bytes(allreduce_bytes(buffer.numel() * buffer.element_size(), m), 0.0)
+    state.calls += 1
+    fut = dist.all_reduce(buffer, group=group, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])
+
+
+def attach_diloco(
+    ddp_model: torch.nn.parallel.DistributedDataParallel,
+    optimizer,
+    gpus_per_node: int | None = None,
+    topology: Topology | None = None,
+) -> DiLoCoState:
+    """Make ``ddp_model`` average inside the node only and have ``optimizer`` (a
+    :class:`birder_repro.optim.DiLoCo`) average its outer step over the nodes. ``gpus_per_node`` (default:
+    torchrun's LOCAL_WORLD_SIZE) builds the topology when none is given. Collective: call it on every rank."""
+    from birder_repro.optim.diloco import DiLoCo
+
+    require_buckets(ddp_model, "attach_diloco")
+    if not isinstance(optimizer, DiLoCo):
+        raise TypeError(f"attach_diloco needs a birder_repro.optim.DiLoCo optimizer, got {type(optimizer).__name__}")
+    guessed = topology is None
+    if topology is None:
+        gpus_per_node, source = gpus_per_node_from(gpus_per_node)
+        topology = build_topology(gpus_per_node)
+    else:
+        source = "topology given"
+    announce_layout(f"attach_diloco (H={optimizer.local_steps})", topology, source, between_nodes=True, guessed=guessed)
+    state = DiLoCoState(topology)
+    ddp_model.register_comm_hook(state, diloco_hook)
+    optimizer.hook_state = state
+    return state
+
+
+def attach_from_config(ddp_model, optimizer, cfg: Mapping[str, Any], topology: Topology, scheme: str = "diloco"):
+    """The runner's entry (birder_repro.comm.attach_comm): the layout is the run's topology."""
+    if scheme != "diloco":
+        raise ValueError(f"birder_repro.comm.diloco handles scheme 'diloco', not {scheme!r}")
+    return attach_diloco(ddp_model, optimizer, topology=topology)

@@ -1,0 +1,144 @@
+"""DiLoCo: H local AdamW steps per node, then one outer Nesterov step on the nodes' average pseudo-gradient.
+
+DiLoCo (Douillard et al., "DiLoCo: Distributed Low-Communication Training of Language Models", 2023,
+Algorithm 1) with k workers, here the nodes (DDP averages the gradients inside a node every step,
+:mod:`birder_repro.comm.diloco`)::
+
+    for outer step t = 1 .. T:
+        theta_i = theta_{t-1}                                  (every worker starts from the outer parameters)
+        for inner step h = 1 .. H:  theta_i = InnerOpt(theta_i, grad_i)               (AdamW, its own state kept)
+        delta_t = (1/k) sum_i (theta_{t-1} - theta_i)                       (the outer gradient, all-reduced)
+        theta_t = OuterOpt(theta_{t-1}, delta_t)            (SGD with Nesterov momentum; the paper: lr 0.7, 0.9)
+
+The outer step is torch's SGD with ``nesterov=True`` applied to delta_t: buf = mu buf + delta,
+theta = theta - lr_out (delta + mu buf). The inner AdamW's state is each worker's own and is kept across outer
+steps, as in the paper. Every process of a node holds the same parameters (DDP averaged their gradients), so
+the node's processes share the exchange across nodes (:meth:`NodeAverage.average_over_nodes`).
+
+Without a hook (one process) delta is that process's own: DiLoCo with one worker, which is AdamW with a
+lookahead-style outer step every H steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+import torch
+
+__all__ = ["DiLoCo", "build_diloco"]
+
+
+class NodeAverage(Protocol):
+    """What the optimizer asks of its hook's state (:class:`birder_repro.comm.diloco.DiLoCoState`)."""
+
+    def average_over_nodes(self, tensors: list[torch.Tensor]) -> None: ...
+
+
+class DiLoCo(torch.optim.AdamW):
+    """AdamW inside (``lr``, ``betas``, ``eps``, ``weight_decay``: the inner optimizer's, which a schedule
+    changes as usual), and every ``local_steps`` optimizer steps the outer Nesterov step (``outer_lr``,
+    ``outer_momentum``) on the average over the nodes of the parameters' movement since the last one."""
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.01,
+        local_steps: int = 10,
+        outer_lr: float = 0.7,
+        outer_momentum: float = 0.9,
+    ):
+        if isinstance(local_steps, bool) or not isinstance(local_steps, int) or local_steps < 1:
+            raise ValueError(f"DiLoCo: local_steps must be an integer >= 1, got {local_steps!r}")
+        if not outer_lr > 0.0:
+            raise ValueError(f"DiLoCo: outer_lr must be > 0, got {outer_lr}")
+        if not 0.0 <= outer_momentum < 1.0:
+            raise ValueError(f"DiLoCo: outer_momentum must be in [0, 1), got {outer_momentum}")
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        self.local_steps, self.outer_lr, self.outer_momentum = local_steps, outer_lr, outer_momentum
+        self.inner_steps = 0  # optimizer steps taken; an outer step follows every local_steps of them
+        self.outer_steps = 0
+        self.hook_state: NodeAverage | None = None  # set by birder_repro.comm.attach_diloco
+        # theta_{t-1} and the outer momentum, per parameter (kept apart from AdamW's per-parameter state)
+        self._outer: list[torch.Tensor] | None = None
+        self._momentum: list[torch.Tensor] | None = None
+
+    def held_tensors(self) -> list[torch.Tensor]:
+        """What this optimizer holds beside AdamW's state (for the run's memory figures): theta_{t-1} and the
+        outer momentum."""
+        return [*(self._outer or []), *(self._momentum or [])]
+
+    def _params(self) -> list[torch.Tensor]:
+        return [p for group in self.param_groups for p in group["params"]]
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if self._outer is None:  # theta_0: the parameters before the first inner step
+            self._outer = [p.detach().clone() for p in self._params()]
+            self._momentum = [torch.zeros_like(p) for p in self._outer]
+        loss = super().step(closure)
+        self.inner_steps += 1
+        if self.inner_steps % self.local_steps == 0:
+            self._outer_step()
+        return loss
+
+    def _outer_step(self) -> None:
+        assert self._outer is not None and self._momentum is not None
+        params = self._params()
+        deltas = [outer - p for outer, p in zip(self._outer, params)]  # theta_{t-1} - theta_i
+        if self.hook_state is not None:
+            self.hook_state.average_over_nodes(deltas)
+        mu, lr = self.outer_momentum, self.outer_lr
+        for p, outer, buf, delta in zip(params, self._outer, self._momentum, deltas):
+            buf.mul_(mu).add_(delta)
+            outer.sub_(delta.add(buf, alpha=mu), alpha=lr)  # torch's SGD(nesterov=True), dampening 0
+            p.copy_(outer)
+        self.outer_steps += 1
+
+    # ---------------------------------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """AdamW's, and DiLoCo's own: the step counts, theta_{t-1}, the outer momentum and this worker's
+        parameters (between outer steps the nodes' parameters differ, and a checkpoint keeps the model of
+        rank 0 only: each rank resumes its own)."""
+        sd = super().state_dict()
+        sd["diloco"] = {
+            "inner_steps": self.inner_steps,
+            "outer_steps": self.outer_steps,
+            "outer": [t.clone() for t in self._outer] if self._outer is not None else None,
+            "momentum": [t.clone() for t in self._momentum] if self._momentum is not None else None,
+            "local": [p.detach().clone() for p in self._params()],
+        }
+        return sd
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        state_dict = dict(state_dict)
+        own = state_dict.pop("diloco", None)
+        super().load_state_dict(state_dict)
+        if own is None:
+            return
+        params = self._params()
+        self.inner_steps, self.outer_steps = int(own["inner_steps"]), int(own["outer_steps"])
+        self._outer = None if own["outer"] is None else [t.to(p.device).clone() for t, p in zip(own["outer"], params)]
+        self._momentum = (
+            None if own["momentum"] is None else [t.to(p.device).clone() for t, p in zip(own["momentum"], params)]
+        )
+        with torch.no_grad():
+            for p, local in zip(params, own["local"]):
+                p.copy_(local)
+
+
+def build_diloco(params: Iterable, cfg: Mapping[str, Any]) -> DiLoCo:
+    """The registry's builder, from the ``optim`` node (conf/optim/diloco.yaml)."""
+    return DiLoCo(
+        params,
+        lr=cfg["lr"],
+        betas=tuple(cfg.get("betas", (0.9, 0.999))),
+        eps=cfg.get("eps", 1e-8),
+        weight_decay=cfg.get("weight_decay", 0.01),
+        local_steps=int(cfg.get("local_steps", 10)),
+        outer_lr=cfg.get("outer_lr", 0.7),
+        outer_momentum=cfg.get("outer_momentum", 0.9),
+    )
