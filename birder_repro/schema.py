@@ -168,6 +168,16 @@ KEYS: tuple[Key, ...] = (
         empty=0,
     ),
     Key(
+        "outer_steps",
+        "DiLoCo: outer steps taken (the nodes' pseudo-gradients averaged, every optim.local_steps steps); null "
+        "for the other optimizers",
+    ),
+    Key(
+        "outer_step_s",
+        "DiLoCo: mean seconds of an outer step on rank 0's host (the exchange across nodes and the Nesterov "
+        "update; on a GPU the host's share: collectives are queued); null for the other optimizers",
+    ),
+    Key(
         "steps_redone",
         "steps trained again after restarts: from each restart's checkpoint to the step the failed attempt had reached",
         empty=0,

@@ -148,3 +148,18 @@ def test_diloco_settings_are_checked():
         DiLoCo(params, local_steps=0)
     with pytest.raises(ValueError, match="outer_momentum must be in"):
         DiLoCo(params, outer_momentum=1.0)
+
+
+def test_the_record_has_the_outer_steps_and_their_time():
+    from birder_repro.optim import DiLoCo
+    from birder_repro.train.loop import _outer_steps
+
+    model = _net()
+    opt = DiLoCo(model.parameters(), local_steps=H, **INNER)
+    for step in range(STEPS):
+        _loss(model, _batch(0, step)).backward()
+        opt.step()
+        opt.zero_grad()
+    got = _outer_steps(opt)
+    assert got["outer_steps"] == STEPS // H and got["outer_step_s"] > 0
+    assert _outer_steps(torch.optim.AdamW(model.parameters())) == {"outer_steps": None, "outer_step_s": None}

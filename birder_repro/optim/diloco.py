@@ -21,6 +21,7 @@ lookahead-style outer step every H steps.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
@@ -61,6 +62,7 @@ class DiLoCo(torch.optim.AdamW):
         self.local_steps, self.outer_lr, self.outer_momentum = local_steps, outer_lr, outer_momentum
         self.inner_steps = 0  # optimizer steps taken; an outer step follows every local_steps of them
         self.outer_steps = 0
+        self.outer_seconds = 0.0  # host seconds in outer steps (the record's outer_step_s)
         self.hook_state: NodeAverage | None = None  # set by birder_repro.comm.attach_diloco
         # theta_{t-1} and the outer momentum, per parameter (kept apart from AdamW's per-parameter state)
         self._outer: list[torch.Tensor] | None = None
@@ -87,6 +89,7 @@ class DiLoCo(torch.optim.AdamW):
 
     def _outer_step(self) -> None:
         assert self._outer is not None and self._momentum is not None
+        started = time.perf_counter()
         params = self._params()
         deltas = [outer - p for outer, p in zip(self._outer, params)]  # theta_{t-1} - theta_i
         if self.hook_state is not None:
@@ -97,6 +100,7 @@ class DiLoCo(torch.optim.AdamW):
             outer.sub_(delta.add(buf, alpha=mu), alpha=lr)  # torch's SGD(nesterov=True), dampening 0
             p.copy_(outer)
         self.outer_steps += 1
+        self.outer_seconds += time.perf_counter() - started
 
     # ---------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -107,6 +111,7 @@ class DiLoCo(torch.optim.AdamW):
         sd["diloco"] = {
             "inner_steps": self.inner_steps,
             "outer_steps": self.outer_steps,
+            "outer_seconds": self.outer_seconds,
             "outer": [t.clone() for t in self._outer] if self._outer is not None else None,
             "momentum": [t.clone() for t in self._momentum] if self._momentum is not None else None,
             "local": [p.detach().clone() for p in self._params()],
@@ -121,6 +126,7 @@ class DiLoCo(torch.optim.AdamW):
             return
         params = self._params()
         self.inner_steps, self.outer_steps = int(own["inner_steps"]), int(own["outer_steps"])
+        self.outer_seconds = float(own.get("outer_seconds", 0.0))
         self._outer = None if own["outer"] is None else [t.to(p.device).clone() for t, p in zip(own["outer"], params)]
         self._momentum = (
             None if own["momentum"] is None else [t.to(p.device).clone() for t, p in zip(own["momentum"], params)]

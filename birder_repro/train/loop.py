@@ -227,6 +227,7 @@ def train(
         record.update(
             attempts.figures(),
             nonfinite_steps=_nonfinite_steps(comm, precision),
+            **_outer_steps(optimizer),
             precision=precision.name,
             loss_scale=precision.loss_scale,
         )
@@ -380,6 +381,13 @@ def _finish(p: _Parts, run: _Run, timing: StepPlan, plan: RunPlan) -> tuple[dict
         "metrics": metrics,
         **run.target.figures(),
     }, profile_inputs
+
+
+def _outer_steps(optimizer) -> dict:
+    """DiLoCo's outer steps and their mean seconds (birder_repro.optim.DiLoCo); null for the others."""
+    steps = getattr(optimizer, "outer_steps", None)
+    seconds = getattr(optimizer, "outer_seconds", None)
+    return {"outer_steps": steps, "outer_step_s": seconds / steps if steps and seconds is not None else None}
 
 
 def _nonfinite_steps(comm, precision: Precision) -> int:
