@@ -12,6 +12,7 @@ Adam's compressed exchanges really run between them.
 from __future__ import annotations
 
 import hashlib
+import os
 
 import torch
 from torch import nn
@@ -26,9 +27,12 @@ FREEZE_STEP = 3  # 1-bit Adam's warmup (fp32 Adam steps) before it compresses
 
 
 def make_model() -> nn.Module:
-    """A small MLP, initialised from :data:`SEED` (the same weights in every process)."""
+    """A small MLP, initialised from :data:`SEED` (the same weights in every process). With the environment's
+    ``TOY_BATCH_NORM=1`` a batch norm follows the first layer: its running statistics (buffers) must then
+    resume too (tests/test_examples*.py)."""
     torch.manual_seed(SEED)
-    return nn.Sequential(nn.Linear(FEATURES, 32), nn.ReLU(), nn.Linear(32, CLASSES))
+    norm = [nn.BatchNorm1d(32)] if os.environ.get("TOY_BATCH_NORM") == "1" else []
+    return nn.Sequential(nn.Linear(FEATURES, 32), *norm, nn.ReLU(), nn.Linear(32, CLASSES))
 
 
 def make_dataset() -> TensorDataset:
@@ -56,8 +60,9 @@ def make_optimizer(name: str, params):
 
 
 def fingerprint(model: nn.Module) -> str:
-    """A short hash of every parameter's bytes, in order: equal fingerprints, equal parameters."""
+    """A short hash of every parameter's bytes, then every buffer's (batch norm's statistics), in order: equal
+    fingerprints, equal parameters and buffers."""
     digest = hashlib.sha256()
-    for p in model.parameters():
+    for p in [*model.parameters(), *model.buffers()]:
         digest.update(p.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()[:16]

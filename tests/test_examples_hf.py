@@ -24,7 +24,7 @@ TOY_STEPS = 8  # examples/toy.py STEPS
 pytest.importorskip("accelerate")
 
 
-def run_example(script: str, *args: str) -> tuple[str, str]:
+def run_example(script: str, *args: str, batch_norm: bool = False) -> tuple[str, str]:
     """Run ``examples/<script>`` under torchrun with 2 processes; (its fingerprint, its whole stdout)."""
     cmd = [
         sys.executable,
@@ -35,7 +35,7 @@ def run_example(script: str, *args: str) -> tuple[str, str]:
         str(EXAMPLES / script),
         *args,
     ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOY_BATCH_NORM": "1" if batch_norm else "0"}
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     # Where every rank prints (plain_ddp.py), their lines may interleave: read every hash, and they must agree.
@@ -44,14 +44,14 @@ def run_example(script: str, *args: str) -> tuple[str, str]:
     return found.pop(), done.stdout
 
 
-_plain: dict[str, str] = {}
+_plain: dict[tuple[str, bool], str] = {}
 
 
-def plain_ddp(optim: str) -> str:
-    """The plain DDP example's fingerprint (run once per optimizer and test session)."""
-    if optim not in _plain:
-        _plain[optim] = run_example("plain_ddp.py", "--optim", optim)[0]
-    return _plain[optim]
+def plain_ddp(optim: str, batch_norm: bool = False) -> str:
+    """The plain DDP example's fingerprint (run once per optimizer, model and test session)."""
+    if (optim, batch_norm) not in _plain:
+        _plain[optim, batch_norm] = run_example("plain_ddp.py", "--optim", optim, batch_norm=batch_norm)[0]
+    return _plain[optim, batch_norm]
 
 
 def slow_unless(optim: str):
@@ -77,28 +77,31 @@ def test_hf_trainer_equals_plain_ddp(optim):
 
 @pytest.mark.parametrize("optim", OPTIMS)
 def test_accelerate_resumed_equals_left_alone(optim, tmp_path):
-    """Stopped after 4 steps with accelerator.save_state, resumed with load_state: as if never stopped."""
+    """Stopped after 4 steps with accelerator.save_state, resumed with load_state: as if never stopped, batch
+    norm's statistics included (the settling pass after the load leaves them alone)."""
     ckpt = str(tmp_path / "ckpt")
-    run_example("accelerate_birder.py", "--optim", optim, "--save", ckpt, "--stop-at", "4")
+    run_example("accelerate_birder.py", "--optim", optim, "--save", ckpt, "--stop-at", "4", batch_norm=True)
     assert sorted(p.name for p in Path(ckpt).glob("birder_hook_rank*.pt")) == [
         "birder_hook_rank00000.pt",
         "birder_hook_rank00001.pt",
     ]
-    fingerprint, out = run_example("accelerate_birder.py", "--optim", optim, "--resume", ckpt)
+    fingerprint, out = run_example("accelerate_birder.py", "--optim", optim, "--resume", ckpt, batch_norm=True)
     assert f"hook_calls={TOY_STEPS}" in out  # 4 before the stop, 4 after: the counters came back too
-    assert fingerprint == plain_ddp(optim)
+    assert fingerprint == plain_ddp(optim, batch_norm=True)
 
 
 @pytest.mark.parametrize("optim", OPTIMS)
 def test_hf_trainer_resumed_equals_left_alone(optim, tmp_path):
-    """Stopped after the Trainer's checkpoint at step 4, resumed with resume_from_checkpoint=True."""
+    """Stopped after the Trainer's checkpoint at step 4, resumed with resume_from_checkpoint=True: batch norm's
+    statistics too (the Trainer loads the model before the settling pass, which must leave them alone)."""
     out_dir = tmp_path / "out"
-    run_example("hf_trainer_birder.py", "--optim", optim, "--save", str(out_dir), "--stop-at", "4")
+    run_example("hf_trainer_birder.py", "--optim", optim, "--save", str(out_dir), "--stop-at", "4", batch_norm=True)
     assert {p.name for p in (out_dir / "checkpoint-4").glob("birder_hook_rank*.pt")} == {
         "birder_hook_rank00000.pt",
         "birder_hook_rank00001.pt",
     }
-    assert run_example("hf_trainer_birder.py", "--optim", optim, "--resume", str(out_dir))[0] == plain_ddp(optim)
+    resumed = run_example("hf_trainer_birder.py", "--optim", optim, "--resume", str(out_dir), batch_norm=True)[0]
+    assert resumed == plain_ddp(optim, batch_norm=True)
 
 
 @pytest.mark.slow

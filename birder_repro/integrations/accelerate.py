@@ -32,6 +32,7 @@ from accelerate.optimizer import AcceleratedOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
 from birder_repro.comm import CommState, attach_birder, attach_onebit, build_topology
+from birder_repro.integrations.settle import buffers_kept
 from birder_repro.optim import Birder
 from birder_repro.optim.onebit_adam import OneBitOptimizer
 
@@ -136,7 +137,7 @@ def regroup_buckets(model: torch.nn.Module, loss_fn: Callable[[], torch.Tensor])
     sync = ddp.require_backward_grad_sync
     ddp.require_backward_grad_sync = True  # inside no_sync too: only a synced backward records the order
     try:
-        with torch.random.fork_rng(devices=devices):
+        with torch.random.fork_rng(devices=devices), buffers_kept(ddp.module):
             loss_fn().backward()
     finally:
         ddp.require_backward_grad_sync = sync

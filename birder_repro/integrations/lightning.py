@@ -32,6 +32,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from birder_repro.comm import attach_birder, attach_onebit, build_topology
 from birder_repro.comm.state import CompressedCommState
+from birder_repro.integrations.settle import buffers_kept
 from birder_repro.optim import Birder
 from birder_repro.optim.onebit_adam import OneBitOptimizer
 
@@ -192,9 +193,10 @@ class BirderStrategy(DDPStrategy):
     def _settle_buckets(self, batch: Any, batch_idx: int) -> None:
         """One forward and backward through DDP, before the saved states are loaded (the fresh optimizer is in
         its first step, so the hook changes nothing that the load does not replace): DDP rebuilds its buckets
-        after its first backward, as the saved run's did. Gradients dropped, random state kept. Collective."""
+        after its first backward, as the saved run's did. Gradients dropped, random state and buffers (batch
+        norm's statistics) kept. Collective."""
         devices = [self.root_device] if self.root_device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
+        with torch.random.fork_rng(devices=devices), buffers_kept(self.lightning_module):
             out = self.training_step(batch, batch_idx)
             loss = out["loss"] if isinstance(out, Mapping) else out
             if not isinstance(loss, torch.Tensor):
