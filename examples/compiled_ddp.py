@@ -3,9 +3,11 @@
     torchrun --standalone --nproc-per-node=2 examples/compiled_ddp.py --optim birder --mode compile
 
 --mode eager:     no compilation (plain_ddp.py's loop);
---mode compile:   torch.compile(ddp_model): Dynamo splits the graph at DDP's bucket boundaries (DDPOptimizer,
-                  torch._dynamo.config.optimize_ddp = "ddp_optimizer", the default); DDP's C++ reducer calls
-                  the hook as in eager;
+--mode compile:   torch.compile(ddp_model), as torch's DDP docs show it; on torch 2.14 (CPU) Dynamo breaks the
+                  graph inside DDP's forward and compiles nothing (the last line says how many graphs it
+                  compiled): the run is eager;
+--mode compile_module: DistributedDataParallel(torch.compile(model)): Inductor compiles the model's forward and
+                  backward; DDP's C++ reducer calls the hook per bucket as in eager;
 --mode compiled_autograd: torch._dynamo.config.compiled_autograd = True with forward and backward in one
                   compiled function; torch refuses DDP's C++ reducer there and asks for its Python reducer
                   (optimize_ddp = "python_reducer"), which calls a hook per parameter with a (grad, param)
@@ -30,7 +32,7 @@ from birder_repro.comm import attach_birder, attach_onebit
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--optim", choices=["birder", "onebit_adam"], default="birder")
-parser.add_argument("--mode", choices=["eager", "compile", "compiled_autograd"], default="compile")
+parser.add_argument("--mode", choices=["eager", "compile", "compile_module", "compiled_autograd"], default="compile")
 parser.add_argument("--save", help="directory: rank 0 writes the final parameters there (model.pt)")
 args = parser.parse_args()
 
@@ -43,7 +45,8 @@ rank, world = dist.get_rank(), dist.get_world_size()
 dataset = toy.make_dataset()
 loader = DataLoader(dataset, batch_size=toy.BATCH, sampler=toy.make_sampler(dataset, rank, world))
 
-ddp = DistributedDataParallel(toy.make_model())
+net = toy.make_model()
+ddp = DistributedDataParallel(torch.compile(net) if args.mode == "compile_module" else net)
 opt = toy.make_optimizer(args.optim, ddp.parameters())
 if args.optim == "birder":
     state = attach_birder(ddp, opt, gpus_per_node=toy.GPUS_PER_NODE)
@@ -70,5 +73,8 @@ dist.destroy_process_group()
 if rank == 0:
     if args.save:
         os.makedirs(args.save, exist_ok=True)
-        torch.save(ddp.module.state_dict(), os.path.join(args.save, "model.pt"))
-    print(f"fingerprint={toy.fingerprint(ddp.module)}", flush=True)
+        torch.save(net.state_dict(), os.path.join(args.save, "model.pt"))
+    from torch._dynamo.utils import counters
+
+    print(f"compiled_graphs={counters['stats']['unique_graphs']}", flush=True)
+    print(f"fingerprint={toy.fingerprint(net)}", flush=True)
