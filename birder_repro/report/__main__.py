@@ -107,7 +107,8 @@ def write_overview(
         _write(out / "time_to_target.md", time_to_target.target_markdown(rows), written)
         if not rows.empty:
             _write(out / "time_to_target.csv", time_to_target.csv_text(rows), written)
-    trials = tuning.tuning_rows(frame)  # tuning on the validation split (report.tuning)
+    # tuning on the validation split, scored by predicted time where 1-node profiles exist (report.tuning)
+    trials = tuning.tuning_rows(frame, crossover.one_node_profiles(frame["run_dir"]))
     if not trials.empty:
         _write(out / "tuning.md", tuning.tuning_markdown(trials), written)
         _write(out / "tuning.csv", tuning.csv_text(trials), written)

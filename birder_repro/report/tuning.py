@@ -2,18 +2,30 @@
 
 A tuning trial is a measured run scored on the validation split (``data.eval_set=val``; the test set is never
 seen). A *study* is one optimizer's trials of one setting: runs whose configs differ only in the tuned keys
-(:data:`TUNED_KEYS`) and the seed. Each study's trials are ranked by :func:`trial_score`: a run that reached
-the target beats one that did not, then fewer steps to the target (the step time does not depend on the
-learning rate, so fewer steps is less time on any link), then the higher final metric; a run that failed or
-diverged ranks last. The first is the study's choice, the values an experiment's recipe should carry
-(``conf/recipe/<task>/<optim>.yaml`` says where its values came from). ``trials`` says how many each optimizer
-had: a fair comparison gives every optimizer the same budget (AlgoPerf's and MLPerf's rule).
+(:data:`TUNED_KEYS`) and the seed. A *candidate* is one set of tuned values, run with one or more seeds.
+
+What a trial costs the user is time, not steps: 1-bit Adam's warmup steps (``optim.freeze``, a tuned key) are
+full fp32 steps, several times a compressed one's time on a slow link. So where the trial's config names the
+link it is tuned for (``tuning.score_link_mbit``) and a 1-node profile of its optimizer exists, a trial is
+scored by its predicted time to the target there: its steps, the first ``freeze`` of them at the fp32 step's
+time, the rest at its own scheme's (:class:`~birder_repro.report.crossover.StepModel`, the performance model
+the crossover uses); otherwise by its steps (the table says which). Candidates are ranked by
+:func:`trial_score` over their seeds: every seed completed and reached the target beats any that did not, then
+the mean score over the seeds, then the higher mean final metric. The first is the study's choice, the values
+an experiment's recipe should carry (``conf/recipe/<task>/<optim>.yaml`` says where its values came from); a
+choice at the edge of its grid (the smallest or largest of three or more values tried) is flagged: the grid
+should widen. ``trials`` says how many runs each optimizer had: a fair comparison gives every optimizer the
+same budget (AlgoPerf's and MLPerf's rule). ``python -m birder_repro.report.tuning --rerun RUNS`` prints the
+sweep that runs the best candidates of each study with more seeds.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -23,8 +35,17 @@ from .display import fmt_layout, fmt_number, is_missing, metric_label, optim_lab
 
 __all__ = ["TUNED_KEYS", "trial_score", "tuning_rows", "tuning_markdown"]
 
-# The keys a study varies: the learning rate (every optimizer), 1-bit Adam's warmup length, Birder's beta.
-TUNED_KEYS = ("optim.lr", "optim.freeze", "optim.beta")
+# The keys a study varies: the learning rate (every optimizer), 1-bit Adam's warmup length, Birder's beta,
+# PowerSGD's rank and start step, DiLoCo's local steps and outer learning rate.
+TUNED_KEYS = (
+    "optim.lr",
+    "optim.freeze",
+    "optim.beta",
+    "optim.comm.rank",
+    "optim.comm.start_iter",
+    "optim.local_steps",
+    "optim.outer_lr",
+)
 # Keys that say how a trial ran or follow from the tuned ones (effective_lr: lr x batch scaling): left out too.
 RUN_KEYS = ("train.stop_at_target", "optim.total_steps", "optim.effective_lr")
 
@@ -45,14 +66,60 @@ def tuned_values(items: dict) -> dict[str, Any]:
 
 
 def trial_score(row) -> tuple:
-    """Smaller is better: (not completed, not reached, steps to target, -final metric)."""
+    """Smaller is better: (not completed, not reached, cost to the target, -final metric). The cost is the
+    predicted seconds (``predicted_s``) where the trial has them, else its steps."""
     completed = row.get("status") == "completed"
     reached = bool(row.get("target_reached")) and completed
-    step = float(row["target_step"]) if reached and not is_missing(row.get("target_step")) else math.inf
+    seconds = row.get("predicted_s")
+    if reached and not is_missing(seconds):
+        cost = float(seconds)
+    elif reached and not is_missing(row.get("target_step")):
+        cost = float(row["target_step"])
+    else:
+        cost = math.inf
     metric = row.get("final_metric_value")
     sign = -1.0 if row.get("target_direction") != "lower" else 1.0
     final = sign * float(metric) if completed and not is_missing(metric) else math.inf
-    return (not completed, not reached, step, final)
+    return (not completed, not reached, cost, final)
+
+
+def candidate_score(scores: Sequence[tuple]) -> tuple:
+    """A candidate's score over its seeds' trial scores: (any not completed, any not reached, mean cost, mean
+    final), so that a lucky seed does not choose."""
+    n = len(scores)
+    return (
+        any(s[0] for s in scores),
+        any(s[1] for s in scores),
+        sum(s[2] for s in scores) / n,
+        sum(s[3] for s in scores) / n,
+    )
+
+
+def predicted_seconds(row, profiles: dict | None) -> float | None:
+    """The trial's predicted seconds to its target at ``tuning.score_link_mbit``; None where the config names no
+    link, the trial did not reach the target, or no 1-node profile of its setting exists."""
+    from .crossover import StepModel, _profile_key, _record
+
+    link = _items(row.get("config_items")).get("tuning.score_link_mbit")
+    if link is None or is_missing(link) or not profiles or not row.get("target_reached"):
+        return None
+    if is_missing(row.get("target_step")):
+        return None
+    rec = _record(str(row["run_dir"]))
+    profile = profiles.get(_profile_key(rec)[:-1] + ("emulated",)) if rec else None
+    if profile is None:
+        return None
+    return StepModel(rec, profile).time_to_target(float(row["target_step"]), float(link))
+
+
+def _on_edge(trials: pd.DataFrame, chosen: dict) -> list[str]:
+    """The tuned keys whose chosen value is the smallest or largest of three or more values the study tried."""
+    edge = []
+    for key, value in chosen.items():
+        tried = sorted({t[key] for t in trials["tuned"] if key in t and isinstance(t[key], (int, float))})
+        if len(tried) >= 3 and isinstance(value, (int, float)) and value in (tried[0], tried[-1]):
+            edge.append(key)
+    return edge
 
 
 def _final(row, metric_cols: set) -> float | None:
@@ -62,8 +129,10 @@ def _final(row, metric_cols: set) -> float | None:
     return None if is_missing(value) else float(value)
 
 
-def tuning_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per trial (measured runs scored on ``val``), with ``study``, ``tuned``, ``score`` and ``chosen``."""
+def tuning_rows(frame: pd.DataFrame, profiles: dict | None = None) -> pd.DataFrame:
+    """One row per trial (measured runs scored on ``val``), with ``study``, ``tuned``, ``predicted_s``,
+    ``score``, ``seeds`` (of its candidate), ``chosen`` (every seed of the chosen candidate) and ``edge``.
+    ``profiles``: 1-node profiles (:func:`birder_repro.report.crossover.one_node_profiles`)."""
     if "eval_set" not in frame:
         return pd.DataFrame()
     runs = fill_keys(frame[(frame["source"] == "measured") & (frame["eval_set"].astype("object") == "val")])
@@ -79,15 +148,61 @@ def tuning_rows(frame: pd.DataFrame) -> pd.DataFrame:
     ]
     runs = runs.sort_values("started_at", kind="stable").drop_duplicates("_trial", keep="last")
     runs = runs.drop(columns="_trial")
+    runs["predicted_s"] = [predicted_seconds(r, profiles) for _, r in runs.iterrows()]
     runs["score"] = [trial_score(r) for _, r in runs.iterrows()]
     runs["trials"] = runs.groupby("study")["study"].transform("size")
-    best = runs.groupby("study")["score"].transform("min")
-    runs["chosen"] = runs["score"] == best
-    # one chosen per study: ties go to the first trial in sweep order
-    runs["chosen"] &= ~runs.duplicated(subset=["study", "chosen"]) | ~runs["chosen"]
+    runs["candidate"] = [json.dumps([s, t], default=str) for s, t in zip(runs["study"], runs["tuned"])]
+    runs["seeds"] = runs.groupby("candidate")["candidate"].transform("size")
+    scores = {c: candidate_score(list(g["score"])) for c, g in runs.groupby("candidate", sort=False)}
+    runs["candidate_score"] = runs["candidate"].map(scores)
+    # one chosen candidate per study: the best mean over its seeds; ties go to the first in sweep order
+    first = runs.sort_values("started_at", kind="stable").drop_duplicates("candidate")
+    best = {}
+    for study, cands in first.groupby("study", sort=False):
+        best[study] = min(cands["candidate"], key=lambda c: scores[c])
+    runs["chosen"] = runs["candidate"] == runs["study"].map(best)
+    runs["edge"] = [
+        _on_edge(runs[runs["study"] == s], t) if c else []
+        for s, t, c in zip(runs["study"], runs["tuned"], runs["chosen"])
+    ]
     runs["_rank"] = optim_rank(runs["optim"])
     runs = runs.sort_values(["task", "_rank", "study", "started_at"], kind="stable")  # the sweep's order
     return runs.drop(columns="_rank").reset_index(drop=True)
+
+
+def rerun_overrides(rows: pd.DataFrame, best: int = 2, seeds: Sequence[int] = (1, 2)) -> list[str]:
+    """The sweeps that run each study's ``best`` candidates (by their seed-0 score) with ``seeds`` more: one
+    ``birder-repro -m`` argument line per candidate, for the Makefile to run after the grids."""
+    lines = []
+    for _study, trials in rows.groupby("study", sort=False):
+        ranked = trials.drop_duplicates("candidate").sort_values("candidate_score", kind="stable")
+        for _, row in ranked.head(best).iterrows():
+            if row["candidate_score"][1]:
+                continue  # a candidate that missed the target is not worth more seeds
+            have = set(trials[trials["candidate"] == row["candidate"]]["seed"])
+            wanted = [s for s in seeds if s not in have]
+            if not wanted:
+                continue
+            values = " ".join(f"optim.{k}={v}" for k, v in row["tuned"].items())
+            lines.append(f"optim={row['optim']} {values} seed={','.join(str(s) for s in wanted)}")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .crossover import one_node_profiles
+    from .records import load_frame
+
+    parser = argparse.ArgumentParser(prog="python -m birder_repro.report.tuning", description=__doc__)
+    parser.add_argument("--rerun", type=Path, required=True, help="the tuning runs' directory")
+    args = parser.parse_args(argv)
+    frame = load_frame(args.rerun)
+    for line in rerun_overrides(tuning_rows(frame, one_node_profiles(frame["run_dir"]))):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
 
 
 def _values_text(tuned: dict) -> str:
@@ -107,14 +222,34 @@ def _final_text(row) -> str:
     return "—" if is_missing(value) else fmt_number(value, 4)
 
 
+def _chosen_text(row) -> str:
+    text = _values_text(row["tuned"])
+    return text + (f" (edge of the grid: {', '.join(row['edge'])})" if row["edge"] else "")
+
+
+def _seconds_text(value) -> str:
+    return "—" if is_missing(value) else fmt_number(float(value), 3)
+
+
+def _scored_by(rows: pd.DataFrame) -> str:
+    links = {_items(i).get("tuning.score_link_mbit") for i in rows["config_items"]}
+    link = next(iter(links)) if len(links) == 1 else None
+    if rows["predicted_s"].notna().all() and link is not None:
+        return f"predicted s to target at {fmt_number(link)} Mbit/s"
+    return "scored by steps (no link or no 1-node profile)"
+
+
 NOTES = (
     "Trials: runs scored on the validation split (`data.eval_set=val`: training images held out, never "
     "trained on; the test set is never seen). A study is one optimizer's trials of one setting, its configs "
     "differing only in the tuned keys (" + ", ".join(f"`{k}`" for k in TUNED_KEYS) + ").",
-    "The choice: the trial that reached the target in the fewest steps (a step's time does not depend on these "
-    "values, so fewer steps is less time on any link); ties and misses by the higher final metric; failed "
-    "or diverged trials last. `trials` is each optimizer's budget: the same for every optimizer of a "
-    "comparison.",
+    "The score: a trial's predicted time to the target at the link the tuning is for (`tuning.score_link_mbit`): "
+    "its steps at the performance model's step times from the optimizer's 1-node profile, 1-bit Adam's warmup "
+    "(`optim.freeze`) at the fp32 step's time; without a link or a profile, its steps. A candidate (one set of "
+    "values) is scored over its seeds (every seed must reach the target; then the mean); the choice is the "
+    "best candidate, ties and misses by the higher mean final metric, failed or diverged trials last. A choice "
+    "at the smallest or largest of three or more values tried is flagged: its grid should widen. `trials` is "
+    "each optimizer's budget: the same for every optimizer of a comparison.",
     "Final metric: at the run's end, which is the target's evaluation for a run ended there (`train.stop_at_target`).",
 )
 
@@ -124,7 +259,9 @@ def tuning_markdown(rows: pd.DataFrame) -> str:
     if rows.empty:
         return "\n".join(lines + ["", "No tuning run (`data.eval_set=val`)."]) + "\n"
     for task, of_task in rows.groupby("task", sort=False):
-        chosen = of_task[of_task["chosen"]]
+        chosen_runs = of_task[of_task["chosen"]]
+        chosen = chosen_runs.drop_duplicates("study")
+        mean_s = chosen_runs.groupby("study")["predicted_s"].mean()
         first = chosen.iloc[0]
         goal = (
             f"{metric_label(first['target_metric'])} {'<=' if first['target_direction'] == 'lower' else '>='} "
@@ -141,8 +278,10 @@ def tuning_markdown(rows: pd.DataFrame) -> str:
             {
                 "optimizer": [optim_label(o, v) for o, v in zip(chosen["optim"], chosen["variant"])],
                 "trials": chosen["trials"].astype(int),
-                "chosen values": chosen["tuned"].map(_values_text),
-                "steps to target (val)": chosen.apply(_outcome, axis=1),
+                "chosen values": chosen.apply(_chosen_text, axis=1),
+                "seeds": chosen["seeds"].astype(int),
+                "steps to target (val, first seed)": chosen.apply(_outcome, axis=1),
+                "s to target (mean over seeds)": chosen["study"].map(mean_s).map(_seconds_text),
                 f"final {metric_label(first['headline_metric'])} (val)": chosen.apply(_final_text, axis=1),
             }
         )
@@ -155,7 +294,9 @@ def tuning_markdown(rows: pd.DataFrame) -> str:
                     pd.DataFrame(
                         {
                             "values": trials["tuned"].map(_values_text),
+                            "seed": trials["seed"],
                             "outcome": trials.apply(_outcome, axis=1),
+                            _scored_by(trials): trials["predicted_s"].map(_seconds_text),
                             f"final {metric_label(head['headline_metric'])} (val)": trials.apply(_final_text, axis=1),
                             "chosen": trials["chosen"].map(lambda c: "**chosen**" if c else ""),
                             "run": trials["run_dir"].map(lambda d: "/".join(str(d).split("/")[-2:])),
@@ -182,6 +323,8 @@ def csv_text(rows: pd.DataFrame) -> str | None:
             "status",
             "target_reached",
             "target_step",
+            "predicted_s",
+            "seed",
             "final_metric_value",
             "run_dir",
         ]
