@@ -856,3 +856,33 @@ def test_probe_on_the_emulated_cluster_measures_the_shaped_rate(compose, tmp_pat
     assert fits["all_to_all"]["bandwidth_Bps"] * 8 / 1e6 == pytest.approx(48.2, rel=0.10)
     spec = yaml.safe_load(Path(rec["probe"]["cluster_spec_file"]).read_text())
     assert spec["perf"]["inter_efficiency"] == pytest.approx(fits["allreduce"]["bandwidth_Bps"] * 8 / 100e6)
+
+
+def test_the_new_fields_schemes_are_priced_diloco_once_per_outer_step():
+    """The two-level all-reduce sends each node's 2 (n-1)/n of the bucket across nodes (a flat ring more) and
+    compresses nothing (bf16: the casts); DiLoCo sends nothing across nodes in a step of its own and its outer
+    exchange, charged 1/H to every step, shrinks as H grows."""
+    from birder_repro.perf.cluster import ClusterSpec
+    from birder_repro.perf.model import predict_step
+    from birder_repro.perf.profile import Profile
+    from birder_repro.perf.schemes import bucket_collectives, compressed_elements, counted_bytes, sync_collectives
+
+    numel, n, m = 1_000_000, 2, 2
+    inter = sum(counted_bytes(op, n, m)[1] for op in bucket_collectives("two_level", numel, n, m))
+    flat = sum(counted_bytes(op, n, m)[1] for op in bucket_collectives("fp32", numel, n, m))
+    assert m * inter == pytest.approx(2 * (n - 1) / n * 4 * numel) and m * inter < m * flat
+    assert compressed_elements("two_level", numel, n, m) == 0
+    assert compressed_elements("two_level_bf16", numel, n, m) == 2 * numel
+    assert compressed_elements("diloco", numel, n, m) == 0
+    assert not [op for op in bucket_collectives("diloco", numel, n, m) if op.group != "intra"]
+    assert [op.group for op in sync_collectives("diloco", numel, n, m)] == ["inter", "intra"]
+    profile = Profile(
+        name="p", device="cpu", task="t", batch_size=64, forward_backward_s=0.01, parameter_count=numel,
+        optimizer_s=0.001, threads=1, host_cores=8,
+    )  # fmt: skip
+    spec = ClusterSpec(
+        name="x", intra_mbit=100_000, inter_mbit=100, inter_latency_us=50, inter_efficiency=1.0, intra_latency_us=5
+    )
+    steps = [predict_step(profile, spec, n, m, "diloco", local_steps=h) for h in (1, 10, 100)]
+    assert steps[0].total_s > steps[1].total_s > steps[2].total_s
+    assert steps[1].inter_node_bytes == pytest.approx(steps[0].inter_node_bytes / 10)

@@ -98,6 +98,7 @@ def emulated_frame(root: Path, implementation: str = "this", spec_file: Path | N
             int(rec["batch_size"]),
             warmup_fraction=_warmup_fraction(rec),
             implementation=implementation,
+            local_steps=int(cfg["optim"].get("local_steps") or 1),  # DiLoCo's H
         )["run"]
         measured = float(rec["throughput_samples_per_s"])
         st = rec.get("step_time_s") or {}

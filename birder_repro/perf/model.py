@@ -25,7 +25,7 @@ from typing import Any
 from .cluster import ClusterSpec, host_contention, no_spare_core, op_time
 from .implementations import ImplementationLike, implementation_of
 from .profile import Profile
-from .schemes import COMPRESSION_BACKEND, bucket_collectives, compressed_elements, counted_bytes
+from .schemes import COMPRESSION_BACKEND, bucket_collectives, compressed_elements, counted_bytes, sync_collectives
 from .timeline import BucketWork, StepTimeline, blend, ready_times, simulate, simulate_sequential, simulate_shared
 
 __all__ = ["StepPrediction", "predict_step", "predict_run"]
@@ -81,9 +81,12 @@ def predict_step(
     batch_size: int | None = None,
     rank: int = 1,
     implementation: ImplementationLike = "this",
+    local_steps: int = 1,
 ) -> StepPrediction:
     """One step of ``scheme`` (birder_repro.perf.schemes.SCHEMES) on ``nodes`` x ``gpus_per_node``, as
-    ``implementation`` (birder_repro.perf.implementations: ``this`` or ``paper``) runs it."""
+    ``implementation`` (birder_repro.perf.implementations: ``this`` or ``paper``) runs it. ``local_steps``:
+    DiLoCo's H; its outer exchange (:func:`~birder_repro.perf.schemes.sync_collectives`, after the optimizer
+    step, overlapping nothing) is charged as 1/H of its time and bytes to every step."""
     impl = implementation_of(implementation, scheme)
     if nodes < 1 or gpus_per_node < 1:
         raise ValueError(f"nodes and gpus_per_node must be >= 1, got {nodes}, {gpus_per_node}")
@@ -117,14 +120,19 @@ def predict_step(
         shared = no_spare_core(cluster, nodes * gpus_per_node, profile.threads, profile.host_cores)
         overlapped = (simulate_shared if shared else simulate)(work, fb, optimizer)
         tl = overlapped if impl.overlap == 1 else blend(overlapped, tl, impl.overlap)
+    sync = sync_collectives(scheme, profile.parameter_count, nodes, gpus_per_node)
+    sync_s = sum(op_time(op, nodes, gpus_per_node, cluster) for op in sync) / max(int(local_steps), 1)
+    for op in sync:
+        a, b = counted_bytes(op, nodes, gpus_per_node)
+        intra, inter = intra + a / max(int(local_steps), 1), inter + b / max(int(local_steps), 1)
     return StepPrediction(
         scheme=scheme,
         nodes=nodes,
         gpus_per_node=gpus_per_node,
         batch_size=batch,
-        total_s=tl.total_s + profile.data_wait_s,
+        total_s=tl.total_s + sync_s + profile.data_wait_s,
         compute_s=tl.compute_s,
-        communication_s=tl.communication_s,
+        communication_s=tl.communication_s + sync_s,
         compression_s=tl.compression_s,
         intra_node_bytes=intra,
         inter_node_bytes=inter,
@@ -145,12 +153,15 @@ def predict_run(
     rank: int = 1,
     warmup_fraction: float = 0.0,
     implementation: ImplementationLike = "this",
+    local_steps: int = 1,
 ) -> dict[str, Any]:
     """The whole run: ``warmup_fraction`` of the steps in fp32 (1-bit Adam's freeze, PowerSGD's start
     iteration), the rest in ``scheme``. Returns the mean step ('run') and each stage's prediction."""
     if not 0 <= warmup_fraction <= 1:
         raise ValueError(f"warmup_fraction must be in [0, 1], got {warmup_fraction}")
-    main = predict_step(profile, cluster, nodes, gpus_per_node, scheme, batch_size, rank, implementation)
+    main = predict_step(
+        profile, cluster, nodes, gpus_per_node, scheme, batch_size, rank, implementation, local_steps=local_steps
+    )
     stages = {scheme: main}
     warmup = "fsdp_hsdp" if scheme.startswith("fsdp_") else "fp32"  # the uncompressed exchange of the warmup
     if warmup_fraction > 0 and scheme != warmup:

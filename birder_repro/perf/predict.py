@@ -101,6 +101,7 @@ def predict_record(cfg: Any) -> dict[str, Any]:
         rank,
         warmup_fraction=_warmup_fraction(optim, scheme, train.get("steps")),
         implementation=implementation,
+        local_steps=int(optim.get("local_steps") or 1),  # DiLoCo's H
     )
     mean, stages = run["run"], run["stages"]
     by_stage = None

@@ -308,18 +308,18 @@ def compressed_elements(
 
     hierarchical: Step II on the shard (P'/m) + the server's unpack of n chunks (P'/m) and re-quantization
     (P'/(mn)) + Step IV's unpack (P'); flat: the same with m = 1, n = N; allgather: quantize P' and unpack
-    N P'; onebit: compress P', the server's unpack (P') and compression (P'/N), the final unpack (P'); fp16:
-    the casts to and from half (2P); powersgd: M Q, M^T P and P Q^T over the compressed matrices, each
-    rows x cols x r, and error feedback on all P elements. One process sends nothing and counts 0, unless
-    ``alone`` (a measured profile of one process whose hook still compresses: Birder's update is quantized
-    on one worker too), which counts the same work with n = m = 1.
+    N P'; onebit: compress P', the server's unpack (P') and compression (P'/N), the final unpack (P'); fp16 and
+    two_level_bf16: the casts to and from 16 bits (2P); fp32, two_level and diloco: nothing; powersgd: M Q,
+    M^T P and P Q^T over the compressed matrices, each rows x cols x r, and error feedback on all P elements. One
+    process sends nothing and counts 0, unless ``alone`` (a measured profile of one process whose hook still
+    compresses: Birder's update is quantized on one worker too), which counts the same work with n = m = 1.
     """
     n, m = nodes, gpus_per_node
     world = n * m
     p = padded_elements(scheme, numel, n, m)
-    if scheme == "fp32" or (world == 1 and not alone):
+    if scheme in ("fp32", "two_level", "diloco") or (world == 1 and not alone):
         return 0.0
-    if scheme == "fp16":
+    if scheme in ("fp16", "two_level_bf16"):
         return 2.0 * numel
     if scheme == "powersgd":
         mats = matrices if matrices is not None else _square(numel)

@@ -149,6 +149,7 @@ class StepModel:
         self.nodes, self.gpus = int(rec["cluster"]["nodes"]), int(rec["cluster"]["gpus_per_node"])
         self.batch = int(rec["batch_size"])
         self.freeze = freeze_step(cfg, int(rec.get("planned_steps") or rec["steps"]))
+        self.local_steps = int((cfg.get("optim") or {}).get("local_steps") or 1)  # DiLoCo's H
         self.cluster = (rec.get("cluster") or {}).get("name")
 
     def _spec(self, link: float | None):
@@ -161,7 +162,9 @@ class StepModel:
         from birder_repro.perf.model import predict_step
 
         spec = self._spec(link)
-        main = predict_step(self.profile, spec, self.nodes, self.gpus, self.scheme, self.batch)
+        main = predict_step(
+            self.profile, spec, self.nodes, self.gpus, self.scheme, self.batch, local_steps=self.local_steps
+        )
         warm = (
             main
             if self.freeze == 0 or self.scheme == "fp32"
