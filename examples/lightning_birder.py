@@ -27,6 +27,7 @@ parser.add_argument("--optim", choices=["birder", "onebit_adam"], default="birde
 parser.add_argument("--save", help="directory for Lightning's checkpoint (and each rank's hook state)")
 parser.add_argument("--stop-at", type=int, default=toy.STEPS, help="stop (and --save) after this many steps")
 parser.add_argument("--resume", help="checkpoint file --save wrote: continue from there to toy.STEPS")
+parser.add_argument("--precision", default="32-true", help="Lightning's precision (16-mixed: bf16-mixed on a CPU)")
 args = parser.parse_args()
 
 
@@ -67,6 +68,7 @@ trainer = L.Trainer(
     enable_checkpointing=bool(args.save),
     num_sanity_val_steps=0,
     deterministic=True,
+    precision=args.precision,
 )
 module = ToyModule()
 trainer.fit(module, ckpt_path=args.resume)

@@ -27,6 +27,7 @@ parser.add_argument("--optim", choices=["birder", "onebit_adam"], default="birde
 parser.add_argument("--save", help="directory for one checkpoint file per rank, written after --stop-at steps")
 parser.add_argument("--stop-at", type=int, default=toy.STEPS, help="stop (and --save) after this many steps")
 parser.add_argument("--resume", help="directory --save wrote: continue from there to toy.STEPS")
+parser.add_argument("--autocast", choices=["none", "bf16"], default="none", help="forward and loss under bf16 autocast")
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
@@ -59,7 +60,8 @@ for step, (x, y) in enumerate(loader):
         continue
     if step == args.stop_at or step == toy.STEPS:
         break
-    loss = torch.nn.functional.cross_entropy(ddp(x), y)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast == "bf16"):
+        loss = torch.nn.functional.cross_entropy(ddp(x), y)
     loss.backward()
     opt.step()
     opt.zero_grad()

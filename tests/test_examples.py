@@ -170,6 +170,15 @@ def test_lightning_strategy_layout_and_refusals():
     )
 
 
+@needs_lightning
+def test_lightning_16_mixed_on_the_cpu_runs_as_bf16_and_equals_plain_ddp_under_bf16_autocast():
+    """``precision="16-mixed"`` as a user leaves it: on a CPU Lightning runs it as bf16-mixed (no GradScaler),
+    which equals plain DDP with its forward and loss under bf16 autocast, bit for bit."""
+    got = run_example("lightning_birder.py", "--optim", "birder", "--precision", "16-mixed")
+    assert got == run_example("plain_ddp.py", "--optim", "birder", "--autocast", "bf16")
+    assert got != reference("birder")  # bf16 did change the run
+
+
 # ------------------------------------------------------------------------------------------ torch.compile
 @pytest.mark.parametrize("optim", ["birder", pytest.param("onebit_adam", marks=pytest.mark.slow)])
 def test_torch_compile_of_the_ddp_model_equals_eager(optim):

@@ -125,3 +125,11 @@ def test_accelerate_accumulation_onebit_adam_within_rounding(tmp_path):
     assert f"hook_calls={TOY_STEPS} optimizer_steps={TOY_STEPS}" in out
     for a, b in zip(torch.load(whole), torch.load(halves)):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-5)
+
+
+def test_accelerate_with_mixed_precision_fp16_on_the_cpu_equals_plain_ddp():
+    """``mixed_precision="fp16"`` as a user leaves it: on a CPU Accelerate makes no GradScaler and no autocast, so
+    the run is fp32 and equals plain DDP bit for bit (on a GPU its scaler reaches the hook: test_grad_scaler.py)."""
+    fingerprint, out = run_example("accelerate_birder.py", "--optim", "birder", "--mixed-precision", "fp16")
+    assert "mixed_precision=fp16 scaler=NoneType" in out
+    assert fingerprint == plain_ddp("birder")
