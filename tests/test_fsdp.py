@@ -403,11 +403,9 @@ def _reference_layout(initial: list[torch.Tensor]):
     return pieces, where, buckets
 
 
-def test_onebit_adam_under_fsdp_matches_the_reference(runs):
-    res = [runs[r]["onebit"] for r in range(WORLD)]
-    assert res[0]["stages"] == ["warmup"] * FREEZE + ["compression"] * (ONEBIT_STEPS - FREEZE)
-    pieces, where, buckets = _reference_layout(res[0]["initial"])
-    ref = OneBitAdamReference(pieces, buckets, NODES, freeze_step=FREEZE, **ONEBIT)
+def _follow(res: list[dict], ref, pieces, where, step_args=()) -> None:
+    """The reference through every step of a 1-bit FSDP run: a node is one worker whose gradient is the average
+    of its two processes'; every rank's parameters are the same and within rounding of the reference's."""
 
     def cut(full: list[torch.Tensor]) -> list[torch.Tensor]:
         return [
@@ -416,18 +414,24 @@ def test_onebit_adam_under_fsdp_matches_the_reference(runs):
         ]
 
     for step in range(ONEBIT_STEPS):
-        # a node is one worker: its gradient is the average of its two processes'
         node_grads = [
             [(a + b) / 2 for a, b in zip(cut(res[k * GPUS]["grads"][step]), cut(res[k * GPUS + 1]["grads"][step]))]
             for k in range(NODES)
         ]
-        ref.step(node_grads)
+        ref.step(node_grads, *step_args)
         got = cut(res[0]["params"][step])
         for rank in range(1, WORLD):
             assert all(torch.equal(a, b) for a, b in zip(got, cut(res[rank]["params"][step])))
         for a, b, w in zip(got, ref.x, where):
             if w is not None:
                 assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), f"step {step + 1}: max {(a - b).abs().max()}"
+
+
+def test_onebit_adam_under_fsdp_matches_the_reference(runs):
+    res = [runs[r]["onebit"] for r in range(WORLD)]
+    assert res[0]["stages"] == ["warmup"] * FREEZE + ["compression"] * (ONEBIT_STEPS - FREEZE)
+    pieces, where, buckets = _reference_layout(res[0]["initial"])
+    _follow(res, OneBitAdamReference(pieces, buckets, NODES, freeze_step=FREEZE, **ONEBIT), pieces, where)
     assert res[0]["inter"] > 0
 
 
@@ -439,24 +443,6 @@ def test_onebit_adam_under_fsdp_honours_a_scale_per_tensor(runs):
     res = [runs[r]["onebit_tensor"] for r in range(WORLD)]
     pieces, where, buckets = _reference_layout(res[0]["initial"])
     ref = DeepSpeedOnebitAdamReference(pieces, NODES, freeze_step=FREEZE, choices=Choices.project(NODES), **ONEBIT)
-
-    def cut(full: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [
-            torch.zeros(len(x)) if w is None else full[w[0]].reshape(-1)[w[1] : w[2]].clone()
-            for x, w in zip(pieces, where)
-        ]
-
-    for step in range(ONEBIT_STEPS):
-        node_grads = [
-            [(a + b) / 2 for a, b in zip(cut(res[k * GPUS]["grads"][step]), cut(res[k * GPUS + 1]["grads"][step]))]
-            for k in range(NODES)
-        ]
-        ref.step(node_grads, buckets)
-        got = cut(res[0]["params"][step])
-        for rank in range(1, WORLD):
-            assert all(torch.equal(a, b) for a, b in zip(got, cut(res[rank]["params"][step])))
-        for a, b, w in zip(got, ref.x, where):
-            if w is not None:
-                assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), f"step {step + 1}: max {(a - b).abs().max()}"
+    _follow(res, ref, pieces, where, (buckets,))
     bucket_scale = runs[0]["onebit"]["params"][-1]
     assert any(not torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(res[0]["params"][-1], bucket_scale))

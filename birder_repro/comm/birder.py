@@ -72,7 +72,7 @@ from birder_repro.comm.collectives import all_gather_flat, reduce_scatter_flat
 from birder_repro.comm.nonfinite import NonFiniteGuard, local_flag
 from birder_repro.comm.overlap import HookRunner
 from birder_repro.comm.state import UPDATE, CompressedCommState
-from birder_repro.comm.topology import Topology, announce_layout, build_topology, gpus_per_node_from, group_peers
+from birder_repro.comm.topology import Topology, announce_layout, group_peers, resolve_topology
 from birder_repro.optim.birder import Birder
 
 SCHEMES = ("hierarchical", "flat", "allgather")
@@ -483,12 +483,7 @@ def attach_birder(
     for key in ("beta", "eps", "amsgrad_after"):
         if len({g[key] for g in groups}) != 1:
             raise ValueError(f"attach_birder: every parameter group must share {key}: the hook works per bucket")
-    guessed = topology is None
-    if topology is None:
-        gpus_per_node, source = gpus_per_node_from(gpus_per_node)
-        topology = build_topology(gpus_per_node)
-    else:
-        source = "topology given"
+    topology, source, guessed = resolve_topology(gpus_per_node, topology)
     # Workers are nodes only in the hierarchical scheme; flat and allgather compress between all processes.
     announce_layout(
         f"attach_birder (scheme={scheme})",

@@ -32,7 +32,7 @@ from birder_repro.comm.accounting import all_gather_bytes, allreduce_bytes
 from birder_repro.comm.buckets import require_buckets
 from birder_repro.comm.collectives import all_gather_flat, completed_future
 from birder_repro.comm.state import CommState
-from birder_repro.comm.topology import Topology, announce_layout, build_topology, gpus_per_node_from
+from birder_repro.comm.topology import Topology, announce_layout, resolve_topology
 
 __all__ = ["DiLoCoState", "attach_diloco", "attach_from_config"]
 
@@ -111,12 +111,7 @@ def attach_diloco(
     require_buckets(ddp_model, "attach_diloco")
     if not isinstance(optimizer, DiLoCo):
         raise TypeError(f"attach_diloco needs a birder_repro.optim.DiLoCo optimizer, got {type(optimizer).__name__}")
-    guessed = topology is None
-    if topology is None:
-        gpus_per_node, source = gpus_per_node_from(gpus_per_node)
-        topology = build_topology(gpus_per_node)
-    else:
-        source = "topology given"
+    topology, source, guessed = resolve_topology(gpus_per_node, topology)
     announce_layout(f"attach_diloco (H={optimizer.local_steps})", topology, source, between_nodes=True, guessed=guessed)
     state = DiLoCoState(topology)
     ddp_model.register_comm_hook(state, diloco_hook)

@@ -172,3 +172,13 @@ def announce_layout(
             UserWarning,
             stacklevel=3,
         )
+
+
+def resolve_topology(gpus_per_node: int | None, topology: Topology | None) -> tuple[Topology, str, bool]:
+    """An attach's layout: ``topology`` where given, else one built from ``gpus_per_node`` (or torchrun's
+    LOCAL_WORLD_SIZE, :func:`gpus_per_node_from`). Returns (topology, where it came from, whether it was
+    guessed rather than given: :func:`announce_layout` warns only then). Collective when it builds one."""
+    if topology is not None:
+        return topology, "topology given", False
+    gpus_per_node, source = gpus_per_node_from(gpus_per_node)
+    return build_topology(gpus_per_node), source, True

@@ -39,7 +39,7 @@ from birder_repro.comm.buckets import require_buckets
 from birder_repro.comm.collectives import all_gather_flat, reduce_scatter_flat
 from birder_repro.comm.overlap import HookRunner
 from birder_repro.comm.state import CommState
-from birder_repro.comm.topology import Topology, announce_layout, build_topology, gpus_per_node_from
+from birder_repro.comm.topology import Topology, announce_layout, resolve_topology
 
 __all__ = ["TwoLevelState", "attach_two_level", "attach_from_config", "DTYPES"]
 
@@ -132,11 +132,7 @@ def attach_two_level(
     """
     del optimizer
     require_buckets(ddp_model, "attach_two_level")
-    if topology is None:
-        gpus_per_node, source = gpus_per_node_from(gpus_per_node)
-        topology = build_topology(gpus_per_node)
-    else:
-        source = "topology given"
+    topology, source, _ = resolve_topology(gpus_per_node, topology)
     wire = str(dtype).removeprefix("torch.")
     announce_layout(f"attach_two_level ({wire})", topology, source, between_nodes=False, guessed=False)
     state = TwoLevelState(topology, dtype, overlap)
