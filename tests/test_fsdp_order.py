@@ -245,7 +245,12 @@ def test_a_cuda_shard_is_worked_on_inside_the_hook_and_never_queued_to_the_threa
             calls.append("queued to the thread")
 
     state = types.SimpleNamespace(runner=Runner(), add_bytes=lambda *a: None)
-    unit = Unit(0, types.SimpleNamespace(set_all_reduce_hook=lambda hook: None), (), ((0, 0, 4, 0),), 4, 16)
+    fsdp_group = types.SimpleNamespace(gradient_divide_factor=None, force_sum_reduction_for_comms=False)
+    module = types.SimpleNamespace(
+        set_all_reduce_hook=lambda hook: None,
+        _get_fsdp_state=lambda: types.SimpleNamespace(_fsdp_param_groups=[fsdp_group]),
+    )  # FSDP's settings the hook reads (fsdp_postdivide): averaged in the reduce-scatter, nothing to undo
+    unit = Unit(0, module, (), ((0, 0, 4, 0),), 4, 16)
     topology = types.SimpleNamespace(intra_group=None, gpus_per_node=1)
     traffic = types.SimpleNamespace(reduced=lambda *a: None)
     hooks = _UnitHooks(

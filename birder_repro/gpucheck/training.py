@@ -209,9 +209,9 @@ def _onebit(topology, device, sharded: bool) -> dict:
             )
         initial = _initial()
         opt = OneBitAdam(model.parameters(), freeze_step=FREEZE, **ONEBIT)
-        # one scale per bucket as FSDP's one per unit shard, so that the two compare
+        # one scale per bucket and per unit shard (the reference's), so that the two compare
         state = (
-            attach_onebit_fsdp(model, opt, mesh)
+            attach_onebit_fsdp(model, opt, mesh, scale="bucket")
             if sharded
             else attach_onebit(model, opt, topology=topology, scale="bucket")
         )
