@@ -9,8 +9,8 @@ made for (a cu130 build needs a driver of the 580 series or newer; 535-570 are c
 for (``torch.version.cuda``) and CUDA's own error (``torch._C._cuda_init``: a GPU in compute mode
 EXCLUSIVE_PROCESS that another process holds raises "busy or unavailable", whose compute mode is then asked);
 :func:`diagnosis` turns that into the line. Every ``nvidia-smi`` call has a deadline and is killed, not waited
-for, past it (a driver in trouble leaves it stuck in the kernel): that, too, is named as the cause. A machine without NVIDIA devices gets
-None: there, the CPU is the right device.
+for, past it (a driver in trouble leaves it stuck in the kernel): that, too, is named as the cause. A machine
+without NVIDIA devices gets None: there, the CPU is the right device.
 
 The probe is injectable, so that tests (and ``make gpu-check`` in tests) use a stand-in: the arguments of
 :func:`probe`, or the environment: ``BIRDER_CUDA_PROBE_ROOT`` stands for ``/`` (``<root>/dev/nvidia0``,
