@@ -356,6 +356,23 @@ def fails_on_rank_1(topology, device):
     return {}
 
 
+def test_the_sanitized_spawn_runs_its_processes_under_torch_cuda_sanitizer(monkeypatch):
+    """``TORCH_CUDA_SANITIZER=1`` is set while the processes start (torch reads it at import) and only then.
+    (CSAN itself needs a CUDA driver: on a CPU machine its dispatch mode fails at the first collective.)"""
+    seen = []
+
+    def spawn(*args, **kwargs):
+        seen.append(os.environ.get(scenarios.SANITIZER_ENV))
+        raise RuntimeError("stop here")
+
+    monkeypatch.delenv(scenarios.SANITIZER_ENV, raising=False)
+    monkeypatch.setattr(scenarios.mp, "spawn", spawn)
+    for sanitizer in (True, False):
+        with pytest.raises(RuntimeError, match="stop here"):
+            scenarios.run_processes(2, 1, "gloo", sanitizer=sanitizer)
+    assert seen == ["1", None] and scenarios.SANITIZER_ENV not in os.environ
+
+
 def test_a_scenario_failing_on_one_rank_ends_at_the_process_group_timeout():
     """Without a timeout of its own the check would hang for gloo's thirty minutes (NCCL's ten) here."""
     assert scenarios.PG_TIMEOUT_S == 60
