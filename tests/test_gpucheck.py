@@ -94,8 +94,8 @@ def test_main_with_cuda_writes_the_table_and_exits_on_the_verdict(injected, code
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(gpucheck, "environment", lambda: {"device": "injected"})
     monkeypatch.setattr(gpucheck, "_kernels", lambda args: _rows(injected[0]))
-    monkeypatch.setattr(gpucheck, "_runs", lambda args, out: _rows(injected[1], section="runs"))
-    monkeypatch.setattr(gpucheck, "_hooks", lambda: [Check("hooks", "every hook on NCCL", SKIP)])
+    monkeypatch.setattr(gpucheck, "_runs", lambda args, out, gpus: _rows(injected[1], section="runs"))
+    monkeypatch.setattr(gpucheck, "_hooks", lambda gpus: [Check("hooks", "every hook on NCCL", SKIP)])
     assert gpucheck.main(["--out", str(tmp_path / "t")]) == code
     data = json.loads((tmp_path / "t" / "gpu-check.json").read_text())
     assert [c["section"] for c in data["checks"]] == ["kernels", "runs", "hooks"]
