@@ -143,9 +143,9 @@ def probe(
 
         torch_version = torch.__version__ if torch_version is None else torch_version
         torch_cuda = torch.version.cuda if torch_cuda == "unset" else torch_cuda
-    if torch_error == "unset":
-        torch_error = _cuda_error() if torch_cuda is not None else None
     devices = sorted(str(p) for p in (root / "dev").glob("nvidia*") if re.fullmatch(r"nvidia[0-9]+", p.name))
+    if torch_error == "unset":  # asked only where there are GPUs to be busy (and a CUDA build to say so)
+        torch_error = _cuda_error() if torch_cuda is not None and devices else None
     listing, driver, modes, hung = "", [], [], None
     try:  # once nvidia-smi hangs, it is not asked again: each call would hang as long
         listing = _smi(smi, "-L", timeout_s=smi_timeout_s) or ""
