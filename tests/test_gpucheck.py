@@ -1,6 +1,8 @@
 """``make gpu-check`` (birder_repro.gpucheck) here, without a GPU: the no-CUDA line, the table and its verdict
 with injected results, the kernel comparison with Triton's interpreter against the CPU backend, the record
-checks, and (slow) the hook comparisons on gloo processes and a real run through the runner on CPU."""
+checks, the plan for 0, 1, 2 and 4 GPUs (the rows only 2 GPUs run, skipped on 1), the process-group timeout,
+and (slow) the hook comparisons on gloo processes (2x1 and 1x2), a real run through the runner on CPU and the
+2-process runs (fp16 overflow, accumulation, SIGTERM and resume) on CPU."""
 
 from __future__ import annotations
 
@@ -424,7 +426,7 @@ def test_onebit_under_fsdp_with_two_processes_a_node_is_a_skip_not_a_failure():
     assert [r.status for r in rows] == [FAIL, SKIP, SKIP] and "boom" in rows[0].detail
 
 
-@pytest.mark.slow  # about 3 min on 2 CPU cores: 4 CLI runs of 2 processes
+@pytest.mark.slow  # 20-40 s each on 2 CPU cores (CLI, torchrun, 2 processes)
 @pytest.mark.parametrize("spec", runs.pair_specs(), ids=lambda s: s.name)
 def test_the_two_process_runs_pass_on_cpu(spec, tmp_path):
     """The rows a 2-GPU machine runs, with gloo on CPUs: the injected fp16 overflow is skipped on every rank

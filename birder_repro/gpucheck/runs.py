@@ -289,7 +289,8 @@ def launch_pair(spec: PairSpec, runs_root: Path, device: str = "cuda", timeout_s
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
             try:
                 if spec.stop and attempt == 0:
-                    while proc.poll() is None and _progress(run_dir) < PAIR_STOP - 1:
+                    deadline = time.monotonic() + timeout_s  # a run that never gets there is stopped all the same
+                    while proc.poll() is None and _progress(run_dir) < PAIR_STOP - 1 and time.monotonic() < deadline:
                         time.sleep(0.2)
                     proc.send_signal(signal.SIGTERM)
                 codes.append(proc.wait(timeout=timeout_s))
