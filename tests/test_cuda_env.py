@@ -203,9 +203,7 @@ def test_an_nvidia_smi_that_never_answers_is_killed_and_named(tmp_path):
     env = stand_in(tmp_path, gpus=2, proc=True)
     calls = tmp_path / "calls"
     pids = tmp_path / "pids"
-    env[cuda_env.SMI_ENV] = _smi_script(
-        tmp_path, f'echo "$*" >> {calls}\necho $$ >> {pids}\nexec sleep 60\n'
-    )
+    env[cuda_env.SMI_ENV] = _smi_script(tmp_path, f'echo "$*" >> {calls}\necho $$ >> {pids}\nexec sleep 60\n')
     got: list = []
     worker = threading.Thread(
         target=lambda: got.append(
