@@ -6,8 +6,11 @@ made for (a cu130 build needs a driver of the 580 series or newer; 535-570 are c
 ``CUDA_VISIBLE_DEVICES`` is empty or names no device, or when torch is a CPU-only build. The GPUs still show in
 ``/dev/nvidia*`` and ``nvidia-smi -L``: :func:`probe` reads those, the driver version (``nvidia-smi
 --query-gpu=driver_version --format=csv,noheader``, else ``/proc/driver/nvidia/version``) and what torch was built
-for (``torch.version.cuda``); :func:`diagnosis` turns that into the line. A machine without NVIDIA devices gets
-None: there, the CPU is the right device.
+for (``torch.version.cuda``) and CUDA's own error (``torch._C._cuda_init``: a GPU in compute mode
+EXCLUSIVE_PROCESS that another process holds raises "busy or unavailable", whose compute mode is then asked);
+:func:`diagnosis` turns that into the line. Every ``nvidia-smi`` call has a deadline and is killed, not waited
+for, past it (a driver in trouble leaves it stuck in the kernel): that, too, is named as the cause. A machine
+without NVIDIA devices gets None: there, the CPU is the right device.
 
 The probe is injectable, so that tests (and ``make gpu-check`` in tests) use a stand-in: the arguments of
 :func:`probe`, or the environment: ``BIRDER_CUDA_PROBE_ROOT`` stands for ``/`` (``<root>/dev/nvidia0``,
@@ -22,6 +25,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +53,9 @@ class Probe:
     visible: str | None = None  # CUDA_VISIBLE_DEVICES, None when unset
     slurm_job: bool = False  # inside a SLURM job (SLURM_JOB_ID set)
     slurm_gpus: str | None = None  # the GPUs SLURM gave the job (SLURM_JOB_GPUS / SLURM_STEP_GPUS / _ON_NODE)
+    torch_error: str | None = None  # CUDA's own error when torch initialises it (None: none, or not asked)
+    compute_modes: list[str] = field(default_factory=list)  # nvidia-smi's compute_mode, one a GPU (asked if busy)
+    smi_hung: float | None = None  # nvidia-smi did not answer in this many seconds (killed; not asked again)
 
     @property
     def nvidia_present(self) -> bool:
@@ -59,15 +66,35 @@ class Probe:
         return max(len(self.devices), len(self.gpus))
 
 
-def _smi(command: str | None, *args: str) -> str | None:
-    """``nvidia-smi`` output, or None where it is missing or fails (no driver loaded)."""
+SMI_TIMEOUT_S = 20.0  # nvidia-smi answers in well under a second; a driver in trouble can leave it stuck
+
+
+class _SmiHung(Exception):
+    """``nvidia-smi`` did not answer within the timeout (it was killed, and is not waited for)."""
+
+
+def _smi(command: str | None, *args: str, timeout_s: float = SMI_TIMEOUT_S) -> str | None:
+    """``nvidia-smi`` output, or None where it is missing or fails (no driver loaded); raises :class:`_SmiHung`
+    where it does not answer in ``timeout_s``.
+
+    Not ``subprocess.run(timeout=...)``: on a timeout it kills the child and then waits for it, and an
+    ``nvidia-smi`` stuck in the kernel (D-state, a driver in trouble) ignores SIGKILL until it leaves the kernel,
+    so that wait never returns. Here the child is killed and left; its output goes to a file, not a pipe, so
+    nothing blocks on reading it."""
     if not command:
         return None
-    try:
-        proc = subprocess.run([command, *args], capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return proc.stdout if proc.returncode == 0 else None
+    with tempfile.TemporaryFile("w+") as out:
+        try:
+            child = subprocess.Popen([command, *args], stdout=out, stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            return None
+        try:
+            code = child.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            child.kill()  # no wait after it: a child in D-state would block it forever
+            raise _SmiHung from None
+        out.seek(0)
+        return out.read() if code == 0 else None
 
 
 def _proc_driver(path: Path) -> str | None:
@@ -79,16 +106,36 @@ def _proc_driver(path: Path) -> str | None:
     return match.group(1) if match else None
 
 
+def _cuda_error() -> str | None:
+    """CUDA's own error when torch initialises it (e.g. "CUDA-capable device(s) is/are busy or unavailable"),
+    where ``torch.cuda.is_available()`` says only False; None where it initialises or torch has no CUDA."""
+    import torch
+
+    init = getattr(torch._C, "_cuda_init", None)
+    if init is None:
+        return None
+    try:
+        init()
+    except Exception as exc:  # noqa: BLE001 - any error here is the cause to report
+        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return None
+
+
+BUSY = "busy or unavailable"  # cudaErrorDevicesUnavailable's text, as torch raises it
+
+
 def probe(
     root: Path | None = None,
     smi: str | None = None,
     env: Mapping[str, str] = os.environ,
     torch_version: str | None = None,
     torch_cuda: str | None = "unset",
+    torch_error: str | None = "unset",
+    smi_timeout_s: float = SMI_TIMEOUT_S,
 ) -> Probe:
     """Read the devices, ``nvidia-smi`` and the driver under ``root`` (default ``/`` or ``$BIRDER_CUDA_PROBE_ROOT``)
-    with the ``smi`` command (default ``$BIRDER_NVIDIA_SMI`` or ``nvidia-smi`` on the PATH); torch's version and
-    CUDA as given, else from the installed torch."""
+    with the ``smi`` command (default ``$BIRDER_NVIDIA_SMI`` or ``nvidia-smi`` on the PATH, each call at most
+    ``smi_timeout_s``); torch's version, CUDA and CUDA's own error as given, else from the installed torch."""
     root = Path(root if root is not None else env.get(ROOT_ENV, "/"))
     smi = smi if smi is not None else env.get(SMI_ENV) or shutil.which("nvidia-smi")
     if torch_version is None or torch_cuda == "unset":
@@ -97,8 +144,18 @@ def probe(
         torch_version = torch.__version__ if torch_version is None else torch_version
         torch_cuda = torch.version.cuda if torch_cuda == "unset" else torch_cuda
     devices = sorted(str(p) for p in (root / "dev").glob("nvidia*") if re.fullmatch(r"nvidia[0-9]+", p.name))
-    listing = _smi(smi, "-L") or ""
-    driver = (_smi(smi, "--query-gpu=driver_version", "--format=csv,noheader") or "").strip().splitlines()
+    if torch_error == "unset":  # asked only where there are GPUs to be busy (and a CUDA build to say so)
+        torch_error = _cuda_error() if torch_cuda is not None and devices else None
+    listing, driver, modes, hung = "", [], [], None
+    try:  # once nvidia-smi hangs, it is not asked again: each call would hang as long
+        listing = _smi(smi, "-L", timeout_s=smi_timeout_s) or ""
+        query = _smi(smi, "--query-gpu=driver_version", "--format=csv,noheader", timeout_s=smi_timeout_s)
+        driver = (query or "").strip().splitlines()
+        if torch_error and BUSY in torch_error:
+            query = _smi(smi, "--query-gpu=compute_mode", "--format=csv,noheader", timeout_s=smi_timeout_s)
+            modes = [m.strip() for m in (query or "").strip().splitlines() if m.strip()]
+    except _SmiHung:
+        hung = smi_timeout_s
     return Probe(
         devices=devices,
         gpus=[line for line in listing.splitlines() if line.startswith("GPU ")],
@@ -110,6 +167,9 @@ def probe(
         slurm_gpus=next(
             (env[k] for k in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE") if env.get(k)), None
         ),
+        torch_error=torch_error,
+        compute_modes=modes,
+        smi_hung=hung,
     )
 
 
@@ -156,6 +216,8 @@ def diagnosis(p: Probe) -> str | None:
             f"{seen}, but CUDA_VISIBLE_DEVICES names GPU UUIDs this machine does not have ({', '.join(stale)}): "
             "a value left from another node or job; unset it or take the UUIDs from nvidia-smi -L"
         )
+    if p.torch_error and BUSY in p.torch_error:
+        return _busy(p, seen)
     if p.torch_cuda is None:
         return (
             f"{seen}, but torch {p.torch_version} is a CPU-only build: install a CUDA build of torch "
@@ -175,6 +237,13 @@ def diagnosis(p: Probe) -> str | None:
             f"{seen}, but its NVIDIA driver {p.driver} is older than torch {p.torch_version} (built for CUDA "
             f"{p.torch_cuda}) needs (driver >= {need}): {older}update the driver to {need} or newer"
         )
+    if p.smi_hung is not None:
+        found = f"driver {p.driver} in /proc" if p.driver else "/proc/driver/nvidia/version is missing"
+        return (
+            f"{seen}, but nvidia-smi did not answer in {p.smi_hung:.0f} s (killed; {found}): the driver is stuck, "
+            "often after a GPU fault; look for NVIDIA Xid errors in dmesg, then reset the GPU (nvidia-smi -r) or "
+            "reboot the node"
+        )
     if p.driver is None:
         return (
             f"{seen}, but no NVIDIA driver answers (nvidia-smi failed and /proc/driver/nvidia/version is "
@@ -184,6 +253,19 @@ def diagnosis(p: Probe) -> str | None:
     return (
         f"{seen} (driver {p.driver}{visible}), but torch {p.torch_version} (CUDA {p.torch_cuda}) cannot use "
         "them: run python -c 'import torch; torch.cuda.init()' for CUDA's own error and fix what it names"
+    )
+
+
+def _busy(p: Probe, seen: str) -> str:
+    """cudaErrorDevicesUnavailable: on a GPU in compute mode EXCLUSIVE_PROCESS another process holds the context
+    (or, in PROHIBITED, none may be made)."""
+    modes = sorted(set(p.compute_modes))
+    mode = f"compute mode {', '.join(modes)}" if modes else "compute mode unknown (nvidia-smi did not say)"
+    return (
+        f"{seen}, but CUDA says the device(s) are busy or unavailable ({mode}): in Exclusive_Process mode one "
+        "process at a time may use a GPU and another holds it (nvidia-smi lists it); wait for it to end, pick a "
+        "free GPU with CUDA_VISIBLE_DEVICES, or have an admin set nvidia-smi -c DEFAULT"
+        + ("; Prohibited mode allows no process at all" if "Prohibited" in modes else "")
     )
 
 

@@ -165,3 +165,62 @@ def test_nodevfiles_mig_and_stale_uuids_are_named_for_what_they_are(tmp_path):
     line = cuda_env.diagnosis(_probe(env, CUDA_VISIBLE_DEVICES="GPU-dead,GPU-0f5c"))
     assert "UUIDs this machine does not have (GPU-dead)" in line
     assert "UUIDs" not in (cuda_env.diagnosis(_probe(env, CUDA_VISIBLE_DEVICES="GPU-0f5c")) or "")
+
+
+def _smi_script(tmp_path: Path, body: str) -> str:
+    script = tmp_path / "bin" / "nvidia-smi"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text("#!/bin/sh\n" + body)
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return str(script)
+
+
+def test_a_busy_exclusive_process_gpu_is_named_with_its_compute_mode(tmp_path):
+    """torch's cudaErrorDevicesUnavailable on a GPU that another process holds in Exclusive_Process mode."""
+    env = stand_in(tmp_path, gpus=1)
+    env[cuda_env.SMI_ENV] = _smi_script(
+        tmp_path,
+        f'case "$*" in -L) echo "{H100}";; *compute_mode*) echo Exclusive_Process;; *) echo 570.124.06;; esac\n',
+    )
+    p = cuda_env.probe(
+        env=env,
+        torch_version="2.14.1+cu128",
+        torch_cuda="12.8",
+        torch_error="CUDA error: CUDA-capable device(s) is/are busy or unavailable",
+    )
+    assert p.compute_modes == ["Exclusive_Process"]
+    line = cuda_env.diagnosis(p)
+    assert "\n" not in line and "busy or unavailable" in line and "compute mode Exclusive_Process" in line
+    assert "nvidia-smi -c DEFAULT" in line and "CUDA_VISIBLE_DEVICES" in line
+
+
+def test_an_nvidia_smi_that_never_answers_is_killed_and_named(tmp_path):
+    """A stand-in for nvidia-smi stuck in the kernel: it does not answer. (A process in D-state, which ignores
+    SIGKILL and so blocks any wait for it, cannot be staged in a test: the probe's not waiting after the kill is
+    by construction.) The probe returns after its deadline, names the hang as the cause and asks nothing more."""
+    import threading
+
+    env = stand_in(tmp_path, gpus=2, proc=True)
+    calls = tmp_path / "calls"
+    pids = tmp_path / "pids"
+    env[cuda_env.SMI_ENV] = _smi_script(tmp_path, f'echo "$*" >> {calls}\necho $$ >> {pids}\nexec sleep 60\n')
+    got: list = []
+    worker = threading.Thread(
+        target=lambda: got.append(
+            cuda_env.probe(env=env, torch_version="2.14.1+cu128", torch_cuda="12.8", torch_error=None, smi_timeout_s=1)
+        ),
+        daemon=True,
+    )
+    worker.start()
+    worker.join(30)  # a guard against a hang, not a measurement: the probe returns after about 1 s
+    for pid in pids.read_text().split():  # killed already; in case it was not
+        try:
+            os.kill(int(pid), 9)
+        except ProcessLookupError:
+            pass
+    assert got, "the probe waited for an nvidia-smi that never answers"
+    p = got[0]
+    assert p.smi_hung == 1 and p.gpus == [] and p.driver == "550.90.07"  # the driver from /proc
+    assert calls.read_text().splitlines() == ["-L"]
+    line = cuda_env.diagnosis(p)
+    assert "\n" not in line and "nvidia-smi did not answer in 1 s" in line and "dmesg" in line

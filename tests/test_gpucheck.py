@@ -1,6 +1,8 @@
 """``make gpu-check`` (birder_repro.gpucheck) here, without a GPU: the no-CUDA line, the table and its verdict
 with injected results, the kernel comparison with Triton's interpreter against the CPU backend, the record
-checks, and (slow) the hook comparisons on gloo processes and a real run through the runner on CPU."""
+checks, the plan for 0, 1, 2 and 4 GPUs (the rows only 2 GPUs run, skipped on 1), the process-group timeout,
+and (slow) the hook comparisons on gloo processes (2x1 and 1x2), a real run through the runner on CPU and the
+2-process runs (fp16 overflow, accumulation, SIGTERM and resume) on CPU."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import torch
 
 from birder_repro import cuda_env, gpucheck
 from birder_repro.comm.pack import padded_size
-from birder_repro.gpucheck import hooks, runs, training
+from birder_repro.gpucheck import hooks, plan, runs, scenarios, training
 from birder_repro.gpucheck.kernels import _differences, compare_kernels, segments_of
 from birder_repro.gpucheck.table import FAIL, PASS, SKIP, Check, exit_code, markdown, write
 
@@ -94,8 +96,8 @@ def test_main_with_cuda_writes_the_table_and_exits_on_the_verdict(injected, code
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(gpucheck, "environment", lambda: {"device": "injected"})
     monkeypatch.setattr(gpucheck, "_kernels", lambda args: _rows(injected[0]))
-    monkeypatch.setattr(gpucheck, "_runs", lambda args, out: _rows(injected[1], section="runs"))
-    monkeypatch.setattr(gpucheck, "_hooks", lambda: [Check("hooks", "every hook on NCCL", SKIP)])
+    monkeypatch.setattr(gpucheck, "_runs", lambda args, out, gpus: _rows(injected[1], section="runs"))
+    monkeypatch.setattr(gpucheck, "_hooks", lambda gpus: [Check("hooks", "every hook on NCCL", SKIP)])
     assert gpucheck.main(["--out", str(tmp_path / "t")]) == code
     data = json.loads((tmp_path / "t" / "gpu-check.json").read_text())
     assert [c["section"] for c in data["checks"]] == ["kernels", "runs", "hooks"]
@@ -303,14 +305,84 @@ def test_the_multi_rank_section_runs_on_cpu_as_on_one_gpu(monkeypatch):
     assert len(rows) == 16 + 12
 
 
-def test_the_hook_section_on_one_gpu_shares_it_through_the_staged_backend(monkeypatch):
-    """One GPU: 2 processes on it, staged (NCCL refuses two ranks on one GPU); 2+ GPUs: NCCL, one GPU each."""
+def _hook_section(monkeypatch, gpus: int) -> tuple[list, list]:
+    """The hook section on a machine with ``gpus`` GPUs: its spawns (faked) and its rows."""
     called = []
-    monkeypatch.setattr(hooks, "check_hooks", lambda world, backend: called.append((world, backend)) or [])
-    for gpus, want in ((1, (2, "staged:cuda")), (4, (4, "nccl"))):
-        monkeypatch.setattr(torch.cuda, "device_count", lambda gpus=gpus: gpus)
-        gpucheck._hooks()
-        assert called[-1] == want
+
+    def fake(world, backend, training, gpus_per_node, sanitizer):
+        called.append((world, gpus_per_node, backend, training, sanitizer))
+        return [Check("hooks", "birder", PASS)]
+
+    monkeypatch.setattr(hooks, "check_hooks", fake)
+    return called, gpucheck._hooks(gpus)
+
+
+def test_the_hook_section_plans_staged_on_one_gpu_and_nccl_2x1_and_1x2_on_two(monkeypatch):
+    """1 GPU: 2 processes share it (staged: NCCL refuses two ranks on one GPU), the NCCL layouts are skipped
+    rows; 2+ GPUs: NCCL as 2 nodes x 1 and 1 node x 2, a GPU each (and the runner's layout on 4); CSAN once."""
+    assert plan.hook_runs(0) == []
+    called, rows = _hook_section(monkeypatch, 1)
+    assert called == [(2, 1, "staged:cuda", True, False), (2, 1, "staged:cuda", False, True)]
+    assert [(r.name, r.status, r.detail) for r in rows] == [
+        ("staged 2x1 on 1 GPU: birder", PASS, ""),
+        ("NCCL 2x1", SKIP, "skipped: needs 2 GPUs"),
+        ("NCCL 1x2", SKIP, "skipped: needs 2 GPUs"),
+        ("CSAN, staged 2x1 on 1 GPU: birder", PASS, ""),
+    ]
+    called, rows = _hook_section(monkeypatch, 2)
+    assert called == [(2, 1, "nccl", True, False), (2, 2, "nccl", True, False), (2, 1, "nccl", False, True)]
+    assert all(r.status == PASS for r in rows) and [r.name for r in rows][-1] == "CSAN, NCCL 2x1: birder"
+    called, _ = _hook_section(monkeypatch, 4)
+    assert (4, 2, "nccl", True, False) in called and "staged:cuda" not in {c[2] for c in called}
+
+
+def test_the_two_process_runs_need_two_gpus_and_say_so_in_the_table(monkeypatch, tmp_path):
+    monkeypatch.setattr(runs, "check_runs", lambda *a, **k: [])
+    monkeypatch.setattr(runs, "check_pairs", lambda specs, root: [Check("runs", s.name, PASS) for s in specs])
+    args = gpucheck._parser().parse_args(["--tasks", "digits"])
+    names = [s.name for s in runs.pair_specs()]
+    one = gpucheck._runs(args, tmp_path, 1)
+    assert [(r.name, r.status, r.detail) for r in one] == [(n, SKIP, "skipped: needs 2 GPUs") for n in names]
+    assert "| skip |  |  | skipped: needs 2 GPUs |" in markdown(one)
+    assert [(r.name, r.status) for r in gpucheck._runs(args, tmp_path, 2)] == [(n, PASS) for n in names]
+    assert any("overflow" in n for n in names) and any("accumulate" in n for n in names)
+    assert any("SIGTERM" in n for n in names)
+
+
+def fails_on_rank_1(topology, device):
+    """A scenario that fails on rank 1 only: rank 1 goes on to the barrier while rank 0 waits in an all-reduce
+    that rank 1 never joins."""
+    if torch.distributed.get_rank() == 1:
+        raise RuntimeError("rank 1 fails")
+    torch.distributed.all_reduce(torch.ones(1, device=device))
+    return {}
+
+
+def test_the_sanitized_spawn_runs_its_processes_under_torch_cuda_sanitizer(monkeypatch):
+    """``TORCH_CUDA_SANITIZER=1`` is set while the processes start (torch reads it at import) and only then.
+    (CSAN itself needs a CUDA driver: on a CPU machine its dispatch mode fails at the first collective.)"""
+    seen = []
+
+    def spawn(*args, **kwargs):
+        seen.append(os.environ.get(scenarios.SANITIZER_ENV))
+        raise RuntimeError("stop here")
+
+    monkeypatch.delenv(scenarios.SANITIZER_ENV, raising=False)
+    monkeypatch.setattr(scenarios.mp, "spawn", spawn)
+    for sanitizer in (True, False):
+        with pytest.raises(RuntimeError, match="stop here"):
+            scenarios.run_processes(2, 1, "gloo", sanitizer=sanitizer)
+    assert seen == ["1", None] and scenarios.SANITIZER_ENV not in os.environ
+
+
+def test_a_scenario_failing_on_one_rank_ends_at_the_process_group_timeout():
+    """Without a timeout of its own the check would hang for gloo's thirty minutes (NCCL's ten) here."""
+    assert scenarios.PG_TIMEOUT_S == 60
+    try:
+        outcome = scenarios.run_processes(2, 1, "gloo", names=(fails_on_rank_1,), timeout_s=3)
+    except Exception as exc:  # noqa: BLE001 - a process that dies at the timeout ends the spawn
+        outcome = exc
+    assert isinstance(outcome, Exception) or "error" in outcome[1]["fails_on_rank_1"], outcome
 
 
 @pytest.mark.slow
@@ -352,3 +424,20 @@ def test_onebit_under_fsdp_with_two_processes_a_node_is_a_skip_not_a_failure():
     per_rank = [{"onebit_ddp_precisions": {"error": "Traceback\nRuntimeError: boom"}, "onebit_fsdp_precisions": {}}] * 4
     rows = hooks.check_onebit_precisions(per_rank, m=2)
     assert [r.status for r in rows] == [FAIL, SKIP, SKIP] and "boom" in rows[0].detail
+
+
+@pytest.mark.slow  # 20-40 s each on 2 CPU cores (CLI, torchrun, 2 processes)
+@pytest.mark.parametrize("spec", runs.pair_specs(), ids=lambda s: s.name)
+def test_the_two_process_runs_pass_on_cpu(spec, tmp_path):
+    """The rows a 2-GPU machine runs, with gloo on CPUs: the injected fp16 overflow is skipped on every rank
+    (1 skipped step, the scale halved once), accumulation completes, a SIGTERM'd run resumes to the end."""
+    row = runs.check_pairs([spec], tmp_path, device="cpu")[0]
+    assert row.status == PASS, row.detail
+
+
+@pytest.mark.slow
+def test_the_hooks_as_one_node_of_two_processes_match_their_references_on_gloo():
+    """The ``NCCL 1x2`` spawn's layout (one node, the intra-node communicator only) on gloo processes."""
+    rows = hooks.check_hooks(2, backend="gloo", training=False, gpus_per_node=2)
+    assert rows and all(r.status == PASS for r in rows), [r for r in rows if r.status != PASS]
+    assert "birder hierarchical: 1x2 processes = reference" in {r.name for r in rows}

@@ -12,9 +12,14 @@ build's CUDA, an empty ``CUDA_VISIBLE_DEVICES``), the cause and the fix, and exi
    digits task (``--fp16-tasks``), and the record of each;
 3. hooks (:mod:`.hooks`), across ranks: every hook against its single-process reference and the bytes it
    counted against the formulas, and Birder and 1-bit Adam as training runs them (:mod:`.training`: DDP and
-   FSDP2, fp32, bf16 and fp16 with GradScaler) against their references; on NCCL with one GPU a process where
-   there are 2 or more GPUs, else 2 processes sharing the one GPU with their collectives staged through gloo
-   (:mod:`.staged`), the hooks' kernels, side stream, events and futures unchanged.
+   FSDP2, fp32, bf16 and fp16 with GradScaler) against their references; with 2 or more GPUs on NCCL, a GPU a
+   process, as 2 nodes x 1 and 1 node x 2 (and the runner's layout for all GPUs with 3 or more); on 1 GPU, 2
+   processes sharing it with their collectives staged through gloo (:mod:`.staged`, which cannot show a missing
+   wait: :mod:`.plan`); and once more under CSAN (``TORCH_CUDA_SANITIZER=1``). Every process group times out
+   after a minute (:data:`.scenarios.PG_TIMEOUT_S`), so a rank that fails ends the check instead of hanging.
+
+The rows that need 2 GPUs (the NCCL layouts, the 2-process runs: an injected fp16 overflow, accumulation, a
+SIGTERM and a resume) show as ``skipped: needs 2 GPUs`` on a 1-GPU machine.
 
 It writes ``gpu-check.md`` and ``gpu-check.json`` into ``--out`` (default ``runs/gpu-check/<time>``) and
 prints the table.
@@ -23,6 +28,7 @@ prints the table.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from pathlib import Path
 
@@ -37,7 +43,9 @@ WHAT = (
     "elements); a 1-process DDP run of Birder, 1-bit Adam and the baseline of every task (tiny, synthetic, "
     "fp32 and bf16; digits in fp16 too) and its record; every hook across ranks against its reference and byte "
     "formulas, Birder and "
-    "1-bit Adam under DDP and FSDP2 in fp32, bf16 and fp16 (NCCL with 2+ GPUs, else 2 ranks sharing one GPU)"
+    "1-bit Adam under DDP and FSDP2 in fp32, bf16 and fp16 (NCCL as 2x1 and 1x2 with 2+ GPUs, else 2 ranks sharing "
+    "one GPU; once under CSAN); with 2+ GPUs, 2-process runs with an fp16 overflow, accumulation, a SIGTERM and "
+    "a resume"
 )
 SECTIONS = ("kernels", "runs", "hooks")
 
@@ -118,19 +126,34 @@ def _kernels(args) -> list[Check]:
     return rows
 
 
-def _runs(args, out: Path) -> list[Check]:
+def _runs(args, out: Path, gpus: int) -> list[Check]:
+    """The 1-process runs of every task; then, with 2+ GPUs, the 2-process runs (:func:`.runs.pair_specs`),
+    which a 1-GPU machine lists as skipped."""
     from birder_repro.gpucheck import runs
+    from birder_repro.gpucheck.plan import NEEDS_2, skipped
 
-    return runs.check_runs(runs.plan(args.tasks, args.precisions, tuple(args.fp16_tasks)), out / "runs", jobs=args.jobs)
+    plan = runs.plan(args.tasks, args.precisions, tuple(args.fp16_tasks))
+    rows = runs.check_runs(plan, out / "runs", jobs=args.jobs)
+    pairs = runs.pair_specs()
+    if gpus >= NEEDS_2:
+        return rows + runs.check_pairs(pairs, out / "runs-2")
+    return rows + [skipped("runs", s.name, NEEDS_2) for s in pairs]
 
 
-def _hooks() -> list[Check]:
-    """Across ranks: NCCL with a GPU a process on 2 or more GPUs; on one GPU, 2 processes sharing it, their
-    device tensors' collectives staged through gloo (:mod:`.staged`: NCCL refuses two ranks on one GPU)."""
+def _hooks(gpus: int) -> list[Check]:
+    """Across ranks, each spawn of :func:`.plan.hook_runs` (NCCL in 2x1 and 1x2 with 2+ GPUs; the staged
+    backend on 1 GPU, where the NCCL rows are skipped; once under CSAN), its rows named by its layout."""
     from birder_repro.gpucheck.hooks import check_hooks
+    from birder_repro.gpucheck.plan import hook_runs, skipped
 
-    gpus = torch.cuda.device_count()
-    return check_hooks(gpus, "nccl") if gpus >= 2 else check_hooks(2, "staged:cuda")
+    rows = []
+    for run in hook_runs(gpus):
+        if not run.runs_on(gpus):
+            rows.append(skipped("hooks", run.label, run.gpus))
+            continue
+        got = check_hooks(run.world, run.backend, run.training, run.gpus_per_node, run.sanitizer)
+        rows += [dataclasses.replace(r, name=f"{run.label}: {r.name}") for r in got]
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,10 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     if "kernels" in args.only:
         rows += _section("kernels", lambda: _kernels(args))
+    gpus = torch.cuda.device_count()
     if "runs" in args.only:
-        rows += _section("runs", lambda: _runs(args, out))
+        rows += _section("runs", lambda: _runs(args, out, gpus))
     if "hooks" in args.only:
-        rows += _section("hooks", _hooks)
+        rows += _section("hooks", lambda: _hooks(gpus))
     header += f"; {time.perf_counter() - t0:.0f} s"
     md, js = write(rows, out, header, env)
     print(markdown(rows, header), flush=True)

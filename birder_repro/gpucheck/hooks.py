@@ -438,19 +438,27 @@ def check_onebit_precisions(per_rank: list[dict], m: int = 1) -> list[Check]:
     return rows + [_fsdp_fp16_skip("1-bit Adam")]
 
 
-def check_hooks(world: int, backend: str = "nccl", training: bool = True) -> list[Check]:
-    """Every scenario on ``world`` processes (one spawn), each compared with its reference and its byte formula;
-    with ``training``, also Birder and 1-bit Adam under DDP and FSDP2 in every precision (:mod:`.training`).
+def check_hooks(
+    world: int,
+    backend: str = "nccl",
+    training: bool = True,
+    gpus_per_node: int | None = None,
+    sanitizer: bool = False,
+) -> list[Check]:
+    """Every scenario on ``world`` processes (one spawn) as ``world // gpus_per_node`` nodes (default
+    :func:`layout`), each compared with its reference and its byte formula; with ``training``, also Birder and
+    1-bit Adam under DDP and FSDP2 in every precision (:mod:`.training`); with ``sanitizer``, under CSAN.
     ``backend``: ``nccl`` (a GPU each), ``staged:cuda`` (all on one GPU), ``gloo`` or ``staged:cpu`` (CPUs)."""
     from birder_repro.gpucheck.scenarios import SCENARIOS
     from birder_repro.gpucheck.training import TRAINING
 
-    nodes, m = layout(world)
+    m = gpus_per_node or layout(world)[1]
+    nodes = world // m
     names = (*SCENARIOS, *(TRAINING if training else ()))
     try:
-        per_rank = run_processes(world, m, backend, names=names)
-    except Exception as exc:  # noqa: BLE001 - processes that die are one failed row
-        return [Check("hooks", f"{world} {backend} processes", FAIL, detail=f"{type(exc).__name__}: {exc}")]
+        per_rank = run_processes(world, m, backend, names=names, sanitizer=sanitizer)
+    except Exception as exc:  # noqa: BLE001 - processes that die (or time out) are one failed row
+        return [Check("hooks", f"{nodes}x{m} {backend} processes", FAIL, detail=f"{type(exc).__name__}: {exc}")]
     rows = (
         check_birder(per_rank, nodes, m)
         + check_onebit(per_rank)

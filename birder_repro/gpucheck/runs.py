@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,3 +212,133 @@ def check_runs(
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         dirs = list(pool.map(lambda s: launch(s, runs_root, steps, device), specs))
     return [check_record(s, d, device) for s, d in zip(specs, dirs)]
+
+
+# ----------------------------------------------------------------------------- 2-process runs (2+ GPUs)
+PAIR_STEPS, PAIR_STOP = 12, 6  # the SIGTERM comes while rank 0 waits before step PAIR_STOP
+PAIR_OVERFLOW = "1:3"  # rank 1's third step overflows fp16 (birder_repro.gpucheck.overflow)
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    """A run of Birder on digits as 2 processes (2 nodes x 1 GPU: the inter-node path) through the CLI, in a
+    setting that only real NCCL between two GPUs shows right: an fp16 overflow on one rank (every rank must skip
+    that step), gradient accumulation (DDP's no_sync, the hook once a step), a SIGTERM and a resume."""
+
+    name: str
+    extra: tuple[str, ...] = ()
+    overflow: bool = False
+    stop: bool = False
+
+
+def pair_specs() -> list[PairSpec]:
+    return [
+        PairSpec("2 processes, fp16, rank 1 overflows at step 3", ("train.precision=fp16",), overflow=True),
+        PairSpec("2 processes, train.accumulate=2", ("train.accumulate=2",)),
+        PairSpec(f"2 processes, SIGTERM before step {PAIR_STOP}, then resume", stop=True),
+    ]
+
+
+def pair_overrides(spec: PairSpec, run_dir: Path, device: str = "cuda") -> list[str]:
+    return [
+        "task=digits",
+        "optim=birder",
+        "model.size=tiny",
+        "data.source=synthetic",
+        "nodes=2",
+        "gpus_per_node=1",
+        "launcher=local",
+        f"device={device}",
+        "logger=none",
+        f"train.steps={PAIR_STEPS}",
+        "train.eval=false",
+        "optim.comm.overlap=true",
+        f"hydra.run.dir={run_dir}",
+        *spec.extra,
+    ]
+
+
+def _progress(run_dir: Path) -> int:
+    try:
+        return int(json.loads((run_dir / "progress.json").read_text() or "{}").get("step", 0))
+    except (OSError, ValueError):
+        return 0
+
+
+def launch_pair(spec: PairSpec, runs_root: Path, device: str = "cuda", timeout_s: float = 300) -> tuple[Path, list]:
+    """Run ``spec`` through the CLI; returns its run directory and the CLI's exit codes (two for a stop and a
+    resume: the SIGTERM'd one, 143, then the resumed one). Output goes to ``gpu-check.log`` there."""
+    from birder_repro.gpucheck import overflow
+    from birder_repro.train.restarts import FAULT_ENV
+
+    run_dir = runs_root / spec.name.replace(" ", "_").replace(",", "").replace("=", "")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "birder_repro.cli", *pair_overrides(spec, run_dir, device)]
+    env = dict(os.environ, BIRDER_RUNS=str(runs_root), WANDB_MODE="disabled", PYTHONUNBUFFERED="1")
+    if spec.overflow:
+        site = overflow.site_dir(runs_root / "overflow-site")
+        path = os.pathsep.join(filter(None, (str(site), env.get("PYTHONPATH"))))
+        env.update({overflow.ENV: PAIR_OVERFLOW, "PYTHONPATH": path})
+    if spec.stop:
+        env[FAULT_ENV] = f"wait:0:{PAIR_STOP}"  # rank 0 waits there for the stop (train/restarts.py)
+    codes = []
+    with open(run_dir / "gpu-check.log", "w") as log:
+        for attempt in range(2 if spec.stop else 1):
+            log.write(" ".join(cmd) + "\n")
+            log.flush()
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+            try:
+                if spec.stop and attempt == 0:
+                    deadline = time.monotonic() + timeout_s  # a run that never gets there is stopped all the same
+                    while proc.poll() is None and _progress(run_dir) < PAIR_STOP - 1 and time.monotonic() < deadline:
+                        time.sleep(0.2)
+                    proc.send_signal(signal.SIGTERM)
+                codes.append(proc.wait(timeout=timeout_s))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                log.write(f"\ngpu-check: the run took more than {timeout_s:.0f} s and was stopped\n")
+                codes.append(None)
+                break
+            env.pop(FAULT_ENV, None)  # the resume runs to the end
+    return run_dir, codes
+
+
+def check_pair(spec: PairSpec, run_dir: Path, codes: list, device: str = "cuda") -> Check:
+    """The run completed on ``device`` (after its stop and resume), and what its setting must leave behind."""
+    path = run_dir / "record.json"
+    if not path.is_file():
+        log_file = run_dir / "gpu-check.log"
+        log = log_file.read_text().strip().splitlines() if log_file.is_file() else []
+        return Check("runs", spec.name, FAIL, detail=f"no record.json in {run_dir}: {log[-1] if log else 'no output'}")
+    rec = json.loads(path.read_text())
+    problems = []
+    if rec.get("status") != "completed" or rec.get("steps") != PAIR_STEPS:
+        error = str(rec.get("error") or "").strip().splitlines()
+        problems.append(f"{rec.get('status')} at {rec.get('steps')} steps: {error[-1] if error else 'no error'}")
+    if not str(rec.get("device", "")).startswith(device):
+        problems.append(f"ran on {rec.get('device')!r}, not {device}")
+    if spec.overflow and (rec.get("nonfinite_steps"), rec.get("loss_scale")) != (1, 2.0**15):
+        problems.append(
+            f"{rec.get('nonfinite_steps')} steps skipped and loss scale {rec.get('loss_scale')} (expected 1 and "
+            "2^15: the overflowing step skipped on every rank, GradScaler's 2^16 halved once)"
+        )
+    if spec.stop:
+        attempts = [(a.get("status"), a.get("to_step")) for a in rec.get("attempts") or []]
+        want = [("interrupted", PAIR_STOP - 1), ("completed", PAIR_STEPS)]
+        if codes[:1] != [143] or attempts != want:
+            problems.append(f"exit codes {codes}, attempts {attempts} (expected 143 then 0; {want})")
+    if [c for c in codes if c not in (0, 143)] or codes[-1:] != [0]:
+        problems.append(f"the CLI exited {codes}")
+    return Check(
+        "runs",
+        spec.name,
+        verdict(not problems),
+        measured=f"{rec.get('status')}, {rec.get('steps')} steps, {rec.get('nonfinite_steps')} skipped",
+        expected=f"completed, {PAIR_STEPS} steps on {device}",
+        detail="; ".join(problems) or str(path),
+    )
+
+
+def check_pairs(specs: list[PairSpec], runs_root: Path, device: str = "cuda") -> list[Check]:
+    """The 2-process runs one after another (each takes both GPUs)."""
+    return [check_pair(s, *launch_pair(s, runs_root, device), device) for s in specs]

@@ -14,6 +14,7 @@ import os
 import socket
 import tempfile
 import traceback
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -40,7 +41,15 @@ __all__ = [
     "onebit_inputs",
     "allreduce_model",
     "run_processes",
+    "PG_TIMEOUT_S",
+    "SANITIZER_ENV",
 ]
+
+# A collective that waits this long on a peer fails (gloo raises, NCCL's watchdog aborts the process): a
+# scenario that fails on one rank, which then reaches the barrier while the others still wait in the scenario's
+# collectives, ends the check in about a minute instead of NCCL's default ten (gloo's thirty).
+PG_TIMEOUT_S = 60.0
+SANITIZER_ENV = "TORCH_CUDA_SANITIZER"  # read by torch at import: CSAN, torch.cuda._sanitizer
 
 BIRDER_SIZES = (1001, 37)  # two buckets, neither a multiple of 8 x m x n
 BIRDER_STEPS, ONEBIT_STEPS, DDP_STEPS = 4, 3, 3
@@ -324,7 +333,14 @@ def _scenarios() -> dict:
 
 
 def _process(
-    rank: int, world: int, gpus_per_node: int, port: int, backend: str, outdir: str, names: tuple[str, ...]
+    rank: int,
+    world: int,
+    gpus_per_node: int,
+    port: int,
+    backend: str,
+    outdir: str,
+    names: tuple,
+    timeout_s: float = PG_TIMEOUT_S,
 ) -> None:
     """One process: its device, the process group, the scenarios; what it measured goes to rank<r>.pt."""
     device, pg_backend = _device_and_backend(rank, backend)
@@ -337,15 +353,18 @@ def _process(
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=world,
+        timeout=timedelta(seconds=timeout_s),
         **({"device_id": device} if backend == "nccl" else {}),
     )
     from birder_repro.comm.topology import build_topology
 
     topology = build_topology(gpus_per_node)
     results, table = {}, _scenarios()
-    for name in names:
+    for name in names:  # a name, or (tests) a scenario function of (topology, device)
+        scenario = table[name] if isinstance(name, str) else name
+        name = name if isinstance(name, str) else name.__name__
         try:
-            results[name] = table[name](topology, device)
+            results[name] = scenario(topology, device)
         except Exception:  # noqa: BLE001 - recorded: the other scenarios still run and report
             results[name] = {"error": traceback.format_exc()}
         dist.barrier()
@@ -360,12 +379,31 @@ def _free_port() -> int:
 
 
 def run_processes(
-    world: int, gpus_per_node: int, backend: str = "nccl", names: tuple[str, ...] = tuple(SCENARIOS)
+    world: int,
+    gpus_per_node: int,
+    backend: str = "nccl",
+    names: tuple = tuple(SCENARIOS),
+    timeout_s: float = PG_TIMEOUT_S,
+    sanitizer: bool = False,
 ) -> list[dict]:
-    """The scenarios ``names`` on ``world`` processes (``backend``: see :func:`_device_and_backend`); what each
-    rank measured."""
-    with tempfile.TemporaryDirectory() as outdir:
-        mp.spawn(
-            _process, args=(world, gpus_per_node, _free_port(), backend, outdir, tuple(names)), nprocs=world, join=True
-        )
-        return [torch.load(Path(outdir) / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    """The scenarios ``names`` on ``world`` processes (``backend``: see :func:`_device_and_backend`), each
+    collective failing after ``timeout_s``; with ``sanitizer``, under CSAN (``TORCH_CUDA_SANITIZER=1`` in the
+    processes: it reports a kernel that touches a tensor another stream uses without a wait). What each rank
+    measured."""
+    saved = os.environ.get(SANITIZER_ENV)
+    if sanitizer:  # the spawned processes import torch afresh, which reads it
+        os.environ[SANITIZER_ENV] = "1"
+    try:
+        with tempfile.TemporaryDirectory() as outdir:
+            mp.spawn(
+                _process,
+                args=(world, gpus_per_node, _free_port(), backend, outdir, tuple(names), timeout_s),
+                nprocs=world,
+                join=True,
+            )
+            return [torch.load(Path(outdir) / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    finally:
+        if sanitizer and saved is None:
+            os.environ.pop(SANITIZER_ENV, None)
+        elif sanitizer:
+            os.environ[SANITIZER_ENV] = saved
