@@ -213,10 +213,15 @@ def test_every_optimizer_has_its_own_colour_and_line_style():
     assert len({(s["color"], str(s["linestyle"])) for s in styles}) == len(styles)
     assert figures.optim_style("sgdm")["color"] != figures.optim_style("birder")["color"]
     assert figures.optim_style("birder", "flat") != figures.optim_style("birder")
-    from birder_repro.report.figstyle import STYLE_ORDER
+    from birder_repro.report.figstyle import COLOURS, STYLE_ORDER
 
     assert set(STYLE_ORDER) == set(tables.OPTIM_ORDER)  # a new optimizer gets a style of its own, at the end
     assert figures.optim_style("birder")["color"] == "#000000"  # and the others keep theirs
+    from birder_repro.optim import list_optimizers
+
+    assert set(list_optimizers()) <= set(tables.OPTIM_ORDER)  # every registered optimizer has its place
+    assert len(COLOURS) > len(STYLE_ORDER)  # colours left for variants and names beyond the order
+    assert figures.optim_style("someone_elses", "x")["color"] in COLOURS
 
 
 def test_figure_2_time_starts_at_the_first_step():

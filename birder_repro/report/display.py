@@ -23,6 +23,7 @@ OPTIM_ORDER = (
     "sgdm_2level",
     "sgdm_bf16_2level",
     "sgdm_powersgd",
+    "diloco",
     "adamw_powersgd",
     "onebit_adam",
     "onebit_adam_precond",
@@ -42,6 +43,7 @@ OPTIM_LABELS = {
     "sgdm_fp16": "SGDM + fp16 hook",
     "sgdm_2level": "SGDM + two-level fp32",
     "sgdm_bf16_2level": "SGDM + two-level bf16",
+    "diloco": "DiLoCo",
     "sgdm_powersgd": "SGDM + PowerSGD",
     "adamw_powersgd": "AdamW + PowerSGD",
 }

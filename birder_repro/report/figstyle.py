@@ -6,7 +6,7 @@ import re
 
 import pandas as pd
 
-# One colour and one line style per optimizer, in STYLE_ORDER (12 optimizers; matplotlib's default cycle
+# One colour and one line style per optimizer, in STYLE_ORDER (15 optimizers; matplotlib's default cycle
 # has 10 colours, which gave SGDM and Birder the same blue); names and variants beyond it take the next pairs.
 COLOURS = (
     "#1f77b4",
@@ -23,6 +23,13 @@ COLOURS = (
     "#aec7e8",
     "#ffbb78",
     "#98df8a",
+    "#ff9896",
+    "#c5b0d5",
+    "#c49c94",
+    "#f7b6d2",
+    "#c7c7c7",
+    "#dbdb8d",
+    "#9edae5",
 )
 LINESTYLES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 1)), (0, (8, 2, 2, 2)))
 
@@ -44,6 +51,7 @@ STYLE_ORDER = (
     "onebit_adam_precond",
     "sgdm_2level",
     "sgdm_bf16_2level",
+    "diloco",
 )
 
 
@@ -53,7 +61,7 @@ def optim_style(optim: str, variant: str = "") -> dict:
     index = (
         STYLE_ORDER.index(optim)
         if optim in STYLE_ORDER and not variant
-        else len(STYLE_ORDER) + sum(map(ord, f"{optim}/{variant}")) % (len(COLOURS) - len(STYLE_ORDER))
+        else len(STYLE_ORDER) + sum(map(ord, f"{optim}/{variant}")) % max(len(COLOURS) - len(STYLE_ORDER), 1)
     )
     return {"color": COLOURS[index % len(COLOURS)], "linestyle": LINESTYLES[index % len(LINESTYLES)]}
 
