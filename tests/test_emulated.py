@@ -613,7 +613,9 @@ def test_an_emulated_sweep_records_a_failed_cell_and_runs_the_others(runs_dir):
     (other / "manifest.json").write_text(json.dumps({"step": 1, "task": "lstm_ptb", "files": []}))
     (other / "COMPLETE").write_text(json.dumps({"step": 1}))
     out = birder_repro("-m", "cluster=emulated", "nodes=2", *TINY, "train.steps=4", f"train.resume=null,{other}")
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    # the sweep as a whole failed (birder_repro.sweep: exit 1 where any cell failed), its failed cell listed last
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "lstm_ptb" in out.stderr.splitlines()[-1], out.stderr[-3000:]
     recs = records(runs_dir)
     assert [r["status"] for r in recs] == ["completed", "failed"]
     assert "lstm_ptb" in recs[1]["error"], recs[1]["error"]

@@ -111,7 +111,9 @@ def test_digits_birder_under_fsdp_completes(tmp_path):
 @pytest.mark.parametrize("task", sorted(TASKS))
 def test_every_task_with_birder_onebit_adam_and_its_baseline_under_fsdp(tmp_path, task):
     for optim in ("birder", "onebit_adam", TASKS[task]):
-        done, rec = _run(tmp_path, f"task={task}", f"optim={optim}", *FSDP, name=optim)
+        # lstm_ptb's loader has no worker processes, so no data.num_workers setting to give (refused as unknown)
+        args = [a for a in FSDP if task != "lstm_ptb" or not a.startswith("data.num_workers")]
+        done, rec = _run(tmp_path, f"task={task}", f"optim={optim}", *args, name=optim)
         _check_fsdp_record(done, rec, optim)
 
 
