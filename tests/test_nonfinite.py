@@ -157,3 +157,28 @@ def test_a_load_drops_the_flags_a_settling_pass_left():
     guard.load_state_dict({"nonfinite_steps": 3})
     assert not guard.pending and not guard.skip_step and guard.nonfinite_steps == 3
     assert guard.end_step() is False  # the first resumed step runs
+
+
+def test_gradscalers_inf_outside_the_buckets_skips_and_restores_in_the_same_read(monkeypatch):
+    """GradScaler found an Inf the hook's buckets did not hold (a parameter outside DDP, say): the step is
+    skipped and the bucket's state restored, with the flags and the verdict read in one copy; the hook's own
+    count of non-finite steps is not raised (GradScaler counts its skips)."""
+    import types
+
+    from host_syncs import counted_reads
+
+    from birder_repro.comm.nonfinite import NonFiniteGuard
+
+    bucket = types.SimpleNamespace(step=5, state={"m": torch.zeros(3)})
+    bucket.workspace = lambda name, like: torch.empty_like(like)
+    guard = NonFiniteGuard("skip")
+    guard.backup(bucket)
+    bucket.state["m"].add_(1.0)
+    bucket.step += 1
+    guard.note(torch.tensor(0.0), index=0, step=6)
+    with counted_reads(monkeypatch) as reads:
+        assert guard.end_step(torch.tensor([1.0])) is True
+    assert len(reads) == 1
+    assert bucket.step == 5 and torch.equal(bucket.state["m"], torch.zeros(3)) and guard.nonfinite_steps == 0
+    guard.note(torch.tensor(0.0), index=0, step=6)
+    assert guard.end_step(torch.tensor([0.0])) is False

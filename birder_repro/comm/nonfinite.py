@@ -156,13 +156,6 @@ class NonFiniteGuard:
         flags = self._read_flags(found_inf)
         scaler_skips = found_inf is not None and flags.pop() > 0
         skip = any(f > 0 for f in flags)
-        if scaler_skips and not skip:
-            for undo in self._undo.values():
-                undo.restore()
-            self._undo.clear()
-            self._flags.clear()
-            self._where.clear()
-            return True
         if skip and self.mode == "raise":
             index, step = next(w for w, f in zip(self._where, flags) if f > 0)
             self._flags.clear()
@@ -171,9 +164,10 @@ class NonFiniteGuard:
                 f"non-finite gradient (NaN or Inf) in DDP bucket {index} at the hook's step "
                 f"{step}, on some rank (optim.comm.nonfinite=raise)"
             )
-        if skip:
+        if skip or scaler_skips:
             for undo in self._undo.values():
                 undo.restore()
+        if skip:
             self.nonfinite_steps += 1
             if self.rank == 0:
                 bad = [i for (i, _), f in zip(self._where, flags) if f > 0]
@@ -185,7 +179,7 @@ class NonFiniteGuard:
         self._undo.clear()
         self._flags.clear()
         self._where.clear()
-        return skip
+        return skip or scaler_skips
 
     def state_dict(self) -> dict:
         return {"nonfinite_steps": self.nonfinite_steps}
