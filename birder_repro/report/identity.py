@@ -36,6 +36,8 @@ IGNORED_KEYS: dict[str, str] = {
     "train.max_restarts": "fault handling: a restarted run ends bit-equal to one that never failed",
     "train.timeout_s": "how long a collective waits for a peer before the run fails",
     "train.log_every": "log lines between steps, outside the timed steps and the training clock",
+    "task.target.ladder": "further levels the tables read from a run's evaluations (report.ladder); the run "
+    "trains and stops the same",
 }
 # Kept for predicted records (mode=predict reads them), left out of measured runs (which never read them: an
 # experiment file such as table1.yaml sets predict.implementation for its predictions).

@@ -81,6 +81,14 @@ def target_from_config(cfg, task_metrics: tuple[str, ...] = ()) -> Target | None
             f"task.target.metric={metric!r} is not a metric of task {cfg.task.name!r}: use one of "
             f"{', '.join(task_metrics)}"
         )
+    ladder = node.get("ladder") or []
+    if not isinstance(ladder, (list, tuple)) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in ladder
+    ):
+        raise ConfigError(
+            f"task.target.ladder={ladder!r}: give a list of numbers, further levels the tables report the time "
+            "to (e.g. [86, 87.5, 88]; [] for none)"
+        )
     return Target(metric=metric, value=float(value), direction=direction)
 
 
