@@ -40,10 +40,16 @@ def curve_run(root: Path, name: str, optim: str, seed: int, points, *, compile_s
 
 def write_field(root: Path) -> Path:
     # SGDM: whole runs of 10.5 s (t less compile 0.5 s: 10 s); reaches 97 at 4, 98 at 6, 98.5 at 8, never 99
-    curve_run(root, "a", "sgdm", 0, [(10, 2.5, 95.0), (20, 4.5, 97.0), (30, 6.5, 98.0), (40, 8.5, 98.6), (50, 10.5, 98.7)])
-    curve_run(root, "b", "sgdm", 1, [(10, 2.5, 96.0), (20, 4.5, 97.5), (30, 6.5, 98.2), (40, 8.5, 98.4), (50, 10.5, 98.5)])
+    curve_run(
+        root, "a", "sgdm", 0, [(10, 2.5, 95.0), (20, 4.5, 97.0), (30, 6.5, 98.0), (40, 8.5, 98.6), (50, 10.5, 98.7)]
+    )
+    curve_run(
+        root, "b", "sgdm", 1, [(10, 2.5, 96.0), (20, 4.5, 97.5), (30, 6.5, 98.2), (40, 8.5, 98.4), (50, 10.5, 98.5)]
+    )
     # Birder: fast to 97 and 98, stalls below 98.5
-    curve_run(root, "c", "birder", 0, [(10, 1.5, 97.2), (20, 2.5, 98.1), (30, 3.5, 98.2), (40, 4.5, 98.3), (50, 5.5, 98.3)])
+    curve_run(
+        root, "c", "birder", 0, [(10, 1.5, 97.2), (20, 2.5, 98.1), (30, 3.5, 98.2), (40, 4.5, 98.3), (50, 5.5, 98.3)]
+    )
     return root
 
 

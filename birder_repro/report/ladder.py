@@ -177,9 +177,7 @@ def display_rows(table: pd.DataFrame) -> pd.DataFrame:
         if table[f"reached@{level}"].isna().all():
             continue
         out[f"time to {metric} {sign} {level}, s"] = [
-            "—" if is_missing(r) else (
-                (fmt_spread(m, s, 3) if r else "not reached") + f" ({int(r)} of {n})"
-            )
+            "—" if is_missing(r) else ((fmt_spread(m, s, 3) if r else "not reached") + f" ({int(r)} of {n})")
             for m, s, r, n in zip(
                 table[f"time_s_mean@{level}"], table[f"time_s_sd@{level}"], table[f"reached@{level}"], table["runs"]
             )
