@@ -498,6 +498,38 @@ def test_measured_profile_predicts_its_own_one_node_step():
     assert load_profile(json.loads(json.dumps({"profile": profile.to_dict()}))) == profile
 
 
+def test_the_one_node_leftover_is_charged_once_where_compute_slows_down():
+    """The leftover (scheme_overhead_s) is waiting measured on one node: 4 processes on 2 cores double the
+    compute and the optimizer's arithmetic, not it. A profile that leaves more than LEFTOVER_WARN of its step
+    unexplained says so in every prediction from it."""
+    from birder_repro.perf.predict import format_prediction
+    from birder_repro.perf.profile import LEFTOVER_WARN
+
+    emulated = ClusterSpec.from_config(yaml.safe_load((REPO / "conf" / "cluster" / "emulated.yaml").read_text()))
+    base = dict(name="p", device="cpu", task="t", batch_size=8, forward_backward_s=0.06, parameter_count=300)
+    plain = Profile(**base, optimizer_s=0.004, threads=1, host_cores=2)
+    left = Profile(**base, optimizer_s=0.004, threads=1, host_cores=2, scheme_overhead_s={"fp32": 0.03})
+    one, four = (predict_step(p, emulated, 4, 1, "fp32") for p in (plain, left))
+    assert four.total_s - one.total_s == pytest.approx(0.03)  # once, not 2 x 0.03
+    assert four.compute_s == pytest.approx(2 * (0.06 + 0.004) + 0.03)
+    rec = {
+        "task": "t",
+        "optim": "sgdm",
+        "cluster": {"nodes": 4, "gpus_per_node": 1, "name": "emulated"},
+        "throughput_samples_per_s": 1.0,
+        "global_batch_size": 32,
+        "step_time_s": {"total": 0.1, "compute": 0.1, "communication": 0.0, "compression": 0.0},
+        "intra_node_bytes_per_step": 0.0,
+        "inter_node_bytes_per_step": 0.0,
+        "collectives_per_step": 1,
+        "prediction": {"scheme": "fp32", "implementation": "this"},
+        "profile": {**left.to_dict(), "unexplained_share": {"fp32": 2 * LEFTOVER_WARN}},
+    }
+    assert "caution:    the profile's 1-node step is 10 % unexplained" in format_prediction(rec)
+    rec["profile"]["unexplained_share"] = {"fp32": LEFTOVER_WARN / 2}
+    assert "caution" not in format_prediction(rec)
+
+
 def test_compressed_elements_alone_counts_a_lone_process():
     assert compressed_elements("hierarchical", 800, 1, 1) == 0
     assert compressed_elements("hierarchical", 800, 1, 1, alone=True) == 4 * 800  # 2P/m + P/N + P at n = m = 1
@@ -886,3 +918,14 @@ def test_the_new_fields_schemes_are_priced_diloco_once_per_outer_step():
     steps = [predict_step(profile, spec, n, m, "diloco", local_steps=h) for h in (1, 10, 100)]
     assert steps[0].total_s > steps[1].total_s > steps[2].total_s
     assert steps[1].inter_node_bytes == pytest.approx(steps[0].inter_node_bytes / 10)
+
+
+def test_a_one_node_profile_records_its_leftover_and_its_share_of_the_step():
+    from birder_repro.train.profile import _add_overhead
+
+    cluster = yaml.safe_load((REPO / "conf" / "cluster" / "emulated.yaml").read_text())
+    profile = Profile(name="p", device="cpu", task="t", batch_size=8, forward_backward_s=0.06, parameter_count=300)
+    modelled = predict_step(profile, ClusterSpec.from_config(cluster), 1, 2, "fp32").total_s
+    _add_overhead(profile, {"cluster": cluster}, {"step_time_s": {"total": modelled + 0.04}}, "fp32", 2)
+    assert profile.scheme_overhead_s["fp32"] == pytest.approx(0.04)
+    assert profile.unexplained_share["fp32"] == pytest.approx(0.04 / (modelled + 0.04))

@@ -114,7 +114,11 @@ def predict_step(
         count += len(ops)
         compress = per_element * compressed_elements(scheme, size, nodes, gpus_per_node, rank, mats)
         work.append(BucketWork(t_ready, compress, comm))
-    optimizer = slow * (profile.optimizer_s + profile.scheme_overhead_s.get(scheme, 0.0))
+    # The optimizer's arithmetic time-shares the cores like the backward pass; the scheme's leftover does not:
+    # on the 1-node profile it is mostly waiting (the intra-node collectives, the hand-offs to the hook's
+    # thread), counted once: scaled by the contention, Birder's 2 x 2 step at 200 Mbit/s came out 2x the
+    # measured one (docs/performance-model.md, "The 1-node leftover").
+    optimizer = slow * profile.optimizer_s + profile.scheme_overhead_s.get(scheme, 0.0)
     tl: StepTimeline = simulate_sequential(work, fb, optimizer)
     if impl.overlap > 0:
         shared = no_spare_core(cluster, nodes * gpus_per_node, profile.threads, profile.host_cores)

@@ -23,7 +23,7 @@ from typing import Any
 from .cluster import ClusterSpec
 from .model import predict_run
 from .paper_profiles import paper_profile
-from .profile import load_profile
+from .profile import LEFTOVER_WARN, load_profile
 from .schemes import scheme_for_optim
 
 __all__ = ["predict_record", "write_predicted_record", "format_prediction"]
@@ -177,6 +177,12 @@ def format_prediction(rec: Mapping[str, Any]) -> str:
         f"{rec['inter_node_bytes_per_step'] / 1e6:.3f} MB per process, {rec['collectives_per_step']:.0f} "
         "collectives",
     ]
+    share = (rec["profile"].get("unexplained_share") or {}).get(pred["scheme"])
+    if share is not None and share > LEFTOVER_WARN:
+        lines.append(
+            f"caution:    the profile's 1-node step is {100 * share:.0f} % unexplained by the model "
+            f"(scheme_overhead_s, charged once a step): a prediction far from that layout is less certain"
+        )
     if rec.get("throughput_by_stage"):
         lines.append(
             "by stage:   " + ", ".join(f"{k} {v:.1f} samples/s" for k, v in rec["throughput_by_stage"].items())

@@ -28,6 +28,8 @@ birder_repro.perf.paper_profiles) and is JSON-serialisable, so that a run can wr
     data_wait_s                  the wait for the data loader per step, added to every predicted step
     threads, host_cores          compute threads of the profiled process and cores of its machine: on an
                                  emulated cluster (ClusterSpec.shared_host) the nodes share that machine's cores
+    unexplained_share            per scheme, scheme_overhead_s over the measured 1-node step: the part of that
+                                 step the model does not explain (above LEFTOVER_WARN, predictions say so)
     link_mbit_measured           a multi-node emulated run: the busiest node's link bytes per step over the
                                  step's communication time, Mbit/s (the rate the link reached; null elsewhere)
     notes                        where the numbers come from
@@ -41,9 +43,13 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Profile", "ddp_bucket_elements", "load_profile"]
+__all__ = ["LEFTOVER_WARN", "Profile", "ddp_bucket_elements", "load_profile"]
 
 MB = 1024 * 1024
+# A 1-node step the model leaves more of than this unexplained (scheme_overhead_s) is named in every prediction
+# from it: the leftover is charged as a fixed time a step, which holds for waiting, not for work that grows
+# with the layout.
+LEFTOVER_WARN = 0.05
 
 
 @dataclass
@@ -62,6 +68,7 @@ class Profile:
     first_bucket_mb: float = 1.0
     compression_s_per_element: dict[str, float] = field(default_factory=dict)
     scheme_overhead_s: dict[str, float] = field(default_factory=dict)
+    unexplained_share: dict[str, float] = field(default_factory=dict)
     matrices: list[list[int]] = field(default_factory=list)
     bucket_ready_s: list[float] = field(default_factory=list)
     data_wait_s: float = 0.0

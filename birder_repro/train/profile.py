@@ -178,3 +178,4 @@ def _add_overhead(profile, cfg, record: dict[str, Any], scheme: str, gpus_per_no
     if gpus_per_node == 1:  # a lone process: the model counts no compression, the per-element cost has it
         predicted += float((record.get("step_time_s") or {}).get("compression") or 0.0)
     profile.scheme_overhead_s[scheme] = max(measured - predicted, 0.0)
+    profile.unexplained_share[scheme] = profile.scheme_overhead_s[scheme] / float(measured)
