@@ -323,6 +323,7 @@ def test_trials_are_scored_by_predicted_time_with_the_warmup_at_the_fp32_steps_c
     records = [
         _tuning_trial(0.3, 150),
         _tuning_trial(0.15, 170),
+        _tuning_trial(0.05, None),  # missed the target: no time, and the study is still scored by time
         record("onebit_adam", lr=1e-3, step=None, nodes=1, link=None, profile=profile("onebit_adam")),
     ]
     frame = load_frame(write(tmp_path / "runs", records))
@@ -331,6 +332,7 @@ def test_trials_are_scored_by_predicted_time_with_the_warmup_at_the_fp32_steps_c
     rows = tuning.tuning_rows(frame, crossover.one_node_profiles(frame["run_dir"]))
     chosen = rows[rows["chosen"]]
     assert chosen["tuned"].iloc[0]["freeze"] == 0.15
+    assert rows[rows["tuned"].map(lambda t: t["freeze"] == 0.05)]["predicted_s"].isna().all()
     model = crossover.StepModel(records[1], Profile.from_dict(profile("onebit_adam")))
     warm, main_s, _ = model.step_s(200.0)
     assert warm > 2 * main_s  # the premise: an fp32 step costs more than two compressed ones there

@@ -234,7 +234,8 @@ def _seconds_text(value) -> str:
 def _scored_by(rows: pd.DataFrame) -> str:
     links = {_items(i).get("tuning.score_link_mbit") for i in rows["config_items"]}
     link = next(iter(links)) if len(links) == 1 else None
-    if rows["predicted_s"].notna().all() and link is not None:
+    reached = rows[rows["target_reached"] == True]  # noqa: E712 - a trial that missed the target has no time
+    if link is not None and not reached.empty and reached["predicted_s"].notna().all():
         return f"predicted s to target at {fmt_number(link)} Mbit/s"
     return "scored by steps (no link or no 1-node profile)"
 
