@@ -159,23 +159,24 @@ class StepModel:
 
     def step_s(self, link: float | None) -> tuple[float, float, float]:
         """(warmup step s, compressed step s, communication share of the compressed step)."""
-        from birder_repro.perf.model import predict_step
+        from birder_repro.perf.advise import step_times
 
-        spec = self._spec(link)
-        main = predict_step(
-            self.profile, spec, self.nodes, self.gpus, self.scheme, self.batch, local_steps=self.local_steps
+        return step_times(
+            self.profile,
+            self._spec(link),
+            self.nodes,
+            self.gpus,
+            self.scheme,
+            self.batch,
+            freeze=self.freeze,
+            local_steps=self.local_steps,
         )
-        warm = (
-            main
-            if self.freeze == 0 or self.scheme == "fp32"
-            else predict_step(self.profile, spec, self.nodes, self.gpus, "fp32", self.batch)
-        )
-        return warm.total_s, main.total_s, main.communication_s / main.total_s
 
     def time_to_target(self, steps: float, link: float | None) -> float:
+        from birder_repro.perf.advise import time_to_target
+
         warm, main, _ = self.step_s(link)
-        first = min(steps, self.freeze)
-        return first * warm + max(0.0, steps - first) * main
+        return time_to_target(steps, self.freeze, warm, main)
 
 
 def _record(run_dir: str) -> dict | None:
