@@ -64,7 +64,7 @@ def ranking_bands(
     """The link range (``from``, ``to``: grid points) over which the order of the methods stays the same, and
     that order; ``times[m][i]`` is method m's time at ``links[i]``."""
     bands: list[dict] = []
-    for i, link in enumerate(links):
+    for i, link in enumerate(links if times else []):
         order = ranking({m: t[i] for m, t in times.items()}, after)
         if bands and bands[-1]["order"] == order:
             bands[-1]["to"] = float(link)
@@ -86,8 +86,8 @@ def winner_changes(
 ) -> list[dict]:
     """Each link rate where the fastest method changes: ``link`` (where the two predicted times are equal,
     interpolated in log link rate between the grid points around it), the winner ``below`` it and ``above``."""
-    out = []
-    for i in range(len(links) - 1):
+    out: list[dict] = []
+    for i in range(len(links) - 1 if times else 0):
         lo = ranking({m: t[i] for m, t in times.items()}, after)[0]
         hi = ranking({m: t[i + 1] for m, t in times.items()}, after)[0]
         if lo == hi:
