@@ -134,13 +134,13 @@ def _predict(cfg: DictConfig, run_dir: Path, started: str) -> int:
 
 def _advise(cfg: DictConfig, run_dir: Path) -> int:
     """mode=advise: the methods ranked by predicted time to the task's target on this layout and link, from the
-    user's measured runs and 1-node profiles (birder_repro.report.advise); nothing starts, and no record is
+    user's measured runs and 1-node profiles (birder_repro.perf.advisor); nothing starts, and no record is
     written (the directory would otherwise count as a run): the config, the command, advice.json, a figure."""
     try:
         _check_gpus_per_node_knowable(cfg)
         resolved = layout.resolve(cfg, references=reference_configs(cfg))
         record.write_run_files(run_dir, resolved, _command_line(cfg))
-        from birder_repro.report.advise import run_advice
+        from birder_repro.perf.advisor import run_advice
 
         return run_advice(resolved, run_dir)
     except layout.ConfigError as err:

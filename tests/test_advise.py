@@ -1,4 +1,4 @@
-"""mode=advise (birder_repro.report.advise, birder_repro.perf.advise): made-up records of fashion_mnist on 2 nodes
+"""mode=advise (birder_repro.perf.advisor, birder_repro.perf.advise): made-up records of fashion_mnist on 2 nodes
 x 2 GPUs (global batch 256), 1-node profiles of each optimizer, and a layout on 10 GbE-like links. SGDM takes 100
 steps, Birder 150, 1-bit Adam 120 (its first 30 in fp32): Birder wins on slow links (it sends 1/32 of SGDM's
 bytes), SGDM on fast ones (fewer steps of about the same compute). Where the ranking flips is worked out here by
@@ -16,11 +16,11 @@ import yaml
 from conftest import write_records
 
 from birder_repro.perf import advise as arithmetic
+from birder_repro.perf import advisor as advise
+from birder_repro.perf.advise import LINK_GRID as GRID
+from birder_repro.perf.advisor import load_runs
 from birder_repro.perf.cluster import CLUSTER_DIR
 from birder_repro.perf.profile import Profile
-from birder_repro.report import advise
-from birder_repro.report.crossover import GRID
-from birder_repro.report.records import load_frame
 
 STEPS = {"sgdm": 100, "birder": 150, "onebit_adam": 120}
 FREEZE = 30
@@ -152,14 +152,14 @@ def test_bands_and_winner_changes_on_two_crossing_lines():
 
 # ---------------------------------------------------------------------------------------------- the advice
 @pytest.fixture
-def frame(tmp_path):
-    return load_frame(runs(tmp_path / "runs"))
+def measured(tmp_path):
+    return load_runs(runs(tmp_path / "runs"))
 
 
-def test_the_ranking_flips_between_a_slow_and_a_fast_link(frame):
-    slow, fast = advise.advise(layout(20.0), frame), advise.advise(layout(100_000.0), frame)
-    assert order(slow)[0] == "Birder" and order(fast)[0] == "SGDM"
-    assert order(slow)[-1] == "SGDM"
+def test_the_ranking_flips_between_a_slow_and_a_fast_link(measured):
+    slow, fast = advise.advise(layout(20.0), measured), advise.advise(layout(100_000.0), measured)
+    assert order(slow)[0] == "birder" and order(fast)[0] == "sgdm"
+    assert order(slow)[-1] == "sgdm"
     best = slow["ranked"][0]
     assert best["slower_than_best"] == 1.0 and all(r["slower_than_best"] > 1 for r in slow["ranked"][1:])
     assert best["steps"] == {**best["steps"], "value": 150.0, "source": "measured", "seeds": [0, 1], "reached": 2}
@@ -167,20 +167,20 @@ def test_the_ranking_flips_between_a_slow_and_a_fast_link(frame):
     assert best["time_to_target_s"]["value"] == pytest.approx(hand_time("birder", "hierarchical", 20.0))
 
 
-def test_the_crossover_lies_within_one_grid_step_of_the_hand_value(frame):
-    advice = advise.advise(layout(1000.0), frame, optims=["sgdm", "birder"])
+def test_the_crossover_lies_within_one_grid_step_of_the_hand_value(measured):
+    advice = advise.advise(layout(1000.0), measured, optims=["sgdm", "birder"])
     [change] = advice["winner_changes"]
-    assert change["below"] == "Birder" and change["above"] == "SGDM"
+    assert change["below"] == "birder" and change["above"] == "sgdm"
     step = math.log(GRID[1] / GRID[0])
     assert abs(math.log(change["link"] / hand_crossover())) <= step
     first, last = advice["bands"][0], advice["bands"][-1]
-    assert first["order"] == ["Birder", "SGDM"] and last["order"] == ["SGDM", "Birder"]
+    assert first["order"] == ["birder", "sgdm"] and last["order"] == ["sgdm", "birder"]
     assert first["from"] == GRID[0] and last["to"] == GRID[-1]
 
 
-def test_onebit_adams_freeze_steps_are_priced_at_the_fp32_step(frame):
+def test_onebit_adams_freeze_steps_are_priced_at_the_fp32_step(measured):
     """At 20 Mbit/s an fp32 step costs many 1-bit steps: the 30 warmup steps are most of the time."""
-    [row] = [r for r in advise.advise(layout(20.0), frame)["ranked"] if r["optim"] == "onebit_adam"]
+    [row] = [r for r in advise.advise(layout(20.0), measured)["ranked"] if r["optim"] == "onebit_adam"]
     warm, main = row["warmup_step_s"]["value"], row["step_s"]["value"]
     fp32 = arithmetic.step_times(Profile.from_dict(profile("onebit_adam")), layout(20.0).spec(20.0), 2, 2, "fp32", 64)
     assert row["freeze"] == FREEZE and warm == pytest.approx(fp32[1]) and warm > 5 * main
@@ -189,8 +189,8 @@ def test_onebit_adams_freeze_steps_are_priced_at_the_fp32_step(frame):
 
 def test_a_method_whose_seeds_did_not_all_reach_is_ranked_after_and_says_k_of_n(tmp_path):
     root = runs(tmp_path / "runs", extra=[record("birder", None, seed=2)])
-    advice = advise.advise(layout(20.0), load_frame(root))
-    assert order(advice)[-1] == "Birder"
+    advice = advise.advise(layout(20.0), load_runs(root))
+    assert order(advice)[-1] == "birder"
     [row] = [r for r in advice["ranked"] if r["optim"] == "birder"]
     assert (row["steps"]["reached"], row["steps"]["runs"]) == (2, 3) and row["ranked_after_reliable"]
     assert "2 of 3 reached" in advise.format_advice(advice)
@@ -198,7 +198,7 @@ def test_a_method_whose_seeds_did_not_all_reach_is_ranked_after_and_says_k_of_n(
 
 def test_runs_at_another_global_batch_are_used_only_where_none_match_and_said(tmp_path):
     other = [record("sgdm", 90, seed=s, batch=512) for s in (0, 1)]
-    advice = advise.advise(layout(20.0), load_frame(runs(tmp_path / "runs", optims=("birder",), extra=other)))
+    advice = advise.advise(layout(20.0), load_runs(runs(tmp_path / "runs", optims=("birder",), extra=other)))
     [sgdm] = [r for r in advice["ranked"] if r["optim"] == "sgdm"]
     assert sgdm["steps"]["value"] == 90 and not sgdm["steps"]["at_your_global_batch"]
     assert "global batch 512, not yours" in sgdm["steps_source"]
@@ -207,20 +207,20 @@ def test_runs_at_another_global_batch_are_used_only_where_none_match_and_said(tm
 def test_missing_inputs_are_listed_with_the_command_that_makes_them(tmp_path):
     """AdamW has runs but no 1-node profile; SGDM (fp16) a profile but no run: neither is ranked or made up."""
     extra = [record("adamw", 80, seed=0), profile_run("sgdm_fp16")]
-    advice = advise.advise(layout(20.0), load_frame(runs(tmp_path / "runs", extra=extra)))
-    assert set(order(advice)) == {"SGDM", "Birder", "1-bit Adam"}
+    advice = advise.advise(layout(20.0), load_runs(runs(tmp_path / "runs", extra=extra)))
+    assert set(order(advice)) == {"sgdm", "birder", "onebit_adam"}
     missing = {c["method"]: c for c in advice["cannot_rank"]}
-    assert missing["AdamW"]["reason"] == "no 1-node profile"
-    assert missing["AdamW"]["command"] == (
+    assert missing["adamw"]["reason"] == "no 1-node profile"
+    assert missing["adamw"]["command"] == (
         "birder-repro -m task=fashion_mnist optim=adamw nodes=1 train.steps=60 train.eval=false"
     )
-    [fp16] = [c for n, c in missing.items() if n != "AdamW"]
+    [fp16] = [c for n, c in missing.items() if n != "adamw"]
     assert fp16["reason"].startswith("no measured run reaching the target")
     assert fp16["command"] == (
         "birder-repro -m task=fashion_mnist optim=sgdm_fp16 seed=0,1 nodes=2 gpus_per_node=2 cluster=ethernet_10g"
     )
     text = advise.format_advice(advice)
-    assert "cannot rank AdamW: no 1-node profile" in text and fp16["command"] in text
+    assert "cannot rank adamw: no 1-node profile" in text and fp16["command"] in text
 
 
 # ---------------------------------------------------------------------------------------------- the CLI
@@ -247,7 +247,7 @@ def test_cli_advise_prints_the_table_and_writes_the_figure_and_advice_json(compo
     assert run(cli_config(compose, root), tmp_path / "advice") == 0
     out = capsys.readouterr().out
     advice = json.loads((tmp_path / "advice" / "advice.json").read_text())
-    assert order(advice)[0] == "Birder" and advice["layout"]["link_mbit"] == 20.0
+    assert order(advice)[0] == "birder" and advice["layout"]["link_mbit"] == 20.0
     assert (tmp_path / "advice" / "advise_fashion_mnist.png").stat().st_size > 10_000
     assert not (tmp_path / "advice" / "record.json").exists()  # launches nothing, and is no run
     assert "(measured, 2 of 2 reached, seeds 0,1)" in out and "s (predicted)" in out
@@ -262,6 +262,6 @@ def test_cli_advise_exits_non_zero_with_the_command_when_nothing_can_be_ranked(c
     code = run(cli_config(compose, root, "advise.optims=[sgdm,birder]"), tmp_path / "advice")
     assert code != 0
     out = capsys.readouterr().out
-    assert "cannot rank SGDM: no measured run reaching the target" in out
+    assert "cannot rank sgdm: no measured run reaching the target" in out
     assert "birder-repro -m task=fashion_mnist optim=birder,sgdm seed=0,1 nodes=2" in out
     assert "birder-repro -m task=fashion_mnist optim=birder nodes=1 train.steps=60 train.eval=false" in out

@@ -13,11 +13,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 from .cluster import ClusterSpec
 from .model import predict_step
 from .profile import Profile
 
-__all__ = ["time_to_target", "step_times", "ranking", "ranking_bands", "winner_changes"]
+__all__ = ["LINK_GRID", "time_to_target", "step_times", "ranking", "ranking_bands", "winner_changes"]
+
+LINK_GRID = np.logspace(1, 5, 161)  # 10 Mbit/s to 100 Gbit/s: where mode=advise and the crossover read a ranking
 
 
 def time_to_target(steps: float, freeze: int, warmup_step_s: float, step_s: float) -> float:

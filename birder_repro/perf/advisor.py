@@ -8,9 +8,10 @@ configs), two inputs, both the user's own, never made up:
   runs that did not reach the target are counted ("k of n reached") and rank the method after those all of
   whose runs reached it (birder_repro.perf.advise.ranking);
 - a 1-node profile: ``predict.profile`` where given (``paper``, a run directory, a profile file), else the
-  newest completed 1-node run of that optimizer with a ``profile`` (report.crossover.one_node_profiles).
+  newest completed 1-node run of that optimizer with a ``profile`` (:func:`one_node_profiles`, which
+  report.crossover's predictions use too).
 
-The model (birder_repro.perf.advise, perf.model) turns them into a step time on the user's nodes x GPUs at the
+The model (:mod:`birder_repro.perf.advise`, perf.model) turns them into a step time on the user's nodes x GPUs at the
 user's link (``cluster.link_mbit``, or ``predict.cluster_spec``'s probed link) and at every rate of a log grid:
 the time to target is the steps times the step, 1-bit Adam's first ``freeze`` steps at the fp32 step's time.
 A method missing either input is listed as not rankable with the one command that measures it.
@@ -26,17 +27,84 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
+from .advise import LINK_GRID, ranking, ranking_bands, step_times, time_to_target, winner_changes
+from .cluster import ClusterSpec
 
-from .crossover import GRID, _profile_key, freeze_step, one_node_profiles
-from .display import fmt_number, optim_label
-
-__all__ = ["MeasuredSteps", "measured_steps", "advise", "format_advice", "ADVICE_FILE"]
+__all__ = [
+    "ADVICE_FILE",
+    "MeasuredSteps",
+    "Layout",
+    "profile_key",
+    "one_node_profiles",
+    "freeze_step",
+    "load_runs",
+    "measured_steps",
+    "advise",
+    "format_advice",
+    "run_advice",
+]
 
 ADVICE_FILE = "advice.json"
-SETTING_PREFIXES = ("optim.", "model.", "train.schedule.")  # keys that change the steps a method takes
-SETTING_KEYS = ("train.steps", "train.epochs")
 PROFILE_STEPS = 60  # steps of the 1-node profile run the advice asks for (train.eval=false: no evaluation)
+
+
+def fmt_number(x: float, digits: int = 4) -> str:
+    return f"{float(x):.{digits}g}"
+
+
+def optim_label(name: str, variant: str = "") -> str:
+    """``birder``, or ``birder (flat)`` for a Birder scheme other than its default."""
+    return f"{name} ({variant})" if variant else name
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 1-node profiles (report.crossover and report.tuning price their runs with these too)
+
+
+def profile_key(rec: dict) -> tuple:
+    """What a 1-node profile is the profile of: (task, optim, scheme, model, batch, precision, cluster)."""
+    cfg = rec.get("config") or {}
+    model = json.dumps(cfg.get("model") or {}, sort_keys=True, default=str)
+    return (
+        rec.get("task"),
+        rec.get("optim"),
+        ((cfg.get("optim") or {}).get("comm") or {}).get("scheme"),
+        model,
+        rec.get("batch_size"),
+        rec.get("precision") or "fp32",
+        (rec.get("cluster") or {}).get("name"),
+    )
+
+
+def one_node_profiles(run_dirs) -> dict[tuple, Any]:
+    """The newest 1-node run's profile per (task, optim, scheme, model, batch, precision, cluster)."""
+    from birder_repro.record import read_record
+
+    from .profile import load_profile
+
+    found: dict[tuple, tuple[str, Any]] = {}
+    for run_dir in run_dirs:
+        rec = read_record(Path(run_dir))
+        if not rec or rec.get("status") != "completed" or (rec.get("cluster") or {}).get("nodes") != 1:
+            continue
+        if not rec.get("profile"):
+            continue
+        key = profile_key(rec)
+        if key not in found or str(rec.get("started")) > found[key][0]:
+            found[key] = (str(rec.get("started")), load_profile(rec))
+    return {k: v for k, (_, v) in found.items()}
+
+
+def freeze_step(cfg: dict, planned_steps: int) -> int:
+    """1-bit Adam's freeze step (``optim.freeze``, read as the optimizer reads it); 0 for other optimizers."""
+    from birder_repro.schedule import steps_of
+
+    freeze = (cfg.get("optim") or {}).get("freeze")
+    return 0 if freeze is None else steps_of(float(freeze), planned_steps, "optim.freeze")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Measured steps
 
 
 @dataclass
@@ -67,54 +135,83 @@ class MeasuredSteps:
         return f"measured: {self.reached} of {self.runs} reached, seeds {seeds}, under {where}{batch}"
 
 
-def _setting(items: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in items.items() if k.startswith(SETTING_PREFIXES) or k in SETTING_KEYS}
+def _setting(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """What changes the steps a method takes: its optimizer, model, schedule and run length (not the layout or
+    the link, nor whether the run stopped at its target)."""
+    train = cfg.get("train") or {}
+    return {
+        "optim": cfg.get("optim") or {},
+        "model": cfg.get("model") or {},
+        "schedule": train.get("schedule"),
+        "steps": train.get("steps"),
+        "epochs": train.get("epochs"),
+    }
 
 
-def _target_runs(frame: pd.DataFrame, task: str) -> pd.DataFrame:
-    """The completed, measured test-set runs of ``task`` that evaluated against a target."""
-    if frame.empty or "target_metric" not in frame:
-        return frame.iloc[0:0]
-    eval_set = frame["eval_set"].astype("object").fillna("test") if "eval_set" in frame else "test"
-    runs = frame[
-        (frame["source"] == "measured")
-        & (frame["status"] == "completed")
-        & (frame["task"] == task)
-        & frame["target_metric"].notna()
-        & (eval_set != "val")
-        & (frame["target_evaluations"].fillna(-1) != 0)  # train.eval=false: a profile run, no time to target
-    ]
-    return runs.assign(setting=[json.dumps(_setting(i or {}), sort_keys=True, default=str) for i in runs["config_items"]])
+def _scored_on_target(rec: Mapping[str, Any], task: str) -> bool:
+    """A completed, measured run of ``task`` scored on the test set that evaluated against a target."""
+    ttt = rec.get("time_to_target") or {}
+    eval_set = ((rec.get("config") or {}).get("data") or {}).get("eval_set") or "test"
+    return (
+        rec.get("status") == "completed"
+        and rec.get("task") == task
+        and bool(ttt.get("metric"))
+        and eval_set != "val"
+        and ttt.get("evaluations") != 0  # train.eval=false: a profile run, no time to target
+    )
 
 
-def measured_steps(frame: pd.DataFrame, task: str, global_batch: int) -> list[MeasuredSteps]:
+def load_runs(root: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """(run directory, record) of every readable record under ``root``, at any depth."""
+    from birder_repro.record import find_records, read_record
+
+    found = [(path.parent, read_record(path.parent)) for path in find_records(Path(root))]
+    return [(d, rec) for d, rec in found if rec]
+
+
+def measured_steps(runs: Sequence[tuple[Path, dict]], task: str, global_batch: int) -> list[MeasuredSteps]:
     """Per optimizer setting of ``task``, its steps to the target from the runs at ``global_batch`` (those at
     other global batches where it has none)."""
-    from birder_repro.record import read_record
+    groups: dict[str, list[tuple[Path, dict]]] = {}
+    for run_dir, rec in runs:
+        if _scored_on_target(rec, task):
+            key = json.dumps(_setting(rec.get("config") or {}), sort_keys=True, default=str)
+            groups.setdefault(key, []).append((run_dir, rec))
+    return _distinct_labels([_steps_of(rows, global_batch) for _, rows in sorted(groups.items())])
 
-    out = []
-    for _, rows in _target_runs(frame, task).groupby("setting", sort=True):
-        same = rows[rows["global_batch_size"] == global_batch]
-        used = same if not same.empty else rows
-        hit = used[used["target_reached"] == True]  # noqa: E712 - an object column of True / False / None
-        first = used.iloc[0]
-        out.append(
-            MeasuredSteps(
-                label=optim_label(first["optim"], first["variant"] or ""),
-                optim=str(first["optim"]),
-                variant=str(first["variant"] or ""),
-                setting=json.loads(first["setting"]),
-                record=read_record(Path(first["run_dir"])) or {},
-                runs=len(used),
-                reached=len(hit),
-                steps=float(hit["target_step"].astype(float).mean()) if len(hit) else None,
-                seeds=sorted({int(s) for s in used["seed"].dropna()}),
-                run_dirs=sorted(str(d) for d in used["run_dir"]),
-                global_batches=sorted({int(b) for b in used["global_batch_size"].dropna()}),
-                same_batch=not same.empty,
-            )
-        )
-    return _distinct_labels(out)
+
+def _steps_of(rows: list[tuple[Path, dict]], global_batch: int) -> MeasuredSteps:
+    """One setting's runs: those at ``global_batch`` where any, else all; the mean step over those that reached."""
+    same = [(d, r) for d, r in rows if r.get("global_batch_size") == global_batch]
+    used = same or rows
+    hit = [r["time_to_target"]["step"] for _, r in used if r["time_to_target"].get("reached")]
+    first = used[0][1]
+    cfg = first.get("config") or {}
+    variant = str(((cfg.get("optim") or {}).get("comm") or {}).get("scheme") or "")
+    seeds = {(r.get("config") or {}).get("seed") for _, r in used}
+    return MeasuredSteps(
+        label=optim_label(str(first["optim"]), variant),
+        optim=str(first["optim"]),
+        variant=variant,
+        setting=_setting(cfg),
+        record=first,
+        runs=len(used),
+        reached=len(hit),
+        steps=sum(float(s) for s in hit) / len(hit) if hit else None,
+        seeds=sorted(int(s) for s in seeds if s is not None),
+        run_dirs=sorted(str(d) for d, _ in used),
+        global_batches=sorted({int(r["global_batch_size"]) for _, r in used if r.get("global_batch_size")}),
+        same_batch=bool(same),
+    )
+
+
+def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(node, Mapping):
+        return {prefix.rstrip("."): node}
+    out: dict[str, Any] = {}
+    for k, v in node.items():
+        out.update(_flat(v, f"{prefix}{k}."))
+    return out
 
 
 def _distinct_labels(found: list[MeasuredSteps]) -> list[MeasuredSteps]:
@@ -123,9 +220,10 @@ def _distinct_labels(found: list[MeasuredSteps]) -> list[MeasuredSteps]:
         same = [m for m in found if m.label == label]
         if len(same) < 2:
             continue
-        keys = sorted({k for m in same for k in m.setting if any(o.setting.get(k) != m.setting.get(k) for o in same)})
-        for m in same:
-            m.label += " [" + ", ".join(f"{k.split('.', 1)[1]}={m.setting.get(k)}" for k in keys) + "]"
+        flat = [_flat(m.setting) for m in same]
+        keys = sorted({k for f in flat for k in f if any(g.get(k) != f.get(k) for g in flat)})
+        for m, f in zip(same, flat):
+            m.label += " [" + ", ".join(f"{k.split('.', 1)[-1]}={f.get(k)}" for k in keys) + "]"
     return found
 
 
@@ -137,7 +235,7 @@ def _profile_for(steps: MeasuredSteps, profiles: Mapping[tuple, Any], batch: int
     """The 1-node profile of this setting's optimizer, scheme, model and precision: at the user's batch and
     cluster where one exists, else at another batch (the model scales the compute linearly), else on another
     cluster; None where there is none."""
-    want = _profile_key(steps.record)
+    want = profile_key(steps.record)
     same = [k for k in profiles if k[:4] == want[:4] and k[5] == want[5]]
     if not same:
         return None
@@ -147,8 +245,8 @@ def _profile_for(steps: MeasuredSteps, profiles: Mapping[tuple, Any], batch: int
 
 def _given_profile(source: Any, task: str, batch: int, cluster, implementation: str) -> Any:
     """``predict.profile`` as mode=predict reads it (paper, a run directory, a record or a profile file)."""
-    from birder_repro.perf.paper_profiles import paper_profile
-    from birder_repro.perf.profile import load_profile
+    from .paper_profiles import paper_profile
+    from .profile import load_profile
 
     if source == "paper":
         return paper_profile(task=task, batch_size=batch, node=cluster, implementation=implementation)
@@ -175,17 +273,15 @@ class Layout:
     cluster_config: dict[str, Any]
     link_mbit: float
     implementation: str = "this"
-    links: list[float] = field(default_factory=lambda: [float(x) for x in GRID])
+    links: list[float] = field(default_factory=lambda: [float(x) for x in LINK_GRID])
 
-    def spec(self, link: float):
-        from birder_repro.perf.cluster import ClusterSpec
-
+    def spec(self, link: float) -> ClusterSpec:
         return ClusterSpec.from_config({**self.cluster_config, "link_mbit": float(link)})
 
 
 def _method_inputs(steps: MeasuredSteps) -> dict[str, Any]:
     """What the model needs of a setting besides its profile, read from one of its runs' config."""
-    from birder_repro.perf.schemes import scheme_for_optim
+    from .schemes import scheme_for_optim
 
     cfg = steps.record.get("config") or {}
     optim = cfg.get("optim") or {}
@@ -200,8 +296,7 @@ def _method_inputs(steps: MeasuredSteps) -> dict[str, Any]:
 
 
 def _price(steps: MeasuredSteps, profile, lay: Layout, link: float) -> dict[str, float]:
-    from birder_repro.perf.advise import step_times, time_to_target
-
+    """The model's step times of this setting at ``link``, and its time to target from its measured steps."""
     m = _method_inputs(steps)
     warm, main, share = step_times(
         profile,
@@ -229,17 +324,15 @@ def _command(task: str, optims: Sequence[str], extra: str) -> str:
 
 def advise(
     lay: Layout,
-    frame: pd.DataFrame,
+    runs: Sequence[tuple[Path, dict]],
     optims: Sequence[str] | None = None,
     given_profile: Any = None,
 ) -> dict[str, Any]:
     """The advice as a JSON-ready dict: ``ranked`` (fastest first at the user's link), ``cannot_rank`` with the
     commands that would make them rankable, the ranking's ``bands`` and ``winner_changes`` over ``lay.links``,
     and each ranked method's predicted times over them (``curves``)."""
-    from birder_repro.perf.advise import ranking, ranking_bands, winner_changes
-
-    found = [m for m in measured_steps(frame, lay.task, lay.global_batch) if optims is None or m.optim in optims]
-    profiles = one_node_profiles(frame["run_dir"]) if given_profile is None and not frame.empty else {}
+    found = [m for m in measured_steps(runs, lay.task, lay.global_batch) if optims is None or m.optim in optims]
+    profiles = one_node_profiles([d for d, _ in runs]) if given_profile is None else {}
     ranked, missing_steps, missing_profile = [], [], []
     for m in found:
         profile = given_profile or _profile_for(m, profiles, lay.batch_size, lay.cluster)
@@ -264,7 +357,7 @@ def advise(
     return {
         "task": lay.task,
         "layout": {k: v for k, v in asdict(lay).items() if k not in ("links", "cluster_config")},
-        "target": _target(frame, lay.task),
+        "target": _target(runs, lay.task),
         "ranked": [
             _ranked_row(i + 1, by_label[label], profile_of[label], here[label], best, label in after)
             for i, label in enumerate(order)
@@ -323,13 +416,13 @@ def _cannot_rank(lay: Layout, missing_steps: list, missing_profile: list) -> lis
     ]
 
 
-def _target(frame: pd.DataFrame, task: str) -> str | None:
-    runs = _target_runs(frame, task)
-    if runs.empty:
-        return None
-    first = runs.iloc[0]
-    sign = "<=" if first["target_direction"] == "lower" else ">="
-    return f"{first['target_metric']} {sign} {fmt_number(first['target_value'])}"
+def _target(runs: Sequence[tuple[Path, dict]], task: str) -> str | None:
+    """The target the runs were scored against, as ``top1 >= 87``."""
+    for _, rec in runs:
+        if _scored_on_target(rec, task):
+            t = rec["time_to_target"]
+            return f"{t['metric']} {'<=' if t.get('direction') == 'lower' else '>='} {fmt_number(t['target'])}"
+    return None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -346,7 +439,9 @@ def format_advice(advice: Mapping[str, Any]) -> str:
     ]
     if advice["ranked"]:
         lines += ["", _table(advice["ranked"]), ""]
-        lines += [f"  {r['method']}: steps {r['steps_source']}; profile {r['profile']['name']}" for r in advice["ranked"]]
+        lines += [
+            f"  {r['method']}: steps {r['steps_source']}; profile {r['profile']['name']}" for r in advice["ranked"]
+        ]
         lines += ["", *_bands_text(advice)]
     for c in advice["cannot_rank"]:
         lines.append(f"cannot rank {c['method']}: {c['reason']}")
@@ -356,26 +451,26 @@ def format_advice(advice: Mapping[str, Any]) -> str:
 
 
 def _table(rows: Sequence[Mapping[str, Any]]) -> str:
-    from .display import to_markdown
-
-    shown = []
+    """The ranked methods as a Markdown table, every number marked measured or predicted."""
+    header = ["#", "method", "steps to target", "step time", "time to target", "x #1's time"]
+    shown = [header, ["---"] * len(header)]
     for r in rows:
         step = f"{1e3 * r['step_s']['value']:.2f} ms (predicted)"
         if r["freeze"]:
             step += f"; first {r['freeze']} at {1e3 * r['warmup_step_s']['value']:.2f} ms (fp32, predicted)"
         s = r["steps"]
         shown.append(
-            {
-                "#": r["rank"],
-                "method": r["method"] + (" (not every run reached)" if r["ranked_after_reliable"] else ""),
-                "steps to target": f"{fmt_number(s['value'])} (measured, {s['reached']} of {s['runs']} reached, "
+            [
+                str(r["rank"]),
+                r["method"] + (" (not every run reached)" if r["ranked_after_reliable"] else ""),
+                f"{fmt_number(s['value'])} (measured, {s['reached']} of {s['runs']} reached, "
                 f"seeds {','.join(map(str, s['seeds']))})",
-                "step time": step,
-                "time to target": f"{fmt_number(r['time_to_target_s']['value'], 3)} s (predicted)",
-                "x slower than the best": f"{r['slower_than_best']:.2f}x",
-            }
+                step,
+                f"{fmt_number(r['time_to_target_s']['value'], 3)} s (predicted)",
+                f"{r['slower_than_best']:.2f}x",
+            ]
         )
-    return to_markdown(pd.DataFrame(shown))
+    return "\n".join("| " + " | ".join(cells) + " |" for cells in shown)
 
 
 def _bands_text(advice: Mapping[str, Any]) -> list[str]:
@@ -386,7 +481,9 @@ def _bands_text(advice: Mapping[str, Any]) -> list[str]:
     if not advice["winner_changes"]:
         lines.append("  the fastest method is the same at every link rate")
     for w in advice["winner_changes"]:
-        lines.append(f"  the winner changes at about {fmt_number(w['link'], 3)} Mbit/s: {w['below']} below, {w['above']} above")
+        lines.append(
+            f"  the winner changes at about {fmt_number(w['link'], 3)} Mbit/s: {w['below']} below, {w['above']} above"
+        )
     return lines
 
 
@@ -404,16 +501,17 @@ def write_advice(advice: Mapping[str, Any], out_dir: Path) -> list[Path]:
 def advice_figure(advice: Mapping[str, Any], path: Path) -> Path:
     """Predicted time to target against the link rate, one line per ranked method, log-log; the user's link as a
     vertical line."""
-    from .figstyle import optim_style, pyplot
+    import matplotlib
 
-    plt = pyplot()
+    matplotlib.use("Agg")  # no display on cluster nodes or CI
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for r in advice["ranked"]:
-        style = optim_style(r["optim"], r["variant"])
-        ax.plot(advice["links"], advice["curves"][r["method"]], label=r["method"], linewidth=1.4, **style)
+        ax.plot(advice["links"], advice["curves"][r["method"]], label=r["method"], linewidth=1.4)
     link = advice["layout"]["link_mbit"]
     ax.axvline(link, color="0.3", linewidth=0.9, linestyle=":")
-    ax.text(link, 1.0, f" your link: {fmt_number(link)} Mbit/s", transform=ax.get_xaxis_transform(), va="top", fontsize=7)
+    ax.text(link, 1.0, f" your link: {fmt_number(link)} Mbit/s", transform=ax.get_xaxis_transform(), va="top")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("inter-node link, Mbit/s")
@@ -438,12 +536,11 @@ def layout_of(cfg: Any) -> Layout:
     from omegaconf import OmegaConf
 
     from birder_repro.config import global_batch
-    from birder_repro.perf.cluster import ClusterSpec
 
     c = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else cfg
     predict, adv = c.get("predict") or {}, c.get("advise") or {}
     if predict.get("cluster_spec"):
-        from birder_repro.perf.probe import load_cluster_spec
+        from .probe import load_cluster_spec
 
         cluster_config = dict(load_cluster_spec(predict["cluster_spec"]))
     else:
@@ -459,7 +556,7 @@ def layout_of(cfg: Any) -> Layout:
         cluster_config=cluster_config,
         link_mbit=float(ClusterSpec.from_config(cluster_config).inter_mbit),
         implementation=str(predict.get("implementation") or "this"),
-        links=[float(x) for x in (adv.get("links") or GRID)],
+        links=[float(x) for x in (adv.get("links") or LINK_GRID)],
     )
 
 
@@ -470,8 +567,6 @@ def run_advice(cfg: Any, out_dir: Path) -> int:
 
     from birder_repro.record import runs_root
 
-    from .records import load_frame
-
     lay = layout_of(cfg)
     adv = OmegaConf.select(cfg, "advise", default=None) or {}
     optims = adv.get("optims")
@@ -479,10 +574,9 @@ def run_advice(cfg: Any, out_dir: Path) -> int:
     given = None
     if source is not None:
         given = _given_profile(source, lay.task, lay.batch_size, lay.spec(lay.link_mbit), lay.implementation)
-    runs = runs_root(adv.get("runs"))
-    frame = load_frame(runs) if runs.is_dir() else pd.DataFrame()
-    advice = advise(lay, frame, list(optims) if optims is not None else None, given)
-    advice["runs"] = str(runs)
+    root = runs_root(adv.get("runs"))
+    advice = advise(lay, load_runs(root), list(optims) if optims is not None else None, given)
+    advice["runs"] = str(root)
     print(format_advice(advice), flush=True)
     for path in write_advice(advice, out_dir):
         print(f"[birder-repro] advice: {path}", flush=True)
