@@ -39,13 +39,16 @@ def profile(name: str) -> dict:
     ).to_dict()
 
 
-def record(optim: str, step, *, seed: int = 0, nodes: int = 2, prof=None, evaluations: int = 10, batch=None) -> dict:
+def record(
+    optim: str, step, *, seed: int = 0, nodes: int = 2, prof=None, evaluations: int = 10, batch=None, task=None
+) -> dict:
     """A completed run as the runner writes it, with the keys the advisor reads."""
+    task = task or "fashion_mnist"
     optim_cfg = {"name": optim, "lr": 0.01, **({"freeze": FREEZE} if optim == "onebit_adam" else {})}
     reached = step is not None
     return {
         "status": "completed",
-        "task": "fashion_mnist",
+        "task": task,
         "optim": optim,
         "cluster": {"name": "emulated", "nodes": nodes, "gpus_per_node": 2, "link_mbit": 200},
         "world_size": 2 * nodes,
@@ -74,7 +77,7 @@ def record(optim: str, step, *, seed: int = 0, nodes: int = 2, prof=None, evalua
             "optim": optim_cfg,
             "cluster": {"name": "emulated", "link_mbit": 200},
             "train": {"epochs": 2},
-            "task": {"name": "fashion_mnist"},
+            "task": {"name": task},
         },
     }
 
@@ -265,3 +268,36 @@ def test_cli_advise_exits_non_zero_with_the_command_when_nothing_can_be_ranked(c
     assert "cannot rank sgdm: no measured run reaching the target" in out
     assert "birder-repro -m task=fashion_mnist optim=birder,sgdm seed=0,1 nodes=2" in out
     assert "birder-repro -m task=fashion_mnist optim=birder nodes=1 train.steps=60 train.eval=false" in out
+
+
+def test_cli_advise_honours_a_probed_cluster_spec_and_the_papers_profiles(compose, tmp_path, capsys):
+    """predict.cluster_spec's link (mode=probe's YAML) replaces the cluster config's, as in mode=predict; and
+    predict.profile=paper prices every method of a paper task with the paper's 1-node profile."""
+    from birder_repro.cli import run
+
+    spec = yaml.safe_load((CLUSTER_DIR / "ethernet_10g.yaml").read_text())
+    spec["link_mbit"] = 123.0
+    (tmp_path / "cluster_spec.yaml").write_text(yaml.safe_dump(spec))
+    recs = [
+        record(o, n, seed=s, task="resnet50", batch=512) for o, n in (("sgdm", 100), ("birder", 150)) for s in (0, 1)
+    ]
+    root = write_records(tmp_path / "measured", recs, lambda i, rec: f"{i:02d}_{rec['optim']}")
+    cfg = compose(
+        [
+            "mode=advise",
+            "task=resnet50",
+            "nodes=2",
+            "gpus_per_node=8",
+            "cluster=ethernet_10g",
+            f"predict.cluster_spec={tmp_path / 'cluster_spec.yaml'}",
+            "predict.profile=paper",
+            f"advise.runs={root}",
+        ],
+        hydra_config=True,
+    )
+    assert run(cfg, tmp_path / "advice") == 0
+    advice = json.loads((tmp_path / "advice" / "advice.json").read_text())
+    assert advice["layout"]["link_mbit"] == 123.0
+    assert {r["optim"] for r in advice["ranked"]} == {"sgdm", "birder"}
+    assert all(r["profile"]["name"].startswith("paper") for r in advice["ranked"]), advice["ranked"]
+    assert not advice["cannot_rank"]

@@ -43,14 +43,18 @@ def step_times(
     freeze: int = 0,
     local_steps: int = 1,
     rank: int = 1,
+    implementation: str = "this",
 ) -> tuple[float, float, float]:
-    """(warmup step s, step s, communication share of the step) of ``scheme`` on this layout: the warmup step is
-    the fp32 exchange's where the method has a warmup (``freeze`` > 0), else the step itself."""
-    main = predict_step(profile, cluster, nodes, gpus_per_node, scheme, batch_size, rank, local_steps=local_steps)
+    """(warmup step s, step s, communication share of the step) of ``scheme`` on this layout, as
+    ``implementation`` runs it (perf.implementations): the warmup step is the fp32 exchange's where the method
+    has a warmup (``freeze`` > 0), else the step itself."""
+    main = predict_step(
+        profile, cluster, nodes, gpus_per_node, scheme, batch_size, rank, implementation, local_steps=local_steps
+    )
     warm = (
         main
         if freeze <= 0 or scheme == "fp32"
-        else predict_step(profile, cluster, nodes, gpus_per_node, "fp32", batch_size)
+        else predict_step(profile, cluster, nodes, gpus_per_node, "fp32", batch_size, implementation=implementation)
     )
     return warm.total_s, main.total_s, main.communication_s / main.total_s
 

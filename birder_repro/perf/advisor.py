@@ -11,9 +11,10 @@ configs), two inputs, both the user's own, never made up:
   newest completed 1-node run of that optimizer with a ``profile`` (:func:`one_node_profiles`, which
   report.crossover's predictions use too).
 
-The model (:mod:`birder_repro.perf.advise`, perf.model) turns them into a step time on the user's nodes x GPUs at the
-user's link (``cluster.link_mbit``, or ``predict.cluster_spec``'s probed link) and at every rate of a log grid:
-the time to target is the steps times the step, 1-bit Adam's first ``freeze`` steps at the fp32 step's time.
+The model (:mod:`birder_repro.perf.advise`, perf.model, as ``predict.implementation`` runs the schemes) turns
+them into a step time on the user's nodes x GPUs at the user's link (``cluster.link_mbit``, or
+``predict.cluster_spec``'s probed link) and at every rate of a log grid: the time to target is the steps times
+the step, 1-bit Adam's first ``freeze`` steps at the fp32 step's time.
 A method missing either input is listed as not rankable with the one command that measures it.
 """
 
@@ -308,6 +309,7 @@ def _price(steps: MeasuredSteps, profile, lay: Layout, link: float) -> dict[str,
         freeze=m["freeze"],
         local_steps=m["local_steps"],
         rank=m["rank"],
+        implementation=lay.implementation,
     )
     assert steps.steps is not None
     return {
