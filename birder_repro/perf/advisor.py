@@ -50,7 +50,8 @@ PROFILE_STEPS = 60  # steps of the 1-node profile run the advice asks for (train
 
 
 def fmt_number(x: float, digits: int = 4) -> str:
-    return f"{float(x):.{digits}g}"
+    """``digits`` significant figures, without an exponent for link rates and times of 100 and more."""
+    return f"{float(x):.0f}" if abs(float(x)) >= 100 else f"{float(x):.{digits}g}"
 
 
 def optim_label(name: str, variant: str = "") -> str:
@@ -444,6 +445,8 @@ def format_advice(advice: Mapping[str, Any]) -> str:
         lines += [
             f"  {r['method']}: steps {r['steps_source']}; profile {r['profile']['name']}" for r in advice["ranked"]
         ]
+        if any(r["ranked_after_reliable"] for r in advice["ranked"]):
+            lines.append("  (a method some of whose runs did not reach the target ranks after those all of whose did)")
         lines += ["", *_bands_text(advice)]
     for c in advice["cannot_rank"]:
         lines.append(f"cannot rank {c['method']}: {c['reason']}")
@@ -510,7 +513,11 @@ def advice_figure(advice: Mapping[str, Any], path: Path) -> Path:
 
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for r in advice["ranked"]:
-        ax.plot(advice["links"], advice["curves"][r["method"]], label=r["method"], linewidth=1.4)
+        after = r["ranked_after_reliable"]  # dashed: not every run reached the target
+        label = r["method"] + (f" ({r['steps']['reached']} of {r['steps']['runs']} reached)" if after else "")
+        ax.plot(
+            advice["links"], advice["curves"][r["method"]], label=label, linewidth=1.4, linestyle="--" if after else "-"
+        )
     link = advice["layout"]["link_mbit"]
     ax.axvline(link, color="0.3", linewidth=0.9, linestyle=":")
     ax.text(link, 1.0, f" your link: {fmt_number(link)} Mbit/s", transform=ax.get_xaxis_transform(), va="top")
@@ -537,7 +544,7 @@ def layout_of(cfg: Any) -> Layout:
     a probed link, in place of the cluster config's perf block where given, as mode=predict reads it)."""
     from omegaconf import OmegaConf
 
-    from birder_repro.config import global_batch
+    from birder_repro.config import global_batch, resolve_gpus_per_node
 
     c = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else cfg
     predict, adv = c.get("predict") or {}, c.get("advise") or {}
@@ -551,7 +558,7 @@ def layout_of(cfg: Any) -> Layout:
     return Layout(
         task=c["task"]["name"],
         nodes=int(c["nodes"]),
-        gpus_per_node=int(c["gpus_per_node"]),
+        gpus_per_node=resolve_gpus_per_node(c["gpus_per_node"]),
         batch_size=int(c["train"]["batch_size"]) * accumulate,
         global_batch=global_batch(cfg),
         cluster=str(c["cluster"].get("name")),
