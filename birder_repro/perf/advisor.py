@@ -546,7 +546,7 @@ def layout_of(cfg: Any) -> Layout:
 
     from birder_repro.config import global_batch, resolve_gpus_per_node
 
-    c = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else cfg
+    c: dict[str, Any] = cfg if isinstance(cfg, dict) else OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     predict, adv = c.get("predict") or {}, c.get("advise") or {}
     if predict.get("cluster_spec"):
         from .probe import load_cluster_spec
