@@ -5,6 +5,7 @@
     birder-repro ... dry_run=true                                # print the torchrun command(s), start nothing
     birder-repro mode=predict ... predict.profile=paper          # the performance model's record, nothing runs
     birder-repro mode=probe nodes=2 ...                          # time the collectives, write a cluster spec
+    birder-repro mode=advise task=t nodes=4 cluster=c ...        # rank the methods by predicted time to target
     birder-repro --help | --cfg job
 
 The Hydra app runs once per run, in this one process; the workers read the resolved ``config.yaml`` it writes
@@ -74,6 +75,8 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> int:
     started = record.now()
     if cfg.get("mode") == "predict":
         return _predict(cfg, Path(run_dir) if run_dir is not None else _job_dir(cfg), started)
+    if cfg.get("mode") == "advise":
+        return _advise(cfg, Path(run_dir) if run_dir is not None else _job_dir(cfg))
     given = Path(run_dir) if run_dir is not None else None
     run_dir = given
     try:
@@ -127,6 +130,24 @@ def _predict(cfg: DictConfig, run_dir: Path, started: str) -> int:
     print(format_prediction(rec), flush=True)
     print(f"[birder-repro] predicted record: {run_dir / record.RECORD_FILE}", flush=True)
     return 0
+
+
+def _advise(cfg: DictConfig, run_dir: Path) -> int:
+    """mode=advise: the methods ranked by predicted time to the task's target on this layout and link, from the
+    user's measured runs and 1-node profiles (birder_repro.perf.advisor); nothing starts, and no record is
+    written (the directory would otherwise count as a run): the config, the command, advice.json, a figure."""
+    try:
+        _check_gpus_per_node_knowable(cfg)
+        resolved = layout.resolve(cfg, references=reference_configs(cfg))
+        record.write_run_files(run_dir, resolved, _command_line(cfg))
+        from birder_repro.perf.advisor import run_advice
+
+        return run_advice(resolved, run_dir)
+    except layout.ConfigError as err:
+        print(f"[birder-repro] config error: {err}", file=sys.stderr, flush=True)
+    except (ValueError, FileNotFoundError) as err:  # a profile of another task, a missing cluster spec
+        print(f"[birder-repro] advise: {err}", file=sys.stderr, flush=True)
+    return 2
 
 
 def _check_gpus_per_node_knowable(cfg: DictConfig) -> None:

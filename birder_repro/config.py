@@ -50,7 +50,7 @@ AUTO_MAX_DATA_WORKERS = 8  # data.num_workers=auto never starts more loader proc
 # Values a setting may take, where the YAML type alone does not say (a typo in a value fails early, here,
 # rather than minutes later in a worker).
 CHOICES = {
-    "mode": ("train", "predict", "probe"),
+    "mode": ("train", "predict", "probe", "advise"),
     "predict.implementation": ("this", "paper"),
     "device": ("auto", "cpu", "cuda"),
     "cluster.backend": ("auto", "gloo", "nccl"),

@@ -31,6 +31,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from birder_repro.perf.advise import LINK_GRID
+from birder_repro.perf.advisor import freeze_step, one_node_profiles
+from birder_repro.perf.advisor import profile_key as _profile_key
+
 from .cells import fill_keys
 from .display import fmt_layout, fmt_number, is_missing, optim_label, optim_rank, to_markdown
 
@@ -48,7 +52,7 @@ __all__ = [
 BASELINES = ("sgdm", "adamw", "sgdm_fp16", "bertadam")
 # Link rates (Mbit/s) the model predicts beyond the measured ones, and the fine grid the crossovers are read on.
 PREDICTED_LINKS = (1000.0, 10000.0, 100000.0)
-GRID = np.logspace(1, 5, 161)  # 10 Mbit/s to 100 Gbit/s
+GRID = LINK_GRID  # 10 Mbit/s to 100 Gbit/s (birder_repro.perf.advise, mode=advise's grid too)
 TARGET_ERROR = 0.15  # the model's median |predicted / measured - 1| over the sweep should be at most this
 PAPER_COMM_SHARE = 0.60  # SGDM's communication share of a 2-node step in the paper's Table 3 (ResNet-50, 10 GbE)
 # Keys a series' runs may differ in (besides the seed, which report.identity leaves out).
@@ -97,46 +101,6 @@ def crossover_runs(frame: pd.DataFrame) -> pd.DataFrame:
 # The model's side
 
 
-def _profile_key(rec: dict) -> tuple:
-    cfg = rec.get("config") or {}
-    model = json.dumps(cfg.get("model") or {}, sort_keys=True, default=str)
-    return (
-        rec.get("task"),
-        rec.get("optim"),
-        ((cfg.get("optim") or {}).get("comm") or {}).get("scheme"),
-        model,
-        rec.get("batch_size"),
-        rec.get("precision") or "fp32",
-        (rec.get("cluster") or {}).get("name"),
-    )
-
-
-def one_node_profiles(run_dirs) -> dict[tuple, Any]:
-    """The newest 1-node run's profile per (task, optim, scheme, model, batch, precision, cluster)."""
-    from birder_repro.perf.profile import load_profile
-    from birder_repro.record import read_record
-
-    found: dict[tuple, tuple[str, Any]] = {}
-    for run_dir in run_dirs:
-        rec = read_record(Path(run_dir))
-        if not rec or rec.get("status") != "completed" or (rec.get("cluster") or {}).get("nodes") != 1:
-            continue
-        if not rec.get("profile"):
-            continue
-        key = _profile_key(rec)
-        if key not in found or str(rec.get("started")) > found[key][0]:
-            found[key] = (str(rec.get("started")), load_profile(rec))
-    return {k: v for k, (_, v) in found.items()}
-
-
-def freeze_step(cfg: dict, planned_steps: int) -> int:
-    """1-bit Adam's freeze step (``optim.freeze``, read as the optimizer reads it); 0 for other optimizers."""
-    from birder_repro.schedule import steps_of
-
-    freeze = (cfg.get("optim") or {}).get("freeze")
-    return 0 if freeze is None else steps_of(float(freeze), planned_steps, "optim.freeze")
-
-
 class StepModel:
     """The model's step times of one run's setting at any link: (warmup step, compressed step) seconds."""
 
@@ -159,23 +123,24 @@ class StepModel:
 
     def step_s(self, link: float | None) -> tuple[float, float, float]:
         """(warmup step s, compressed step s, communication share of the compressed step)."""
-        from birder_repro.perf.model import predict_step
+        from birder_repro.perf.advise import step_times
 
-        spec = self._spec(link)
-        main = predict_step(
-            self.profile, spec, self.nodes, self.gpus, self.scheme, self.batch, local_steps=self.local_steps
+        return step_times(
+            self.profile,
+            self._spec(link),
+            self.nodes,
+            self.gpus,
+            self.scheme,
+            self.batch,
+            freeze=self.freeze,
+            local_steps=self.local_steps,
         )
-        warm = (
-            main
-            if self.freeze == 0 or self.scheme == "fp32"
-            else predict_step(self.profile, spec, self.nodes, self.gpus, "fp32", self.batch)
-        )
-        return warm.total_s, main.total_s, main.communication_s / main.total_s
 
     def time_to_target(self, steps: float, link: float | None) -> float:
+        from birder_repro.perf.advise import time_to_target
+
         warm, main, _ = self.step_s(link)
-        first = min(steps, self.freeze)
-        return first * warm + max(0.0, steps - first) * main
+        return time_to_target(steps, self.freeze, warm, main)
 
 
 def _record(run_dir: str) -> dict | None:

@@ -1,0 +1,303 @@
+"""mode=advise (birder_repro.perf.advisor, birder_repro.perf.advise): made-up records of fashion_mnist on 2 nodes
+x 2 GPUs (global batch 256), 1-node profiles of each optimizer, and a layout on 10 GbE-like links. SGDM takes 100
+steps, Birder 150, 1-bit Adam 120 (its first 30 in fp32): Birder wins on slow links (it sends 1/32 of SGDM's
+bytes), SGDM on fast ones (fewer steps of about the same compute). Where the ranking flips is worked out here by
+bisection on the pure arithmetic, independently of the grid the advisor scans."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from conftest import write_records
+
+from birder_repro.perf import advise as arithmetic
+from birder_repro.perf import advisor as advise
+from birder_repro.perf.advise import LINK_GRID as GRID
+from birder_repro.perf.advisor import load_runs
+from birder_repro.perf.cluster import CLUSTER_DIR
+from birder_repro.perf.profile import Profile
+
+STEPS = {"sgdm": 100, "birder": 150, "onebit_adam": 120}
+FREEZE = 30
+
+
+def profile(name: str) -> dict:
+    return Profile(
+        name=f"1-node {name}",
+        device="cpu",
+        task="fashion_mnist",
+        batch_size=64,
+        forward_backward_s=0.012,
+        parameter_count=670_730,
+        optimizer_s=0.001,
+        compression_s_per_element={"birder": 2e-9, "onebit": 2e-9, "fp16": 1e-9},
+    ).to_dict()
+
+
+def record(
+    optim: str, step, *, seed: int = 0, nodes: int = 2, prof=None, evaluations: int = 10, batch=None, task=None
+) -> dict:
+    """A completed run as the runner writes it, with the keys the advisor reads."""
+    task = task or "fashion_mnist"
+    optim_cfg = {"name": optim, "lr": 0.01, **({"freeze": FREEZE} if optim == "onebit_adam" else {})}
+    reached = step is not None
+    return {
+        "status": "completed",
+        "task": task,
+        "optim": optim,
+        "cluster": {"name": "emulated", "nodes": nodes, "gpus_per_node": 2, "link_mbit": 200},
+        "world_size": 2 * nodes,
+        "batch_size": 64,
+        "global_batch_size": batch or 128 * nodes,
+        "steps": 430,
+        "planned_steps": 430,
+        "metrics": {"top1": 88.0},
+        "headline_metric": "top1",
+        "started": f"2026-01-01T10:00:{seed:02d}",
+        "profile": prof,
+        "time_to_target": {
+            "metric": "top1",
+            "target": 87.0,
+            "direction": "higher",
+            "reached": reached,
+            "step": step,
+            "seconds": step * 0.1 if reached else None,
+            "evaluations": evaluations,
+        },
+        "config": {
+            "seed": seed,
+            "nodes": nodes,
+            "data": {"source": "real", "eval_set": "test"},
+            "model": {"size": "full", "width": 512},
+            "optim": optim_cfg,
+            "cluster": {"name": "emulated", "link_mbit": 200},
+            "train": {"epochs": 2},
+            "task": {"name": task},
+        },
+    }
+
+
+def profile_run(optim: str) -> dict:
+    """A 1-node profile run: train.eval=false, no time to target."""
+    return record(optim, None, nodes=1, prof=profile(optim), evaluations=0)
+
+
+def runs(root: Path, optims=tuple(STEPS), seeds=(0, 1), profiles=tuple(STEPS), extra=()) -> Path:
+    recs = [record(o, STEPS[o], seed=s) for o in optims for s in seeds]
+    recs += [profile_run(o) for o in profiles] + list(extra)
+    return write_records(root, recs, lambda i, rec: f"{i:02d}_{rec['optim']}_n{rec['config']['nodes']}")
+
+
+def layout(link: float) -> advise.Layout:
+    cluster = yaml.safe_load((CLUSTER_DIR / "ethernet_10g.yaml").read_text())
+    return advise.Layout(
+        task="fashion_mnist",
+        nodes=2,
+        gpus_per_node=2,
+        batch_size=64,
+        global_batch=256,
+        cluster="ethernet_10g",
+        cluster_config=cluster,
+        link_mbit=link,
+    )
+
+
+def order(advice: dict) -> list[str]:
+    return [r["method"] for r in advice["ranked"]]
+
+
+def hand_time(optim: str, scheme: str, link: float, freeze: int = 0) -> float:
+    lay = layout(link)
+    warm, main, _ = arithmetic.step_times(
+        Profile.from_dict(profile(optim)), lay.spec(link), 2, 2, scheme, 64, freeze=freeze
+    )
+    return arithmetic.time_to_target(STEPS[optim], freeze, warm, main)
+
+
+def hand_crossover() -> float:
+    """Where SGDM's 100 fp32 steps take as long as Birder's 150: bisection in log link rate."""
+    lo, hi = 10.0, 1e5
+    gap = lambda x: math.log(hand_time("sgdm", "fp32", x) / hand_time("birder", "hierarchical", x))  # noqa: E731
+    assert gap(lo) > 0 > gap(hi)  # the premise: Birder faster on the slowest link, SGDM on the fastest
+    for _ in range(60):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if gap(mid) > 0 else (lo, mid)
+    return math.sqrt(lo * hi)
+
+
+# ---------------------------------------------------------------------------------------------- the arithmetic
+def test_time_to_target_prices_the_freeze_steps_at_the_warmup_step():
+    assert arithmetic.time_to_target(100, 30, 0.2, 0.05) == pytest.approx(30 * 0.2 + 70 * 0.05)
+    assert arithmetic.time_to_target(20, 30, 0.2, 0.05) == pytest.approx(20 * 0.2)  # reached inside the warmup
+    assert arithmetic.time_to_target(100, 0, 0.2, 0.05) == pytest.approx(100 * 0.05)
+
+
+def test_ranking_puts_methods_that_did_not_always_reach_after_the_others():
+    times = {"a": 3.0, "b": 1.0, "c": 2.0}
+    assert arithmetic.ranking(times) == ["b", "c", "a"]
+    assert arithmetic.ranking(times, frozenset({"b"})) == ["c", "a", "b"]
+
+
+def test_bands_and_winner_changes_on_two_crossing_lines():
+    """t_a = 10 / x^0.5 and t_b = 1: equal at x = 100, a slower below and faster above."""
+    links = [10.0, 50.0, 200.0, 1000.0]
+    times = {"a": [10 / math.sqrt(x) for x in links], "b": [1.0] * 4}
+    bands = arithmetic.ranking_bands(links, times)
+    assert [(b["from"], b["to"], b["order"]) for b in bands] == [(10, 50, ["b", "a"]), (200, 1000, ["a", "b"])]
+    [change] = arithmetic.winner_changes(links, times)
+    assert change["below"] == "b" and change["above"] == "a" and change["link"] == pytest.approx(100.0)
+
+
+# ---------------------------------------------------------------------------------------------- the advice
+@pytest.fixture
+def measured(tmp_path):
+    return load_runs(runs(tmp_path / "runs"))
+
+
+def test_the_ranking_flips_between_a_slow_and_a_fast_link(measured):
+    slow, fast = advise.advise(layout(20.0), measured), advise.advise(layout(100_000.0), measured)
+    assert order(slow)[0] == "birder" and order(fast)[0] == "sgdm"
+    assert order(slow)[-1] == "sgdm"
+    best = slow["ranked"][0]
+    assert best["slower_than_best"] == 1.0 and all(r["slower_than_best"] > 1 for r in slow["ranked"][1:])
+    assert best["steps"] == {**best["steps"], "value": 150.0, "source": "measured", "seeds": [0, 1], "reached": 2}
+    assert best["time_to_target_s"]["source"] == "predicted"
+    assert best["time_to_target_s"]["value"] == pytest.approx(hand_time("birder", "hierarchical", 20.0))
+
+
+def test_the_crossover_lies_within_one_grid_step_of_the_hand_value(measured):
+    advice = advise.advise(layout(1000.0), measured, optims=["sgdm", "birder"])
+    [change] = advice["winner_changes"]
+    assert change["below"] == "birder" and change["above"] == "sgdm"
+    step = math.log(GRID[1] / GRID[0])
+    assert abs(math.log(change["link"] / hand_crossover())) <= step
+    first, last = advice["bands"][0], advice["bands"][-1]
+    assert first["order"] == ["birder", "sgdm"] and last["order"] == ["sgdm", "birder"]
+    assert first["from"] == GRID[0] and last["to"] == GRID[-1]
+
+
+def test_onebit_adams_freeze_steps_are_priced_at_the_fp32_step(measured):
+    """At 20 Mbit/s an fp32 step costs many 1-bit steps: the 30 warmup steps are most of the time."""
+    [row] = [r for r in advise.advise(layout(20.0), measured)["ranked"] if r["optim"] == "onebit_adam"]
+    warm, main = row["warmup_step_s"]["value"], row["step_s"]["value"]
+    fp32 = arithmetic.step_times(Profile.from_dict(profile("onebit_adam")), layout(20.0).spec(20.0), 2, 2, "fp32", 64)
+    assert row["freeze"] == FREEZE and warm == pytest.approx(fp32[1]) and warm > 5 * main
+    assert row["time_to_target_s"]["value"] == pytest.approx(FREEZE * warm + (120 - FREEZE) * main)
+
+
+def test_a_method_whose_seeds_did_not_all_reach_is_ranked_after_and_says_k_of_n(tmp_path):
+    root = runs(tmp_path / "runs", extra=[record("birder", None, seed=2)])
+    advice = advise.advise(layout(20.0), load_runs(root))
+    assert order(advice)[-1] == "birder"
+    [row] = [r for r in advice["ranked"] if r["optim"] == "birder"]
+    assert (row["steps"]["reached"], row["steps"]["runs"]) == (2, 3) and row["ranked_after_reliable"]
+    assert "2 of 3 reached" in advise.format_advice(advice)
+
+
+def test_runs_at_another_global_batch_are_used_only_where_none_match_and_said(tmp_path):
+    other = [record("sgdm", 90, seed=s, batch=512) for s in (0, 1)]
+    advice = advise.advise(layout(20.0), load_runs(runs(tmp_path / "runs", optims=("birder",), extra=other)))
+    [sgdm] = [r for r in advice["ranked"] if r["optim"] == "sgdm"]
+    assert sgdm["steps"]["value"] == 90 and not sgdm["steps"]["at_your_global_batch"]
+    assert "global batch 512, not yours" in sgdm["steps_source"]
+
+
+def test_missing_inputs_are_listed_with_the_command_that_makes_them(tmp_path):
+    """AdamW has runs but no 1-node profile; SGDM (fp16) a profile but no run: neither is ranked or made up."""
+    extra = [record("adamw", 80, seed=0), profile_run("sgdm_fp16")]
+    advice = advise.advise(layout(20.0), load_runs(runs(tmp_path / "runs", extra=extra)))
+    assert set(order(advice)) == {"sgdm", "birder", "onebit_adam"}
+    missing = {c["method"]: c for c in advice["cannot_rank"]}
+    assert missing["adamw"]["reason"] == "no 1-node profile"
+    assert missing["adamw"]["command"] == (
+        "birder-repro -m task=fashion_mnist optim=adamw nodes=1 train.steps=60 train.eval=false"
+    )
+    [fp16] = [c for n, c in missing.items() if n != "adamw"]
+    assert fp16["reason"].startswith("no measured run reaching the target")
+    assert fp16["command"] == (
+        "birder-repro -m task=fashion_mnist optim=sgdm_fp16 seed=0,1 nodes=2 gpus_per_node=2 cluster=ethernet_10g"
+    )
+    text = advise.format_advice(advice)
+    assert "cannot rank adamw: no 1-node profile" in text and fp16["command"] in text
+
+
+# ---------------------------------------------------------------------------------------------- the CLI
+def cli_config(compose, root: Path, *more: str):
+    return compose(
+        [
+            "mode=advise",
+            "task=fashion_mnist",
+            "nodes=2",
+            "gpus_per_node=2",
+            "cluster=ethernet_10g",
+            "cluster.link_mbit=20",
+            f"advise.runs={root}",
+            *more,
+        ],
+        hydra_config=True,
+    )
+
+
+def test_cli_advise_prints_the_table_and_writes_the_figure_and_advice_json(compose, tmp_path, capsys):
+    from birder_repro.cli import run
+
+    root = runs(tmp_path / "measured")
+    assert run(cli_config(compose, root), tmp_path / "advice") == 0
+    out = capsys.readouterr().out
+    advice = json.loads((tmp_path / "advice" / "advice.json").read_text())
+    assert order(advice)[0] == "birder" and advice["layout"]["link_mbit"] == 20.0
+    assert (tmp_path / "advice" / "advise_fashion_mnist.png").stat().st_size > 10_000
+    assert not (tmp_path / "advice" / "record.json").exists()  # launches nothing, and is no run
+    assert "(measured, 2 of 2 reached, seeds 0,1)" in out and "s (predicted)" in out
+    assert "the winner changes at about" in out
+    assert np.isfinite(advice["ranked"][0]["time_to_target_s"]["value"])
+
+
+def test_cli_advise_exits_non_zero_with_the_command_when_nothing_can_be_ranked(compose, tmp_path, capsys):
+    from birder_repro.cli import run
+
+    root = runs(tmp_path / "measured", optims=(), profiles=("sgdm",))  # a profile, no measured steps
+    code = run(cli_config(compose, root, "advise.optims=[sgdm,birder]"), tmp_path / "advice")
+    assert code != 0
+    out = capsys.readouterr().out
+    assert "cannot rank sgdm: no measured run reaching the target" in out
+    assert "birder-repro -m task=fashion_mnist optim=birder,sgdm seed=0,1 nodes=2" in out
+    assert "birder-repro -m task=fashion_mnist optim=birder nodes=1 train.steps=60 train.eval=false" in out
+
+
+def test_cli_advise_honours_a_probed_cluster_spec_and_the_papers_profiles(compose, tmp_path, capsys):
+    """predict.cluster_spec's link (mode=probe's YAML) replaces the cluster config's, as in mode=predict; and
+    predict.profile=paper prices every method of a paper task with the paper's 1-node profile."""
+    from birder_repro.cli import run
+
+    spec = yaml.safe_load((CLUSTER_DIR / "ethernet_10g.yaml").read_text())
+    spec["link_mbit"] = 123.0
+    (tmp_path / "cluster_spec.yaml").write_text(yaml.safe_dump(spec))
+    recs = [
+        record(o, n, seed=s, task="resnet50", batch=512) for o, n in (("sgdm", 100), ("birder", 150)) for s in (0, 1)
+    ]
+    root = write_records(tmp_path / "measured", recs, lambda i, rec: f"{i:02d}_{rec['optim']}")
+    cfg = compose(
+        [
+            "mode=advise",
+            "task=resnet50",
+            "nodes=2",
+            "gpus_per_node=8",
+            "cluster=ethernet_10g",
+            f"predict.cluster_spec={tmp_path / 'cluster_spec.yaml'}",
+            "predict.profile=paper",
+            f"advise.runs={root}",
+        ],
+        hydra_config=True,
+    )
+    assert run(cfg, tmp_path / "advice") == 0
+    advice = json.loads((tmp_path / "advice" / "advice.json").read_text())
+    assert advice["layout"]["link_mbit"] == 123.0
+    assert {r["optim"] for r in advice["ranked"]} == {"sgdm", "birder"}
+    assert all(r["profile"]["name"].startswith("paper") for r in advice["ranked"]), advice["ranked"]
+    assert not advice["cannot_rank"]
