@@ -359,3 +359,23 @@ def test_a_candidate_is_chosen_over_its_seeds_and_a_choice_at_the_grids_edge_is_
     # not among the best two
     assert tuning.rerun_overrides(rows) == []
     assert tuning.rerun_overrides(rows, best=3) == ["optim=sgdm optim.lr=0.0005 seed=1,2"]
+
+
+def test_powersgd_trials_are_priced_at_their_rank_with_the_steps_before_start_iter_at_fp32():
+    """PowerSGD's rank and start step are tuned: its step's bytes grow with the rank and its first
+    ``start_iter`` steps all-reduce fp32, so the score must see both (a rank-4 trial priced at rank 1 was the
+    bug)."""
+    prof = Profile.from_dict({**profile("sgdm_powersgd"), "compression_s_per_element": {"powersgd": 1e-9}})
+
+    def trial(rank: int, start: int) -> dict:
+        extra = {"comm": {"rank": rank, "start_iter": start}}
+        return record("sgdm_powersgd", lr=0.025, step=200, eval_set="val", link=None, stop=True, extra_optim=extra)
+
+    low, high = crossover.StepModel(trial(1, 40), prof), crossover.StepModel(trial(4, 40), prof)
+    assert (low.rank, high.rank) == (1, 4) and low.freeze == 40
+    fp32 = crossover.StepModel(record("sgdm", lr=0.025, step=200), prof).step_s(200.0)[1]
+    warm, main_low, _ = low.step_s(200.0)
+    assert warm == pytest.approx(fp32) and main_low < warm
+    assert high.step_s(200.0)[1] > main_low  # 4 x the factors' bytes
+    assert low.time_to_target(200, 200.0) == pytest.approx(40 * fp32 + 160 * main_low)
+    assert crossover.StepModel(trial(1, 1), prof).freeze == 2  # as the hook reads start_iter (at least 2)

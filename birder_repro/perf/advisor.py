@@ -98,11 +98,23 @@ def one_node_profiles(run_dirs) -> dict[tuple, Any]:
 
 
 def freeze_step(cfg: dict, planned_steps: int) -> int:
-    """1-bit Adam's freeze step (``optim.freeze``, read as the optimizer reads it); 0 for other optimizers."""
+    """The steps a method runs the fp32 exchange before its own: 1-bit Adam's freeze step (``optim.freeze``),
+    PowerSGD's start iteration (``optim.comm.start_iter``, at least 2 as its hook reads it:
+    birder_repro.comm.powersgd.start_iter_from_config); 0 for other optimizers."""
     from birder_repro.schedule import steps_of
 
-    freeze = (cfg.get("optim") or {}).get("freeze")
-    return 0 if freeze is None else steps_of(float(freeze), planned_steps, "optim.freeze")
+    optim = cfg.get("optim") or {}
+    freeze, start = optim.get("freeze"), (optim.get("comm") or {}).get("start_iter")
+    if freeze is not None:
+        return steps_of(float(freeze), planned_steps, "optim.freeze")
+    if start is not None:
+        return max(2, steps_of(float(start), planned_steps, "optim.comm.start_iter"))
+    return 0
+
+
+def comm_rank(cfg: dict) -> int:
+    """PowerSGD's rank (``optim.comm.rank``), which sets its bytes and its compression work; 1 elsewhere."""
+    return int(((cfg.get("optim") or {}).get("comm") or {}).get("rank") or 1)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -293,7 +305,7 @@ def _method_inputs(steps: MeasuredSteps) -> dict[str, Any]:
         "scheme": scheme_for_optim(steps.optim, comm.get("scheme"), str(cfg.get("parallel") or "ddp")),
         "freeze": freeze_step(cfg, planned),
         "local_steps": int(optim.get("local_steps") or 1),
-        "rank": int(comm.get("rank") or 1),
+        "rank": comm_rank(cfg),
     }
 
 

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from birder_repro.perf.advise import LINK_GRID
-from birder_repro.perf.advisor import freeze_step, one_node_profiles
+from birder_repro.perf.advisor import comm_rank, freeze_step, one_node_profiles
 from birder_repro.perf.advisor import profile_key as _profile_key
 
 from .cells import fill_keys
@@ -114,6 +114,7 @@ class StepModel:
         self.batch = int(rec["batch_size"])
         self.freeze = freeze_step(cfg, int(rec.get("planned_steps") or rec["steps"]))
         self.local_steps = int((cfg.get("optim") or {}).get("local_steps") or 1)  # DiLoCo's H
+        self.rank = comm_rank(cfg)  # PowerSGD's: its bytes and work (tuned, so it must be priced)
         self.cluster = (rec.get("cluster") or {}).get("name")
 
     def _spec(self, link: float | None):
@@ -134,6 +135,7 @@ class StepModel:
             self.batch,
             freeze=self.freeze,
             local_steps=self.local_steps,
+            rank=self.rank,
         )
 
     def time_to_target(self, steps: float, link: float | None) -> float:
