@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import crossover, documents, figures, ladder, paper, tables, tuning
+from . import crossover, documents, figures, ladder, model_error, paper, tables, tuning
 from . import target as time_to_target
 from .cells import select_runs
 from .display import to_latex
@@ -121,6 +121,11 @@ def write_overview(
         _write(out / "crossover.md", crossover.crossover_markdown(points, per_run), written)
         _write(out / "crossover.csv", crossover.csv_text(points), written)
         written += figure_files(lambda d: crossover.crossover_figures(points, d), figures_dir)
+    errors = model_error.model_error_rows(frame)  # the model against every multi-node run it can predict
+    if not errors.empty:
+        summary = model_error.model_error_summary(errors)
+        _write(out / "model_error.md", model_error.model_error_markdown(errors, summary), written)
+        _write(out / "model_error.csv", model_error.csv_text(errors), written)
     paper_rows = paper.load_paper_tables(Path(paper_dir) if paper_dir else None)
     _write(out / "paper_comparison.md", paper.comparison_markdown(cells, paper_rows), written)
     joined = paper.comparison_frame(cells, paper_rows)
