@@ -106,7 +106,10 @@ def test_a_bad_ladder_is_one_error_naming_the_key():
         layout.validate(cfg, cli.reference_configs(cfg))
 
 
-def test_the_ladder_is_not_part_of_a_cell():
+def test_the_ladder_and_mode_advise_settings_are_not_part_of_a_measured_cell():
+    """Neither changes what a run trains: runs before and after a config tree that gained them are one cell
+    (tuning trials of one sweep were split in two when conf/config.yaml gained `advise:`)."""
     from birder_repro.report.identity import is_ignored
 
     assert is_ignored("task.target.ladder") and not is_ignored("task.target.value")
+    assert is_ignored("advise.runs") and not is_ignored("advise.runs", source="predicted")

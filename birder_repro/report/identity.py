@@ -43,6 +43,7 @@ IGNORED_KEYS: dict[str, str] = {
 # experiment file such as table1.yaml sets predict.implementation for its predictions).
 MEASURED_ONLY_KEYS: dict[str, str] = {
     "predict": "mode=predict's settings: a measured run never reads them",
+    "advise": "mode=advise's settings: a measured run never reads them",
     "cluster.perf": "the performance model's account of the links (mode=predict, refitted by mode=probe); a "
     "measured run's network is the cluster's name, interconnect, link_mbit and latency, which stay",
 }
