@@ -301,3 +301,20 @@ def test_cli_advise_honours_a_probed_cluster_spec_and_the_papers_profiles(compos
     assert {r["optim"] for r in advice["ranked"]} == {"sgdm", "birder"}
     assert all(r["profile"]["name"].startswith("paper") for r in advice["ranked"]), advice["ranked"]
     assert not advice["cannot_rank"]
+
+
+def test_runs_on_the_users_layout_are_preferred_to_the_same_global_batch_elsewhere(tmp_path):
+    """4 x 1 runs have the 2 x 2 user's global batch (256) but other workers: used only where no 2 x 2 run is."""
+
+    def four_by_one(optim: str, step: int, seed: int) -> dict:
+        rec = record(optim, step, seed=seed, nodes=4, batch=256)
+        rec["cluster"]["gpus_per_node"], rec["world_size"] = 1, 4
+        return rec
+
+    extra = [four_by_one("sgdm", 90, s) for s in (5, 6)] + [four_by_one("adamw", 95, 0), profile_run("adamw")]
+    advice = advise.advise(layout(20.0), load_runs(runs(tmp_path / "runs", extra=extra)))
+    [sgdm] = [r for r in advice["ranked"] if r["optim"] == "sgdm"]
+    [adamw] = [r for r in advice["ranked"] if r["optim"] == "adamw"]
+    assert sgdm["steps"]["value"] != 90 and sgdm["steps"]["on_your_layout"]  # the 2 x 2 runs only
+    assert adamw["steps"]["value"] == 95 and not adamw["steps"]["on_your_layout"]
+    assert "your global batch on another layout" in adamw["steps_source"]

@@ -137,6 +137,7 @@ class MeasuredSteps:
     run_dirs: list[str]
     global_batches: list[int]
     same_batch: bool  # the runs used are at the user's global batch
+    same_layout: bool = False  # and on the user's nodes x GPUs per node
 
     @property
     def every_run_reached(self) -> bool:
@@ -145,6 +146,8 @@ class MeasuredSteps:
     def source(self) -> str:
         where = os.path.commonpath(self.run_dirs) if self.run_dirs else "?"
         batch = "" if self.same_batch else f"; global batch {'/'.join(map(str, self.global_batches))}, not yours"
+        if self.same_batch and not self.same_layout:
+            batch = "; your global batch on another layout"
         seeds = ",".join(map(str, self.seeds))
         return f"measured: {self.reached} of {self.runs} reached, seeds {seeds}, under {where}{batch}"
 
@@ -183,21 +186,31 @@ def load_runs(root: Path) -> list[tuple[Path, dict[str, Any]]]:
     return [(d, rec) for d, rec in found if rec]
 
 
-def measured_steps(runs: Sequence[tuple[Path, dict]], task: str, global_batch: int) -> list[MeasuredSteps]:
-    """Per optimizer setting of ``task``, its steps to the target from the runs at ``global_batch`` (those at
-    other global batches where it has none)."""
+def measured_steps(
+    runs: Sequence[tuple[Path, dict]], task: str, global_batch: int, layout: tuple[int, int] | None = None
+) -> list[MeasuredSteps]:
+    """Per optimizer setting of ``task``, its steps to the target from the runs on ``layout`` (nodes, GPUs per
+    node) at ``global_batch``, else from those at ``global_batch`` on any layout, else from all: Birder's and
+    1-bit Adam's error feedback and DiLoCo's workers depend on the layout, not only on the batch."""
     groups: dict[str, list[tuple[Path, dict]]] = {}
     for run_dir, rec in runs:
         if _scored_on_target(rec, task):
             key = json.dumps(_setting(rec.get("config") or {}), sort_keys=True, default=str)
             groups.setdefault(key, []).append((run_dir, rec))
-    return _distinct_labels([_steps_of(rows, global_batch) for _, rows in sorted(groups.items())])
+    return _distinct_labels([_steps_of(rows, global_batch, layout) for _, rows in sorted(groups.items())])
 
 
-def _steps_of(rows: list[tuple[Path, dict]], global_batch: int) -> MeasuredSteps:
-    """One setting's runs: those at ``global_batch`` where any, else all; the mean step over those that reached."""
+def _on_layout(rec: dict, layout: tuple[int, int] | None) -> bool:
+    cluster = rec.get("cluster") or {}
+    return layout is not None and (cluster.get("nodes"), cluster.get("gpus_per_node")) == tuple(layout)
+
+
+def _steps_of(rows: list[tuple[Path, dict]], global_batch: int, layout: tuple[int, int] | None) -> MeasuredSteps:
+    """One setting's runs: those on ``layout`` at ``global_batch`` where any, else those at ``global_batch``,
+    else all; the mean step over those that reached."""
     same = [(d, r) for d, r in rows if r.get("global_batch_size") == global_batch]
-    used = same or rows
+    here = [(d, r) for d, r in same if _on_layout(r, layout)]
+    used = here or same or rows
     hit = [r["time_to_target"]["step"] for _, r in used if r["time_to_target"].get("reached")]
     first = used[0][1]
     cfg = first.get("config") or {}
@@ -216,6 +229,7 @@ def _steps_of(rows: list[tuple[Path, dict]], global_batch: int) -> MeasuredSteps
         run_dirs=sorted(str(d) for d, _ in used),
         global_batches=sorted({int(r["global_batch_size"]) for _, r in used if r.get("global_batch_size")}),
         same_batch=bool(same),
+        same_layout=bool(here),
     )
 
 
@@ -346,7 +360,7 @@ def advise(
     """The advice as a JSON-ready dict: ``ranked`` (fastest first at the user's link), ``cannot_rank`` with the
     commands that would make them rankable, the ranking's ``bands`` and ``winner_changes`` over ``lay.links``,
     and each ranked method's predicted times over them (``curves``)."""
-    found = [m for m in measured_steps(runs, lay.task, lay.global_batch) if optims is None or m.optim in optims]
+    found = [m for m in measured_steps(runs, lay.task, lay.global_batch, (lay.nodes, lay.gpus_per_node)) if optims is None or m.optim in optims]
     profiles = one_node_profiles([d for d, _ in runs]) if given_profile is None else {}
     ranked, missing_steps, missing_profile = [], [], []
     for m in found:
@@ -403,6 +417,7 @@ def _ranked_row(rank: int, m: MeasuredSteps, profile, priced: dict, best: float,
             "run_dirs": m.run_dirs,
             "global_batches": m.global_batches,
             "at_your_global_batch": m.same_batch,
+            "on_your_layout": m.same_layout,
         },
         "profile": {"name": profile.name, "device": profile.device, "batch_size": profile.batch_size},
         "warmup_step_s": {"value": priced["warmup_step_s"], "source": "predicted"},
