@@ -44,7 +44,7 @@ def record(
 ) -> dict:
     """A completed run as the runner writes it, with the keys the advisor reads."""
     task = task or "fashion_mnist"
-    optim_cfg = {"name": optim, "lr": 0.01, **({"freeze": FREEZE} if optim == "onebit_adam" else {})}
+    optim_cfg = {"name": optim, "lr": 0.01, "seed": seed, **({"freeze": FREEZE} if optim == "onebit_adam" else {})}
     reached = step is not None
     return {
         "status": "completed",

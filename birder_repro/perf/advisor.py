@@ -154,10 +154,12 @@ class MeasuredSteps:
 
 def _setting(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """What changes the steps a method takes: its optimizer, model, schedule and run length (not the layout or
-    the link, nor whether the run stopped at its target)."""
+    the link, nor whether the run stopped at its target, nor the seed)."""
     train = cfg.get("train") or {}
+    # optim.seed is the run's seed again (the quantizer's draws, ${seed}): seeds are one setting's runs
+    optim = {k: v for k, v in (cfg.get("optim") or {}).items() if k != "seed"}
     return {
-        "optim": cfg.get("optim") or {},
+        "optim": optim,
         "model": cfg.get("model") or {},
         "schedule": train.get("schedule"),
         "steps": train.get("steps"),
