@@ -362,7 +362,8 @@ def advise(
     """The advice as a JSON-ready dict: ``ranked`` (fastest first at the user's link), ``cannot_rank`` with the
     commands that would make them rankable, the ranking's ``bands`` and ``winner_changes`` over ``lay.links``,
     and each ranked method's predicted times over them (``curves``)."""
-    found = [m for m in measured_steps(runs, lay.task, lay.global_batch, (lay.nodes, lay.gpus_per_node)) if optims is None or m.optim in optims]
+    found = measured_steps(runs, lay.task, lay.global_batch, (lay.nodes, lay.gpus_per_node))
+    found = [m for m in found if optims is None or m.optim in optims]
     profiles = one_node_profiles([d for d, _ in runs]) if given_profile is None else {}
     ranked, missing_steps, missing_profile = [], [], []
     for m in found:
