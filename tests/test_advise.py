@@ -214,8 +214,9 @@ def test_missing_inputs_are_listed_with_the_command_that_makes_them(tmp_path):
     assert set(order(advice)) == {"sgdm", "birder", "onebit_adam"}
     missing = {c["method"]: c for c in advice["cannot_rank"]}
     assert missing["adamw"]["reason"] == "no 1-node profile"
-    assert missing["adamw"]["command"] == (
-        "birder-repro -m task=fashion_mnist optim=adamw nodes=1 train.steps=60 train.eval=false"
+    assert missing["adamw"]["command"] == (  # the measured runs' model, the user's batch and cluster
+        "birder-repro -m task=fashion_mnist optim=adamw model.size=full model.width=512 nodes=1 gpus_per_node=2 "
+        "cluster=ethernet_10g train.batch_size=64 train.steps=60 train.eval=false"
     )
     [fp16] = [c for n, c in missing.items() if n != "adamw"]
     assert fp16["reason"].startswith("no measured run reaching the target")
@@ -267,7 +268,7 @@ def test_cli_advise_exits_non_zero_with_the_command_when_nothing_can_be_ranked(c
     out = capsys.readouterr().out
     assert "cannot rank sgdm: no measured run reaching the target" in out
     assert "birder-repro -m task=fashion_mnist optim=birder,sgdm seed=0,1 nodes=2" in out
-    assert "birder-repro -m task=fashion_mnist optim=birder nodes=1 train.steps=60 train.eval=false" in out
+    assert "birder-repro -m task=fashion_mnist optim=birder nodes=1 gpus_per_node=2 cluster=ethernet_10g" in out
 
 
 def test_cli_advise_honours_a_probed_cluster_spec_and_the_papers_profiles(compose, tmp_path, capsys):

@@ -394,7 +394,7 @@ def advise(
             _ranked_row(i + 1, by_label[label], profile_of[label], here[label], best, label in after)
             for i, label in enumerate(order)
         ],
-        "cannot_rank": _cannot_rank(lay, missing_steps, missing_profile),
+        "cannot_rank": _cannot_rank(lay, missing_steps, missing_profile, _model_args(found)),
         "links": list(lay.links),
         "curves": curves,
         "bands": ranking_bands(lay.links, curves, after),
@@ -432,17 +432,27 @@ def _ranked_row(rank: int, m: MeasuredSteps, profile, priced: dict, best: float,
     }
 
 
-def _cannot_rank(lay: Layout, missing_steps: list, missing_profile: list) -> list[dict[str, Any]]:
+def _model_args(found: Sequence[MeasuredSteps]) -> str:
+    """The measured runs' model as overrides (``model.width=512 ...``): a profile of another model would not be
+    the profile of their setting (profile_key)."""
+    model = next((m.setting.get("model") for m in found if m.setting.get("model")), None) or {}
+    return " ".join(f"model.{k}={'null' if v is None else v}" for k, v in sorted(_flat(model).items()) if k)
+
+
+def _cannot_rank(lay: Layout, missing_steps: list, missing_profile: list, model_args: str = "") -> list[dict[str, Any]]:
     """The methods that cannot be ranked (``(label, optim, reason)`` each), why, and the one command per missing
     input that measures it for all of them: seeds at the user's layout (so at its global batch), or a short
-    1-node run that writes a profile and evaluates nothing."""
+    1-node run of the measured runs' model, batch and cluster that writes a profile and evaluates nothing."""
     steps_cmd = _command(
         lay.task,
         [optim for _, optim, _ in missing_steps],
         f"seed=0,1 nodes={lay.nodes} gpus_per_node={lay.gpus_per_node} cluster={lay.cluster}",
     )
     profile_cmd = _command(
-        lay.task, [optim for _, optim, _ in missing_profile], f"nodes=1 train.steps={PROFILE_STEPS} train.eval=false"
+        lay.task,
+        [optim for _, optim, _ in missing_profile],
+        f"{model_args} nodes=1 gpus_per_node={lay.gpus_per_node} cluster={lay.cluster} "
+        f"train.batch_size={lay.batch_size} train.steps={PROFILE_STEPS} train.eval=false".lstrip(),
     )
     return [{"method": label, "reason": why, "command": steps_cmd} for label, _, why in missing_steps] + [
         {"method": label, "reason": why, "command": profile_cmd} for label, _, why in missing_profile
