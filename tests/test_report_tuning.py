@@ -379,3 +379,8 @@ def test_powersgd_trials_are_priced_at_their_rank_with_the_steps_before_start_it
     assert high.step_s(200.0)[1] > main_low  # 4 x the factors' bytes
     assert low.time_to_target(200, 200.0) == pytest.approx(40 * fp32 + 160 * main_low)
     assert crossover.StepModel(trial(1, 1), prof).freeze == 2  # as the hook reads start_iter (at least 2)
+
+
+def test_the_two_level_all_reduce_is_a_baseline_of_the_crossover_not_a_compressed_method():
+    assert {"sgdm_2level", "sgdm_bf16_2level", "sgdm_fp16", "sgdm"} <= set(crossover.BASELINES)
+    assert not {"birder", "diloco", "sgdm_powersgd", "onebit_adam"} & set(crossover.BASELINES)
