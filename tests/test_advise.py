@@ -319,3 +319,12 @@ def test_runs_on_the_users_layout_are_preferred_to_the_same_global_batch_elsewhe
     assert sgdm["steps"]["value"] != 90 and sgdm["steps"]["on_your_layout"]  # the 2 x 2 runs only
     assert adamw["steps"]["value"] == 95 and not adamw["steps"]["on_your_layout"]
     assert "your global batch on another layout" in adamw["steps_source"]
+
+
+def test_with_nothing_of_the_task_measured_it_names_the_field_and_the_commands(tmp_path):
+    """A user's first call, before any run: the field is listed as not rankable, with the runs to make."""
+    advice = advise.advise(layout(20.0), load_runs(runs(tmp_path / "runs", optims=(), profiles=())))
+    assert not advice["ranked"]
+    named = {c["method"] for c in advice["cannot_rank"]}
+    assert set(advise.FIELD) <= named
+    assert any("seed=0,1 nodes=2 gpus_per_node=2" in c["command"] for c in advice["cannot_rank"])

@@ -46,6 +46,8 @@ __all__ = [
 ]
 
 ADVICE_FILE = "advice.json"
+# The methods advised on where the runs hold none of the task and advise.optims is null (docs/time-to-accuracy.md)
+FIELD = ("sgdm", "adamw", "sgdm_fp16", "sgdm_bf16_2level", "sgdm_powersgd", "diloco", "onebit_adam", "birder")
 PROFILE_STEPS = 60  # steps of the 1-node profile run the advice asks for (train.eval=false: no evaluation)
 
 
@@ -375,7 +377,9 @@ def advise(
         if m.steps is not None and profile is not None:
             ranked.append((m, profile))
     profiled = {k[1] for k in profiles if k[0] == lay.task}
-    for name in sorted((set(optims) if optims is not None else profiled) - {m.optim for m in found}):
+    # with nothing of the task measured and no methods named, the field a user would compare: what to run
+    candidates = set(optims) if optims is not None else (profiled or (set() if found else set(FIELD)))
+    for name in sorted(candidates - {m.optim for m in found}):
         missing_steps.append((optim_label(name), name, "no measured run reaching the target (none ran)"))
         if given_profile is None and name not in profiled:
             missing_profile.append((optim_label(name), name, "no 1-node profile"))
