@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import yaml
 from conftest import write_records
+from test_report_tuning import profile  # the same made-up 1-node profile of the MLP
 
 from birder_repro.perf import advise as arithmetic
 from birder_repro.perf import advisor as advise
@@ -24,19 +25,6 @@ from birder_repro.perf.profile import Profile
 
 STEPS = {"sgdm": 100, "birder": 150, "onebit_adam": 120}
 FREEZE = 30
-
-
-def profile(name: str) -> dict:
-    return Profile(
-        name=f"1-node {name}",
-        device="cpu",
-        task="fashion_mnist",
-        batch_size=64,
-        forward_backward_s=0.012,
-        parameter_count=670_730,
-        optimizer_s=0.001,
-        compression_s_per_element={"birder": 2e-9, "onebit": 2e-9, "fp16": 1e-9},
-    ).to_dict()
 
 
 def record(
