@@ -316,3 +316,24 @@ def test_with_nothing_of_the_task_measured_it_names_the_field_and_the_commands(t
     named = {c["method"] for c in advice["cannot_rank"]}
     assert set(advise.FIELD) <= named
     assert any("seed=0,1 nodes=2 gpus_per_node=2" in c["command"] for c in advice["cannot_rank"])
+
+
+def test_the_figure_tells_eleven_methods_apart(tmp_path, monkeypatch):
+    """The field has eleven methods and matplotlib ten colours: no two lines may share colour and style."""
+    import matplotlib.pyplot as plt
+
+    kept = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: kept.append(fig))
+    methods = [f"m{i}" for i in range(11)]
+    ranked = [{"method": m, "ranked_after_reliable": False, "steps": {"reached": 2, "runs": 2}} for m in methods]
+    advice = {
+        "ranked": ranked,
+        "links": [10.0, 100.0],
+        "curves": {m: [10.0 + i, 5.0 + i] for i, m in enumerate(methods)},
+        "layout": {"link_mbit": 50.0, "nodes": 2, "gpus_per_node": 2},
+        "task": "fashion_mnist",
+        "target": "top1 >= 87",
+    }
+    advise.advice_figure(advice, tmp_path / "advice.png")
+    lines = [ln for ln in kept[0].axes[0].get_lines() if ln.get_label() in methods]
+    assert len({(ln.get_color(), ln.get_linestyle()) for ln in lines}) == 11

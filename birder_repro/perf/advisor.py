@@ -556,11 +556,18 @@ def advice_figure(advice: Mapping[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for r in advice["ranked"]:
+    for i, r in enumerate(advice["ranked"]):
         after = r["ranked_after_reliable"]  # dashed: not every run reached the target
         label = r["method"] + (f" ({r['steps']['reached']} of {r['steps']['runs']} reached)" if after else "")
+        # ten colours; past ten methods the line style tells them apart (the field has eleven)
+        style = "--" if after else ("-" if i < 10 else "-.")
         ax.plot(
-            advice["links"], advice["curves"][r["method"]], label=label, linewidth=1.4, linestyle="--" if after else "-"
+            advice["links"],
+            advice["curves"][r["method"]],
+            label=label,
+            linewidth=1.4,
+            color=f"C{i % 10}",
+            linestyle=style,
         )
     link = advice["layout"]["link_mbit"]
     ax.axvline(link, color="0.3", linewidth=0.9, linestyle=":")
