@@ -50,6 +50,8 @@ def check_target(cfg: Any) -> None:
 
 
 def check_parallel(cfg: Any) -> None:
+    if cfg.get("parallel", "ddp") == "ddp":  # nothing to check (the owner returns at once): no torch import
+        return
     from birder_repro.optim import get_optim_info
     from birder_repro.train.parallel import check_parallel as owner
 

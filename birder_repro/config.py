@@ -98,6 +98,10 @@ def data_workers(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> int:
 
 
 def _cuda_count() -> int:
+    from birder_repro import cuda_env
+
+    if cuda_env.no_gpu_here():  # a CPU machine: 0, without importing torch (cuda_env.no_gpu_here)
+        return 0
     import torch  # imported here: composing and validating a config should not need torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -150,9 +154,9 @@ def resolve_device(
     ``CUDA_VISIBLE_DEVICES``) is an error too, naming the cause and the fix (:mod:`birder_repro.cuda_env`):
     ``device=cpu`` given explicitly still runs there. ``why_no_cuda`` is that diagnosis; by default this
     machine's where the GPUs are counted here, none where ``gpu_count`` is handed in (tests)."""
-    gpus = _cuda_count() if gpu_count is None else gpu_count
-    if cfg.device == "cpu":
+    if cfg.device == "cpu":  # asked for: the GPUs need not be counted
         return "cpu"
+    gpus = _cuda_count() if gpu_count is None else gpu_count
     if gpus == 0:
         if why_no_cuda is None and gpu_count is None:
             from birder_repro import cuda_env

@@ -1,28 +1,75 @@
 """Tasks by name: ``task=<name>`` selects one; each lives in its own module of the same shape (tasks/base.py).
 
-:data:`TASKS` is the whole registry, written out: a task module registers nothing when it is imported.
+:data:`TASKS` is the whole registry, written out: a task module registers nothing when it is imported. Each entry
+also says what the CLI checks before it launches anything (the metrics a target may name, whether the task looks
+for a real dataset), so that those checks import no task module, nor torch: a config error, a dry run or a
+launch costs the CLI no torch import (tests/test_tasks_registry.py holds every entry to its class).
 """
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from birder_repro.tasks.base import DatasetNotFound, Task, TaskData
+if TYPE_CHECKING:  # imported on first use (__getattr__ below): tasks.base imports torch
+    from birder_repro.tasks.base import Task, TaskData
 
-__all__ = ["Task", "TaskData", "DatasetNotFound", "UnknownTask", "TASKS", "get_task", "list_tasks", "check_data"]
+__all__ = [
+    "Task",
+    "TaskData",
+    "DatasetNotFound",
+    "UnknownTask",
+    "TaskEntry",
+    "TASKS",
+    "get_task",
+    "list_tasks",
+    "declared_metrics_of",
+    "check_data",
+]
 
-# name -> (module under birder_repro.tasks, its Task class). Modules are imported on demand, so that a task's
-# heavy imports (transformers for the BERT tasks) are paid only by runs of that task.
-TASKS: dict[str, tuple[str, str]] = {
-    "resnet20": ("resnet20", "ResNet20Task"),
-    "resnet50": ("resnet50", "ResNet50Task"),
-    "digits": ("digits", "DigitsTask"),
-    "fashion_mnist": ("fashion_mnist", "FashionMNISTTask"),
-    "bert_squad": ("bert_squad", "BertSquadTask"),
-    "bert_pretrain": ("bert_pretrain", "BertPretrainTask"),
-    "lstm_ptb": ("lstm_ptb", "LSTMPTBTask"),
-    "vit": ("vit", "ViTTask"),
+
+@dataclass(frozen=True)
+class TaskEntry:
+    """One task of the registry: where its class is, and what the CLI's checks need to know of it."""
+
+    module: str  # the module under birder_repro.tasks
+    cls: str  # its Task class
+    metrics: tuple[str, ...]  # the class's declared metrics, headline first (schema.declared_metrics)
+    checks_data: bool  # whether the class looks for a real dataset (overrides Task.check_data)
+
+
+# Modules are imported on demand, so that a task's heavy imports (torchvision, transformers) are paid only by
+# the workers of a run of that task.
+TASKS: dict[str, TaskEntry] = {
+    "resnet20": TaskEntry("resnet20", "ResNet20Task", ("top1", "top5"), checks_data=True),
+    "resnet50": TaskEntry("resnet50", "ResNet50Task", ("top1", "top5"), checks_data=True),
+    "digits": TaskEntry("digits", "DigitsTask", ("top1",), checks_data=False),
+    "fashion_mnist": TaskEntry("fashion_mnist", "FashionMNISTTask", ("top1",), checks_data=True),
+    "bert_squad": TaskEntry("bert_squad", "BertSquadTask", ("f1", "exact_match"), checks_data=True),
+    "bert_pretrain": TaskEntry(
+        "bert_pretrain", "BertPretrainTask", ("mlm_accuracy", "mlm_loss", "nsp_accuracy"), checks_data=True
+    ),
+    "lstm_ptb": TaskEntry("lstm_ptb", "LSTMPTBTask", ("perplexity", "val_perplexity"), checks_data=True),
+    "vit": TaskEntry("vit", "ViTTask", ("top1", "top5"), checks_data=True),
 }
+
+
+class DatasetNotFound(FileNotFoundError):
+    """A real dataset is missing: the message names the path and the setting to change."""
+
+    def __init__(self, what: str, path: str, hint: str = ""):
+        msg = (
+            f"{what} not found at {path!r}. Point data.root=<dir> at a copy"
+            f"{' (' + hint + ')' if hint else ''}, or run on synthetic data with data.source=synthetic."
+        )
+        super().__init__(msg)
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Task", "TaskData"):
+        return getattr(importlib.import_module("birder_repro.tasks.base"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class UnknownTask(ValueError):
@@ -37,12 +84,19 @@ def get_task(name: str) -> Task:
     """A new instance of the task called ``name``."""
     if name not in TASKS:
         raise UnknownTask(f"task={name!r} is not a task; the tasks: {', '.join(list_tasks())}")
-    module, cls = TASKS[name]
-    return getattr(importlib.import_module(f"birder_repro.tasks.{module}"), cls)()
+    entry = TASKS[name]
+    return getattr(importlib.import_module(f"birder_repro.tasks.{entry.module}"), entry.cls)()
+
+
+def declared_metrics_of(name: str) -> tuple[str, ...]:
+    """The metrics task ``name`` declares, headline first, read from the registry (no task module imported)."""
+    if name not in TASKS:
+        raise UnknownTask(f"task={name!r} is not a task; the tasks: {', '.join(list_tasks())}")
+    return TASKS[name].metrics
 
 
 def check_data(cfg) -> None:
     """Raise :class:`DatasetNotFound` when the run reads a real dataset that is not there (synthetic data is
-    made, never missing)."""
-    if cfg.data.get("source") == "real":
+    made, never missing). A task without a data check (:attr:`TaskEntry.checks_data`) is not imported."""
+    if cfg.data.get("source") == "real" and TASKS[cfg.task.name].checks_data:
         get_task(cfg.task.name).check_data(cfg)

@@ -31,17 +31,6 @@ class TaskData:
     sampler: Any = None  # the train sampler, for set_epoch
 
 
-class DatasetNotFound(FileNotFoundError):
-    """A real dataset is missing: the message names the path and the setting to change."""
-
-    def __init__(self, what: str, path: str, hint: str = ""):
-        msg = (
-            f"{what} not found at {path!r}. Point data.root=<dir> at a copy"
-            f"{' (' + hint + ')' if hint else ''}, or run on synthetic data with data.source=synthetic."
-        )
-        super().__init__(msg)
-
-
 def small_eval_note(keys: str) -> str:
     """What every synthetic data line says of its evaluation set: small by default, unlike the real one's."""
     return f"small evaluation set by default: {keys}; the real dataset's is evaluated in full"

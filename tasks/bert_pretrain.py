@@ -54,7 +54,8 @@ from torch.utils.data import DataLoader, Dataset
 from transformers import BertForMaskedLM, BertForPreTraining
 
 from birder_repro import config as layout
-from birder_repro.tasks.base import DatasetNotFound, Task, TaskData, small_eval_note
+from birder_repro.tasks import DatasetNotFound
+from birder_repro.tasks.base import Task, TaskData, small_eval_note
 from birder_repro.tasks.bert_common import (
     SYNTHETIC_SPECIALS,
     SpecialIds,

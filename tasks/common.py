@@ -20,7 +20,8 @@ from torch.utils.data.distributed import DistributedSampler
 from torchvision import datasets, transforms
 
 from birder_repro import config as layout
-from birder_repro.tasks.base import DatasetNotFound, Task, TaskData, small_eval_note
+from birder_repro.tasks import DatasetNotFound
+from birder_repro.tasks.base import Task, TaskData, small_eval_note
 
 __all__ = [
     "pick_size",

@@ -40,7 +40,8 @@ from torch import nn
 from torch.utils.data import TensorDataset
 from torchvision.datasets.mnist import read_image_file, read_label_file
 
-from birder_repro.tasks.base import DatasetNotFound, TaskData
+from birder_repro.tasks import DatasetNotFound
+from birder_repro.tasks.base import TaskData
 from birder_repro.tasks.common import (
     ClassificationTask,
     build_by_source,

@@ -51,7 +51,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from birder_repro.tasks.base import DatasetNotFound, Task, TaskData, small_eval_note
+from birder_repro.tasks import DatasetNotFound
+from birder_repro.tasks.base import Task, TaskData, small_eval_note
 from birder_repro.tasks.common import build_by_source, pick_size
 
 EOS = "<eos>"

@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision import datasets, transforms
 
-from birder_repro.tasks.base import DatasetNotFound, TaskData
+from birder_repro.tasks import DatasetNotFound
+from birder_repro.tasks.base import TaskData
 from birder_repro.tasks.common import (
     ClassificationTask,
     build_by_source,

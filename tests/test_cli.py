@@ -49,6 +49,36 @@ def run_dirs(runs: Path) -> list[Path]:
     return sorted(p.parent for p in runs.rglob("config.yaml") if p.parent.name != ".hydra")
 
 
+# The CLI launches; only its workers need torch. Where the machine has no GPU to count, checking a config,
+# a dry run and a config error import no torch (about 3 s of every launch and every node's CLI otherwise).
+# (What still does: the dataset check of a task that has one, with data.source=real, imports the task's module;
+# parallel=fsdp's check imports the FSDP code.)
+NO_TORCH = """
+import atexit, runpy, sys
+atexit.register(lambda: print("torch imported" if "torch" in sys.modules else "no torch", file=sys.stderr))
+sys.argv = ["birder-repro", *sys.argv[1:]]
+runpy.run_module("birder_repro.cli", run_name="__main__")
+"""
+
+
+@pytest.mark.skipif(
+    not __import__("birder_repro.cuda_env", fromlist=["x"]).no_gpu_here(),
+    reason="a machine with a GPU imports torch to count it",
+)
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["task=digits", "optim=birder", "nodes=2", "dry_run=true"],  # a real dataset's check, the target's
+        ["task=resnet50", "optim=onebit_adam", "data.source=synthetic", "launcher=torchrun", "dry_run=true"],
+        ["task=fashion_mnist", "data.source=synthetic", "optim=diloco", "nodes=2", "dry_run=true"],
+        ["optim.lr=abc"],  # a config error
+    ],
+)
+def test_checking_a_config_and_a_dry_run_import_no_torch(runs_dir, args):
+    out = subprocess.run([sys.executable, "-c", NO_TORCH, *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.stderr.strip().splitlines()[-1] == "no torch", out.stdout[-2000:] + out.stderr[-2000:]
+
+
 # ------------------------------------------------------------------------------------ as a user runs it
 def test_dry_run_prints_one_torchrun_per_node_and_starts_nothing(runs_dir):
     out = birder_repro(

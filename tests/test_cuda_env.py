@@ -89,6 +89,18 @@ def test_a_machine_without_nvidia_devices_has_nothing_to_diagnose(tmp_path):
     assert cuda_env.diagnosis(_probe(env)) is None
 
 
+def test_no_gpu_here_only_where_no_nvidia_device_nvidia_smi_or_rocm_shows(tmp_path):
+    """Where it says so the CLI counts 0 GPUs without importing torch; anything NVIDIA or ROCm and torch counts."""
+    (tmp_path / "root" / "dev").mkdir(parents=True)
+    bare = {cuda_env.ROOT_ENV: str(tmp_path / "root"), cuda_env.SMI_ENV: str(tmp_path / "no-such-nvidia-smi")}
+    assert cuda_env.no_gpu_here(bare)
+    assert not cuda_env.no_gpu_here(stand_in(tmp_path / "gpus", gpus=1))  # devices and nvidia-smi
+    no_smi = {**stand_in(tmp_path / "gpus2", gpus=1), cuda_env.SMI_ENV: bare[cuda_env.SMI_ENV]}
+    assert not cuda_env.no_gpu_here(no_smi)  # the device files alone
+    (tmp_path / "root" / "dev" / "kfd").touch()
+    assert not cuda_env.no_gpu_here(bare)  # a ROCm machine
+
+
 # ------------------------------------------------------------------------------------------ the runner
 def test_device_auto_stops_on_unusable_cuda_and_device_cpu_still_runs(compose):
     why = lambda: "this machine has 8 NVIDIA GPUs, but its NVIDIA driver 570 is older ..."  # noqa: E731

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from birder_repro.tasks import TASKS, Task, UnknownTask, get_task, list_tasks
+from birder_repro.schema import declared_metrics
+from birder_repro.tasks import TASKS, Task, UnknownTask, declared_metrics_of, get_task, list_tasks
 
 
 @pytest.mark.parametrize("name", sorted(TASKS))
@@ -17,3 +18,13 @@ def test_an_unknown_task_fails_listing_the_tasks():
     with pytest.raises(UnknownTask) as err:
         get_task("resnet18")
     assert "resnet18" in str(err.value) and all(name in str(err.value) for name in list_tasks())
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_each_entry_says_what_its_class_declares(name):
+    """The CLI checks a target's metric and looks for a dataset from the entry alone (no task module imported):
+    the entry must say what the class does."""
+    task, entry = get_task(name), TASKS[name]
+    assert entry.metrics == declared_metrics(task)
+    assert entry.checks_data == (type(task).check_data is not Task.check_data)
+    assert declared_metrics_of(name) == entry.metrics

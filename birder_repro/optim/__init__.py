@@ -8,20 +8,22 @@ module and config file); no module registers itself on import.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import importlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from birder_repro.optim.bertadam import BertAdam, build_bertadam
-from birder_repro.optim.birder import Birder, build_birder
-from birder_repro.optim.diloco import DiLoCo, build_diloco
-from birder_repro.optim.onebit_adam import OneBitAdam, build_onebit_adam
-from birder_repro.optim.onebit_lamb import OneBitLamb, build_onebit_lamb
-from birder_repro.optim.softsignsgd import SoftSignSGD, build_softsignsgd
-from birder_repro.optim.torch_optims import build_adamw, build_sgd
 from birder_repro.registry import Registry
+
+if TYPE_CHECKING:  # the classes are imported on first use (__getattr__ below): each module imports torch
+    import torch
+
+    from birder_repro.optim.bertadam import BertAdam
+    from birder_repro.optim.birder import Birder
+    from birder_repro.optim.diloco import DiLoCo
+    from birder_repro.optim.onebit_adam import OneBitAdam
+    from birder_repro.optim.onebit_lamb import OneBitLamb
+    from birder_repro.optim.softsignsgd import SoftSignSGD
 
 __all__ = [
     "Birder",
@@ -37,75 +39,111 @@ __all__ = [
     "build_optimizer",
 ]
 
+# class -> its module under birder_repro.optim. The table below and the names are torch-free, so that the CLI
+# checks a config (optim.name, its scheme) without importing torch; the code is imported when it is used.
+_CLASSES = {
+    "Birder": "birder",
+    "OneBitAdam": "onebit_adam",
+    "OneBitLamb": "onebit_lamb",
+    "BertAdam": "bertadam",
+    "SoftSignSGD": "softsignsgd",
+    "DiLoCo": "diloco",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CLASSES:
+        return getattr(importlib.import_module(f"birder_repro.optim.{_CLASSES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 @dataclass(frozen=True)
 class OptimInfo:
     """A registered optimizer.
 
-    ``build(params, cfg)`` makes the torch optimizer from the ``optim`` config node; ``comm`` names the
-    communication scheme in :data:`birder_repro.comm.SCHEMES` (``allreduce`` is DDP's fp32 all-reduce, counted).
+    ``builder`` is ``"<module>:<function>"`` under ``birder_repro.optim``: ``function(params, cfg)`` makes the
+    torch optimizer from the ``optim`` config node (:meth:`build`); ``comm`` names the communication scheme in
+    :data:`birder_repro.comm.SCHEMES` (``allreduce`` is DDP's fp32 all-reduce, counted).
     """
 
     name: str
-    build: Callable[[Iterable[torch.nn.Parameter], Mapping[str, Any]], torch.optim.Optimizer]
+    builder: str
     comm: str
     description: str
+
+    def build(self, params: Iterable[torch.nn.Parameter], cfg: Mapping[str, Any]) -> torch.optim.Optimizer:
+        module, function = self.builder.split(":")
+        return getattr(importlib.import_module(f"birder_repro.optim.{module}"), function)(params, cfg)
 
 
 OPTIMIZERS: Registry[OptimInfo] = Registry(
     "optimizer",
     [
-        OptimInfo("birder", build_birder, "birder", "Birder with the Hierarchical-1-bit-All-Reduce hook"),
+        OptimInfo("birder", "birder:build_birder", "birder", "Birder with the Hierarchical-1-bit-All-Reduce hook"),
         OptimInfo(
             "onebit_adam",
-            build_onebit_adam,
+            "onebit_adam:build_onebit_adam",
             "onebit",
             "1-bit Adam: Adam warmup, then frozen variance and 1-bit compressed momentum all-reduce",
         ),
         OptimInfo(
             "onebit_adam_precond",
-            build_onebit_adam,
+            "onebit_adam:build_onebit_adam",
             "onebit",
             "1-bit Adam compressing the preconditioned momentum m / sqrt(v) (its opt-in setting, "
             "docs/optimizers.md): a peer of its own, so that it has recipes and tuned values of its own",
         ),
         OptimInfo(
             "onebit_lamb",
-            build_onebit_lamb,
+            "onebit_lamb:build_onebit_lamb",
             "onebit",
             "1-bit LAMB: LAMB warmup, then frozen variance, 1-bit compressed momentum and scaling ratios",
         ),
         OptimInfo(
             "bertadam",
-            build_bertadam,
+            "bertadam:build_bertadam",
             "allreduce",
             "BERT's Adam (no bias correction, decoupled weight decay, global clipping at 1.0) with "
             "DDP's fp32 all-reduce (the BERT baseline)",
         ),
         OptimInfo(
             "softsignsgd",
-            build_softsignsgd,
+            "softsignsgd:build_softsignsgd",
             "allreduce",
             "SoftSignSGD, Birder uncompressed (appendix B), with DDP's fp32 all-reduce",
         ),
         # torch's own optimizers (birder_repro.optim.torch_optims), and the same over torch's compressing hooks
-        OptimInfo("sgd", build_sgd(0.0), "allreduce", "Vanilla SGD (no momentum) with DDP's fp32 all-reduce"),
         OptimInfo(
-            "sgdm", build_sgd(0.9), "allreduce", "SGD with momentum and DDP's fp32 all-reduce (the CNN baseline)"
+            "sgd", "torch_optims:build_plain_sgd", "allreduce", "Vanilla SGD (no momentum) with DDP's fp32 all-reduce"
         ),
-        OptimInfo("adamw", build_adamw, "allreduce", "torch's AdamW with DDP's fp32 all-reduce"),
-        OptimInfo("sgdm_powersgd", build_sgd(0.9), "powersgd", "SGD with momentum over torch's PowerSGD hook"),
-        OptimInfo("adamw_powersgd", build_adamw, "powersgd", "torch's AdamW over torch's PowerSGD hook"),
-        OptimInfo("sgdm_fp16", build_sgd(0.9), "fp16", "SGD with momentum over torch's fp16 compression hook"),
+        OptimInfo(
+            "sgdm",
+            "torch_optims:build_sgdm",
+            "allreduce",
+            "SGD with momentum and DDP's fp32 all-reduce (the CNN baseline)",
+        ),
+        OptimInfo("adamw", "torch_optims:build_adamw", "allreduce", "torch's AdamW with DDP's fp32 all-reduce"),
+        OptimInfo(
+            "sgdm_powersgd", "torch_optims:build_sgdm", "powersgd", "SGD with momentum over torch's PowerSGD hook"
+        ),
+        OptimInfo("adamw_powersgd", "torch_optims:build_adamw", "powersgd", "torch's AdamW over torch's PowerSGD hook"),
+        OptimInfo(
+            "sgdm_fp16", "torch_optims:build_sgdm", "fp16", "SGD with momentum over torch's fp16 compression hook"
+        ),
         OptimInfo(
             "diloco",
-            build_diloco,
+            "diloco:build_diloco",
             "diloco",
             "DiLoCo: AdamW inside each node, an outer Nesterov step on the nodes' average every H steps",
         ),
-        OptimInfo("sgdm_2level", build_sgd(0.9), "two_level", "SGD with momentum over a two-level fp32 all-reduce"),
         OptimInfo(
-            "sgdm_bf16_2level", build_sgd(0.9), "two_level_bf16", "SGD with momentum over a two-level bf16 all-reduce"
+            "sgdm_2level", "torch_optims:build_sgdm", "two_level", "SGD with momentum over a two-level fp32 all-reduce"
+        ),
+        OptimInfo(
+            "sgdm_bf16_2level",
+            "torch_optims:build_sgdm",
+            "two_level_bf16",
+            "SGD with momentum over a two-level bf16 all-reduce",
         ),
     ],
 )

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["build_sgd", "build_adamw"]
+__all__ = ["build_sgd", "build_plain_sgd", "build_sgdm", "build_adamw"]
 
 
 def build_sgd(default_momentum: float) -> Callable[[Iterable, Mapping[str, Any]], torch.optim.SGD]:
@@ -32,6 +32,10 @@ def build_sgd(default_momentum: float) -> Callable[[Iterable, Mapping[str, Any]]
         )
 
     return build
+
+
+build_plain_sgd = build_sgd(0.0)  # optim=sgd: "Vanilla SGD" (no momentum)
+build_sgdm = build_sgd(0.9)  # optim=sgdm and SGDM over the compressing hooks
 
 
 def build_adamw(params: Iterable, cfg: Mapping[str, Any]) -> torch.optim.AdamW:

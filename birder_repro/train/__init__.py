@@ -35,12 +35,41 @@ least one), weighted by samples and averaged over all processes. If the task's e
 ``loss``, that one is kept as ``eval_loss``.
 """
 
-from birder_repro.train.breakdown import split_step_time
-from birder_repro.train.checkpoint import CHECKPOINTS
-from birder_repro.train.loop import fp32_allreduce_bytes, train
-from birder_repro.train.parallel import build_parallel
-from birder_repro.train.settings import RunPlan, TrainSettings, total_steps
-from birder_repro.train.timing import grads_are_gradients, run_step, stage_of
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from birder_repro.train.breakdown import split_step_time
+    from birder_repro.train.checkpoint import CHECKPOINTS
+    from birder_repro.train.loop import fp32_allreduce_bytes, train
+    from birder_repro.train.parallel import build_parallel
+    from birder_repro.train.settings import RunPlan, TrainSettings, total_steps
+    from birder_repro.train.timing import grads_are_gradients, run_step, stage_of
+
+# name -> its module, imported on first use: the CLI's config checks import torch-free modules of this package
+# (train.target) without the loop's torch (birder_repro.tasks says why).
+_LAZY = {
+    "split_step_time": "breakdown",
+    "CHECKPOINTS": "checkpoint",
+    "fp32_allreduce_bytes": "loop",
+    "train": "loop",
+    "build_parallel": "parallel",
+    "RunPlan": "settings",
+    "TrainSettings": "settings",
+    "total_steps": "settings",
+    "grads_are_gradients": "timing",
+    "run_step": "timing",
+    "stage_of": "timing",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"birder_repro.train.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "train",

@@ -94,10 +94,9 @@ def target_from_config(cfg, task_metrics: tuple[str, ...] = ()) -> Target | None
 
 def check_target(cfg) -> None:
     """Refuse a target the run could never meet, before anything starts (the CLI's config checks)."""
-    from birder_repro.schema import declared_metrics
-    from birder_repro.tasks import get_task
+    from birder_repro.tasks import declared_metrics_of
 
-    target_from_config(cfg, declared_metrics(get_task(cfg.task.name)))
+    target_from_config(cfg, declared_metrics_of(cfg.task.name))
 
 
 def process_age_s() -> float | None:
