@@ -9,6 +9,7 @@ before it resolves a config, so every run is checked by all of them, in this ord
     task.name     a task of that name has code behind it (birder_repro.tasks)
     task.target   a metric of the task and a direction (birder_repro.train.target)
     parallel      ``parallel=fsdp`` only with a scheme that has an FSDP path (birder_repro.train.parallel)
+    train         every ``train.*`` value the loop reads (birder_repro.train.settings), before any worker starts
     probe         ``mode=probe``'s sizes and layout (birder_repro.perf.probe)
 
 Each owner is imported when its check runs, so that importing this module stays as light as the config's.
@@ -61,6 +62,12 @@ def check_parallel(cfg: Any) -> None:
         raise ConfigError(str(exc)) from None
 
 
+def check_train(cfg: Any) -> None:
+    from birder_repro.train.settings import TrainSettings
+
+    TrainSettings.from_config(cfg)  # the loop's own reading of train.*: a bad value fails here, not in every worker
+
+
 def check_probe(cfg: Any) -> None:
     if cfg.get("mode") == "probe":
         from birder_repro.perf.probe import check_settings
@@ -74,6 +81,7 @@ SECTION_CHECKS = (
     ("task.name", check_task_name),
     ("task.target", check_target),
     ("parallel", check_parallel),
+    ("train", check_train),
     ("probe", check_probe),
 )
 

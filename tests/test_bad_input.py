@@ -22,6 +22,10 @@ from birder_repro.train.checkpoint import CheckpointError, RunIdentity, load_che
 REPO = Path(__file__).resolve().parent.parent
 CPU = torch.device("cpu")
 ID = RunIdentity(task="blobs", optim="sgdm", scheme="allreduce", nodes=1, gpus_per_node=1, world_size=1)
+# The identity of the QUICK run (resnet20 with Birder, experiment=smoke): its checkpoint passes the identity check
+QUICK_ID = RunIdentity(
+    task="resnet20", optim="birder", scheme="birder/hierarchical", nodes=1, gpus_per_node=1, world_size=1
+)
 QUICK = [
     "experiment=smoke",
     "logger=none",
@@ -183,14 +187,6 @@ def _raised(call) -> str:
     return str(err.value)
 
 
-def _checkpoint_dir(tmp_path) -> Path:
-    """A real checkpoint of the quick run (what train.resume is given)."""
-    out = cli(*QUICK, "train.checkpoint_every=2", runs=tmp_path / "first")
-    assert out.returncode == 0, out.stderr[-3000:]
-    [where] = list((tmp_path / "first").rglob("step-000002"))
-    return where
-
-
 def _shown_for(row: str, tmp_path) -> str:
     """What the user sees for the table's ``row``, produced for real (the rows of CLI_ROWS: test_cli_bad_input)."""
     if row == "resume from an incomplete checkpoint":
@@ -198,7 +194,8 @@ def _shown_for(row: str, tmp_path) -> str:
         (where / ckpt.COMPLETE).unlink()
         return _cli_last_line(tmp_path, f"train.resume={where}")
     if row == "resume from a truncated or corrupt file":
-        where = _checkpoint_dir(tmp_path)
+        model, opt = _parts()  # a checkpoint of the quick run's identity, written here rather than by a first run
+        where = save_checkpoint(tmp_path, 2, 8.0, model, opt, None, 0, 1, CPU, QUICK_ID, keep=2)
         (where / ckpt.MODEL).write_bytes((where / ckpt.MODEL).read_bytes()[:200])
         return _cli_last_line(tmp_path, f"train.resume={where}", "train.steps=4")
     if row == "any exception inside training on one rank":

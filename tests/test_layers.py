@@ -159,4 +159,4 @@ def test_config_runs_the_section_checks_the_app_hands_it(compose):
         config.validate(cfg)  # the config's own keys only: task.target belongs to a higher layer
     finally:
         checks.install()
-    assert config.section_checks() == ["optim.name", "task.name", "task.target", "parallel", "probe"]
+    assert config.section_checks() == ["optim.name", "task.name", "task.target", "parallel", "train", "probe"]

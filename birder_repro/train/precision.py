@@ -33,9 +33,11 @@ from typing import Any
 
 import torch
 
+from birder_repro.train.settings import PRECISIONS  # defined there: the CLI checks train.* without torch
+
 __all__ = ["PRECISIONS", "Precision"]
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+
 _DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 

@@ -16,7 +16,8 @@ from omegaconf import OmegaConf
 
 from birder_repro.config import ConfigError
 from birder_repro.schedule import SCHEDULES
-from birder_repro.train.precision import PRECISIONS
+
+PRECISIONS = ("fp32", "bf16", "fp16")  # train.precision (birder_repro.train.precision)
 
 __all__ = ["TrainSettings", "RunPlan", "total_steps"]
 
