@@ -233,7 +233,7 @@ def run_worker(run_dir: Path, env: DistEnv | None = None) -> int:
     if restart_count() and env.is_main:  # the launchers' terminal copy resumes here (birder_repro.failures)
         print(f"{failures.RESTART_MARK}attempt {restart_count() + 1} (train.max_restarts)", flush=True)
     if env.rendezvous:  # started by torchrun: a signal stops the run at a step boundary (train/stop.py)
-        stop.install()
+        stop.install(grace_s=float(cfg.train.get("stop_timeout_s") or 30))
     try:
         check_world_matches_layout(cfg, env)
         device = pick_device(cfg, env)

@@ -3,7 +3,8 @@
 Each example trains toy's model in toy's data order on 2 gloo processes (2 nodes of one process) and prints
 ``fingerprint=<hash of the parameters>`` last: equal fingerprints, equal parameters bit for bit. Every run costs
 ~10-30 s of imports, so the default set is Birder's (the same arithmetic as plain DDP: bit for bit), each
-framework's stop-and-resume through its own checkpoints included; 1-bit Adam and gradient accumulation are slow.
+framework's stop-and-resume through its own checkpoints (which equal plain DDP's run bit for bit: the left-alone
+runs add nothing to that in the default set); 1-bit Adam, the left-alone runs and gradient accumulation are slow.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def slow_unless(optim: str):
 OPTIMS = [slow_unless("birder"), slow_unless("onebit_adam")]
 
 
+@pytest.mark.slow  # the resumed run below equals plain DDP bit for bit, each step through Accelerate included
 @pytest.mark.parametrize("optim", OPTIMS)
 def test_accelerate_equals_plain_ddp(optim):
     """Prepared by Accelerate, the same arithmetic as plain DDP: the same parameters bit for bit, and the hook
@@ -70,6 +72,7 @@ def test_accelerate_equals_plain_ddp(optim):
     assert fingerprint == plain_ddp(optim)
 
 
+@pytest.mark.slow  # the resumed run below equals plain DDP bit for bit, each step through the Trainer included
 @pytest.mark.parametrize("optim", OPTIMS)
 def test_hf_trainer_equals_plain_ddp(optim):
     assert run_example("hf_trainer_birder.py", "--optim", optim)[0] == plain_ddp(optim)

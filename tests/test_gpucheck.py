@@ -287,6 +287,7 @@ def test_every_hook_on_gloo_matches_its_reference():
     assert len(rows) == 16 and all(r.status == PASS for r in rows), [r for r in rows if r.status != PASS]
 
 
+@pytest.mark.slow  # 24 s; every hook against its reference across processes stays in the default run (test_*hooks*)
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_the_multi_rank_section_runs_on_cpu_as_on_one_gpu(monkeypatch):
     """The hooks section as a 1-GPU node runs it (2 ranks, every collective through the staged backend), here on

@@ -45,6 +45,7 @@ def test_submitit_slurm_composes_with_our_config(compose):
     assert resolved.launcher.name == "auto" and "hydra" not in resolved  # the run's config is the same
 
 
+@pytest.mark.slow  # 30 s of submitit's job processes; the sweep's cells as this project runs them: tests/test_cli.py
 def test_a_sweep_through_submitit_local_runs_each_cell_as_a_job(runs_dir):
     """submitit's local executor: each cell in a process of its own, as on SLURM; dry runs, so nothing trains."""
     out = subprocess.run(

@@ -14,6 +14,10 @@ from dist_utils import run_distributed
 
 OPTIMIZERS = ("birder", "softsignsgd", "onebit_adam", "adamw", "sgdm")
 NODES, GPUS = 2, 2
+# 4 of the recipes' 10 epochs (44 steps, the schedule's milestone at 70 % of them): every optimizer ends at
+# 97.5-98.9 % top-1 there (birder-repro -m task=digits optim=birder,softsignsgd,onebit_adam,adamw,sgdm nodes=2
+# gpus_per_node=2 train.epochs=4), far from the 10 % of chance, in 40 % of the recipes' time.
+EPOCHS = 4
 
 
 def _train_all(rank, world, root):
@@ -27,7 +31,15 @@ def _train_all(rank, world, root):
     for name in OPTIMIZERS:
         cfg = layout.resolve(
             compose_config(
-                [f"optim={name}", "task=digits", f"nodes={NODES}", f"gpus_per_node={GPUS}", "logger=none", "seed=0"]
+                [
+                    f"optim={name}",
+                    "task=digits",
+                    f"nodes={NODES}",
+                    f"gpus_per_node={GPUS}",
+                    "logger=none",
+                    "seed=0",
+                    f"train.epochs={EPOCHS}",
+                ]
             )
         )
         run_dir = Path(root) / name

@@ -50,3 +50,25 @@ def test_a_run_stopped_by_sigterm_has_a_record_and_a_last_line_that_say_sigterm(
     assert rec["status"] == "interrupted" and rec["stopped_at_step"] == 3
     assert rec["error"].startswith("interrupted by SIGTERM after step 3; no checkpoint"), rec["error"]
     assert "stopped: interrupted by SIGTERM after step 3" in capsys.readouterr().out
+
+
+HUNG = """
+import os, signal, sys, time
+from birder_repro.train import stop
+stop.install(grace_s=float(sys.argv[1]))
+stop.in_loop()  # inside the loop a signal only asks for a stop at the next step boundary...
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(30)  # ...which a hung rank never reaches
+print("still here")
+"""
+
+
+def test_a_worker_that_does_not_stop_within_stop_timeout_s_exits_by_itself():
+    """torchrun waits 30 s for the other workers after one fails, whatever its --shutdown-timeout: the worker's
+    watchdog ends a rank that the stop signal cannot reach (a hung one) after train.stop_timeout_s."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", HUNG, "0.5"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 128 + signal.SIGTERM and "still here" not in done.stdout  # ended inside the sleep
+    assert "not stopped 0.5 s after SIGTERM (train.stop_timeout_s): exiting" in done.stderr

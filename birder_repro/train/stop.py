@@ -8,6 +8,11 @@ another still stops after the same step, none left waiting in a collective. The 
 (``train.checkpoint_on_stop``, or where ``train.checkpoint_every`` > 0) and raises :class:`Stopped`, which the
 worker turns into a record with ``status: interrupted`` and the command that resumes the run.
 
+A worker that has not stopped ``train.stop_timeout_s`` after its first signal exits by itself (a watchdog thread:
+a rank hung outside any collective never reaches a boundary). torchrun kills it then on a signal anyway, but
+after another rank fails it waits its own 30 s, whatever ``--shutdown-timeout`` says (its agent's
+``_stop_workers`` calls ``_shutdown()`` with the default), so that a failed run with a hung peer ended 30 s late.
+
 Before the loop (start-up, rendezvous) there is no step to finish: a signal then raises :class:`Stopped` at
 once. After the last step it is ignored: the run is finishing its evaluation and record.
 """
@@ -16,6 +21,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+import threading
 from pathlib import Path
 
 __all__ = ["Stopped", "install", "agreed", "in_loop", "requested", "signal_name"]
@@ -40,6 +47,7 @@ class _State:
     looping = False  # inside the training loop: stop at the next step boundary instead of at once
     pid = 0  # the worker's: its forked data-loader processes inherit the handler and ignore the signal, so
     #          that they live on until the worker stops (a killed one would fail the worker's next batch)
+    grace_s: float | None = None  # train.stop_timeout_s: the watchdog's delay (None: no watchdog)
 
 
 def signal_name(signum: int) -> str:
@@ -54,13 +62,27 @@ def _handle(signum: int, frame) -> None:
         return
     if not _State.signum:
         _State.signum = signum
+        if _State.grace_s is not None:
+            watchdog = threading.Timer(_State.grace_s, _exit_late, (signum, _State.grace_s))
+            watchdog.daemon = True
+            watchdog.start()
     if not _State.looping:
         raise Stopped(signum)
 
 
-def install() -> None:
-    """The worker's handlers for SIGINT and SIGTERM (instead of KeyboardInterrupt and death)."""
-    _State.signum, _State.looping, _State.pid = 0, False, os.getpid()
+def _exit_late(signum: int, grace_s: float) -> None:
+    print(
+        f"[birder-repro] not stopped {grace_s:g} s after {signal_name(signum)} (train.stop_timeout_s): exiting",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(128 + signum)
+
+
+def install(grace_s: float | None = None) -> None:
+    """The worker's handlers for SIGINT and SIGTERM (instead of KeyboardInterrupt and death); with ``grace_s``
+    (``train.stop_timeout_s``), the process exits that long after its first signal if it has not stopped."""
+    _State.signum, _State.looping, _State.pid, _State.grace_s = 0, False, os.getpid(), grace_s
     for s in SIGNALS:
         signal.signal(s, _handle)
 
