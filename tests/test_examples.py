@@ -171,6 +171,7 @@ def test_lightning_strategy_layout_and_refusals():
 
 
 @needs_lightning
+@pytest.mark.slow  # 36 s; Lightning stays by default (killed and resumed above), the hooks in bf16: test_precision
 def test_lightning_16_mixed_on_the_cpu_runs_as_bf16_and_equals_plain_ddp_under_bf16_autocast():
     """``precision="16-mixed"`` as a user leaves it: on a CPU Lightning runs it as bf16-mixed (no GradScaler),
     which equals plain DDP with its forward and loss under bf16 autocast, bit for bit."""
@@ -180,7 +181,8 @@ def test_lightning_16_mixed_on_the_cpu_runs_as_bf16_and_equals_plain_ddp_under_b
 
 
 # ------------------------------------------------------------------------------------------ torch.compile
-@pytest.mark.parametrize("optim", ["birder", pytest.param("onebit_adam", marks=pytest.mark.slow)])
+@pytest.mark.slow  # 21 s; torch.compile(ddp_model) with the hooks on 2 processes stays by default: test_compile.py
+@pytest.mark.parametrize("optim", ["birder", "onebit_adam"])
 def test_torch_compile_of_the_ddp_model_equals_eager(optim):
     """torch.compile(ddp_model) (DDPOptimizer splits the graph at bucket boundaries; DDP's C++ reducer still
     calls the hook per bucket): on the toy model the same bits as eager."""

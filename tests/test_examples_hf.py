@@ -130,6 +130,7 @@ def test_accelerate_accumulation_onebit_adam_within_rounding(tmp_path):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow  # 28 s; Accelerate's fp16 scaler reaching the hook stays by default: tests/test_grad_scaler.py
 def test_accelerate_with_mixed_precision_fp16_on_the_cpu_equals_plain_ddp():
     """``mixed_precision="fp16"`` as a user leaves it: on a CPU Accelerate makes no GradScaler and no autocast, so
     the run is fp32 and equals plain DDP bit for bit (on a GPU its scaler reaches the hook: test_grad_scaler.py)."""
