@@ -4,6 +4,7 @@ written as runs write them."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -13,6 +14,11 @@ from hydra import initialize_config_dir
 from omegaconf import DictConfig
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+# One thread a process for the whole session (this process's torch, and every CLI, torchrun and worker it starts,
+# which inherit it): the suite runs two pytest workers, each starting processes of its own, on two cores, where
+# more threads only spin against each other. A test of the thread setting passes its own environment.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def compose_config(overrides: Sequence[str] = (), hydra_config: bool = False) -> DictConfig:

@@ -78,6 +78,7 @@ def test_hf_trainer_equals_plain_ddp(optim):
     assert run_example("hf_trainer_birder.py", "--optim", optim)[0] == plain_ddp(optim)
 
 
+@pytest.mark.slow  # 55 s; a framework's stop-and-resume through its checkpoints stays by default: the Trainer's, below
 @pytest.mark.parametrize("optim", OPTIMS)
 def test_accelerate_resumed_equals_left_alone(optim, tmp_path):
     """Stopped after 4 steps with accelerator.save_state, resumed with load_state: as if never stopped, batch

@@ -383,6 +383,7 @@ def only_record(runs_dir: Path) -> dict:
     return record.read_record(path.parent)
 
 
+@pytest.mark.slow  # 21 s; PTB's files read and its perplexity stay by default (the loader and metric tests above)
 def test_ptb_files_train_with_birder_on_two_nodes_and_record_perplexity(ptb_root, runs_dir):
     """The real-format path through the whole runner: DDP over 2 gloo processes, Birder's 1-bit hook, the
     carried hidden state, weight-dropped LSTMs and the tied decoder, evaluation summed over the processes."""
