@@ -55,7 +55,9 @@ def saved_2x2(tmp_path_factory):
     return only_run(runs / "a")[0]
 
 
-@pytest.mark.slow  # 36 s of 4-process runs; the re-sharding itself stays by default (the test above), the refusal of another layout in test_bad_input.py
+# slow: 36 s of 4-process runs; the re-sharding itself stays by default (the test above), the refusal of another layout
+# in test_bad_input.py
+@pytest.mark.slow
 def test_birder_resumes_with_another_gpus_per_node(saved_2x2, tmp_path):
     out = birder_repro(
         *TINY,
@@ -71,7 +73,8 @@ def test_birder_resumes_with_another_gpus_per_node(saved_2x2, tmp_path):
     assert rec["status"] == "completed" and rec["resumed_from_step"] == 4
 
 
-@pytest.mark.slow  # 16 s; the refusal, its message included, stays by default: test_bad_input.py, test_checkpoint_of_another_layout
+# slow: 16 s; the refusal, its message included, stays by default: test_bad_input.py, test_checkpoint_of_another_layout
+@pytest.mark.slow
 def test_another_number_of_nodes_is_refused_naming_both_layouts(saved_2x2, tmp_path):
     out = birder_repro(
         *TINY,

@@ -132,7 +132,9 @@ def test_a_failed_cell_of_a_sweep_does_not_stop_the_others(runs_dir):
     assert all(d.parent.parent.name == "multirun" for d in run_dirs(runs_dir))
 
 
-@pytest.mark.slow  # 14 s; a missing dataset through the CLI stays by default: test_bad_input.py (its table row, the record, no worker)
+# slow: 14 s; a missing dataset through the CLI stays by default: test_bad_input.py (its table row, the record, no
+# worker)
+@pytest.mark.slow
 def test_a_missing_dataset_is_one_line_before_anything_starts(runs_dir):
     out = birder_repro("task=resnet50", "logger=none", f"data.root={runs_dir / 'no-imagenet'}")
     assert out.returncode == 2

@@ -67,7 +67,8 @@ def test_plain_ddp_stopped_and_resumed_ends_as_one_left_alone(optim, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------- FSDP2
-@pytest.mark.slow  # 35 s; FSDP2 with Birder stays by default through the runner (test_fsdp_runner.py) and its hooks (test_fsdp.py)
+# slow: 35 s; FSDP2 with Birder stays by default through the runner (test_fsdp_runner.py) and its hooks (test_fsdp.py)
+@pytest.mark.slow
 def test_fsdp2_birder_equals_plain_ddp_bit_for_bit():
     # 1 process per node: FSDP's node average is the process's own gradient, exact (docs/fsdp.md)
     assert run_example("fsdp2.py", "--optim", "birder") == reference("birder")
@@ -125,7 +126,8 @@ def test_fsdp2_onebit_adam_follows_the_per_tensor_reference(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- Lightning
-@pytest.mark.slow  # 76 s of Lightning's imports; a framework's stop-and-resume stays by default: the Trainer's (test_examples_hf.py)
+# slow: 76 s of Lightning's imports; a framework's stop-and-resume stays by default: the Trainer's (test_examples_hf.py)
+@pytest.mark.slow
 @needs_lightning
 @pytest.mark.parametrize("optim", ["birder", pytest.param("onebit_adam", marks=pytest.mark.slow)])
 def test_lightning_killed_and_resumed_equals_plain_ddp(optim, tmp_path):

@@ -354,7 +354,8 @@ def _check_sweep(swept: tuple, optims: str) -> None:
         assert len(said) == len(optims.split(",")), (precision, starts)
 
 
-@pytest.mark.slow  # 37 s; every task's step in bf16 and fp16 and the hooks' fp16 skips stay by default (the tests above)
+# slow: 37 s; every task's step in bf16 and fp16 and the hooks' fp16 skips stay by default (the tests above)
+@pytest.mark.slow
 def test_a_run_in_bf16_and_in_fp16_completes_and_says_so(runs_dir):
     """digits with Birder on 2 nodes x 1 (the other tasks and the baselines: the slow test below)."""
     _check_sweep(_sweep(runs_dir, "digits", "birder"), "birder")

@@ -66,7 +66,8 @@ def test_torchrun_argv_passes_max_restarts():
     assert not any(a.startswith("--max-restarts") for a in torchrun_argv("run", 2))
 
 
-@pytest.mark.slow  # 37 s; a killed worker's failed record (below) and the interrupt-and-resume (test_multinode.py) stay by default
+# slow: 37 s; a killed worker's failed record (below) and the interrupt-and-resume (test_multinode.py) stay by default
+@pytest.mark.slow
 def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_path):
     """Birder on 2 nodes: rank 1 SIGKILLs itself before step 7 on the first attempt; torchrun restarts both
     workers, which resume from step 4 and redo steps 5-6. Loss, metrics, the final model and every rank's
