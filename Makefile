@@ -84,7 +84,7 @@ tune-fashion: $(STAMP)  ## tune experiment=fashion_time_to_accuracy on the valid
 	-BIRDER_RUNS=$(TTA_RUNS)/tuning $(BIN)/birder-repro -m experiment=fashion_tuning optim=onebit_adam,onebit_adam_precond \
 	  optim.lr=0.00025,0.0005,0.001 optim.freeze=0.15,0.3 $(ARGS)
 	-BIRDER_RUNS=$(TTA_RUNS)/tuning $(BIN)/birder-repro -m experiment=fashion_tuning optim=birder \
-	  optim.lr=0.00025,0.0005,0.001 optim.beta=0.9,0.95 $(ARGS)
+	  optim.lr=0.000125,0.00025,0.0005 optim.beta=0.9,0.95 $(ARGS)
 	$(BIN)/python -m birder_repro.report.tuning --rerun $(TTA_RUNS) | while read -r cell; do \
 	  BIRDER_RUNS=$(TTA_RUNS)/tuning $(BIN)/birder-repro -m experiment=fashion_tuning $$cell $(ARGS) || true; done
 
