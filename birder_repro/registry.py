@@ -15,10 +15,11 @@ raises an error that names the choices (the pattern of timm's ``OptimInfo`` and 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from typing import Generic, TypeVar
+import importlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Generic, TypeVar
 
-__all__ = ["Registry"]
+__all__ = ["Registry", "lazy_attributes"]
 
 T = TypeVar("T")
 
@@ -75,3 +76,16 @@ class Registry(Generic[T]):
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}: {', '.join(self.names())})"
+
+
+def lazy_attributes(package: str, modules: Mapping[str, str]) -> Callable[[str], Any]:
+    """A package's module-level ``__getattr__`` (PEP 562) that imports ``name`` from ``<package>.<modules[name]>``
+    on first use: a package lists what it offers without importing the modules behind it (torch, for the CLI's
+    config checks)."""
+
+    def __getattr__(name: str) -> Any:
+        if name in modules:
+            return getattr(importlib.import_module(f"{package}.{modules[name]}"), name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__

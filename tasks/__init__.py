@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from birder_repro.registry import lazy_attributes
 
 if TYPE_CHECKING:  # imported on first use (__getattr__ below): tasks.base imports torch
     from birder_repro.tasks.base import Task, TaskData
@@ -66,10 +68,7 @@ class DatasetNotFound(FileNotFoundError):
         super().__init__(msg)
 
 
-def __getattr__(name: str) -> Any:
-    if name in ("Task", "TaskData"):
-        return getattr(importlib.import_module("birder_repro.tasks.base"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, {"Task": "base", "TaskData": "base"})
 
 
 class UnknownTask(ValueError):

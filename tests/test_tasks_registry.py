@@ -28,3 +28,12 @@ def test_each_entry_says_what_its_class_declares(name):
     assert entry.metrics == declared_metrics(task)
     assert entry.checks_data == (type(task).check_data is not Task.check_data)
     assert declared_metrics_of(name) == entry.metrics
+
+
+def test_a_lazy_name_is_imported_on_first_use_and_an_unknown_one_is_an_attribute_error():
+    import birder_repro.optim as optim
+    from birder_repro.optim.birder import Birder
+
+    assert optim.Birder is Birder  # imported from its module on first use
+    with pytest.raises(AttributeError, match="'birder_repro.optim' has no attribute 'Birdr'"):
+        optim.Birdr  # noqa: B018

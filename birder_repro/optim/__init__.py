@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from birder_repro.registry import Registry
+from birder_repro.registry import Registry, lazy_attributes
 
 if TYPE_CHECKING:  # the classes are imported on first use (__getattr__ below): each module imports torch
     import torch
@@ -51,10 +51,7 @@ _CLASSES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _CLASSES:
-        return getattr(importlib.import_module(f"birder_repro.optim.{_CLASSES[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _CLASSES)
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,9 @@ least one), weighted by samples and averaged over all processes. If the task's e
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from birder_repro.registry import lazy_attributes
 
 if TYPE_CHECKING:
     from birder_repro.train.breakdown import split_step_time
@@ -65,10 +66,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"birder_repro.train.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [
