@@ -19,7 +19,7 @@ import importlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Registry", "lazy_attributes"]
+__all__ = ["Registry", "import_from", "lazy_attributes"]
 
 T = TypeVar("T")
 
@@ -78,6 +78,12 @@ class Registry(Generic[T]):
         return f"Registry({self.kind!r}: {', '.join(self.names())})"
 
 
+def import_from(package: str, module: str, name: str) -> Any:
+    """``<package>.<module>``'s ``name``, the module imported now: how a table written as names (the optimizers'
+    builders, the tasks' classes) reaches its code only when it is used."""
+    return getattr(importlib.import_module(f"{package}.{module}"), name)
+
+
 def lazy_attributes(package: str, modules: Mapping[str, str]) -> Callable[[str], Any]:
     """A package's module-level ``__getattr__`` (PEP 562) that imports ``name`` from ``<package>.<modules[name]>``
     on first use: a package lists what it offers without importing the modules behind it (torch, for the CLI's
@@ -85,7 +91,7 @@ def lazy_attributes(package: str, modules: Mapping[str, str]) -> Callable[[str],
 
     def __getattr__(name: str) -> Any:
         if name in modules:
-            return getattr(importlib.import_module(f"{package}.{modules[name]}"), name)
+            return import_from(package, modules[name], name)
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
     return __getattr__

@@ -224,6 +224,7 @@ def run_worker(run_dir: Path, env: DistEnv | None = None) -> int:
     from birder_repro.train import stop
     from birder_repro.train.divergence import Diverged
     from birder_repro.train.restarts import restart_count
+    from birder_repro.train.settings import TrainSettings
 
     env = env or read_dist_env()
     cfg = record.load_run_config(run_dir)
@@ -233,7 +234,7 @@ def run_worker(run_dir: Path, env: DistEnv | None = None) -> int:
     if restart_count() and env.is_main:  # the launchers' terminal copy resumes here (birder_repro.failures)
         print(f"{failures.RESTART_MARK}attempt {restart_count() + 1} (train.max_restarts)", flush=True)
     if env.rendezvous:  # started by torchrun: a signal stops the run at a step boundary (train/stop.py)
-        stop.install(grace_s=float(cfg.train.get("stop_timeout_s") or 30))
+        stop.install(grace_s=float(cfg.train.get("stop_timeout_s") or TrainSettings.stop_timeout_s))
     try:
         check_world_matches_layout(cfg, env)
         device = pick_device(cfg, env)

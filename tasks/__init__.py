@@ -8,11 +8,10 @@ launch costs the CLI no torch import (tests/test_tasks_registry.py holds every e
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from birder_repro.registry import lazy_attributes
+from birder_repro.registry import import_from, lazy_attributes
 
 if TYPE_CHECKING:  # imported on first use (__getattr__ below): tasks.base imports torch
     from birder_repro.tasks.base import Task, TaskData
@@ -79,19 +78,21 @@ def list_tasks() -> list[str]:
     return sorted(TASKS)
 
 
-def get_task(name: str) -> Task:
-    """A new instance of the task called ``name``."""
+def _entry(name: str) -> TaskEntry:
     if name not in TASKS:
         raise UnknownTask(f"task={name!r} is not a task; the tasks: {', '.join(list_tasks())}")
-    entry = TASKS[name]
-    return getattr(importlib.import_module(f"birder_repro.tasks.{entry.module}"), entry.cls)()
+    return TASKS[name]
+
+
+def get_task(name: str) -> Task:
+    """A new instance of the task called ``name``."""
+    entry = _entry(name)
+    return import_from(__name__, entry.module, entry.cls)()
 
 
 def declared_metrics_of(name: str) -> tuple[str, ...]:
     """The metrics task ``name`` declares, headline first, read from the registry (no task module imported)."""
-    if name not in TASKS:
-        raise UnknownTask(f"task={name!r} is not a task; the tasks: {', '.join(list_tasks())}")
-    return TASKS[name].metrics
+    return _entry(name).metrics
 
 
 def check_data(cfg) -> None:

@@ -8,12 +8,11 @@ module and config file); no module registers itself on import.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from birder_repro.registry import Registry, lazy_attributes
+from birder_repro.registry import Registry, import_from, lazy_attributes
 
 if TYPE_CHECKING:  # the classes are imported on first use (__getattr__ below): each module imports torch
     import torch
@@ -70,7 +69,7 @@ class OptimInfo:
 
     def build(self, params: Iterable[torch.nn.Parameter], cfg: Mapping[str, Any]) -> torch.optim.Optimizer:
         module, function = self.builder.split(":")
-        return getattr(importlib.import_module(f"birder_repro.optim.{module}"), function)(params, cfg)
+        return import_from(__name__, module, function)(params, cfg)
 
 
 OPTIMIZERS: Registry[OptimInfo] = Registry(
