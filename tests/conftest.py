@@ -48,3 +48,38 @@ def runs_dir(tmp_path, monkeypatch) -> Path:
     path = tmp_path / "runs"
     monkeypatch.setenv("BIRDER_RUNS", str(path))
     return path
+
+
+DURATIONS = Path(__file__).with_name("durations.json")
+_measured: dict[str, float] = {}
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption(
+        "--update-durations",
+        action="store_true",
+        help="write each test's seconds (setup, call and teardown; 1 s or more) to tests/durations.json",
+    )
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """Longest test files first (``tests/durations.json``: seconds per test of a whole run, written by
+    ``make test ARGS=--update-durations``), a file's tests kept together and in their order: with ``--dist
+    loadfile`` (``make test``) the workers take whole files, the longest first, so that no long file starts
+    last and leaves the other workers idle at the end, and a file's module-scoped process pools start once, not
+    once in each worker. A test the file does not know counts 0 s: a stale file only costs balance."""
+    known = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    weight: dict[str, float] = {}
+    for item in items:
+        weight[item.location[0]] = weight.get(item.location[0], 0.0) + known.get(item.nodeid, 0.0)
+    items.sort(key=lambda item: -weight[item.location[0]])
+
+
+def pytest_runtest_logreport(report) -> None:
+    _measured[report.nodeid] = _measured.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session) -> None:
+    if session.config.getoption("--update-durations") and not hasattr(session.config, "workerinput"):
+        slow = {k: round(v, 1) for k, v in sorted(_measured.items(), key=lambda kv: -kv[1]) if v >= 1.0}
+        DURATIONS.write_text(json.dumps(slow, indent=0) + "\n")

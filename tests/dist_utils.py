@@ -47,10 +47,31 @@ def _entry(rank: int, world: int, port: int, fn, args, queue, environ: dict) -> 
 
 def _context():
     """A forkserver that has imported torch once: each process of every later call forks from it instead of
-    starting a fresh interpreter and importing torch again (about 3 s of CPU a process)."""
+    starting a fresh interpreter and importing torch again (about 3 s of CPU a process). It imports what every
+    process imports next too: torch._dynamo (DDP's constructor loads it: 1.3 s a process) and the project's
+    hooks, kernels (numba) and training loop."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "torch.nn.parallel", "dist_utils"])
+    ctx.set_forkserver_preload(
+        [
+            "torch",
+            "torch.distributed",
+            "torch.nn.parallel",
+            "torch._dynamo",
+            "birder_repro.comm.birder",
+            "birder_repro.comm.onebit",
+            "birder_repro.comm.kernels.cpu",
+            "birder_repro.train.loop",
+            "dist_utils",
+        ]
+    )
     return ctx
+
+
+def start(fn, world: int, *args) -> None:
+    """``torch.multiprocessing.spawn(fn, args, world)``, forked from the preloaded forkserver (:func:`_context`)
+    instead of ``world`` fresh interpreters; ``fn(rank, *args)`` sets up its own process group."""
+    _context()
+    mp.start_processes(fn, args=args, nprocs=world, join=True, start_method="forkserver")
 
 
 def run_distributed(fn, world: int, *args, timeout: float = 240.0) -> list:

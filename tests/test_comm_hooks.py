@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from dist_utils import start
 
 from birder_repro.comm.accounting import flat_allreduce_split
 
@@ -168,7 +168,7 @@ def _scenario(run) -> dict:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> list[dict]:
     outdir = tmp_path_factory.mktemp("comm_hooks")
-    mp.spawn(_worker, args=(_free_port(), str(outdir)), nprocs=WORLD, join=True)
+    start(_worker, WORLD, _free_port(), str(outdir))
     return [torch.load(outdir / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 
@@ -234,7 +234,7 @@ def _allreduce_worker(rank: int, port: int, outdir: str) -> None:
 def test_allreduce_hook_equals_ddp_bit_for_bit_on_3_and_6_processes(tmp_path):
     """DDP scales by 1/n (a multiplication); a hook that divides by n rounds differently for n = 3 or 6 (on 3
     gloo processes 9 (rank, step) pairs differed): the hook multiplies as DDP does, so every gradient is equal."""
-    mp.spawn(_allreduce_worker, args=(_free_port(), str(tmp_path)), nprocs=6, join=True)
+    start(_allreduce_worker, 6, _free_port(), str(tmp_path))
     runs = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(6)]
     for world in (3, 6):
         differ = [
