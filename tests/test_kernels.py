@@ -276,6 +276,32 @@ def test_cpu_threads_follow_the_process_budget_from_any_thread(monkeypatch):
     assert seen == [1] and cpu.threads() == 1
 
 
+@pytest.mark.parametrize(
+    "environ,cores,size",
+    [
+        ({"OMP_NUM_THREADS": "1"}, 2, "1"),  # a launched worker with one thread: a pool of 1, not of every core
+        ({"OMP_NUM_THREADS": "4"}, 2, "2"),  # capped at the cores it may run on
+        ({"OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "3"}, 2, None),  # the user's own setting stays
+        ({}, 2, None),  # no budget: numba's default
+        ({"OMP_NUM_THREADS": "x"}, 2, None),
+    ],
+)
+def test_numbas_pool_is_the_process_thread_budget(environ, cores, size):
+    assert kernels.numba_pool_size(environ, cores) == size
+
+
+@pytest.mark.skipif(not HAS_NUMBA, reason="numba is not installed")
+def test_a_worker_with_one_thread_starts_numba_with_a_pool_of_one():
+    """Set before numba is imported, by the package (``import birder_repro.comm.kernels.cpu`` imports it first):
+    numba's OpenMP pool of every core spin-waited on the cores the other processes train on."""
+    script = "from birder_repro.comm.kernels import cpu; print(cpu.numba.config.NUMBA_NUM_THREADS)"
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_NUM_THREADS"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True
+    )
+    assert done.stdout.strip() == "1", done.stderr[-2000:]
+
+
 # ------------------------------------------------------------------------------ triton (interpreter) = torch
 TRITON_CASES = [c for c in CASES if c[0] <= 8200]
 _TRITON_SCRIPT = textwrap.dedent("""
