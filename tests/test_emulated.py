@@ -175,6 +175,11 @@ def test_each_node_gets_its_own_block_of_cores(compose, monkeypatch):
     cfg = resolved(compose, ["nodes=2"])
     assert [emulated.pin_prefix(cfg, k) for k in range(2)] == [["taskset", "-c", "4,5"], ["taskset", "-c", "6,7"]]
     assert emulated.pin_prefix(resolved(compose, ["nodes=2", "cluster.pin_cores=false"]), 0) == []
+    # cluster.cores_per_node: a 1-node profile on the cores one node of a 2 x 2 run has
+    assert emulated.pin_prefix(resolved(compose, ["nodes=1", "cluster.cores_per_node=1"]), 0) == ["taskset", "-c", "4"]
+    assert emulated.node_cores(2, [0, 1, 2, 3, 4], per=1) == [[0], [1]]
+    with pytest.raises(layout.ConfigError, match="cluster.cores_per_node=3 on 2 node"):
+        emulated.node_cores(2, [0, 1, 2, 3, 4], per=3)
 
 
 def test_emulated_is_chosen_by_auto_and_refuses_other_launchers_and_netem(compose):

@@ -142,10 +142,16 @@ def fabric_for(cfg: DictConfig, run_id: str | None = None) -> netns.Fabric:
 
 
 # ---------------------------------------------------------------------------------------- the commands
-def node_cores(nodes: int, cores: Sequence[int]) -> list[list[int]]:
+def node_cores(nodes: int, cores: Sequence[int], per: int | None = None) -> list[list[int]]:
     """The machine's ``cores`` dealt out to ``nodes`` nodes in contiguous blocks: node k gets
-    cores[k*c:(k+1)*c], c = len(cores) // nodes; [] for every node when there are fewer cores than nodes."""
-    per = len(cores) // max(nodes, 1)
+    cores[k*c:(k+1)*c], c = ``per`` (``cluster.cores_per_node``) or else len(cores) // nodes; [] for every node
+    when there are fewer cores than nodes. A ``per`` the machine cannot give every node is a ConfigError."""
+    if per is not None and (per < 1 or per * nodes > len(cores)):
+        raise layout.ConfigError(
+            f"cluster.cores_per_node={per} on {nodes} node(s) needs {per * nodes} cores; this process may run on "
+            f"{len(cores)}: lower it, or null for the cores shared out ({len(cores)} // {nodes})"
+        )
+    per = per if per is not None else len(cores) // max(nodes, 1)
     if per == 0:
         return [[] for _ in range(nodes)]
     return [list(cores[k * per : (k + 1) * per]) for k in range(nodes)]
@@ -156,7 +162,8 @@ def pin_prefix(cfg: DictConfig, k: int) -> list[str]:
     one node's communication thread would run on another node's core and slow its compute), else []."""
     if not cfg.cluster.get("pin_cores", False) or shutil.which("taskset") is None:  # taskset: util-linux
         return []
-    cores = node_cores(int(cfg.nodes), sorted(os.sched_getaffinity(0)))[k]
+    per = cfg.cluster.get("cores_per_node")
+    cores = node_cores(int(cfg.nodes), sorted(os.sched_getaffinity(0)), None if per is None else int(per))[k]
     return ["taskset", "-c", ",".join(map(str, cores))] if cores else []
 
 
