@@ -128,6 +128,15 @@ def test_the_cell_key_leaves_out_the_seed_and_what_cannot_change_a_result():
     assert all(why for why in identity.IGNORED_KEYS.values())  # every key left out says why
 
 
+def test_a_setting_added_later_with_a_null_default_does_not_split_a_cell():
+    before = config("birder", seed=0)
+    after = copy.deepcopy(config("birder", seed=1))
+    after["cluster"]["cores_per_node"] = None  # a run made once the key existed, left at its default
+    assert identity.config_key(before) == identity.config_key(after)
+    after["cluster"]["cores_per_node"] = 1
+    assert identity.config_key(before) != identity.config_key(after)
+
+
 # ---------------------------------------------------------------------------------------------- the brief's case
 def sweep_and_smoke() -> list[dict]:
     """A 60-step digits sweep of three optimizers, then one newer 2-step smoke run of Birder."""

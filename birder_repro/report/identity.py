@@ -68,10 +68,12 @@ def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def config_items(config: Any, source: str = "measured") -> dict[str, Any]:
-    """The record's resolved ``config`` as dotted keys -> values, less :data:`IGNORED_KEYS`."""
+    """The record's resolved ``config`` as dotted keys -> values, less :data:`IGNORED_KEYS` and less the keys
+    set to null: a setting added later with a null default that means "as before" (``cluster.cores_per_node``)
+    must not split a cell between the runs made before it existed and those made after."""
     if not isinstance(config, Mapping):
         return {}
-    return {k: v for k, v in sorted(_flat(config).items()) if not is_ignored(k, source)}
+    return {k: v for k, v in sorted(_flat(config).items()) if v is not None and not is_ignored(k, source)}
 
 
 def config_key(config: Any, source: str = "measured") -> str:
