@@ -4,8 +4,8 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 ARGS    ?=
-# pytest-xdist workers: three share this 2-core machine best (measured: 354 s against 462 s on two, the tests
-# waiting on processes they start); --dist loadfile gives each a whole test file, the longest first
+# pytest-xdist workers: three share this 2-core machine best (measured on one tree: 462 s on three, 485 s on two,
+# the tests waiting on processes they start); --dist loadfile gives each a whole test file, the longest first
 WORKERS ?= 3
 
 .PHONY: help install run lint test test-all tables bench gpu-check emulated-setup validate validate-emulated tune-fashion time-to-accuracy clean
