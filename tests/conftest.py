@@ -64,7 +64,7 @@ def pytest_addoption(parser) -> None:
 
 def pytest_collection_modifyitems(items) -> None:
     """Longest test files first (``tests/durations.json``: seconds per test of a whole run, written by
-    ``make test ARGS=--update-durations``), a file's tests kept together and in their order: with ``--dist
+    ``make test-all ARGS=--update-durations``), a file's tests kept together and in their order: with ``--dist
     loadfile`` (``make test``) the workers take whole files, the longest first, so that no long file starts
     last and leaves the other workers idle at the end, and a file's module-scoped process pools start once, not
     once in each worker. A test the file does not know counts 0 s: a stale file only costs balance."""

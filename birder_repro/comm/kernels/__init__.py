@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Mapping
 
 import torch
 
@@ -56,7 +57,7 @@ BACKENDS = {
 _IMPORT_ERRORS: dict[str, str] = {}
 
 
-def numba_pool_size(environ: dict[str, str] | os._Environ, cores: int) -> str | None:
+def numba_pool_size(environ: Mapping[str, str], cores: int) -> str | None:
     """NUMBA_NUM_THREADS for this process before numba is imported: the thread budget (OMP_NUM_THREADS, which the
     launchers and torchrun set per process) capped at the cores it may run on; None (numba's own default, every
     core) where the user set NUMBA_NUM_THREADS or no budget is set.
@@ -65,17 +66,25 @@ def numba_pool_size(environ: dict[str, str] | os._Environ, cores: int) -> str | 
     ``numba.set_num_threads`` later masks, and its OpenMP layer's idle threads spin-wait on the cores the other
     processes of the node train on. Measured, Fashion-MNIST's MLP, Birder on 1 node x 2 processes with 2 cores
     and one thread each: 72 ms a step with a pool of 2, 26 ms with a pool of 1."""
-    if environ.get("NUMBA_NUM_THREADS"):
+    budget = thread_budget(environ)
+    if environ.get("NUMBA_NUM_THREADS") or budget is None:
         return None
+    return str(max(1, min(budget, cores)))
+
+
+def thread_budget(environ: Mapping[str, str]) -> int | None:
+    """OMP_NUM_THREADS as a positive int (the launchers' and torchrun's per-process budget), else None."""
     budget = environ.get("OMP_NUM_THREADS", "")
-    if not budget.isdigit() or int(budget) < 1:
-        return None
-    return str(max(1, min(int(budget), cores)))
+    return int(budget) if budget.isdigit() and int(budget) > 0 else None
+
+
+def process_cores() -> int:
+    """The cores this process may run on (its CPU affinity: an emulated node pinned to its cores)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _size_numba_pool() -> None:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    size = numba_pool_size(os.environ, cores)
+    size = numba_pool_size(os.environ, process_cores())
     if size is not None:
         os.environ["NUMBA_NUM_THREADS"] = size  # read once, when numba is imported (by .cpu, after this)
 

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
+from birder_repro.comm.kernels import process_cores, thread_budget
 from birder_repro.comm.kernels.philox import ROUND_A, ROUND_B, UNIFORM_SCALE, Segments, round_keys
 
 BLOCK = 8192  # elements per task: the block's scratch (uniforms, bits) stays in L1/L2
@@ -175,10 +176,8 @@ def threads() -> int:
     ``torch.get_num_threads()`` does not report the main thread's budget (measured: 2 in a 1-process run with
     OMP_NUM_THREADS=1 on 2 cores), and a profile measured with more threads than the layout it predicts for
     priced compression at half its cost."""
-    budget = os.environ.get("OMP_NUM_THREADS", "")
-    wanted = int(budget) if budget.isdigit() and int(budget) > 0 else torch.get_num_threads()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else wanted
-    return max(1, min(wanted, cores, numba.config.NUMBA_NUM_THREADS))
+    wanted = thread_budget(os.environ) or torch.get_num_threads()
+    return max(1, min(wanted, process_cores(), numba.config.NUMBA_NUM_THREADS))
 
 
 def _use_threads() -> None:
