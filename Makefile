@@ -73,7 +73,7 @@ TTA_LINKS ?= 50,100,500,null
 TTA_SEEDS ?= 0,1,2
 tune-fashion: $(STAMP)  ## tune experiment=fashion_time_to_accuracy on the validation split, scored by time at 200 Mbit/s
 	BIRDER_RUNS=$(TTA_RUNS)/profiles $(BIN)/birder-repro -m experiment=fashion_time_to_accuracy optim=$(TTA_OPTIMS) \
-	  nodes=1 train.steps=60 train.eval=false $(ARGS)
+	  nodes=1 cluster.cores_per_node=1 train.steps=60 train.eval=false $(ARGS)
 	-BIRDER_RUNS=$(TTA_RUNS)/tuning $(BIN)/birder-repro -m experiment=fashion_tuning optim=sgdm,sgdm_fp16,sgdm_bf16_2level \
 	  optim.lr=0.0125,0.025,0.05,0.1,0.2,0.4 $(ARGS)
 	-BIRDER_RUNS=$(TTA_RUNS)/tuning $(BIN)/birder-repro -m experiment=fashion_tuning optim=sgdm_powersgd \
@@ -97,7 +97,7 @@ time-to-accuracy: $(STAMP)  ## the field at 2 x 2 and 4 x 1, the crossover and t
 	-BIRDER_RUNS=$(TTA_RUNS)/crossover $(BIN)/birder-repro -m experiment=fashion_time_to_accuracy optim=$(TTA_OPTIMS) \
 	  cluster.link_mbit=$(TTA_LINKS) seed=0,1 train.stop_at_target=true $(ARGS)
 	BIRDER_RUNS=$(TTA_RUNS)/profiles $(BIN)/birder-repro -m experiment=fashion_time_to_accuracy optim=$(TTA_OPTIMS) \
-	  nodes=1 train.steps=60 train.eval=false $(ARGS)
+	  nodes=1 cluster.cores_per_node=1 train.steps=60 train.eval=false $(ARGS)
 	$(BIN)/python -m birder_repro.report
 
 emulated-setup:  ## install iproute2 (ip, tc) for cluster=emulated where it is missing (needs root)

@@ -15,7 +15,7 @@ from dist_utils import run_distributed
 
 from birder_repro.perf import collectives as C
 from birder_repro.perf import validate as V
-from birder_repro.perf.cluster import ClusterSpec, no_spare_core, op_time
+from birder_repro.perf.cluster import ClusterSpec, host_contention, no_spare_core, op_time, profile_contention
 from birder_repro.perf.implementations import (
     IMPLEMENTATIONS,
     PAPER_DDP_OVERLAP,
@@ -87,6 +87,52 @@ def test_op_time_levels():
     assert op_time(ag, 2, 4, spec) == pytest.approx(1e-5 + 6e-6 + max(4 * inter / 1e9, intra / 1e10))
     with pytest.raises(ValueError, match="inter_efficiency"):
         _spec(inter_efficiency=1.5)
+
+
+def test_a_gloo_world_allreduce_is_one_ring_over_every_process():
+    """perf.world_allreduce=ring: 2(N-1) steps at the inter-node alpha, 2(N-1)/N of the vector at the slower of
+    the NIC (one stream, not shared by the node's processes) and the intra-node link."""
+    ring = _spec(world_allreduce="ring")  # inter 1e9 B/s, intra 1e10 B/s
+    ar = Collective("allreduce", "world", 4e6)
+    assert op_time(ar, 2, 4, ring) == pytest.approx(14 * 1e-5 + 2 * 7 / 8 * 4e6 / 1e9)
+    # One process a node: the same ring as NCCL's two-level one with m = 1.
+    assert op_time(ar, 4, 1, ring) == pytest.approx(op_time(ar, 4, 1, _spec()))
+    # One node, and other collectives: unchanged.
+    assert op_time(ar, 1, 4, ring) == pytest.approx(op_time(ar, 1, 4, _spec()))
+    ag = Collective("all_gather", "world", 8e5)
+    assert op_time(ag, 2, 4, ring) == pytest.approx(op_time(ag, 2, 4, _spec()))
+    slow_intra = _spec(world_allreduce="ring", intra_mbit=800.0)  # 1e8 B/s: the loopback is the slowest hop
+    assert op_time(ar, 2, 4, slow_intra) == pytest.approx(14 * 1e-5 + 2 * 7 / 8 * 4e6 / 1e8)
+    with pytest.raises(ValueError, match="world_allreduce='tree'"):
+        _spec(world_allreduce="tree")
+    shipped = ClusterSpec.from_config(yaml.safe_load((REPO / "conf" / "cluster" / "emulated.yaml").read_text()))
+    assert shipped.world_allreduce == "ring" and ClusterSpec.from_config(
+        {"link_mbit": 1, "perf": {"inter_latency_us": 1, "inter_efficiency": 1, "intra_mbit": 1, "intra_latency_us": 1}}
+    ).world_allreduce == ("two_level")
+
+
+def test_host_contention_counts_the_busiest_core_and_a_profile_divides_its_own_out():
+    shared = _spec(shared_host=True)
+    # 2 x 2 on 2 cores, each node pinned to 1: 2 processes a core; 4 x 1 unpinned (fewer cores than nodes): 2.
+    assert host_contention(shared, 4, 1, 2, nodes=2) == 2.0
+    assert host_contention(shared, 4, 1, 2, nodes=4) == 2.0
+    # 1 x 2 on 2 cores: a core each; pinned to 1 core (cluster.cores_per_node=1): 2.
+    assert host_contention(shared, 2, 1, 2, nodes=1) == 1.0
+    assert host_contention(_spec(shared_host=True, cores_per_node=1), 2, 1, 2, nodes=1) == 2.0
+    assert host_contention(_spec(), 64, 8, 2, nodes=8) == 1.0  # a real cluster
+    assert profile_contention(2, 1, 1) == 2.0 and profile_contention(2, 1, 2) == 1.0
+    assert profile_contention(None, 1, None) == 1.0  # an older profile: measured with a core a process
+
+    # The model charges the ratio: a profile measured on one core for 2 processes (its times hold the
+    # contention) predicts the 2 x 2 run on 2 cores at its own compute, the same profile unpinned at twice it.
+    base = dict(name="p", device="cpu", task="t", batch_size=8, forward_backward_s=0.06, parameter_count=300)
+    pinned = Profile(**base, optimizer_s=0.004, threads=1, host_cores=2, processes=2, node_cores=1)
+    spread = Profile(**base, optimizer_s=0.004, threads=1, host_cores=2, processes=2, node_cores=2)
+    assert predict_step(pinned, shared, 2, 2, "fp32").compute_s == pytest.approx(0.064)
+    assert predict_step(spread, shared, 2, 2, "fp32").compute_s == pytest.approx(2 * 0.064)
+    # The pinned profile's own layout (1 x 2 on 1 core) is predicted at its own compute.
+    own = _spec(shared_host=True, cores_per_node=1)
+    assert predict_step(pinned, own, 1, 2, "fp32").compute_s == pytest.approx(0.064)
 
 
 # ------------------------------------------------------------------------------------ bytes per scheme

@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from birder_repro.comm.accounting import CommStats, allreduce_bytes
+from birder_repro.comm.kernels import process_cores
 from birder_repro.comm.readiness import clocked_registration
 from birder_repro.comm.topology import Topology, build_topology
 from birder_repro.logger import METRICS_FILE, RunLogger, wandb_mode
@@ -262,6 +263,9 @@ def test_record_has_every_key_and_parts_sum_to_the_step(full_run):
     # the step, which is never negative: where noise would make it so, compute gives up the difference.
     own_compute = record["forward_backward_s"] + record["profile"]["optimizer_s"]
     assert record["forward_backward_s"] > 0 and record["profile"]["optimizer_s"] > 0
+    # The contention the profile was measured under: this node's processes and the cores they could run on.
+    assert record["profile"]["name"].endswith("/2x1") and record["profile"]["processes"] == 1  # a node's
+    assert record["profile"]["node_cores"] == process_cores()
     assert st["compression"] == pytest.approx(record["overlap_s"]["compression_work"]) and st["compression"] > 0
     if st["communication"] > 0:
         assert st["compute"] == pytest.approx(own_compute, rel=1e-9)

@@ -11,12 +11,18 @@ Costs of one collective (Thakur, Rabenseifner and Gropp 2005 formulas, birder_re
     inter   the formula over n processes on the inter-node link, whose bandwidth the node's m concurrent
             groups share (every local rank runs the same collective at the same time);
     world   one node: as intra. Several nodes:
-            - all-reduce (DDP's fp32 / fp16 / PowerSGD): ASSUMPTION, NCCL's multi-node all-reduce as the
-              bandwidth-optimal two-level one: intra reduce-scatter, inter ring all-reduce of each process's
-              1/m (the m rings share the NIC), intra all-gather. Its NIC carries 2(n-1)/n of the vector per
-              node, which NCCL's tree reaches at 2 nodes (one buffer each way) and its flat ring exceeds (2(N-1)/N):
-              the paper's BERT rows rule the flat ring out (Table 4, 2 nodes over Ethernet: 571 ms per step,
-              while a flat ring needs 1.875 x 438 MB / 1.25 GB/s = 657 ms at the full line rate);
+            - all-reduce, ``perf.world_allreduce: ring`` (gloo, the emulated cluster): one ring over the N
+              processes in rank order; its 2(N-1) steps move in lockstep, each as slow as its slowest hop, and one
+              hop a step leaves each node: 2(N-1) inter-node alphas + 2(N-1)/N of the vector at the slower of the
+              NIC (one stream, not shared) and the intra-node link. MEASURED: SGDM's flat all-reduce on 2 x 2 put
+              4.27 MB a step on each node's link, 1.5 x the 2.68 MB vector, and took as long as on 4 x 1;
+            - all-reduce, ``two_level`` (the default, NCCL; DDP's fp32 / fp16 / PowerSGD): ASSUMPTION, NCCL's
+              multi-node all-reduce as the bandwidth-optimal two-level one: intra reduce-scatter, inter ring
+              all-reduce of each process's 1/m (the m rings share the NIC), intra all-gather. Its NIC carries
+              2(n-1)/n of the vector per node, which NCCL's tree reaches at 2 nodes (one buffer each way) and its
+              flat ring exceeds (2(N-1)/N): the paper's BERT rows rule the flat ring out (Table 4, 2 nodes over
+              Ethernet: 571 ms per step, while a flat ring needs 1.875 x 438 MB / 1.25 GB/s = 657 ms at the full
+              line rate);
             - pairwise exchanges (all-to-all, all-gather): N-1 steps, n-1 of them paying the inter-node latency
               and N-n the intra-node one (NCCL's tuning model counts a collective's network steps so), and
               bandwidth bound by the busier of the node's NIC (m processes' off-node bytes, at the exchange
@@ -35,8 +41,9 @@ from birder_repro.resources import conf_dir
 from .collectives import Link, collective_time
 from .schemes import Collective, counted_bytes
 
-__all__ = ["CLUSTER_DIR", "ClusterSpec", "op_time", "host_contention", "no_spare_core"]
+__all__ = ["CLUSTER_DIR", "ClusterSpec", "op_time", "host_contention", "no_spare_core", "profile_contention"]
 
+WORLD_ALLREDUCE = ("two_level", "ring")  # how a world all-reduce across nodes runs (the module doc's "world")
 MBIT = 1e6 / 8  # bytes per second in one Mbit/s
 # The cluster configs specs come from: conf/cluster of the checkout, or of the installed package.
 CLUSTER_DIR = (conf_dir() or Path(__file__).resolve().parents[2] / "conf") / "cluster"
@@ -55,12 +62,18 @@ class ClusterSpec:
     intra_efficiency: float = 1.0
     exchange_efficiency: float | None = None  # pairwise exchanges across nodes; None: inter_efficiency
     shared_host: bool = False  # emulated clusters: every node's processes share one machine's cores
+    cores_per_node: int | None = None  # emulated clusters: the cores each node is pinned to (None: cores // nodes)
+    world_allreduce: str = "two_level"  # a world all-reduce across nodes: "two_level" (NCCL) or "ring" (gloo)
 
     def __post_init__(self) -> None:
         for key in ("inter_efficiency", "intra_efficiency", "exchange_efficiency"):
             value = getattr(self, key)
             if value is not None and not 0 < value <= 1:
                 raise ValueError(f"cluster.perf.{key}={value}: give a fraction of the line rate in (0, 1]")
+        if self.world_allreduce not in WORLD_ALLREDUCE:
+            raise ValueError(
+                f"cluster.perf.world_allreduce={self.world_allreduce!r}: give one of {sorted(WORLD_ALLREDUCE)}"
+            )
         for key in ("inter_mbit", "intra_mbit"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"cluster {key}={getattr(self, key)}: give a rate > 0 in Mbit/s")
@@ -111,6 +124,8 @@ class ClusterSpec:
                 None if perf.get("exchange_efficiency") is None else float(perf.get("exchange_efficiency"))
             ),
             shared_host=bool(perf.get("shared_host", False)),
+            cores_per_node=None if cluster.get("cores_per_node") is None else int(cluster.get("cores_per_node")),
+            world_allreduce=str(perf.get("world_allreduce") or "two_level"),
         )
 
 
@@ -123,6 +138,9 @@ def op_time(op: Collective, nodes: int, gpus_per_node: int, cluster: ClusterSpec
     exchange = cluster.exchange.shared(m)
     if op.group == "inter":
         return collective_time(op.kind, op.nbytes, n, nic if op.kind == "allreduce" else exchange)
+    if op.kind == "allreduce" and cluster.world_allreduce == "ring":
+        slowest = max(cluster.inter.beta, cluster.intra.beta)
+        return collective_time("allreduce", op.nbytes, n * m, Link(cluster.inter.alpha_s, 1.0 / slowest))
     if op.kind == "allreduce":
         return (
             collective_time("reduce_scatter", op.nbytes, m, cluster.intra)
@@ -137,13 +155,31 @@ def op_time(op: Collective, nodes: int, gpus_per_node: int, cluster: ClusterSpec
     return latency + max(inter_bytes * exchange.beta, intra_bytes * cluster.intra.beta)
 
 
-def host_contention(cluster: ClusterSpec, processes: int, threads: int, host_cores: int | None) -> float:
-    """How much slower computation runs than in the profile, because the emulated cluster's ``processes``
-    of ``threads`` each share one machine of ``host_cores`` (1 on real clusters, or when not known):
-    ASSUMPTION, compute-bound work time-shares the cores evenly, max(1, processes x threads / cores)."""
+def host_contention(
+    cluster: ClusterSpec, processes: int, threads: int, host_cores: int | None, nodes: int = 1
+) -> float:
+    """Processes' compute threads per core on the busiest core of an emulated cluster of ``nodes`` nodes whose
+    ``processes`` of ``threads`` each share one machine of ``host_cores`` (1 on real clusters, or when not
+    known): ASSUMPTION, compute-bound work time-shares the cores evenly. Each node is pinned to
+    ``cluster.cores_per_node`` cores, else to ``host_cores // nodes`` (birder_repro.launch.emulated, no
+    pinning with fewer cores than nodes): max(1, processes x threads / cores, a node's the same over its cores).
+    """
     if not cluster.shared_host or not host_cores:
         return 1.0
-    return max(1.0, processes * max(threads, 1) / float(host_cores))
+    load = processes * max(threads, 1) / float(host_cores)
+    node_cores = cluster.cores_per_node or (host_cores // nodes if host_cores >= nodes else None)
+    if node_cores:
+        load = max(load, processes / max(nodes, 1) * max(threads, 1) / float(node_cores))
+    return max(1.0, load)
+
+
+def profile_contention(processes: int | None, threads: int, node_cores: int | None) -> float:
+    """The contention the 1-node profile was measured under, already in its times: its node's ``processes``
+    of ``threads`` on the ``node_cores`` it was pinned to (1 where a profile does not say: older profiles ran
+    unpinned, one core or more a process)."""
+    if not processes or not node_cores:
+        return 1.0
+    return max(1.0, processes * max(threads, 1) / float(node_cores))
 
 
 def no_spare_core(cluster: ClusterSpec, processes: int, threads: int, host_cores: int | None) -> bool:

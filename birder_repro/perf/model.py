@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .cluster import ClusterSpec, host_contention, no_spare_core, op_time
+from .cluster import ClusterSpec, host_contention, no_spare_core, op_time, profile_contention
 from .implementations import ImplementationLike, implementation_of
 from .profile import Profile
 from .schemes import COMPRESSION_BACKEND, bucket_collectives, compressed_elements, counted_bytes, sync_collectives
@@ -91,8 +91,12 @@ def predict_step(
     if nodes < 1 or gpus_per_node < 1:
         raise ValueError(f"nodes and gpus_per_node must be >= 1, got {nodes}, {gpus_per_node}")
     batch = profile.batch_size if batch_size is None else int(batch_size)
-    # An emulated cluster's nodes share one machine: its cores' time is shared by every process.
-    slow = host_contention(cluster, nodes * gpus_per_node, profile.threads, profile.host_cores)
+    # An emulated cluster's nodes share one machine: its cores' time is shared by every process. A profile
+    # measured under contention (its node pinned to fewer cores than it has processes) already holds it: only
+    # the ratio is charged, not the layout's contention on top of the profile's.
+    slow = host_contention(cluster, nodes * gpus_per_node, profile.threads, profile.host_cores, nodes) / (
+        profile_contention(profile.processes, profile.threads, profile.node_cores) if cluster.shared_host else 1.0
+    )
     fb = profile.compute_s(batch) * slow
     forward, backward = fb * (1 - profile.backward_fraction), fb * profile.backward_fraction
     sizes = profile.buckets() if impl.granularity == "bucket" else [profile.parameter_count]

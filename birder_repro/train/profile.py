@@ -15,6 +15,8 @@ measured on the run's own device, so that ``load_profile(run_dir)`` works on any
     link_mbit_measured                       emulated clusters: the busiest node's link bytes per step (the
                                              kernel's count) over the step's exposed communication time
     data_wait_s, threads, host_cores         the data loader's wait, torch's threads, this machine's cores
+    processes, node_cores                    this node's processes and the cores they may run on (an emulated
+                                             node's pinning), the contention the times were measured under
     scheme_overhead_s                        1-node runs: the measured step beyond the model's prediction of
                                              that same step (DDP's own work, a lone process's hook)
 
@@ -119,6 +121,7 @@ def measured_profile(
     else the whole run) the optimizer's own seconds and the hook's compression seconds; None where the run
     measured no compute. ``device`` is the display name the profile records ("cuda (NVIDIA H100 ...)"),
     ``torch_device`` the device the run computed on (default: the CPU)."""
+    from birder_repro.comm.kernels import process_cores
     from birder_repro.perf.profile import Profile
 
     fb = record.get("forward_backward_s")
@@ -151,6 +154,8 @@ def measured_profile(
         data_wait_s=float(record.get("data_wait_s_per_step") or 0.0),
         threads=int(threads),
         host_cores=os.cpu_count(),
+        processes=int(gpus_per_node),
+        node_cores=process_cores(),
         link_mbit_measured=_link_mbit(record),
         notes=f"measured by the run itself ({timed} timed steps; scheme {scheme} on {nodes} x {gpus_per_node})",
     )
