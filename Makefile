@@ -8,7 +8,7 @@ ARGS    ?=
 # the tests waiting on processes they start); --dist loadfile gives each a whole test file, the longest first
 WORKERS ?= 3
 
-.PHONY: help install run lint test test-all tables bench gpu-check emulated-setup validate validate-emulated tune-fashion time-to-accuracy clean
+.PHONY: help install run lint test test-all tables bench gpu-check emulated-setup validate validate-emulated validate-fashion tune-fashion time-to-accuracy clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -99,6 +99,9 @@ time-to-accuracy: $(STAMP)  ## the field at 2 x 2 and 4 x 1, the crossover and t
 	BIRDER_RUNS=$(TTA_RUNS)/profiles $(BIN)/birder-repro -m experiment=fashion_time_to_accuracy optim=$(TTA_OPTIMS) \
 	  nodes=1 cluster.cores_per_node=1 train.steps=60 train.eval=false $(ARGS)
 	$(BIN)/python -m birder_repro.report
+
+validate-fashion: $(STAMP)  ## the model against every multi-node run of the Fashion-MNIST field and crossover, out of sample
+	$(BIN)/python -m birder_repro.report.model_error --runs $(TTA_RUNS)
 
 emulated-setup:  ## install iproute2 (ip, tc) for cluster=emulated where it is missing (needs root)
 	@command -v ip >/dev/null && command -v tc >/dev/null && echo "iproute2 is installed" || \

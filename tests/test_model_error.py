@@ -12,6 +12,7 @@ from test_report_tuning import profile, record, write
 from birder_repro.perf.profile import Profile
 from birder_repro.report import crossover, model_error
 from birder_repro.report.__main__ import main
+from birder_repro.report.display import fmt_number, is_missing
 from birder_repro.report.records import load_frame
 
 
@@ -50,3 +51,50 @@ def test_make_tables_writes_the_model_error_table(tmp_path):
     assert main(["--runs", str(frame_root), "--out", str(tmp_path / "out"), "--figures", str(tmp_path / "f")]) == 0
     text = (tmp_path / "out" / "model_error.md").read_text()
     assert "| SGDM " in text and "+25.0%" in text and "**no**" in text and "not reached" in text
+
+
+class _Model:
+    """A made-up StepModel: time to target as a function of the link rate alone."""
+
+    def __init__(self, seconds, comm_share=0.5):
+        self.seconds, self.comm_share = seconds, comm_share
+
+    def time_to_target(self, steps, link):
+        return self.seconds(link)
+
+    def step_s(self, link):
+        return (0.0, 0.0, self.comm_share)
+
+
+def test_each_crossover_is_predicted_against_the_measured_one_and_its_bracketing_links():
+    """Birder measured at ratios 0.5 (100 Mbit/s) and 2.0 (400) crosses at 100 x 4^(1/3) = 158.7 Mbit/s; the
+    made-up models cross where 10 + 1000/x = 14 + 100/x, at 225: 42 % off, a miss. DiLoCo, faster at both links
+    and predicted faster on every link, agrees."""
+    from test_report_tuning import _measured
+
+    rows = [("sgdm", 100.0, 20.0), ("sgdm", 400.0, 10.0), ("birder", 100.0, 10.0), ("birder", 400.0, 20.0)]
+    rows += [("diloco", 100.0, 2.0), ("diloco", 400.0, 2.0)]
+    points = _measured(rows)
+    points.attrs["models"] = {
+        "sgdm": _Model(lambda x: 10 + 1000 / x),
+        "birder": _Model(lambda x: 14 + 100 / x),
+        "diloco": _Model(lambda x: 1.0),
+    }
+    found = model_error.crossover_error_rows(points).set_index("optim")
+    birder = found.loc["birder"]
+    assert birder["measured"] == pytest.approx(100 * 4 ** (1 / 3)) and birder["bracket"] == (100.0, 400.0)
+    assert birder["predicted"] == pytest.approx(225, rel=0.02)
+    assert birder["error"] == pytest.approx(birder["predicted"] / birder["measured"] - 1)
+    assert is_missing(found.loc["diloco", "measured"]) and found.loc["diloco", "faster_everywhere"]
+    text = model_error.crossover_error_markdown(found.reset_index())
+    assert f"{fmt_number(birder['measured'], 3)} (between 100 and 400)" in text
+    assert "| **no**" in text and "faster at every measured link; the model agrees" in text
+    # A model slower on every link, against DiLoCo measured faster at both: a disagreement.
+    points.attrs["models"]["diloco"] = _Model(lambda x: 100.0)
+    text = model_error.crossover_error_markdown(model_error.crossover_error_rows(points))
+    assert "faster at every measured link; the model **does not**" in text
+    # The model within 15 % of the measured crossover (here it crosses at 160): a pass.
+    points.attrs["models"]["birder"] = _Model(lambda x: 14 + 360 / x)
+    close = model_error.crossover_error_rows(points).set_index("optim").loc["birder"]
+    assert abs(close["error"]) <= model_error.CROSSOVER_TARGET, close["predicted"]
+    assert "| yes" in model_error.crossover_error_markdown(model_error.crossover_error_rows(points))

@@ -124,7 +124,8 @@ def write_overview(
     errors = model_error.model_error_rows(frame)  # the model against every multi-node run it can predict
     if not errors.empty:
         summary = model_error.model_error_summary(errors)
-        _write(out / "model_error.md", model_error.model_error_markdown(errors, summary), written)
+        crossings = model_error.crossover_error_rows(points)
+        _write(out / "model_error.md", model_error.model_error_markdown(errors, summary, crossings), written)
         _write(out / "model_error.csv", model_error.csv_text(errors), written)
     paper_rows = paper.load_paper_tables(Path(paper_dir) if paper_dir else None)
     _write(out / "paper_comparison.md", paper.comparison_markdown(cells, paper_rows), written)

@@ -11,25 +11,44 @@ arithmetic), the link from the emulated cluster's spec at the run's ``link_mbit`
 - the time to target: ``time_to_target.seconds`` against the model's time for the run's own steps to it.
 
 Per method: the median and the worst (largest in size, with its sign) over its runs, beside the targets the
-project holds the model to (:data:`MEDIAN_TARGET`, :data:`WORST_TARGET`).
+project holds the model to (:data:`MEDIAN_TARGET`, :data:`WORST_TARGET`). Per compressed method and layout, the
+crossover against the fastest baseline (report.crossover): the measured one, the two measured links around it,
+and the model's, within :data:`CROSSOVER_TARGET` of the measured link rate or not.
+
+``python -m birder_repro.report.model_error [--runs DIR]`` (``make validate-fashion``) prints the tables and
+writes nothing.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
+import sys
+from collections.abc import Sequence
+from itertools import pairwise
 from typing import Any
 
 import pandas as pd
 
 from .cells import fill_keys
-from .crossover import _items, _models, one_node_profiles, series_key
+from .crossover import _items, _models, crossover_tables, crossovers, one_node_profiles, series_key
 from .display import fmt_layout, fmt_number, fmt_percent, is_missing, optim_label, optim_rank, to_markdown
 
-__all__ = ["MEDIAN_TARGET", "WORST_TARGET", "model_error_rows", "model_error_summary", "model_error_markdown"]
+__all__ = [
+    "MEDIAN_TARGET",
+    "WORST_TARGET",
+    "CROSSOVER_TARGET",
+    "model_error_rows",
+    "model_error_summary",
+    "crossover_error_rows",
+    "model_error_markdown",
+    "main",
+]
 
 MEDIAN_TARGET = 0.15  # median |predicted / measured - 1| per method
 WORST_TARGET = 0.35  # and the worst
+CROSSOVER_TARGET = 0.15  # |predicted / measured - 1| of each crossover's link rate
 
 
 def _runs(frame: pd.DataFrame) -> pd.DataFrame:
@@ -131,6 +150,81 @@ def model_error_summary(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def crossover_error_rows(points: pd.DataFrame) -> pd.DataFrame:
+    """Per comparison (task, layout, run length) and compressed method measured at two links or more: where it
+    stops being faster than the fastest baseline, measured (interpolated between the two links that bracket it)
+    and predicted, and the error of the predicted link rate. ``points``: report.crossover.crossover_tables'."""
+    if points.empty:
+        return pd.DataFrame()
+    rows = []
+    for c in crossovers(points):
+        if len(c["measured_ratios"]) < 2:
+            continue
+        links = sorted(c["measured_ratios"])
+        measured, predicted = c["measured"], c.get("predicted")  # None where it does not cross
+        bracket = None if measured is None else next((a, b) for a, b in pairwise(links) if a <= measured <= b)
+        rows.append(
+            {
+                "comparison": c["comparison"],
+                "optim": c["optim"],
+                "variant": c["variant"],
+                "links": links,
+                "measured": measured,
+                "bracket": bracket,
+                "predicted": predicted,
+                "error": _error(predicted, measured) if measured is not None and predicted is not None else math.nan,
+                "faster_everywhere": c["faster_everywhere_measured"],
+                "slower_everywhere": c["slower_everywhere_measured"],
+                # where the model never crosses on its grid: faster on all of it, or slower
+                "predicted_faster_everywhere": predicted is None
+                and "grid_ratio" in c
+                and bool(c["grid_ratio"][-1] < 1),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _crossover_verdict(r) -> str:
+    if is_missing(r["measured"]):
+        where = "faster" if r["faster_everywhere"] else "slower"
+        beyond = max(r["links"]) if r["faster_everywhere"] else min(r["links"])
+        # faster at every measured link: the model agrees if it crosses above them (or never); slower: below
+        if is_missing(r["predicted"]):
+            agrees = bool(r["predicted_faster_everywhere"]) == bool(r["faster_everywhere"])
+        else:
+            agrees = (r["predicted"] > beyond) == bool(r["faster_everywhere"])
+        return f"{where} at every measured link; the model " + ("agrees" if agrees else "**does not**")
+    if is_missing(r["error"]):
+        return "no predicted crossover: **no**"
+    return "yes" if abs(r["error"]) <= CROSSOVER_TARGET else "**no**"
+
+
+def crossover_error_markdown(rows: pd.DataFrame) -> str:
+    if rows.empty:
+        return "No compressed method measured at two links or more."
+    shown = pd.DataFrame(
+        {
+            "comparison": rows["comparison"],
+            "method": [optim_label(o, v) for o, v in zip(rows["optim"], rows["variant"])],
+            "measured links": [" ".join(_link(x) for x in xs) for xs in rows["links"]],
+            "measured crossover, Mbit/s": [
+                "—" if is_missing(m) else f"{fmt_number(m, 3)} (between {_link(b[0])} and {_link(b[1])})"
+                for m, b in zip(rows["measured"], rows["bracket"])
+            ],
+            "predicted, Mbit/s": ["—" if is_missing(p) else fmt_number(p, 3) for p in rows["predicted"]],
+            "error": rows["error"].map(_signed),
+            f"within {CROSSOVER_TARGET:.0%}": [_crossover_verdict(r) for _, r in rows.iterrows()],
+        }
+    )
+    return to_markdown(shown)
+
+
+def _link(x: float) -> str:
+    from .crossover import _unshaped_link
+
+    return "unshaped" if x == _unshaped_link() else fmt_number(x)
+
+
 def _signed(x: float) -> str:
     return "—" if is_missing(x) else ("+" if x >= 0 else "") + fmt_percent(x)
 
@@ -145,7 +239,7 @@ NOTES = (
 )
 
 
-def model_error_markdown(rows: pd.DataFrame, summary: pd.DataFrame) -> str:
+def model_error_markdown(rows: pd.DataFrame, summary: pd.DataFrame, crossings: pd.DataFrame | None = None) -> str:
     lines = ["# The performance model against measured runs", ""] + [f"- {n}" for n in NOTES]
     if rows.empty:
         return "\n".join(lines + ["", "No multi-node run with a 1-node profile of its setting."]) + "\n"
@@ -180,9 +274,45 @@ def model_error_markdown(rows: pd.DataFrame, summary: pd.DataFrame) -> str:
             "time error": rows["time_error"].map(_signed),
         }
     )
-    lines += ["", "## Per method", "", to_markdown(shown), "", "## Per run", "", to_markdown(per_run)]
+    lines += ["", "## Per method", "", to_markdown(shown)]
+    if crossings is not None:
+        lines += [
+            "",
+            "## Crossovers, predicted against measured",
+            "",
+            "Against the fastest uncompressed or 16-bit baseline at each link (tables/crossover.md); the "
+            "measured one interpolated in log link rate between the two measured links around it.",
+            "",
+            crossover_error_markdown(crossings),
+        ]
+    lines += ["", "## Per run", "", to_markdown(per_run)]
     return "\n".join(lines) + "\n"
 
 
 def csv_text(rows: pd.DataFrame) -> str | None:
     return None if rows.empty else rows.to_csv(index=False)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the model's errors on every predictable run under ``--runs`` (default: runs/time-to-accuracy)."""
+    from .records import load_frame, runs_root
+
+    parser = argparse.ArgumentParser(
+        prog="python -m birder_repro.report.model_error",
+        description="The performance model against measured multi-node runs, out of sample: each predicted from "
+        "a 1-node profile, its layout, its link and its own steps. Prints; writes nothing.",
+    )
+    parser.add_argument("--runs", metavar="DIR", default="runs/time-to-accuracy", help="the runs root")
+    args = parser.parse_args(argv)
+    frame = load_frame(runs_root(args.runs))
+    if frame.empty:
+        print(f"no run records under {args.runs}", file=sys.stderr)
+        return 1
+    rows = model_error_rows(frame)
+    crossings = crossover_error_rows(crossover_tables(frame)[0])
+    print(model_error_markdown(rows, model_error_summary(rows), crossings).split("## Per run")[0].rstrip())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
