@@ -24,7 +24,7 @@ __all__ = ["LINK_GRID", "time_to_target", "step_times", "ranking", "ranking_band
 LINK_GRID = np.logspace(1, 5, 161)  # 10 Mbit/s to 100 Gbit/s: where mode=advise and the crossover read a ranking
 
 
-def time_to_target(steps: float, freeze: int, warmup_step_s: float, step_s: float) -> float:
+def time_to_target(steps: float, freeze: float, warmup_step_s: float, step_s: float) -> float:
     """Seconds to reach the target in ``steps`` steps when the first ``freeze`` of them cost ``warmup_step_s``
     (1-bit Adam's fp32 warmup) and the rest ``step_s``: a target reached inside the warmup costs warmup steps
     only."""

@@ -1,0 +1,168 @@
+"""The paper's question at its scale, predicted: which method reaches the target first for ResNet-50 and BERT on
+nodes of 8 A100s, over 1-100 Gbit/s links and 2-64 nodes.
+
+    python -m birder_repro.perf.paper_scale [--runs runs/time-to-accuracy] [--layout 2x2]
+
+Every number is PREDICTED, from three inputs, none measured at this scale:
+
+- the step: the performance model (birder_repro.perf.model, this project's hooks: implementation ``this``) on
+  the paper's 1-node profiles (birder_repro.perf.paper_profiles: ResNet-50 at 32 and BERT at 3 per GPU, derived
+  from the paper's 1-node rows) and the ``ethernet_10g`` cluster (the paper's testbed, its fitted NCCL
+  efficiency and latency) at each link rate;
+- the steps to the target: each method's over SGDM's on the Fashion-MNIST field (the tuned recipes,
+  docs/time-to-accuracy.md), at ``--layout``: ASSUMPTION, a method needs the same multiple of SGDM's steps on
+  the paper's tasks and at any node count as there (1-bit Adam's fp32 warmup and DiLoCo's H as tuned there);
+- the 16-bit casts (the fp16 hook, the two-level bf16 all-reduce): ASSUMPTION, memory-bound at the A100-80GB's
+  2039 GB/s, 6 bytes read and written an element a cast (the paper profiles have no cost for them).
+
+PowerSGD is left out: its compression on an A100 (small matrix products and orthogonalization) has no measured
+or published cost to price it with. Time to target is given over SGDM's (its flat fp32 all-reduce, NCCL's
+two-level one on these clusters), so the unknown absolute number of steps cancels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import yaml
+
+from .advise import step_times, time_to_target
+from .cluster import CLUSTER_DIR, ClusterSpec
+from .paper_profiles import PAPER_GPUS_PER_NODE, paper_profile
+from .profile import Profile
+
+__all__ = ["PAPER_TASKS", "LINKS_MBIT", "NODES", "CAST_S_PER_ELEMENT", "Method", "relative_times", "scale_markdown"]
+
+PAPER_TASKS = {"ResNet-50 (ImageNet, 32 a GPU)": "resnet50_b32", "BERT-Large (SQuAD, 3 a GPU)": "bert_squad_b3"}
+LINKS_MBIT = (1_000.0, 10_000.0, 25_000.0, 100_000.0)
+NODES = (2, 4, 8, 16, 32, 64)
+# ASSUMPTION (module doc): a cast reads 4 and writes 2 bytes (or the reverse) at the A100-80GB's HBM2e bandwidth
+# (NVIDIA A100 datasheet: 2039 GB/s); the model counts 2 casts an element (perf.schemes.compressed_elements).
+CAST_S_PER_ELEMENT = 6 / 2039e9
+SKIPPED = {"sgdm_powersgd", "adamw_powersgd"}  # no A100 cost for PowerSGD's compression (module doc)
+
+
+@dataclass(frozen=True)
+class Method:
+    """One method as the Fashion-MNIST field ran it: its scheme, and its steps to the target over SGDM's."""
+
+    label: str
+    scheme: str
+    steps: float  # relative to SGDM's steps to the target (SGDM: 1)
+    freeze: float = 0.0  # the fp32 warmup, in the same units (1-bit Adam's freeze)
+    local_steps: int = 1  # DiLoCo's H
+
+
+def _priced(profile: Profile) -> Profile:
+    return replace(profile, compression_s_per_element={**profile.compression_s_per_element, "fp16": CAST_S_PER_ELEMENT})
+
+
+def relative_times(
+    methods: Sequence[Method], profile: Profile, cluster: ClusterSpec, nodes: int, gpus_per_node: int
+) -> dict[str, float]:
+    """Each method's predicted time to the target over SGDM's (the method labelled ``SGDM``, scheme fp32)."""
+    profile = _priced(profile)
+    times = {}
+    for m in methods:
+        warm, main, _ = step_times(
+            profile,
+            cluster,
+            nodes,
+            gpus_per_node,
+            m.scheme,
+            profile.batch_size,
+            freeze=1 if m.freeze > 0 else 0,  # a warmup exists; its length is m.freeze below
+            local_steps=m.local_steps,
+        )
+        times[m.label] = time_to_target(m.steps, m.freeze, warm, main)  # in units of SGDM's steps
+    base = times.get("SGDM")
+    if not base:
+        raise ValueError("relative_times needs SGDM (scheme fp32) among the methods: times are over its")
+    return {k: v / base for k, v in times.items()}
+
+
+def fashion_methods(runs: Path, layout: tuple[int, int]) -> list[Method]:
+    """The Fashion-MNIST field's methods at ``layout``: steps to the target over SGDM's, from the measured runs."""
+    from .advisor import _method_inputs, _on_layout, load_runs, measured_steps
+
+    records = load_runs(runs)
+    batches = Counter(
+        r.get("global_batch_size") for _, r in records if r.get("task") == "fashion_mnist" and _on_layout(r, layout)
+    )
+    if not batches:
+        raise SystemExit(f"no run of fashion_mnist at {layout[0]}x{layout[1]} under {runs}")
+    batch = int(batches.most_common(1)[0][0])
+    found = [
+        s
+        for s in measured_steps(records, "fashion_mnist", batch, layout)
+        if s.same_layout and s.steps and s.optim not in SKIPPED
+    ]
+    sgdm = [s for s in found if s.optim == "sgdm" and not s.variant]
+    if not sgdm:
+        raise SystemExit(f"no SGDM run of fashion_mnist at {layout[0]}x{layout[1]} under {runs} reached the target")
+    base = float(sgdm[0].steps or 0)
+    out = []
+    for s in found:
+        inputs = _method_inputs(s)
+        label = "SGDM" if s is sgdm[0] else s.label
+        out.append(
+            Method(label, inputs["scheme"], float(s.steps or 0) / base, inputs["freeze"] / base, inputs["local_steps"])
+        )
+    return out
+
+
+def _cluster(link_mbit: float) -> ClusterSpec:
+    config = yaml.safe_load((CLUSTER_DIR / "ethernet_10g.yaml").read_text())
+    return ClusterSpec.from_config({**config, "link_mbit": float(link_mbit)})
+
+
+def scale_markdown(methods: Sequence[Method]) -> str:
+    """One table a task: per node count and link rate, the first two methods and their time over SGDM's."""
+    lines = []
+    for title, name in PAPER_TASKS.items():
+        profile = paper_profile(name=name, implementation="this")
+        lines += [f"**{title}**, {PAPER_GPUS_PER_NODE} GPUs a node (predicted; time to the target over SGDM's)", ""]
+        lines.append("| nodes | " + " | ".join(f"{x / 1000:g} Gbit/s" for x in LINKS_MBIT) + " |")
+        lines.append("| --- |" + " --- |" * len(LINKS_MBIT))
+        for n in NODES:
+            cells = []
+            for link in LINKS_MBIT:
+                rel = relative_times(methods, profile, _cluster(link), n, PAPER_GPUS_PER_NODE)
+                first, second = sorted(rel, key=rel.get)[:2]
+                cells.append(f"{first} {rel[first]:.2f}; {second} {rel[second]:.2f}")
+            lines.append(f"| {n} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _methods_text(methods: Sequence[Method]) -> str:
+    return "\n".join(
+        f"- {m.label}: scheme {m.scheme}, {m.steps:.2f}x SGDM's steps"
+        + (f", the first {m.freeze:.2f} in fp32" if m.freeze else "")
+        + (f", H = {m.local_steps}" if m.local_steps > 1 else "")
+        for m in methods
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m birder_repro.perf.paper_scale", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--runs", default="runs/time-to-accuracy", help="the Fashion-MNIST field's runs")
+    parser.add_argument("--layout", default="2x2", help="the field's layout the steps come from, nodes x processes")
+    args = parser.parse_args(argv)
+    nodes, gpus = (int(x) for x in args.layout.split("x"))
+    methods = fashion_methods(Path(args.runs), (nodes, gpus))
+    print(f"Steps to the target over SGDM's, from the Fashion-MNIST field at {args.layout} (measured):\n")
+    print(_methods_text(methods) + "\n")
+    print(scale_markdown(methods))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
