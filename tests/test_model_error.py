@@ -74,7 +74,7 @@ def test_each_crossover_is_predicted_against_the_measured_one_and_its_bracketing
 
     rows = [("sgdm", 100.0, 20.0), ("sgdm", 400.0, 10.0), ("birder", 100.0, 10.0), ("birder", 400.0, 20.0)]
     rows += [("diloco", 100.0, 2.0), ("diloco", 400.0, 2.0)]
-    points = _measured(rows)
+    points = _measured(rows).assign(task="t", gpus=4, nodes=2, gpus_per_node=2, run_length="2 epochs")
     points.attrs["models"] = {
         "sgdm": _Model(lambda x: 10 + 1000 / x),
         "birder": _Model(lambda x: 14 + 100 / x),
@@ -87,7 +87,7 @@ def test_each_crossover_is_predicted_against_the_measured_one_and_its_bracketing
     assert birder["error"] == pytest.approx(birder["predicted"] / birder["measured"] - 1)
     assert is_missing(found.loc["diloco", "measured"]) and found.loc["diloco", "faster_everywhere"]
     text = model_error.crossover_error_markdown(found.reset_index())
-    assert f"{fmt_number(birder['measured'], 3)} (between 100 and 400)" in text
+    assert f"{fmt_number(birder['measured'], 3)} (between 100 and 400)" in text and "| t: 4 (2x2), 2 epochs |" in text
     assert "| **no**" in text and "faster at every measured link; the model agrees" in text
     # A model slower on every link, against DiLoCo measured faster at both: a disagreement.
     points.attrs["models"]["diloco"] = _Model(lambda x: 100.0)

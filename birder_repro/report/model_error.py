@@ -156,6 +156,10 @@ def crossover_error_rows(points: pd.DataFrame) -> pd.DataFrame:
     and predicted, and the error of the predicted link rate. ``points``: report.crossover.crossover_tables'."""
     if points.empty:
         return pd.DataFrame()
+    titles = {
+        comparison: f"{g.iloc[0]['task']}: {fmt_layout(g.iloc[0])}, {g.iloc[0]['run_length']}"
+        for comparison, g in points.groupby("comparison", sort=False)
+    }
     rows = []
     for c in crossovers(points):
         if len(c["measured_ratios"]) < 2:
@@ -165,7 +169,7 @@ def crossover_error_rows(points: pd.DataFrame) -> pd.DataFrame:
         bracket = None if measured is None else next((a, b) for a, b in pairwise(links) if a <= measured <= b)
         rows.append(
             {
-                "comparison": c["comparison"],
+                "comparison": titles[c["comparison"]],
                 "optim": c["optim"],
                 "variant": c["variant"],
                 "links": links,
