@@ -65,7 +65,7 @@ validate-emulated: $(STAMP)  ## run the emulated sweep (about 12 minutes), then 
 # conf/recipe/fashion_mnist/. time-to-accuracy: the field (3 seeds at 200 Mbit/s, 2 x 2 and 4 x 1), the
 # crossover (seeds 0 and 1 at 50, 100 and 500 Mbit/s and unshaped, each run ending at its target) and the 1-node
 # runs whose profiles the performance model predicts from; then make tables (tables/time_to_target.md,
-# targets.md, tuning.md, crossover.md). About 3.5 hours on this 2-core machine (docs/time-to-accuracy.md). A cell
+# targets.md, tuning.md, crossover.md). About 2.8 hours on this 2-core machine, 4.5 with tune-fashion (docs/time-to-accuracy.md). A cell
 # that diverges (a result, not a crash) is listed at its sweep's end and the target goes on (make's leading -).
 TTA_RUNS ?= runs/time-to-accuracy
 TTA_OPTIMS ?= sgdm,adamw,sgdm_fp16,sgdm_2level,sgdm_bf16_2level,sgdm_powersgd,diloco,onebit_adam,onebit_adam_precond,birder
