@@ -4,24 +4,14 @@ over SGDM's, from a profile, a cluster and its steps over SGDM's."""
 from __future__ import annotations
 
 import pytest
+from test_perf import _profile, _spec
 
-from birder_repro.perf.cluster import ClusterSpec
 from birder_repro.perf.model import predict_step
 from birder_repro.perf.paper_scale import CAST_S_PER_ELEMENT, Method, relative_times, scale_markdown
 from birder_repro.perf.profile import Profile
 
-SPEC = ClusterSpec(
-    "t", inter_mbit=1000.0, inter_latency_us=10.0, inter_efficiency=1.0, intra_mbit=80000.0, intra_latency_us=1.0
-)
-PROFILE = Profile(
-    name="p",
-    device="gpu",
-    task="t",
-    batch_size=32,
-    forward_backward_s=0.1,
-    parameter_count=1_000_000,
-    compression_s_per_element={"onebit": 1e-10},
-)
+SPEC = _spec(inter_mbit=1000.0)
+PROFILE = _profile(compression_s_per_element={"onebit": 1e-10})
 
 
 def test_times_are_steps_times_step_time_over_sgdms_by_hand():

@@ -15,7 +15,7 @@ from dist_utils import run_distributed
 
 from birder_repro.perf import collectives as C
 from birder_repro.perf import validate as V
-from birder_repro.perf.cluster import ClusterSpec, host_contention, no_spare_core, op_time, profile_contention
+from birder_repro.perf.cluster import ClusterSpec, host_contention, no_spare_core, node_contention, op_time
 from birder_repro.perf.implementations import (
     IMPLEMENTATIONS,
     PAPER_DDP_OVERLAP,
@@ -120,8 +120,8 @@ def test_host_contention_counts_the_busiest_core_and_a_profile_divides_its_own_o
     assert host_contention(shared, 2, 1, 2, nodes=1) == 1.0
     assert host_contention(_spec(shared_host=True, cores_per_node=1), 2, 1, 2, nodes=1) == 2.0
     assert host_contention(_spec(), 64, 8, 2, nodes=8) == 1.0  # a real cluster
-    assert profile_contention(2, 1, 1) == 2.0 and profile_contention(2, 1, 2) == 1.0
-    assert profile_contention(None, 1, None) == 1.0  # an older profile: measured with a core a process
+    assert node_contention(2, 1, 1) == 2.0 and node_contention(2, 1, 2) == 1.0
+    assert node_contention(None, 1, None) == 1.0  # an older profile: measured with a core a process
 
     # The model charges the ratio: a profile measured on one core for 2 processes (its times hold the
     # contention) predicts the 2 x 2 run on 2 cores at its own compute, the same profile unpinned at twice it.

@@ -41,7 +41,7 @@ from birder_repro.resources import conf_dir
 from .collectives import Link, collective_time
 from .schemes import Collective, counted_bytes
 
-__all__ = ["CLUSTER_DIR", "ClusterSpec", "op_time", "host_contention", "no_spare_core", "profile_contention"]
+__all__ = ["CLUSTER_DIR", "ClusterSpec", "op_time", "host_contention", "no_spare_core", "node_contention"]
 
 WORLD_ALLREDUCE = ("two_level", "ring")  # how a world all-reduce across nodes runs (the module doc's "world")
 MBIT = 1e6 / 8  # bytes per second in one Mbit/s
@@ -162,24 +162,24 @@ def host_contention(
     ``processes`` of ``threads`` each share one machine of ``host_cores`` (1 on real clusters, or when not
     known): ASSUMPTION, compute-bound work time-shares the cores evenly. Each node is pinned to
     ``cluster.cores_per_node`` cores, else to ``host_cores // nodes`` (birder_repro.launch.emulated, no
-    pinning with fewer cores than nodes): max(1, processes x threads / cores, a node's the same over its cores).
+    pinning with fewer cores than nodes): the larger of the machine's load and a node's (:func:`node_contention`).
     """
     if not cluster.shared_host or not host_cores:
         return 1.0
-    load = processes * max(threads, 1) / float(host_cores)
     node_cores = cluster.cores_per_node or (host_cores // nodes if host_cores >= nodes else None)
-    if node_cores:
-        load = max(load, processes / max(nodes, 1) * max(threads, 1) / float(node_cores))
-    return max(1.0, load)
+    return max(
+        node_contention(processes, threads, host_cores),
+        node_contention(processes // max(nodes, 1), threads, node_cores),
+    )
 
 
-def profile_contention(processes: int | None, threads: int, node_cores: int | None) -> float:
-    """The contention the 1-node profile was measured under, already in its times: its node's ``processes``
-    of ``threads`` on the ``node_cores`` it was pinned to (1 where a profile does not say: older profiles ran
-    unpinned, one core or more a process)."""
-    if not processes or not node_cores:
+def node_contention(processes: int | None, threads: int, cores: int | None) -> float:
+    """Compute threads per core of ``processes`` of ``threads`` on ``cores``, at least 1; 1 where either is not
+    known. Also the contention a 1-node profile was measured under, already in its times (its node's processes
+    on the cores it was pinned to; older profiles say neither: they ran unpinned, a core or more a process)."""
+    if not processes or not cores:
         return 1.0
-    return max(1.0, processes * max(threads, 1) / float(node_cores))
+    return max(1.0, processes * max(threads, 1) / float(cores))
 
 
 def no_spare_core(cluster: ClusterSpec, processes: int, threads: int, host_cores: int | None) -> bool:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .cluster import ClusterSpec, host_contention, no_spare_core, op_time, profile_contention
+from .cluster import ClusterSpec, host_contention, no_spare_core, node_contention, op_time
 from .implementations import ImplementationLike, implementation_of
 from .profile import Profile
 from .schemes import COMPRESSION_BACKEND, bucket_collectives, compressed_elements, counted_bytes, sync_collectives
@@ -95,7 +95,7 @@ def predict_step(
     # measured under contention (its node pinned to fewer cores than it has processes) already holds it: only
     # the ratio is charged, not the layout's contention on top of the profile's.
     slow = host_contention(cluster, nodes * gpus_per_node, profile.threads, profile.host_cores, nodes) / (
-        profile_contention(profile.processes, profile.threads, profile.node_cores) if cluster.shared_host else 1.0
+        node_contention(profile.processes, profile.threads, profile.node_cores) if cluster.shared_host else 1.0
     )
     fb = profile.compute_s(batch) * slow
     forward, backward = fb * (1 - profile.backward_fraction), fb * profile.backward_fraction

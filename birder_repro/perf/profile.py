@@ -30,7 +30,7 @@ birder_repro.perf.paper_profiles) and is JSON-serialisable, so that a run can wr
                                  emulated cluster (ClusterSpec.shared_host) the nodes share that machine's cores
     processes, node_cores        the profiled node's processes and the cores they could run on (its pinning):
                                  the contention already in the profile's times, which the model divides out
-                                 (perf.cluster.profile_contention; null in older profiles: none)
+                                 (perf.cluster.node_contention; null in older profiles: none)
     unexplained_share            per scheme, scheme_overhead_s over the measured 1-node step: the part of that
                                  step the model does not explain (above LEFTOVER_WARN, predictions say so)
     link_mbit_measured           a multi-node emulated run: the busiest node's link bytes per step over the

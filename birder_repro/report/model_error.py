@@ -32,7 +32,15 @@ from typing import Any
 import pandas as pd
 
 from .cells import fill_keys
-from .crossover import _items, _models, crossover_tables, crossovers, one_node_profiles, series_key
+from .crossover import (
+    _items,
+    _models,
+    _unshaped_link,
+    crossover_tables,
+    crossovers,
+    one_node_profiles,
+    series_key,
+)
 from .display import fmt_layout, fmt_number, fmt_percent, is_missing, optim_label, optim_rank, to_markdown
 
 __all__ = [
@@ -224,8 +232,6 @@ def crossover_error_markdown(rows: pd.DataFrame) -> str:
 
 
 def _link(x: float) -> str:
-    from .crossover import _unshaped_link
-
     return "unshaped" if x == _unshaped_link() else fmt_number(x)
 
 
@@ -243,7 +249,10 @@ NOTES = (
 )
 
 
-def model_error_markdown(rows: pd.DataFrame, summary: pd.DataFrame, crossings: pd.DataFrame | None = None) -> str:
+def model_error_markdown(
+    rows: pd.DataFrame, summary: pd.DataFrame, crossings: pd.DataFrame | None = None, per_run: bool = True
+) -> str:
+    """The tables: per method, the crossovers (where given), and every run (``per_run``)."""
     lines = ["# The performance model against measured runs", ""] + [f"- {n}" for n in NOTES]
     if rows.empty:
         return "\n".join(lines + ["", "No multi-node run with a 1-node profile of its setting."]) + "\n"
@@ -261,7 +270,7 @@ def model_error_markdown(rows: pd.DataFrame, summary: pd.DataFrame, crossings: p
             "meets the targets": summary["meets"].map(lambda m: "yes" if m else "**no**"),
         }
     )
-    per_run = pd.DataFrame(
+    runs = pd.DataFrame(
         {
             "method": [optim_label(o, v) for o, v in zip(rows["optim"], rows["variant"])],
             "layout": [fmt_layout(r) for _, r in rows.iterrows()],
@@ -289,7 +298,8 @@ def model_error_markdown(rows: pd.DataFrame, summary: pd.DataFrame, crossings: p
             "",
             crossover_error_markdown(crossings),
         ]
-    lines += ["", "## Per run", "", to_markdown(per_run)]
+    if per_run:
+        lines += ["", "## Per run", "", to_markdown(runs)]
     return "\n".join(lines) + "\n"
 
 
@@ -314,7 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     rows = model_error_rows(frame)
     crossings = crossover_error_rows(crossover_tables(frame)[0])
-    print(model_error_markdown(rows, model_error_summary(rows), crossings).split("## Per run")[0].rstrip())
+    print(model_error_markdown(rows, model_error_summary(rows), crossings, per_run=False).rstrip())
     return 0
 
 
