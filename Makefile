@@ -13,7 +13,9 @@ WORKERS ?= 3
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
+# The install takes about 6.5 GB (torch's CUDA wheel and its libraries): say so before pip runs out of disk.
 $(STAMP): pyproject.toml constraints.txt
+	@$(PY) -c "import shutil; f = shutil.disk_usage('.').free / 2**30; f < 7 and print(f'birder-repro: WARNING: {f:.1f} GiB free here; the install needs about 6.5 GiB (torch and its libraries)')"
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c constraints.txt -e '.[test,integrations]'
