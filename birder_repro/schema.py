@@ -63,6 +63,7 @@ TARGET_PARTS = (
     "evaluations",
     "eval_every",
     "clock_from_step",
+    "clock",
 )
 
 
@@ -284,12 +285,14 @@ KEYS: tuple[Key, ...] = (
         "time_to_target",
         "time to accuracy (birder_repro.train.target; null without task.target): metric, "
         "target and direction (higher | lower is better), reached (true | false), and at the first evaluation "
-        "that reached it: step, samples (all processes), seconds (training clock from the first step: step "
-        "times summed, evaluations, checkpoints and compile_s left out), wall_s (wall-clock from the first "
-        "step's start to the end of that evaluation, everything included), value; evaluations (how many ran), "
+        "that reached it: step, samples (all processes), seconds (training clock from the first step: the "
+        "training loop's wall time, evaluations, checkpoints, calibration passes and compile_s left out), "
+        "wall_s (wall-clock from the first step's start to the end of that evaluation, everything included), "
+        "value; evaluations (how many ran), "
         "eval_every (train.eval_every: 0 = the final one only), clock_from_step (0: the clock, samples and "
         "evaluations count from the run's first step, across the attempts of a resumed run, whose checkpoints carry "
-        "them; else the step a resume started from, for a checkpoint that did not carry them)",
+        "them; else the step a resume started from, for a checkpoint that did not carry them), clock (loop: "
+        "the clock just described; absent in older records, whose clock summed rank 0's step times)",
         TARGET_PARTS,
     ),
     # ---- where and when

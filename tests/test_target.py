@@ -5,6 +5,7 @@ records whose means and deviations are worked out by hand). The loop's own use o
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -232,3 +233,30 @@ def test_figure_2_time_starts_at_the_first_step():
     assert list(t) == pytest.approx([1.2, 2.2]) and "first step" in label  # start-up (30 s) and compile left out
     old, label = figures.time_axis(pd.DataFrame({"time_s": [30.0]}), compile_s=None)
     assert list(old) == [30.0] and "logger" in label
+
+
+def test_the_training_clock_is_the_same_on_every_rank_when_one_falls_behind(tmp_path):
+    """Rank 1 sleeps 1 s before step 3 (BIRDER_TEST_FAULT=slow:1:3): rank 0 waits for it in the loop's next
+    collective, so the clock it records (metrics.jsonl's train_s, time to target's) holds that second. The clock
+    that summed rank 0's own step times left such waits out (a 2 x 2 run's clock ran up to 27 % slow)."""
+    import os
+    import subprocess
+    import sys
+
+    from birder_repro.train.restarts import SLOW_S
+
+    repo = Path(__file__).resolve().parent.parent
+    tiny = ["experiment=smoke", "logger=none", "model.size=tiny", "train.batch_size=8"]
+    tiny += ["data.synthetic_train_size=64", "data.synthetic_eval_size=16", "train.eval_max_batches=1"]
+    out = subprocess.run(
+        [sys.executable, "-m", "birder_repro.cli", *tiny, "nodes=2", "gpus_per_node=1", "train.steps=6"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "BIRDER_RUNS": str(tmp_path), "OMP_NUM_THREADS": "1", "BIRDER_TEST_FAULT": "slow:1:3"},
+    )
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    [metrics] = list(tmp_path.rglob("metrics.jsonl"))
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert max(r["train_s"] for r in rows if r["step"] == 6) >= SLOW_S

@@ -195,7 +195,11 @@ def train(
             data, steps_per_epoch(data, int(data.train_size), plan.global_batch // k), run.step * k, device
         )
         stop.in_loop()
+        logged_s = 0.0  # the last log line's seconds: the clock counts them with the next step
         while run.step < steps:
+            # the training clock (train/target.py): the whole pass of the loop, the calibration passes, the
+            # evaluation and the checkpoint after the step left out
+            t_loop = time.perf_counter() - logged_s
             inject_fault(topology.rank, run.step + 1)  # tests only (BIRDER_TEST_FAULT)
             _stop_if_signalled(parts, run)  # collective: every rank stops after the same step
             t_data = time.perf_counter()
@@ -203,10 +207,12 @@ def train(
             run.epoch, batch = micro[-1]
             accumulated = [b for _, b in micro[:-1]]
             data_wait = time.perf_counter() - t_data
+            t_calibration = time.perf_counter()
             if timing.calibration_passes_at(run.step):
                 run.calibration += calibrate_forward_backward(
                     task, model, batch, device, timing.calibration_passes_at(run.step), precision, accumulated
                 )
+            t_loop += time.perf_counter() - t_calibration
             lr = _set_lr(optimizer, base_lrs, run.step, steps, settings.schedule)
             stage = stage_of(comm, run.step)
             if not probing and timing.timed(run.step):
@@ -217,7 +223,11 @@ def train(
             diverging.after_step(run.step, result.loss_sum, comm, lr, stage)
             progress.step()
             attempts.reached(run.step)
-            _between_steps(parts, run, timing, lr, stage)
+            run.target.step_done(time.perf_counter() - t_loop, result.samples)
+            t_log = time.perf_counter()
+            _log_if_due(parts, run, timing, lr, stage)
+            logged_s = time.perf_counter() - t_log
+            _evaluate_and_checkpoint_if_due(parts, run, timing)
             if settings.stop_at_target and run.target.hit is not None and run.stages and run.calibration:
                 break  # every rank: evaluations are global, so every rank saw the same hit (and once a step
                 # was timed and compute calibrated, so that the record has its step times)
@@ -255,18 +265,21 @@ def _record_step(run: _Run, timing: StepPlan, result: StepResult, stage: str | N
         run.buckets.append(result.buckets)
     run.step += 1
     run.samples += result.samples
-    run.target.step_done(result.seconds + data_wait, result.samples)
     if math.isfinite(result.loss_sum):  # a step skipped for a non-finite gradient (comm/nonfinite.py) is left out
         run.tail.append((result.loss_sum, result.samples))
     run.interval.add(result)
 
 
-def _between_steps(p: _Parts, run: _Run, timing: StepPlan, lr: float, stage: str | None) -> None:
-    """Log, evaluate and checkpoint when their intervals come round (all collective on every rank)."""
-    s = p.settings
-    if run.step % s.log_every == 0 or run.step == timing.steps:
+def _log_if_due(p: _Parts, run: _Run, timing: StepPlan, lr: float, stage: str | None) -> None:
+    """The interval's log line when it comes round (collective on every rank)."""
+    if run.step % p.settings.log_every == 0 or run.step == timing.steps:
         log_interval(run.step, run.epoch, run.interval, p.logger, p.progress, lr, stage, p.device)
         run.interval = LogInterval()
+
+
+def _evaluate_and_checkpoint_if_due(p: _Parts, run: _Run, timing: StepPlan) -> None:
+    """Evaluate and checkpoint when their intervals come round (collective on every rank)."""
+    s = p.settings
     # train.eval=false turns off every evaluation, those during training too (a throughput run measures steps)
     if s.eval and s.eval_every and run.step % s.eval_every == 0 and run.step < timing.steps and p.data.eval is not None:
         metrics = evaluate(p.task, p.model, p.data, p.device, s.eval_max_batches)

@@ -16,7 +16,8 @@ Fault injection (tests only): ``BIRDER_TEST_FAULT=kill:<rank>:<step>`` makes tha
 step ``<step>`` (1-based) on the first attempt only; ``hang:<rank>:<step>`` makes it sleep instead (a hung
 peer, for ``train.timeout_s``); ``raise:<rank>:<step>`` makes it raise :class:`InjectedFault` (any exception
 inside training, for the one-line failure report of birder_repro.failures); ``wait:<rank>:<step>`` makes it
-wait before that step until a stop signal comes (at most two minutes), so that a test stops the run there.
+wait before that step until a stop signal comes (at most two minutes), so that a test stops the run there;
+``slow:<rank>:<step>`` makes it sleep :data:`SLOW_S` there once (a straggler, for the training clock).
 """
 
 from __future__ import annotations
@@ -157,8 +158,12 @@ def attempt_entry(
     }
 
 
+SLOW_S = 1.0  # BIRDER_TEST_FAULT=slow:<rank>:<step>: how long that rank sleeps before that step
+
+
 def inject_fault(rank: int, next_step: int, env: Mapping[str, str] = os.environ) -> None:
-    """Tests only (module doc): kill or hang this rank before step ``next_step`` (1-based), first attempt only."""
+    """Tests only (module doc): kill, hang or slow this rank before step ``next_step`` (1-based), first attempt
+    only."""
     spec = env.get(FAULT_ENV)
     if not spec or restart_count(env):
         return
@@ -173,6 +178,8 @@ def inject_fault(rank: int, next_step: int, env: Mapping[str, str] = os.environ)
             time.sleep(3600)
     elif kind == "raise":
         raise InjectedFault(f"{FAULT_ENV}={spec}: rank {rank} raised before step {next_step}")
+    elif kind == "slow":  # a straggler: this rank's loop falls SLOW_S behind the others once
+        time.sleep(SLOW_S)
     elif kind == "wait":
         from birder_repro.train.stop import requested
 
@@ -181,7 +188,7 @@ def inject_fault(rank: int, next_step: int, env: Mapping[str, str] = os.environ)
                 return
             time.sleep(0.05)
     else:
-        raise ValueError(f"{FAULT_ENV}={spec!r}: use kill:, hang:, raise: or wait:<rank>:<step>")
+        raise ValueError(f"{FAULT_ENV}={spec!r}: use kill:, hang:, raise:, slow: or wait:<rank>:<step>")
 
 
 class InjectedFault(RuntimeError):
