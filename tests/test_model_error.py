@@ -22,11 +22,11 @@ def field(tmp_path):
     sgdm_profile = profile("sgdm")
     model = crossover.StepModel(
         record("sgdm", lr=0.05, step=200), Profile.from_dict(sgdm_profile)
-    )  # the model's step at 200 Mbit/s, which every SGDM step is predicted at
-    step = model.step_s(200.0)[1]
+    )  # the model's step at 200 Mbit/s, which every SGDM step is predicted at: timed, and on the training clock
+    step, clock = model.step_s(200.0, loop=False)[1], model.step_s(200.0)[1]
     runs = [
-        record("sgdm", lr=0.05, step=200, seconds=200 * step * 1.1, total_ms=1e3 * step * 1.1),
-        record("sgdm", lr=0.05, step=200, seed=1, seconds=200 * step * 0.8, total_ms=1e3 * step * 0.8),
+        record("sgdm", lr=0.05, step=200, seconds=200 * clock * 1.1, total_ms=1e3 * step * 1.1),
+        record("sgdm", lr=0.05, step=200, seed=1, seconds=200 * clock * 0.8, total_ms=1e3 * step * 0.8),
         record("sgdm", lr=0.05, step=None, seed=2, total_ms=1e3 * step),
         record("birder", lr=1e-3, step=300, seconds=5.0),
         record("sgdm", lr=0.05, step=None, nodes=1, link=None, profile=sgdm_profile),

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from conftest import write_records
 
-from birder_repro.perf.model import predict_step
+from birder_repro.perf.model import loop_collectives_s, predict_step
 from birder_repro.perf.profile import Profile
 from birder_repro.report import crossover, tuning
 from birder_repro.report import target as report_target
@@ -179,7 +179,7 @@ def test_crossover_table_predicts_each_run_from_its_steps_and_a_one_node_profile
     # the prediction: steps x the model's step time at the link (SGDM: fp32 all-reduce, no warmup)
     prof = Profile.from_dict(profile("sgdm"))
     spec = crossover.StepModel(records[0], prof)._spec(50.0)
-    step = predict_step(prof, spec, 2, 2, "fp32", 64).total_s
+    step = predict_step(prof, spec, 2, 2, "fp32", 64).total_s + loop_collectives_s(spec, 2, 2)  # training clock
     assert measured.loc[("sgdm", 50.0), "predicted_s"] == pytest.approx(100 * step)
     assert set(points[points["source"] == "predicted"]["link"]) == set(crossover.PREDICTED_LINKS)
     found = {c["optim"]: c for c in crossover.crossovers(points)}
@@ -262,7 +262,7 @@ def test_1bit_adams_warmup_steps_are_priced_as_fp32_steps_and_the_rest_as_compre
     pricing every step alike) changes it."""
     model = crossover.StepModel.__new__(crossover.StepModel)
     model.freeze = 30
-    monkeypatch.setattr(model, "step_s", lambda link: (0.2, 0.05, 0.5), raising=False)
+    monkeypatch.setattr(model, "step_s", lambda link, loop=True: (0.2, 0.05, 0.5), raising=False)
     assert model.time_to_target(100, 200.0) == pytest.approx(30 * 0.2 + 70 * 0.05)
     assert model.time_to_target(20, 200.0) == pytest.approx(20 * 0.2)  # reached inside the warmup
 

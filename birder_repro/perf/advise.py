@@ -4,7 +4,8 @@ at a link, and how the ranking of several methods changes with the link rate.
     time to target = min(S, F) x warmup step + max(0, S - F) x step
 
 S: the measured steps to the target; F: 1-bit Adam's freeze step (0 for every other optimizer), whose steps run
-the fp32 exchange; the step times are the model's (birder_repro.perf.model.predict_step). Nothing here reads a
+the fp32 exchange; the step times are the model's (birder_repro.perf.model.predict_step) on the training clock:
+with the training loop's own collectives (perf.model.loop_collectives_s). Nothing here reads a
 record or a config: the caller says which steps, which profile and which cluster.
 """
 
@@ -16,7 +17,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from .cluster import ClusterSpec
-from .model import predict_step
+from .model import loop_collectives_s, predict_step
 from .profile import Profile
 
 __all__ = ["LINK_GRID", "time_to_target", "step_times", "ranking", "ranking_bands", "winner_changes"]
@@ -44,10 +45,12 @@ def step_times(
     local_steps: int = 1,
     rank: int = 1,
     implementation: str = "this",
+    loop: bool = True,
 ) -> tuple[float, float, float]:
     """(warmup step s, step s, communication share of the step) of ``scheme`` on this layout, as
     ``implementation`` runs it (perf.implementations): the warmup step is the fp32 exchange's where the method
-    has a warmup (``freeze`` > 0), else the step itself."""
+    has a warmup (``freeze`` > 0), else the step itself. ``loop``: each a step of the training clock, the
+    training loop's own collectives included (perf.model.loop_collectives_s); else the timed step alone."""
     main = predict_step(
         profile, cluster, nodes, gpus_per_node, scheme, batch_size, rank, implementation, local_steps=local_steps
     )
@@ -56,7 +59,9 @@ def step_times(
         if freeze <= 0 or scheme == "fp32"
         else predict_step(profile, cluster, nodes, gpus_per_node, "fp32", batch_size, implementation=implementation)
     )
-    return warm.total_s, main.total_s, main.communication_s / main.total_s
+    extra = loop_collectives_s(cluster, nodes, gpus_per_node) if loop else 0.0
+    total = main.total_s + extra
+    return warm.total_s + extra, total, (main.communication_s + extra) / total
 
 
 def ranking(times: Mapping[str, float], after: frozenset[str] = frozenset()) -> list[str]:

@@ -78,6 +78,7 @@ def relative_times(
             profile.batch_size,
             freeze=1 if m.freeze > 0 else 0,  # a warmup exists; its length is m.freeze below
             local_steps=m.local_steps,
+            loop=False,  # the paper's step: its runs had none of this runner's per-step loop collectives
         )
         times[m.label] = time_to_target(m.steps, m.freeze, warm, main)  # in units of SGDM's steps
     base = times.get("SGDM")

@@ -13,11 +13,15 @@ run's time to target a star. Titles name only what is drawn.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import pandas as pd
 
+from birder_repro.record import read_record
+
 from .cells import SETTING
+from .clock import is_loop_clock, loop_clock, read_log
 from .display import METRIC_UNITS, is_missing, metric_label, optim_label
 from .figstyle import figure_name, pyplot, row_style, short_title
 
@@ -39,13 +43,15 @@ def read_metrics(run_dir: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def time_axis(metrics: pd.DataFrame, compile_s) -> tuple[pd.Series, str]:
-    """Figure 2's time of each metrics.jsonl line: the training clock (``train_s``) less the first step's
-    one-time work (the record's ``compile_s``), as time_to_target counts it; records written before the
-    clock existed fall back to ``time_s`` (seconds since the logger started, start-up and JIT included)."""
+def time_axis(metrics: pd.DataFrame, compile_s, loop: Mapping[int, float] | None = None) -> tuple[pd.Series, str]:
+    """Figure 2's time of each metrics.jsonl line: the training clock (``train_s``; ``loop``: the steps' clock
+    re-read on the loop clock, report.clock, for a record written before it) less the first step's one-time work
+    (the record's ``compile_s``), as time_to_target counts it; records written before the clock existed fall
+    back to ``time_s`` (seconds since the logger started, start-up and JIT included)."""
     if "train_s" in metrics and metrics["train_s"].notna().any():
         offset = 0.0 if is_missing(compile_s) else float(compile_s)
-        return (metrics["train_s"] - offset).clip(lower=0.0), "training time from the first step, s"
+        clock = metrics["train_s"] if not loop else metrics["step"].map(loop).fillna(metrics["train_s"])
+        return (clock - offset).clip(lower=0.0), "training time from the first step, s"
     return metrics["time_s"], "wall-clock time since the logger started, s"
 
 
@@ -81,6 +87,10 @@ def row_label(row) -> str:
 curve_label = row_label  # the name tests and earlier code use
 
 
+def _seconds(value) -> float:
+    return 0.0 if is_missing(value) else float(value)
+
+
 def _runs_of(row) -> list[str]:
     dirs = row.get("run_dirs")
     return list(dirs) if isinstance(dirs, list) and dirs else [row["run_dir"]]
@@ -100,7 +110,9 @@ def curves(rows: pd.DataFrame) -> list[dict]:
             own = per_run.get(run_dir, {"compile_s": r.get("compile_s"), "hit": None})
             xlabel = "time, s"
             if "time_s" in m or "train_s" in m:
-                m["t"], xlabel = time_axis(m, own["compile_s"])
+                older = not is_loop_clock(read_record(Path(run_dir)))
+                loop = loop_clock(read_log(run_dir), _seconds(own["compile_s"])) if older else None
+                m["t"], xlabel = time_axis(m, own["compile_s"], loop)
             first = not any(c["row"] == r.name for c in found)  # the row's legend entry, once
             found.append(
                 {

@@ -123,8 +123,9 @@ class StepModel:
 
         return _spec(None if link is None or math.isnan(link) else float(link))
 
-    def step_s(self, link: float | None) -> tuple[float, float, float]:
-        """(warmup step s, compressed step s, communication share of the compressed step)."""
+    def step_s(self, link: float | None, loop: bool = True) -> tuple[float, float, float]:
+        """(warmup step s, compressed step s, communication share of the compressed step); ``loop``: on the
+        training clock (the loop's own collectives included, perf.advise.step_times), else the timed step."""
         from birder_repro.perf.advise import step_times
 
         return step_times(
@@ -137,12 +138,13 @@ class StepModel:
             freeze=self.freeze,
             local_steps=self.local_steps,
             rank=self.rank,
+            loop=loop,
         )
 
-    def time_to_target(self, steps: float, link: float | None) -> float:
+    def time_to_target(self, steps: float, link: float | None, loop: bool = True) -> float:
         from birder_repro.perf.advise import time_to_target
 
-        warm, main, _ = self.step_s(link)
+        warm, main, _ = self.step_s(link, loop)
         return time_to_target(steps, self.freeze, warm, main)
 
 

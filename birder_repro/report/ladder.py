@@ -17,7 +17,6 @@ evaluation's ``eval/<metric>`` on the training clock ``train_s``, less the first
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 import pandas as pd
 
 from .cells import CELL
+from .clock import is_loop_clock, loop_clock, read_log
 from .display import (
     fmt_layout,
     fmt_number,
@@ -51,22 +51,20 @@ def levels_of(config: dict) -> list[float]:
     return sorted({float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)})
 
 
-def run_curve(run_dir: str | Path, metric: str, compile_s: Any = None) -> pd.DataFrame:
-    """The run's evaluations of ``metric`` as (step, t, value), t on time_to_target's clock; a resumed run's
-    repeated steps count once (the last attempt's)."""
-    path = Path(run_dir) / "metrics.jsonl"
-    rows = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a killed run
-            if f"eval/{metric}" in row and row.get("train_s") is not None:
-                rows.append({"step": row["step"], "t": float(row["train_s"]), "value": row[f"eval/{metric}"]})
+def run_curve(run_dir: str | Path, metric: str, compile_s: Any = None, loop_clocked: bool = True) -> pd.DataFrame:
+    """The run's evaluations of ``metric`` as (step, t, value), t on time_to_target's clock (``loop_clocked``
+    false: a record written before the loop clock, its log re-read on it, report.clock); a resumed run's repeated
+    steps count once (the last attempt's)."""
+    lines = read_log(run_dir)
+    offset = 0.0 if is_missing(compile_s) else float(compile_s)
+    loop = {} if loop_clocked else loop_clock(lines, offset)
+    rows = [
+        {"step": row["step"], "t": float(loop.get(row["step"], row["train_s"])), "value": row[f"eval/{metric}"]}
+        for row in lines
+        if f"eval/{metric}" in row and row.get("train_s") is not None
+    ]
     curve = pd.DataFrame(rows, columns=["step", "t", "value"])
     curve = curve.drop_duplicates("step", keep="last").sort_values("step", kind="stable")
-    offset = 0.0 if is_missing(compile_s) else float(compile_s)
     curve["t"] = (curve["t"] - offset).clip(lower=0.0)
     return curve.reset_index(drop=True)
 
@@ -108,7 +106,7 @@ def _per_run(runs: pd.DataFrame) -> pd.DataFrame:
     for run_dir, metric, compile_s in zip(out["run_dir"], out["target_metric"], out["compile_s"]):
         rec = read_record(Path(run_dir)) or {}
         config = rec.get("config") or {}
-        curves.append(run_curve(run_dir, str(metric), compile_s))
+        curves.append(run_curve(run_dir, str(metric), compile_s, is_loop_clock(rec)))
         levels.append(levels_of(config))
         baselines.append((config.get("task") or {}).get("baseline"))
     out["curve"], out["levels"], out["baseline"] = curves, levels, baselines

@@ -96,7 +96,7 @@ def model_error_rows(frame: pd.DataFrame) -> pd.DataFrame:
             continue
         link = float("nan") if is_missing(r["link_mbit"]) else float(r["link_mbit"])
         steps = float(r["steps"])
-        step_pred = model.time_to_target(steps, link) / steps
+        step_pred = model.time_to_target(steps, link, loop=False) / steps  # the timed step, as step_ms_total
         reached = r.get("target_reached") == True  # noqa: E712 - an object column of True / False / None
         time_pred = model.time_to_target(float(r["target_step"]), link) if reached else math.nan
         rows.append(

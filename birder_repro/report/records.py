@@ -21,6 +21,7 @@ from birder_repro.comm.accounting import allreduce_bytes, flat_allreduce_split
 from birder_repro.record import RECORD_FILE, find_records, read_record, runs_root
 from birder_repro.schema import get
 
+from .clock import loop_seconds
 from .identity import config_items, config_key
 
 __all__ = [
@@ -244,7 +245,7 @@ def flatten_record(record: dict, run_dir: Path | str) -> dict:
         "git_sha": get(record, "git_sha"),
         "started": get(record, "started"),
         "ended": get(record, "ended"),
-        **_target_columns(record),
+        **_target_columns(record, run_dir),
         "startup_s": get(record, "startup_s"),
         "compile_s": get(record, "compile_s"),
         "seed": config("seed"),
@@ -303,8 +304,9 @@ def _identity_columns(record: dict, source: str) -> dict:
     }
 
 
-def _target_columns(record: dict) -> dict:
-    """The ``target_*`` columns from the record's ``time_to_target`` (all None where it has none)."""
+def _target_columns(record: dict, run_dir: Path | str) -> dict:
+    """The ``target_*`` columns from the record's ``time_to_target`` (all None where it has none); the seconds
+    on the loop clock, an older record's re-read from its log (report.clock)."""
 
     def part(name: str) -> Any:
         return get(record, "time_to_target", name)
@@ -314,7 +316,7 @@ def _target_columns(record: dict) -> dict:
         "target_value": part("target"),
         "target_direction": part("direction"),
         "target_reached": part("reached"),
-        "target_s": part("seconds"),
+        "target_s": loop_seconds(record, run_dir) if isinstance(record.get("time_to_target"), dict) else None,
         "target_step": part("step"),
         "target_samples": part("samples"),
         "target_wall_s": part("wall_s"),
