@@ -63,7 +63,6 @@ TARGET_PARTS = (
     "evaluations",
     "eval_every",
     "clock_from_step",
-    "clock",
 )
 
 
@@ -223,6 +222,12 @@ KEYS: tuple[Key, ...] = (
         "first_step_s less the median step: the first step's one-time work, left out of "
         "time_to_target.seconds and of Figure 2's time axis",
     ),
+    Key(
+        "training_clock",
+        "what time_to_target.seconds and metrics.jsonl's train_s count: loop (birder_repro.train.target: the "
+        "training loop's wall time, the same on every rank); absent in older records, whose clock summed rank 0's "
+        "step times (report.clock re-reads their logs on the loop clock)",
+    ),
     Key("forward_backward_s", "forward + backward without communication (median of the calibration passes)"),
     Key("compute_calibration_passes", "how many calibration passes measured forward_backward_s"),
     Key("data_wait_s_per_step", "mean wait for the data loader per step (also step_time_s.data_wait)"),
@@ -291,8 +296,7 @@ KEYS: tuple[Key, ...] = (
         "value; evaluations (how many ran), "
         "eval_every (train.eval_every: 0 = the final one only), clock_from_step (0: the clock, samples and "
         "evaluations count from the run's first step, across the attempts of a resumed run, whose checkpoints carry "
-        "them; else the step a resume started from, for a checkpoint that did not carry them), clock (loop: "
-        "the clock just described; absent in older records, whose clock summed rank 0's step times)",
+        "them; else the step a resume started from, for a checkpoint that did not carry them)",
         TARGET_PARTS,
     ),
     # ---- where and when

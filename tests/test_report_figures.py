@@ -41,6 +41,7 @@ def record(
         "metrics": {"top1": 97.5, "loss": 0.05},
         "started": f"2026-01-01T10:00:0{seed}",
         "compile_s": 0.0,
+        "training_clock": "loop",
         "time_to_target": {
             "metric": "top1",
             "target": 98.0,

@@ -1,6 +1,6 @@
 """A run's training clock on the loop clock (birder_repro.train.target), for records written before it.
 
-Records whose ``time_to_target.clock`` is ``loop`` (and their logs' ``train_s``) count the wall time of every
+Records whose ``training_clock`` is ``loop`` (and their logs' ``train_s``) count the wall time of every
 pass of the training loop, evaluations, checkpoints and calibration passes left out, the same on every rank.
 Older records summed rank 0's own step times: where rank 0 finished its step before a slower rank, it waited for
 it in the loop's next collective (the stop agreement, the divergence check), outside that sum, and the clock ran
@@ -31,7 +31,7 @@ LOOP = "loop"  # birder_repro.train.target.CLOCK (kept apart: the report does no
 
 def is_loop_clock(record: Mapping[str, Any] | None) -> bool:
     """Whether the record's clock is already the loop clock."""
-    return ((record or {}).get("time_to_target") or {}).get("clock") == LOOP
+    return (record or {}).get("training_clock") == LOOP
 
 
 def read_log(run_dir: str | Path) -> list[dict]:
