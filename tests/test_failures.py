@@ -91,15 +91,20 @@ def test_the_terminal_copy_stops_at_a_failure_and_resumes_on_a_restart():
     assert shown.endswith("attempt 2\ntrain: step 3\n")
 
 
-def test_an_exception_inside_training_on_one_rank_ends_in_one_line(tmp_path):
-    out = subprocess.run(
+def tiny_two_node_run(runs: Path, fault: str) -> subprocess.CompletedProcess:
+    """The CLI's tiny 2-node, 6-step run into ``runs`` with ``BIRDER_TEST_FAULT=fault``."""
+    return subprocess.run(
         [sys.executable, "-m", "birder_repro.cli", *TINY, "nodes=2", "gpus_per_node=1", "train.steps=6"],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "BIRDER_RUNS": str(tmp_path), "OMP_NUM_THREADS": "1", "BIRDER_TEST_FAULT": "raise:1:3"},
+        env={**os.environ, "BIRDER_RUNS": str(runs), "OMP_NUM_THREADS": "1", "BIRDER_TEST_FAULT": fault},
     )
+
+
+def test_an_exception_inside_training_on_one_rank_ends_in_one_line(tmp_path):
+    out = tiny_two_node_run(tmp_path, "raise:1:3")
     assert out.returncode == 1
     said = out.stdout + out.stderr
     [path] = list(tmp_path.rglob(record.RECORD_FILE))

@@ -239,23 +239,11 @@ def test_the_training_clock_is_the_same_on_every_rank_when_one_falls_behind(tmp_
     """Rank 1 sleeps 1 s before step 3 (BIRDER_TEST_FAULT=slow:1:3): rank 0 waits for it in the loop's next
     collective, so the clock it records (metrics.jsonl's train_s, time to target's) holds that second. The clock
     that summed rank 0's own step times left such waits out (a 2 x 2 run's clock ran up to 27 % slow)."""
-    import os
-    import subprocess
-    import sys
+    from test_failures import tiny_two_node_run
 
     from birder_repro.train.restarts import SLOW_S
 
-    repo = Path(__file__).resolve().parent.parent
-    tiny = ["experiment=smoke", "logger=none", "model.size=tiny", "train.batch_size=8"]
-    tiny += ["data.synthetic_train_size=64", "data.synthetic_eval_size=16", "train.eval_max_batches=1"]
-    out = subprocess.run(
-        [sys.executable, "-m", "birder_repro.cli", *tiny, "nodes=2", "gpus_per_node=1", "train.steps=6"],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "BIRDER_RUNS": str(tmp_path), "OMP_NUM_THREADS": "1", "BIRDER_TEST_FAULT": "slow:1:3"},
-    )
+    out = tiny_two_node_run(tmp_path, "slow:1:3")
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     [metrics] = list(tmp_path.rglob("metrics.jsonl"))
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
