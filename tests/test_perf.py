@@ -111,6 +111,30 @@ def test_a_gloo_world_allreduce_is_one_ring_over_every_process():
     ).world_allreduce == ("two_level")
 
 
+def test_a_measured_world_latency_prices_the_exchanges_over_every_process():
+    """perf.world_latency_us (mode=probe's world group): a pairwise exchange over all N processes pays N-1 of
+    its kind's measured steps, not NCCL's count of inter- and intra-node ones; a kind without one keeps that."""
+    measured = _spec(world_latency_us={"all_gather": 1000.0, "all_to_all": 500.0})
+    ag, a2a = Collective("all_gather", "world", 8e5), Collective("all_to_all", "world", 8e5)
+    intra, inter = counted_bytes(ag, 2, 4)
+    assert op_time(ag, 2, 4, measured) == pytest.approx(7 * 1e-3 + max(4 * inter / 1e9, intra / 1e10))
+    assert op_time(a2a, 2, 4, measured) - op_time(a2a, 2, 4, _spec()) == pytest.approx(7 * 5e-4 - 1e-5 - 6e-6)
+    ar = Collective("allreduce", "world", 4e6)  # no all-reduce latency given: as before
+    assert op_time(ar, 2, 4, measured) == pytest.approx(op_time(ar, 2, 4, _spec()))
+    assert op_time(Collective("all_gather", "intra", 8e5), 2, 4, measured) == pytest.approx(
+        op_time(Collective("all_gather", "intra", 8e5), 2, 4, _spec())
+    )  # a node's own group: its intra-node latency
+    perf = {
+        "inter_latency_us": 1,
+        "inter_efficiency": 1,
+        "intra_mbit": 1,
+        "intra_latency_us": 1,
+        "world_latency_us": 250,
+    }
+    one = ClusterSpec.from_config({"link_mbit": 1, "perf": perf})  # one number: every kind
+    assert one.world_alpha_s("all_to_all") == pytest.approx(2.5e-4) and _spec().world_alpha_s("all_gather") is None
+
+
 def test_host_contention_counts_the_busiest_core_and_a_profile_divides_its_own_out():
     shared = _spec(shared_host=True)
     # 2 x 2 on 2 cores, each node pinned to 1: 2 processes a core; 4 x 1 unpinned (fewer cores than nodes): 2.
@@ -776,6 +800,10 @@ def test_spec_from_fits_by_hand():
     # Faster than the stated line: capped at 1 (the setting is low), never an invalid spec.
     fast = {**inter, "allreduce": {"alpha_s": 3e-4, "bandwidth_Bps": 20e6}}
     assert spec_from_fits(cluster, fast, None)["perf"]["inter_efficiency"] == 1.0
+    # Every process at once (several a node): each kind's step latency, as the model prices a world exchange.
+    world = {k: {"alpha_s": a, "bandwidth_Bps": 1e9} for k, a in zip(inter, (1e-3, 2e-3, 1.5e-3, 9e-4))}
+    got = spec_from_fits(cluster, inter, intra, world)["perf"]["world_latency_us"]
+    assert got == pytest.approx({"allreduce": 1000.0, "all_gather": 1500.0, "all_to_all": 900.0})
 
 
 def test_probe_settings_are_checked(compose):
@@ -815,12 +843,13 @@ def test_cli_probe_local_writes_a_spec_that_predict_reads(compose, tmp_path, cap
     assert [(r["kind"], r["bytes"]) for r in got["inter"]] == [
         (k, s) for k in ("allreduce", "reduce_scatter", "all_gather", "all_to_all") for s in (4096, 16384, 65536)
     ]
-    assert len(got["intra"]) == 12 and set(got["fits"]) == {"inter", "intra"}
+    assert len(got["intra"]) == len(got["world"]) == 12 and set(got["fits"]) == {"inter", "intra", "world"}
     for r in got["inter"]:  # busbw = size / time x the factor, as the table prints it
         factor = 1.0 if r["kind"] == "allreduce" else 0.5
         assert r["busbw_Bps"] == pytest.approx(r["bytes"] / r["seconds"] * factor)
     out = capsys.readouterr().out
-    assert "busbw (Mbit/s)" in out and "cluster spec:" in out
+    assert "busbw (Mbit/s)" in out and "cluster spec:" in out and "world (every process" in out
+    assert set(got["cluster_spec"]["world_latency_us"]) == {"allreduce", "all_gather", "all_to_all"}
     spec_file = Path(got["cluster_spec_file"])
     spec = yaml.safe_load(spec_file.read_text())
     assert spec["probe"]["intra_measured"] is True and "fitted_on" not in spec["perf"]

@@ -24,9 +24,10 @@ Costs of one collective (Thakur, Rabenseifner and Gropp 2005 formulas, birder_re
               Ethernet: 571 ms per step, while a flat ring needs 1.875 x 438 MB / 1.25 GB/s = 657 ms at the full
               line rate);
             - pairwise exchanges (all-to-all, all-gather): N-1 steps, n-1 of them paying the inter-node latency
-              and N-n the intra-node one (NCCL's tuning model counts a collective's network steps so), and
-              bandwidth bound by the busier of the node's NIC (m processes' off-node bytes, at the exchange
-              efficiency) and the process's intra-node link.
+              and N-n the intra-node one (NCCL's tuning model counts a collective's network steps so), or, where
+              ``perf.world_latency_us`` gives the kind's latency measured over every process at once
+              (mode=probe's world group), N-1 of those; and bandwidth bound by the busier of the node's NIC (m
+              processes' off-node bytes, at the exchange efficiency) and the process's intra-node link.
 """
 
 from __future__ import annotations
@@ -64,8 +65,12 @@ class ClusterSpec:
     shared_host: bool = False  # emulated clusters: every node's processes share one machine's cores
     cores_per_node: int | None = None  # emulated clusters: the cores each node is pinned to (None: cores // nodes)
     world_allreduce: str = "two_level"  # a world all-reduce across nodes: "two_level" (NCCL) or "ring" (gloo)
+    # a step's latency of a collective over every process, per kind (allreduce, all_gather, all_to_all), where
+    # mode=probe measured it (its world group); None: from the inter- and intra-node latencies
+    world_latency_us: Any = None  # a mapping given; kept as sorted (kind, us) pairs, so the spec stays hashable
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "world_latency_us", _world_latency(self.world_latency_us))
         for key in ("inter_efficiency", "intra_efficiency", "exchange_efficiency"):
             value = getattr(self, key)
             if value is not None and not 0 < value <= 1:
@@ -126,7 +131,27 @@ class ClusterSpec:
             shared_host=bool(perf.get("shared_host", False)),
             cores_per_node=None if cluster.get("cores_per_node") is None else int(cluster.get("cores_per_node")),
             world_allreduce=str(perf.get("world_allreduce") or "two_level"),
+            world_latency_us=_world_latency(perf.get("world_latency_us")),
         )
+
+    def world_alpha_s(self, kind: str) -> float | None:
+        """The measured step latency of ``kind`` over every process, in seconds; None where not measured."""
+        us = dict(self.world_latency_us or ()).get(kind)
+        return None if us is None else float(us) * 1e-6
+
+
+def _world_latency(value: Any) -> tuple[tuple[str, float], ...] | None:
+    """``perf.world_latency_us``, per kind or one number for every kind, as sorted (kind, us) pairs; None where
+    not given."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        pairs = value.items()
+    elif isinstance(value, (tuple, list)):
+        pairs = value
+    else:
+        pairs = [(kind, value) for kind in ("allreduce", "all_gather", "all_to_all", "reduce_scatter")]
+    return tuple(sorted((str(k), float(v)) for k, v in pairs))
 
 
 def op_time(op: Collective, nodes: int, gpus_per_node: int, cluster: ClusterSpec) -> float:
@@ -138,9 +163,11 @@ def op_time(op: Collective, nodes: int, gpus_per_node: int, cluster: ClusterSpec
     exchange = cluster.exchange.shared(m)
     if op.group == "inter":
         return collective_time(op.kind, op.nbytes, n, nic if op.kind == "allreduce" else exchange)
+    world_alpha = cluster.world_alpha_s(op.kind)
     if op.kind == "allreduce" and cluster.world_allreduce == "ring":
         slowest = max(cluster.inter.beta, cluster.intra.beta)
-        return collective_time("allreduce", op.nbytes, n * m, Link(cluster.inter.alpha_s, 1.0 / slowest))
+        alpha = cluster.inter.alpha_s if world_alpha is None else world_alpha
+        return collective_time("allreduce", op.nbytes, n * m, Link(alpha, 1.0 / slowest))
     if op.kind == "allreduce":
         return (
             collective_time("reduce_scatter", op.nbytes, m, cluster.intra)
@@ -152,6 +179,8 @@ def op_time(op: Collective, nodes: int, gpus_per_node: int, cluster: ClusterSpec
     # NCCL's tuning model (src/graph/tuning.cc, ncclTopoTuneModel): of a collective's N-1 steps, n-1 cross the
     # network and pay its latency, the other N-n stay inside a node and pay the intra-node one.
     latency = (n - 1) * cluster.inter.alpha_s + (world - n) * cluster.intra.alpha_s
+    if world_alpha is not None:  # measured over every process at once, as the op runs
+        latency = (world - 1) * world_alpha
     return latency + max(inter_bytes * exchange.beta, intra_bytes * cluster.intra.beta)
 
 

@@ -11,10 +11,12 @@ by ``probe.step_factor``), each call after a barrier and taken at its slowest ra
 nccl-tests' columns: size, time, algorithm bandwidth (size / time) and bus bandwidth (algbw times nccl-tests'
 factor: 2(p-1)/p for all-reduce, (p-1)/p for the others), which for large messages approaches the link's rate.
 
-Two groups are timed, one after the other:
+Three groups are timed, one after the other:
 
     inter   one process per node (local rank 0 of each): the inter-node link as one process sees it;
-    intra   the processes of a node (with gpus_per_node > 1), every node at once, node 0's times kept.
+    intra   the processes of a node (with gpus_per_node > 1), every node at once, node 0's times kept;
+    world   every process at once (with several nodes of several processes): the group of the flat schemes'
+            exchanges (1-bit Adam's), whose steps wait on processes that share a node's cores.
 
 Each collective's times are fitted to the cost the model gives it (Thakur, Rabenseifner and Gropp 2005,
 birder_repro.perf.collectives): t = steps alpha + factor size / bandwidth, as Hockney's model is read from
@@ -33,7 +35,10 @@ calls at twice the usual rate; birder_repro.perf.measure._fit_two_regimes). The 
     exchange_efficiency   the mean bandwidth of all-gather and all-to-all over the same rate (the model's
                           pairwise exchanges);
     intra_*               the median over all four collectives of the intra-node group; without one (one
-                          process per node) the cluster config's values are kept, and the spec says so.
+                          process per node) the cluster config's values are kept, and the spec says so;
+    world_latency_us      each kind's alpha (all-reduce, all-gather, all-to-all) in the world group, per step
+                          of it; the model prices a world exchange's steps at it (perf.cluster.op_time), and
+                          a cluster config may keep only the kinds it trusts (conf/cluster/emulated.yaml).
 
 Keys the probe cannot measure (``shared_host``: whether the nodes share one machine's cores) come from the
 cluster config. Rank 0 writes the spec, and the worker the record (``status: completed``, the table and the fits
@@ -67,6 +72,11 @@ SPEC_FILE = "cluster_spec.yaml"
 # these; the reduce-scatter is timed and shown all the same (measured on gloo between two emulated nodes: as
 # long as the all-reduce of the same vector, twice what the (p-1)/p of its formula gives).
 INTER_KINDS = ("allreduce", "all_gather", "all_to_all")
+LEVELS = {
+    "inter": "inter-node (one process per node)",
+    "intra": "intra-node (the processes of node 0)",
+    "world": "world (every process: the flat schemes' groups)",
+}
 PAIRWISE = ("all_gather", "all_to_all")
 
 
@@ -112,6 +122,7 @@ def spec_from_fits(
     cluster: Mapping[str, Any],
     inter: Mapping[str, Mapping[str, float]],
     intra: Mapping[str, Mapping[str, float]] | None,
+    world: Mapping[str, Mapping[str, float]] | None = None,
 ) -> dict[str, Any]:
     """The cluster config ``cluster`` with its ``perf`` block replaced by what the fits measured (the module
     doc's mapping); keys the probe cannot measure are kept."""
@@ -133,6 +144,8 @@ def spec_from_fits(
             intra_efficiency=1.0,
             intra_latency_us=1e6 * statistics.median(f["alpha_s"] for f in intra.values()),
         )
+    if world:
+        perf["world_latency_us"] = {k: 1e6 * world[k]["alpha_s"] for k in INTER_KINDS}
     return {**{k: v for k, v in cluster.items() if k != "perf"}, "perf": perf}
 
 
@@ -169,11 +182,19 @@ def probe_worker(cfg: Any, rank: int, device: Any, run_dir: Path) -> dict[str, A
     dist.barrier()
     intra = measure(COLLECTIVES, sizes, intra_group, **timing) if intra_group is not None else None
     dist.barrier()
+    # every process at once, as the flat schemes' collectives run: with several processes a node they take turns
+    # on its cores, which neither group above shows
+    world = measure(COLLECTIVES, sizes, None, **timing) if n > 1 and m > 1 else None
+    dist.barrier()
     if rank != 0:
         return {}
-    fits = {"inter": fit_level(inter, n), "intra": fit_level(intra, m) if intra else None}
+    fits = {
+        "inter": fit_level(inter, n),
+        "intra": fit_level(intra, m) if intra else None,
+        "world": fit_level(world, n * m) if world else None,
+    }
     cluster = OmegaConf.to_container(cfg.cluster, resolve=True)
-    spec = spec_from_fits(cluster, fits["inter"], fits["intra"])
+    spec = spec_from_fits(cluster, fits["inter"], fits["intra"], fits["world"])
     spec["probe"] = {
         "measured": record.now(),
         "command": record.read_command(run_dir),
@@ -196,6 +217,7 @@ def probe_worker(cfg: Any, rank: int, device: Any, run_dir: Path) -> dict[str, A
         "probe": {
             "inter": table_rows(inter, n),
             "intra": table_rows(intra, m) if intra else None,
+            "world": table_rows(world, n * m) if world else None,
             "fits": _plain(fits),
             "cluster_spec_file": str(spec_path.resolve()),
             "cluster_spec": spec["perf"],
@@ -219,13 +241,13 @@ def format_probe(rec: Mapping[str, Any]) -> str:
         f"probe: {c['nodes']} nodes x {c['gpus_per_node']} processes, cluster {c['name']}, "
         f"link {c.get('link_mbit') or 'not given'} Mbit/s; median of each call's slowest rank"
     ]
-    for level in ("inter", "intra"):
+    for level in ("inter", "intra", "world"):
         rows = probe.get(level)
         if not rows:
             continue
         lines += [
             "",
-            f"{level}-node ({'one process per node' if level == 'inter' else 'the processes of node 0'}):",
+            f"{LEVELS[level]}:",
             f"{'collective':>15s} {'size (B)':>11s} {'time (us)':>11s} {'algbw (GB/s)':>13s} "
             f"{'busbw (GB/s)':>13s} {'busbw (Mbit/s)':>15s}",
         ]
