@@ -12,7 +12,6 @@ run's time to target a star. Titles name only what is drawn.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -31,16 +30,7 @@ STEP_LABEL = "step (optimizer steps)"
 
 def read_metrics(run_dir: str | Path) -> pd.DataFrame:
     """A run's ``metrics.jsonl`` (birder_repro.logger) as a frame; empty where it has none."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        return pd.DataFrame()
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut short by a killed run
-    return pd.DataFrame(rows)
+    return pd.DataFrame(read_log(run_dir))
 
 
 def time_axis(metrics: pd.DataFrame, compile_s, loop: Mapping[int, float] | None = None) -> tuple[pd.Series, str]:
