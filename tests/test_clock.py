@@ -75,9 +75,10 @@ def test_the_ladder_and_figure_2_read_an_older_log_on_the_loop_clock(tmp_path):
     from birder_repro.report.ladder import run_curve
 
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in LOG))
-    older = run_curve(tmp_path, "top1", compile_s=0.6, loop_clocked=False)
+    older = run_curve(tmp_path, "top1", compile_s=0.6, record={"compile_s": 0.6})
     assert list(older["t"]) == pytest.approx([3.2, 7.2, 11.2, 15.2])
-    assert list(run_curve(tmp_path, "top1", compile_s=0.6)["t"]) == pytest.approx([2.4, 5.4, 8.4, 11.4])
+    newer = run_curve(tmp_path, "top1", compile_s=0.6, record={"training_clock": "loop"})
+    assert list(newer["t"]) == pytest.approx([2.4, 5.4, 8.4, 11.4])
     frame = pd.DataFrame(LOG)
     t, _ = time_axis(frame, 0.6, loop_clock(LOG, 0.6))
     assert list(t) == pytest.approx([3.2, 3.2, 7.2, 7.2, 11.2, 11.2, 15.2])

@@ -24,7 +24,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LOOP", "is_loop_clock", "read_log", "loop_clock", "loop_seconds"]
+__all__ = ["LOOP", "is_loop_clock", "read_log", "loop_clock", "steps_clock", "loop_seconds"]
 
 LOOP = "loop"  # birder_repro.train.target.CLOCK (kept apart: the report does not import the trainer)
 
@@ -99,13 +99,24 @@ def loop_clock(rows: Sequence[Mapping[str, Any]], compile_s: float = 0.0) -> dic
     return out
 
 
+def steps_clock(
+    record: Mapping[str, Any] | None, run_dir: str | Path, compile_s: float = 0.0, lines: Sequence | None = None
+) -> dict[int, float]:
+    """Each logged step's ``train_s`` on the loop clock where ``record`` was written before it (its log re-read,
+    :func:`loop_clock`; ``lines``: the log already read); {} where its clock is the loop clock already, so that
+    its own ``train_s`` stand. What every table and figure that reads a run's clock asks."""
+    if is_loop_clock(record):
+        return {}
+    return loop_clock(read_log(run_dir) if lines is None else lines, compile_s)
+
+
 def loop_seconds(record: Mapping[str, Any], run_dir: str | Path) -> float | None:
     """The record's time to target on the loop clock: as recorded for a loop-clock record, else from its log
     (the clock at the reaching step, less ``compile_s``); as recorded where the log does not have that step (a
     run directory without its metrics.jsonl: nothing to correct it with)."""
     target = record.get("time_to_target") or {}
-    if target.get("seconds") is None or is_loop_clock(record):
-        return target.get("seconds")
+    if target.get("seconds") is None:
+        return None
     compile_s = float(record.get("compile_s") or 0.0)
-    clock = loop_clock(read_log(run_dir), compile_s).get(int(target.get("step") or -1))
+    clock = steps_clock(record, run_dir, compile_s).get(int(target.get("step") or -1))
     return target["seconds"] if clock is None else max(0.0, clock - compile_s)

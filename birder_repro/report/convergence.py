@@ -20,7 +20,7 @@ import pandas as pd
 from birder_repro.record import read_record
 
 from .cells import SETTING
-from .clock import is_loop_clock, loop_clock, read_log
+from .clock import read_log, steps_clock
 from .display import METRIC_UNITS, is_missing, metric_label, optim_label
 from .figstyle import figure_name, pyplot, row_style, short_title
 
@@ -100,8 +100,7 @@ def curves(rows: pd.DataFrame) -> list[dict]:
             own = per_run.get(run_dir, {"compile_s": r.get("compile_s"), "hit": None})
             xlabel = "time, s"
             if "time_s" in m or "train_s" in m:
-                older = not is_loop_clock(read_record(Path(run_dir)))
-                loop = loop_clock(read_log(run_dir), _seconds(own["compile_s"])) if older else None
+                loop = steps_clock(read_record(Path(run_dir)), run_dir, _seconds(own["compile_s"]))
                 m["t"], xlabel = time_axis(m, own["compile_s"], loop)
             first = not any(c["row"] == r.name for c in found)  # the row's legend entry, once
             found.append(

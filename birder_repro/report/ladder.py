@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from .cells import CELL
-from .clock import is_loop_clock, loop_clock, read_log
+from .clock import read_log, steps_clock
 from .display import (
     fmt_layout,
     fmt_number,
@@ -51,13 +51,13 @@ def levels_of(config: dict) -> list[float]:
     return sorted({float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)})
 
 
-def run_curve(run_dir: str | Path, metric: str, compile_s: Any = None, loop_clocked: bool = True) -> pd.DataFrame:
-    """The run's evaluations of ``metric`` as (step, t, value), t on time_to_target's clock (``loop_clocked``
-    false: a record written before the loop clock, its log re-read on it, report.clock); a resumed run's repeated
-    steps count once (the last attempt's)."""
+def run_curve(run_dir: str | Path, metric: str, compile_s: Any = None, record: Any = None) -> pd.DataFrame:
+    """The run's evaluations of ``metric`` as (step, t, value), t on time_to_target's clock (``record``'s, an
+    older record's log re-read on the loop clock, report.clock.steps_clock; without it, ``train_s`` as logged); a
+    resumed run's repeated steps count once (the last attempt's)."""
     lines = read_log(run_dir)
     offset = 0.0 if is_missing(compile_s) else float(compile_s)
-    loop = {} if loop_clocked else loop_clock(lines, offset)
+    loop = {} if record is None else steps_clock(record, run_dir, offset, lines)
     rows = [
         {"step": row["step"], "t": float(loop.get(row["step"], row["train_s"])), "value": row[f"eval/{metric}"]}
         for row in lines
@@ -106,7 +106,7 @@ def _per_run(runs: pd.DataFrame) -> pd.DataFrame:
     for run_dir, metric, compile_s in zip(out["run_dir"], out["target_metric"], out["compile_s"]):
         rec = read_record(Path(run_dir)) or {}
         config = rec.get("config") or {}
-        curves.append(run_curve(run_dir, str(metric), compile_s, is_loop_clock(rec)))
+        curves.append(run_curve(run_dir, str(metric), compile_s, rec))
         levels.append(levels_of(config))
         baselines.append((config.get("task") or {}).get("baseline"))
     out["curve"], out["levels"], out["baseline"] = curves, levels, baselines
