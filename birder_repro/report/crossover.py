@@ -465,7 +465,7 @@ def crossover_figures(table: pd.DataFrame, out_dir: Path) -> list[Path]:
     unshaped = _unshaped_link()
     written = []
     for index, (_comparison, rows) in enumerate(table.groupby("comparison", sort=False)):
-        fig, ax = plt.subplots(figsize=(7.5, 4.8))
+        fig, ax = plt.subplots(figsize=(7.5, 6.4))
         for series, s in rows.groupby("series", sort=False):
             style = optim_style(s["optim"].iloc[0], s["variant"].iloc[0] or "")
             label = optim_label(s["optim"].iloc[0], s["variant"].iloc[0])
@@ -502,10 +502,12 @@ def crossover_figures(table: pd.DataFrame, out_dir: Path) -> list[Path]:
             fontsize=10,
         )
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=6.5, ncol=2, loc="upper right")
+        # below the axes: ten methods' lines and points inside them hid the fast links' points and the
+        # unshaped marker
+        ax.legend(fontsize=6.5, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.2))
         fig.tight_layout()
         path = out_dir / f"crossover_{first['task']}{'' if index == 0 else f'_{index}'}.png"
-        fig.savefig(path, dpi=130)
+        fig.savefig(path, dpi=130, bbox_inches="tight")
         plt.close(fig)
         written.append(path)
     return written
