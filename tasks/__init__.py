@@ -97,6 +97,9 @@ def declared_metrics_of(name: str) -> tuple[str, ...]:
 
 def check_data(cfg) -> None:
     """Raise :class:`DatasetNotFound` when the run reads a real dataset that is not there (synthetic data is
-    made, never missing). A task without a data check (:attr:`TaskEntry.checks_data`) is not imported."""
+    made, never missing). No task module is imported: the checks are in :mod:`birder_repro.tasks.data_files`,
+    which imports no torch (every node's CLI runs this before it launches its workers)."""
     if cfg.data.get("source") == "real" and TASKS[cfg.task.name].checks_data:
-        get_task(cfg.task.name).check_data(cfg)
+        from birder_repro.tasks.data_files import CHECKS
+
+        CHECKS[cfg.task.name](cfg)

@@ -36,7 +36,6 @@ betas (0.9, 0.999), Birder beta 0.9).
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import math
@@ -54,7 +53,6 @@ from torch.utils.data import DataLoader, Dataset
 from transformers import BertForMaskedLM, BertForPreTraining
 
 from birder_repro import config as layout
-from birder_repro.tasks import DatasetNotFound
 from birder_repro.tasks.base import Task, TaskData, small_eval_note
 from birder_repro.tasks.bert_common import (
     SYNTHETIC_SPECIALS,
@@ -65,6 +63,7 @@ from birder_repro.tasks.bert_common import (
     vocab_size_for,
 )
 from birder_repro.tasks.common import ShardSampler, build_by_source, train_loader
+from birder_repro.tasks.data_files import pretrain_text_files as text_files
 
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 CACHE_VERSION = 1  # bump when the cache's layout changes: old caches are then rebuilt, not misread
@@ -199,19 +198,6 @@ class MaskedSequences(Dataset):
 
 # --------------------------------------------------------------------------------------------------------------
 # Real text: documents, the token cache, training instances
-
-
-def text_files(cfg) -> list[str]:
-    """``<data.root>/*.txt``, sorted; none is a :class:`DatasetNotFound` naming the folder."""
-    root = str(cfg.data.root)
-    files = sorted(glob.glob(os.path.join(root, "*.txt")))
-    if not files:
-        raise DatasetNotFound(
-            "pretraining text (<data.root>/*.txt: one sentence per line, a blank line between documents)",
-            root,
-            "or set data.hf_name to read a datasets corpus such as wikimedia/wikipedia",
-        )
-    return files
 
 
 def documents_from_files(paths: Sequence[str]) -> Iterator[list[str]]:

@@ -32,7 +32,6 @@ stage 0.2 of the steps, peak lr 1e-4 for all).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -44,7 +43,7 @@ from torch.utils.data import DataLoader, Dataset
 from transformers import BertForQuestionAnswering
 
 from birder_repro import config as layout
-from birder_repro.tasks import DatasetNotFound, squad_metric
+from birder_repro.tasks import squad_metric
 from birder_repro.tasks.base import Task, TaskData, small_eval_note
 from birder_repro.tasks.bert_common import (
     SYNTHETIC_SPECIALS,
@@ -57,9 +56,10 @@ from birder_repro.tasks.bert_common import (
     vocab_size_for,
 )
 from birder_repro.tasks.common import ShardSampler, build_by_source, train_loader
+from birder_repro.tasks.data_files import SQUAD_DEV_FILE, SQUAD_TRAIN_FILE, squad_file
 
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
-TRAIN_FILE, DEV_FILE = "train-v1.1.json", "dev-v1.1.json"
+TRAIN_FILE, DEV_FILE = SQUAD_TRAIN_FILE, SQUAD_DEV_FILE
 
 
 @dataclass(frozen=True)
@@ -154,18 +154,6 @@ def squad_examples(cfg, train: bool) -> tuple[list[Example], str]:
         return read_squad_hf(str(cfg.data.hf_name), split), f"datasets {cfg.data.hf_name!r} ({split})"
     path = squad_file(cfg, train)
     return read_squad_json(path), path
-
-
-def squad_file(cfg, train: bool) -> str:
-    """``<data.root>/train-v1.1.json`` or ``dev-v1.1.json``; a missing file is a :class:`DatasetNotFound`."""
-    path = os.path.join(str(cfg.data.root), TRAIN_FILE if train else DEV_FILE)
-    if not os.path.isfile(path):
-        raise DatasetNotFound(
-            f"SQuAD 1.1 {'training' if train else 'development'} file",
-            path,
-            f"holding {TRAIN_FILE} and {DEV_FILE}, or set data.hf_name=squad to load it through datasets",
-        )
-    return path
 
 
 # --------------------------------------------------------------------------------------------------------------

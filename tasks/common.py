@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -17,11 +17,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
-from torchvision import datasets, transforms
 
 from birder_repro import config as layout
-from birder_repro.tasks import DatasetNotFound
 from birder_repro.tasks.base import Task, TaskData, small_eval_note
+from birder_repro.tasks.data_files import check_imagenet, imagenet_split
+
+if TYPE_CHECKING:  # imported where used: torchvision costs a task that reads no image folder 2 s a process
+    from torchvision import datasets, transforms
 
 __all__ = [
     "pick_size",
@@ -203,6 +205,8 @@ def imagenet_transform(train: bool, image_size: int) -> transforms.Compose:
     Train: random resized crop + horizontal flip; evaluation: resize the short side to 256/224 of the crop,
     then center crop. Both normalize with the ImageNet training set's mean and std.
     """
+    from torchvision import transforms
+
     if train:
         steps = [transforms.RandomResizedCrop(image_size), transforms.RandomHorizontalFlip()]
     else:
@@ -215,23 +219,12 @@ def imagenet_folder(cfg, split: str) -> datasets.ImageFolder:
 
     The validation images must be sorted into class folders as well (the usual ``valprep.sh`` layout).
     """
-    path = _imagenet_split(cfg, split)
+    from torchvision import datasets
+
+    path = imagenet_split(cfg, split)
     folder = datasets.ImageFolder(path, transform=imagenet_transform(split == "train", int(cfg.data.image_size)))
     check_labels_fit(len(folder.classes), cfg, path)
     return folder
-
-
-def _imagenet_split(cfg, split: str) -> str:
-    path = os.path.join(cfg.data.root, split)
-    if not os.path.isdir(path):
-        raise DatasetNotFound(f"ImageNet {split} images (<data.root>/{split}/<class>/*.JPEG)", path)
-    return path
-
-
-def check_imagenet(cfg) -> None:
-    """The train and val folders are there (:meth:`Task.check_data` of the ImageNet tasks)."""
-    for split in ("train", "val"):
-        _imagenet_split(cfg, split)
 
 
 def build_imagenet(cfg, rank: int, world_size: int) -> TaskData:

@@ -13,7 +13,9 @@ them (``/usr/share/datasets/fashion-mnist/{train,t10k}-{images-idx3,labels-idx1}
 release has the same names). Each file is decompressed into a temporary file and parsed by torchvision's own IDX
 reader (``torchvision.datasets.mnist.read_image_file`` / ``read_label_file``, which open plain files only);
 torchvision's ``FashionMNIST`` class itself wants its ``FashionMNIST/raw/`` folder of decompressed files, which
-the Debian layout is not. A validation split of ``data.val_size`` training images (chosen by a permutation with
+the Debian layout is not. The decoded uint8 arrays are kept in ``$BIRDER_CACHE`` (default
+``~/.cache/birder-repro``), named by the files' paths, sizes and times, so that a run's processes read them back
+instead of decoding (and importing torchvision) each time (:func:`decoded_split`). A validation split of ``data.val_size`` training images (chosen by a permutation with
 the fixed seed ``data.split_seed``) is never trained on; ``data.eval_set`` scores runs on it (``val``: for
 tuning) or on the test set (``test``). ``data.source=synthetic`` gives class-conditional images of the same
 shape (tasks.common.SyntheticImages).
@@ -29,8 +31,11 @@ conf/task/fashion_mnist.yaml; per-optimizer starting values: conf/recipe/fashion
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import hashlib
 import itertools
+import json
 import os
 import shutil
 import tempfile
@@ -38,9 +43,7 @@ import tempfile
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
-from torchvision.datasets.mnist import read_image_file, read_label_file
 
-from birder_repro.tasks import DatasetNotFound
 from birder_repro.tasks.base import TaskData
 from birder_repro.tasks.common import (
     ClassificationTask,
@@ -49,6 +52,12 @@ from birder_repro.tasks.common import (
     pick_size,
     synthetic_image_data,
     train_loader,
+)
+from birder_repro.tasks.data_files import (
+    FASHION_DEBIAN_ROOT,
+    FASHION_FILES,
+    check_fashion_files,
+    fashion_root,
 )
 
 # model.size -> units of the two hidden layers.
@@ -59,13 +68,9 @@ SIZES = {"full": (2048, 2048), "tiny": (128, 128)}
 FASHION_MEAN, FASHION_STD = 0.2860, 0.3530
 NUM_CLASSES = 10
 
-# The files of the dataset's release and of Debian's package, by split.
-FILES = {
-    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
-    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
-}
-DEBIAN_ROOT = "/usr/share/datasets/fashion-mnist"
-INSTALL_HINT = "or install Debian's copy: apt-get install dataset-fashion-mnist"
+# The files, where they are and the check that they are there: birder_repro.tasks.data_files (no torch: the CLI
+# checks them on every node before it launches anything).
+FILES, DEBIAN_ROOT = FASHION_FILES, FASHION_DEBIAN_ROOT
 EVAL_SETS = ("test", "val")
 
 
@@ -106,23 +111,6 @@ def model_widths(cfg) -> tuple[int, int]:
 # Data
 
 
-def fashion_root(cfg) -> str:
-    """``data.root``; null: ``$BIRDER_DATA/fashion-mnist``, or Debian's copy where only that one exists."""
-    if cfg.data.get("root"):
-        return str(cfg.data.root)
-    own = os.path.join(os.environ.get("BIRDER_DATA", "data"), "fashion-mnist")
-    return DEBIAN_ROOT if not os.path.isdir(own) and os.path.isdir(DEBIAN_ROOT) else own
-
-
-def check_files(root: str) -> None:
-    """Every IDX file is there; the first missing one is a :class:`DatasetNotFound` naming it (one line)."""
-    for names in FILES.values():
-        for name in names:
-            path = os.path.join(root, name)
-            if not os.path.isfile(path):
-                raise DatasetNotFound("Fashion-MNIST's IDX file", path, INSTALL_HINT)
-
-
 def read_idx_gz(path: str, reader) -> torch.Tensor:
     """A gzipped IDX file parsed by torchvision's ``reader`` (it opens plain files only: decompress first)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -132,13 +120,11 @@ def read_idx_gz(path: str, reader) -> torch.Tensor:
         return reader(plain)
 
 
-def _normalized(images: torch.Tensor) -> torch.Tensor:
-    """uint8 (N, 28, 28) -> normalized float (N, 1, 28, 28)."""
-    return (images.unsqueeze(1).float() / 255.0 - FASHION_MEAN) / FASHION_STD
+def decode_split(root: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(uint8 images N x 28 x 28, int64 labels) of ``train`` or ``test``, read by torchvision's IDX reader, with
+    their counts checked against each other."""
+    from torchvision.datasets.mnist import read_image_file, read_label_file  # 2 s of import: only on a cache miss
 
-
-def read_split(root: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(images, labels) of ``train`` or ``test``, normalized, with their counts checked against each other."""
     image_file, label_file = (os.path.join(root, name) for name in FILES[split])
     images, labels = read_idx_gz(image_file, read_image_file), read_idx_gz(label_file, read_label_file)
     if images.shape[0] != labels.shape[0] or images.shape[1:] != (28, 28):
@@ -146,6 +132,77 @@ def read_split(root: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
             f"{image_file}: {tuple(images.shape)} images against {labels.shape[0]} labels in "
             f"{label_file}; expected N x 28 x 28 with one label each (a damaged copy? reinstall it)"
         )
+    return images, labels
+
+
+def cache_dir(env=os.environ) -> str:
+    """Where decoded splits are kept: ``$BIRDER_CACHE``, else ``$XDG_CACHE_HOME/birder-repro``, else
+    ``~/.cache/birder-repro``."""
+    if env.get("BIRDER_CACHE"):
+        return env["BIRDER_CACHE"]
+    return os.path.join(env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "birder-repro")
+
+
+def split_cache_path(root: str, split: str, env=os.environ) -> str:
+    """The cache file of ``split``, named by its two files' absolute paths, sizes and modification times: a
+    changed or moved copy is decoded anew."""
+    files = [os.path.abspath(os.path.join(root, name)) for name in FILES[split]]
+    stats = [(path, os.stat(path).st_size, os.stat(path).st_mtime_ns) for path in files]
+    key = hashlib.sha256(json.dumps(stats).encode()).hexdigest()[:16]
+    return os.path.join(cache_dir(env), f"fashion-mnist-{split}-{key}.pt")
+
+
+def _valid(data) -> bool:
+    images, labels = data.get("images"), data.get("labels")
+    return (
+        isinstance(images, torch.Tensor)
+        and isinstance(labels, torch.Tensor)
+        and images.dtype == torch.uint8
+        and images.dim() == 3
+        and tuple(images.shape[1:]) == (28, 28)
+        and labels.shape == (images.shape[0],)
+    )
+
+
+def decoded_split(root: str, split: str, env=os.environ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`decode_split`, kept decoded in :func:`cache_dir` after the first run.
+
+    Why: every process of every run decoded both splits (gunzip, then torchvision's reader) and imported
+    torchvision for it, about 3 s of CPU each: on this project's 2-core machine 6 s of every 4-process run of
+    the time-to-accuracy experiment's 150. The cache holds torchvision's own output, uint8, and is written
+    atomically (a temporary file renamed), so that processes starting together never read half a file; one that
+    cannot be read is decoded again and rewritten, and a cache that cannot be written (a read-only home) only
+    costs the decoding."""
+    path = split_cache_path(root, split, env)
+    try:
+        data = torch.load(path, weights_only=True)
+        if isinstance(data, dict) and _valid(data):
+            return data["images"], data["labels"]
+    except FileNotFoundError:
+        pass
+    except Exception:  # noqa: BLE001  damaged: torch's unpickler raises what the bytes lead it to; decode again
+        pass
+    images, labels = decode_split(root, split)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        torch.save({"images": images, "labels": labels}, tmp)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+    return images, labels
+
+
+def _normalized(images: torch.Tensor) -> torch.Tensor:
+    """uint8 (N, 28, 28) -> normalized float (N, 1, 28, 28): ``(x / 255 - mean) / std``, in place on the one new
+    float tensor (the same operations, so the same values, as written out of place)."""
+    return images.unsqueeze(1).float().div_(255.0).sub_(FASHION_MEAN).div_(FASHION_STD)
+
+
+def read_split(root: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(images, labels) of ``train`` or ``test``, normalized."""
+    images, labels = decoded_split(root, split)
     return _normalized(images), labels
 
 
@@ -167,13 +224,15 @@ def eval_set_of(cfg) -> str:
 
 def build_real(cfg, rank: int, world_size: int) -> TaskData:
     root = fashion_root(cfg)
-    check_files(root)
+    check_fashion_files(root)
     choice = eval_set_of(cfg)
-    images, labels = read_split(root, "train")
+    images, labels = decoded_split(root, "train")  # normalized after the split: the same values, fewer bytes
     train_idx, val_idx = val_indices(len(labels), int(cfg.data.val_size), int(cfg.data.split_seed))
-    train_set = TensorDataset(images[train_idx], labels[train_idx])
+    train_set = TensorDataset(_normalized(images[train_idx]), labels[train_idx])
     eval_set = (
-        TensorDataset(images[val_idx], labels[val_idx]) if choice == "val" else TensorDataset(*read_split(root, "test"))
+        TensorDataset(_normalized(images[val_idx]), labels[val_idx])
+        if choice == "val"
+        else TensorDataset(*read_split(root, "test"))
     )
     loader, sampler = train_loader(train_set, cfg, rank, world_size)
     description = (
@@ -211,4 +270,4 @@ class FashionMNISTTask(ClassificationTask):
         return build_by_source(cfg, rank, world_size, {"real": build_real, "synthetic": build_synthetic})
 
     def check_data(self, cfg) -> None:
-        check_files(fashion_root(cfg))
+        check_fashion_files(fashion_root(cfg))

@@ -41,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -51,13 +50,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from birder_repro.tasks import DatasetNotFound
 from birder_repro.tasks.base import Task, TaskData, small_eval_note
 from birder_repro.tasks.common import build_by_source, pick_size
+from birder_repro.tasks.data_files import PTB_SPLITS, ptb_path
 
 EOS = "<eos>"
 UNK = "<unk>"
-SPLITS = ("train", "valid", "test")
+SPLITS = PTB_SPLITS
 
 
 def _fp16_autocast_on_cpu(x: torch.Tensor) -> bool:
@@ -332,18 +331,6 @@ def read_words(path: str) -> list[str]:
     """Every line's whitespace-separated words followed by ``<eos>`` (AWD-LSTM's ``Corpus.tokenize``)."""
     with open(path, encoding="utf-8") as f:
         return [word for line in f for word in line.split() + [EOS]]
-
-
-def ptb_path(cfg, split: str) -> str:
-    """``<data.root>/ptb.<split>.txt``; a missing file is a :class:`DatasetNotFound` naming it."""
-    path = os.path.join(cfg.data.root, f"ptb.{split}.txt")
-    if not os.path.isfile(path):
-        raise DatasetNotFound(
-            f"Penn Treebank {split} text (ptb.train.txt / ptb.valid.txt / ptb.test.txt)",
-            path,
-            "Mikolov's word-level PTB, as AWD-LSTM's getdata.sh fetches it into data/penn",
-        )
-    return path
 
 
 def load_ptb(cfg) -> tuple[Vocabulary, dict[str, torch.Tensor]]:

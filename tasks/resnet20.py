@@ -21,7 +21,6 @@ per-optimizer recipes in conf/recipe/resnet20/.
 
 from __future__ import annotations
 
-import os
 from typing import ClassVar
 
 import torch
@@ -30,7 +29,6 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision import datasets, transforms
 
-from birder_repro.tasks import DatasetNotFound
 from birder_repro.tasks.base import TaskData
 from birder_repro.tasks.common import (
     ClassificationTask,
@@ -41,6 +39,7 @@ from birder_repro.tasks.common import (
     synthetic_image_data,
     train_loader,
 )
+from birder_repro.tasks.data_files import check_cifar100_files
 
 # model.size -> (basic blocks per stage, channels per stage). tiny is a ResNet-8 of half the width, for CPU
 # smoke runs: the same code, only chosen explicitly.
@@ -150,20 +149,6 @@ def _download_once(cfg, rank: int) -> None:
         datasets.CIFAR100(root=cfg.data.root, train=True, download=True)
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
-
-
-def check_cifar100_files(cfg, splits=("train", "test")) -> str:
-    """The folder of CIFAR-100's files under ``data.root``; a missing file is a :class:`DatasetNotFound`."""
-    folder = os.path.join(cfg.data.root, datasets.CIFAR100.base_folder)
-    for name in (*splits, "meta"):
-        path = os.path.join(folder, name)
-        if not os.path.isfile(path):
-            raise DatasetNotFound(
-                "CIFAR-100 (torchvision's cifar-100-python format)",
-                path,
-                "or set data.download=true where there is a network",
-            )
-    return folder
 
 
 def real_cifar100(cfg, train: bool) -> datasets.CIFAR100:

@@ -47,6 +47,7 @@ def runs_dir(tmp_path, monkeypatch) -> Path:
     """Every test's runs go to its own temporary directory (BIRDER_RUNS), never into the checkout's runs/."""
     path = tmp_path / "runs"
     monkeypatch.setenv("BIRDER_RUNS", str(path))
+    monkeypatch.setenv("BIRDER_CACHE", str(tmp_path / "cache"))  # decoded datasets (tasks.fashion_mnist): not ~/.cache
     return path
 
 

@@ -51,8 +51,8 @@ def run_dirs(runs: Path) -> list[Path]:
 
 # The CLI launches; only its workers need torch. Where the machine has no GPU to count, checking a config,
 # a dry run and a config error import no torch (about 3 s of every launch and every node's CLI otherwise).
-# (What still does: the dataset check of a task that has one, with data.source=real, imports the task's module;
-# parallel=fsdp's check imports the FSDP code.)
+# Nor does the check of a real dataset (tasks.data_files): each node's CLI of an emulated or torchrun cluster
+# runs it. (What still does: parallel=fsdp's check imports the FSDP code.)
 NO_TORCH = """
 import atexit, runpy, sys
 atexit.register(lambda: print("torch imported" if "torch" in sys.modules else "no torch", file=sys.stderr))
@@ -71,6 +71,8 @@ runpy.run_module("birder_repro.cli", run_name="__main__")
         ["task=digits", "optim=birder", "nodes=2", "dry_run=true"],  # a real dataset's check, the target's
         ["task=resnet50", "optim=onebit_adam", "data.source=synthetic", "launcher=torchrun", "dry_run=true"],
         ["task=fashion_mnist", "data.source=synthetic", "optim=diloco", "nodes=2", "dry_run=true"],
+        ["task=fashion_mnist", "optim=birder", "nodes=2", "dry_run=true"],  # real data: found or not, no torch
+        ["task=resnet50", "data.root=/nonexistent", "optim=sgdm", "dry_run=true"],  # a missing dataset's error
         ["optim.lr=abc"],  # a config error
     ],
 )

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from birder_repro.tasks import DatasetNotFound, check_data, get_task
+from birder_repro.tasks import DatasetNotFound, check_data, fashion_mnist, get_task
 from birder_repro.tasks.common import num_parameters
 from birder_repro.tasks.fashion_mnist import DEBIAN_ROOT, fashion_root, val_indices
 
@@ -71,6 +71,41 @@ def test_reads_debians_gzipped_idx_files(compose, tmp_path):
     assert torch.allclose(first * 0.3530 + 0.2860, torch.as_tensor(arrays["t10k"][0][0] / 255.0).float(), atol=1e-6)
     loss, n = task.loss(task.build_model(cfg), (images, labels), CPU)
     assert n == 4 and torch.isfinite(loss)
+
+
+def test_decoded_splits_are_kept_and_a_changed_or_damaged_copy_is_decoded_again(tmp_path, monkeypatch):
+    """The first read decodes (torchvision's reader) and keeps the result; the next reads it back without
+    decoding; a damaged cache file is decoded again, and a changed IDX file is a new entry, not stale data."""
+    root = tmp_path / "fashion"
+    arrays = write_fake_fashion(root)
+    monkeypatch.setenv("BIRDER_CACHE", str(tmp_path / "cache"))
+    images, labels = fashion_mnist.decoded_split(str(root), "train")
+    assert images.dtype == torch.uint8 and images.tolist() == arrays["train"][0].tolist()
+    assert labels.tolist() == arrays["train"][1].tolist()
+    cached = fashion_mnist.split_cache_path(str(root), "train")
+    assert os.path.isfile(cached) and cached.startswith(str(tmp_path / "cache"))
+
+    decode = fashion_mnist.decode_split
+    calls = []
+    monkeypatch.setattr(fashion_mnist, "decode_split", lambda *a: calls.append(a) or decode(*a))
+    again, _ = fashion_mnist.decoded_split(str(root), "train")
+    assert torch.equal(again, images) and calls == []  # read back, not decoded
+
+    with open(cached, "wb") as f:
+        f.write(b"half a file")
+    assert torch.equal(fashion_mnist.decoded_split(str(root), "train")[0], images) and len(calls) == 1
+    assert torch.equal(fashion_mnist.decoded_split(str(root), "train")[0], images) and len(calls) == 1  # rewritten
+
+    write_idx_gz(root / "train-labels-idx1-ubyte.gz", (arrays["train"][1] + 1) % 10)  # a new copy of the labels
+    assert fashion_mnist.split_cache_path(str(root), "train") != cached
+    assert fashion_mnist.decoded_split(str(root), "train")[1].tolist() == ((arrays["train"][1] + 1) % 10).tolist()
+    assert len(calls) == 2
+
+
+def test_normalization_in_place_gives_the_formulas_values():
+    images = torch.randint(0, 256, (64, 28, 28), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    expected = (images.unsqueeze(1).float() / 255.0 - fashion_mnist.FASHION_MEAN) / fashion_mnist.FASHION_STD
+    assert torch.equal(fashion_mnist._normalized(images), expected)  # bit for bit: runs repeat across versions
 
 
 def test_validation_split_is_held_out_and_fixed(compose, tmp_path):

@@ -30,6 +30,25 @@ def test_each_entry_says_what_its_class_declares(name):
     assert declared_metrics_of(name) == entry.metrics
 
 
+def test_the_torch_free_data_checks_are_the_registrys_and_each_tasks_own(compose, tmp_path):
+    """tasks.data_files.CHECKS holds a check for exactly the tasks that look for a dataset, and each task's own
+    check_data (what a user's script calls) refuses an empty data.root with the same message as the CLI's."""
+    from torchvision.datasets import CIFAR100
+
+    from birder_repro.tasks import DatasetNotFound, check_data
+    from birder_repro.tasks.data_files import CHECKS, CIFAR100_FOLDER
+
+    assert set(CHECKS) == {name for name, entry in TASKS.items() if entry.checks_data}
+    assert CIFAR100_FOLDER == CIFAR100.base_folder
+    for name in sorted(CHECKS):
+        cfg = compose([f"task={name}", f"data.root={tmp_path / 'empty'}"])
+        with pytest.raises(DatasetNotFound) as by_cli:
+            check_data(cfg)
+        with pytest.raises(DatasetNotFound) as by_task:
+            get_task(name).check_data(cfg)
+        assert str(by_cli.value) == str(by_task.value) and str(tmp_path / "empty") in str(by_cli.value), name
+
+
 def test_a_lazy_name_is_imported_on_first_use_and_an_unknown_one_is_an_attribute_error():
     import birder_repro.optim as optim
     from birder_repro.optim.birder import Birder
