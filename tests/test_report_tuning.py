@@ -190,6 +190,30 @@ def test_crossover_table_predicts_each_run_from_its_steps_and_a_one_node_profile
     assert len(per_run) == 5 and per_run["predicted_s"].notna().all()
 
 
+def test_a_link_one_optimizer_did_not_run_shows_the_models_time_marked_and_moves_no_crossover(tmp_path):
+    """Birder at 50, 100 and 200 Mbit/s, SGDM at 50 and 200 only: SGDM's 100 Mbit/s cell is the model's time
+    for SGDM's mean steps, marked `not run`, in the measured 100 Mbit/s row, and the measured crossover is taken
+    over the links both ran (50 and 200), as without the extra Birder run."""
+    records = [
+        record("sgdm", lr=0.05, step=100, link=50, seconds=10.0),
+        record("sgdm", lr=0.05, step=120, link=200, seconds=2.5),
+        record("birder", lr=1e-3, step=150, link=50, seconds=3.0, stop=True),
+        record("birder", lr=1e-3, step=150, link=100, seconds=3.0, stop=True),
+        record("birder", lr=1e-3, step=150, link=200, seconds=3.0, stop=True),
+        record("sgdm", lr=0.05, step=None, nodes=1, link=None, profile=profile("sgdm")),
+        record("birder", lr=1e-3, step=None, nodes=1, link=None, profile=profile("birder")),
+    ]
+    points, per_run = crossover.crossover_tables(load_frame(write(tmp_path / "runs", records)))
+    gap = points[points["source"] == crossover.NOT_RUN]
+    assert gap[["optim", "link"]].values.tolist() == [["sgdm", 100.0]]
+    model = crossover.StepModel(records[0], Profile.from_dict(profile("sgdm")))
+    assert gap["predicted_s"].iloc[0] == pytest.approx(model.time_to_target(110, 100.0))  # mean of 100 and 120
+    found = {c["optim"]: c for c in crossover.crossovers(points)}
+    assert set(found["birder"]["measured_ratios"]) == {50.0, 200.0}
+    rows = [line for line in crossover.crossover_markdown(points, per_run).splitlines() if line.startswith("| 100 ")]
+    assert len(rows) == 1 and "not run (" in rows[0]
+
+
 def test_make_tables_writes_tuning_crossover_and_its_figure(tmp_path):
     records = [
         record("sgdm", lr=0.05, step=180, eval_set="val", stop=True),

@@ -58,6 +58,8 @@ TARGET_ERROR = 0.15  # the model's median |predicted / measured - 1| over the sw
 PAPER_COMM_SHARE = 0.60  # SGDM's communication share of a 2-node step in the paper's Table 3 (ResNet-50, 10 GbE)
 # Keys a series' runs may differ in (besides the seed, which report.identity leaves out).
 FREE_KEYS = ("cluster.link_mbit", "train.stop_at_target")
+NOT_RUN = "not run"  # a point's source: a link its comparison ran, this optimizer not; the model's time there
+UNSHAPED_KEY = -1.0  # the unshaped link (NaN) where links are compared as set members
 
 
 def _items(value: Any) -> dict:
@@ -230,19 +232,25 @@ def crossover_tables(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
             }
         )
     table = pd.DataFrame(points)
+    run_links = table.groupby("comparison")["link"].agg(lambda s: set(s.fillna(UNSHAPED_KEY)))
     extra = []
     for series, rows in table.groupby("series", sort=False):
         model, steps = models.get(series), rows["steps"].mean()
         if model is None or math.isnan(steps):
             continue
-        for link in PREDICTED_LINKS:
-            if (rows["link"] == link).any():
+        # A link the comparison ran that this optimizer did not (make time-to-accuracy runs only the methods
+        # that can be fastest at the slowest links): the model's time there, marked as not run.
+        mine = set(rows["link"].fillna(UNSHAPED_KEY))
+        missing = sorted(run_links[rows["comparison"].iloc[0]] - mine)
+        not_run = [(math.nan if link == UNSHAPED_KEY else link, NOT_RUN) for link in missing]
+        for link, source in [*not_run, *((link, "predicted") for link in PREDICTED_LINKS)]:
+            if source == "predicted" and (rows["link"] == link).any():
                 continue
             extra.append(
                 {
                     **rows.iloc[0].to_dict(),
                     "link": link,
-                    "source": "predicted",
+                    "source": source,
                     "runs": 0,
                     "reached": 0,
                     "measured_s": math.nan,
@@ -339,6 +347,8 @@ def _cell(row) -> str:
     meas, pred = row["measured_s"], row["predicted_s"]
     if row["source"] == "predicted":
         return f"({fmt_number(pred, 3)})"
+    if row["source"] == NOT_RUN:
+        return f"not run ({fmt_number(pred, 3)})"
     if is_missing(meas):
         return f"not reached ({row['reached']} of {row['runs']})"
     sd = "" if is_missing(row["measured_sd"]) else f" ± {fmt_number(row['measured_sd'], 2)}"
@@ -349,8 +359,11 @@ NOTES = (
     "Each cell: the measured time to target in seconds (the training clock; mean ± sample sd where several "
     "seeds ran), and in brackets the performance model's: the run's own steps to target times the model's "
     "step time at that link, from a 1-node run's profile (birder_repro.report.crossover). Rows marked "
-    "`predicted` are beyond the emulated links: the model alone, with the measured steps.",
-    "SGDM's communication share: of its measured step (`step_time_s`), or the model's on predicted rows.",
+    "`predicted` are beyond the emulated links: the model alone, with the measured steps. `not run (x)`: a "
+    "link this comparison ran and this optimizer did not (make time-to-accuracy runs only the methods that can "
+    "be fastest at its two slowest links): the model's time there, with the optimizer's mean measured steps.",
+    "SGDM's communication share: of its measured step (`step_time_s`), or the model's on predicted rows (in "
+    "brackets where SGDM did not run).",
     "The crossover: the link rate below which the optimizer reaches the target sooner than the fastest "
     "uncompressed or 16-bit baseline (" + ", ".join(BASELINES) + "), interpolated in log link rate.",
 )
@@ -372,7 +385,8 @@ def crossover_markdown(table: pd.DataFrame, per_run: pd.DataFrame) -> str:
         names = list(dict.fromkeys(optim_label(o, v) for o, v in zip(order["optim"], order["variant"])))
         wide: dict[tuple, dict] = {}
         for _, r in rows.iterrows():
-            key = (r["source"], -1.0 if is_missing(r["link"]) else float(r["link"]))
+            row_source = "predicted" if r["source"] == "predicted" else "measured"  # not run: in its link's row
+            key = (row_source, -1.0 if is_missing(r["link"]) else float(r["link"]))
             entry = wide.setdefault(
                 key,
                 {
@@ -382,7 +396,8 @@ def crossover_markdown(table: pd.DataFrame, per_run: pd.DataFrame) -> str:
             )
             entry[optim_label(r["optim"], r["variant"])] = _cell(r)
             if r["optim"] == "sgdm" and not is_missing(r["comm_share"]):
-                entry["SGDM's comm. share"] = f"{100 * r['comm_share']:.0f} %"
+                share = f"{100 * r['comm_share']:.0f} %"
+                entry["SGDM's comm. share"] = f"({share})" if r["source"] == NOT_RUN else share
         keys = sorted(wide, key=lambda k: (k[0] == "predicted", math.inf if k[1] < 0 else k[1]))
         lines.append(
             to_markdown(
