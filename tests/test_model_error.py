@@ -98,3 +98,11 @@ def test_each_crossover_is_predicted_against_the_measured_one_and_its_bracketing
     close = model_error.crossover_error_rows(points).set_index("optim").loc["birder"]
     assert abs(close["error"]) <= model_error.CROSSOVER_TARGET, close["predicted"]
     assert "| yes" in model_error.crossover_error_markdown(model_error.crossover_error_rows(points))
+    # Seeds spread 40 % (sd over mean, 2 seeds each): the 225 Mbit/s miss lies inside the measured seed band.
+    points.attrs["models"]["birder"] = _Model(lambda x: 14 + 100 / x)
+    points["measured_sd"], points["reached"] = 0.4 * points["measured_s"], 2
+    wide = model_error.crossover_error_rows(points).set_index("optim").loc["birder"]
+    assert wide["band"][0] < wide["measured"] < wide["predicted"] < wide["band"][1]
+    assert "| **no**; inside the seed band" in model_error.crossover_error_markdown(
+        model_error.crossover_error_rows(points)
+    )

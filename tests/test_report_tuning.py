@@ -3,6 +3,7 @@ made-up records whose choices, crossovers and predictions are worked out by hand
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -269,6 +270,28 @@ def test_the_crossover_is_taken_against_the_fastest_baseline_at_each_link():
     assert found["measured_ratios"] == pytest.approx({50.0: 0.5, 200.0: 0.75, 500.0: 1.5})
     assert 200 < found["measured"] < 500 and not found["faster_everywhere_measured"]
     assert "measured: faster below about" in crossover._crossover_text(found)
+
+
+def test_the_measured_crossover_has_a_seed_band_from_the_two_means_standard_errors():
+    """Birder 0.9x SGDM at 100 Mbit/s and 1.1x at 400, each mean of 4 seeds with a sample sd of 10 % of it: the
+    ratio's relative standard error is hypot(0.05, 0.05) at each link, and the band is where the ratio that far
+    up and that far down crosses 1, around the crossover itself."""
+    from birder_repro.report.model_error import band_text, in_band
+
+    table = _measured([("sgdm", 100.0, 10.0), ("sgdm", 400.0, 10.0), ("birder", 100.0, 9.0), ("birder", 400.0, 11.0)])
+    table["measured_sd"], table["reached"] = 0.1 * table["measured_s"], 4
+    (found,) = crossover.crossovers(table)
+    spread = math.hypot(0.05, 0.05)
+    links, ratio = np.array([100.0, 400.0]), np.array([0.9, 1.1])
+    low, high = found["measured_band"]
+    assert low == pytest.approx(crossover._crossing(links, ratio * (1 + spread)))
+    assert high == pytest.approx(crossover._crossing(links, ratio * (1 - spread)))
+    assert low < found["measured"] < high
+    assert in_band(found["measured"] * 1.3, (low, high)) != in_band(high * 1.01, (low, high))
+    assert band_text((low, None)).endswith("and above") and band_text(None) == "—"
+    table["measured_sd"] = float("nan")  # one seed each: no spread, the band is the crossover itself
+    (single,) = crossover.crossovers(table)
+    assert single["measured_band"] == (pytest.approx(single["measured"]), pytest.approx(single["measured"]))
 
 
 def test_a_ratio_falling_through_1_says_where_the_optimizer_is_faster():

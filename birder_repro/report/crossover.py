@@ -276,6 +276,25 @@ def _crossing(links: np.ndarray, ratio: np.ndarray) -> float | None:
     return None
 
 
+def _rel_se(point) -> float:
+    """The standard error of a point's mean time relative to it (sample sd / mean / sqrt(seeds)); 0 for one seed."""
+    sd, mean, n = point.get("measured_sd"), point.get("measured_s"), point.get("reached")
+    return 0.0 if is_missing(sd) or not n or not mean else float(sd) / float(mean) / math.sqrt(int(n))
+
+
+def _band(links: np.ndarray, ratio: np.ndarray, spread: np.ndarray) -> tuple[float | None, float | None]:
+    """The measured crossover's seed band: where the ratio one standard error up and one down cross 1 (``spread``:
+    the ratio's relative standard error at each link, the two means' combined). An end that does not cross
+    within the measured links is None: the crossover may lie beyond them. Rising ratios assumed (compression
+    pays below its crossover); for a falling one the two ends swap."""
+    up, down = _crossing(links, ratio * (1 + spread)), _crossing(links, ratio * (1 - spread))
+    rising = ratio[-1] >= ratio[0]
+    low, high = (up, down) if rising else (down, up)
+    if low is None and high is None and not ((ratio * (1 + spread) >= 1).any() and (ratio * (1 - spread) < 1).any()):
+        return None  # the band does not reach 1 anywhere measured
+    return low, high
+
+
 def _unshaped_link() -> float:
     """Where the model puts an unshaped link: conf/cluster/emulated.yaml's ``perf.inter_mbit``."""
     from birder_repro.perf.emulated import _spec
@@ -299,6 +318,8 @@ def crossovers(table: pd.DataFrame) -> list[dict]:
             mine = mine.set_index("x").sort_index()
             xs = [x for x in mine.index if x in best.index and not math.isnan(mine.loc[x, "measured_s"])]
             ratio = np.array([mine.loc[x, "measured_s"] / best[x] for x in xs])
+            fastest = base.loc[base.groupby("x")["measured_s"].idxmin()].set_index("x")
+            spread = np.array([math.hypot(_rel_se(mine.loc[x]), _rel_se(fastest.loc[x])) for x in xs])
             found = {
                 "comparison": comparison,
                 "optim": mine["optim"].iloc[0],
@@ -308,6 +329,7 @@ def crossovers(table: pd.DataFrame) -> list[dict]:
                 # (the usual case), above it where the ratio falls through 1
                 "measured_faster_below": bool(len(ratio) and ratio[0] < 1),
                 "measured_ratios": dict(zip(xs, ratio)),
+                "measured_band": _band(np.array(xs), ratio, spread) if len(xs) > 1 else None,
                 "faster_everywhere_measured": bool(len(ratio) and (ratio < 1).all()),
                 "slower_everywhere_measured": bool(len(ratio) and (ratio >= 1).all()),
             }

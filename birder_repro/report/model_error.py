@@ -183,6 +183,7 @@ def crossover_error_rows(points: pd.DataFrame) -> pd.DataFrame:
                 "links": links,
                 "measured": measured,
                 "bracket": bracket,
+                "band": c.get("measured_band"),
                 "predicted": predicted,
                 "error": _error(predicted, measured) if measured is not None and predicted is not None else math.nan,
                 "faster_everywhere": c["faster_everywhere_measured"],
@@ -208,7 +209,31 @@ def _crossover_verdict(r) -> str:
         return f"{where} at every measured link; the model " + ("agrees" if agrees else "**does not**")
     if is_missing(r["error"]):
         return "no predicted crossover: **no**"
-    return "yes" if abs(r["error"]) <= CROSSOVER_TARGET else "**no**"
+    if abs(r["error"]) <= CROSSOVER_TARGET:
+        return "yes"
+    return "**no**" + ("; inside the seed band" if in_band(r["predicted"], r.get("band")) else "")
+
+
+def in_band(link: float | None, band) -> bool:
+    """Whether ``link`` lies in a measured crossover's seed band (report.crossover._band; None: open end)."""
+    if link is None or is_missing(link) or not band:
+        return False
+    low, high = band
+    return (low is None or link >= low) and (high is None or link <= high)
+
+
+def band_text(band) -> str:
+    """``280-560``, ``below 50-120``..., or a dash where the seeds' spread never reaches a ratio of 1."""
+    if not band:
+        return "—"
+    low, high = band
+    if low is None and high is None:
+        return "any measured link"
+    if low is None:
+        return f"up to {fmt_number(high, 3)}"
+    if high is None:
+        return f"{fmt_number(low, 3)} and above"
+    return f"{fmt_number(low, 3)}-{fmt_number(high, 3)}"
 
 
 def crossover_error_markdown(rows: pd.DataFrame) -> str:
@@ -223,6 +248,7 @@ def crossover_error_markdown(rows: pd.DataFrame) -> str:
                 "—" if is_missing(m) else f"{fmt_number(m, 3)} (between {_link(b[0])} and {_link(b[1])})"
                 for m, b in zip(rows["measured"], rows["bracket"])
             ],
+            "seed band, Mbit/s": [band_text(b) for b in rows["band"]],
             "predicted, Mbit/s": ["—" if is_missing(p) else fmt_number(p, 3) for p in rows["predicted"]],
             "error": rows["error"].map(_signed),
             f"within {CROSSOVER_TARGET:.0%}": [_crossover_verdict(r) for _, r in rows.iterrows()],
@@ -294,7 +320,10 @@ def model_error_markdown(
             "## Crossovers, predicted against measured",
             "",
             "Against the fastest uncompressed or 16-bit baseline at each link (tables/crossover.md); the "
-            "measured one interpolated in log link rate between the two measured links around it.",
+            "measured one interpolated in log link rate between the two measured links around it. The seed "
+            "band: where the measured ratio one standard error of the seeds' means up and one down crosses 1 "
+            "(the measurement's own resolution: a ratio that changes little between two links puts its "
+            "crossover far apart for a few percent of seed spread).",
             "",
             crossover_error_markdown(crossings),
         ]
