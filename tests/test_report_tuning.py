@@ -276,7 +276,8 @@ def test_the_measured_crossover_has_a_seed_band_from_the_two_means_standard_erro
     """Birder 0.9x SGDM at 100 Mbit/s and 1.1x at 400, each mean of 4 seeds with a sample sd of 10 % of it: the
     ratio's relative standard error is hypot(0.05, 0.05) at each link, and the band is where the ratio that far
     up and that far down crosses 1, around the crossover itself."""
-    from birder_repro.report.model_error import band_text, in_band
+    from birder_repro.report.crossover import band_text
+    from birder_repro.report.model_error import in_band
 
     table = _measured([("sgdm", 100.0, 10.0), ("sgdm", 400.0, 10.0), ("birder", 100.0, 9.0), ("birder", 400.0, 11.0)])
     table["measured_sd"], table["reached"] = 0.1 * table["measured_s"], 4

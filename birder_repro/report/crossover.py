@@ -46,6 +46,9 @@ __all__ = [
     "crossover_tables",
     "crossover_markdown",
     "crossover_figures",
+    "crossovers",
+    "band_text",
+    "NOT_RUN",
 ]
 
 # The uncompressed and 16-bit exchanges a compressed optimizer must beat.
@@ -295,6 +298,20 @@ def _band(links: np.ndarray, ratio: np.ndarray, spread: np.ndarray) -> tuple[flo
     return low, high
 
 
+def band_text(band) -> str:
+    """A seed band (:func:`_band`) in words: ``280-560``, ``up to 120``, ``300 and above``; a dash for none."""
+    if not band:
+        return "—"
+    low, high = band
+    if low is None and high is None:
+        return "any measured link"
+    if low is None:
+        return f"up to {fmt_number(high, 3)}"
+    if high is None:
+        return f"{fmt_number(low, 3)} and above"
+    return f"{fmt_number(low, 3)}-{fmt_number(high, 3)}"
+
+
 def _unshaped_link() -> float:
     """Where the model puts an unshaped link: conf/cluster/emulated.yaml's ``perf.inter_mbit``."""
     from birder_repro.perf.emulated import _spec
@@ -450,6 +467,8 @@ def _crossover_text(c: dict) -> str:
     if c["measured"] is not None:
         side = "below" if c.get("measured_faster_below", True) else "above"
         meas = f"measured: faster {side} about {fmt_number(c['measured'], 3)} Mbit/s"
+        if c.get("measured_band"):
+            meas += f" (seed band {band_text(c['measured_band'])})"
     elif c["faster_everywhere_measured"]:
         meas = "measured: faster at every link run"
     else:

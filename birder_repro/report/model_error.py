@@ -36,6 +36,7 @@ from .crossover import (
     _items,
     _models,
     _unshaped_link,
+    band_text,
     crossover_tables,
     crossovers,
     one_node_profiles,
@@ -220,20 +221,6 @@ def in_band(link: float | None, band) -> bool:
         return False
     low, high = band
     return (low is None or link >= low) and (high is None or link <= high)
-
-
-def band_text(band) -> str:
-    """``280-560``, ``below 50-120``..., or a dash where the seeds' spread never reaches a ratio of 1."""
-    if not band:
-        return "—"
-    low, high = band
-    if low is None and high is None:
-        return "any measured link"
-    if low is None:
-        return f"up to {fmt_number(high, 3)}"
-    if high is None:
-        return f"{fmt_number(low, 3)} and above"
-    return f"{fmt_number(low, 3)}-{fmt_number(high, 3)}"
 
 
 def crossover_error_markdown(rows: pd.DataFrame) -> str:
