@@ -65,9 +65,10 @@ validate-emulated: $(STAMP)  ## run the emulated sweep (about 12 minutes), then 
 # per optimizer on the validation split (links unshaped: a trial's score is its predicted time to the target at
 # 200 Mbit/s, report.tuning), then the best two of each with seeds 1 and 2; the chosen values are in
 # conf/recipe/fashion_mnist/. time-to-accuracy: the field (3 seeds at 200 Mbit/s, 2 x 2 and 4 x 1), the
-# crossover (seeds 0 and 1 at 50, 100 and 500 Mbit/s and unshaped, each run ending at its target) and the 1-node
+# crossover (seeds 0 and 1 at 500 Mbit/s and unshaped, and at 50 and 100 the methods that can be fastest there,
+# each run ending at its target) and the 1-node
 # runs whose profiles the performance model predicts from; then make tables (tables/time_to_target.md,
-# targets.md, tuning.md, crossover.md). About 2.8 hours on this 2-core machine, 4.5 with tune-fashion (docs/time-to-accuracy.md). A cell
+# targets.md, tuning.md, crossover.md). About 2.5 hours on this 2-core machine, 3.5 with tune-fashion (docs/time-to-accuracy.md). A cell
 # that diverges (a result, not a crash) is listed at its sweep's end and the target goes on (make's leading -).
 TTA_RUNS ?= runs/time-to-accuracy
 TTA_OPTIMS ?= sgdm,adamw,sgdm_fp16,sgdm_2level,sgdm_bf16_2level,sgdm_powersgd,diloco,onebit_adam,onebit_adam_precond,birder
