@@ -15,10 +15,10 @@ reader (``torchvision.datasets.mnist.read_image_file`` / ``read_label_file``, wh
 torchvision's ``FashionMNIST`` class itself wants its ``FashionMNIST/raw/`` folder of decompressed files, which
 the Debian layout is not. The decoded uint8 arrays are kept in ``$BIRDER_CACHE`` (default
 ``~/.cache/birder-repro``), named by the files' paths, sizes and times, so that a run's processes read them back
-instead of decoding (and importing torchvision) each time (:func:`decoded_split`). A validation split of ``data.val_size`` training images (chosen by a permutation with
-the fixed seed ``data.split_seed``) is never trained on; ``data.eval_set`` scores runs on it (``val``: for
-tuning) or on the test set (``test``). ``data.source=synthetic`` gives class-conditional images of the same
-shape (tasks.common.SyntheticImages).
+instead of decoding (and importing torchvision) each time (:func:`decoded_split`). A validation split of
+``data.val_size`` training images (chosen by a permutation with the fixed seed ``data.split_seed``) is never
+trained on; ``data.eval_set`` scores runs on it (``val``: for tuning) or on the test set (``test``).
+``data.source=synthetic`` gives class-conditional images of the same shape (tasks.common.SyntheticImages).
 
 Model: a multilayer perceptron 784-2048-2048-10 (each hidden layer linear, batch norm, ReLU): 5,828,618
 parameters, 23.3 MB of fp32 gradient a step, for about one multiply-add per parameter and sample in forward
@@ -38,6 +38,7 @@ import itertools
 import json
 import os
 import shutil
+import socket
 import tempfile
 
 import torch
@@ -183,7 +184,7 @@ def decoded_split(root: str, split: str, env=os.environ) -> tuple[torch.Tensor, 
     except Exception:  # noqa: BLE001  damaged: torch's unpickler raises what the bytes lead it to; decode again
         pass
     images, labels = decode_split(root, split)
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = f"{path}.{socket.gethostname()}.{os.getpid()}.tmp"  # a home shared by several nodes: names of their own
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         torch.save({"images": images, "labels": labels}, tmp)
