@@ -63,6 +63,7 @@ from birder_repro.tasks.bert_common import (
     vocab_size_for,
 )
 from birder_repro.tasks.common import ShardSampler, build_by_source, train_loader
+from birder_repro.tasks.data_files import check_pretrain_text
 from birder_repro.tasks.data_files import pretrain_text_files as text_files
 
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
@@ -631,8 +632,7 @@ class BertPretrainTask(Task):
         return build_by_source(cfg, rank, world_size, {"real": build_text, "synthetic": build_synthetic})
 
     def check_data(self, cfg) -> None:
-        if not cfg.data.get("hf_name"):  # a datasets corpus is fetched (or found in its cache) by the workers
-            text_files(cfg)
+        check_pretrain_text(cfg)
 
     def loss(self, model: nn.Module, batch, device: torch.device) -> tuple[torch.Tensor, int]:
         # The model's own loss: masked-LM cross-entropy over the predicted tokens (+ next-sentence cross-entropy).

@@ -56,7 +56,7 @@ from birder_repro.tasks.bert_common import (
     vocab_size_for,
 )
 from birder_repro.tasks.common import ShardSampler, build_by_source, train_loader
-from birder_repro.tasks.data_files import SQUAD_DEV_FILE, SQUAD_TRAIN_FILE, squad_file
+from birder_repro.tasks.data_files import SQUAD_DEV_FILE, SQUAD_TRAIN_FILE, check_squad, squad_file
 
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 TRAIN_FILE, DEV_FILE = SQUAD_TRAIN_FILE, SQUAD_DEV_FILE
@@ -483,9 +483,7 @@ class BertSquadTask(Task):
         return build_by_source(cfg, rank, world_size, {"real": build_squad, "synthetic": build_synthetic})
 
     def check_data(self, cfg) -> None:
-        if not cfg.data.get("hf_name"):  # a datasets corpus is fetched (or found in its cache) by the workers
-            for train in (True, False):
-                squad_file(cfg, train)
+        check_squad(cfg)
 
     def loss(self, model: nn.Module, batch, device: torch.device) -> tuple[torch.Tensor, int]:
         out = model(**to_device(batch, device, (*MODEL_INPUTS, "start_positions", "end_positions")))

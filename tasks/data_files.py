@@ -24,17 +24,22 @@ __all__ = [
     "FASHION_DEBIAN_ROOT",
     "FASHION_INSTALL_HINT",
     "fashion_root",
+    "check_fashion",
     "check_fashion_files",
     "CIFAR100_FOLDER",
+    "check_cifar100",
     "check_cifar100_files",
     "imagenet_split",
     "check_imagenet",
     "PTB_SPLITS",
     "ptb_path",
+    "check_ptb",
     "SQUAD_TRAIN_FILE",
     "SQUAD_DEV_FILE",
     "squad_file",
+    "check_squad",
     "pretrain_text_files",
+    "check_pretrain_text",
 ]
 
 
@@ -54,6 +59,11 @@ def fashion_root(cfg) -> str:
         return str(cfg.data.root)
     own = os.path.join(os.environ.get("BIRDER_DATA", "data"), "fashion-mnist")
     return FASHION_DEBIAN_ROOT if not os.path.isdir(own) and os.path.isdir(FASHION_DEBIAN_ROOT) else own
+
+
+def check_fashion(cfg) -> None:
+    """Fashion-MNIST's four IDX files under :func:`fashion_root`."""
+    check_fashion_files(fashion_root(cfg))
 
 
 def check_fashion_files(root: str) -> None:
@@ -83,7 +93,7 @@ def check_cifar100_files(cfg, splits: tuple[str, ...] = ("train", "test")) -> st
     return folder
 
 
-def _check_cifar100(cfg) -> None:
+def check_cifar100(cfg) -> None:
     if not cfg.data.download:  # otherwise torchvision fetches what is missing
         check_cifar100_files(cfg)
 
@@ -119,7 +129,7 @@ def ptb_path(cfg, split: str) -> str:
     return path
 
 
-def _check_ptb(cfg) -> None:
+def check_ptb(cfg) -> None:
     for split in PTB_SPLITS:
         ptb_path(cfg, split)
 
@@ -140,7 +150,7 @@ def squad_file(cfg, train: bool) -> str:
     return path
 
 
-def _check_squad(cfg) -> None:
+def check_squad(cfg) -> None:
     if not cfg.data.get("hf_name"):  # a datasets corpus is fetched (or found in its cache) by the workers
         for train in (True, False):
             squad_file(cfg, train)
@@ -160,18 +170,18 @@ def pretrain_text_files(cfg) -> list[str]:
     return files
 
 
-def _check_pretrain_text(cfg) -> None:
+def check_pretrain_text(cfg) -> None:
     if not cfg.data.get("hf_name"):  # a datasets corpus is fetched (or found in its cache) by the workers
         pretrain_text_files(cfg)
 
 
 # ------------------------------------------------------------------------------------------- the checks
 CHECKS: dict[str, Callable[..., None]] = {
-    "resnet20": _check_cifar100,
+    "resnet20": check_cifar100,
     "resnet50": check_imagenet,
     "vit": check_imagenet,
-    "fashion_mnist": lambda cfg: check_fashion_files(fashion_root(cfg)),
-    "bert_squad": _check_squad,
-    "bert_pretrain": _check_pretrain_text,
-    "lstm_ptb": _check_ptb,
+    "fashion_mnist": check_fashion,
+    "bert_squad": check_squad,
+    "bert_pretrain": check_pretrain_text,
+    "lstm_ptb": check_ptb,
 }

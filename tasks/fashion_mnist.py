@@ -57,6 +57,7 @@ from birder_repro.tasks.common import (
 from birder_repro.tasks.data_files import (
     FASHION_DEBIAN_ROOT,
     FASHION_FILES,
+    check_fashion,
     check_fashion_files,
     fashion_root,
 )
@@ -271,4 +272,4 @@ class FashionMNISTTask(ClassificationTask):
         return build_by_source(cfg, rank, world_size, {"real": build_real, "synthetic": build_synthetic})
 
     def check_data(self, cfg) -> None:
-        check_fashion_files(fashion_root(cfg))
+        check_fashion(cfg)

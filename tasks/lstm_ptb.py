@@ -52,7 +52,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from birder_repro.tasks.base import Task, TaskData, small_eval_note
 from birder_repro.tasks.common import build_by_source, pick_size
-from birder_repro.tasks.data_files import PTB_SPLITS, ptb_path
+from birder_repro.tasks.data_files import PTB_SPLITS, check_ptb, ptb_path
 
 EOS = "<eos>"
 UNK = "<unk>"
@@ -477,8 +477,7 @@ class LSTMPTBTask(Task):
         return build_by_source(cfg, rank, world_size, {"real": build_ptb, "synthetic": build_synthetic})
 
     def check_data(self, cfg) -> None:
-        for split in SPLITS:
-            ptb_path(cfg, split)
+        check_ptb(cfg)
 
     def loss(self, model: nn.Module, batch: Window, device: torch.device) -> tuple[torch.Tensor, int]:
         lm = _bare(model)

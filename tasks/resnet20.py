@@ -39,7 +39,7 @@ from birder_repro.tasks.common import (
     synthetic_image_data,
     train_loader,
 )
-from birder_repro.tasks.data_files import check_cifar100_files
+from birder_repro.tasks.data_files import check_cifar100, check_cifar100_files
 
 # model.size -> (basic blocks per stage, channels per stage). tiny is a ResNet-8 of half the width, for CPU
 # smoke runs: the same code, only chosen explicitly.
@@ -205,5 +205,4 @@ class ResNet20Task(ClassificationTask):
         return build_by_source(cfg, rank, world_size, {"real": build_cifar100, "synthetic": build_synthetic})
 
     def check_data(self, cfg) -> None:
-        if not cfg.data.download:  # otherwise torchvision fetches what is missing
-            check_cifar100_files(cfg)
+        check_cifar100(cfg)

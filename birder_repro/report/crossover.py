@@ -99,7 +99,7 @@ def crossover_runs(frame: pd.DataFrame) -> pd.DataFrame:
     runs["series"] = [series_key(_items(i)) for i in runs["config_items"]]
     runs["comparison"] = [comparison_key(_items(i)) for i in runs["config_items"]]
     runs["link"] = runs["link_mbit"].astype("float64")
-    links = runs.groupby("comparison")["link"].agg(lambda s: s.fillna(-1).nunique())
+    links = runs.groupby("comparison")["link"].agg(lambda s: s.fillna(UNSHAPED_KEY).nunique())
     return runs[runs["comparison"].isin(links[links >= 2].index)].reset_index(drop=True)
 
 
@@ -425,7 +425,7 @@ def crossover_markdown(table: pd.DataFrame, per_run: pd.DataFrame) -> str:
         wide: dict[tuple, dict] = {}
         for _, r in rows.iterrows():
             row_source = "predicted" if r["source"] == "predicted" else "measured"  # not run: in its link's row
-            key = (row_source, -1.0 if is_missing(r["link"]) else float(r["link"]))
+            key = (row_source, UNSHAPED_KEY if is_missing(r["link"]) else float(r["link"]))
             entry = wide.setdefault(
                 key,
                 {
@@ -437,7 +437,7 @@ def crossover_markdown(table: pd.DataFrame, per_run: pd.DataFrame) -> str:
             if r["optim"] == "sgdm" and not is_missing(r["comm_share"]):
                 share = f"{100 * r['comm_share']:.0f} %"
                 entry["SGDM's comm. share"] = f"({share})" if r["source"] == NOT_RUN else share
-        keys = sorted(wide, key=lambda k: (k[0] == "predicted", math.inf if k[1] < 0 else k[1]))
+        keys = sorted(wide, key=lambda k: (k[0] == "predicted", math.inf if k[1] == UNSHAPED_KEY else k[1]))
         lines.append(
             to_markdown(
                 pd.DataFrame(
