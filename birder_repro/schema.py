@@ -219,8 +219,8 @@ KEYS: tuple[Key, ...] = (
     ),
     Key(
         "compile_s",
-        "first_step_s less the median step: the first step's one-time work, left out of "
-        "time_to_target.seconds and of Figure 2's time axis",
+        "first_step_s less the median step: the first step's one-time work (a resumed run: every attempt's, "
+        "summed), left out of time_to_target.seconds and of Figure 2's time axis",
     ),
     Key(
         "training_clock",

@@ -98,6 +98,38 @@ def test_time_to_target_on_a_fake_clock(monkeypatch):
     assert t.training_seconds() == pytest.approx(10.0)  # the raw clock: every step, the first one whole
 
 
+def test_a_resumed_runs_clock_runs_on_and_each_attempts_one_time_work_is_taken_off_once(monkeypatch):
+    """Attempt 1: steps of 5 (4 s one-time), 1, 1 s, then a checkpoint; attempt 2 resumes from it: steps of 3
+    (2 s one-time), 1, 1 s, the target reached after its last. The logged clock (train_s) runs on from 7 s to
+    12 s, no step back; the record's compile_s is both attempts' work, 6 s; the time to target 12 - 6 = 6 s. A
+    checkpoint of the earlier kind (its clock corrected, no compile_s) resumes as before."""
+    monkeypatch.setattr(target_mod.time, "perf_counter", FakeClock())
+    monkeypatch.setattr(target_mod, "process_age_s", lambda: None)
+    first = TimeToTarget(Target("top1", 60.0, "higher"), world_size=1)
+    for seconds in (5.0, 1.0, 1.0):
+        first.step_done(seconds, samples=1)
+    state = first.state_dict()
+    assert state["clock_s"] == pytest.approx(7.0) and state["compile_s"] == pytest.approx(4.0)
+
+    second = TimeToTarget(Target("top1", 60.0, "higher"), world_size=1, start_step=3)
+    second.load_state_dict(state)
+    logged = []
+    for seconds in (3.0, 1.0, 1.0):
+        second.step_done(seconds, samples=1)
+        logged.append(second.training_seconds())
+    second.evaluated(6, {"top1": 61.0})
+    assert logged == pytest.approx([10.0, 11.0, 12.0])  # on from attempt 1's 7 s
+    fig = second.figures()
+    assert fig["compile_s"] == pytest.approx(6.0) and fig["time_to_target"]["seconds"] == pytest.approx(6.0)
+
+    older = TimeToTarget(Target("top1", 60.0, "higher"), world_size=1, start_step=3)
+    older.load_state_dict({k: v for k, v in state.items() if k != "compile_s"} | {"clock_s": 3.0})
+    for seconds in (3.0, 1.0, 1.0):
+        older.step_done(seconds, samples=1)
+    older.evaluated(6, {"top1": 61.0})
+    assert older.figures()["time_to_target"]["seconds"] == pytest.approx(3.0 + 5.0 - 2.0)
+
+
 def test_a_target_never_reached_says_so_and_lower_is_better(monkeypatch):
     monkeypatch.setattr(target_mod.time, "perf_counter", FakeClock())
     t = TimeToTarget(Target("perplexity", 70.0, "lower"), world_size=1)

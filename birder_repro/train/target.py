@@ -14,11 +14,11 @@ the two halves of the Birder paper's claim (the same accuracy, in less time; its
   stop signal, the divergence check, the log line), all collective, so that every rank's clock is the same.
   Left out: the evaluations, the checkpoints and the compute-calibration passes, which measure the run rather
   than train it, and the first step's one-time work (JIT compilation or numba's cache load, DDP's first
-  iteration, the communication thread's start), ``compile_s`` = the first step less the median step, reported
-  apart, as MLPerf Training leaves system and model initialization out of its timed region. Records written
-  before ``training_clock`` existed summed rank 0's step times only: a rank that finished its step first then
-  waited in the next collective outside them, so that clock ran 2-27 % slow (measured on the Fashion-MNIST
-  field against its logs' wall time; report.clock re-reads those logs on the loop clock);
+  iteration, the communication thread's start), ``compile_s`` = the first step less the median step (of each attempt,
+  summed, for a resumed run), reported apart, as MLPerf Training leaves system and model initialization out of its
+  timed region. Records written before ``training_clock`` existed summed rank 0's step times only: a rank that
+  finished its step first then waited in the next collective outside them, so that clock ran 2-27 % slow (measured on
+  the Fashion-MNIST field against its logs' wall time; report.clock re-reads those logs on the loop clock);
 - ``wall_s``: the plain wall-clock from the start of the first step to the end of that evaluation, everything
   included (DAWNBench's end-to-end view);
 - start-up (the worker process's start to its first step: imports, process group, data, model, DDP) is
@@ -135,6 +135,7 @@ class TimeToTarget:
         self.evaluations = 0
         self.hit: dict[str, Any] | None = None  # the first reaching evaluation
         self.wall_before_s = 0.0  # a resumed run: the earlier attempts' wall-clock from their first step on
+        self.compile_before_s = 0.0  # a resumed run: the earlier attempts' one-time first-step work
 
     def step_done(self, seconds: float, samples: int) -> None:
         """One training step of ``seconds`` (data wait included) and ``samples`` on this process just ended."""
@@ -151,10 +152,11 @@ class TimeToTarget:
         return self.clock_s
 
     def compile_s(self) -> float:
-        """The first step's one-time work: its seconds less the median of the other steps (0 with one step)."""
+        """The one-time first-step work of every attempt so far: each attempt's first step less the median of its
+        other steps (0 with one step), this one's added to those a checkpoint carried."""
         if len(self.step_seconds) < 2:
-            return 0.0
-        return max(0.0, self.step_seconds[0] - statistics.median(self.step_seconds[1:]))
+            return self.compile_before_s
+        return self.compile_before_s + max(0.0, self.step_seconds[0] - statistics.median(self.step_seconds[1:]))
 
     def evaluated(self, step: int, metrics: Mapping[str, Any]) -> None:
         """An evaluation after ``step`` steps gave ``metrics``; the first that reaches the target is kept."""
@@ -208,7 +210,9 @@ class TimeToTarget:
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint carries so that a resumed run counts across its attempts (plain values): the
-        clock (this attempt's one-time first-step work taken off), samples, evaluations, wall-clock, the hit."""
+        clock as logged (``train_s``, every attempt's one-time first-step work in it, so that the log's clock runs
+        on without a step back at the resume) and that work apart (``compile_s``), samples, evaluations,
+        wall-clock, the hit (its seconds with the work taken off)."""
         compile_s = self.compile_s()
         wall = self.wall_before_s + (
             time.perf_counter() - self.first_step_start if self.first_step_start is not None else 0.0
@@ -217,7 +221,8 @@ class TimeToTarget:
         if hit and not hit.get("carried"):
             hit.update(clock_s=max(0.0, hit["clock_s"] - compile_s), carried=True)
         return {
-            "clock_s": max(0.0, self.clock_s - compile_s),
+            "clock_s": self.clock_s,
+            "compile_s": compile_s,
             "samples": self.samples,
             "evaluations": self.evaluations,
             "wall_s": wall,
@@ -231,5 +236,7 @@ class TimeToTarget:
             return
         self.clock_s, self.samples = float(state["clock_s"]), int(state["samples"])
         self.evaluations, self.wall_before_s = int(state["evaluations"]), float(state["wall_s"])
+        # an older checkpoint's clock has its one-time work taken off already, and no compile_s
+        self.compile_before_s = float(state.get("compile_s") or 0.0)
         self.hit = dict(state["hit"]) if state.get("hit") else None
         self.start_step = 0
