@@ -228,6 +228,12 @@ KEYS: tuple[Key, ...] = (
         "training loop's wall time, the same on every rank); absent in older records, whose clock summed rank 0's "
         "step times (report.clock re-reads their logs on the loop clock)",
     ),
+    Key(
+        "loop_step_s",
+        "the training clock's mean seconds a timed step (the loop's whole pass: the step, the loop's own "
+        "collectives, the next batch, the log lines; evaluations and checkpoints left out); beyond "
+        "step_time_s.total it is what the loop adds to every step (rank 0's; this attempt's timed steps)",
+    ),
     Key("forward_backward_s", "forward + backward without communication (median of the calibration passes)"),
     Key("compute_calibration_passes", "how many calibration passes measured forward_backward_s"),
     Key("data_wait_s_per_step", "mean wait for the data loader per step (also step_time_s.data_wait)"),

@@ -135,6 +135,42 @@ def test_a_measured_world_latency_prices_the_exchanges_over_every_process():
     assert one.world_alpha_s("all_to_all") == pytest.approx(2.5e-4) and _spec().world_alpha_s("all_gather") is None
 
 
+def test_a_16_bit_sum_pays_its_measured_cost_beyond_its_bytes():
+    """perf.reduce_ns_per_element (mode=probe's reduce block): a 16-bit all-reduce or reduce-scatter over p
+    processes adds (p-1)/p of its elements at that cost on top of its bytes; fp32, the collectives that do not
+    sum, and a dtype not measured pay nothing more."""
+    from birder_repro.perf.cluster import reduce_time
+
+    priced = _spec(reduce_ns_per_element={"float16": 10.0, "bfloat16": 4.0})
+    fp16 = Collective("allreduce", "world", 2e6, "float16")  # 1e6 elements
+    assert fp16.elements == 1e6
+    assert reduce_time(fp16, 2, 2, priced) == pytest.approx(3 / 4 * 1e6 * 10e-9)
+    assert op_time(fp16, 2, 2, priced) - op_time(fp16, 2, 2, _spec()) == pytest.approx(7.5e-3)
+    rs = Collective("reduce_scatter", "intra", 2e6, "bfloat16")  # a node's 4 processes
+    assert reduce_time(rs, 2, 4, priced) == pytest.approx(3 / 4 * 1e6 * 4e-9)
+    inter = Collective("allreduce", "inter", 2e6, "bfloat16")  # one process a node: 2 of them
+    assert reduce_time(inter, 2, 4, priced) == pytest.approx(1 / 2 * 1e6 * 4e-9)
+    assert reduce_time(Collective("allreduce", "world", 4e6), 2, 2, priced) == 0.0  # fp32
+    assert reduce_time(Collective("all_gather", "world", 2e6, "float16"), 2, 2, priced) == 0.0
+    assert reduce_time(fp16, 2, 2, _spec(reduce_ns_per_element={"bfloat16": 4.0})) == 0.0
+    assert reduce_time(fp16, 1, 1, priced) == 0.0  # one process sums nothing
+    # The schemes say what they sum in: the fp16 hook fp16, the two-level bf16 hook bf16 at both levels.
+    assert {op.dtype for op in bucket_collectives("fp16", 1000, 2, 2)} == {"float16"}
+    assert [op.dtype for op in bucket_collectives("two_level_bf16", 1000, 2, 2)] == ["bfloat16"] * 3
+    assert {op.dtype for op in bucket_collectives("two_level", 1000, 2, 2)} == {"float32"}
+    bf16_ops = bucket_collectives("two_level_bf16", 1000, 2, 2)
+    assert sum(op_time(op, 2, 2, priced) - op_time(op, 2, 2, _spec()) for op in bf16_ops) == pytest.approx(
+        (1 / 2 * 1000 + 1 / 2 * 500) * 4e-9
+    )
+    perf = {"inter_latency_us": 1, "inter_efficiency": 1, "intra_mbit": 1, "intra_latency_us": 1}
+    got = ClusterSpec.from_config({"link_mbit": 1, "perf": {**perf, "reduce_ns_per_element": {"float16": -2.0}}})
+    assert got.reduce_extra_s("float16") == 0.0  # a sum measured faster than fp32's: no credit
+    with pytest.raises(ValueError, match="reduce_ns_per_element: 'int8'"):
+        ClusterSpec.from_config({"link_mbit": 1, "perf": {**perf, "reduce_ns_per_element": {"int8": 1.0}}})
+    with pytest.raises(ValueError, match="dtype"):
+        Collective("allreduce", "world", 4.0, "fp16")
+
+
 def test_host_contention_counts_the_busiest_core_and_a_profile_divides_its_own_out():
     shared = _spec(shared_host=True)
     # 2 x 2 on 2 cores, each node pinned to 1: 2 processes a core; 4 x 1 unpinned (fewer cores than nodes): 2.
@@ -804,6 +840,12 @@ def test_spec_from_fits_by_hand():
     world = {k: {"alpha_s": a, "bandwidth_Bps": 1e9} for k, a in zip(inter, (1e-3, 2e-3, 1.5e-3, 9e-4))}
     got = spec_from_fits(cluster, inter, intra, world)["perf"]["world_latency_us"]
     assert got == pytest.approx({"allreduce": 1000.0, "all_gather": 1500.0, "all_to_all": 900.0})
+    # The 16-bit sums' cost beyond their bytes, at least 0; without the measurement the config's is kept.
+    reduce = {"float16": {"extra_ns_per_element": 7.5}, "bfloat16": {"extra_ns_per_element": -1.0}}
+    got = spec_from_fits(cluster, inter, intra, world, reduce)["perf"]["reduce_ns_per_element"]
+    assert got == {"float16": 7.5, "bfloat16": 0.0}
+    kept = spec_from_fits(cluster, inter, intra, world)["perf"].get("reduce_ns_per_element")
+    assert kept == cluster["perf"].get("reduce_ns_per_element")
 
 
 def test_probe_settings_are_checked(compose):
@@ -833,6 +875,7 @@ def test_cli_probe_local_writes_a_spec_that_predict_reads(compose, tmp_path, cap
             "probe.max_bytes=65536",
             "probe.iters=2",
             "probe.warmup_iters=1",
+            "probe.reduce_elements=4096",
         ],
         hydra_config=True,
     )
@@ -850,6 +893,14 @@ def test_cli_probe_local_writes_a_spec_that_predict_reads(compose, tmp_path, cap
     out = capsys.readouterr().out
     assert "busbw (Mbit/s)" in out and "cluster spec:" in out and "world (every process" in out
     assert set(got["cluster_spec"]["world_latency_us"]) == {"allreduce", "all_gather", "all_to_all"}
+    for dtype in ("float16", "bfloat16"):  # the 16-bit sums over every process, beside fp32 of the same bytes
+        r = got["reduce"][dtype]
+        assert r["elements"] >= 1024 and r["seconds"] > 0 and r["fp32_same_bytes_s"] > 0
+        assert r["extra_ns_per_element"] == pytest.approx(
+            1e9 * (r["seconds"] - r["fp32_same_bytes_s"]) / (3 / 4 * r["elements"])
+        )
+        assert got["cluster_spec"]["reduce_ns_per_element"][dtype] == max(0.0, r["extra_ns_per_element"])
+    assert "float16 sum over every process" in out
     spec_file = Path(got["cluster_spec_file"])
     spec = yaml.safe_load(spec_file.read_text())
     assert spec["probe"]["intra_measured"] is True and "fitted_on" not in spec["perf"]
@@ -1004,3 +1055,27 @@ def test_a_one_node_profile_records_its_leftover_and_its_share_of_the_step():
     _add_overhead(profile, {"cluster": cluster}, {"step_time_s": {"total": modelled + 0.04}}, "fp32", 2)
     assert profile.scheme_overhead_s["fp32"] == pytest.approx(0.04)
     assert profile.unexplained_share["fp32"] == pytest.approx(0.04 / (modelled + 0.04))
+    assert profile.loop_overhead_s == 0.0  # no loop_step_s in the record (an older run): nothing measured
+
+
+def test_a_one_node_profile_measures_the_loops_own_work_beyond_the_step_and_its_collectives():
+    """Profile.loop_overhead_s: the record's loop_step_s beyond the step and the loop's two all-reduces as the
+    model prices them on the profile's layout; the training clock's steps carry it on every layout."""
+    from birder_repro.perf.advise import step_times
+    from birder_repro.perf.model import loop_collectives_s
+    from birder_repro.train.profile import _add_overhead
+
+    cluster = yaml.safe_load((REPO / "conf" / "cluster" / "emulated.yaml").read_text())
+    spec = ClusterSpec.from_config(cluster)
+    profile = Profile(name="p", device="cpu", task="t", batch_size=8, forward_backward_s=0.06, parameter_count=300)
+    step = predict_step(profile, spec, 1, 2, "fp32").total_s + 0.01
+    loop = step + loop_collectives_s(spec, 1, 2) + 0.0035
+    _add_overhead(profile, {"cluster": cluster}, {"step_time_s": {"total": step}, "loop_step_s": loop}, "fp32", 2)
+    assert profile.loop_overhead_s == pytest.approx(0.0035)
+    timed = step_times(profile, spec, 2, 2, "fp32", 8, loop=False)
+    clock = step_times(profile, spec, 2, 2, "fp32", 8)
+    assert clock[1] - timed[1] == pytest.approx(loop_collectives_s(spec, 2, 2) + 0.0035)
+    assert clock[0] - timed[0] == pytest.approx(loop_collectives_s(spec, 2, 2) + 0.0035)
+    short = Profile(name="q", device="cpu", task="t", batch_size=8, forward_backward_s=0.06, parameter_count=300)
+    _add_overhead(short, {"cluster": cluster}, {"step_time_s": {"total": step}, "loop_step_s": step}, "fp32", 2)
+    assert short.loop_overhead_s == 0.0  # a loop measured under its collectives' price: none, never negative

@@ -303,6 +303,9 @@ def test_time_to_target_is_the_first_logged_evaluation_that_reached_it(full_run)
         assert got["wall_s"] >= got["seconds"] + record["compile_s"] - 1e-9  # evaluations and all in the wall
     assert record["first_step_s"] >= record["compile_s"] >= 0 and record["startup_s"] > 0
     assert record1["time_to_target"]["step"] == got["step"]  # every rank found the same evaluation
+    # loop_step_s: the clock's mean pass over the timed steps, which the whole clock holds (and more: the first
+    # steps, less only the first step's one-time work)
+    assert 0 < record["loop_step_s"] * record["timed_steps"] <= final_clock + 1e-3
     clocks = [r["train_s"] for r in rows]
     assert clocks == sorted(clocks) and all(r["train_s"] <= r["time_s"] + 1e-3 for r in rows)
 

@@ -5,7 +5,8 @@ at a link, and how the ranking of several methods changes with the link rate.
 
 S: the measured steps to the target; F: 1-bit Adam's freeze step (0 for every other optimizer), whose steps run
 the fp32 exchange; the step times are the model's (birder_repro.perf.model.predict_step) on the training clock:
-with the training loop's own collectives (perf.model.loop_collectives_s). Nothing here reads a
+with the training loop's own collectives (perf.model.loop_collectives_s) and its other work a step, measured
+on the 1-node profile (Profile.loop_overhead_s). Nothing here reads a
 record or a config: the caller says which steps, which profile and which cluster.
 """
 
@@ -59,7 +60,9 @@ def step_times(
         if freeze <= 0 or scheme == "fp32"
         else predict_step(profile, cluster, nodes, gpus_per_node, "fp32", batch_size, implementation=implementation)
     )
-    extra = loop_collectives_s(cluster, nodes, gpus_per_node) if loop else 0.0
+    # the training clock: the loop's own collectives on this layout, and its other work a step as the 1-node
+    # profile measured it (Profile.loop_overhead_s: charged as measured, like the scheme's leftover)
+    extra = loop_collectives_s(cluster, nodes, gpus_per_node) + profile.loop_overhead_s if loop else 0.0
     total = main.total_s + extra
     return warm.total_s + extra, total, (main.communication_s + extra) / total
 

@@ -28,6 +28,11 @@ Costs of one collective (Thakur, Rabenseifner and Gropp 2005 formulas, birder_re
               ``perf.world_latency_us`` gives the kind's latency measured over every process at once
               (mode=probe's world group), N-1 of those; and bandwidth bound by the busier of the node's NIC (m
               processes' off-node bytes, at the exchange efficiency) and the process's intra-node link.
+
+A 16-bit all-reduce or reduce-scatter also pays its sums beyond its bytes (:func:`reduce_time`): the links'
+bandwidths are fitted on fp32 calls, which hold fp32's sum, while gloo sums fp16 element by element through fp32
+(MEASURED on loopback: half the bytes of an fp32 all-reduce, no faster). ``perf.reduce_ns_per_element`` is what
+mode=probe measured it at over every process at once (birder_repro.perf.measure.measure_reduce_cost).
 """
 
 from __future__ import annotations
@@ -40,9 +45,18 @@ from typing import Any
 from birder_repro.resources import conf_dir
 
 from .collectives import Link, collective_time
-from .schemes import Collective, counted_bytes
+from .schemes import ELEMENT_BYTES, Collective, counted_bytes
 
-__all__ = ["CLUSTER_DIR", "ClusterSpec", "op_time", "host_contention", "no_spare_core", "node_contention"]
+__all__ = [
+    "CLUSTER_DIR",
+    "ClusterSpec",
+    "op_time",
+    "reduce_time",
+    "group_size",
+    "host_contention",
+    "no_spare_core",
+    "node_contention",
+]
 
 WORLD_ALLREDUCE = ("two_level", "ring")  # how a world all-reduce across nodes runs (the module doc's "world")
 MBIT = 1e6 / 8  # bytes per second in one Mbit/s
@@ -68,9 +82,13 @@ class ClusterSpec:
     # a step's latency of a collective over every process, per kind (allreduce, all_gather, all_to_all), where
     # mode=probe measured it (its world group); None: from the inter- and intra-node latencies
     world_latency_us: Any = None  # a mapping given; kept as sorted (kind, us) pairs, so the spec stays hashable
+    # per 16-bit dtype, the nanoseconds a process's sum of one element costs beyond what an fp32 sum of the same
+    # bytes does, where mode=probe measured it (its reduce block); None or a dtype left out: nothing beyond the bytes
+    reduce_ns_per_element: Any = None  # kept as sorted (dtype, ns) pairs, as world_latency_us
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "world_latency_us", _world_latency(self.world_latency_us))
+        object.__setattr__(self, "reduce_ns_per_element", _reduce_costs(self.reduce_ns_per_element))
         for key in ("inter_efficiency", "intra_efficiency", "exchange_efficiency"):
             value = getattr(self, key)
             if value is not None and not 0 < value <= 1:
@@ -132,12 +150,31 @@ class ClusterSpec:
             cores_per_node=None if cluster.get("cores_per_node") is None else int(cluster.get("cores_per_node")),
             world_allreduce=str(perf.get("world_allreduce") or "two_level"),
             world_latency_us=_world_latency(perf.get("world_latency_us")),
+            reduce_ns_per_element=_reduce_costs(perf.get("reduce_ns_per_element")),
         )
 
     def world_alpha_s(self, kind: str) -> float | None:
         """The measured step latency of ``kind`` over every process, in seconds; None where not measured."""
         us = dict(self.world_latency_us or ()).get(kind)
         return None if us is None else float(us) * 1e-6
+
+    def reduce_extra_s(self, dtype: str) -> float:
+        """Seconds a process's sum of one ``dtype`` element costs beyond an fp32 sum of the same bytes (0 where
+        not measured, and for fp32, whose sum the links' fitted bandwidth already holds)."""
+        return 1e-9 * dict(self.reduce_ns_per_element or ()).get(dtype, 0.0)
+
+
+def _reduce_costs(value: Any) -> tuple[tuple[str, float], ...] | None:
+    """``perf.reduce_ns_per_element`` as sorted (dtype, ns) pairs, each at least 0; None where not given."""
+    if value is None:
+        return None
+    pairs = value.items() if isinstance(value, Mapping) else value
+    out = []
+    for dtype, ns in pairs:
+        if dtype not in ELEMENT_BYTES:
+            raise ValueError(f"cluster.perf.reduce_ns_per_element: {dtype!r} is not one of {sorted(ELEMENT_BYTES)}")
+        out.append((str(dtype), max(0.0, float(ns))))
+    return tuple(sorted(out))
 
 
 def _world_latency(value: Any) -> tuple[tuple[str, float], ...] | None:
@@ -154,8 +191,29 @@ def _world_latency(value: Any) -> tuple[tuple[str, float], ...] | None:
     return tuple(sorted((str(k), float(v)) for k, v in pairs))
 
 
+def group_size(op: Collective, nodes: int, gpus_per_node: int) -> int:
+    """The processes of ``op``'s group: a node's, one a node, or all."""
+    return {"intra": gpus_per_node, "inter": nodes, "world": nodes * gpus_per_node}[op.group]
+
+
+def reduce_time(op: Collective, nodes: int, gpus_per_node: int, cluster: ClusterSpec) -> float:
+    """What ``op``'s sums cost beyond its bytes: a ring all-reduce or reduce-scatter over p processes has each
+    add (p-1)/p of the vector, at :meth:`ClusterSpec.reduce_extra_s` an element. MEASURED on gloo (loopback,
+    670,730 elements, 2 processes): fp32 3.08 ms, fp16 3.94, bf16 2.98, where half the bytes would predict
+    about half the time; nothing for the collectives that do not sum."""
+    if op.kind not in ("allreduce", "reduce_scatter") or op.dtype == "float32":
+        return 0.0
+    p = group_size(op, nodes, gpus_per_node)
+    return (p - 1) / p * op.elements * cluster.reduce_extra_s(op.dtype) if p > 1 else 0.0
+
+
 def op_time(op: Collective, nodes: int, gpus_per_node: int, cluster: ClusterSpec) -> float:
-    """Seconds ``op`` takes on ``nodes`` nodes of ``gpus_per_node`` processes (the rules of the module doc)."""
+    """Seconds ``op`` takes on ``nodes`` nodes of ``gpus_per_node`` processes (the rules of the module doc),
+    with its 16-bit sums' extra cost (:func:`reduce_time`)."""
+    return _transfer_time(op, nodes, gpus_per_node, cluster) + reduce_time(op, nodes, gpus_per_node, cluster)
+
+
+def _transfer_time(op: Collective, nodes: int, gpus_per_node: int, cluster: ClusterSpec) -> float:
     n, m = nodes, gpus_per_node
     if op.group == "intra" or (op.group == "world" and n == 1):
         return collective_time(op.kind, op.nbytes, m, cluster.intra)

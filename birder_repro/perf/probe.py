@@ -38,7 +38,13 @@ calls at twice the usual rate; birder_repro.perf.measure._fit_two_regimes). The 
                           process per node) the cluster config's values are kept, and the spec says so;
     world_latency_us      each kind's alpha (all-reduce, all-gather, all-to-all) in the world group, per step
                           of it; the model prices a world exchange's steps at it (perf.cluster.op_time), and
-                          a cluster config may keep only the kinds it trusts (conf/cluster/emulated.yaml).
+                          a cluster config may keep only the kinds it trusts (conf/cluster/emulated.yaml);
+    reduce_ns_per_element per 16-bit dtype, what a process's sum of one element costs beyond an fp32 sum of the
+                          same bytes (``probe.reduce_elements`` elements all-reduced over every process in fp16,
+                          in bf16 and, in turns with each, half as many in fp32: perf.measure.measure_reduce_cost;
+                          at least 0). The 16-bit exchanges (the fp16 hook, the two-level bf16 one) pay it in
+                          perf.cluster.reduce_time. Measure it on a fast link: on a slow one the bytes' time
+                          varies more than the sums cost.
 
 Keys the probe cannot measure (``shared_host``: whether the nodes share one machine's cores) come from the
 cluster config. Rank 0 writes the spec, and the worker the record (``status: completed``, the table and the fits
@@ -53,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from .cluster import MBIT
-from .measure import COLLECTIVES, fit_level, measure, table_rows
+from .measure import COLLECTIVES, fit_level, measure, measure_reduce_cost, table_rows
 
 __all__ = [
     "SPEC_FILE",
@@ -99,9 +105,9 @@ def check_settings(cfg: Any) -> None:
     from birder_repro.config import ConfigError
 
     probe = cfg.probe
-    for key in ("min_bytes", "max_bytes", "step_factor", "iters", "warmup_iters"):
+    for key in ("min_bytes", "max_bytes", "step_factor", "iters", "warmup_iters", "reduce_elements"):
         value = probe.get(key)
-        least = {"step_factor": 2, "warmup_iters": 0}.get(key, 1)
+        least = {"step_factor": 2, "warmup_iters": 0, "reduce_elements": 0}.get(key, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ConfigError(f"probe.{key}={value!r}: use a whole number >= {least}")
     if probe.max_bytes < probe.min_bytes:
@@ -123,6 +129,7 @@ def spec_from_fits(
     inter: Mapping[str, Mapping[str, float]],
     intra: Mapping[str, Mapping[str, float]] | None,
     world: Mapping[str, Mapping[str, float]] | None = None,
+    reduce: Mapping[str, Mapping[str, float]] | None = None,
 ) -> dict[str, Any]:
     """The cluster config ``cluster`` with its ``perf`` block replaced by what the fits measured (the module
     doc's mapping); keys the probe cannot measure are kept."""
@@ -146,6 +153,8 @@ def spec_from_fits(
         )
     if world:
         perf["world_latency_us"] = {k: 1e6 * world[k]["alpha_s"] for k in INTER_KINDS}
+    if reduce:
+        perf["reduce_ns_per_element"] = {k: max(0.0, float(v["extra_ns_per_element"])) for k, v in reduce.items()}
     return {**{k: v for k, v in cluster.items() if k != "perf"}, "perf": perf}
 
 
@@ -186,6 +195,9 @@ def probe_worker(cfg: Any, rank: int, device: Any, run_dir: Path) -> dict[str, A
     # on its cores, which neither group above shows
     world = measure(COLLECTIVES, sizes, None, **timing) if n > 1 and m > 1 else None
     dist.barrier()
+    # every process at once, as a training step's 16-bit all-reduces run
+    reduce = measure_reduce_cost(int(p.reduce_elements), None, **timing) if p.reduce_elements else None
+    dist.barrier()
     if rank != 0:
         return {}
     fits = {
@@ -194,7 +206,7 @@ def probe_worker(cfg: Any, rank: int, device: Any, run_dir: Path) -> dict[str, A
         "world": fit_level(world, n * m) if world else None,
     }
     cluster = OmegaConf.to_container(cfg.cluster, resolve=True)
-    spec = spec_from_fits(cluster, fits["inter"], fits["intra"], fits["world"])
+    spec = spec_from_fits(cluster, fits["inter"], fits["intra"], fits["world"], reduce)
     spec["probe"] = {
         "measured": record.now(),
         "command": record.read_command(run_dir),
@@ -219,6 +231,7 @@ def probe_worker(cfg: Any, rank: int, device: Any, run_dir: Path) -> dict[str, A
             "intra": table_rows(intra, m) if intra else None,
             "world": table_rows(world, n * m) if world else None,
             "fits": _plain(fits),
+            "reduce": _plain(reduce),
             "cluster_spec_file": str(spec_path.resolve()),
             "cluster_spec": spec["perf"],
             "sizes": sizes,
@@ -260,6 +273,12 @@ def format_probe(rec: Mapping[str, Any]) -> str:
             lines.append(
                 f"  fit {kind}: alpha {1e6 * f['alpha_s']:.0f} us, bus bandwidth {f['bandwidth_Bps'] / MBIT:.1f} Mbit/s"
             )
+    for dtype, r in (probe.get("reduce") or {}).items():
+        lines.append(
+            f"{dtype} sum over every process: {int(r['elements'])} elements {1e6 * r['seconds']:.0f} us, fp32 of "
+            f"the same bytes {1e6 * r['fp32_same_bytes_s']:.0f} us: {r['extra_ns_per_element']:.2f} ns an "
+            "element added beyond its bytes"
+        )
     perf = probe["cluster_spec"]
     lines += [
         "",

@@ -26,6 +26,11 @@ birder_repro.perf.paper_profiles) and is JSON-serialisable, so that a run can wr
                                  of the backward pass (median over the timed steps; bucket_ready is this over
                                  the calibrated backward pass, capped at 1)
     data_wait_s                  the wait for the data loader per step, added to every predicted step
+    loop_overhead_s              a measured 1-node profile: what its training loop added to every step beyond
+                                 the timed step and the loop's own collectives as the model prices them
+                                 (record's loop_step_s - step_time_s.total - perf.model.loop_collectives_s on
+                                 its layout): the loop's Python, log lines and waits; added to every step of
+                                 the training clock (perf.advise.step_times); 0 in older profiles
     threads, host_cores          compute threads of the profiled process and cores of its machine: on an
                                  emulated cluster (ClusterSpec.shared_host) the nodes share that machine's cores
     processes, node_cores        the profiled node's processes and the cores they could run on (its pinning):
@@ -75,6 +80,7 @@ class Profile:
     matrices: list[list[int]] = field(default_factory=list)
     bucket_ready_s: list[float] = field(default_factory=list)
     data_wait_s: float = 0.0
+    loop_overhead_s: float = 0.0
     threads: int = 1
     host_cores: int | None = None
     processes: int | None = None

@@ -75,6 +75,7 @@ from birder_repro.comm.onebit_scales import scale_counts
 
 __all__ = [
     "Collective",
+    "ELEMENT_BYTES",
     "SCHEMES",
     "FSDP_SCHEMES",
     "COMPRESSION_BACKEND",
@@ -122,15 +123,29 @@ COMPRESSION_BACKEND = {
 SCALE_BYTES = 4  # 1-bit Adam's fp32 scale per worker and per server chunk
 
 
+# Bytes per element of the dtypes a reducing collective sums in (Collective.dtype).
+ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
 @dataclass(frozen=True)
 class Collective:
     kind: str  # allreduce | reduce_scatter | all_gather | all_to_all | broadcast
     group: str  # intra | inter | world
     nbytes: float  # Thakur et al.'s n for this kind (see the module doc)
+    # what an all-reduce or reduce-scatter sums in: a 16-bit sum may cost the CPU more per element than its bytes
+    # say (gloo's fp16 sum is slower than its fp32 one; perf.cluster.op_time, ``perf.reduce_ns_per_element``)
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if self.group not in GROUPS:
             raise ValueError(f"Collective group must be one of {GROUPS}, got {self.group!r}")
+        if self.dtype not in ELEMENT_BYTES:
+            raise ValueError(f"Collective dtype must be one of {sorted(ELEMENT_BYTES)}, got {self.dtype!r}")
+
+    @property
+    def elements(self) -> float:
+        """The elements of the vector ``nbytes`` counts."""
+        return self.nbytes / ELEMENT_BYTES[self.dtype]
 
 
 def _padded(numel: int, multiple: int) -> int:
@@ -192,15 +207,15 @@ def bucket_collectives(
     if scheme == "fp32":
         return [Collective("allreduce", "world", 4.0 * numel)]
     if scheme == "fp16":
-        return [Collective("allreduce", "world", 2.0 * numel)]
+        return [Collective("allreduce", "world", 2.0 * numel, "float16")]
     if scheme == "diloco":  # every step: the node's fp32 all-reduce; the outer exchange: sync_collectives
         return [Collective("allreduce", "intra", 4.0 * numel)] if m > 1 else []
     if scheme in ("two_level", "two_level_bf16"):
-        size = 4.0 if scheme == "two_level" else 2.0
-        shard = padded / m
-        ops = [Collective("reduce_scatter", "intra", size * padded)] if m > 1 else []
-        ops += [Collective("allreduce", "inter", size * shard)] if n > 1 else []
-        return ops + ([Collective("all_gather", "intra", size * padded)] if m > 1 else [])
+        dtype = "float32" if scheme == "two_level" else "bfloat16"
+        size, shard = float(ELEMENT_BYTES[dtype]), padded / m
+        ops = [Collective("reduce_scatter", "intra", size * padded, dtype)] if m > 1 else []
+        ops += [Collective("allreduce", "inter", size * shard, dtype)] if n > 1 else []
+        return ops + ([Collective("all_gather", "intra", size * padded, dtype)] if m > 1 else [])
     if scheme == "powersgd":
         unc, p, q = powersgd_elements(matrices if matrices is not None else _square(numel), rank)
         return [Collective("allreduce", "world", 4.0 * x) for x in (unc, p, q) if x]

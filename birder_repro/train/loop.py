@@ -73,6 +73,8 @@ class _Run:
     epoch: int = 0
     target: TimeToTarget = field(default_factory=lambda: TimeToTarget(None, 1))  # birder_repro.train.target
     start: int = 0  # the step this attempt started from (a resumed run's checkpoint)
+    loop_s: float = 0.0  # the training clock's seconds over this attempt's timed steps (loop_step_s)
+    loop_steps: int = 0
 
 
 @dataclass
@@ -223,7 +225,10 @@ def train(
             diverging.after_step(run.step, result.loss_sum, comm, lr, stage)
             progress.step()
             attempts.reached(run.step)
-            run.target.step_done(time.perf_counter() - t_loop, result.samples)
+            passed = time.perf_counter() - t_loop
+            run.target.step_done(passed, result.samples)
+            if timing.timed(run.step - 1):  # the step just taken (its index)
+                run.loop_s, run.loop_steps = run.loop_s + passed, run.loop_steps + 1
             t_log = time.perf_counter()
             _log_if_due(parts, run, timing, lr, stage)
             logged_s = time.perf_counter() - t_log
@@ -381,6 +386,7 @@ def _finish(p: _Parts, run: _Run, timing: StepPlan, plan: RunPlan) -> tuple[dict
         "global_batch_size": plan.global_batch,
         "data": p.data.description,
         "timing_warmup_steps": timing.warmup_steps,
+        "loop_step_s": run.loop_s / run.loop_steps if run.loop_steps else None,
         "forward_backward_s": forward_backward,
         "compute_calibration_passes": len(run.calibration),
         **breakdown.summarize_timing(figures, forward_backward, bool(getattr(p.comm, "overlaps", lambda: False)())),

@@ -19,6 +19,8 @@ measured on the run's own device, so that ``load_profile(run_dir)`` works on any
                                              node's pinning), the contention the times were measured under
     scheme_overhead_s                        1-node runs: the measured step beyond the model's prediction of
                                              that same step (DDP's own work, a lone process's hook)
+    loop_overhead_s                          1-node runs: the training loop's pass a step (loop_step_s) beyond
+                                             the step and the loop's own collectives as the model prices them
 
 Rank 0's own measurements (every rank runs the same buckets); times are per process.
 """
@@ -169,7 +171,7 @@ def _add_overhead(profile, cfg, record: dict[str, Any], scheme: str, gpus_per_no
     hook's work on one process that the model does not count) goes into ``scheme_overhead_s``, as the paper
     profiles derive it from the paper's 1-node rows (birder_repro.perf.paper_profiles, step 4)."""
     from birder_repro.perf.cluster import ClusterSpec
-    from birder_repro.perf.model import predict_step
+    from birder_repro.perf.model import loop_collectives_s, predict_step
 
     measured = (record.get("step_time_s") or {}).get("total")
     cluster = cfg.get("cluster") if hasattr(cfg, "get") else None
@@ -184,3 +186,6 @@ def _add_overhead(profile, cfg, record: dict[str, Any], scheme: str, gpus_per_no
         predicted += float((record.get("step_time_s") or {}).get("compression") or 0.0)
     profile.scheme_overhead_s[scheme] = max(measured - predicted, 0.0)
     profile.unexplained_share[scheme] = profile.scheme_overhead_s[scheme] / float(measured)
+    loop = record.get("loop_step_s")
+    if loop:  # the loop's own work a step, measured: beyond the step and the collectives the model prices
+        profile.loop_overhead_s = max(float(loop) - measured - loop_collectives_s(spec, 1, gpus_per_node), 0.0)
