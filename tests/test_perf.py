@@ -135,6 +135,24 @@ def test_a_measured_world_latency_prices_the_exchanges_over_every_process():
     assert one.world_alpha_s("all_to_all") == pytest.approx(2.5e-4) and _spec().world_alpha_s("all_gather") is None
 
 
+def test_inter_node_steps_with_every_local_ranks_group_at_once_pay_their_measured_latency():
+    """perf.inter_all_latency_us (mode=probe's inter_all level): with several processes a node, an inter-node
+    collective's steps pay that kind's latency instead of inter_latency_us; one process a node, a kind not
+    measured, and the other groups keep theirs."""
+    measured = _spec(inter_all_latency_us={"allreduce": 2000.0, "all_gather": 1500.0})
+    ar, ag = Collective("allreduce", "inter", 4e6), Collective("all_gather", "inter", 8e5)
+    assert op_time(ar, 2, 2, measured) - op_time(ar, 2, 2, _spec()) == pytest.approx(2 * (2e-3 - 1e-5))
+    assert op_time(ag, 4, 2, measured) - op_time(ag, 4, 2, _spec()) == pytest.approx(3 * (1.5e-3 - 1e-5))
+    assert op_time(ar, 2, 1, measured) == pytest.approx(op_time(ar, 2, 1, _spec()))  # one process a node
+    a2a = Collective("all_to_all", "inter", 8e5)
+    assert op_time(a2a, 2, 2, measured) == pytest.approx(op_time(a2a, 2, 2, _spec()))  # not measured
+    world = Collective("allreduce", "world", 4e6)
+    assert op_time(world, 2, 2, measured) == pytest.approx(op_time(world, 2, 2, _spec()))
+    assert measured.inter_alpha_s("allreduce", 2) == pytest.approx(2e-3) and _spec().inter_alpha_s(
+        "allreduce", 2
+    ) == pytest.approx(1e-5)
+
+
 def test_a_16_bit_sum_pays_its_measured_cost_beyond_its_bytes():
     """perf.reduce_ns_per_element (mode=probe's reduce block): a 16-bit all-reduce or reduce-scatter over p
     processes adds (p-1)/p of its elements at that cost on top of its bytes; fp32, the collectives that do not
@@ -808,6 +826,9 @@ def test_probe_fit_takes_the_bandwidth_from_the_large_messages():
     assert 47.8 - 0.1 <= fit_level({"all_to_all": calls}, 2)["all_to_all"]["bandwidth_Bps"] * 8 / 1e6 <= 48.6 + 0.1
 
 
+INTER3 = ("allreduce", "all_gather", "all_to_all")
+
+
 def test_spec_from_fits_by_hand():
     from birder_repro.perf.probe import spec_from_fits
 
@@ -846,6 +867,10 @@ def test_spec_from_fits_by_hand():
     assert got == {"float16": 7.5, "bfloat16": 0.0}
     kept = spec_from_fits(cluster, inter, intra, world)["perf"].get("reduce_ns_per_element")
     assert kept == cluster["perf"].get("reduce_ns_per_element")
+    # Every local rank's inter-node group at once: each kind's step latency.
+    inter_all = {k: {"alpha_s": a, "bandwidth_Bps": 1e9} for k, a in zip(INTER3, (2e-3, 1.5e-3, 3e-4))}
+    got = spec_from_fits(cluster, inter, intra, world, None, inter_all)["perf"]["inter_all_latency_us"]
+    assert got == pytest.approx({"allreduce": 2000.0, "all_gather": 1500.0, "all_to_all": 300.0})
 
 
 def test_probe_settings_are_checked(compose):
@@ -886,13 +911,16 @@ def test_cli_probe_local_writes_a_spec_that_predict_reads(compose, tmp_path, cap
     assert [(r["kind"], r["bytes"]) for r in got["inter"]] == [
         (k, s) for k in ("allreduce", "reduce_scatter", "all_gather", "all_to_all") for s in (4096, 16384, 65536)
     ]
-    assert len(got["intra"]) == len(got["world"]) == 12 and set(got["fits"]) == {"inter", "intra", "world"}
+    assert len(got["intra"]) == len(got["world"]) == 12 and set(got["fits"]) == {"inter", "intra", "world", "inter_all"}
     for r in got["inter"]:  # busbw = size / time x the factor, as the table prints it
         factor = 1.0 if r["kind"] == "allreduce" else 0.5
         assert r["busbw_Bps"] == pytest.approx(r["bytes"] / r["seconds"] * factor)
     out = capsys.readouterr().out
     assert "busbw (Mbit/s)" in out and "cluster spec:" in out and "world (every process" in out
     assert set(got["cluster_spec"]["world_latency_us"]) == {"allreduce", "all_gather", "all_to_all"}
+    assert {r["kind"] for r in got["inter_all"]} == {"allreduce", "all_gather", "all_to_all"}
+    assert set(got["cluster_spec"]["inter_all_latency_us"]) == {"allreduce", "all_gather", "all_to_all"}
+    assert "every local rank's group at once" in out
     for dtype in ("float16", "bfloat16"):  # the 16-bit sums over every process, beside fp32 of the same bytes
         r = got["reduce"][dtype]
         assert r["elements"] >= 1024 and r["seconds"] > 0 and r["fp32_same_bytes_s"] > 0

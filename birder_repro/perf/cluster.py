@@ -85,10 +85,15 @@ class ClusterSpec:
     # per 16-bit dtype, the nanoseconds a process's sum of one element costs beyond what an fp32 sum of the same
     # bytes does, where mode=probe measured it (its reduce block); None or a dtype left out: nothing beyond the bytes
     reduce_ns_per_element: Any = None  # kept as sorted (dtype, ns) pairs, as world_latency_us
+    # a step's latency of a collective between the nodes while every local rank's group runs one at once (as the
+    # two-level and hierarchical schemes' inter-node steps do), per kind, where mode=probe measured it (its
+    # inter_all level); None or a kind left out: inter_latency_us
+    inter_all_latency_us: Any = None  # sorted (kind, us) pairs
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "world_latency_us", _world_latency(self.world_latency_us))
         object.__setattr__(self, "reduce_ns_per_element", _reduce_costs(self.reduce_ns_per_element))
+        object.__setattr__(self, "inter_all_latency_us", _world_latency(self.inter_all_latency_us))
         for key in ("inter_efficiency", "intra_efficiency", "exchange_efficiency"):
             value = getattr(self, key)
             if value is not None and not 0 < value <= 1:
@@ -151,12 +156,19 @@ class ClusterSpec:
             world_allreduce=str(perf.get("world_allreduce") or "two_level"),
             world_latency_us=_world_latency(perf.get("world_latency_us")),
             reduce_ns_per_element=_reduce_costs(perf.get("reduce_ns_per_element")),
+            inter_all_latency_us=_world_latency(perf.get("inter_all_latency_us")),
         )
 
     def world_alpha_s(self, kind: str) -> float | None:
         """The measured step latency of ``kind`` over every process, in seconds; None where not measured."""
         us = dict(self.world_latency_us or ()).get(kind)
         return None if us is None else float(us) * 1e-6
+
+    def inter_alpha_s(self, kind: str, gpus_per_node: int) -> float:
+        """A step's latency of ``kind`` between the nodes: with several processes a node, every local rank's group
+        runs at once, at its measured ``inter_all_latency_us`` where given; else ``inter_latency_us``."""
+        us = dict(self.inter_all_latency_us or ()).get(kind) if gpus_per_node > 1 else None
+        return self.inter.alpha_s if us is None else float(us) * 1e-6
 
     def reduce_extra_s(self, dtype: str) -> float:
         """Seconds a process's sum of one ``dtype`` element costs beyond an fp32 sum of the same bytes (0 where
@@ -220,7 +232,8 @@ def _transfer_time(op: Collective, nodes: int, gpus_per_node: int, cluster: Clus
     nic = cluster.inter.shared(m)
     exchange = cluster.exchange.shared(m)
     if op.group == "inter":
-        return collective_time(op.kind, op.nbytes, n, nic if op.kind == "allreduce" else exchange)
+        link = nic if op.kind == "allreduce" else exchange
+        return collective_time(op.kind, op.nbytes, n, Link(cluster.inter_alpha_s(op.kind, m), link.bandwidth_Bps))
     world_alpha = cluster.world_alpha_s(op.kind)
     if op.kind == "allreduce" and cluster.world_allreduce == "ring":
         slowest = max(cluster.inter.beta, cluster.intra.beta)

@@ -11,9 +11,11 @@ by ``probe.step_factor``), each call after a barrier and taken at its slowest ra
 nccl-tests' columns: size, time, algorithm bandwidth (size / time) and bus bandwidth (algbw times nccl-tests'
 factor: 2(p-1)/p for all-reduce, (p-1)/p for the others), which for large messages approaches the link's rate.
 
-Three groups are timed, one after the other:
+Four groups are timed, one after the other:
 
     inter   one process per node (local rank 0 of each): the inter-node link as one process sees it;
+    inter_all  with several processes a node, every local rank's inter-node group at once (all-reduce,
+            all-gather, all-to-all), local rank 0's group's times kept;
     intra   the processes of a node (with gpus_per_node > 1), every node at once, node 0's times kept;
     world   every process at once (with several nodes of several processes): the group of the flat schemes'
             exchanges (1-bit Adam's), whose steps wait on processes that share a node's cores.
@@ -39,6 +41,10 @@ calls at twice the usual rate; birder_repro.perf.measure._fit_two_regimes). The 
     world_latency_us      each kind's alpha (all-reduce, all-gather, all-to-all) in the world group, per step
                           of it; the model prices a world exchange's steps at it (perf.cluster.op_time), and
                           a cluster config may keep only the kinds it trusts (conf/cluster/emulated.yaml);
+    inter_all_latency_us  each kind's alpha (all-reduce, all-gather, all-to-all) between the nodes with every
+                          local rank's group running at once (with several processes a node): the inter-node
+                          steps of the two-level and hierarchical schemes run so, and on shared cores each
+                          step also waits for the node's other processes; the model prices those steps at it;
     reduce_ns_per_element per 16-bit dtype, what a process's sum of one element costs beyond an fp32 sum of the
                           same bytes (``probe.reduce_elements`` elements all-reduced over every process in fp16,
                           in bf16 and, in turns with each, half as many in fp32: perf.measure.measure_reduce_cost;
@@ -80,6 +86,7 @@ SPEC_FILE = "cluster_spec.yaml"
 INTER_KINDS = ("allreduce", "all_gather", "all_to_all")
 LEVELS = {
     "inter": "inter-node (one process per node)",
+    "inter_all": "inter-node, every local rank's group at once",
     "intra": "intra-node (the processes of node 0)",
     "world": "world (every process: the flat schemes' groups)",
 }
@@ -130,6 +137,7 @@ def spec_from_fits(
     intra: Mapping[str, Mapping[str, float]] | None,
     world: Mapping[str, Mapping[str, float]] | None = None,
     reduce: Mapping[str, Mapping[str, float]] | None = None,
+    inter_all: Mapping[str, Mapping[str, float]] | None = None,
 ) -> dict[str, Any]:
     """The cluster config ``cluster`` with its ``perf`` block replaced by what the fits measured (the module
     doc's mapping); keys the probe cannot measure are kept."""
@@ -153,13 +161,16 @@ def spec_from_fits(
         )
     if world:
         perf["world_latency_us"] = {k: 1e6 * world[k]["alpha_s"] for k in INTER_KINDS}
+    if inter_all:
+        perf["inter_all_latency_us"] = {k: 1e6 * inter_all[k]["alpha_s"] for k in INTER_KINDS if k in inter_all}
     if reduce:
         perf["reduce_ns_per_element"] = {k: max(0.0, float(v["extra_ns_per_element"])) for k, v in reduce.items()}
     return {**{k: v for k, v in cluster.items() if k != "perf"}, "perf": perf}
 
 
 def _groups(nodes: int, m: int):
-    """(the inter-node group of local rank 0, this node's group or None); collective over the world."""
+    """(the inter-node group of local rank 0, this node's group or None, this process's own inter-node group);
+    collective over the world."""
     import torch.distributed as dist
 
     from birder_repro.comm.topology import layout_groups
@@ -171,7 +182,12 @@ def _groups(nodes: int, m: int):
         group = dist.new_group(ranks) if m > 1 else None
         if dist.get_rank() in ranks:
             mine = group
-    return inter, mine
+    own = inter
+    for ranks in inter_ranks[1:]:
+        group = dist.new_group(ranks)
+        if dist.get_rank() in ranks:
+            own = group
+    return inter, mine, own
 
 
 def probe_worker(cfg: Any, rank: int, device: Any, run_dir: Path) -> dict[str, Any]:
@@ -186,8 +202,12 @@ def probe_worker(cfg: Any, rank: int, device: Any, run_dir: Path) -> dict[str, A
     p = cfg.probe
     sizes = probe_sizes(p.min_bytes, p.max_bytes, p.step_factor)
     timing = dict(device=device, warmup=int(p.warmup_iters), repeats=int(p.iters))
-    inter_group, intra_group = _groups(n, m)
+    inter_group, intra_group, own_inter = _groups(n, m)
     inter = measure(COLLECTIVES, sizes, inter_group, **timing) if rank % m == 0 else None
+    dist.barrier()
+    # one process per node again, but every local rank's group at once, as the two-level and hierarchical
+    # schemes' inter-node steps run: on shared cores each step also waits for the node's other processes
+    inter_all = measure(INTER_KINDS, sizes, own_inter, **timing) if m > 1 else None
     dist.barrier()
     intra = measure(COLLECTIVES, sizes, intra_group, **timing) if intra_group is not None else None
     dist.barrier()
@@ -204,9 +224,10 @@ def probe_worker(cfg: Any, rank: int, device: Any, run_dir: Path) -> dict[str, A
         "inter": fit_level(inter, n),
         "intra": fit_level(intra, m) if intra else None,
         "world": fit_level(world, n * m) if world else None,
+        "inter_all": fit_level(inter_all, n) if inter_all else None,
     }
     cluster = OmegaConf.to_container(cfg.cluster, resolve=True)
-    spec = spec_from_fits(cluster, fits["inter"], fits["intra"], fits["world"], reduce)
+    spec = spec_from_fits(cluster, fits["inter"], fits["intra"], fits["world"], reduce, fits["inter_all"])
     spec["probe"] = {
         "measured": record.now(),
         "command": record.read_command(run_dir),
@@ -230,6 +251,7 @@ def probe_worker(cfg: Any, rank: int, device: Any, run_dir: Path) -> dict[str, A
             "inter": table_rows(inter, n),
             "intra": table_rows(intra, m) if intra else None,
             "world": table_rows(world, n * m) if world else None,
+            "inter_all": table_rows(inter_all, n) if inter_all else None,
             "fits": _plain(fits),
             "reduce": _plain(reduce),
             "cluster_spec_file": str(spec_path.resolve()),
@@ -254,7 +276,7 @@ def format_probe(rec: Mapping[str, Any]) -> str:
         f"probe: {c['nodes']} nodes x {c['gpus_per_node']} processes, cluster {c['name']}, "
         f"link {c.get('link_mbit') or 'not given'} Mbit/s; median of each call's slowest rank"
     ]
-    for level in ("inter", "intra", "world"):
+    for level in ("inter", "inter_all", "intra", "world"):
         rows = probe.get(level)
         if not rows:
             continue
