@@ -91,9 +91,9 @@ class ClusterSpec:
     inter_all_latency_us: Any = None  # sorted (kind, us) pairs
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "world_latency_us", _world_latency(self.world_latency_us))
+        object.__setattr__(self, "world_latency_us", _latencies(self.world_latency_us))
+        object.__setattr__(self, "inter_all_latency_us", _latencies(self.inter_all_latency_us))
         object.__setattr__(self, "reduce_ns_per_element", _reduce_costs(self.reduce_ns_per_element))
-        object.__setattr__(self, "inter_all_latency_us", _world_latency(self.inter_all_latency_us))
         for key in ("inter_efficiency", "intra_efficiency", "exchange_efficiency"):
             value = getattr(self, key)
             if value is not None and not 0 < value <= 1:
@@ -154,9 +154,9 @@ class ClusterSpec:
             shared_host=bool(perf.get("shared_host", False)),
             cores_per_node=None if cluster.get("cores_per_node") is None else int(cluster.get("cores_per_node")),
             world_allreduce=str(perf.get("world_allreduce") or "two_level"),
-            world_latency_us=_world_latency(perf.get("world_latency_us")),
-            reduce_ns_per_element=_reduce_costs(perf.get("reduce_ns_per_element")),
-            inter_all_latency_us=_world_latency(perf.get("inter_all_latency_us")),
+            world_latency_us=perf.get("world_latency_us"),  # each as __post_init__ keeps it
+            reduce_ns_per_element=perf.get("reduce_ns_per_element"),
+            inter_all_latency_us=perf.get("inter_all_latency_us"),
         )
 
     def world_alpha_s(self, kind: str) -> float | None:
@@ -178,29 +178,27 @@ class ClusterSpec:
 
 def _reduce_costs(value: Any) -> tuple[tuple[str, float], ...] | None:
     """``perf.reduce_ns_per_element`` as sorted (dtype, ns) pairs, each at least 0; None where not given."""
-    if value is None:
-        return None
-    pairs = value.items() if isinstance(value, Mapping) else value
-    out = []
-    for dtype, ns in pairs:
+    pairs = _pairs(value)
+    for dtype, _ in pairs or ():
         if dtype not in ELEMENT_BYTES:
             raise ValueError(f"cluster.perf.reduce_ns_per_element: {dtype!r} is not one of {sorted(ELEMENT_BYTES)}")
-        out.append((str(dtype), max(0.0, float(ns))))
-    return tuple(sorted(out))
+    return None if pairs is None else tuple((k, max(0.0, v)) for k, v in pairs)
 
 
-def _world_latency(value: Any) -> tuple[tuple[str, float], ...] | None:
-    """``perf.world_latency_us``, per kind or one number for every kind, as sorted (kind, us) pairs; None where
-    not given."""
+def _latencies(value: Any) -> tuple[tuple[str, float], ...] | None:
+    """``perf.world_latency_us`` or ``perf.inter_all_latency_us``, per kind or one number for every kind, as
+    sorted (kind, us) pairs; None where not given."""
+    if value is None or isinstance(value, (Mapping, tuple, list)):
+        return _pairs(value)
+    return _pairs({kind: value for kind in ("allreduce", "all_gather", "all_to_all", "reduce_scatter")})
+
+
+def _pairs(value: Any) -> tuple[tuple[str, float], ...] | None:
+    """A mapping (or (key, number) pairs) as sorted (str, float) pairs, hashable; None stays None."""
     if value is None:
         return None
-    if isinstance(value, Mapping):
-        pairs = value.items()
-    elif isinstance(value, (tuple, list)):
-        pairs = value
-    else:
-        pairs = [(kind, value) for kind in ("allreduce", "all_gather", "all_to_all", "reduce_scatter")]
-    return tuple(sorted((str(k), float(v)) for k, v in pairs))
+    items = value.items() if isinstance(value, Mapping) else value
+    return tuple(sorted((str(k), float(v)) for k, v in items))
 
 
 def group_size(op: Collective, nodes: int, gpus_per_node: int) -> int:

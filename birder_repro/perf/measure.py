@@ -194,17 +194,22 @@ def measure(
         send = torch.zeros(size // 4, dtype=torch.float32, device=device)
         recv = torch.empty_like(send)
         for kind in kinds:
-            times = []
-            for i in range(warmup + repeats):
-                dist.barrier(group=group)
-                t0 = time.perf_counter()
-                _call(kind, send, recv, p, group)
-                if send.is_cuda:
-                    torch.cuda.synchronize(send.device)
-                if i >= warmup:
-                    times.append(time.perf_counter() - t0)
-            results[kind][size] = slowest_rank(times, group)
+            times = [_timed(lambda: _call(kind, send, recv, p, group), send, group) for _ in range(warmup + repeats)]
+            results[kind][size] = slowest_rank(times[warmup:], group)
     return results
+
+
+def _timed(call, tensor, group) -> float:
+    """Seconds of one ``call`` after a barrier over ``group``, its device's work included (``tensor``'s)."""
+    import torch
+    import torch.distributed as dist
+
+    dist.barrier(group=group)
+    t0 = time.perf_counter()
+    call()
+    if tensor.is_cuda:
+        torch.cuda.synchronize(tensor.device)
+    return time.perf_counter() - t0
 
 
 REDUCE_DTYPES = ("float16", "bfloat16")
@@ -229,17 +234,11 @@ def measure_reduce_cost(
     for name in dtypes:
         narrow = torch.zeros(numel, dtype=getattr(torch, name), device=device)
         times: dict[str, list[float]] = {"narrow": [], "wide": []}
-        for i in range(warmup + repeats):
+        for _ in range(warmup + repeats):
             for key, tensor in (("narrow", narrow), ("wide", wide)):
-                dist.barrier(group=group)
-                t0 = time.perf_counter()
-                dist.all_reduce(tensor, group=group)
-                if tensor.is_cuda:
-                    torch.cuda.synchronize(tensor.device)
-                if i >= warmup:
-                    times[key].append(time.perf_counter() - t0)
-        narrow_s = statistics.median(slowest_rank(times["narrow"], group))
-        wide_s = statistics.median(slowest_rank(times["wide"], group))
+                times[key].append(_timed(lambda t=tensor: dist.all_reduce(t, group=group), tensor, group))
+        narrow_s = statistics.median(slowest_rank(times["narrow"][warmup:], group))
+        wide_s = statistics.median(slowest_rank(times["wide"][warmup:], group))
         added = (p - 1) / p * numel if p > 1 else float("nan")
         out[name] = {
             "elements": float(numel),

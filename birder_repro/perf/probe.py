@@ -162,7 +162,7 @@ def spec_from_fits(
     if world:
         perf["world_latency_us"] = {k: 1e6 * world[k]["alpha_s"] for k in INTER_KINDS}
     if inter_all:
-        perf["inter_all_latency_us"] = {k: 1e6 * inter_all[k]["alpha_s"] for k in INTER_KINDS if k in inter_all}
+        perf["inter_all_latency_us"] = {k: 1e6 * inter_all[k]["alpha_s"] for k in INTER_KINDS}
     if reduce:
         perf["reduce_ns_per_element"] = {k: max(0.0, float(v["extra_ns_per_element"])) for k, v in reduce.items()}
     return {**{k: v for k, v in cluster.items() if k != "perf"}, "perf": perf}
