@@ -3,6 +3,7 @@ accounting, the overlap timeline, profiles, the paper validation's target and th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 import yaml
 from dist_utils import run_distributed
 
@@ -654,6 +656,67 @@ def test_the_one_node_leftover_is_charged_once_where_compute_slows_down():
     assert "caution" not in format_prediction(rec)
 
 
+def test_a_flat_data_exchange_overlaps_its_waits_with_its_wire_on_shared_cores():
+    """1-bit Adam's exchange (all-to-all and all-gathers over every process) on an emulated cluster takes the
+    longer of its waits (its measured per-step latencies and the 1-node leftover) and its bytes on the wire,
+    not their sum: known answers on both sides of the crossing, and the sum where the rule does not hold."""
+    from birder_repro.perf.cluster import exchange_latency
+    from birder_repro.perf.model import waits_overlap_wire
+
+    n, m, size = 2, 2, 800_000
+    ops = bucket_collectives("onebit", size, n, m)
+    base = dict(name="p", device="cpu", task="t", batch_size=8, forward_backward_s=0.01, parameter_count=size)
+    base["bucket_elements"] = [size]  # one bucket, ready as the backward pass ends: nothing hides it
+    for mbit, leftover in ((8000.0, 0.02), (80.0, 0.002)):  # waits longer than the wire; the wire longer
+        spec = _spec(inter_mbit=mbit, shared_host=True, world_latency_us={"all_gather": 300, "all_to_all": 200})
+        flat = Profile(
+            **base,
+            optimizer_s=0.001,
+            scheme_overhead_s={"onebit": leftover},
+            compression_s_per_element={"onebit": 1e-9},
+        )
+        assert waits_overlap_wire(ops, n, spec)
+        comm = sum(op_time(op, n, m, spec) for op in ops)
+        latency = sum(exchange_latency(op, n, m, spec) for op in ops)
+        assert latency == pytest.approx(3 * (3 * 300e-6 + 200e-6))  # 3 all-gathers, 1 all-to-all: N-1 = 3 steps each
+        got = predict_step(flat, spec, n, m, "onebit")
+        assert got.total_s == pytest.approx(
+            0.01 + got.compress_busy_s + 0.001 + max(leftover + latency, comm - latency)
+        )
+        summed = predict_step(flat, dataclasses.replace(spec, shared_host=False), n, m, "onebit")
+        assert summed.total_s == pytest.approx(0.01 + got.compress_busy_s + 0.001 + leftover + comm)
+    # one node: no wire; a reducing exchange and a staged one: their waits and bytes add
+    assert not waits_overlap_wire(bucket_collectives("onebit", size, 1, m), 1, spec)
+    assert not waits_overlap_wire(bucket_collectives("fp16", size, n, m), n, spec)
+    assert not waits_overlap_wire(bucket_collectives("hierarchical", size, n, m), n, spec)
+    with pytest.raises(ValueError, match="not an exchange over every process"):
+        exchange_latency(Collective("allreduce", "world", 8.0), n, m, spec)
+
+
+def test_a_measured_profile_prices_powersgd_compression_at_the_runs_rank_and_shapes():
+    """The profile's seconds per element are the run's compression seconds over the elements the model counts
+    at the run's own rank and matrices, so that predicting the run's own layout gives its seconds back."""
+    from birder_repro.perf.profile import bucket_matrices
+    from birder_repro.train.profile import _per_element, parameter_matrices
+
+    layer = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 16))
+    mats = parameter_matrices(layer.parameters())
+    assert mats == [[32, 64], [32], [16, 32], [16]]
+    sizes = [16 * 32 + 16, 32 * 64 + 32]  # DDP's buckets: the last layer's first
+    assert bucket_matrices(mats, sizes) == [[[16], [16, 32]], [[32], [32, 64]]]
+    per = _per_element("powersgd", sizes, 1, 2, 0.004, 4, bucket_matrices(mats, sizes))["powersgd"]
+    elements = sum(
+        compressed_elements("powersgd", b, 1, 2, rank=4, matrices=g)
+        for b, g in zip(sizes, bucket_matrices(mats, sizes))
+    )
+    assert per * elements == pytest.approx(0.004)
+    at_rank_one = _per_element("powersgd", sizes, 1, 2, 0.004, 1, bucket_matrices(mats, sizes))["powersgd"]
+    assert at_rank_one > per  # fewer elements at rank 1: each costs more
+    prof = _profile(parameter_count=sum(sizes), bucket_elements=sizes, matrices=mats)
+    assert prof.bucket_matrices(sizes) == bucket_matrices(mats, sizes)
+    assert _profile().bucket_matrices([10, 20]) == [None, None]
+
+
 def test_compressed_elements_alone_counts_a_lone_process():
     assert compressed_elements("hierarchical", 800, 1, 1) == 0
     assert compressed_elements("hierarchical", 800, 1, 1, alone=True) == 4 * 800  # 2P/m + P/N + P at n = m = 1
@@ -1084,6 +1147,12 @@ def test_a_one_node_profile_records_its_leftover_and_its_share_of_the_step():
     assert profile.scheme_overhead_s["fp32"] == pytest.approx(0.04)
     assert profile.unexplained_share["fp32"] == pytest.approx(0.04 / (modelled + 0.04))
     assert profile.loop_overhead_s == 0.0  # no loop_step_s in the record (an older run): nothing measured
+    # predicted as the run ran: PowerSGD at its rank
+    base = dict(name="q", device="cpu", task="t", batch_size=8, forward_backward_s=0.06, parameter_count=300_000)
+    own = Profile(**base, compression_s_per_element={"powersgd": 1e-9})
+    step = predict_step(own, ClusterSpec.from_config(cluster), 1, 2, "powersgd", rank=4).total_s + 0.005
+    _add_overhead(own, {"cluster": cluster}, {"step_time_s": {"total": step}}, "powersgd", 2, 4)
+    assert own.scheme_overhead_s["powersgd"] == pytest.approx(0.005)
 
 
 def test_a_one_node_profile_measures_the_loops_own_work_beyond_the_step_and_its_collectives():

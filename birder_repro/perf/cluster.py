@@ -51,6 +51,7 @@ __all__ = [
     "CLUSTER_DIR",
     "ClusterSpec",
     "op_time",
+    "exchange_latency",
     "reduce_time",
     "group_size",
     "host_contention",
@@ -58,6 +59,7 @@ __all__ = [
     "node_contention",
 ]
 
+PAIRWISE = ("all_to_all", "all_gather")  # the exchanges that only move data: every send posted at once
 WORLD_ALLREDUCE = ("two_level", "ring")  # how a world all-reduce across nodes runs (the module doc's "world")
 MBIT = 1e6 / 8  # bytes per second in one Mbit/s
 # The cluster configs specs come from: conf/cluster of the checkout, or of the installed package.
@@ -243,14 +245,25 @@ def _transfer_time(op: Collective, nodes: int, gpus_per_node: int, cluster: Clus
             + collective_time("allreduce", op.nbytes / m, n, nic)
             + collective_time("all_gather", op.nbytes, m, cluster.intra)
         )
-    world = n * m
     intra_bytes, inter_bytes = counted_bytes(op, n, m)
-    # NCCL's tuning model (src/graph/tuning.cc, ncclTopoTuneModel): of a collective's N-1 steps, n-1 cross the
-    # network and pay its latency, the other N-n stay inside a node and pay the intra-node one.
-    latency = (n - 1) * cluster.inter.alpha_s + (world - n) * cluster.intra.alpha_s
+    return exchange_latency(op, n, m, cluster) + max(inter_bytes * exchange.beta, intra_bytes * cluster.intra.beta)
+
+
+def exchange_latency(op: Collective, nodes: int, gpus_per_node: int, cluster: ClusterSpec) -> float:
+    """The latency part of a collective other than an all-reduce (the pairwise exchanges: all-to-all,
+    all-gather) over every process of several nodes: its N-1 steps at the kind's ``perf.world_latency_us``
+    where measured, else NCCL's tuning model (src/graph/tuning.cc, ncclTopoTuneModel): of the N-1 steps, n-1
+    cross the network and pay its latency, the other N-n stay inside a node and pay the intra-node one. The
+    rest of :func:`op_time` is its bytes."""
+    n, world = nodes, nodes * gpus_per_node
+    if op.group != "world" or n == 1 or op.kind == "allreduce":
+        raise ValueError(
+            f"{op.kind} over {op.group!r} on {nodes} node(s): not an exchange over every process of several nodes"
+        )
+    world_alpha = cluster.world_alpha_s(op.kind)
     if world_alpha is not None:  # measured over every process at once, as the op runs
-        latency = (world - 1) * world_alpha
-    return latency + max(inter_bytes * exchange.beta, intra_bytes * cluster.intra.beta)
+        return (world - 1) * world_alpha
+    return (n - 1) * cluster.inter.alpha_s + (world - n) * cluster.intra.alpha_s
 
 
 def host_contention(

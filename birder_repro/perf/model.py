@@ -19,10 +19,19 @@ the stages' step times weighted by their share of the steps.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .cluster import ClusterSpec, host_contention, no_spare_core, node_contention, op_time
+from .cluster import (
+    PAIRWISE,
+    ClusterSpec,
+    exchange_latency,
+    host_contention,
+    no_spare_core,
+    node_contention,
+    op_time,
+)
 from .implementations import ImplementationLike, implementation_of
 from .profile import Profile
 from .schemes import (
@@ -35,7 +44,14 @@ from .schemes import (
 )
 from .timeline import BucketWork, StepTimeline, blend, ready_times, simulate, simulate_sequential, simulate_shared
 
-__all__ = ["StepPrediction", "LOOP_COLLECTIVES", "loop_collectives_s", "predict_step", "predict_run"]
+__all__ = [
+    "StepPrediction",
+    "LOOP_COLLECTIVES",
+    "loop_collectives_s",
+    "waits_overlap_wire",
+    "predict_step",
+    "predict_run",
+]
 
 # The training loop's own collectives every step (birder_repro.train.loop), outside the timed step: the ranks'
 # agreement on a stop signal (two floats) and the divergence check (one), each an all-reduce across every
@@ -76,20 +92,25 @@ class StepPrediction:
         return {**asdict(self), "throughput_samples_per_s": self.throughput}
 
 
-def _bucket_matrices(profile: Profile, sizes: list[int]) -> list[list | None]:
-    """Each bucket's (rows, cols) for PowerSGD, when the profile lists them (in parameter order)."""
-    if not profile.matrices or sizes == [profile.parameter_count]:
-        return [None] * len(sizes)
-    mats = list(reversed(profile.matrices))  # DDP fills buckets in reverse parameter order
-    out, i = [], 0
-    for size in sizes:
-        group, got = [], 0
-        while i < len(mats) and got < size:
-            group.append(mats[i])
-            got += int(mats[i][0]) * (int(mats[i][1]) if len(mats[i]) > 1 else 1)
-            i += 1
-        out.append(group)
-    return out
+def waits_overlap_wire(ops: Sequence[Collective], nodes: int, cluster: ClusterSpec) -> bool:
+    """Whether a bucket's exchange overlaps its waits with its bytes on the wire: on an emulated cluster's shared
+    cores, an exchange over every process that only moves data (all-to-all, all-gather: 1-bit Adam's) posts all
+    its sends at once, and the link carries them while the processes wait for their turn on the core. Its waits
+    are the per-step latencies mode=probe measured over every process (which are that turn-taking) and the
+    1-node profile's leftover, which is the same exchange's turn-taking there (on one node it is the whole
+    exchange). The exchange takes the longer of its waits and its wire time, not their sum. MEASURED: the 1-bit
+    Adams' 2 x 2 steps were flat from 100 Mbit/s to unshaped (51, 44, 44, 49 ms) while each node's link carried
+    185 KB a step, 15 ms at the full 100 Mbit/s; summed, the model put them 20-30 % long on the slow links.
+    Not so where a collective reduces (a ring's next send waits for its sum: the fp16 hook's flat all-reduce,
+    charged so, came out 27 % short) or where the inter-node exchange is a stage of its own after a node's
+    (Birder's and the two-level hooks', whose leftover is their intra-node stages: 19 % short), nor on a real
+    cluster, whose latencies are the wire's."""
+    return (
+        cluster.shared_host
+        and nodes > 1
+        and bool(ops)
+        and all(op.group == "world" and op.kind in PAIRWISE for op in ops)
+    )
 
 
 def predict_step(
@@ -128,10 +149,15 @@ def predict_step(
             f"profile {profile.name!r} has no compression cost for {backend!r} (scheme {scheme}); "
             f"it has {sorted(profile.compression_s_per_element)}"
         )
+    leftover, moved, everything = profile.scheme_overhead_s.get(scheme, 0.0), 0.0, float(sum(sizes)) or 1.0
     work, intra, inter, count = [], 0.0, 0.0, 0
-    for size, t_ready, mats in zip(sizes, ready, _bucket_matrices(profile, sizes)):
+    for size, t_ready, mats in zip(sizes, ready, profile.bucket_matrices(sizes)):
         ops = bucket_collectives(scheme, size, nodes, gpus_per_node, matrices=mats, rank=rank)
         comm = sum(op_time(op, nodes, gpus_per_node, cluster) for op in ops)
+        if waits_overlap_wire(ops, nodes, cluster):
+            share = leftover * size / everything  # this bucket's part of the exchange's leftover
+            waits = share + sum(exchange_latency(op, nodes, gpus_per_node, cluster) for op in ops)
+            comm, moved = max(waits, comm - waits + share), moved + share
         for op in ops:
             a, b = counted_bytes(op, nodes, gpus_per_node)
             intra, inter = intra + a, inter + b
@@ -142,7 +168,7 @@ def predict_step(
     # on the 1-node profile it is mostly waiting (the intra-node collectives, the hand-offs to the hook's
     # thread), counted once: scaled by the contention, Birder's 2 x 2 step at 200 Mbit/s came out 2x the
     # measured one (docs/performance-model.md, "The 1-node leftover").
-    optimizer = slow * profile.optimizer_s + profile.scheme_overhead_s.get(scheme, 0.0)
+    optimizer = slow * profile.optimizer_s + leftover - moved
     tl: StepTimeline = simulate_sequential(work, fb, optimizer)
     if impl.overlap > 0:
         shared = no_spare_core(cluster, nodes * gpus_per_node, profile.threads, profile.host_cores)

@@ -46,12 +46,12 @@ birder_repro.perf.paper_profiles) and is JSON-serialisable, so that a run can wr
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LEFTOVER_WARN", "Profile", "ddp_bucket_elements", "load_profile"]
+__all__ = ["LEFTOVER_WARN", "Profile", "bucket_matrices", "ddp_bucket_elements", "load_profile"]
 
 MB = 1024 * 1024
 # A 1-node step the model leaves more of than this unexplained (scheme_overhead_s) is named in every prediction
@@ -107,6 +107,10 @@ class Profile:
             self.parameter_count, self.bucket_cap_mb, self.first_bucket_mb
         )
 
+    def bucket_matrices(self, sizes: list[int]) -> list[list | None]:
+        """Each bucket's (rows, cols) for PowerSGD: :func:`bucket_matrices` of the profile's ``matrices``."""
+        return bucket_matrices(self.matrices, sizes)
+
     def compute_s(self, batch_size: int | None = None) -> float:
         """forward + backward at ``batch_size``: ASSUMPTION, linear in the batch (a GPU at a small batch
         is less efficient; profile the batch you predict for where you can)."""
@@ -123,6 +127,23 @@ class Profile:
         if unknown:
             raise ValueError(f"unknown profile keys {sorted(unknown)}; known: {sorted(known)}")
         return cls(**dict(data))
+
+
+def bucket_matrices(matrices: Sequence[Sequence[int]], sizes: Sequence[int]) -> list[list | None]:
+    """Each bucket's (rows, cols) for PowerSGD, ``matrices`` in parameter order; None per bucket where none are
+    listed (perf.schemes.compressed_elements then takes the bucket as one square)."""
+    if not matrices:
+        return [None] * len(sizes)
+    mats = list(reversed(matrices))  # DDP fills buckets in reverse parameter order
+    out, i = [], 0
+    for size in sizes:
+        group, got = [], 0
+        while i < len(mats) and got < size:
+            group.append(list(mats[i]))
+            got += int(mats[i][0]) * (int(mats[i][1]) if len(mats[i]) > 1 else 1)
+            i += 1
+        out.append(group)
+    return out
 
 
 def ddp_bucket_elements(numel: int, cap_mb: float = 25.0, first_mb: float = 1.0, element_size: int = 4) -> list[int]:

@@ -39,7 +39,7 @@ from birder_repro.train.data import batches, steps_per_epoch
 from birder_repro.train.divergence import DivergenceWatch
 from birder_repro.train.evaluate import evaluate
 from birder_repro.train.precision import Precision
-from birder_repro.train.profile import measured_profile
+from birder_repro.train.profile import measured_profile, parameter_matrices
 from birder_repro.train.progress import LogInterval, Progress, log_interval
 from birder_repro.train.restarts import Attempts, inject_fault, restart_count
 from birder_repro.train.settings import RunPlan, TrainSettings
@@ -373,6 +373,7 @@ def _finish(p: _Parts, run: _Run, timing: StepPlan, plan: RunPlan) -> tuple[dict
         "device": _device_name(p.device),
         "torch_device": p.device,
         "threads": torch.get_num_threads(),
+        "matrices": parameter_matrices(getattr(p.model, "module", p.model).parameters()),
     }
     return {
         "steps": run.step,

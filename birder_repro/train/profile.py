@@ -57,14 +57,32 @@ def _scheme(cfg) -> str:
     return scheme_for_optim(str(cfg.optim.name), (comm or {}).get("scheme") if comm is not None else None)
 
 
-def _per_element(scheme: str, buckets: list[int], nodes: int, gpus: int, compress_s: float) -> dict[str, float]:
+def _per_element(
+    scheme: str, buckets: list[int], nodes: int, gpus: int, compress_s: float, rank: int, matrices: list
+) -> dict[str, float]:
+    """The hook's compression seconds a step over the elements the model counts for them, at the run's own
+    PowerSGD ``rank`` and over its ``matrices`` (a bucket's each, or None), as perf.model.predict_step counts
+    them: counted at rank 1 over square buckets, a rank-4 run's cost came out 3.3x its measured seconds."""
     from birder_repro.perf.schemes import COMPRESSION_BACKEND, compressed_elements
 
     backend = COMPRESSION_BACKEND.get(scheme)
     if not backend or not buckets or not compress_s > 0:
         return {}
-    elements = sum(compressed_elements(scheme, b, nodes, gpus, alone=True) for b in buckets)
+    elements = sum(
+        compressed_elements(scheme, b, nodes, gpus, rank=rank, matrices=mats, alone=True)
+        for b, mats in zip(buckets, matrices)
+    )
     return {backend: compress_s / elements} if elements else {}
+
+
+def parameter_matrices(parameters) -> list[list[int]]:
+    """Every trainable parameter as PowerSGD sees it (torch's powerSGD_hook: a tensor of 2 or more dimensions
+    as shape[0] rows by the rest, a vector as itself), in parameter order: Profile.matrices."""
+    out = []
+    for q in parameters:
+        if q.requires_grad:
+            out.append([int(q.shape[0]), int(q.numel() // q.shape[0])] if q.dim() > 1 else [int(q.numel())])
+    return out
 
 
 def _lone_onebit(buckets: list[int], device, repeats: int = 3) -> dict[str, float]:
@@ -117,14 +135,16 @@ def measured_profile(
     device: str,
     threads: int,
     torch_device=None,
+    matrices: list[list[int]] | None = None,
 ) -> dict[str, Any] | None:
     """The profile (a dict of Profile's fields) from the run's figures ``record`` (the loop's and the probes'
     keys), the hook calls of its timed steps, and per step of its main stage (1-bit Adam's compression stage,
     else the whole run) the optimizer's own seconds and the hook's compression seconds; None where the run
     measured no compute. ``device`` is the display name the profile records ("cuda (NVIDIA H100 ...)"),
-    ``torch_device`` the device the run computed on (default: the CPU)."""
+    ``torch_device`` the device the run computed on (default: the CPU), ``matrices`` its trainable
+    parameters' shapes (:func:`parameter_matrices`)."""
     from birder_repro.comm.kernels import process_cores
-    from birder_repro.perf.profile import Profile
+    from birder_repro.perf.profile import Profile, bucket_matrices
 
     fb = record.get("forward_backward_s")
     params = record.get("parameters")
@@ -135,6 +155,8 @@ def measured_profile(
         params = sum(buckets)
     timed = max(int(record.get("timed_steps") or 0), 1)
     scheme = _scheme(cfg)
+    comm = cfg.optim.get("comm") if hasattr(cfg.optim, "get") else None
+    rank = int((comm or {}).get("rank") or 1) if comm is not None else 1
     backward = min(max(backward_s, 1e-9), fb)
     profile = Profile(
         name=f"run:{cfg.task.name}/{cfg.optim.name}/{nodes}x{gpus_per_node}",
@@ -150,8 +172,11 @@ def measured_profile(
         compression_s_per_element=(
             _lone_onebit(buckets, torch_device or "cpu")
             if scheme == "onebit" and nodes * gpus_per_node == 1
-            else _per_element(scheme, buckets, nodes, gpus_per_node, compress_s)
+            else _per_element(
+                scheme, buckets, nodes, gpus_per_node, compress_s, rank, bucket_matrices(matrices or [], buckets)
+            )
         ),
+        matrices=list(matrices or []),
         bucket_ready_s=ready_s,
         data_wait_s=float(record.get("data_wait_s_per_step") or 0.0),
         threads=int(threads),
@@ -162,14 +187,15 @@ def measured_profile(
         notes=f"measured by the run itself ({timed} timed steps; scheme {scheme} on {nodes} x {gpus_per_node})",
     )
     if nodes == 1:
-        _add_overhead(profile, cfg, record, scheme, gpus_per_node)
+        _add_overhead(profile, cfg, record, scheme, gpus_per_node, rank)
     return profile.to_dict()
 
 
-def _add_overhead(profile, cfg, record: dict[str, Any], scheme: str, gpus_per_node: int) -> None:
+def _add_overhead(profile, cfg, record: dict[str, Any], scheme: str, gpus_per_node: int, rank: int = 1) -> None:
     """On one node, what the step measured beyond the model's own prediction of it (DDP's bucket copies, a
     hook's work on one process that the model does not count) goes into ``scheme_overhead_s``, as the paper
-    profiles derive it from the paper's 1-node rows (birder_repro.perf.paper_profiles, step 4)."""
+    profiles derive it from the paper's 1-node rows (birder_repro.perf.paper_profiles, step 4). The prediction
+    is of the run as it ran: PowerSGD at its ``rank``."""
     from birder_repro.perf.cluster import ClusterSpec
     from birder_repro.perf.model import loop_collectives_s, predict_step
 
@@ -181,7 +207,7 @@ def _add_overhead(profile, cfg, record: dict[str, Any], scheme: str, gpus_per_no
         return
     if not measured:
         return
-    predicted = predict_step(profile, spec, 1, gpus_per_node, scheme).total_s
+    predicted = predict_step(profile, spec, 1, gpus_per_node, scheme, rank=rank).total_s
     if gpus_per_node == 1:  # a lone process: the model counts no compression, the per-element cost has it
         predicted += float((record.get("step_time_s") or {}).get("compression") or 0.0)
     profile.scheme_overhead_s[scheme] = max(measured - predicted, 0.0)
