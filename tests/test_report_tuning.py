@@ -232,6 +232,24 @@ def test_make_tables_writes_tuning_crossover_and_its_figure(tmp_path):
     assert "(" not in text.split("| 50 ")[1].split("\n")[0]  # no 1-node profile: measured alone, no prediction
 
 
+def test_a_sweep_over_links_where_no_run_reached_its_target_sets_no_crossover_and_draws_nothing(tmp_path):
+    """A synthetic-data sweep (make validate-emulated) over two links reaches no target: make tables still writes
+    its tables, with no crossover and no figure for it, beside a comparison that has both."""
+    never = [
+        record(optim, lr=lr, step=None, link=link, seconds=1.0, top1=1.0)
+        for optim, lr in (("sgdm", 0.05), ("birder", 1e-3))
+        for link in (50, None)
+    ]
+    for rec in never:
+        rec["config"]["data"]["source"] = "synthetic"  # another comparison than the real-data runs below
+    root = write(tmp_path / "runs", never)
+    points, _ = crossover.crossover_tables(load_frame(root))
+    assert not points.empty and points["measured_s"].isna().all()
+    assert all(c["measured"] is None for c in crossover.crossovers(points))
+    assert crossover.crossover_figures(points, tmp_path / "f") == []
+    assert main(["--runs", str(root), "--out", str(tmp_path / "out"), "--figures", str(tmp_path / "f")]) == 0
+
+
 def test_a_run_that_never_evaluated_has_no_row_in_time_to_target(tmp_path):
     never = record("sgdm", lr=0.05, step=None, nodes=1, link=None)
     never["time_to_target"]["evaluations"] = 0  # train.eval=false: a profile or throughput run

@@ -326,7 +326,8 @@ def crossovers(table: pd.DataFrame) -> list[dict]:
     for comparison, rows in table.groupby("comparison", sort=False):
         measured = rows[rows["source"] == "measured"].copy()
         measured["x"] = measured["link"].fillna(_unshaped_link())
-        base = measured[measured["optim"].isin(BASELINES)]
+        # a baseline with no run that reached the target at a link (a synthetic-data sweep) sets no crossover there
+        base = measured[measured["optim"].isin(BASELINES) & measured["measured_s"].notna()]
         if base.empty:
             continue
         best = base.groupby("x")["measured_s"].min()
@@ -520,7 +521,10 @@ def crossover_figures(table: pd.DataFrame, out_dir: Path) -> list[Path]:
     models = table.attrs.get("models", {})
     unshaped = _unshaped_link()
     written = []
-    for index, (_comparison, rows) in enumerate(table.groupby("comparison", sort=False)):
+    for _comparison, rows in table.groupby("comparison", sort=False):
+        if not rows.loc[rows["source"] == "measured", "measured_s"].notna().any():
+            continue  # no run of the comparison reached its target (a synthetic-data sweep): nothing to draw
+        index = len(written)
         fig, ax = plt.subplots(figsize=(7.5, 6.4))
         for series, s in rows.groupby("series", sort=False):
             style = optim_style(s["optim"].iloc[0], s["variant"].iloc[0] or "")
