@@ -712,9 +712,39 @@ def test_a_measured_profile_prices_powersgd_compression_at_the_runs_rank_and_sha
     assert per * elements == pytest.approx(0.004)
     at_rank_one = _per_element("powersgd", sizes, 1, 2, 0.004, 1, bucket_matrices(mats, sizes))["powersgd"]
     assert at_rank_one > per  # fewer elements at rank 1: each costs more
-    prof = _profile(parameter_count=sum(sizes), bucket_elements=sizes, matrices=mats)
-    assert prof.bucket_matrices(sizes) == bucket_matrices(mats, sizes)
-    assert _profile().bucket_matrices([10, 20]) == [None, None]
+    assert bucket_matrices([], [10, 20]) == [None, None]  # no shapes recorded: each bucket a square
+
+
+def test_a_runs_profile_counts_powersgds_compression_at_the_configured_rank():
+    """measured_profile reads the rank from the run's config (optim.comm.rank) and records the shapes."""
+    from omegaconf import OmegaConf
+
+    from birder_repro.perf.profile import bucket_matrices
+    from birder_repro.train.profile import measured_profile
+
+    mats, sizes = [[32, 64], [32], [16, 32], [16]], [16 * 32 + 16, 32 * 64 + 32]
+    cfg = OmegaConf.create({"task": {"name": "t"}, "optim": {"name": "sgdm_powersgd", "comm": {"rank": 4}}})
+    record = {"forward_backward_s": 0.01, "parameters": sum(sizes), "batch_size": 8, "timed_steps": 5}
+    calls = [[(0, sizes[0], 0.001), (1, sizes[1], 0.002)]]
+    got = measured_profile(
+        cfg,
+        record,
+        bucket_steps=calls,
+        backward_s=0.006,
+        optimizer_s=0.001,
+        compress_s=0.004,
+        nodes=2,
+        gpus_per_node=1,
+        device="cpu",
+        threads=1,
+        matrices=mats,
+    )
+    elements = sum(
+        compressed_elements("powersgd", b, 2, 1, rank=4, matrices=g, alone=True)
+        for b, g in zip(sizes, bucket_matrices(mats, sizes))
+    )
+    assert got["compression_s_per_element"]["powersgd"] == pytest.approx(0.004 / elements)
+    assert got["matrices"] == mats
 
 
 def test_compressed_elements_alone_counts_a_lone_process():

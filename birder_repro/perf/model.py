@@ -33,7 +33,7 @@ from .cluster import (
     op_time,
 )
 from .implementations import ImplementationLike, implementation_of
-from .profile import Profile
+from .profile import Profile, bucket_matrices
 from .schemes import (
     COMPRESSION_BACKEND,
     Collective,
@@ -151,13 +151,13 @@ def predict_step(
         )
     leftover, moved, everything = profile.scheme_overhead_s.get(scheme, 0.0), 0.0, float(sum(sizes)) or 1.0
     work, intra, inter, count = [], 0.0, 0.0, 0
-    for size, t_ready, mats in zip(sizes, ready, profile.bucket_matrices(sizes)):
+    for size, t_ready, mats in zip(sizes, ready, bucket_matrices(profile.matrices, sizes)):
         ops = bucket_collectives(scheme, size, nodes, gpus_per_node, matrices=mats, rank=rank)
         comm = sum(op_time(op, nodes, gpus_per_node, cluster) for op in ops)
         if waits_overlap_wire(ops, nodes, cluster):
             share = leftover * size / everything  # this bucket's part of the exchange's leftover
-            waits = share + sum(exchange_latency(op, nodes, gpus_per_node, cluster) for op in ops)
-            comm, moved = max(waits, comm - waits + share), moved + share
+            latency = sum(exchange_latency(op, nodes, gpus_per_node, cluster) for op in ops)
+            comm, moved = max(share + latency, comm - latency), moved + share  # waits against the wire
         for op in ops:
             a, b = counted_bytes(op, nodes, gpus_per_node)
             intra, inter = intra + a, inter + b

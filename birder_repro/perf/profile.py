@@ -107,10 +107,6 @@ class Profile:
             self.parameter_count, self.bucket_cap_mb, self.first_bucket_mb
         )
 
-    def bucket_matrices(self, sizes: list[int]) -> list[list | None]:
-        """Each bucket's (rows, cols) for PowerSGD: :func:`bucket_matrices` of the profile's ``matrices``."""
-        return bucket_matrices(self.matrices, sizes)
-
     def compute_s(self, batch_size: int | None = None) -> float:
         """forward + backward at ``batch_size``: ASSUMPTION, linear in the batch (a GPU at a small batch
         is less efficient; profile the batch you predict for where you can)."""

@@ -144,6 +144,7 @@ def measured_profile(
     ``torch_device`` the device the run computed on (default: the CPU), ``matrices`` its trainable
     parameters' shapes (:func:`parameter_matrices`)."""
     from birder_repro.comm.kernels import process_cores
+    from birder_repro.perf.advisor import comm_rank
     from birder_repro.perf.profile import Profile, bucket_matrices
 
     fb = record.get("forward_backward_s")
@@ -155,8 +156,7 @@ def measured_profile(
         params = sum(buckets)
     timed = max(int(record.get("timed_steps") or 0), 1)
     scheme = _scheme(cfg)
-    comm = cfg.optim.get("comm") if hasattr(cfg.optim, "get") else None
-    rank = int((comm or {}).get("rank") or 1) if comm is not None else 1
+    rank = comm_rank(cfg)  # PowerSGD's: the profile's seconds per element are counted at it
     backward = min(max(backward_s, 1e-9), fb)
     profile = Profile(
         name=f"run:{cfg.task.name}/{cfg.optim.name}/{nodes}x{gpus_per_node}",
