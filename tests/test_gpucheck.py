@@ -442,3 +442,64 @@ def test_the_hooks_as_one_node_of_two_processes_match_their_references_on_gloo()
     rows = hooks.check_hooks(2, backend="gloo", training=False, gpus_per_node=2)
     assert rows and all(r.status == PASS for r in rows), [r for r in rows if r.status != PASS]
     assert "birder hierarchical: 1x2 processes = reference" in {r.name for r in rows}
+
+
+# ------------------------------------------------------------- the staged backend on older torch releases
+def test_staged_falls_back_to_a_process_group_where_backend_has_no_python_constructor(monkeypatch):
+    """torch 2.11 (the first GPU machine) says "StagedBackend: No constructor defined!": ``create`` then builds
+    the whole process group instead; any other TypeError is not swallowed."""
+    from datetime import timedelta
+
+    from birder_repro.gpucheck import staged
+
+    store, timeout = torch.distributed.HashStore(), timedelta(seconds=30)
+    assert isinstance(staged.create(store, 0, 1, timeout), staged.StagedBackend)
+
+    def no_constructor(self, *args):
+        raise TypeError("StagedBackend: No constructor defined!")
+
+    monkeypatch.setattr(staged.StagedBackend, "__init__", no_constructor)
+    group = staged.create(store, 0, 1, timeout)
+    assert isinstance(group, staged.StagedProcessGroup) and group.size() == 1 and group.getBackendName() == "staged"
+
+    def other(self, *args):
+        raise TypeError("something else")
+
+    monkeypatch.setattr(staged.StagedBackend, "__init__", other)
+    with pytest.raises(TypeError, match="something else"):
+        staged.create(store, 0, 1, timeout)
+
+
+def test_staged_calls_gloo_by_the_names_of_older_torch_releases():
+    """torch 2.11's ProcessGroupGloo binds ``alltoall_base``, ``_allgather_base`` and ``_reduce_scatter_base``
+    (it said "'ProcessGroupGloo' object has no attribute 'all_to_all_single'" there)."""
+    from birder_repro.gpucheck import staged
+
+    class OldGloo:
+        def alltoall_base(self, *args):
+            return "old all-to-all"
+
+    class NewGloo(OldGloo):
+        def all_to_all_single(self, *args):
+            return "new all-to-all"
+
+    group = staged._Staged()
+    group.gloo = OldGloo()
+    assert group._gloo("all_to_all_single", "alltoall_base")() == "old all-to-all"
+    group.gloo = NewGloo()
+    assert group._gloo("all_to_all_single", "alltoall_base")() == "new all-to-all"
+    assert staged._Staged._allgather_base is staged._Staged.all_gather_single
+    assert staged._Staged._reduce_scatter_base is staged._Staged.reduce_scatter_single
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_every_hook_and_training_path_through_the_staged_process_group(monkeypatch):
+    """The 1-GPU hook section through ``StagedProcessGroup`` (what torch 2.11 gets), here on CPUs: every hook
+    against its reference, and Birder and 1-bit Adam under DDP and FSDP2 (which looks the group up by name)."""
+    from birder_repro.gpucheck import staged
+
+    monkeypatch.setenv(staged.AS_PROCESS_GROUP_ENV, "1")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv(training.KERNELS_ENV, "triton")
+    rows = hooks.check_hooks(2, backend="staged:cpu")
+    assert [r for r in rows if r.status == FAIL] == [] and len(rows) == 16 + 12

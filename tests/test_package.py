@@ -85,12 +85,15 @@ def _env(runs: Path) -> dict:
 def test_the_installed_package_comes_from_the_wheel_with_its_data(installed, tmp_path):
     code = (
         "import birder_repro, birder_repro.resources as r; from birder_repro.report.paper import "
-        "load_paper_tables; print(birder_repro.__file__); print(r.conf_dir()); print(len(load_paper_tables()))"
+        "load_paper_tables; from birder_repro.gpucheck.runs import plan; print(birder_repro.__file__); "
+        "print(r.conf_dir()); print(len(load_paper_tables())); print(len(plan(['digits'], ['fp32'])))"
     )
-    module, conf, paper_rows = _run([installed / "python", "-c", code], tmp_path, env=_env(tmp_path)).stdout.split()
+    out = _run([installed / "python", "-c", code], tmp_path, env=_env(tmp_path)).stdout.split()
+    module, conf, paper_rows, gpucheck_runs = out
     site_packages = Path(module).parent.parent
     assert not Path(module).is_relative_to(REPO) and site_packages.name == "site-packages"
     assert Path(conf) == site_packages / "birder_repro" / "conf" and int(paper_rows) > 0
+    assert int(gpucheck_runs) == 3  # make gpu-check's plan reads each task's baseline from the installed conf
 
 
 def test_the_installed_cli_prints_the_config(installed, tmp_path):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from birder_repro import record
+from birder_repro.launch import torchrun
 from birder_repro.launch.torchrun import torchrun_argv
 
 REPO = Path(__file__).resolve().parent.parent
@@ -64,6 +65,21 @@ def assert_same(a, b, path="") -> None:
 def test_torchrun_argv_passes_max_restarts():
     assert "--max-restarts=3" in torchrun_argv("run", 2, restarts=3)
     assert not any(a.startswith("--max-restarts") for a in torchrun_argv("run", 2))
+
+
+def test_shutdown_timeout_is_passed_only_to_a_torchrun_that_takes_it(monkeypatch, capsys):
+    """torch 2.11's torchrun stops every run with "unrecognized arguments: --shutdown-timeout=30" (seen on the
+    first GPU machine): the option goes only where torchrun's own parser has it, and an older torchrun's fixed
+    30 s is said once where train.stop_timeout_s asks for another."""
+    assert torchrun.torchrun_has_option("--shutdown-timeout")  # this environment's torch has it
+    assert not torchrun.torchrun_has_option("--no-such-option")
+    assert "--shutdown-timeout=45" in torchrun_argv("run", 2, shutdown_timeout=45)
+    monkeypatch.setattr(torchrun, "torchrun_has_option", lambda option: False)
+    assert not any(a.startswith("--shutdown") for a in torchrun_argv("run", 2, shutdown_timeout=30))
+    assert capsys.readouterr().err == ""
+    assert not any(a.startswith("--shutdown") for a in torchrun_argv("run", 2, shutdown_timeout=45))
+    said = capsys.readouterr().err
+    assert "its fixed 30 s" in said and "not train.stop_timeout_s=45" in said
 
 
 # slow: 37 s; a killed worker's failed record (below) and the interrupt-and-resume (test_multinode.py) stay by default

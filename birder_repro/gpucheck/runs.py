@@ -19,6 +19,7 @@ record is read back and checked:
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -53,16 +54,22 @@ class RunSpec:
 
 def baseline(task: str) -> str:
     """The task's baseline optimizer, as its config file names it (``task.baseline``)."""
-    from birder_repro.cli import CONF_DIR
-
-    return str(OmegaConf.load(CONF_DIR / "task" / f"{task}.yaml").task.baseline)
+    return str(OmegaConf.load(_conf() / "task" / f"{task}.yaml").task.baseline)
 
 
 def has_precision_setting() -> bool:
     """Whether this version of the runner has ``train.precision`` (a run with it would be a config error)."""
-    from birder_repro.cli import CONF_DIR
+    return "precision" in OmegaConf.load(_conf() / "config.yaml").train
 
-    return "precision" in OmegaConf.load(CONF_DIR / "config.yaml").train
+
+def _conf() -> Path:
+    """The config tree, from a checkout or an installed wheel (which has no conf/ beside the package)."""
+    from birder_repro.resources import conf_dir
+
+    found = conf_dir()
+    if found is None:
+        raise FileNotFoundError("birder_repro's config tree: neither a checkout's conf/ nor birder_repro.conf")
+    return found
 
 
 def plan(tasks: list[str], precisions: list[str], fp16_tasks: tuple[str, ...] = ()) -> list[RunSpec]:
@@ -209,8 +216,18 @@ def check_runs(
 ) -> list[Check]:
     """Launch the runs, ``jobs`` at a time (separate processes on the one GPU: each its own process group),
     then check every record."""
+    finished = itertools.count(1)
+
+    def one(spec: RunSpec) -> Path:
+        start = time.monotonic()
+        run_dir = launch(spec, runs_root, steps, device)
+        # a line as each run ends: a section stopped from outside (a job's time limit) still shows how far it got
+        took = time.monotonic() - start
+        print(f"gpu-check: run {next(finished)}/{len(specs)} {spec.name} ({took:.0f} s)", flush=True)
+        return run_dir
+
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        dirs = list(pool.map(lambda s: launch(s, runs_root, steps, device), specs))
+        dirs = list(pool.map(one, specs))
     return [check_record(s, d, device) for s, d in zip(specs, dirs)]
 
 

@@ -23,6 +23,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -34,6 +35,7 @@ from birder_repro.launch.process import Command
 __all__ = [
     "Rendezvous",
     "torchrun_argv",
+    "torchrun_has_option",
     "max_restarts",
     "node_rank",
     "master_addr",
@@ -47,6 +49,7 @@ __all__ = [
 
 WORKER = ["-m", "birder_repro.worker"]
 DEFAULT_ADDR = "127.0.0.1"
+TORCHRUN_STOP_GRACE_S = 30  # torch elastic's grace for workers after a signal (elastic/multiprocessing/api.py)
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,33 @@ class Rendezvous:
     backend: str
     endpoint: str
     id: str
+
+
+@cache
+def torchrun_has_option(option: str) -> bool:
+    """Whether this torch's torchrun takes ``option`` (its own argument parser says; ``--shutdown-timeout``
+    came after torch 2.11, whose torchrun stops with "unrecognized arguments" on it)."""
+    from torch.distributed.run import get_args_parser
+
+    return any(option in action.option_strings for action in get_args_parser()._actions)
+
+
+def shutdown_timeout_option(seconds: int) -> list[str]:
+    """``--shutdown-timeout=<seconds>`` where torchrun has it. An older torchrun gives its workers a fixed 30 s
+    after a signal: then a different ``train.stop_timeout_s`` cannot be honoured, and this says so once."""
+    if torchrun_has_option("--shutdown-timeout"):
+        return [f"--shutdown-timeout={seconds}"]
+    if seconds != TORCHRUN_STOP_GRACE_S:
+        _say_once(
+            f"birder-repro: this torch's torchrun has no --shutdown-timeout: its workers get its fixed "
+            f"{TORCHRUN_STOP_GRACE_S} s to stop after a signal, not train.stop_timeout_s={seconds}"
+        )
+    return []
+
+
+@cache
+def _say_once(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def max_restarts(cfg: DictConfig) -> int:
@@ -90,7 +120,7 @@ def torchrun_argv(
     if restarts:
         argv.append(f"--max-restarts={restarts}")
     if shutdown_timeout is not None:
-        argv.append(f"--shutdown-timeout={shutdown_timeout}")
+        argv += shutdown_timeout_option(shutdown_timeout)
     if rendezvous is not None:
         argv += [
             f"--rdzv-backend={rendezvous.backend}",
@@ -148,7 +178,7 @@ def stop_timeout(cfg: DictConfig) -> int:
     """``train.stop_timeout_s``: seconds torchrun gives its workers to stop after SIGINT / SIGTERM (to finish
     the step, save a checkpoint and write the record) before it SIGKILLs them (torchrun --shutdown-timeout;
     torch's default, 30 s, elastic/multiprocessing/api.py)."""
-    return int(cfg.get("train", {}).get("stop_timeout_s") or 30)
+    return int(cfg.get("train", {}).get("stop_timeout_s") or TORCHRUN_STOP_GRACE_S)
 
 
 def check_slurm_layout(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> None:
