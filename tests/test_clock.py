@@ -63,6 +63,10 @@ def test_the_loop_collectives_are_two_tiny_all_reduces_over_every_process_on_the
     assert loop_collectives_s(spec, 2, 2) == pytest.approx(by_hand)
     assert loop_collectives_s(spec, 2, 2) == pytest.approx(2 * 6 * 300e-6, rel=1e-3)  # 6 ring steps of alpha
     assert loop_collectives_s(spec, 1, 1) == 0.0
+    # between steps no process computes: a shared host's measured wait for a turn is not charged to them
+    waits = _spec(world_allreduce="ring", inter_latency_us=300.0, shared_host=True, world_latency_us={"allreduce": 900})
+    assert loop_collectives_s(waits, 2, 2) == pytest.approx(loop_collectives_s(spec, 2, 2))
+    assert waits.world_alpha_s("allreduce") == pytest.approx(900e-6)  # the step's collectives still pay it
     prof = _profile()
     with_loop = step_times(prof, spec, 2, 2, "fp32", 32)
     timed = step_times(prof, spec, 2, 2, "fp32", 32, loop=False)

@@ -18,6 +18,7 @@ from dist_utils import run_distributed
 from birder_repro.perf import collectives as C
 from birder_repro.perf import validate as V
 from birder_repro.perf.cluster import ClusterSpec, host_contention, no_spare_core, node_contention, op_time
+from birder_repro.perf.collectives import Link
 from birder_repro.perf.implementations import (
     IMPLEMENTATIONS,
     PAPER_DDP_OVERLAP,
@@ -135,6 +136,27 @@ def test_a_measured_world_latency_prices_the_exchanges_over_every_process():
     }
     one = ClusterSpec.from_config({"link_mbit": 1, "perf": perf})  # one number: every kind
     assert one.world_alpha_s("all_to_all") == pytest.approx(2.5e-4) and _spec().world_alpha_s("all_gather") is None
+
+
+def test_on_shared_cores_a_ring_step_lasts_at_least_the_measured_wait_for_a_turn():
+    """perf.world_latency_us.allreduce on an emulated cluster (shared_host): every step of gloo's ring over all
+    N processes lasts max(wait, alpha + n/N beta). A small vector's ring (PowerSGD's factors) is 2(N-1) waits; a
+    large one's is unchanged, its latency and bytes; a real cluster's measured latency replaces the alpha."""
+    kw = dict(world_allreduce="ring", inter_latency_us=300.0, world_latency_us={"allreduce": 800.0})
+    shared = _spec(shared_host=True, **kw)  # inter 1e9 B/s, intra 1e10 B/s: the ring steps at the NIC's 1e9
+    small, large = Collective("allreduce", "world", 16e3), Collective("allreduce", "world", 4e6)
+    assert op_time(small, 2, 2, shared) == pytest.approx(6 * 800e-6)  # 300 us + 4 us of bytes < the wait
+    assert op_time(large, 2, 2, shared) == pytest.approx(6 * (300e-6 + 1e6 / 1e9))  # 1.3 ms a step > the wait
+    assert C.ring_allreduce_with_waits(16e3, 4, Link(300e-6, 1e9), 0.0) == pytest.approx(
+        C.ring_allreduce(16e3, 4, Link(300e-6, 1e9))
+    )
+    assert C.ring_allreduce_with_waits(16e3, 1, Link(300e-6, 1e9), 800e-6) == 0.0
+    real = _spec(**kw)  # not shared: the measured latency is the ring's alpha, added to its bytes
+    assert op_time(small, 2, 2, real) == pytest.approx(6 * 800e-6 + 2 * 3 / 4 * 16e3 / 1e9)
+    assert op_time(small, 1, 4, shared) == pytest.approx(op_time(small, 1, 4, _spec()))  # one node: intra ring
+    # the shipped emulated cluster holds the probe's world all-reduce latency
+    shipped = ClusterSpec.from_config(yaml.safe_load((REPO / "conf" / "cluster" / "emulated.yaml").read_text()))
+    assert shipped.shared_host and shipped.world_alpha_s("allreduce") == pytest.approx(779e-6)
 
 
 def test_inter_node_steps_with_every_local_ranks_group_at_once_pay_their_measured_latency():

@@ -15,7 +15,12 @@ Costs of one collective (Thakur, Rabenseifner and Gropp 2005 formulas, birder_re
               processes in rank order; its 2(N-1) steps move in lockstep, each as slow as its slowest hop, and one
               hop a step leaves each node: 2(N-1) inter-node alphas + 2(N-1)/N of the vector at the slower of the
               NIC (one stream, not shared) and the intra-node link. MEASURED: SGDM's flat all-reduce on 2 x 2 put
-              4.27 MB a step on each node's link, 1.5 x the 2.68 MB vector, and took as long as on 4 x 1;
+              4.27 MB a step on each node's link, 1.5 x the 2.68 MB vector, and took as long as on 4 x 1. On an
+              emulated cluster's shared cores, where ``perf.world_latency_us`` gives the all-reduce's step
+              latency over every process (mode=probe's world group), each step lasts at least that: the wait for
+              a process's turn on its core overlaps the step's latency and bytes (collectives.
+              ring_allreduce_with_waits). A large vector's steps are their bytes, as above; a small one's (the
+              PowerSGD hook's factors) are that wait. Elsewhere the measured latency replaces the alpha;
             - all-reduce, ``two_level`` (the default, NCCL; DDP's fp32 / fp16 / PowerSGD): ASSUMPTION, NCCL's
               multi-node all-reduce as the bandwidth-optimal two-level one: intra reduce-scatter, inter ring
               all-reduce of each process's 1/m (the m rings share the NIC), intra all-gather. Its NIC carries
@@ -44,7 +49,7 @@ from typing import Any
 
 from birder_repro.resources import conf_dir
 
-from .collectives import Link, collective_time
+from .collectives import Link, collective_time, ring_allreduce_with_waits
 from .schemes import ELEMENT_BYTES, Collective, counted_bytes
 
 __all__ = [
@@ -237,6 +242,8 @@ def _transfer_time(op: Collective, nodes: int, gpus_per_node: int, cluster: Clus
     world_alpha = cluster.world_alpha_s(op.kind)
     if op.kind == "allreduce" and cluster.world_allreduce == "ring":
         slowest = max(cluster.inter.beta, cluster.intra.beta)
+        if cluster.shared_host and world_alpha is not None:  # waits for a turn on a core, against the bytes
+            return ring_allreduce_with_waits(op.nbytes, n * m, Link(cluster.inter.alpha_s, 1.0 / slowest), world_alpha)
         alpha = cluster.inter.alpha_s if world_alpha is None else world_alpha
         return collective_time("allreduce", op.nbytes, n * m, Link(alpha, 1.0 / slowest))
     if op.kind == "allreduce":

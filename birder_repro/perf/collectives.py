@@ -18,6 +18,7 @@ from dataclasses import dataclass
 __all__ = [
     "Link",
     "ring_allreduce",
+    "ring_allreduce_with_waits",
     "ring_reduce_scatter",
     "ring_all_gather",
     "pairwise_all_to_all",
@@ -62,6 +63,15 @@ def ring_allreduce(nbytes: float, p: int, link: Link) -> float:
     if p <= 1:
         return 0.0
     return 2 * (p - 1) * link.alpha_s + 2 * (p - 1) / p * nbytes * link.beta
+
+
+def ring_allreduce_with_waits(nbytes: float, p: int, link: Link, wait_s: float) -> float:
+    """Ring all-reduce whose every step lasts at least ``wait_s``: 2(p-1) max(wait, alpha + n/p beta). A step's
+    wait for a process's turn on a shared core overlaps its own latency and bytes: a small vector's ring is its
+    waits, a large one's its latency and bytes (:func:`ring_allreduce`)."""
+    if p <= 1:
+        return 0.0
+    return 2 * (p - 1) * max(wait_s, link.alpha_s + nbytes / p * link.beta)
 
 
 def ring_reduce_scatter(nbytes: float, p: int, link: Link) -> float:
