@@ -53,6 +53,23 @@ def test_make_tables_writes_the_model_error_table(tmp_path):
     assert "| SGDM " in text and "+25.0%" in text and "**no**" in text and "not reached" in text
 
 
+def test_held_out_runs_are_predicted_from_the_profiles_of_the_main_runs_and_reported_apart(tmp_path, capsys):
+    """make validate-fashion's --held-out: runs made after the model was settled, in a folder of their own without
+    profiles, predicted from the main folder's and summarised apart (only they, not the main runs)."""
+    field(tmp_path)  # runs/: the SGDM runs and the profile
+    sgdm_profile = profile("sgdm")
+    model = crossover.StepModel(record("sgdm", lr=0.05, step=200), Profile.from_dict(sgdm_profile))
+    step, clock = model.step_s(200.0, loop=False)[1], model.step_s(200.0)[1]
+    later = [record("sgdm", lr=0.05, step=100, seed=5, seconds=100 * clock * 1.25, total_ms=1e3 * step * 1.25)]
+    held_root = write(tmp_path / "held", later)
+    rows = model_error.held_out_rows(load_frame(tmp_path / "runs"), load_frame(held_root), held_root)
+    assert list(rows["seed"]) == [5] and list(rows["time_error"]) == pytest.approx([1 / 1.25 - 1])
+    assert model_error.main(["--runs", str(tmp_path / "runs"), "--held-out", str(held_root)]) == 0
+    out = capsys.readouterr().out
+    held_part = out[out.index("## Held out") :]
+    assert "-20.0%" in held_part and "+25.0%" not in held_part and "+25.0%" in out[: out.index("## Held out")]
+
+
 class _Model:
     """A made-up StepModel: time to target as a function of the link rate alone."""
 

@@ -19,6 +19,7 @@ one, the emulated cluster, the SLURM batch script) builds its command with it.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -63,11 +64,14 @@ class Rendezvous:
 
 @cache
 def torchrun_has_option(option: str) -> bool:
-    """Whether this torch's torchrun takes ``option`` (its own argument parser says; ``--shutdown-timeout``
-    came after torch 2.11, whose torchrun stops with "unrecognized arguments" on it)."""
-    from torch.distributed.run import get_args_parser
-
-    return any(option in action.option_strings for action in get_args_parser()._actions)
+    """Whether this torch's torchrun takes ``option`` (``--shutdown-timeout`` came after torch 2.11, whose
+    torchrun stops with "unrecognized arguments" on it). Read from torchrun's own source (its parser declares
+    every option as that string) rather than by importing it: a dry run and a config check import no torch."""
+    spec = importlib.util.find_spec("torch")  # the top-level package is found without being imported
+    if spec is None or spec.origin is None:
+        return False
+    run = Path(spec.origin).parent / "distributed" / "run.py"
+    return run.is_file() and f'"{option}"' in run.read_text(encoding="utf-8")
 
 
 def shutdown_timeout_option(seconds: int) -> list[str]:

@@ -27,6 +27,7 @@ import statistics
 import sys
 from collections.abc import Sequence
 from itertools import pairwise
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -262,13 +263,7 @@ NOTES = (
 )
 
 
-def model_error_markdown(
-    rows: pd.DataFrame, summary: pd.DataFrame, crossings: pd.DataFrame | None = None, per_run: bool = True
-) -> str:
-    """The tables: per method, the crossovers (where given), and every run (``per_run``)."""
-    lines = ["# The performance model against measured runs", ""] + [f"- {n}" for n in NOTES]
-    if rows.empty:
-        return "\n".join(lines + ["", "No multi-node run with a 1-node profile of its setting."]) + "\n"
+def _per_method_table(summary: pd.DataFrame) -> str:
     shown = pd.DataFrame(
         {
             "task": summary["task"],
@@ -283,6 +278,10 @@ def model_error_markdown(
             "meets the targets": summary["meets"].map(lambda m: "yes" if m else "**no**"),
         }
     )
+    return to_markdown(shown)
+
+
+def _per_run_table(rows: pd.DataFrame) -> str:
     runs = pd.DataFrame(
         {
             "method": [optim_label(o, v) for o, v in zip(rows["optim"], rows["variant"])],
@@ -300,7 +299,17 @@ def model_error_markdown(
             "time error": rows["time_error"].map(_signed),
         }
     )
-    lines += ["", "## Per method", "", to_markdown(shown)]
+    return to_markdown(runs)
+
+
+def model_error_markdown(
+    rows: pd.DataFrame, summary: pd.DataFrame, crossings: pd.DataFrame | None = None, per_run: bool = True
+) -> str:
+    """The tables: per method, the crossovers (where given), and every run (``per_run``)."""
+    lines = ["# The performance model against measured runs", ""] + [f"- {n}" for n in NOTES]
+    if rows.empty:
+        return "\n".join(lines + ["", "No multi-node run with a 1-node profile of its setting."]) + "\n"
+    lines += ["", "## Per method", "", _per_method_table(summary)]
     if crossings is not None:
         lines += [
             "",
@@ -315,8 +324,26 @@ def model_error_markdown(
             crossover_error_markdown(crossings),
         ]
     if per_run:
-        lines += ["", "## Per run", "", to_markdown(runs)]
+        lines += ["", "## Per run", "", _per_run_table(rows)]
     return "\n".join(lines) + "\n"
+
+
+def held_out_markdown(rows: pd.DataFrame, root: str) -> str:
+    """The runs under ``root`` (made after the model was settled, at a link or layout used for nothing else),
+    predicted from the same profiles: per method and per run, apart from the runs the model was looked at on."""
+    lines = ["", f"## Held out: the runs under {root}", ""]
+    if rows.empty:
+        return "\n".join(lines + ["No multi-node run there with a 1-node profile of its setting."]) + "\n"
+    return "\n".join(lines + [_per_method_table(model_error_summary(rows)), "", _per_run_table(rows)]) + "\n"
+
+
+def held_out_rows(frame: pd.DataFrame, held: pd.DataFrame, root: Path) -> pd.DataFrame:
+    """``held``'s runs predicted with the profiles of both frames (the profiles are usually ``frame``'s)."""
+    rows = model_error_rows(pd.concat([frame, held], ignore_index=True))
+    if rows.empty:
+        return rows
+    inside = rows["run_dir"].map(lambda d: Path(d).resolve().is_relative_to(root.resolve()))
+    return rows[inside.astype(bool)]
 
 
 def csv_text(rows: pd.DataFrame) -> str | None:
@@ -333,6 +360,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "a 1-node profile, its layout, its link and its own steps. Prints; writes nothing.",
     )
     parser.add_argument("--runs", metavar="DIR", default="runs/time-to-accuracy", help="the runs root")
+    parser.add_argument(
+        "--held-out",
+        metavar="DIR",
+        default=None,
+        help="runs made after the model was settled (a link or layout used for nothing else), predicted from the "
+        "profiles under --runs and reported apart (not in the crossovers)",
+    )
     args = parser.parse_args(argv)
     frame = load_frame(runs_root(args.runs))
     if frame.empty:
@@ -341,6 +375,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = model_error_rows(frame)
     crossings = crossover_error_rows(crossover_tables(frame)[0])
     print(model_error_markdown(rows, model_error_summary(rows), crossings, per_run=False).rstrip())
+    if args.held_out:
+        held_root = runs_root(args.held_out)
+        held = load_frame(held_root)
+        print(held_out_markdown(held_out_rows(frame, held, held_root) if not held.empty else held, args.held_out))
     return 0
 
 
