@@ -337,3 +337,23 @@ def test_the_figure_tells_eleven_methods_apart(tmp_path, monkeypatch):
     advise.advice_figure(advice, tmp_path / "advice.png")
     lines = [ln for ln in kept[0].axes[0].get_lines() if ln.get_label() in methods]
     assert len({(ln.get_color(), ln.get_linestyle()) for ln in lines}) == 11
+
+
+def test_of_several_profiles_the_model_takes_the_median_one_made_by_the_newest_ones_code():
+    """One 60-step profile can land 15-24 % off the next three of the same command (DiLoCo's did): of a setting's
+    1-node runs, the one with the median step, among those made by the newest one's code (profiles made before a
+    fix are made again, not pooled); of an even count the newer middle one."""
+    from birder_repro.perf.advisor import median_profile_record
+
+    def rec(ms: float, started: str, sha: str = "b") -> dict:
+        return {"step_time_s": {"total": ms / 1e3}, "started": started, "git_sha": sha, "id": ms}
+
+    three = [rec(18.5, "1"), rec(24.3, "3"), rec(21.5, "2")]
+    assert median_profile_record(three)["id"] == 21.5
+    assert median_profile_record([rec(18.5, "1"), rec(24.3, "2")])["id"] == 24.3  # two: the newer
+    assert median_profile_record([rec(24.3, "1"), rec(18.5, "2")])["id"] == 18.5
+    old_code = [rec(10.0, "0", "a"), rec(11.0, "0", "a"), rec(12.0, "0", "a")]
+    assert median_profile_record([*old_code, rec(30.0, "5")])["id"] == 30.0  # the newest code's only
+    assert median_profile_record([*old_code, *three])["id"] == 21.5
+    with pytest.raises(ValueError, match="no 1-node run"):
+        median_profile_record([])

@@ -8,8 +8,8 @@ configs), two inputs, both the user's own, never made up:
   runs that did not reach the target are counted ("k of n reached") and rank the method after those all of
   whose runs reached it (birder_repro.perf.advise.ranking);
 - a 1-node profile: ``predict.profile`` where given (``paper``, a run directory, a profile file), else the
-  newest completed 1-node run of that optimizer with a ``profile`` (:func:`one_node_profiles`, which
-  report.crossover's predictions use too).
+  median of the completed 1-node runs of that optimizer with a ``profile`` made by the newest one's code (by
+  step time; :func:`one_node_profiles`, which report.crossover's predictions use too).
 
 The model (:mod:`birder_repro.perf.advise`, perf.model, as ``predict.implementation`` runs the schemes) turns
 them into a step time on the user's nodes x GPUs at the user's link (``cluster.link_mbit``, or
@@ -37,6 +37,7 @@ __all__ = [
     "Layout",
     "profile_key",
     "one_node_profiles",
+    "median_profile_record",
     "freeze_step",
     "load_runs",
     "measured_steps",
@@ -81,22 +82,39 @@ def profile_key(rec: dict) -> tuple:
 
 
 def one_node_profiles(run_dirs) -> dict[tuple, Any]:
-    """The newest 1-node run's profile per (task, optim, scheme, model, batch, precision, cluster)."""
+    """Per (task, optim, scheme, model, batch, precision, cluster): the profile of the median one of its
+    completed 1-node runs made by the newest one's code (:func:`median_profile_record`)."""
     from birder_repro.record import read_record
 
     from .profile import load_profile
 
-    found: dict[tuple, tuple[str, Any]] = {}
+    found: dict[tuple, list[dict]] = {}
     for run_dir in run_dirs:
         rec = read_record(Path(run_dir))
         if not rec or rec.get("status") != "completed" or (rec.get("cluster") or {}).get("nodes") != 1:
             continue
         if not rec.get("profile"):
             continue
-        key = profile_key(rec)
-        if key not in found or str(rec.get("started")) > found[key][0]:
-            found[key] = (str(rec.get("started")), load_profile(rec))
-    return {k: v for k, (_, v) in found.items()}
+        found.setdefault(profile_key(rec), []).append(rec)
+    return {k: load_profile(median_profile_record(recs)) for k, recs in found.items()}
+
+
+def median_profile_record(records: Sequence[dict]) -> dict:
+    """Of several 1-node runs of one setting, those made by the same code as the newest (``git_sha``: a profile
+    stores what that code measured and derived, and profiles made before a fix are made again, not pooled), and
+    of them the one whose timed step (``step_time_s.total``) is the median: the middle one, or the newer of the
+    two middle ones for an even count. A profile is taken whole, not averaged field by field: its parts
+    (compute, compression per element, the leftover) were measured together. MEASURED: one 60-step profile of
+    DiLoCo (18.5 ms a step) came out 14-24 % under three later runs of the same command (21.5, 22.6, 24.3 ms),
+    and its 2 x 2 runs were predicted 13-23 % short; a single profile carries such a draw into every prediction
+    (``make time-to-accuracy`` makes three, ``TTA_PROFILE_SEEDS``)."""
+    if not records:
+        raise ValueError("no 1-node run to take a profile from")
+    newest = max(records, key=lambda r: str(r.get("started")))
+    same_code = [r for r in records if r.get("git_sha") == newest.get("git_sha")]
+    ordered = sorted(same_code, key=lambda r: float((r.get("step_time_s") or {}).get("total") or math.inf))
+    middle = ordered[(len(ordered) - 1) // 2 : len(ordered) // 2 + 1]
+    return max(middle, key=lambda r: str(r.get("started")))
 
 
 def freeze_step(cfg: dict, planned_steps: int) -> int:
