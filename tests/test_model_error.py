@@ -62,8 +62,9 @@ def test_held_out_runs_are_predicted_from_the_profiles_of_the_main_runs_and_repo
     step, clock = model.step_s(200.0, loop=False)[1], model.step_s(200.0)[1]
     later = [record("sgdm", lr=0.05, step=100, seed=5, seconds=100 * clock * 1.25, total_ms=1e3 * step * 1.25)]
     held_root = write(tmp_path / "held", later)
-    rows = model_error.held_out_rows(load_frame(tmp_path / "runs"), load_frame(held_root), held_root)
+    rows = model_error.model_error_rows(load_frame(held_root), load_frame(tmp_path / "runs"))
     assert list(rows["seed"]) == [5] and list(rows["time_error"]) == pytest.approx([1 / 1.25 - 1])
+    assert model_error.model_error_rows(load_frame(held_root)).empty  # no profile of its own
     assert model_error.main(["--runs", str(tmp_path / "runs"), "--held-out", str(held_root)]) == 0
     out = capsys.readouterr().out
     held_part = out[out.index("## Held out") :]

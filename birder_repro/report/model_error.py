@@ -27,7 +27,6 @@ import statistics
 import sys
 from collections.abc import Sequence
 from itertools import pairwise
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -85,12 +84,13 @@ def _error(predicted: float, measured: Any) -> float:
     return predicted / float(measured) - 1.0
 
 
-def model_error_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per run the model can predict (a 1-node profile of its setting exists, an emulated cluster)."""
+def model_error_rows(frame: pd.DataFrame, profile_frame: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per run the model can predict (a 1-node profile of its setting exists, an emulated cluster); the
+    profiles come from ``profile_frame``'s 1-node runs (default: ``frame``'s own)."""
     runs = _runs(frame)
     if runs.empty:
         return pd.DataFrame()
-    models = _models(runs, one_node_profiles(frame["run_dir"]))
+    models = _models(runs, one_node_profiles((frame if profile_frame is None else profile_frame)["run_dir"]))
     rows = []
     for _, r in runs.iterrows():
         model = models.get(r["series"])
@@ -337,15 +337,6 @@ def held_out_markdown(rows: pd.DataFrame, root: str) -> str:
     return "\n".join(lines + [_per_method_table(model_error_summary(rows)), "", _per_run_table(rows)]) + "\n"
 
 
-def held_out_rows(frame: pd.DataFrame, held: pd.DataFrame, root: Path) -> pd.DataFrame:
-    """``held``'s runs predicted with the profiles of both frames (the profiles are usually ``frame``'s)."""
-    rows = model_error_rows(pd.concat([frame, held], ignore_index=True))
-    if rows.empty:
-        return rows
-    inside = rows["run_dir"].map(lambda d: Path(d).resolve().is_relative_to(root.resolve()))
-    return rows[inside.astype(bool)]
-
-
 def csv_text(rows: pd.DataFrame) -> str | None:
     return None if rows.empty else rows.to_csv(index=False)
 
@@ -376,9 +367,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     crossings = crossover_error_rows(crossover_tables(frame)[0])
     print(model_error_markdown(rows, model_error_summary(rows), crossings, per_run=False).rstrip())
     if args.held_out:
-        held_root = runs_root(args.held_out)
-        held = load_frame(held_root)
-        print(held_out_markdown(held_out_rows(frame, held, held_root) if not held.empty else held, args.held_out))
+        held = load_frame(runs_root(args.held_out))  # predicted from the profiles under --runs
+        print(held_out_markdown(model_error_rows(held, frame) if not held.empty else held, args.held_out))
     return 0
 
 
