@@ -76,7 +76,7 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> int:
     if cfg.get("mode") == "predict":
         return _predict(cfg, Path(run_dir) if run_dir is not None else _job_dir(cfg), started)
     if cfg.get("mode") == "advise":
-        return _advise(cfg, Path(run_dir) if run_dir is not None else _job_dir(cfg))
+        return _advise(cfg, Path(run_dir) if run_dir is not None else None)
     given = Path(run_dir) if run_dir is not None else None
     run_dir = given
     try:
@@ -132,22 +132,42 @@ def _predict(cfg: DictConfig, run_dir: Path, started: str) -> int:
     return 0
 
 
-def _advise(cfg: DictConfig, run_dir: Path) -> int:
+def _advise(cfg: DictConfig, run_dir: Path | None) -> int:
     """mode=advise: the methods ranked by predicted time to the task's target on this layout and link, from the
-    user's measured runs and 1-node profiles (birder_repro.perf.advisor); nothing starts, and no record is
-    written (the directory would otherwise count as a run): the config, the command, advice.json, a figure."""
+    user's measured runs and 1-node profiles, else the paper's (birder_repro.perf.advisor); nothing starts, and no
+    record is written (the directory would otherwise count as a run): the config, the command, advice.json, a
+    figure, in a folder named for the advice (``advise-<task>-<nodes>x<gpus>``). 0 whenever advice is printed;
+    2 for bad input."""
     try:
         _check_gpus_per_node_knowable(cfg)
         resolved = layout.resolve(cfg, references=reference_configs(cfg))
-        record.write_run_files(run_dir, resolved, _command_line(cfg))
-        from birder_repro.perf.advisor import run_advice
+        from birder_repro.perf.advisor import advice_dir_name, run_advice
 
-        return run_advice(resolved, run_dir)
+        run_dir = run_dir or _advice_dir(
+            cfg, advice_dir_name(resolved.task.name, resolved.nodes, resolved.gpus_per_node)
+        )
+        record.write_run_files(run_dir, resolved, _command_line(cfg))
+        return run_advice(resolved, run_dir, _task_overrides(cfg))
     except layout.ConfigError as err:
         print(f"[birder-repro] config error: {err}", file=sys.stderr, flush=True)
     except (ValueError, FileNotFoundError) as err:  # a profile of another task, a missing cluster spec
         print(f"[birder-repro] advise: {err}", file=sys.stderr, flush=True)
     return 2
+
+
+def _advice_dir(cfg: DictConfig, name: str) -> Path:
+    """Hydra's directory where ``hydra.run.dir`` was given; else a fresh ``<runs>/<date>/<time>_<name>`` (Hydra's
+    own, named for an optimizer, removed where it holds only Hydra's files)."""
+    import datetime as _dt
+
+    if HydraConfig.initialized() and _run_dir_given():
+        return Path(HydraConfig.get().runtime.output_dir)
+    stamp = _dt.datetime.now()
+    path = record.runs_root() / f"{stamp:%Y-%m-%d}" / f"{stamp:%H-%M-%S-%f}_{name}"
+    path.mkdir(parents=True, exist_ok=False)
+    if HydraConfig.initialized():
+        _remove_if_unused(Path(HydraConfig.get().runtime.output_dir))
+    return path
 
 
 def _check_gpus_per_node_knowable(cfg: DictConfig) -> None:

@@ -1,21 +1,25 @@
 """``birder-repro mode=advise``: which method reaches the task's target first on the user's layout and link.
 
-Nothing is launched. Per optimizer setting (the ``optim.*``, ``model.*`` and run-length keys of its runs'
-configs), two inputs, both the user's own, never made up:
+Nothing is launched. Every method of the field (the task's baseline, docs/time-to-accuracy.md's field, the
+paper's methods, any method run or profiled) stays in the answer, with two inputs and where each came from:
 
-- steps to the target: the mean ``time_to_target.step`` over the completed, measured runs of the task scored
-  on the test set (any link rate: steps do not depend on it), preferring runs at the user's global batch;
+- steps to the target: MEASURED, the mean ``time_to_target.step`` over the completed runs of the task of the
+  query's model and target, scored on the test set (any link rate: steps do not depend on it), preferring
+  runs on the user's layout at its global batch, then runs at that global batch on any layout, then any;
   runs that did not reach the target are counted ("k of n reached") and rank the method after those all of
-  whose runs reached it (birder_repro.perf.advise.ranking);
+  whose runs reached it (birder_repro.perf.advise.ranking). Without runs: FROM THE PAPER where it covers the
+  task and method (birder_repro.perf.paper_steps, each row cited); else TO MEASURE;
 - a 1-node profile: ``predict.profile`` where given (``paper``, a run directory, a profile file), else the
-  median of the completed 1-node runs of that optimizer with a ``profile`` made by the newest one's code (by
-  step time; :func:`one_node_profiles`, which report.crossover's predictions use too).
+  median of the user's completed 1-node runs of that optimizer and model with a ``profile`` made by the newest
+  one's code (by step time; :func:`one_node_profiles`, which report.crossover's predictions use too), else the
+  paper's on the paper's clusters (perf.advice_methods), else to measure.
 
 The model (:mod:`birder_repro.perf.advise`, perf.model, as ``predict.implementation`` runs the schemes) turns
 them into a step time on the user's nodes x GPUs at the user's link (``cluster.link_mbit``, or
 ``predict.cluster_spec``'s probed link) and at every rate of a log grid: the time to target is the steps times
-the step, 1-bit Adam's first ``freeze`` steps at the fp32 step's time.
-A method missing either input is listed as not rankable with the one command that measures it.
+the step, 1-bit Adam's first ``freeze`` steps at the fp32 step's time. What a method lacks is printed with the
+command that measures it, carrying the query's settings, and its expected time (perf.advice_commands); the
+text and the files: perf.advice_render.
 """
 
 from __future__ import annotations
@@ -24,42 +28,51 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .advise import LINK_GRID, ranking, ranking_bands, step_times, time_to_target, winner_changes
-from .cluster import ClusterSpec
+from .advice_commands import PROFILE, STEPS_HERE, measuring_commands
+from .advice_methods import (
+    PAPER_PRICED,
+    Method,
+    comm_rank,
+    freeze_step,
+    method_inputs,
+    optim_label,
+    paper_node_profile,
+    price,
+    unmeasured,
+)
+from .advice_query import Layout, layout_of, query_runs, same_model
+from .advice_render import ADVICE_FILE, advice_figure, fmt_number, format_advice, write_advice
+from .advise import ranking, ranking_bands, winner_changes
+from .paper_steps import PAPER_METHODS, PAPER_NOTES
 
 __all__ = [
     "ADVICE_FILE",
+    "FIELD",
     "MeasuredSteps",
     "Layout",
     "profile_key",
     "one_node_profiles",
     "median_profile_record",
     "freeze_step",
+    "comm_rank",
     "load_runs",
     "measured_steps",
     "advise",
     "format_advice",
+    "write_advice",
+    "advice_figure",
+    "layout_of",
+    "advice_dir_name",
     "run_advice",
 ]
 
-ADVICE_FILE = "advice.json"
-# The methods advised on where the runs hold none of the task and advise.optims is null (docs/time-to-accuracy.md)
+# The field of docs/time-to-accuracy.md: named in every answer (with the task's baseline and the paper's
+# methods) unless advise.optims names others
 FIELD = ("sgdm", "adamw", "sgdm_fp16", "sgdm_bf16_2level", "sgdm_powersgd", "diloco", "onebit_adam", "birder")
-PROFILE_STEPS = 60  # steps of the 1-node profile run the advice asks for (train.eval=false: no evaluation)
-
-
-def fmt_number(x: float, digits: int = 4) -> str:
-    """``digits`` significant figures, without an exponent for link rates and times of 100 and more."""
-    return f"{float(x):.0f}" if abs(float(x)) >= 100 else f"{float(x):.{digits}g}"
-
-
-def optim_label(name: str, variant: str = "") -> str:
-    """``birder``, or ``birder (flat)`` for a Birder scheme other than its default."""
-    return f"{name} ({variant})" if variant else name
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -115,26 +128,6 @@ def median_profile_record(records: Sequence[dict]) -> dict:
     ordered = sorted(same_code, key=lambda r: float((r.get("step_time_s") or {}).get("total") or math.inf))
     middle = ordered[(len(ordered) - 1) // 2 : len(ordered) // 2 + 1]
     return max(middle, key=lambda r: str(r.get("started")))
-
-
-def freeze_step(cfg: dict, planned_steps: int) -> int:
-    """The steps a method runs the fp32 exchange before its own: 1-bit Adam's freeze step (``optim.freeze``),
-    PowerSGD's start iteration (``optim.comm.start_iter``, at least 2 as its hook reads it:
-    birder_repro.comm.powersgd.start_iter_from_config); 0 for other optimizers."""
-    from birder_repro.schedule import steps_of
-
-    optim = cfg.get("optim") or {}
-    freeze, start = optim.get("freeze"), (optim.get("comm") or {}).get("start_iter")
-    if freeze is not None:
-        return steps_of(float(freeze), planned_steps, "optim.freeze")
-    if start is not None:
-        return max(2, steps_of(float(start), planned_steps, "optim.comm.start_iter"))
-    return 0
-
-
-def comm_rank(cfg: dict) -> int:
-    """PowerSGD's rank (``optim.comm.rank``), which sets its bytes and its compression work; 1 elsewhere."""
-    return int(((cfg.get("optim") or {}).get("comm") or {}).get("rank") or 1)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -293,6 +286,13 @@ def _profile_for(steps: MeasuredSteps, profiles: Mapping[tuple, Any], batch: int
     return profiles[best]
 
 
+def _method_inputs(steps: MeasuredSteps) -> dict[str, Any]:
+    """What the model needs of a setting besides its profile, read from one of its runs' config."""
+    cfg = steps.record.get("config") or {}
+    planned = int(steps.record.get("planned_steps") or steps.record.get("steps") or 0)
+    return method_inputs(steps.optim, cfg.get("optim") or {}, planned, str(cfg.get("parallel") or "ddp"))
+
+
 def _given_profile(source: Any, task: str, batch: int, cluster, implementation: str) -> Any:
     """``predict.profile`` as mode=predict reads it (paper, a run directory, a record or a profile file)."""
     from .paper_profiles import paper_profile
@@ -310,67 +310,64 @@ def _given_profile(source: Any, task: str, batch: int, cluster, implementation: 
 # The advice
 
 
-@dataclass
-class Layout:
-    """The user's layout and link, as the advice is priced on it."""
-
-    task: str
-    nodes: int
-    gpus_per_node: int
-    batch_size: int  # per process and micro-batch step, times accumulate
-    global_batch: int
-    cluster: str
-    cluster_config: dict[str, Any]
-    link_mbit: float
-    implementation: str = "this"
-    links: list[float] = field(default_factory=lambda: [float(x) for x in LINK_GRID])
-
-    def spec(self, link: float) -> ClusterSpec:
-        return ClusterSpec.from_config({**self.cluster_config, "link_mbit": float(link)})
-
-
-def _method_inputs(steps: MeasuredSteps) -> dict[str, Any]:
-    """What the model needs of a setting besides its profile, read from one of its runs' config."""
-    from .schemes import scheme_for_optim
-
-    cfg = steps.record.get("config") or {}
-    optim = cfg.get("optim") or {}
-    comm = optim.get("comm") or {}
-    planned = int(steps.record.get("planned_steps") or steps.record.get("steps") or 0)
-    return {
-        "scheme": scheme_for_optim(steps.optim, comm.get("scheme"), str(cfg.get("parallel") or "ddp")),
-        "freeze": freeze_step(cfg, planned),
-        "local_steps": int(optim.get("local_steps") or 1),
-        "rank": comm_rank(cfg),
-    }
-
-
-def _price(steps: MeasuredSteps, profile, lay: Layout, link: float) -> dict[str, float]:
-    """The model's step times of this setting at ``link``, and its time to target from its measured steps."""
-    m = _method_inputs(steps)
-    warm, main, share = step_times(
-        profile,
-        lay.spec(link),
-        lay.nodes,
-        lay.gpus_per_node,
-        m["scheme"],
-        lay.batch_size,
-        freeze=m["freeze"],
-        local_steps=m["local_steps"],
-        rank=m["rank"],
-        implementation=lay.implementation,
+def _from_measured(m: MeasuredSteps) -> Method:
+    """A method with runs of the query's: its steps measured (None where none reached the target)."""
+    return Method(
+        label=m.label,
+        optim=m.optim,
+        variant=m.variant,
+        **_method_inputs(m),
+        steps=m.steps,
+        source="measured",
+        steps_text=m.source(),
+        settings=(m.record.get("config") or {}).get("optim") or {},
+        runs=m.runs,
+        reached=m.reached,
+        measured=m,
     )
-    assert steps.steps is not None
-    return {
-        "warmup_step_s": warm,
-        "step_s": main,
-        "comm_share": share,
-        "time_to_target_s": time_to_target(steps.steps, m["freeze"], warm, main),
-    }
 
 
-def _command(task: str, optims: Sequence[str], extra: str) -> str:
-    return f"birder-repro -m task={task} optim={','.join(sorted(set(optims)))} {extra}".rstrip()
+def _user_profile(m: Method, profiles: Mapping[tuple, Any], lay: Layout) -> Any:
+    """Your 1-node profile of this method and the query's model (a profile of another width is not this
+    width's): at your batch and cluster where one exists, else at another batch, else on another cluster."""
+    if m.measured is not None:
+        return _profile_for(m.measured, profiles, lay.batch_size, lay.cluster)
+    same = [
+        k
+        for k in profiles
+        if k[0] == lay.task and k[1] == m.optim and not k[2] and same_model(json.loads(k[3]), lay.model)
+    ]
+    if not same:
+        return None
+    return profiles[min(same, key=lambda k: (k[4] != lay.batch_size, k[6] != lay.cluster))]
+
+
+def _field(lay: Layout, found: Sequence[MeasuredSteps], profiles: Mapping[tuple, Any]) -> list[str]:
+    """Every method the answer names: the task's baseline, the field of docs/time-to-accuracy.md, the paper's
+    methods of the task, and any method with a run or a profile of the task."""
+    names = [lay.baseline] if lay.baseline else []
+    names += list(FIELD) + [o for t, o in PAPER_METHODS if t == lay.task]
+    names += [m.optim for m in found] + [k[1] for k in profiles if k[0] == lay.task]
+    return list(dict.fromkeys(n for n in names if n))
+
+
+def _methods(lay: Layout, kept, optims: Sequence[str] | None, given_profile: Any) -> list[Method]:
+    """Every method of the answer with its steps and profile, each from where the module doc says."""
+    found = measured_steps(kept, lay.task, lay.global_batch, (lay.nodes, lay.gpus_per_node))
+    found = [m for m in found if optims is None or m.optim in optims]
+    profiles = one_node_profiles([d for d, _ in kept]) if given_profile is None else {}
+    names = list(optims) if optims is not None else _field(lay, found, profiles)
+    methods = [_from_measured(m) for m in found]
+    methods += [unmeasured(n, lay) for n in names if n not in {m.optim for m in found}]
+    paper = paper_node_profile(lay) if given_profile is None else None
+    for m in methods:
+        if given_profile is not None:
+            m.profile, m.profile_source = given_profile, "given"
+        elif (mine := _user_profile(m, profiles, lay)) is not None:
+            m.profile, m.profile_source = mine, "yours"
+        elif paper is not None and m.scheme in PAPER_PRICED:
+            m.profile, m.profile_source = paper, "from the paper"
+    return methods
 
 
 def advise(
@@ -379,44 +376,39 @@ def advise(
     optims: Sequence[str] | None = None,
     given_profile: Any = None,
 ) -> dict[str, Any]:
-    """The advice as a JSON-ready dict: ``ranked`` (fastest first at the user's link), ``cannot_rank`` with the
-    commands that would make them rankable, the ranking's ``bands`` and ``winner_changes`` over ``lay.links``,
-    and each ranked method's predicted times over them (``curves``)."""
-    found = measured_steps(runs, lay.task, lay.global_batch, (lay.nodes, lay.gpus_per_node))
-    found = [m for m in found if optims is None or m.optim in optims]
-    profiles = one_node_profiles([d for d, _ in runs]) if given_profile is None else {}
-    ranked, missing_steps, missing_profile = [], [], []
-    for m in found:
-        profile = given_profile or _profile_for(m, profiles, lay.batch_size, lay.cluster)
-        if m.steps is None:
-            missing_steps.append((m.label, m.optim, f"no measured run reaching the target (0 of {m.runs} reached)"))
-        if profile is None:
-            missing_profile.append((m.label, m.optim, "no 1-node profile"))
-        if m.steps is not None and profile is not None:
-            ranked.append((m, profile))
-    profiled = {k[1] for k in profiles if k[0] == lay.task}
-    # with nothing of the task measured and no methods named, the field a user would compare: what to run
-    candidates = set(optims) if optims is not None else (profiled or (set() if found else set(FIELD)))
-    for name in sorted(candidates - {m.optim for m in found}):
-        missing_steps.append((optim_label(name), name, "no measured run reaching the target (none ran)"))
-        if given_profile is None and name not in profiled:
-            missing_profile.append((optim_label(name), name, "no 1-node profile"))
-    after = frozenset(m.label for m, _ in ranked if not m.every_run_reached)
-    here = {m.label: _price(m, p, lay, lay.link_mbit) for m, p in ranked}
-    curves = {m.label: [_price(m, p, lay, x)["time_to_target_s"] for x in lay.links] for m, p in ranked}
+    """The advice as a JSON-ready dict: ``ranked`` (fastest first at the user's link), ``methods`` (every method
+    with its inputs' sources or what it lacks), ``cannot_rank`` and ``commands`` (what to measure and its
+    expected time), the ranking's ``bands`` and ``winner_changes`` over ``lay.links``, and each ranked method's
+    predicted times over them (``curves``)."""
+    kept, notes = query_runs(runs, lay)
+    methods = _methods(lay, kept, optims, given_profile)
+    if lay.task in PAPER_NOTES:
+        notes.append(PAPER_NOTES[lay.task])
+    ranked = [m for m in methods if m.rankable]
+    after = frozenset(m.label for m in ranked if not m.every_run_reached)
+    here = {m.label: price(m, lay, lay.link_mbit) for m in ranked}
+    curves = {m.label: [price(m, lay, x)["time_to_target_s"] for x in lay.links] for m in ranked}
     order = ranking({k: v["time_to_target_s"] for k, v in here.items()}, after)
     best = here[order[0]]["time_to_target_s"] if order else math.nan
-    by_label = {m.label: m for m, _ in ranked}
-    profile_of = {m.label: p for m, p in ranked}
+    by_label = {m.label: m for m in ranked}
+    if any(m.source == "from the paper" and not m.reached for m in ranked):
+        notes.append(
+            "the paper's run nearest your global batch ended short of your target: such a method's time is to the "
+            "end of the paper's schedule (task.target.value sets another target)"
+        )
+    commands = measuring_commands(lay, methods)
+    position = {label: i for i, label in enumerate(order)}
+    listed = sorted(methods, key=lambda m: (position.get(m.label, len(order)), m.label))
     return {
         "task": lay.task,
-        "layout": {k: v for k, v in asdict(lay).items() if k not in ("links", "cluster_config")},
-        "target": _target(runs, lay.task),
-        "ranked": [
-            _ranked_row(i + 1, by_label[label], profile_of[label], here[label], best, label in after)
-            for i, label in enumerate(order)
-        ],
-        "cannot_rank": _cannot_rank(lay, missing_steps, missing_profile, _model_args(found)),
+        "layout": {k: v for k, v in asdict(lay).items() if k not in ("links", "cluster_config", "query")},
+        "model": lay.model,
+        "target": _target_text(lay.target) or _target(kept, lay.task),
+        "notes": notes,
+        "ranked": [_ranked_row(i + 1, by_label[x], here[x], best, x in after) for i, x in enumerate(order)],
+        "methods": [_method_row(m) for m in listed],
+        "cannot_rank": _cannot_rank(methods, commands),
+        "commands": commands,
         "links": list(lay.links),
         "curves": curves,
         "bands": ranking_bands(lay.links, curves, after),
@@ -424,65 +416,78 @@ def advise(
     }
 
 
-def _ranked_row(rank: int, m: MeasuredSteps, profile, priced: dict, best: float, after: bool) -> dict[str, Any]:
-    inputs = _method_inputs(m)
+def _ranked_row(rank: int, m: Method, priced: dict, best: float, after: bool) -> dict[str, Any]:
+    steps: dict[str, Any] = {"value": m.steps, "source": m.source, "runs": m.runs, "reached": m.reached}
+    if m.measured is not None:
+        s = m.measured
+        steps.update(
+            seeds=s.seeds,
+            run_dirs=s.run_dirs,
+            global_batches=s.global_batches,
+            at_your_global_batch=s.same_batch,
+            on_your_layout=s.same_layout,
+        )
+    if m.paper is not None:
+        steps.update(table=m.paper.row.table, ended_at=m.paper.value)
+    p = m.profile
     return {
         "rank": rank,
         "method": m.label,
         "optim": m.optim,
         "variant": m.variant,
-        "scheme": inputs["scheme"],
-        "freeze": inputs["freeze"],
-        "steps": {
-            "value": m.steps,
-            "source": "measured",
-            "runs": m.runs,
-            "reached": m.reached,
-            "seeds": m.seeds,
-            "run_dirs": m.run_dirs,
-            "global_batches": m.global_batches,
-            "at_your_global_batch": m.same_batch,
-            "on_your_layout": m.same_layout,
-        },
-        "profile": {"name": profile.name, "device": profile.device, "batch_size": profile.batch_size},
+        "scheme": m.scheme,
+        "freeze": m.freeze,
+        "steps": steps,
+        "profile": {"name": p.name, "device": p.device, "batch_size": p.batch_size, "source": m.profile_source},
         "warmup_step_s": {"value": priced["warmup_step_s"], "source": "predicted"},
         "step_s": {"value": priced["step_s"], "source": "predicted"},
         "time_to_target_s": {"value": priced["time_to_target_s"], "source": "predicted"},
         "slower_than_best": priced["time_to_target_s"] / best,
         "ranked_after_reliable": after,
-        "steps_source": m.source(),
+        "steps_source": m.steps_text,
     }
 
 
-def _model_args(found: Sequence[MeasuredSteps]) -> str:
-    """The measured runs' model as overrides (``model.width=512 ...``): a profile of another model would not be
-    the profile of their setting (profile_key)."""
-    model = next((m.setting.get("model") for m in found if m.setting.get("model")), None) or {}
-    return " ".join(f"model.{k}={'null' if v is None else v}" for k, v in sorted(_flat(model).items()) if k)
+def _method_row(m: Method) -> dict[str, Any]:
+    """Every method of the answer: ranked (its time predicted) or not, where its inputs come from, what it lacks."""
+    lacks = []
+    if m.steps is None:
+        why = f"0 of {m.runs} reached" if m.runs else "none ran; the papers give no steps for it"
+        lacks.append(f"no measured run reaching the target ({why})")
+    if m.profile is None:
+        lacks.append("no 1-node profile")
+    return {
+        "method": m.label,
+        "optim": m.optim,
+        "ranked": m.rankable,
+        "steps": m.source if m.steps is not None else "to measure",
+        "profile": {"yours": "yours", "given": "given"}.get(m.profile_source, m.profile_source or "to measure"),
+        "profile_name": m.profile.name if m.profile is not None else None,
+        "lacks": lacks,
+    }
 
 
-def _cannot_rank(lay: Layout, missing_steps: list, missing_profile: list, model_args: str = "") -> list[dict[str, Any]]:
-    """The methods that cannot be ranked (``(label, optim, reason)`` each), why, and the one command per missing
-    input that measures it for all of them: seeds at the user's layout (so at its global batch), or a short
-    1-node run of the measured runs' model, batch and cluster that writes a profile and evaluates nothing."""
-    steps_cmd = _command(
-        lay.task,
-        [optim for _, optim, _ in missing_steps],
-        f"seed=0,1 nodes={lay.nodes} gpus_per_node={lay.gpus_per_node} cluster={lay.cluster}",
-    )
-    profile_cmd = _command(
-        lay.task,
-        [optim for _, optim, _ in missing_profile],
-        f"{model_args} nodes=1 gpus_per_node={lay.gpus_per_node} cluster={lay.cluster} "
-        f"train.batch_size={lay.batch_size} train.steps={PROFILE_STEPS} train.eval=false".lstrip(),
-    )
-    return [{"method": label, "reason": why, "command": steps_cmd} for label, _, why in missing_steps] + [
-        {"method": label, "reason": why, "command": profile_cmd} for label, _, why in missing_profile
-    ]
+def _cannot_rank(methods: Sequence[Method], commands: Sequence[dict]) -> list[dict[str, Any]]:
+    """The methods that cannot be ranked, why, and the command that measures what each lacks."""
+    by = {(c["what"], label): c["command"] for c in commands for label in c["methods"]}
+    out = []
+    for m in methods:
+        for reason in _method_row(m)["lacks"]:
+            what = PROFILE if reason == "no 1-node profile" else STEPS_HERE
+            out.append({"method": m.label, "reason": reason, "command": by.get((what, m.label), "")})
+    return out
+
+
+def _target_text(target: tuple[str, float, str] | None) -> str | None:
+    """The query's target as ``top1 >= 87``."""
+    if target is None:
+        return None
+    metric, value, direction = target
+    return f"{metric} {'<=' if direction == 'lower' else '>='} {fmt_number(value)}"
 
 
 def _target(runs: Sequence[tuple[Path, dict]], task: str) -> str | None:
-    """The target the runs were scored against, as ``top1 >= 87``."""
+    """The target the runs were scored against, as ``top1 >= 87`` (a query without a target of its own)."""
     for _, rec in runs:
         if _scored_on_target(rec, task):
             t = rec["time_to_target"]
@@ -491,161 +496,23 @@ def _target(runs: Sequence[tuple[Path, dict]], task: str) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# What is printed and written
-
-
-def format_advice(advice: Mapping[str, Any]) -> str:
-    """The ranked table, where the ranking changes with the link, and what cannot be ranked (with commands)."""
-    lay = advice["layout"]
-    lines = [
-        f"advice: {advice['task']} to {advice['target'] or '(no target measured)'} on {lay['nodes']} nodes x "
-        f"{lay['gpus_per_node']} GPUs, cluster {lay['cluster']}, link {fmt_number(lay['link_mbit'])} Mbit/s, "
-        f"global batch {lay['global_batch']}",
-    ]
-    if advice["ranked"]:
-        lines += ["", _table(advice["ranked"]), ""]
-        lines += [
-            f"  {r['method']}: steps {r['steps_source']}; profile {r['profile']['name']}" for r in advice["ranked"]
-        ]
-        if any(r["ranked_after_reliable"] for r in advice["ranked"]):
-            lines.append("  (a method some of whose runs did not reach the target ranks after those all of whose did)")
-        lines += ["", *_bands_text(advice)]
-    for c in advice["cannot_rank"]:
-        lines.append(f"cannot rank {c['method']}: {c['reason']}")
-    for command in dict.fromkeys(c["command"] for c in advice["cannot_rank"]):
-        lines.append(f"  to measure it: {command}")
-    return "\n".join(lines)
-
-
-def _table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """The ranked methods as a Markdown table, every number marked measured or predicted."""
-    header = ["#", "method", "steps to target", "step time", "time to target", "x #1's time"]
-    shown = [header, ["---"] * len(header)]
-    for r in rows:
-        step = f"{1e3 * r['step_s']['value']:.2f} ms (predicted)"
-        if r["freeze"]:
-            step += f"; first {r['freeze']} at {1e3 * r['warmup_step_s']['value']:.2f} ms (fp32, predicted)"
-        s = r["steps"]
-        shown.append(
-            [
-                str(r["rank"]),
-                r["method"] + (" (not every run reached)" if r["ranked_after_reliable"] else ""),
-                f"{fmt_number(s['value'])} (measured, {s['reached']} of {s['runs']} reached, "
-                f"seeds {','.join(map(str, s['seeds']))})",
-                step,
-                f"{fmt_number(r['time_to_target_s']['value'], 3)} s (predicted)",
-                f"{r['slower_than_best']:.2f}x",
-            ]
-        )
-    return "\n".join("| " + " | ".join(cells) + " |" for cells in shown)
-
-
-def _bands_text(advice: Mapping[str, Any]) -> list[str]:
-    links = advice["links"]
-    lines = [f"the ranking over {fmt_number(links[0])} to {fmt_number(links[-1])} Mbit/s (predicted):"]
-    for b in advice["bands"]:
-        lines.append(f"  {fmt_number(b['from'], 3)} - {fmt_number(b['to'], 3)} Mbit/s: " + " < ".join(b["order"]))
-    if not advice["winner_changes"]:
-        lines.append("  the fastest method is the same at every link rate")
-    for w in advice["winner_changes"]:
-        lines.append(
-            f"  the winner changes at about {fmt_number(w['link'], 3)} Mbit/s: {w['below']} below, {w['above']} above"
-        )
-    return lines
-
-
-def write_advice(advice: Mapping[str, Any], out_dir: Path) -> list[Path]:
-    """advice.json and the figure ``advise_<task>.png`` in ``out_dir``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / ADVICE_FILE
-    path.write_text(json.dumps(advice, indent=2, default=str) + "\n")
-    written = [path]
-    if advice["ranked"]:
-        written.append(advice_figure(advice, out_dir / f"advise_{advice['task']}.png"))
-    return written
-
-
-def advice_figure(advice: Mapping[str, Any], path: Path) -> Path:
-    """Predicted time to target against the link rate, one line per ranked method, log-log; the user's link as a
-    vertical line."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on cluster nodes or CI
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for i, r in enumerate(advice["ranked"]):
-        after = r["ranked_after_reliable"]  # dashed: not every run reached the target
-        label = r["method"] + (f" ({r['steps']['reached']} of {r['steps']['runs']} reached)" if after else "")
-        # ten colours; past ten methods the line style tells them apart (the field has eleven)
-        style = "--" if after else ("-" if i < 10 else "-.")
-        ax.plot(
-            advice["links"],
-            advice["curves"][r["method"]],
-            label=label,
-            linewidth=1.4,
-            color=f"C{i % 10}",
-            linestyle=style,
-        )
-    link = advice["layout"]["link_mbit"]
-    ax.axvline(link, color="0.3", linewidth=0.9, linestyle=":")
-    ax.text(link, 1.0, f" your link: {fmt_number(link)} Mbit/s", transform=ax.get_xaxis_transform(), va="top")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("inter-node link, Mbit/s")
-    ax.set_ylabel("predicted time to target, s")
-    lay = advice["layout"]
-    ax.set_title(f"{advice['task']}: {lay['nodes']} x {lay['gpus_per_node']}, to {advice['target']}", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
-
-
-# --------------------------------------------------------------------------------------------------------------
 # mode=advise
 
 
-def layout_of(cfg: Any) -> Layout:
-    """The user's layout from the resolved config: nodes, GPUs, batch, cluster and its link (``predict.cluster_spec``,
-    a probed link, in place of the cluster config's perf block where given, as mode=predict reads it)."""
-    from omegaconf import OmegaConf
-
-    from birder_repro.config import global_batch, resolve_gpus_per_node
-
-    c: dict[str, Any] = cfg if isinstance(cfg, dict) else OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
-    predict, adv = c.get("predict") or {}, c.get("advise") or {}
-    if predict.get("cluster_spec"):
-        from .probe import load_cluster_spec
-
-        cluster_config = dict(load_cluster_spec(predict["cluster_spec"]))
-    else:
-        cluster_config = dict(c["cluster"])
-    accumulate = int((c.get("train") or {}).get("accumulate") or 1)
-    return Layout(
-        task=c["task"]["name"],
-        nodes=int(c["nodes"]),
-        gpus_per_node=resolve_gpus_per_node(c["gpus_per_node"]),
-        batch_size=int(c["train"]["batch_size"]) * accumulate,
-        global_batch=global_batch(cfg),
-        cluster=str(c["cluster"].get("name")),
-        cluster_config=cluster_config,
-        link_mbit=float(ClusterSpec.from_config(cluster_config).inter_mbit),
-        implementation=str(predict.get("implementation") or "this"),
-        links=[float(x) for x in (adv.get("links") or LINK_GRID)],
-    )
+def advice_dir_name(task: str, nodes: int, gpus_per_node: int) -> str:
+    """An advice's run folder name: ``advise-<task>-<nodes>x<gpus per node>``, not an optimizer's."""
+    return f"advise-{task}-{nodes}x{gpus_per_node}"
 
 
-def run_advice(cfg: Any, out_dir: Path) -> int:
-    """mode=advise on the resolved config ``cfg``: print the advice, write it to ``out_dir``; 0 where at least
-    one method could be ranked, else 2 (the commands that measure what is missing are printed)."""
+def run_advice(cfg: Any, out_dir: Path, query: Sequence[str] = ()) -> int:
+    """mode=advise on the resolved config ``cfg`` (``query``: the command line's overrides, which the measuring
+    commands carry): print the advice and write it to ``out_dir``. 0 whenever advice is printed, "measure these
+    first" included; bad input raises before anything is printed."""
     from omegaconf import OmegaConf
 
     from birder_repro.record import runs_root
 
-    lay = layout_of(cfg)
+    lay = layout_of(cfg, query)
     adv = OmegaConf.select(cfg, "advise", default=None) or {}
     optims = adv.get("optims")
     source = OmegaConf.select(cfg, "predict.profile", default=None)
@@ -658,4 +525,4 @@ def run_advice(cfg: Any, out_dir: Path) -> int:
     print(format_advice(advice), flush=True)
     for path in write_advice(advice, out_dir):
         print(f"[birder-repro] advice: {path}", flush=True)
-    return 0 if advice["ranked"] else 2
+    return 0

@@ -38,7 +38,8 @@ from .profile import Profile
 
 __all__ = ["PAPER_TASKS", "LINKS_MBIT", "NODES", "CAST_S_PER_ELEMENT", "Method", "relative_times", "scale_markdown"]
 
-PAPER_TASKS = {"ResNet-50 (ImageNet, 32 a GPU)": "resnet50_b32", "BERT-Large (SQuAD, 3 a GPU)": "bert_squad_b3"}
+# BERT-Base fine-tuned on SQuAD: the Birder paper's Table 2 (section 5.1), the only BERT task with 1-node rows
+PAPER_TASKS = {"ResNet-50 (ImageNet, 32 a GPU)": "resnet50_b32", "BERT-Base (SQuAD, 3 a GPU)": "bert_squad_b3"}
 LINKS_MBIT = (1_000.0, 10_000.0, 25_000.0, 100_000.0)
 NODES = (2, 4, 8, 16, 32, 64)
 # ASSUMPTION (module doc): a cast reads 4 and writes 2 bytes (or the reverse) at the A100-80GB's HBM2e bandwidth
@@ -96,7 +97,10 @@ def fashion_methods(runs: Path, layout: tuple[int, int]) -> list[Method]:
         r.get("global_batch_size") for _, r in records if r.get("task") == "fashion_mnist" and _on_layout(r, layout)
     )
     if not batches:
-        raise SystemExit(f"no run of fashion_mnist at {layout[0]}x{layout[1]} under {runs}")
+        raise SystemExit(
+            f"paper_scale: no run of fashion_mnist at {layout[0]}x{layout[1]} under {runs}: the steps to the target "
+            "come from the Fashion-MNIST field; run `make time-to-accuracy` first (it makes them there), or give --runs"
+        )
     batch = int(batches.most_common(1)[0][0])
     found = [
         s
@@ -105,7 +109,10 @@ def fashion_methods(runs: Path, layout: tuple[int, int]) -> list[Method]:
     ]
     sgdm = [s for s in found if s.optim == "sgdm" and not s.variant]
     if not sgdm:
-        raise SystemExit(f"no SGDM run of fashion_mnist at {layout[0]}x{layout[1]} under {runs} reached the target")
+        raise SystemExit(
+            f"paper_scale: no SGDM run of fashion_mnist at {layout[0]}x{layout[1]} under {runs} reached the target: "
+            "run `make time-to-accuracy` first (its field has SGDM), or give --runs"
+        )
     base = float(sgdm[0].steps or 0)
     out = []
     for s in found:
