@@ -81,17 +81,29 @@ def runs(root: Path, optims=tuple(STEPS), seeds=(0, 1), profiles=tuple(STEPS), e
     return write_records(root, recs, lambda i, rec: f"{i:02d}_{rec['optim']}_n{rec['config']['nodes']}")
 
 
-def layout(link: float) -> advise.Layout:
+MODEL = {"size": "full", "width": 512, "num_classes": 10}  # the query's (the records name size and width)
+
+
+def layout(link: float, **more) -> advise.Layout:
+    """A query of fashion_mnist on 2 x 2 at batch 64, the width 512 MLP, to top-1 87 %, evaluated every 10 steps."""
     cluster = yaml.safe_load((CLUSTER_DIR / "ethernet_10g.yaml").read_text())
     return advise.Layout(
-        task="fashion_mnist",
-        nodes=2,
-        gpus_per_node=2,
-        batch_size=64,
-        global_batch=256,
-        cluster="ethernet_10g",
-        cluster_config=cluster,
-        link_mbit=link,
+        **{
+            "task": "fashion_mnist",
+            "nodes": 2,
+            "gpus_per_node": 2,
+            "batch_size": 64,
+            "global_batch": 256,
+            "cluster": "ethernet_10g",
+            "cluster_config": cluster,
+            "link_mbit": link,
+            "model": MODEL,
+            "target": ("top1", 87.0, "higher"),
+            "baseline": "sgdm",
+            "eval_every": 10,
+            "planned_steps": 430,
+            **more,
+        }
     )
 
 
@@ -200,19 +212,27 @@ def test_missing_inputs_are_listed_with_the_command_that_makes_them(tmp_path):
     extra = [record("adamw", 80, seed=0), profile_run("sgdm_fp16")]
     advice = advise.advise(layout(20.0), load_runs(runs(tmp_path / "runs", extra=extra)))
     assert set(order(advice)) == {"sgdm", "birder", "onebit_adam"}
-    missing = {c["method"]: c for c in advice["cannot_rank"]}
-    assert missing["adamw"]["reason"] == "no 1-node profile"
-    assert missing["adamw"]["command"] == (  # the measured runs' model, the user's batch and cluster
-        "birder-repro -m task=fashion_mnist optim=adamw model.size=full model.width=512 nodes=1 gpus_per_node=2 "
-        "cluster=ethernet_10g train.batch_size=64 train.steps=60 train.eval=false"
+    missing = {(c["method"], c["reason"].split(" (")[0]): c["command"] for c in advice["cannot_rank"]}
+    assert ("adamw", "no measured run reaching the target") not in missing
+    assert missing["adamw", "no 1-node profile"] == (  # the query's model, batch and cluster, 60 steps on 1 node
+        "birder-repro -m task=fashion_mnist cluster=ethernet_10g cluster.link_mbit=20 model.size=full "
+        "model.width=512 model.num_classes=10 train.batch_size=64 optim=adamw,diloco,sgdm_bf16_2level,sgdm_powersgd "
+        "nodes=1 gpus_per_node=2 train.steps=60 train.eval=false"
     )
-    [fp16] = [c for n, c in missing.items() if n != "adamw"]
-    assert fp16["reason"].startswith("no measured run reaching the target")
-    assert fp16["command"] == (
-        "birder-repro -m task=fashion_mnist optim=sgdm_fp16 seed=0,1 nodes=2 gpus_per_node=2 cluster=ethernet_10g"
+    assert ("sgdm_fp16", "no 1-node profile") not in missing
+    assert missing["sgdm_fp16", "no measured run reaching the target"] == (
+        "birder-repro -m task=fashion_mnist cluster=ethernet_10g cluster.link_mbit=20 model.size=full "
+        "model.width=512 model.num_classes=10 train.batch_size=64 "
+        "optim=diloco,sgdm_bf16_2level,sgdm_fp16,sgdm_powersgd seed=0,1 nodes=2 gpus_per_node=2 train.eval=true "
+        "train.eval_every=10 train.stop_at_target=true"
     )
     text = advise.format_advice(advice)
-    assert "cannot rank adamw: no 1-node profile" in text and fp16["command"] in text
+    assert "cannot rank adamw: no 1-node profile" in text
+    assert missing["sgdm_fp16", "no measured run reaching the target"] in text
+    # its expected time: the 430 steps of the run, twice, at sgdm_fp16's step predicted from its profile
+    [cmd] = [c for c in advice["commands"] if c["what"] == "steps to the target on your layout"]
+    assert cmd["expected"].startswith("at most ") and "2 x 430 steps of 1 method" in cmd["expected"]
+    assert "unknown for sgdm_bf16_2level, sgdm_powersgd, diloco (no 1-node profile" in cmd["expected"]
 
 
 # ---------------------------------------------------------------------------------------------- the CLI
@@ -225,6 +245,7 @@ def cli_config(compose, root: Path, *more: str):
             "gpus_per_node=2",
             "cluster=ethernet_10g",
             "cluster.link_mbit=20",
+            "model.width=512",  # the records' model
             f"advise.runs={root}",
             *more,
         ],
@@ -247,16 +268,29 @@ def test_cli_advise_prints_the_table_and_writes_the_figure_and_advice_json(compo
     assert np.isfinite(advice["ranked"][0]["time_to_target_s"]["value"])
 
 
-def test_cli_advise_exits_non_zero_with_the_command_when_nothing_can_be_ranked(compose, tmp_path, capsys):
+def test_cli_advise_exits_0_with_the_commands_when_nothing_can_be_ranked(compose, tmp_path, capsys):
+    """ "Measure these first" is advice: exit 0 (non-zero is for bad input)."""
     from birder_repro.cli import run
 
     root = runs(tmp_path / "measured", optims=(), profiles=("sgdm",))  # a profile, no measured steps
     code = run(cli_config(compose, root, "advise.optims=[sgdm,birder]"), tmp_path / "advice")
-    assert code != 0
+    assert code == 0
     out = capsys.readouterr().out
     assert "cannot rank sgdm: no measured run reaching the target" in out
-    assert "birder-repro -m task=fashion_mnist optim=birder,sgdm seed=0,1 nodes=2" in out
-    assert "birder-repro -m task=fashion_mnist optim=birder nodes=1 gpus_per_node=2 cluster=ethernet_10g" in out
+    assert (
+        "cannot rank birder: no measured run reaching the target (none ran; the papers give no steps for it); no 1-node profile"
+        in out
+    )
+    assert "optim=birder,sgdm seed=0,1 nodes=2 gpus_per_node=2" in out
+    assert "optim=birder nodes=1 gpus_per_node=2 train.steps=60 train.eval=false" in out
+
+
+def test_cli_advise_exits_2_on_bad_input(compose, tmp_path, capsys):
+    from birder_repro.cli import run
+
+    cfg = cli_config(compose, tmp_path, "predict.profile=" + str(tmp_path / "missing.json"))
+    assert run(cfg, tmp_path / "advice") == 2
+    assert "advise:" in capsys.readouterr().err
 
 
 def test_cli_advise_honours_a_probed_cluster_spec_and_the_papers_profiles(compose, tmp_path, capsys):
@@ -270,6 +304,8 @@ def test_cli_advise_honours_a_probed_cluster_spec_and_the_papers_profiles(compos
     recs = [
         record(o, n, seed=s, task="resnet50", batch=512) for o, n in (("sgdm", 100), ("birder", 150)) for s in (0, 1)
     ]
+    for rec in recs:  # scored against the task's target (a run against another one is not counted)
+        rec["time_to_target"]["target"] = 75.0
     root = write_records(tmp_path / "measured", recs, lambda i, rec: f"{i:02d}_{rec['optim']}")
     cfg = compose(
         [
@@ -287,9 +323,10 @@ def test_cli_advise_honours_a_probed_cluster_spec_and_the_papers_profiles(compos
     assert run(cfg, tmp_path / "advice") == 0
     advice = json.loads((tmp_path / "advice" / "advice.json").read_text())
     assert advice["layout"]["link_mbit"] == 123.0
-    assert {r["optim"] for r in advice["ranked"]} == {"sgdm", "birder"}
+    sources = {r["optim"]: r["steps"]["source"] for r in advice["ranked"]}
+    assert sources == {"sgdm": "measured", "birder": "measured", "onebit_adam": "from the paper"}
     assert all(r["profile"]["name"].startswith("paper") for r in advice["ranked"]), advice["ranked"]
-    assert not advice["cannot_rank"]
+    assert not [c for c in advice["cannot_rank"] if c["reason"] == "no 1-node profile"]
 
 
 def test_runs_on_the_users_layout_are_preferred_to_the_same_global_batch_elsewhere(tmp_path):

@@ -19,7 +19,7 @@ from .paper_steps import PaperSteps, paper_steps
 
 __all__ = [
     "PAPER_CLUSTERS",
-    "PAPER_PRICED",
+    "prices",
     "Method",
     "optim_label",
     "freeze_step",
@@ -32,9 +32,6 @@ __all__ = [
 ]
 
 PAPER_CLUSTERS = ("ethernet_10g", "infiniband_200g")  # conf/cluster/: the paper's nodes of 8 A100s
-# The schemes a paper profile prices: it has no cost for PowerSGD's compression nor for the 16-bit casts
-# (perf.paper_scale's module doc)
-PAPER_PRICED = ("fp32", "two_level", "onebit", "hierarchical", "flat", "allgather", "diloco")
 
 
 def optim_label(name: str, variant: str = "") -> str:
@@ -102,9 +99,11 @@ def method_inputs(optim: str, settings: Mapping[str, Any], planned: int, paralle
     ``planned`` steps, DiLoCo's H, PowerSGD's rank."""
     from .schemes import scheme_for_optim
 
+    # a run of unknown length (planned 0) has no fraction of it to run in fp32: its warmup is priced where its
+    # steps are known (from the paper, or the measuring command's run length)
     return {
         "scheme": scheme_for_optim(optim, (settings.get("comm") or {}).get("scheme"), parallel),
-        "freeze": freeze_step({"optim": settings}, planned),
+        "freeze": freeze_step({"optim": settings}, planned) if planned > 0 else 0,
         "local_steps": int(settings.get("local_steps") or 1),
         "rank": comm_rank({"optim": settings}),
     }
@@ -154,6 +153,15 @@ def unmeasured(name: str, lay: Layout) -> Method:
         reached=int(paper.reached),
         paper=paper,
     )
+
+
+def prices(profile: Any, scheme: str) -> bool:
+    """The profile has a cost for the scheme's compression (the paper's has none for PowerSGD's nor for the
+    16-bit casts: perf.paper_scale's module doc), so the model can price the scheme's step with it."""
+    from .schemes import COMPRESSION_BACKEND
+
+    backend = COMPRESSION_BACKEND.get(scheme)
+    return not backend or backend in profile.compression_s_per_element
 
 
 def paper_node_profile(lay: Layout) -> Any:

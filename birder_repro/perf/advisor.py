@@ -34,7 +34,6 @@ from typing import Any
 
 from .advice_commands import PROFILE, STEPS_HERE, measuring_commands
 from .advice_methods import (
-    PAPER_PRICED,
     Method,
     comm_rank,
     freeze_step,
@@ -42,6 +41,7 @@ from .advice_methods import (
     optim_label,
     paper_node_profile,
     price,
+    prices,
     unmeasured,
 )
 from .advice_query import Layout, layout_of, query_runs, same_model
@@ -362,10 +362,11 @@ def _methods(lay: Layout, kept, optims: Sequence[str] | None, given_profile: Any
     paper = paper_node_profile(lay) if given_profile is None else None
     for m in methods:
         if given_profile is not None:
-            m.profile, m.profile_source = given_profile, "given"
+            if prices(given_profile, m.scheme):
+                m.profile, m.profile_source = given_profile, "given"
         elif (mine := _user_profile(m, profiles, lay)) is not None:
             m.profile, m.profile_source = mine, "yours"
-        elif paper is not None and m.scheme in PAPER_PRICED:
+        elif paper is not None and prices(paper, m.scheme):
             m.profile, m.profile_source = paper, "from the paper"
     return methods
 
