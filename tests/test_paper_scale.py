@@ -41,3 +41,13 @@ def test_the_papers_tables_rank_birder_first_on_a_slow_link_and_sgdm_last():
     assert len(rows) == 2  # one table a task
     assert all(row.split("|")[2].strip().startswith("Birder") for row in rows)  # 2 nodes at 1 Gbit/s
     assert "SGDM 1.00" in text
+
+
+def test_with_no_runs_it_says_to_run_make_time_to_accuracy_first(tmp_path):
+    """The steps come from the Fashion-MNIST field: without its runs, one line naming the make target, non-zero."""
+    from birder_repro.perf.paper_scale import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--runs", str(tmp_path)])
+    message = str(stop.value.code)
+    assert "make time-to-accuracy" in message and "\n" not in message and stop.value.code != 0
