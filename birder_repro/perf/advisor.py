@@ -44,7 +44,7 @@ from .advice_methods import (
     prices,
     unmeasured,
 )
-from .advice_query import Layout, layout_of, query_runs, same_model
+from .advice_query import Layout, layout_of, query_runs
 from .advice_render import ADVICE_FILE, advice_figure, fmt_number, format_advice, write_advice
 from .advise import ranking, ranking_bands, winner_changes
 from .paper_steps import PAPER_METHODS, PAPER_NOTES
@@ -328,15 +328,12 @@ def _from_measured(m: MeasuredSteps) -> Method:
 
 
 def _user_profile(m: Method, profiles: Mapping[tuple, Any], lay: Layout) -> Any:
-    """Your 1-node profile of this method and the query's model (a profile of another width is not this
-    width's): at your batch and cluster where one exists, else at another batch, else on another cluster."""
+    """Your 1-node profile of this method (``profiles``: of the query's model only, perf.advice_query.query_runs:
+    a profile of another width is not this width's): at your batch and cluster where one exists, else at another
+    batch, else on another cluster."""
     if m.measured is not None:
         return _profile_for(m.measured, profiles, lay.batch_size, lay.cluster)
-    same = [
-        k
-        for k in profiles
-        if k[0] == lay.task and k[1] == m.optim and not k[2] and same_model(json.loads(k[3]), lay.model)
-    ]
+    same = [k for k in profiles if k[0] == lay.task and k[1] == m.optim and not k[2]]  # of the query's model
     if not same:
         return None
     return profiles[min(same, key=lambda k: (k[4] != lay.batch_size, k[6] != lay.cluster))]
