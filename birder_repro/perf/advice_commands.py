@@ -151,14 +151,28 @@ def _entry(what: str, methods: Sequence[Method], cmd: str, expected: str) -> dic
 
 
 def measuring_commands(lay: Layout, methods: Sequence[Method]) -> list[dict[str, Any]]:
-    """The commands that measure what the advice lacks, each with its expected time: steps to the target on the
+    """The commands that measure what the advice lacks, each with its expected time: first 1-node profiles of the
+    methods without one of the user's (60 steps each; they price the rest); then steps to the target on the
     user's layout (and at the same global batch on 2 nodes, by gradient accumulation, where the layout has more
-    and an even number), evaluated often enough to see them and stopping there; 1-node profiles of the methods
-    without one of the user's."""
+    and an even number), evaluated often enough to see them, each run stopping at the target."""
     no_steps = [m for m in methods if m.steps is None]
     no_profile = [m for m in methods if m.profile_source not in ("yours", "given")]
     out: list[dict[str, Any]] = []
     base = _run_settings(lay)
+    if no_profile:
+        profile = {
+            **base,
+            "optim": ",".join(sorted({m.optim for m in no_profile})),
+            "nodes": 1,
+            "gpus_per_node": lay.gpus_per_node,
+            "train.batch_size": lay.batch_size,
+            "train.steps": PROFILE_STEPS,
+            "train.eval": False,
+        }
+        if lay.accumulate != 1:
+            profile["train.accumulate"] = 1  # a profile times one step of the whole batch a process
+        expected = _expected(lay, no_profile, PROFILE_STEPS, 1, 1, lay.batch_size)
+        out.append(_entry(PROFILE, no_profile, command(lay.query, profile), expected))
     if no_steps:
         here = {
             **base,
@@ -177,18 +191,4 @@ def measuring_commands(lay: Layout, methods: Sequence[Method]) -> list[dict[str,
             proxy = {**here, "nodes": 2, "train.accumulate": lay.accumulate * k}
             expected = _expected(lay, no_steps, lay.planned_steps, len(SEEDS), 2, lay.batch_size * k)
             out.append(_entry(STEPS_PROXY, no_steps, command(lay.query, proxy), expected))
-    if no_profile:
-        profile = {
-            **base,
-            "optim": ",".join(sorted({m.optim for m in no_profile})),
-            "nodes": 1,
-            "gpus_per_node": lay.gpus_per_node,
-            "train.batch_size": lay.batch_size,
-            "train.steps": PROFILE_STEPS,
-            "train.eval": False,
-        }
-        if lay.accumulate != 1:
-            profile["train.accumulate"] = 1  # a profile times one step of the whole batch a process
-        expected = _expected(lay, no_profile, PROFILE_STEPS, 1, 1, lay.batch_size)
-        out.append(_entry(PROFILE, no_profile, command(lay.query, profile), expected))
     return out
