@@ -289,6 +289,8 @@ def test_cli_advise_exits_2_on_bad_input(compose, tmp_path, capsys):
     cfg = cli_config(compose, tmp_path, "predict.profile=" + str(tmp_path / "missing.json"))
     assert run(cfg, tmp_path / "advice") == 2
     assert "advise:" in capsys.readouterr().err
+    assert run(cli_config(compose, tmp_path, "advise.optims=[sgdm,birdr]"), tmp_path / "advice") == 2
+    assert "advise.optims: no optimizer birdr" in capsys.readouterr().err
 
 
 def test_cli_advise_honours_a_probed_cluster_spec_and_the_papers_profiles(compose, tmp_path, capsys):
