@@ -39,6 +39,7 @@ from .advice_methods import (
     freeze_step,
     method_inputs,
     optim_label,
+    optim_settings,
     paper_node_profile,
     price,
     prices,
@@ -513,6 +514,9 @@ def run_advice(cfg: Any, out_dir: Path, query: Sequence[str] = ()) -> int:
     lay = layout_of(cfg, query)
     adv = OmegaConf.select(cfg, "advise", default=None) or {}
     optims = adv.get("optims")
+    unknown = [str(o) for o in optims or [] if not optim_settings(lay.task, str(o))]
+    if unknown:
+        raise ValueError(f"advise.optims: no optimizer {', '.join(unknown)} (conf/optim/ has none of that name)")
     source = OmegaConf.select(cfg, "predict.profile", default=None)
     given = None
     if source is not None:
