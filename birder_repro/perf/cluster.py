@@ -51,6 +51,7 @@ from birder_repro.resources import conf_dir
 
 from .collectives import Link, collective_time, ring_allreduce_with_waits
 from .schemes import ELEMENT_BYTES, Collective, counted_bytes
+from .shape import ShapeFit, latency_steps
 
 __all__ = [
     "CLUSTER_DIR",
@@ -96,8 +97,13 @@ class ClusterSpec:
     # two-level and hierarchical schemes' inter-node steps do), per kind, where mode=probe measured it (its
     # inter_all level); None or a kind left out: inter_latency_us
     inter_all_latency_us: Any = None  # sorted (kind, us) pairs
+    # MEASURED: a world all-reduce across nodes as mode=probe found it at two node counts or more (perf.shape: its
+    # shape, a network step's latency and the node link's rate), used as measured in place of ``world_allreduce``
+    # and the links' fitted efficiency; a mapping (shape, alpha_us, bytes_per_s) or a perf.shape.ShapeFit
+    allreduce_shape: Any = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "allreduce_shape", _shape_fit(self.allreduce_shape))
         object.__setattr__(self, "world_latency_us", _latencies(self.world_latency_us))
         object.__setattr__(self, "inter_all_latency_us", _latencies(self.inter_all_latency_us))
         object.__setattr__(self, "reduce_ns_per_element", _reduce_costs(self.reduce_ns_per_element))
@@ -164,7 +170,14 @@ class ClusterSpec:
             world_latency_us=perf.get("world_latency_us"),  # each as __post_init__ keeps it
             reduce_ns_per_element=perf.get("reduce_ns_per_element"),
             inter_all_latency_us=perf.get("inter_all_latency_us"),
+            allreduce_shape=perf.get("allreduce_shape"),
         )
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether the world all-reduce across nodes is priced as measured (a probe's shape) rather than from the
+        line rate times a fitted efficiency (perf.published: the error band of each route)."""
+        return self.allreduce_shape is not None
 
     def world_alpha_s(self, kind: str) -> float | None:
         """The measured step latency of ``kind`` over every process, in seconds; None where not measured."""
@@ -181,6 +194,20 @@ class ClusterSpec:
         """Seconds a process's sum of one ``dtype`` element costs beyond an fp32 sum of the same bytes (0 where
         not measured, and for fp32, whose sum the links' fitted bandwidth already holds)."""
         return 1e-9 * dict(self.reduce_ns_per_element or ()).get(dtype, 0.0)
+
+
+def _shape_fit(value: Any) -> ShapeFit | None:
+    """``perf.allreduce_shape`` as a ShapeFit (hashable); None where not given."""
+    if value is None or isinstance(value, ShapeFit):
+        return value
+    if not isinstance(value, Mapping) or not {"shape", "bytes_per_s"} <= set(value):
+        raise ValueError(f"cluster.perf.allreduce_shape={value!r}: give shape, alpha_us and bytes_per_s")
+    alpha_s = float(value["alpha_s"]) if "alpha_s" in value else float(value.get("alpha_us", 0.0)) * 1e-6
+    fit = ShapeFit(str(value["shape"]), alpha_s, float(value["bytes_per_s"]))
+    latency_steps(fit.shape, 2, 1)  # an unknown shape is a clear error here
+    if not (fit.bytes_per_s > 0 and fit.alpha_s >= 0):
+        raise ValueError(f"cluster.perf.allreduce_shape={dict(value)}: bytes_per_s must be > 0 and alpha_us >= 0")
+    return fit
 
 
 def _reduce_costs(value: Any) -> tuple[tuple[str, float], ...] | None:
@@ -240,6 +267,9 @@ def _transfer_time(op: Collective, nodes: int, gpus_per_node: int, cluster: Clus
         link = nic if op.kind == "allreduce" else exchange
         return collective_time(op.kind, op.nbytes, n, Link(cluster.inter_alpha_s(op.kind, m), link.bandwidth_Bps))
     world_alpha = cluster.world_alpha_s(op.kind)
+    if op.kind == "allreduce" and cluster.allreduce_shape is not None:  # measured: carried by its shape
+        node_s = collective_time("allreduce", op.nbytes, m, cluster.intra)
+        return cluster.allreduce_shape.seconds(op.nbytes, n, m, node_s)
     if op.kind == "allreduce" and cluster.world_allreduce == "ring":
         slowest = max(cluster.inter.beta, cluster.intra.beta)
         if cluster.shared_host and world_alpha is not None:  # waits for a turn on a core, against the bytes
