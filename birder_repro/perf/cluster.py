@@ -51,7 +51,7 @@ from birder_repro.resources import conf_dir
 
 from .collectives import Link, collective_time, ring_allreduce_with_waits
 from .schemes import ELEMENT_BYTES, Collective, counted_bytes
-from .shape import ShapeFit, latency_steps
+from .shape import ShapeFit, interpolate_size, latency_steps
 
 __all__ = [
     "CLUSTER_DIR",
@@ -101,9 +101,13 @@ class ClusterSpec:
     # shape, a network step's latency and the node link's rate), used as measured in place of ``world_allreduce``
     # and the links' fitted efficiency; a mapping (shape, alpha_us, bytes_per_s) or a perf.shape.ShapeFit
     allreduce_shape: Any = None
+    # MEASURED: the probe's world all-reduce times per node count, {nodes: [[bytes, seconds], ...]}: used as
+    # measured at those node counts between the measured sizes (perf.shape.interpolate_size), the shape elsewhere
+    allreduce_table: Any = None  # kept as sorted (nodes, ((bytes, seconds), ...)) pairs, hashable
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allreduce_shape", _shape_fit(self.allreduce_shape))
+        object.__setattr__(self, "allreduce_table", _table(self.allreduce_table))
         object.__setattr__(self, "world_latency_us", _latencies(self.world_latency_us))
         object.__setattr__(self, "inter_all_latency_us", _latencies(self.inter_all_latency_us))
         object.__setattr__(self, "reduce_ns_per_element", _reduce_costs(self.reduce_ns_per_element))
@@ -171,13 +175,20 @@ class ClusterSpec:
             reduce_ns_per_element=perf.get("reduce_ns_per_element"),
             inter_all_latency_us=perf.get("inter_all_latency_us"),
             allreduce_shape=perf.get("allreduce_shape"),
+            allreduce_table=perf.get("allreduce_table"),
         )
+
+    def measured_allreduce_s(self, nbytes: float, nodes: int) -> float | None:
+        """The probe's world all-reduce of ``nbytes`` on ``nodes`` nodes where measured at that node count and
+        between its measured sizes; None elsewhere."""
+        points = dict(self.allreduce_table or ()).get(int(nodes))
+        return None if points is None else interpolate_size(points, nbytes)
 
     @property
     def calibrated(self) -> bool:
         """Whether the world all-reduce across nodes is priced as measured (a probe's shape) rather than from the
         line rate times a fitted efficiency (perf.published: the error band of each route)."""
-        return self.allreduce_shape is not None
+        return self.allreduce_shape is not None or self.allreduce_table is not None
 
     def world_alpha_s(self, kind: str) -> float | None:
         """The measured step latency of ``kind`` over every process, in seconds; None where not measured."""
@@ -208,6 +219,23 @@ def _shape_fit(value: Any) -> ShapeFit | None:
     if not (fit.bytes_per_s > 0 and fit.alpha_s >= 0):
         raise ValueError(f"cluster.perf.allreduce_shape={dict(value)}: bytes_per_s must be > 0 and alpha_us >= 0")
     return fit
+
+
+def _table(value: Any) -> tuple[tuple[int, tuple[tuple[float, float], ...]], ...] | None:
+    """``perf.allreduce_table`` as sorted (nodes, ((bytes, seconds), ...)) pairs; None where not given."""
+    if value is None:
+        return None
+    items = value.items() if isinstance(value, Mapping) else value
+    out = []
+    for nodes, points in items:
+        pts = tuple(sorted((float(b), float(t)) for b, t in points))
+        if int(nodes) < 2 or not pts or any(b <= 0 or t <= 0 for b, t in pts):
+            raise ValueError(
+                f"cluster.perf.allreduce_table: node count {nodes} needs >= 2 nodes and [bytes, seconds] > 0, "
+                f"got {points}"
+            )
+        out.append((int(nodes), pts))
+    return tuple(sorted(out))
 
 
 def _reduce_costs(value: Any) -> tuple[tuple[str, float], ...] | None:
@@ -267,9 +295,13 @@ def _transfer_time(op: Collective, nodes: int, gpus_per_node: int, cluster: Clus
         link = nic if op.kind == "allreduce" else exchange
         return collective_time(op.kind, op.nbytes, n, Link(cluster.inter_alpha_s(op.kind, m), link.bandwidth_Bps))
     world_alpha = cluster.world_alpha_s(op.kind)
-    if op.kind == "allreduce" and cluster.allreduce_shape is not None:  # measured: carried by its shape
-        node_s = collective_time("allreduce", op.nbytes, m, cluster.intra)
-        return cluster.allreduce_shape.seconds(op.nbytes, n, m, node_s)
+    if op.kind == "allreduce":  # measured by a probe: as measured, else carried to this node count by its shape
+        measured = cluster.measured_allreduce_s(op.nbytes, n)
+        if measured is not None:
+            return measured
+        if cluster.allreduce_shape is not None:
+            node_s = collective_time("allreduce", op.nbytes, m, cluster.intra)
+            return cluster.allreduce_shape.seconds(op.nbytes, n, m, node_s)
     if op.kind == "allreduce" and cluster.world_allreduce == "ring":
         slowest = max(cluster.inter.beta, cluster.intra.beta)
         if cluster.shared_host and world_alpha is not None:  # waits for a turn on a core, against the bytes

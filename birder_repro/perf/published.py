@@ -65,7 +65,7 @@ from .implementations import Implementation
 from .model import predict_step
 from .profile import Profile
 from .schemes import Collective, bucket_collectives, counted_bytes
-from .shape import Measured, ShapeFit, detect_shape, latency_steps
+from .shape import Measured, ShapeFit, detect_shape, latency_steps, rank_shapes
 from .validate import PAPER_DIR, _config_spec, _paper_profile, fit_link, validate
 
 __all__ = [
@@ -163,14 +163,16 @@ def _intra_link(one_node: pd.Series) -> Link:
     return Link(0.0, 2 * (m - 1) / m * _fp16_bytes() / seconds)
 
 
-def v100_probe(one_node: pd.Series, probe: pd.DataFrame) -> tuple[ClusterSpec, ShapeFit]:
+def v100_probe(one_node: pd.Series, probe: pd.DataFrame) -> tuple[ClusterSpec, ShapeFit, ShapeFit]:
     """The cluster spec a probe at the probe rows' node counts gives: the all-reduce's shape and rate from their
     all-reduce column (perf.shape.detect_shape; the node's phase from the 1-node row), a network step's latency
-    from their optimizer step's growth over the 1-node step (its collectives, carried by that shape)."""
+    from their optimizer step's growth over the 1-node step (its collectives, carried by that shape). Returns
+    the spec, the shape's fit and the runner-up shape's fit."""
     m = int(one_node["gpus_per_node"])
     intra = _intra_link(one_node)
     points = [Measured(int(r["nodes"]), _fp16_bytes(), float(r["allreduce_ms"]) / 1e3) for _, r in probe.iterrows()]
     fit = detect_shape(points, m, lambda s: ring_allreduce(s, m, intra))
+    runner_up = rank_shapes(points, m, lambda s: ring_allreduce(s, m, intra))[1]
     steps = [
         (
             len(OPTIMIZER_COLLECTIVES) * latency_steps(fit.shape, int(r["nodes"]), m),
@@ -188,8 +190,17 @@ def v100_probe(one_node: pd.Series, probe: pd.DataFrame) -> tuple[ClusterSpec, S
         intra_mbit=intra.bandwidth_Bps / MBIT,
         intra_latency_us=0.0,
         allreduce_shape=fit,
+        allreduce_table=_table(points),
     )
-    return spec, fit
+    return spec, fit, runner_up
+
+
+def _table(points: Sequence[Measured]) -> dict[int, list[list[float]]]:
+    """Measured all-reduces as ClusterSpec.allreduce_table: [bytes, seconds] per node count."""
+    table: dict[int, list[list[float]]] = {}
+    for p in points:
+        table.setdefault(p.nodes, []).append([p.nbytes, p.seconds])
+    return table
 
 
 def v100_uncalibrated(one_node: pd.Series) -> ClusterSpec:
@@ -217,8 +228,8 @@ def v100_frame(paper_dir: Path = PAPER_DIR) -> tuple[pd.DataFrame, dict[str, dic
     for group, g in rows.groupby("group", sort=False):
         one = g[g["role"] == "profile"].iloc[0]
         profile = v100_profile(one)
-        probed, fit = v100_probe(one, g[g["role"] == "probe"])
-        fits[group] = {"fit": fit, "spec": probed, "profile": profile, "one_node": one}
+        probed, fit, runner_up = v100_probe(one, g[g["role"] == "probe"])
+        fits[group] = {"fit": fit, "runner_up": runner_up, "spec": probed, "profile": profile, "one_node": one}
         routes = {"probed": probed, "uncalibrated": v100_uncalibrated(one)}
         for _, row in g[g["role"] != "profile"].iterrows():
             for route, spec in routes.items():
@@ -275,23 +286,24 @@ def _birder_points(rows: pd.DataFrame, cluster: str) -> tuple[list[Measured], in
 
 
 @cache
-def _birder_probed(cluster: str, paper_dir: Path = PAPER_DIR) -> tuple[dict, ShapeFit]:
+def _birder_probed(cluster: str, paper_dir: Path = PAPER_DIR) -> tuple[dict, ShapeFit, ShapeFit]:
     rows = split(load_birder_rows(paper_dir))
     rows = rows[rows["cluster"] == cluster]
     points, m = _birder_points(rows, cluster)
     spec = _config_spec(cluster)
-    fit = detect_shape(points, m, lambda s: ring_allreduce(s, m, spec.intra))
+    fit, runner_up = rank_shapes(points, m, lambda s: ring_allreduce(s, m, spec.intra))[:2]
     probe_nodes = sorted(set(rows.loc[rows["role"] == "probe", "nodes"].astype(int)))
-    link = fit_link(cluster, nodes=probe_nodes, paper_dir=paper_dir, base={"allreduce_shape": fit})
-    return {**link, "allreduce_shape": fit}, fit
+    measured = {"allreduce_shape": fit, "allreduce_table": _table(points)}
+    link = fit_link(cluster, nodes=probe_nodes, paper_dir=paper_dir, base=measured)
+    return {**link, **measured}, fit, runner_up
 
 
 def birder_frame(paper_dir: Path = PAPER_DIR) -> tuple[pd.DataFrame, dict[str, dict]]:
     rows = split(load_birder_rows(paper_dir))
     out, fits = [], {}
     for cluster, group in BIRDER_GROUPS.items():
-        link, fit = _birder_probed(cluster, paper_dir)
-        fits[group] = {"fit": fit, "link": link}
+        link, fit, runner_up = _birder_probed(cluster, paper_dir)
+        fits[group] = {"fit": fit, "runner_up": runner_up, "link": link}
         for route, links in (("probed", {cluster: link}), ("uncalibrated", None)):
             frame = validate((1, 3, 4), links, paper_dir, clusters=(cluster,))
             frame = frame[~((frame["table"] == 1) & (frame["batch"] == 32))]
@@ -440,7 +452,14 @@ def cluster_table(rows: pd.DataFrame, fits: dict[str, dict]) -> pd.DataFrame:
     out = []
     for group, g in rows.groupby("group", sort=False):
         fit = fits[group]["fit"]
-        line = {"cluster": group, "shape found": fit.shape, "link (Gbit/s)": f"{fit.bytes_per_s * 8 / 1e9:.2f}"}
+        runner_up = fits[group]["runner_up"]
+        margin = runner_up.residual / fit.residual if fit.residual > 0 else math.inf
+        line = {
+            "cluster": group,
+            "shape found": fit.shape,
+            "next (residual x)": f"{runner_up.shape} {margin:.3g}",
+            "link (Gbit/s)": f"{fit.bytes_per_s * 8 / 1e9:.2f}",
+        }
         for route in ("probed", "uncalibrated"):
             for role, label in (("predicted", ""), ("probe", " in-sample")):
                 r = g[(g["route"] == route) & (g["role"] == role)]

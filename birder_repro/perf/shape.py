@@ -31,6 +31,7 @@ guessed: with a single size measured, alpha is 0 and the rate carries the whole 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -44,6 +45,8 @@ __all__ = [
     "runs_node_phase",
     "fit_shape",
     "detect_shape",
+    "interpolate_size",
+    "rank_shapes",
 ]
 
 SHAPES = ("two_level", "flat_ring", "tree")  # the order breaks an exact tie
@@ -177,6 +180,18 @@ def fit_shape(
     return ShapeFit(shape, alpha, 1.0 / beta, residual, len(pts))
 
 
+def rank_shapes(
+    points: Sequence[Measured],
+    gpus_per_node: int,
+    node_time: NodeTime | None = None,
+    shapes: Sequence[str] = SHAPES,
+) -> list[ShapeFit]:
+    """Every shape's fit (:func:`fit_shape`), the best (smallest residual) first; a tie keeps ``shapes``' order.
+    How far the runner-up's residual is from the best's says how clearly the growth decided."""
+    fits = [fit_shape(shape, points, gpus_per_node, node_time) for shape in shapes]
+    return sorted(fits, key=lambda f: f.residual)  # sorted is stable: a tie keeps the order of shapes
+
+
 def detect_shape(
     points: Sequence[Measured],
     gpus_per_node: int,
@@ -185,8 +200,25 @@ def detect_shape(
 ) -> ShapeFit:
     """The shape of :data:`SHAPES` whose fit (:func:`fit_shape`) leaves the smallest residual on ``points``:
     how the measured all-reduce grows with the node count decides it. Needs two node counts at least."""
-    fits = [fit_shape(shape, points, gpus_per_node, node_time) for shape in shapes]
-    best = min(fits, key=lambda f: f.residual)  # min keeps the first of SHAPES on a tie
+    fits = rank_shapes(points, gpus_per_node, node_time, shapes)
+    best = fits[0]
     if not math.isfinite(best.residual):
         raise ValueError(f"no shape fits the measured all-reduce times {list(points)}: each leaves no network term")
     return best
+
+
+def interpolate_size(points: Sequence[tuple[float, float]], nbytes: float) -> float | None:
+    """The measured time of an all-reduce of ``nbytes`` from (bytes, seconds) measured at one node count: the
+    mean at a measured size, linear in the bytes between two measured sizes (alpha-beta between them); None
+    outside the measured sizes (no extrapolation: the shape's fit prices those)."""
+    by_size: dict[float, list[float]] = {}
+    for size, seconds in points:
+        by_size.setdefault(float(size), []).append(float(seconds))
+    sizes = sorted(by_size)
+    if not sizes or not sizes[0] <= nbytes <= sizes[-1]:
+        return None
+    mean = {size: sum(ts) / len(ts) for size, ts in by_size.items()}
+    for lo, hi in itertools.pairwise(sizes):
+        if lo <= nbytes <= hi:
+            return mean[lo] + (mean[hi] - mean[lo]) * (nbytes - lo) / (hi - lo)
+    return mean[sizes[0]]  # one size measured, and nbytes is it
