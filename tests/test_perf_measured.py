@@ -1,0 +1,136 @@
+"""A measured cluster spec (ClusterSpec.allreduce_shape / allreduce_table) and what a profile carries (affine
+compute, precision, one buffer, the optimizer's collectives) as the model uses them."""
+
+import pytest
+
+from birder_repro.perf.cluster import ClusterSpec, op_time
+from birder_repro.perf.collectives import collective_time
+from birder_repro.perf.implementations import Implementation
+from birder_repro.perf.model import optimizer_collectives_s, predict_run, predict_step
+from birder_repro.perf.profile import Profile, affine_compute
+from birder_repro.perf.schemes import Collective
+from birder_repro.perf.shape import ShapeFit, interpolate_size
+
+BASE = dict(
+    name="c", inter_mbit=10_000.0, inter_latency_us=50.0, inter_efficiency=0.5, intra_mbit=100_000.0,
+    intra_latency_us=5.0,
+)  # fmt: skip
+FIT = ShapeFit("flat_ring", alpha_s=100e-6, bytes_per_s=0.5e9)
+TABLE = {2: [[1e6, 0.004], [100e6, 0.400]], 4: [[1e6, 0.006], [100e6, 0.450]]}
+ALLREDUCE = Collective("allreduce", "world", 50e6)
+
+
+def test_a_measured_spec_prices_the_all_reduce_as_measured_then_by_its_shape():
+    spec = ClusterSpec(**BASE, allreduce_shape=FIT, allreduce_table=TABLE)
+    assert spec.calibrated and not ClusterSpec(**BASE).calibrated
+    # at a measured node count, between its sizes: the table, linear in the bytes
+    assert op_time(ALLREDUCE, 2, 4, spec) == pytest.approx(0.004 + 0.396 * 49 / 99)
+    # elsewhere: the shape (a flat ring's latency steps and link multiple over all 32 processes)
+    assert op_time(ALLREDUCE, 8, 4, spec) == pytest.approx(62 * 100e-6 + 50e6 * 62 / 32 / 0.5e9)
+    assert op_time(Collective("allreduce", "world", 200e6), 2, 4, spec) == pytest.approx(
+        FIT.seconds(200e6, 2, 4)
+    )  # beyond the measured sizes: no extrapolation of the table
+    # the unmeasured spec keeps its two-level formula over the links
+    plain = ClusterSpec(**BASE)
+    assert op_time(ALLREDUCE, 8, 4, plain) != pytest.approx(op_time(ALLREDUCE, 8, 4, spec))
+
+
+def test_a_two_level_shape_adds_the_node_phase_priced_on_the_intra_link():
+    fit = ShapeFit("two_level", alpha_s=0.0, bytes_per_s=1e9)
+    spec = ClusterSpec(**BASE, allreduce_shape=fit)
+    node = collective_time("allreduce", 50e6, 4, spec.intra)
+    assert op_time(ALLREDUCE, 8, 4, spec) == pytest.approx(node + 50e6 * 1.75 / 1e9)
+
+
+def test_the_spec_reads_its_measured_blocks_from_a_config():
+    cfg = {
+        "name": "probed",
+        "link_mbit": 10_000,
+        "perf": {
+            "inter_latency_us": 50, "inter_efficiency": 0.5, "intra_mbit": 100_000, "intra_latency_us": 5,
+            "allreduce_shape": {"shape": "flat_ring", "alpha_us": 100.0, "bytes_per_s": 0.5e9},
+            "allreduce_table": {"2": [[1e6, 0.004], [100e6, 0.4]]},
+        },
+    }  # fmt: skip
+    spec = ClusterSpec.from_config(cfg)
+    assert spec.allreduce_shape.shape == "flat_ring"
+    assert spec.allreduce_shape.alpha_s == pytest.approx(FIT.alpha_s)
+    assert spec.allreduce_shape.bytes_per_s == FIT.bytes_per_s
+    assert spec.measured_allreduce_s(1e6, 2) == pytest.approx(0.004)
+    assert spec.measured_allreduce_s(1e6, 4) is None
+    again = ClusterSpec.from_config({**cfg, "perf": {**cfg["perf"], **spec.to_dict()}})  # its own dict reads back
+    assert again.allreduce_shape == spec.allreduce_shape and again.allreduce_table == spec.allreduce_table
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [
+        ("allreduce_shape", {"shape": "butterfly", "bytes_per_s": 1e9}, "unknown all-reduce shape"),
+        ("allreduce_shape", {"shape": "tree"}, "give shape, alpha_us and bytes_per_s"),
+        ("allreduce_shape", {"shape": "tree", "bytes_per_s": -1.0}, "bytes_per_s must be > 0"),
+        ("allreduce_table", {1: [[1e6, 0.1]]}, ">= 2 nodes"),
+        ("allreduce_table", {2: [[1e6, 0.0]]}, r"\[bytes, seconds\] > 0"),
+    ],
+)
+def test_bad_measured_blocks_are_clear_errors(key, value, match):
+    with pytest.raises(ValueError, match=match):
+        ClusterSpec(**BASE, **{key: value})
+
+
+def test_interpolate_size_averages_repeats_and_never_extrapolates():
+    points = [(1e6, 0.002), (1e6, 0.004), (3e6, 0.007)]
+    assert interpolate_size(points, 1e6) == pytest.approx(0.003)
+    assert interpolate_size(points, 2e6) == pytest.approx(0.005)
+    assert interpolate_size(points, 4e6) is None and interpolate_size(points, 0.5e6) is None
+
+
+PROFILE = dict(
+    name="p", device="d", task="t", batch_size=16, forward_backward_s=0.100, parameter_count=10_000_000,
+    compression_s_per_element={"fp16": 0.0, "onebit": 0.0},
+)  # fmt: skip
+
+
+def test_compute_is_affine_with_two_batch_sizes_and_linear_with_one():
+    one = Profile(**PROFILE)
+    assert one.compute_s(1) == pytest.approx(0.100 / 16)
+    two = Profile(**PROFILE, forward_backward_at=[[1, 0.064]])
+    assert two.compute_s(1) == pytest.approx(0.064)
+    assert two.compute_s(16) == pytest.approx(0.100)
+    assert two.compute_s(32) == pytest.approx(0.100 + 16 * 0.036 / 15)
+    # no negative fixed cost: a profile that grows faster than linear is fitted through 0
+    assert affine_compute([(1, 0.001), (16, 0.100)], 0) == pytest.approx(0.0)
+
+
+def test_one_buffer_is_one_bucket_and_precision_picks_the_warmup_exchange():
+    p = Profile(**PROFILE, bucket_layout="one_buffer", precision="fp16")
+    assert p.buckets() == [10_000_000]
+    spec = ClusterSpec(**BASE)
+    run = predict_run(p, spec, 4, 4, "onebit", warmup_fraction=0.2)
+    fp16 = predict_step(p, spec, 4, 4, "fp16")
+    assert run["stages"]["warmup"]["total_s"] == pytest.approx(fp16.total_s)
+    fp32 = predict_step(p, spec, 4, 4, "fp32")
+    assert fp16.total_s < fp32.total_s  # half the bytes
+
+
+def test_the_optimizers_collectives_cost_only_across_processes():
+    p = Profile(**PROFILE, optimizer_collectives=[["allreduce", 4.0], ["allreduce", 4.0]])
+    spec = ClusterSpec(**BASE, allreduce_shape=FIT)
+    assert optimizer_collectives_s(p, spec, 1, 1) == 0.0
+    assert optimizer_collectives_s(p, spec, 16, 4) == pytest.approx(2 * FIT.seconds(4.0, 16, 4))
+    impl = {"fp16": Implementation(overlap=0.0, granularity="whole")}
+    with_norms = predict_step(p, spec, 16, 4, "fp16", implementation=impl).total_s
+    without = predict_step(Profile(**PROFILE), spec, 16, 4, "fp16", implementation=impl).total_s
+    assert with_norms - without == pytest.approx(optimizer_collectives_s(p, spec, 16, 4))
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        ({"precision": "bf8"}, "precision"),
+        ({"bucket_layout": "zigzag"}, "bucket_layout"),
+        ({"forward_backward_at": [[0, 0.1]]}, "forward_backward_at"),
+    ],
+)
+def test_bad_profile_fields_are_clear_errors(extra, match):
+    with pytest.raises(ValueError, match=match):
+        Profile(**PROFILE, **extra)
