@@ -134,3 +134,60 @@ def test_the_optimizers_collectives_cost_only_across_processes():
 def test_bad_profile_fields_are_clear_errors(extra, match):
     with pytest.raises(ValueError, match=match):
         Profile(**PROFILE, **extra)
+
+
+def test_the_probe_times_the_all_reduce_at_growing_node_counts():
+    from birder_repro.perf.probe import scaling_counts
+
+    assert scaling_counts(1) == [] and scaling_counts(2) == [2]
+    assert scaling_counts(3) == [2, 3] and scaling_counts(8) == [2, 4, 8] and scaling_counts(6) == [2, 4, 6]
+
+
+def test_the_probes_scaling_becomes_a_measured_table_and_a_shape():
+    from birder_repro.perf.probe import scaling_spec
+
+    m, intra = 4, {"alpha_s": 10e-6, "bandwidth_Bps": 20e9}  # the intra group's all-reduce fit (bus bandwidth)
+
+    def node_s(nbytes):
+        return 6 * 10e-6 + 1.5 * nbytes / 20e9
+
+    truth = ShapeFit("two_level", alpha_s=40e-6, bytes_per_s=1e9)
+    sizes = (65536, 4 << 20, 64 << 20)
+    scaling = {k: {b: [truth.seconds(b, k, m, node_s(b))] * 3 for b in sizes} for k in (2, 4)}
+    perf, shape = scaling_spec(scaling, m, intra)
+    assert perf["allreduce_shape"]["shape"] == "two_level" and shape["found"]["shape"] == "two_level"
+    assert perf["allreduce_shape"]["bytes_per_s"] == pytest.approx(1e9, rel=1e-6)
+    assert perf["allreduce_table"][2][0] == [65536.0, pytest.approx(truth.seconds(65536, 2, m, node_s(65536)))]
+    spec = ClusterSpec(**BASE, **{k: v for k, v in perf.items() if k != "shape_note"})
+    assert spec.route(4) == "probed" and spec.route(16) == "probed"
+    # one node count: the table, no shape, and the spec says so
+    perf, shape = scaling_spec({2: scaling[2]}, m, intra)
+    assert shape is None and "allreduce_shape" not in perf and "uncalibrated" in perf["shape_note"]
+    spec = ClusterSpec(**BASE, allreduce_table=perf["allreduce_table"])
+    assert (spec.route(2), spec.route(4), spec.route(1)) == ("probed", "uncalibrated", "one node")
+    assert ClusterSpec(**BASE, shared_host=True).route(2) == "emulated"
+
+
+def test_a_prediction_names_its_route_and_its_error_band():
+    from birder_repro.perf.cluster import ROUTE_ERROR_BANDS
+    from birder_repro.perf.predict import format_prediction
+
+    rec = {
+        "task": "t",
+        "optim": "sgdm",
+        "cluster": {"nodes": 4, "gpus_per_node": 1, "name": "c"},
+        "throughput_samples_per_s": 1.0,
+        "global_batch_size": 32,
+        "step_time_s": {"total": 0.1, "compute": 0.1, "communication": 0.0, "compression": 0.0},
+        "intra_node_bytes_per_step": 0.0,
+        "inter_node_bytes_per_step": 0.0,
+        "collectives_per_step": 1,
+        "prediction": {"scheme": "fp32", "implementation": "this", "route": "uncalibrated"},
+        "profile": Profile(**PROFILE).to_dict(),
+    }
+    rec["prediction"]["error_band"] = ROUTE_ERROR_BANDS["uncalibrated"]
+    out = format_prediction(rec)
+    assert "route:      uncalibrated" in out and "run mode=probe" in out
+    assert f"{100 * ROUTE_ERROR_BANDS['uncalibrated']['step_median']:.0f} % (median)" in out
+    del rec["prediction"]["route"]  # an older record: no route line
+    assert "route:" not in format_prediction(rec)

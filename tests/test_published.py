@@ -139,7 +139,10 @@ def test_the_claims_formula_of_both_papers_round_trips():
 
 
 def test_the_v100_shapes_found_from_the_probe_rows():
-    shapes = {group: fit.shape for group, (_, fit) in _v100_fits(PAPER_DIR).items()}
+    fits = _v100_fits(PAPER_DIR)
+    shapes = {group: fit.shape for group, (_, fit) in fits.items()}
+    for spec, _ in fits.values():  # a real cluster: no emulator term, the all-reduce priced as probed
+        assert not spec.shared_host and spec.route(64) == "probed" and spec.route(2) == "probed"
     # the 1-bit Adam paper's Ethernet all-reduce grows as one ring over every GPU, the others as two-level ones
     assert shapes == {
         "onebit_adam/ethernet": "flat_ring",
@@ -154,3 +157,15 @@ def test_the_report_ends_with_its_line():
     text, summary = P.published_report()
     assert text.splitlines()[-1] == P.format_last_line(summary)
     assert "uncalibrated" in text and "in-sample" in text
+
+
+@pytest.mark.slow
+def test_the_route_bands_mode_predict_prints_are_what_the_report_finds():
+    from birder_repro.perf.cluster import ROUTE_ERROR_BANDS
+
+    v100, _ = P.v100_frame()
+    birder, _ = P.birder_frame()
+    bands = P.route_bands(pd.concat([v100, birder], ignore_index=True))
+    for route, band in ROUTE_ERROR_BANDS.items():
+        for key, value in band.items():
+            assert round(bands[route][key], 2) == pytest.approx(value), (route, key)

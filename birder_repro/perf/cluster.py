@@ -56,6 +56,7 @@ from .shape import ShapeFit, interpolate_size, latency_steps
 __all__ = [
     "CLUSTER_DIR",
     "ClusterSpec",
+    "ROUTE_ERROR_BANDS",
     "op_time",
     "exchange_latency",
     "reduce_time",
@@ -65,6 +66,13 @@ __all__ = [
     "node_contention",
 ]
 
+# What ``make validate-published`` (perf.published) found for each route, over every cluster's predicted rows
+# (the uncalibrated route on the clusters its settings were not fitted on): median and worst |error| of the step
+# time and of the all-reduce. mode=predict prints the band of the route a prediction took (ClusterSpec.route).
+ROUTE_ERROR_BANDS = {
+    "probed": {"step_median": 0.09, "step_worst": 0.55, "allreduce_median": 0.10, "allreduce_worst": 0.23},
+    "uncalibrated": {"step_median": 0.18, "step_worst": 0.58, "allreduce_median": 0.37, "allreduce_worst": 0.92},
+}
 PAIRWISE = ("all_to_all", "all_gather")  # the exchanges that only move data: every send posted at once
 WORLD_ALLREDUCE = ("two_level", "ring")  # how a world all-reduce across nodes runs (the module doc's "world")
 MBIT = 1e6 / 8  # bytes per second in one Mbit/s
@@ -183,6 +191,19 @@ class ClusterSpec:
         between its measured sizes; None elsewhere."""
         points = dict(self.allreduce_table or ()).get(int(nodes))
         return None if points is None else interpolate_size(points, nbytes)
+
+    def route(self, nodes: int) -> str:
+        """How a prediction on ``nodes`` nodes prices the all-reduce across nodes: ``one node`` (it does not),
+        ``emulated`` (a shared-host cluster, validated by make validate-emulated), ``probed`` (measured at that
+        node count, or carried there by a measured shape) or ``uncalibrated`` (the line rate times the shipped
+        efficiency; perf.published prints the error band that route showed)."""
+        if nodes <= 1:
+            return "one node"
+        if self.shared_host:
+            return "emulated"
+        if self.allreduce_shape is not None or int(nodes) in dict(self.allreduce_table or ()):
+            return "probed"
+        return "uncalibrated"
 
     @property
     def calibrated(self) -> bool:

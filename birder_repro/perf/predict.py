@@ -10,6 +10,10 @@ and batch per GPU), a run directory or record.json holding a ``profile``, or a p
 ``predict.cluster_spec``: a cluster spec YAML (``birder-repro mode=probe`` writes one, birder_repro.perf.probe),
 whose link figures the model uses instead of the cluster config's ``perf`` block; null: the cluster config's.
 
+Every multi-node prediction names its route (perf.cluster.ClusterSpec.route): ``probed`` where the spec holds the
+all-reduce measured at that node count or its shape, ``uncalibrated`` where it does not (a cluster config's line
+rate times its shipped efficiency), with the error band ``make validate-published`` found for that route.
+
 ``predict.implementation`` (default ``this``): how the schemes run (birder_repro.perf.implementations):
 ``this`` project's hooks, every scheme overlapped with the backward pass; ``paper``: as the Birder paper's
 runs did (Birder's hook and 1-bit Adam's compressed all-reduce not overlapped).
@@ -20,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .cluster import ClusterSpec
+from .cluster import ROUTE_ERROR_BANDS, ClusterSpec
 from .model import predict_run
 from .paper_profiles import paper_profile
 from .profile import LEFTOVER_WARN, load_profile
@@ -143,6 +147,9 @@ def predict_record(cfg: Any) -> dict[str, Any]:
             "weights": run["weights"],
             "fitted_on": fitted_on,
             "cluster_spec_file": spec_file,
+            # how the all-reduce across nodes was priced (ClusterSpec.route) and that route's validated error
+            "route": cluster.route(nodes),
+            "error_band": ROUTE_ERROR_BANDS.get(cluster.route(nodes)),
         },
         "profile": profile.to_dict(),
         "cluster_spec": cluster.to_dict(),
@@ -177,6 +184,18 @@ def format_prediction(rec: Mapping[str, Any]) -> str:
         f"{rec['inter_node_bytes_per_step'] / 1e6:.3f} MB per process, {rec['collectives_per_step']:.0f} "
         "collectives",
     ]
+    route, band = pred.get("route"), pred.get("error_band")
+    if route in ("probed", "uncalibrated") and band:
+        how = (
+            "the all-reduce as a probe measured it"
+            if route == "probed"
+            else "no probe at this node count: the line rate x the shipped efficiency; run mode=probe (3 nodes or "
+            "more find the all-reduce's shape) and pass predict.cluster_spec"
+        )
+        lines.append(
+            f"route:      {route} ({how}); make validate-published found this route's step time within "
+            f"{100 * band['step_median']:.0f} % (median), {100 * band['step_worst']:.0f} % (worst) on real clusters"
+        )
     share = (rec["profile"].get("unexplained_share") or {}).get(pred["scheme"])
     if share is not None and share > LEFTOVER_WARN:
         lines.append(
