@@ -191,3 +191,46 @@ def test_a_prediction_names_its_route_and_its_error_band():
     assert f"{100 * ROUTE_ERROR_BANDS['uncalibrated']['step_median']:.0f} % (median)" in out
     del rec["prediction"]["route"]  # an older record: no route line
     assert "route:" not in format_prediction(rec)
+
+
+def test_profiles_at_two_batch_sizes_combine_into_an_affine_compute():
+    from birder_repro.perf.profile import combine_batches
+
+    small = Profile(**{**PROFILE, "name": "b1", "batch_size": 1, "forward_backward_s": 0.064})
+    big = Profile(**PROFILE)
+    both = combine_batches([big, small])
+    assert both.batch_size == 16 and both.forward_backward_at == [[1, 0.064]]
+    assert both.compute_s(1) == pytest.approx(0.064) and both.compute_s(16) == pytest.approx(0.100)
+    assert combine_batches([big]).compute_s(1) == pytest.approx(0.100 / 16)  # one size: linear, as before
+    with pytest.raises(ValueError, match="different models"):
+        combine_batches([big, Profile(**{**PROFILE, "parameter_count": 5})])
+
+
+def test_mode_predict_takes_a_probed_spec_and_profiles_at_two_batches(tmp_path):
+    import json
+
+    import yaml
+
+    from birder_repro.perf.predict import format_prediction, predict_record
+
+    for name, batch, seconds in (("b16", 16, 0.100), ("b1", 1, 0.064)):
+        p = Profile(**{**PROFILE, "name": name, "task": "resnet50", "batch_size": batch, "forward_backward_s": seconds})
+        (tmp_path / f"{name}.json").write_text(json.dumps(p.to_dict()))
+    perf = {"inter_latency_us": 50, "inter_efficiency": 0.5, "intra_mbit": 100_000, "intra_latency_us": 5}
+    probed = {"name": "c", "link_mbit": 10_000, "perf": {**perf, "allreduce_shape": FIT.to_dict()}}
+    (tmp_path / "cluster_spec.yaml").write_text(yaml.safe_dump(probed))
+    cfg = {
+        "task": {"name": "resnet50"},
+        "optim": {"name": "sgdm"},
+        "nodes": 8,
+        "gpus_per_node": 4,
+        "cluster": {"name": "c", "link_mbit": 10_000, "perf": perf},
+        "train": {"batch_size": 1, "steps": None},
+        "predict": {"profile": [str(tmp_path / "b16.json"), str(tmp_path / "b1.json")]},
+    }
+    rec = predict_record(cfg)
+    assert rec["profile"]["forward_backward_at"] == [[1, 0.064]]  # the compute at 1 a GPU: measured, not 0.1 / 16
+    assert rec["prediction"]["route"] == "uncalibrated" and "route:      uncalibrated" in format_prediction(rec)
+    rec = predict_record({**cfg, "predict": {**cfg["predict"], "cluster_spec": str(tmp_path / "cluster_spec.yaml")}})
+    assert rec["prediction"]["route"] == "probed" and rec["prediction"]["error_band"]["step_median"] > 0
+    assert "route:      probed" in format_prediction(rec)

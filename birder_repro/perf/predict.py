@@ -5,7 +5,9 @@ train.batch_size, predict.profile) and returns a record with the keys of a measu
 records and tables") and ``status: "predicted"``, plus its inputs: the profile and the cluster spec.
 
 ``predict.profile``: ``paper`` (the paper's 8 x A100 nodes, birder_repro.perf.paper_profiles, chosen by task
-and batch per GPU), a run directory or record.json holding a ``profile``, or a profile JSON file.
+and batch per GPU), a run directory or record.json holding a ``profile``, or a profile JSON file; or a list of
+them, 1-node runs of one model at several batch sizes (``predict.profile=[run_b8,run_b32]``): the compute is then
+affine in the batch (perf.profile.combine_batches), not linear through 0.
 
 ``predict.cluster_spec``: a cluster spec YAML (``birder-repro mode=probe`` writes one, birder_repro.perf.probe),
 whose link figures the model uses instead of the cluster config's ``perf`` block; null: the cluster config's.
@@ -27,7 +29,7 @@ from typing import Any
 from .cluster import ROUTE_ERROR_BANDS, ClusterSpec
 from .model import predict_run
 from .paper_profiles import paper_profile
-from .profile import LEFTOVER_WARN, load_profile
+from .profile import LEFTOVER_WARN, combine_batches, load_profile
 from .schemes import scheme_for_optim
 
 __all__ = ["predict_record", "write_predicted_record", "format_prediction"]
@@ -88,6 +90,8 @@ def predict_record(cfg: Any) -> dict[str, Any]:
     profile = (
         paper_profile(task=task, batch_size=batch, node=cluster, implementation=implementation)
         if source == "paper"
+        else combine_batches([load_profile(s) for s in source])  # several: one model at several batch sizes
+        if isinstance(source, (list, tuple))
         else load_profile(source)
     )
     if profile.task != task:

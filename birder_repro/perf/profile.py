@@ -70,6 +70,7 @@ __all__ = [
     "Profile",
     "affine_compute",
     "bucket_matrices",
+    "combine_batches",
     "ddp_bucket_elements",
     "load_profile",
 ]
@@ -183,6 +184,23 @@ def affine_compute(points: Sequence[tuple[float, float]], batch: float) -> float
     if fixed < 0:  # no negative fixed cost: through 0 by least squares
         fixed, slope = 0.0, sum(b * t for b, t in points) / sum(b * b for b, _ in points)
     return fixed + slope * float(batch)
+
+
+def combine_batches(profiles: Sequence[Profile]) -> Profile:
+    """One profile from 1-node profiles of the same run at several batch sizes: the first one's, with the others'
+    forward + backward as ``forward_backward_at`` (so the compute is affine in the batch; Profile.compute_s)."""
+    if not profiles:
+        raise ValueError("combine_batches needs one profile or more")
+    first, others = profiles[0], list(profiles[1:])
+    for p in others:
+        if p.task != first.task or p.parameter_count != first.parameter_count:
+            raise ValueError(
+                f"profiles {first.name!r} and {p.name!r} are of different models ({first.task}, "
+                f"{first.parameter_count} against {p.task}, {p.parameter_count}): profile one model at two batches"
+            )
+    points = [list(pt) for pt in first.forward_backward_at]
+    points += [[p.batch_size, p.forward_backward_s] for p in others if p.batch_size != first.batch_size]
+    return Profile.from_dict({**first.to_dict(), "forward_backward_at": points})
 
 
 def bucket_matrices(matrices: Sequence[Sequence[int]], sizes: Sequence[int]) -> list[list | None]:
