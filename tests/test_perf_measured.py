@@ -252,3 +252,28 @@ def test_no_emulator_term_reaches_a_real_clusters_prediction(config):
         a = predict_step(plain, spec, 4, 4, scheme, **kw).total_s
         b = predict_step(crowded, spec, 4, 4, scheme, **kw).total_s - (0.01 if scheme == "onebit" else 0.0)
         assert a == pytest.approx(b), scheme
+
+
+@pytest.mark.slow
+def test_a_three_node_probe_writes_the_all_reduces_table_and_shape(compose, tmp_path):
+    """mode=probe on 3 loopback nodes of 1 process (torchrun, gloo): the world all-reduce timed over the first 2
+    and all 3 nodes, the spec's measured table and shape, read back by ClusterSpec. Loopback rates mean nothing."""
+    import json
+
+    import yaml
+
+    from birder_repro.cli import run
+
+    probe = compose(
+        [
+            "mode=probe", "nodes=3", "gpus_per_node=1", "logger=none", "probe.min_bytes=4096",
+            "probe.max_bytes=65536", "probe.iters=2", "probe.warmup_iters=1", "probe.reduce_elements=0",
+        ],
+        hydra_config=True,
+    )  # fmt: skip
+    assert run(probe, tmp_path / "probe") == 0
+    got = json.loads((tmp_path / "probe" / "record.json").read_text())["probe"]
+    assert set(got["scaling"]) == {"2", "3"} and got["shape"]["found"]["shape"] in ("two_level", "flat_ring", "tree")
+    spec = ClusterSpec.from_config(yaml.safe_load(open(got["cluster_spec_file"]).read()))
+    assert spec.allreduce_shape is not None and {k for k, _ in spec.allreduce_table} == {2, 3}
+    assert spec.route(8) == "probed"

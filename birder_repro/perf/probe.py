@@ -373,7 +373,20 @@ def format_probe(rec: Mapping[str, Any]) -> str:
             f"the same bytes {1e6 * r['fp32_same_bytes_s']:.0f} us: {r['extra_ns_per_element']:.2f} ns an "
             "element added beyond its bytes"
         )
-    perf = probe["cluster_spec"]
+    for k, rows in (probe.get("scaling") or {}).items():
+        lines.append(
+            f"world all-reduce over the first {k} nodes: "
+            + ", ".join(f"{r['bytes']} B {1e6 * r['seconds']:.0f} us" for r in rows)
+        )
+    shape = probe.get("shape")
+    if shape:
+        found, runner = shape["found"], shape["runner_up"]
+        lines.append(
+            f"all-reduce shape: {found['shape']} (alpha {found['alpha_us']:.0f} us a step, "
+            f"{8 * found['bytes_per_s'] / 1e6:.1f} Mbit/s through a node's link); runner-up {runner['shape']}, "
+            f"residual {runner['residual']:.3g} against {found['residual']:.3g}"
+        )
+    perf = {k: v for k, v in probe["cluster_spec"].items() if k not in ("allreduce_table", "allreduce_shape")}
     lines += [
         "",
         "cluster spec (perf): "
