@@ -259,6 +259,7 @@ def test_a_three_node_probe_writes_the_all_reduces_table_and_shape(compose, tmp_
     """mode=probe on 3 loopback nodes of 1 process (torchrun, gloo): the world all-reduce timed over the first 2
     and all 3 nodes, the spec's measured table and shape, read back by ClusterSpec. Loopback rates mean nothing."""
     import json
+    from pathlib import Path
 
     import yaml
 
@@ -274,6 +275,6 @@ def test_a_three_node_probe_writes_the_all_reduces_table_and_shape(compose, tmp_
     assert run(probe, tmp_path / "probe") == 0
     got = json.loads((tmp_path / "probe" / "record.json").read_text())["probe"]
     assert set(got["scaling"]) == {"2", "3"} and got["shape"]["found"]["shape"] in ("two_level", "flat_ring", "tree")
-    spec = ClusterSpec.from_config(yaml.safe_load(open(got["cluster_spec_file"]).read()))
+    spec = ClusterSpec.from_config(yaml.safe_load(Path(got["cluster_spec_file"]).read_text()))
     assert spec.allreduce_shape is not None and {k for k, _ in spec.allreduce_table} == {2, 3}
     assert spec.route(8) == "probed"
