@@ -7,7 +7,7 @@ The rows (tables/paper/, transcribed, each citing its paper, table and row):
     the Birder paper, Tables 3 and 4 (ResNet-50 and BERT-Base on 8 x A100 nodes, 10 Gbit/s Ethernet and 200 Gbit/s
         InfiniBand: throughput), and Table 1's 128-a-GPU rows (Table 1's 32-a-GPU rows and Table 2 repeat
         Tables 3 and 4's Ethernet ones);
-    the 1-bit Adam paper, Table 1 (onebit_adam_table1.csv) and the 1-bit LAMB paper, appendix Table 5
+    the 1-bit Adam paper (PAPER_TITLES), Table 1 (onebit_adam_table1.csv) and the 1-bit LAMB paper, appendix Table 5
         (onebit_lamb_table5.csv): BERT-Large (340M parameters, fp16) pre-training on V100 nodes, 4 a node over
         Ethernet (4.1 Gbit/s by iperf), 8 a node over 100 Gbit/s InfiniBand: forward, backward all-reduce, the
         rest of the backward pass and the optimizer step, in ms;
@@ -87,10 +87,13 @@ TARGETS = {"cluster_median": 0.15, "row": 0.35, "claim": 0.25}
 BERT_LARGE_PARAMS = 340_000_000  # "BERT-Large (L=24, H=1024, A=16, 340M params)", 1-bit LAMB paper, section 6
 V100_FILES = {"onebit_adam": "onebit_adam_table1.csv", "onebit_lamb": "onebit_lamb_table5.csv"}
 PAPER_TITLES = {
-    "birder": "Birder (the Birder paper), Tables 1, 3, 4",
-    "onebit_adam": "1-bit Adam (Tang et al., ICML 2021), Table 1",
-    "onebit_lamb": "1-bit LAMB (Li et al., HiPC 2022), appendix Table 5",
-    "apmsqueeze": "APMSqueeze (Tang et al., 2020), section 5.2",
+    "birder": "the Birder paper, Tables 1, 3, 4",
+    "onebit_adam": "1-bit Adam: Communication Efficient Large-Scale Training with Adam's Convergence Speed "
+    "(Tang et al., ICML 2021), Table 1",
+    "onebit_lamb": "1-bit LAMB: Communication Efficient Large-Scale Large-Batch Training with LAMB's Convergence "
+    "Speed, appendix Table 5",
+    "apmsqueeze": "APMSqueeze: A Communication Efficient Adam-Preconditioned Momentum SGD Algorithm (Tang et al.), "
+    "section 5.2",
 }
 # the uncalibrated route: the shipped config of each interconnect, and the rate a user would give for it
 UNCALIBRATED = {"ethernet": ("ethernet_10g", 4100.0), "infiniband": ("infiniband_200g", 100_000.0)}
@@ -451,31 +454,37 @@ def _pct(x: float, signed: bool = False) -> str:
     return f"{100 * x:+.0f} %" if signed else f"{100 * x:.0f} %"
 
 
-def cluster_table(rows: pd.DataFrame, fits: dict[str, dict]) -> pd.DataFrame:
+def _errors(r: pd.DataFrame) -> dict[str, str]:
+    ar_med, ar_worst = _stats(r["allreduce_error"].tolist())
+    st_med, st_worst = _stats(r["step_error"].tolist())
+    return {
+        "rows": str(len(r)),
+        "all-reduce": f"{_pct(ar_med)}, {_pct(ar_worst, True)}",
+        "step": f"{_pct(st_med)}, {_pct(st_worst, True)}",
+    }
+
+
+def cluster_table(rows: pd.DataFrame, fits: dict[str, dict], route: str = "probed") -> pd.DataFrame:
+    """A row per cluster for ``route``: its predicted rows' errors (median |error|, worst signed error) and, for
+    the probed route, the shape found (the runner-up and how many times the best's residual it left), the link's
+    rate, and the probe rows' errors beside, named in-sample; for the uncalibrated route, whether its shipped
+    settings were fitted on that cluster's rows."""
     out = []
     for group, g in rows.groupby("group", sort=False):
-        fit = fits[group]["fit"]
-        runner_up = fits[group]["runner_up"]
-        margin = runner_up.residual / fit.residual if fit.residual > 0 else math.inf
-        line = {
-            "cluster": group,
-            "shape found": fit.shape,
-            "next (residual x)": f"{runner_up.shape} {margin:.3g}",
-            "link (Gbit/s)": f"{fit.bytes_per_s * 8 / 1e9:.2f}",
-        }
-        for route in ("probed", "uncalibrated"):
-            for role, label in (("predicted", ""), ("probe", " in-sample")):
-                r = g[(g["route"] == route) & (g["role"] == role)]
-                if route == "uncalibrated" and role == "probe":
-                    continue
-                ar_med, ar_worst = _stats(r["allreduce_error"].tolist())
-                st_med, st_worst = _stats(r["step_error"].tolist())
-                key = f"{route}{label}"
-                line[f"{key} rows"] = len(r)
-                line[f"{key} all-reduce"] = f"{_pct(ar_med)}, {_pct(ar_worst, True)}"
-                line[f"{key} step"] = f"{_pct(st_med)}, {_pct(st_worst, True)}"
-        shipped_fitted_here = bool(g.loc[g["route"] == "uncalibrated", "route_in_sample"].any())
-        line["uncalibrated"] = "in-sample" if shipped_fitted_here else "new cluster"
+        line: dict[str, str] = {"cluster": str(group)}
+        mine = g[g["route"] == route]
+        if route == "probed":
+            fit, runner_up = fits[group]["fit"], fits[group]["runner_up"]
+            margin = runner_up.residual / fit.residual if fit.residual > 0 else math.inf
+            line["shape (runner-up x)"] = f"{fit.shape} ({runner_up.shape} {margin:.3g}x)"
+            line["link Gbit/s"] = f"{fit.bytes_per_s * 8 / 1e9:.2f}"
+        line.update(_errors(mine[mine["role"] == "predicted"]))
+        if route == "probed":
+            inside = _errors(mine[mine["role"] == "probe"])
+            line.update({f"in-sample {k}": v for k, v in inside.items()})
+        else:
+            fitted_here = bool(mine["route_in_sample"].any())
+            line["settings"] = "fitted on these rows: in-sample" if fitted_here else "new cluster"
         out.append(line)
     return pd.DataFrame(out)
 
@@ -522,7 +531,11 @@ def published_report(paper_dir: Path = PAPER_DIR, show_rows: bool = False) -> tu
         "errors: median |error|, worst signed error (predicted / published - 1); all-reduce on the Birder paper's "
         "clusters: the baseline's step growth over one node",
         "",
-        cluster_table(rows, fits).to_string(index=False),
+        "probed route (profile + probe rows; predicted rows, and the probe rows in-sample beside):",
+        cluster_table(rows, fits, "probed").to_string(index=False),
+        "",
+        "uncalibrated route (the shipped cluster settings at the user's link rate, no probe):",
+        cluster_table(rows, fits, "uncalibrated").to_string(index=False),
         "",
         "claims (probed route; the 1-bit exchange at the all-reduce's measured rate, its compression free: "
         "an upper bound):",
