@@ -66,7 +66,7 @@ from .model import predict_step
 from .profile import Profile
 from .schemes import Collective, bucket_collectives, counted_bytes
 from .shape import Measured, ShapeFit, detect_shape, latency_steps, rank_shapes
-from .validate import PAPER_DIR, _config_spec, _paper_profile, fit_link, validate
+from .validate import PAPER_DIR, _paper_profile, cluster_spec, fit_link, validate
 
 __all__ = [
     "TARGETS",
@@ -77,6 +77,14 @@ __all__ = [
     "load_claims",
     "v100_profile",
     "v100_probe",
+    "v100_frame",
+    "load_birder_rows",
+    "birder_frame",
+    "claims_frame",
+    "cluster_table",
+    "route_bands",
+    "Summary",
+    "summarize",
     "published_report",
     "format_last_line",
     "main",
@@ -209,7 +217,7 @@ def _table(points: Sequence[Measured]) -> dict[int, list[list[float]]]:
 def v100_uncalibrated(one_node: pd.Series) -> ClusterSpec:
     """The shipped config of the row's interconnect at the user's link rate, the node's link as measured."""
     name, mbit = UNCALIBRATED[str(one_node["cluster"])]
-    return replace(_config_spec(name), inter_mbit=mbit, intra_mbit=_intra_link(one_node).bandwidth_Bps / MBIT)
+    return replace(cluster_spec(name), inter_mbit=mbit, intra_mbit=_intra_link(one_node).bandwidth_Bps / MBIT)
 
 
 def _v100_predict(profile: Profile, spec: ClusterSpec, row: pd.Series, scheme: str = "fp16") -> dict[str, float]:
@@ -280,7 +288,7 @@ def _birder_points(rows: pd.DataFrame, cluster: str) -> tuple[list[Measured], in
         one = g[g["nodes"] == 1]
         if one.empty:
             continue
-        profile = _paper_profile(task, int(batch), _config_spec(cluster), "paper")
+        profile = _paper_profile(task, int(batch), cluster_spec(cluster), "paper")
         k = len(profile.buckets())
         for _, r in g[g["role"] == "probe"].iterrows():
             grow = (r["step_ms"] - one["step_ms"].iloc[0]) / 1e3
@@ -294,7 +302,7 @@ def _birder_probed(cluster: str, paper_dir: Path = PAPER_DIR) -> tuple[dict, Sha
     rows = split(load_birder_rows(paper_dir))
     rows = rows[rows["cluster"] == cluster]
     points, m = _birder_points(rows, cluster)
-    spec = _config_spec(cluster)
+    spec = cluster_spec(cluster)
     fit, runner_up = rank_shapes(points, m, lambda s: ring_allreduce(s, m, spec.intra))[:2]
     probe_nodes = sorted(set(rows.loc[rows["role"] == "probe", "nodes"].astype(int)))
     measured = {"allreduce_shape": fit, "allreduce_table": _table(points)}
