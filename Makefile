@@ -8,7 +8,7 @@ ARGS    ?=
 # the tests waiting on processes they start); --dist loadfile gives each a whole test file, the longest first
 WORKERS ?= 3
 
-.PHONY: help install run lint test test-all tables bench gpu-check emulated-setup validate validate-emulated validate-fashion tune-fashion time-to-accuracy clean
+.PHONY: help install run lint test test-all tables bench gpu-check emulated-setup validate validate-emulated validate-fashion validate-published tune-fashion time-to-accuracy clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -48,6 +48,9 @@ gpu-check: $(STAMP)  ## on a GPU node: kernels, 1-GPU runs of every task, hooks 
 
 validate: $(STAMP)  ## the performance model against the paper, out of sample (2-node fit -> 4 and 8 nodes) and in-sample
 	$(BIN)/python -m birder_repro.perf.validate $(ARGS)
+
+validate-published: $(STAMP)  ## the model against every published real-cluster row and claim (Birder, 1-bit Adam, 1-bit LAMB), one protocol
+	$(BIN)/python -m birder_repro.perf.published $(ARGS)
 
 # The emulated sweep (cluster=emulated needs root and iproute2): ResNet-50 (tiny, synthetic 64x64 images), SGDM,
 # 1-bit Adam and Birder on 1, 2 and 4 nodes of one process, links of 100 and 200 Mbit/s; then each multi-node

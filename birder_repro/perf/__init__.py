@@ -10,6 +10,8 @@ paper_profiles   the paper's 8 x A100 nodes, from its 1-node rows (data: profile
 model            predict_step / predict_run
 predict          predict_record(cfg): a run record with status "predicted"
 validate         the paper's multi-node rows predicted from its 1-node rows (python -m ...validate)
+shape            the all-reduce's shape across nodes (flat ring, two-level, tree) found from its growth
+published        every published real-cluster row and claim under one protocol (python -m ...published)
 """
 
 from .cluster import ClusterSpec, op_time

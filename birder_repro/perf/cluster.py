@@ -51,10 +51,12 @@ from birder_repro.resources import conf_dir
 
 from .collectives import Link, collective_time, ring_allreduce_with_waits
 from .schemes import ELEMENT_BYTES, Collective, counted_bytes
+from .shape import ShapeFit, interpolate_size, latency_steps
 
 __all__ = [
     "CLUSTER_DIR",
     "ClusterSpec",
+    "ROUTE_ERROR_BANDS",
     "op_time",
     "exchange_latency",
     "reduce_time",
@@ -64,6 +66,13 @@ __all__ = [
     "node_contention",
 ]
 
+# What ``make validate-published`` (perf.published) found for each route, over every cluster's predicted rows
+# (the uncalibrated route on the clusters its settings were not fitted on): median and worst |error| of the step
+# time and of the all-reduce. mode=predict prints the band of the route a prediction took (ClusterSpec.route).
+ROUTE_ERROR_BANDS = {
+    "probed": {"step_median": 0.09, "step_worst": 0.55, "allreduce_median": 0.10, "allreduce_worst": 0.23},
+    "uncalibrated": {"step_median": 0.18, "step_worst": 0.58, "allreduce_median": 0.37, "allreduce_worst": 0.92},
+}
 PAIRWISE = ("all_to_all", "all_gather")  # the exchanges that only move data: every send posted at once
 WORLD_ALLREDUCE = ("two_level", "ring")  # how a world all-reduce across nodes runs (the module doc's "world")
 MBIT = 1e6 / 8  # bytes per second in one Mbit/s
@@ -96,8 +105,17 @@ class ClusterSpec:
     # two-level and hierarchical schemes' inter-node steps do), per kind, where mode=probe measured it (its
     # inter_all level); None or a kind left out: inter_latency_us
     inter_all_latency_us: Any = None  # sorted (kind, us) pairs
+    # MEASURED: a world all-reduce across nodes as mode=probe found it at two node counts or more (perf.shape: its
+    # shape, a network step's latency and the node link's rate), used as measured in place of ``world_allreduce``
+    # and the links' fitted efficiency; a mapping (shape, alpha_us, bytes_per_s) or a perf.shape.ShapeFit
+    allreduce_shape: Any = None
+    # MEASURED: the probe's world all-reduce times per node count, {nodes: [[bytes, seconds], ...]}: used as
+    # measured at those node counts between the measured sizes (perf.shape.interpolate_size), the shape elsewhere
+    allreduce_table: Any = None  # kept as sorted (nodes, ((bytes, seconds), ...)) pairs, hashable
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "allreduce_shape", _shape_fit(self.allreduce_shape))
+        object.__setattr__(self, "allreduce_table", _table(self.allreduce_table))
         object.__setattr__(self, "world_latency_us", _latencies(self.world_latency_us))
         object.__setattr__(self, "inter_all_latency_us", _latencies(self.inter_all_latency_us))
         object.__setattr__(self, "reduce_ns_per_element", _reduce_costs(self.reduce_ns_per_element))
@@ -164,7 +182,34 @@ class ClusterSpec:
             world_latency_us=perf.get("world_latency_us"),  # each as __post_init__ keeps it
             reduce_ns_per_element=perf.get("reduce_ns_per_element"),
             inter_all_latency_us=perf.get("inter_all_latency_us"),
+            allreduce_shape=perf.get("allreduce_shape"),
+            allreduce_table=perf.get("allreduce_table"),
         )
+
+    def measured_allreduce_s(self, nbytes: float, nodes: int) -> float | None:
+        """The probe's world all-reduce of ``nbytes`` on ``nodes`` nodes where measured at that node count and
+        between its measured sizes; None elsewhere."""
+        points = dict(self.allreduce_table or ()).get(int(nodes))
+        return None if points is None else interpolate_size(points, nbytes)
+
+    def route(self, nodes: int) -> str:
+        """How a prediction on ``nodes`` nodes prices the all-reduce across nodes: ``one node`` (it does not),
+        ``emulated`` (a shared-host cluster, validated by make validate-emulated), ``probed`` (measured at that
+        node count, or carried there by a measured shape) or ``uncalibrated`` (the line rate times the shipped
+        efficiency; perf.published prints the error band that route showed)."""
+        if nodes <= 1:
+            return "one node"
+        if self.shared_host:
+            return "emulated"
+        if self.allreduce_shape is not None or int(nodes) in dict(self.allreduce_table or ()):
+            return "probed"
+        return "uncalibrated"
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether the world all-reduce across nodes is priced as measured (a probe's shape) rather than from the
+        line rate times a fitted efficiency (perf.published: the error band of each route)."""
+        return self.allreduce_shape is not None or self.allreduce_table is not None
 
     def world_alpha_s(self, kind: str) -> float | None:
         """The measured step latency of ``kind`` over every process, in seconds; None where not measured."""
@@ -181,6 +226,37 @@ class ClusterSpec:
         """Seconds a process's sum of one ``dtype`` element costs beyond an fp32 sum of the same bytes (0 where
         not measured, and for fp32, whose sum the links' fitted bandwidth already holds)."""
         return 1e-9 * dict(self.reduce_ns_per_element or ()).get(dtype, 0.0)
+
+
+def _shape_fit(value: Any) -> ShapeFit | None:
+    """``perf.allreduce_shape`` as a ShapeFit (hashable); None where not given."""
+    if value is None or isinstance(value, ShapeFit):
+        return value
+    if not isinstance(value, Mapping) or not {"shape", "bytes_per_s"} <= set(value):
+        raise ValueError(f"cluster.perf.allreduce_shape={value!r}: give shape, alpha_us and bytes_per_s")
+    alpha_s = float(value["alpha_s"]) if "alpha_s" in value else float(value.get("alpha_us", 0.0)) * 1e-6
+    fit = ShapeFit(str(value["shape"]), alpha_s, float(value["bytes_per_s"]))
+    latency_steps(fit.shape, 2, 1)  # an unknown shape is a clear error here
+    if not (fit.bytes_per_s > 0 and fit.alpha_s >= 0):
+        raise ValueError(f"cluster.perf.allreduce_shape={dict(value)}: bytes_per_s must be > 0 and alpha_us >= 0")
+    return fit
+
+
+def _table(value: Any) -> tuple[tuple[int, tuple[tuple[float, float], ...]], ...] | None:
+    """``perf.allreduce_table`` as sorted (nodes, ((bytes, seconds), ...)) pairs; None where not given."""
+    if value is None:
+        return None
+    items = value.items() if isinstance(value, Mapping) else value
+    out = []
+    for nodes, points in items:
+        pts = tuple(sorted((float(b), float(t)) for b, t in points))
+        if int(nodes) < 2 or not pts or any(b <= 0 or t <= 0 for b, t in pts):
+            raise ValueError(
+                f"cluster.perf.allreduce_table: node count {nodes} needs >= 2 nodes and [bytes, seconds] > 0, "
+                f"got {points}"
+            )
+        out.append((int(nodes), pts))
+    return tuple(sorted(out))
 
 
 def _reduce_costs(value: Any) -> tuple[tuple[str, float], ...] | None:
@@ -240,6 +316,13 @@ def _transfer_time(op: Collective, nodes: int, gpus_per_node: int, cluster: Clus
         link = nic if op.kind == "allreduce" else exchange
         return collective_time(op.kind, op.nbytes, n, Link(cluster.inter_alpha_s(op.kind, m), link.bandwidth_Bps))
     world_alpha = cluster.world_alpha_s(op.kind)
+    if op.kind == "allreduce":  # measured by a probe: as measured, else carried to this node count by its shape
+        measured = cluster.measured_allreduce_s(op.nbytes, n)
+        if measured is not None:
+            return measured
+        if cluster.allreduce_shape is not None:
+            node_s = collective_time("allreduce", op.nbytes, m, cluster.intra)
+            return cluster.allreduce_shape.seconds(op.nbytes, n, m, node_s)
     if op.kind == "allreduce" and cluster.world_allreduce == "ring":
         slowest = max(cluster.inter.beta, cluster.intra.beta)
         if cluster.shared_host and world_alpha is not None:  # waits for a turn on a core, against the bytes

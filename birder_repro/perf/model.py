@@ -10,9 +10,11 @@
            overlap a scheme, its buckets add their whole time (simulate_sequential), where it overlaps a
            fraction, the step is that mixture of the two (blend), and where it exchanges
            the whole flattened vector in the optimizer's step, the "buckets" are that one vector.
-    compute = forward + backward (the profile's, linear in the batch) + optimizer + the scheme's overhead.
+    compute = forward + backward (the profile's: affine in the batch where it holds two batch sizes, else linear)
+              + optimizer (with its own collectives, Profile.optimizer_collectives) + the scheme's overhead.
 
-Runs with two stages (1-bit Adam / 1-bit LAMB: warmup in fp32 then compression; PowerSGD: fp32 before its
+Runs with two stages (1-bit Adam / 1-bit LAMB: warmup uncompressed, in fp16 where the profile's precision is
+fp16, then compression; PowerSGD: fp32 before its
 start iteration) report the whole run as the paper does (Birder paper, appendix E): the mean step time is
 the stages' step times weighted by their share of the steps.
 """
@@ -48,6 +50,7 @@ __all__ = [
     "StepPrediction",
     "LOOP_COLLECTIVES",
     "loop_collectives_s",
+    "optimizer_collectives_s",
     "waits_overlap_wire",
     "predict_step",
     "predict_run",
@@ -95,6 +98,17 @@ class StepPrediction:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "throughput_samples_per_s": self.throughput}
+
+
+def optimizer_collectives_s(profile: Profile, cluster: ClusterSpec, nodes: int, gpus_per_node: int) -> float:
+    """The optimizer step's own collectives (Profile.optimizer_collectives: LAMB's global norm, a loss scaler's
+    overflow flag), each an all-reduce or exchange over every process, priced on the cluster; none on one
+    process. A small one is its latency: on a measured cluster its steps grow with the node count as the
+    all-reduce's shape says (perf.shape)."""
+    if nodes * gpus_per_node <= 1:
+        return 0.0
+    ops = [Collective(str(kind), "world", float(nbytes)) for kind, nbytes in profile.optimizer_collectives]
+    return sum(op_time(op, nodes, gpus_per_node, cluster) for op in ops)
 
 
 def waits_overlap_wire(ops: Sequence[Collective], nodes: int, cluster: ClusterSpec) -> bool:
@@ -173,7 +187,9 @@ def predict_step(
     # on the 1-node profile it is mostly waiting (the intra-node collectives, the hand-offs to the hook's
     # thread), counted once: scaled by the contention, Birder's 2 x 2 step at 200 Mbit/s came out 2x the
     # measured one (docs/performance-model.md, "The 1-node leftover").
-    optimizer = slow * profile.optimizer_s + leftover - moved
+    optimizer = (
+        slow * profile.optimizer_s + leftover - moved + optimizer_collectives_s(profile, cluster, nodes, gpus_per_node)
+    )
     tl: StepTimeline = simulate_sequential(work, fb, optimizer)
     if impl.overlap > 0:
         shared = no_spare_core(cluster, nodes * gpus_per_node, profile.threads, profile.host_cores)
@@ -222,7 +238,8 @@ def predict_run(
         profile, cluster, nodes, gpus_per_node, scheme, batch_size, rank, implementation, local_steps=local_steps
     )
     stages = {scheme: main}
-    warmup = "fsdp_hsdp" if scheme.startswith("fsdp_") else "fp32"  # the uncompressed exchange of the warmup
+    # the uncompressed exchange of the warmup: a 16-bit all-reduce where the run trains in fp16 (the 1-bit papers')
+    warmup = "fsdp_hsdp" if scheme.startswith("fsdp_") else ("fp16" if profile.precision == "fp16" else "fp32")
     if warmup_fraction > 0 and scheme != warmup:
         stages = {
             "warmup": predict_step(

@@ -5,10 +5,16 @@ train.batch_size, predict.profile) and returns a record with the keys of a measu
 records and tables") and ``status: "predicted"``, plus its inputs: the profile and the cluster spec.
 
 ``predict.profile``: ``paper`` (the paper's 8 x A100 nodes, birder_repro.perf.paper_profiles, chosen by task
-and batch per GPU), a run directory or record.json holding a ``profile``, or a profile JSON file.
+and batch per GPU), a run directory or record.json holding a ``profile``, or a profile JSON file; or a list of
+them, 1-node runs of one model at several batch sizes (``predict.profile=[run_b8,run_b32]``): the compute is then
+affine in the batch (perf.profile.combine_batches), not linear through 0.
 
 ``predict.cluster_spec``: a cluster spec YAML (``birder-repro mode=probe`` writes one, birder_repro.perf.probe),
 whose link figures the model uses instead of the cluster config's ``perf`` block; null: the cluster config's.
+
+Every multi-node prediction names its route (perf.cluster.ClusterSpec.route): ``probed`` where the spec holds the
+all-reduce measured at that node count or its shape, ``uncalibrated`` where it does not (a cluster config's line
+rate times its shipped efficiency), with the error band ``make validate-published`` found for that route.
 
 ``predict.implementation`` (default ``this``): how the schemes run (birder_repro.perf.implementations):
 ``this`` project's hooks, every scheme overlapped with the backward pass; ``paper``: as the Birder paper's
@@ -20,10 +26,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .cluster import ClusterSpec
+from .cluster import ROUTE_ERROR_BANDS, ClusterSpec
 from .model import predict_run
 from .paper_profiles import paper_profile
-from .profile import LEFTOVER_WARN, load_profile
+from .profile import LEFTOVER_WARN, combine_batches, load_profile
 from .schemes import scheme_for_optim
 
 __all__ = ["predict_record", "write_predicted_record", "format_prediction"]
@@ -84,6 +90,8 @@ def predict_record(cfg: Any) -> dict[str, Any]:
     profile = (
         paper_profile(task=task, batch_size=batch, node=cluster, implementation=implementation)
         if source == "paper"
+        else combine_batches([load_profile(s) for s in source])  # several: one model at several batch sizes
+        if isinstance(source, (list, tuple))
         else load_profile(source)
     )
     if profile.task != task:
@@ -143,6 +151,9 @@ def predict_record(cfg: Any) -> dict[str, Any]:
             "weights": run["weights"],
             "fitted_on": fitted_on,
             "cluster_spec_file": spec_file,
+            # how the all-reduce across nodes was priced (ClusterSpec.route) and that route's validated error
+            "route": cluster.route(nodes),
+            "error_band": ROUTE_ERROR_BANDS.get(cluster.route(nodes)),
         },
         "profile": profile.to_dict(),
         "cluster_spec": cluster.to_dict(),
@@ -177,6 +188,18 @@ def format_prediction(rec: Mapping[str, Any]) -> str:
         f"{rec['inter_node_bytes_per_step'] / 1e6:.3f} MB per process, {rec['collectives_per_step']:.0f} "
         "collectives",
     ]
+    route, band = pred.get("route"), pred.get("error_band")
+    if route in ("probed", "uncalibrated") and band:
+        how = (
+            "the all-reduce as a probe measured it"
+            if route == "probed"
+            else "no probe at this node count: the line rate x the shipped efficiency; run mode=probe (3 nodes or "
+            "more find the all-reduce's shape) and pass predict.cluster_spec"
+        )
+        lines.append(
+            f"route:      {route} ({how}); make validate-published found this route's step time within "
+            f"{100 * band['step_median']:.0f} % (median), {100 * band['step_worst']:.0f} % (worst) on real clusters"
+        )
     share = (rec["profile"].get("unexplained_share") or {}).get(pred["scheme"])
     if share is not None and share > LEFTOVER_WARN:
         lines.append(

@@ -52,6 +52,18 @@ calls at twice the usual rate; birder_repro.perf.measure._fit_two_regimes). The 
                           perf.cluster.reduce_time. Measure it on a fast link: on a slow one the bytes' time
                           varies more than the sums cost.
 
+The all-reduce's growth with the node count (``scaling``): the world all-reduce over the processes of the
+first k nodes, for k = 2, 4, 8, ... and the probe's own node count (:func:`scaling_counts`), each group timed on
+its own. :func:`scaling_spec` writes what it measured into the spec as measured (perf.cluster.ClusterSpec):
+
+    allreduce_table       per node count, [bytes, median seconds] per size: the model takes a world all-reduce at
+                          a measured node count and size from it (interpolated between sizes);
+    allreduce_shape       with two node counts or more (a probe of 3 nodes or more), the shape the times' growth
+                          fits best (perf.shape.detect_shape: flat ring, two-level, tree; the node's own phase
+                          from the intra group's all-reduce fit), which carries them to other node counts. With
+                          one node count there is no shape, and the spec says so (``shape_note``): a prediction
+                          at other node counts is then uncalibrated.
+
 Keys the probe cannot measure (``shared_host``: whether the nodes share one machine's cores) come from the
 cluster config. Rank 0 writes the spec, and the worker the record (``status: completed``, the table and the fits
 under ``probe``, which tells a probe's record from a training run's).
@@ -60,12 +72,13 @@ under ``probe``, which tells a probe's record from a training run's).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from .cluster import MBIT
-from .measure import COLLECTIVES, fit_level, measure, measure_reduce_cost, table_rows
+from .measure import COLLECTIVES, bus_factor, fit_level, latency_steps, measure, measure_reduce_cost, table_rows
+from .shape import Measured, rank_shapes
 
 __all__ = [
     "SPEC_FILE",
@@ -76,6 +89,8 @@ __all__ = [
     "probe_worker",
     "format_probe",
     "load_cluster_spec",
+    "scaling_counts",
+    "scaling_spec",
 ]
 
 SPEC_FILE = "cluster_spec.yaml"
@@ -168,6 +183,52 @@ def spec_from_fits(
     return {**{k: v for k, v in cluster.items() if k != "perf"}, "perf": perf}
 
 
+def scaling_counts(nodes: int) -> list[int]:
+    """The node counts the all-reduce's growth is timed at: 2, 4, 8, ... below ``nodes``, and ``nodes``."""
+    counts, k = [], 2
+    while k < nodes:
+        counts.append(k)
+        k *= 2
+    return [*counts, nodes] if nodes >= 2 else []
+
+
+def scaling_spec(
+    scaling: Mapping[int, Mapping[int, Sequence[float]]],
+    gpus_per_node: int,
+    intra_allreduce: Mapping[str, float] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The spec's measured all-reduce from the world all-reduce's calls at each node count (``{k: {bytes:
+    [seconds, ...]}}``): ``allreduce_table`` (the median call per size), and with two node counts or more
+    ``allreduce_shape`` (perf.shape.detect_shape, the node's phase from ``intra_allreduce``, the intra group's
+    fit: alpha_s, bandwidth_Bps as bus bandwidth). Returns (the perf keys, the shape's fits for the record:
+    the one found and the runner-up, or None with one node count)."""
+    m = gpus_per_node
+    table = {
+        int(k): [[float(b), float(statistics.median(ts))] for b, ts in sorted(v.items())] for k, v in scaling.items()
+    }
+    perf: dict[str, Any] = {"allreduce_table": table} if table else {}
+    if len(table) < 2:
+        perf["shape_note"] = (
+            "the all-reduce measured at one node count: no shape, a prediction at other node counts is "
+            "uncalibrated (probe 3 nodes or more)"
+        )
+        return perf, None
+    points = [Measured(k, b, t) for k, rows in table.items() for b, t in rows]
+
+    def node_time(nbytes: float) -> float:
+        if m == 1 or not intra_allreduce:
+            return 0.0
+        return latency_steps("allreduce", m) * float(intra_allreduce["alpha_s"]) + bus_factor(
+            "allreduce", m
+        ) * nbytes / float(intra_allreduce["bandwidth_Bps"])
+
+    ranked = rank_shapes(points, m, node_time)
+    perf["allreduce_shape"] = {
+        k: v for k, v in ranked[0].to_dict().items() if k in ("shape", "alpha_us", "bytes_per_s")
+    }
+    return perf, {"found": ranked[0].to_dict(), "runner_up": ranked[1].to_dict()}
+
+
 def _groups(nodes: int, m: int):
     """(the inter-node group of local rank 0, this node's group or None, this process's own inter-node group);
     collective over the world."""
@@ -218,6 +279,13 @@ def probe_worker(cfg: Any, rank: int, device: Any, run_dir: Path) -> dict[str, A
     # every process at once, as a training step's 16-bit all-reduces run
     reduce = measure_reduce_cost(int(p.reduce_elements), None, **timing) if p.reduce_elements else None
     dist.barrier()
+    # the world all-reduce over the first k nodes' processes, k = 2, 4, ..., n: how it grows with the node count
+    scaling = {}
+    for k in scaling_counts(n):
+        group = dist.new_group(list(range(k * m)))  # every rank creates every group
+        if rank < k * m:
+            scaling[k] = measure(("allreduce",), sizes, group, **timing)["allreduce"]
+        dist.barrier()
     if rank != 0:
         return {}
     fits = {
@@ -228,6 +296,8 @@ def probe_worker(cfg: Any, rank: int, device: Any, run_dir: Path) -> dict[str, A
     }
     cluster = OmegaConf.to_container(cfg.cluster, resolve=True)
     spec = spec_from_fits(cluster, fits["inter"], fits["intra"], fits["world"], reduce, fits["inter_all"])
+    measured, shape = scaling_spec(scaling, m, (fits["intra"] or {}).get("allreduce"))
+    spec["perf"].update(measured)
     spec["probe"] = {
         "measured": record.now(),
         "command": record.read_command(run_dir),
@@ -257,6 +327,8 @@ def probe_worker(cfg: Any, rank: int, device: Any, run_dir: Path) -> dict[str, A
             "cluster_spec_file": str(spec_path.resolve()),
             "cluster_spec": spec["perf"],
             "sizes": sizes,
+            "scaling": {str(k): table_rows({"allreduce": v}, k * m) for k, v in scaling.items()},
+            "shape": shape,
         }
     }
 
@@ -301,7 +373,20 @@ def format_probe(rec: Mapping[str, Any]) -> str:
             f"the same bytes {1e6 * r['fp32_same_bytes_s']:.0f} us: {r['extra_ns_per_element']:.2f} ns an "
             "element added beyond its bytes"
         )
-    perf = probe["cluster_spec"]
+    for k, rows in (probe.get("scaling") or {}).items():
+        lines.append(
+            f"world all-reduce over the first {k} nodes: "
+            + ", ".join(f"{r['bytes']} B {1e6 * r['seconds']:.0f} us" for r in rows)
+        )
+    shape = probe.get("shape")
+    if shape:
+        found, runner = shape["found"], shape["runner_up"]
+        lines.append(
+            f"all-reduce shape: {found['shape']} (alpha {found['alpha_us']:.0f} us a step, "
+            f"{8 * found['bytes_per_s'] / 1e6:.1f} Mbit/s through a node's link); runner-up {runner['shape']}, "
+            f"residual {runner['residual']:.3g} against {found['residual']:.3g}"
+        )
+    perf = {k: v for k, v in probe["cluster_spec"].items() if k not in ("allreduce_table", "allreduce_shape")}
     lines += [
         "",
         "cluster spec (perf): "

@@ -40,6 +40,18 @@ birder_repro.perf.paper_profiles) and is JSON-serialisable, so that a run can wr
                                  step the model does not explain (above LEFTOVER_WARN, predictions say so)
     link_mbit_measured           a multi-node emulated run: the busiest node's link bytes per step over the
                                  step's communication time, Mbit/s (the rate the link reached; null elsewhere)
+    forward_backward_at          forward + backward measured at other per-process batches: [batch, seconds]
+                                 pairs; with the profile's own batch, two sizes or more make the compute affine
+                                 in the batch (least squares: a fixed part plus a part per sample), where one
+                                 size leaves it linear through 0 (a GPU at a small batch costs far more a sample:
+                                 the 1-bit Adam paper's Table 1 has BERT-Large at 1 and 16 a GPU within 3 %)
+    precision                    the run's training precision, fp32 or fp16: a two-stage run's warmup exchange
+                                 is a 16-bit all-reduce where the run is fp16 (the 1-bit papers' runs are)
+    bucket_layout                ``ddp``: DDP's buckets (bucket_cap_mb); ``one_buffer``: the whole gradient
+                                 in one flattened buffer, one collective a step (DeepSpeed)
+    optimizer_collectives        the optimizer step's own collectives every step, as [kind, nbytes] pairs over
+                                 every process (LAMB's global norm, a loss scaler's overflow flag), priced on the
+                                 cluster and added to optimizer_s
     notes                        where the numbers come from
 """
 
@@ -51,13 +63,25 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LEFTOVER_WARN", "Profile", "bucket_matrices", "ddp_bucket_elements", "load_profile"]
+__all__ = [
+    "BUCKET_LAYOUTS",
+    "LEFTOVER_WARN",
+    "PRECISIONS",
+    "Profile",
+    "affine_compute",
+    "bucket_matrices",
+    "combine_batches",
+    "ddp_bucket_elements",
+    "load_profile",
+]
 
 MB = 1024 * 1024
 # A 1-node step the model leaves more of than this unexplained (scheme_overhead_s) is named in every prediction
 # from it: the leftover is charged as a fixed time a step, which holds for waiting, not for work that grows
 # with the layout.
 LEFTOVER_WARN = 0.05
+PRECISIONS = ("fp32", "fp16")  # a profile's training precision (its two-stage runs' warmup exchange)
+BUCKET_LAYOUTS = ("ddp", "one_buffer")  # DDP's buckets, or one flattened buffer (DeepSpeed)
 
 
 @dataclass
@@ -86,6 +110,10 @@ class Profile:
     processes: int | None = None
     node_cores: int | None = None
     link_mbit_measured: float | None = None
+    forward_backward_at: list[list[float]] = field(default_factory=list)
+    precision: str = "fp32"
+    bucket_layout: str = "ddp"
+    optimizer_collectives: list[list[Any]] = field(default_factory=list)
     notes: str = ""
 
     def __post_init__(self) -> None:
@@ -96,6 +124,15 @@ class Profile:
             )
         if not 0 < self.backward_fraction <= 1:
             raise ValueError(f"profile {self.name!r}: backward_fraction must be in (0, 1]")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"profile {self.name!r}: precision {self.precision!r} is not one of {PRECISIONS}")
+        if self.bucket_layout not in BUCKET_LAYOUTS:
+            raise ValueError(
+                f"profile {self.name!r}: bucket_layout {self.bucket_layout!r} is not one of {BUCKET_LAYOUTS}"
+            )
+        for point in self.forward_backward_at:
+            if len(point) != 2 or not (point[0] > 0 and point[1] > 0):
+                raise ValueError(f"profile {self.name!r}: forward_backward_at takes [batch, seconds] > 0, got {point}")
         if self.bucket_elements and sum(self.bucket_elements) != self.parameter_count:
             raise ValueError(
                 f"profile {self.name!r}: bucket_elements sum to {sum(self.bucket_elements)}, "
@@ -103,14 +140,21 @@ class Profile:
             )
 
     def buckets(self) -> list[int]:
+        if self.bucket_layout == "one_buffer":
+            return [self.parameter_count]
         return list(self.bucket_elements) or ddp_bucket_elements(
             self.parameter_count, self.bucket_cap_mb, self.first_bucket_mb
         )
 
     def compute_s(self, batch_size: int | None = None) -> float:
-        """forward + backward at ``batch_size``: ASSUMPTION, linear in the batch (a GPU at a small batch
-        is less efficient; profile the batch you predict for where you can)."""
+        """forward + backward at ``batch_size``: affine in the batch where two batch sizes or more were measured
+        (:func:`affine_compute`, with ``forward_backward_at``); else ASSUMPTION, linear in the batch (a GPU at a
+        small batch is less efficient; profile two batch sizes, or the batch you predict for)."""
         batch = self.batch_size if batch_size is None else batch_size
+        points = [(float(self.batch_size), self.forward_backward_s)]
+        points += [(float(b), float(t)) for b, t in self.forward_backward_at if float(b) != self.batch_size]
+        if len(points) > 1:
+            return affine_compute(points, batch)
         return self.forward_backward_s * batch / self.batch_size
 
     def to_dict(self) -> dict[str, Any]:
@@ -123,6 +167,40 @@ class Profile:
         if unknown:
             raise ValueError(f"unknown profile keys {sorted(unknown)}; known: {sorted(known)}")
         return cls(**dict(data))
+
+
+def affine_compute(points: Sequence[tuple[float, float]], batch: float) -> float:
+    """forward + backward at ``batch`` from (batch, seconds) points at two batch sizes or more: t = a + b batch by
+    least squares, a and b at least 0 (a fixed cost a step, a cost a sample; Williams, Waterman and Patterson's
+    roofline reading of a kernel at low arithmetic intensity: a small batch cannot fill the device)."""
+    n = len(points)
+    mx = sum(b for b, _ in points) / n
+    my = sum(t for _, t in points) / n
+    sxx = sum((b - mx) ** 2 for b, _ in points)
+    if sxx == 0:
+        raise ValueError(f"an affine compute needs two different batch sizes, got {list(points)}")
+    slope = max(sum((b - mx) * (t - my) for b, t in points) / sxx, 0.0)
+    fixed = my - slope * mx
+    if fixed < 0:  # no negative fixed cost: through 0 by least squares
+        fixed, slope = 0.0, sum(b * t for b, t in points) / sum(b * b for b, _ in points)
+    return fixed + slope * float(batch)
+
+
+def combine_batches(profiles: Sequence[Profile]) -> Profile:
+    """One profile from 1-node profiles of the same run at several batch sizes: the first one's, with the others'
+    forward + backward as ``forward_backward_at`` (so the compute is affine in the batch; Profile.compute_s)."""
+    if not profiles:
+        raise ValueError("combine_batches needs one profile or more")
+    first, others = profiles[0], list(profiles[1:])
+    for p in others:
+        if p.task != first.task or p.parameter_count != first.parameter_count:
+            raise ValueError(
+                f"profiles {first.name!r} and {p.name!r} are of different models ({first.task}, "
+                f"{first.parameter_count} against {p.task}, {p.parameter_count}): profile one model at two batches"
+            )
+    points = [list(pt) for pt in first.forward_backward_at]
+    points += [[p.batch_size, p.forward_backward_s] for p in others if p.batch_size != first.batch_size]
+    return Profile.from_dict({**first.to_dict(), "forward_backward_at": points})
 
 
 def bucket_matrices(matrices: Sequence[Sequence[int]], sizes: Sequence[int]) -> list[list | None]:

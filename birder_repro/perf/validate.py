@@ -240,11 +240,13 @@ def fit_link(
     implementation: ImplementationLike = "paper",
     nodes: Sequence[int] | None = None,
     paper_dir: Path = PAPER_DIR,
+    base: dict | None = None,
 ) -> dict[str, float]:
     """The inter-node efficiency and per-step latency of ``cluster`` that best fit (:func:`_fit_loss`: least
     absolute deviations in log throughput) the multi-node rows of Tables 3 and 4 on that interconnect (of
     ``task`` only, and of ``nodes`` only, if given), baselines included; not the target's metric. Coordinate
-    descent over EFFICIENCY_GRID x LATENCY_GRID_US from (0.5, 100 us), three sweeps: deterministic."""
+    descent over EFFICIENCY_GRID x LATENCY_GRID_US from (0.5, 100 us), three sweeps: deterministic. ``base``:
+    other cluster spec fields held fixed while the two are fitted (perf.published: the measured all-reduce)."""
     current = {"inter_efficiency": 0.5, "inter_latency_us": 100.0}
     grids = {"inter_efficiency": EFFICIENCY_GRID, "inter_latency_us": LATENCY_GRID_US}
     best_loss = float("inf")
@@ -252,7 +254,8 @@ def fit_link(
         for key, grid in grids.items():
             for value in grid:
                 trial = {**current, key: value}
-                frame = validate((3, 4), {cluster: trial}, paper_dir, implementation, clusters=(cluster,))
+                spec = {**(base or {}), **trial}
+                frame = validate((3, 4), {cluster: spec}, paper_dir, implementation, clusters=(cluster,))
                 loss = _fit_loss(frame, cluster, task, nodes)
                 if loss < best_loss - 1e-12:
                     best_loss, best = loss, trial

@@ -1,0 +1,171 @@
+"""make validate-published (birder_repro.perf.published): the transcribed rows, the protocol's split, the last line.
+
+The whole report (about a minute: it fits the Birder paper's exchange links) runs in the slow test only."""
+
+import math
+import re
+import shutil
+
+import pandas as pd
+import pytest
+
+from birder_repro.perf import published as P
+from birder_repro.perf.validate import PAPER_DIR
+
+
+def test_transcribed_rows_count_and_agree_with_their_own_columns():
+    rows = P.load_v100_rows()
+    counts = rows.groupby("group").size().to_dict()
+    assert counts == {
+        "onebit_adam/ethernet": 7,
+        "onebit_adam/infiniband": 6,
+        "onebit_lamb/ethernet": 10,
+        "onebit_lamb/infiniband": 8,
+    }
+    multi = rows[rows["nodes"] > 1].groupby("group").size().to_dict()
+    assert multi == {
+        "onebit_adam/ethernet": 6,
+        "onebit_adam/infiniband": 5,
+        "onebit_lamb/ethernet": 9,
+        "onebit_lamb/infiniband": 7,
+    }
+    # the printed all-reduce share agrees with the printed times (to its rounding), the layout and batch add up
+    share = 100 * rows["allreduce_ms"] / rows["measured_step_ms"]
+    assert (share - rows["allreduce_pct"]).abs().max() <= 0.5
+    assert (rows["gpus"] == rows["nodes"] * rows["gpus_per_node"]).all()
+    assert (rows["batch"] == rows["gpus"] * rows["batch_per_gpu"] * rows["accumulation"]).all()
+    # every row cites its paper, table and row, once
+    assert not rows.duplicated(["paper", "table", "row"]).any()
+    claims = P.load_claims()
+    assert len(claims) == 12 and set(claims["paper"]) == {"onebit_adam", "onebit_lamb", "apmsqueeze"}
+    assert claims["where"].notna().all() and claims["text"].notna().all()
+
+
+def test_the_protocol_splits_each_cluster_into_profile_probe_and_predicted():
+    rows = P.split(P.load_v100_rows())
+    for group, g in rows.groupby("group"):
+        multi = sorted(set(g.loc[g["nodes"] > 1, "nodes"]))
+        assert set(g.loc[g["role"] == "profile", "nodes"]) == {1}
+        assert set(g.loc[g["role"] == "probe", "nodes"]) == set(multi[:2]), group
+        assert set(g.loc[g["role"] == "predicted", "nodes"]) == set(multi[2:]), group
+    lamb = rows[rows["group"] == "onebit_lamb/ethernet"]
+    assert sorted(set(lamb.loc[lamb["role"] == "predicted", "nodes"])) == [8, 16, 32, 64]
+    birder = P.split(P.load_birder_rows())
+    assert set(birder.loc[birder["role"] == "probe", "nodes"]) == {2, 4}
+    assert set(birder.loc[birder["role"] == "predicted", "nodes"]) == {8}
+
+
+def _copy_tables(tmp_path):
+    for f in PAPER_DIR.glob("*.csv"):
+        shutil.copy(f, tmp_path / f.name)
+    return tmp_path
+
+
+def _scale(path, where, columns, factor):
+    frame = pd.read_csv(path)
+    frame[columns] = frame[columns].astype(float)
+    frame.loc[where(frame), columns] = frame.loc[where(frame), columns] * factor
+    frame.to_csv(path, index=False)
+
+
+def _v100_fits(paper_dir):
+    rows = P.split(P.load_v100_rows(paper_dir))
+    out = {}
+    for group, g in rows.groupby("group"):
+        spec, fit, _ = P.v100_probe(g[g["role"] == "profile"].iloc[0], g[g["role"] == "probe"])
+        out[group] = (spec, fit)
+    return out
+
+
+def test_no_predicted_row_reaches_the_v100_fits(tmp_path):
+    before = _v100_fits(PAPER_DIR)
+    paper_dir = _copy_tables(tmp_path)
+    for name in P.V100_FILES.values():  # every row the protocol predicts, 10x slower
+        _scale(paper_dir / name, lambda f: f["nodes"] > 4, ["allreduce_ms", "step_ms"], 10.0)
+    assert _v100_fits(paper_dir) == before
+    for name in P.V100_FILES.values():  # the probe's rows do reach them (the check can fail)
+        _scale(paper_dir / name, lambda f: f["nodes"] == 4, ["allreduce_ms"], 2.0)
+    assert _v100_fits(paper_dir) != before
+
+
+def test_no_predicted_row_reaches_the_birder_probe(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_fit_link(cluster, nodes=None, paper_dir=None, base=None, **_):
+        calls.append((cluster, list(nodes)))
+        return {"inter_efficiency": 0.5, "inter_latency_us": 100.0}
+
+    monkeypatch.setattr(P, "fit_link", fake_fit_link)
+    P._birder_probed.cache_clear()
+    before = {c: P._birder_probed(c, PAPER_DIR)[1] for c in P.BIRDER_GROUPS}
+    paper_dir = _copy_tables(tmp_path)
+    for t in (1, 3, 4):
+        _scale(paper_dir / f"table{t}.csv", lambda f: f["nodes"] == 8, ["throughput"], 0.1)
+    after = {c: P._birder_probed(c, paper_dir)[1] for c in P.BIRDER_GROUPS}
+    P._birder_probed.cache_clear()
+    assert after == before
+    assert {tuple(nodes) for _, nodes in calls} == {(2, 4)}  # the exchange's link: fitted on the probe's rows only
+
+
+def test_the_last_line_is_exactly_the_agreed_format():
+    line = P.format_last_line(P.Summary(0.262, 0.546, 0.385))
+    assert line == "published: worst cluster median 26.2 %, worst row 54.6 %, worst claim 38.5 %"
+    assert re.fullmatch(r"published: worst cluster median \d+\.\d %, worst row \d+\.\d %, worst claim \d+\.\d %", line)
+
+
+def test_the_summary_counts_only_the_probed_routes_predicted_rows_and_predicted_claims():
+    rows = pd.DataFrame(
+        [
+            {"group": "a", "route": "probed", "role": "predicted", "allreduce_error": 0.1, "step_error": -0.2},
+            {"group": "a", "route": "probed", "role": "predicted", "allreduce_error": 0.3, "step_error": 0.0},
+            {"group": "a", "route": "probed", "role": "probe", "allreduce_error": 9.0, "step_error": 9.0},
+            {"group": "a", "route": "uncalibrated", "role": "predicted", "allreduce_error": 9.0, "step_error": 9.0},
+            {"group": "b", "route": "probed", "role": "predicted", "allreduce_error": math.nan, "step_error": 0.05},
+        ]
+    )
+    claims = pd.DataFrame([{"status": "predicted", "error": -0.3}, {"status": "not predicted", "error": math.nan}])
+    s = P.summarize(rows, claims)
+    assert s.worst_cluster_median == pytest.approx(0.2)  # group a's all-reduce: median of 0.1 and 0.3
+    assert s.worst_row == pytest.approx(0.3)
+    assert s.worst_claim == pytest.approx(0.3)
+
+
+def test_the_claims_formula_of_both_papers_round_trips():
+    # 1-bit Adam: 5.48x in the compression stage with 23K of 152K steps warmup is its "3.3x" end to end
+    assert P._end_to_end(5.48, 0.151) == pytest.approx(3.27, abs=0.01)
+    claim = pd.Series({"kind": "end_to_end", "value": 2.8, "warmup_ratio": 0.167})
+    assert P._end_to_end(P._stage_speedup(claim), 0.167) == pytest.approx(2.8)
+    assert P._stage_speedup(pd.Series({"kind": "end_to_end", "value": 7.0, "warmup_ratio": 0.15})) == math.inf
+
+
+def test_the_v100_shapes_found_from_the_probe_rows():
+    fits = _v100_fits(PAPER_DIR)
+    shapes = {group: fit.shape for group, (_, fit) in fits.items()}
+    for spec, _ in fits.values():  # a real cluster: no emulator term, the all-reduce priced as probed
+        assert not spec.shared_host and spec.route(64) == "probed" and spec.route(2) == "probed"
+    # the 1-bit Adam paper's Ethernet all-reduce grows as one ring over every GPU, the others as two-level ones
+    assert shapes == {
+        "onebit_adam/ethernet": "flat_ring",
+        "onebit_adam/infiniband": "two_level",
+        "onebit_lamb/ethernet": "two_level",
+        "onebit_lamb/infiniband": "two_level",
+    }
+
+
+@pytest.mark.slow
+def test_the_report_ends_with_its_line():
+    text, summary = P.published_report()
+    assert text.splitlines()[-1] == P.format_last_line(summary)
+    assert "uncalibrated" in text and "in-sample" in text
+
+
+@pytest.mark.slow
+def test_the_route_bands_mode_predict_prints_are_what_the_report_finds():
+    from birder_repro.perf.cluster import ROUTE_ERROR_BANDS
+
+    v100, _ = P.v100_frame()
+    birder, _ = P.birder_frame()
+    bands = P.route_bands(pd.concat([v100, birder], ignore_index=True))
+    for route, band in ROUTE_ERROR_BANDS.items():
+        for key, value in band.items():
+            assert round(bands[route][key], 2) == pytest.approx(value), (route, key)
