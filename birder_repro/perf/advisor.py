@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from birder_repro.summary import fmt_number  # link rates and times: the summary's and the tables' format
+
 from .advise import LINK_GRID, ranking, ranking_bands, step_times, time_to_target, winner_changes
 from .cluster import ClusterSpec
 
@@ -50,11 +52,6 @@ ADVICE_FILE = "advice.json"
 # The methods advised on where the runs hold none of the task and advise.optims is null (docs/time-to-accuracy.md)
 FIELD = ("sgdm", "adamw", "sgdm_fp16", "sgdm_bf16_2level", "sgdm_powersgd", "diloco", "onebit_adam", "birder")
 PROFILE_STEPS = 60  # steps of the 1-node profile run the advice asks for (train.eval=false: no evaluation)
-
-
-def fmt_number(x: float, digits: int = 4) -> str:
-    """``digits`` significant figures, without an exponent for link rates and times of 100 and more."""
-    return f"{float(x):.0f}" if abs(float(x)) >= 100 else f"{float(x):.{digits}g}"
 
 
 def optim_label(name: str, variant: str = "") -> str:
