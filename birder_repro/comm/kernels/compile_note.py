@@ -19,7 +19,7 @@ __all__ = ["COMPILING_LINE", "cache_cold", "announce"]
 
 COMPILING_LINE = "compiling Birder's CPU kernels (once, cached): about a minute"
 _said = False  # once per process
-_checked: set[int] = set()  # the kernels already looked up in the cache (each compiles at its own first call)
+_checked: list[Any] = []  # the kernels already looked up in the cache (each compiles at its own first call)
 
 
 def cache_cold(dispatchers: Iterable[Any]) -> bool | None:
@@ -37,8 +37,8 @@ def announce(dispatchers: Iterable[Any], env: Mapping[str, str] = os.environ, ou
     process, on rank 0 only (``RANK``; a process started alone is rank 0), where the cache of one not looked up
     before is cold or cannot be read; at most once per process. Return whether it was said."""
     global _said
-    new = [d for d in dispatchers if id(d) not in _checked]
-    _checked.update(id(d) for d in new)
+    new = [d for d in dispatchers if not any(d is seen for seen in _checked)]
+    _checked.extend(new)
     if _said or not new or env.get("RANK", "0") not in ("", "0") or cache_cold(new) is False:
         return False
     _said = True
