@@ -348,9 +348,10 @@ def test_fp16_with_nonfinite_raise_is_refused_before_its_first_routine_overflow(
 
 # ---------------------------------------------------------------------------- what a new user tripped on
 def test_a_setting_without_its_section_or_in_another_one_is_told_where_it_lives():
-    known = ["nodes", "train", "train.steps", "train.resume", "optim", "optim.betas", "optim.lr"]
+    known = ["nodes", "train", "train.steps", "train.resume", "optim", "optim.betas", "optim.lr", "data.root"]
     assert layout.no_such_setting("resume", known) == "resume: no such setting; did you mean train.resume?"
     assert layout.no_such_setting("optim.steps", known) == "optim.steps: no such setting; did you mean train.steps?"
+    assert layout.no_such_setting("data.lr", known) == "data.lr: no such setting; did you mean optim.lr?"
     assert layout.no_such_setting("resum", known) == "resum: no such setting; did you mean train.resume?"
     assert layout.no_such_setting("nodez", known) == "nodez: no such setting; did you mean nodes?"
     assert layout.no_such_setting("zzz", known).endswith("check the spelling (birder-repro --cfg job lists the keys)")
