@@ -301,5 +301,7 @@ def test_a_run_refused_for_a_value_that_is_no_number_is_read_without_a_warning(t
     refused.update(error="config error: train.steps='ten': use a whole number >= 1", steps=None)
     refused["config"]["train"]["steps"] = "ten"
     _, left, _ = report(tmp_path, [run_record("sgdm", 4000.0), refused])
-    assert "skipping run record" not in capsys.readouterr().err
+    said = capsys.readouterr()
+    assert "skipping run record" not in said.err
+    assert "(make clean-failed lists the failed runs; make clean-failed ARGS=--yes removes them)" in said.out
     assert list(left["reason"]) == ["failed: config error: train.steps='ten': use a whole number >= 1"]
