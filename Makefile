@@ -8,10 +8,12 @@ ARGS    ?=
 # the tests waiting on processes they start); --dist loadfile gives each a whole test file, the longest first
 WORKERS ?= 3
 
-.PHONY: help install run lint test test-all tables bench gpu-check emulated-setup validate validate-emulated validate-fashion validate-published tune-fashion time-to-accuracy clean
+.PHONY: help install run lint test test-all tables bench gpu-check emulated-setup validate validate-emulated validate-fashion validate-published tune-fashion time-to-accuracy clean clean-failed
 
+# the descriptions start in one column, after the longest target's name
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{name[NR] = $$1; text[NR] = $$2; if (length($$1) > w) w = length($$1)} \
+		END {for (i = 1; i <= NR; i++) printf "  make %-" w "s  %s\n", name[i], text[i]}'
 
 # The install takes about 6.5 GB (torch's CUDA wheel and its libraries): say so before pip runs out of disk.
 $(STAMP): pyproject.toml constraints.txt
@@ -39,6 +41,9 @@ test-all: lint  ## lint, then every test, slow ones included
 
 tables: $(STAMP)  ## build tables/ from every run record under runs/
 	$(BIN)/python -m birder_repro.report $(ARGS)
+
+clean-failed: $(STAMP)  ## list the failed runs under runs/ that make tables leaves out; ARGS=--yes removes them
+	$(BIN)/python -m birder_repro.report.clean_failed $(ARGS)
 
 bench: $(STAMP)  ## compression / decompression time of the hooks against a copy of the same buffer
 	$(BIN)/python -m birder_repro.bench $(ARGS)

@@ -505,10 +505,13 @@ def main() -> None:
 
 @contextlib.contextmanager
 def _override_errors_in_one_line() -> Iterator[None]:
-    """``train.stepz=3`` (no ``+``): Hydra refuses the override while composing, in five lines of its own, before
-    the app can check anything. Its ``run_and_report`` (the one place Hydra turns an exception into that message,
-    looked up at call time) is wrapped so that this refusal is the project's one line with the closest key, exit
-    2 like every config error; any other exception takes Hydra's own way."""
+    """``train.stepz=3`` (no ``+``) or ``optim=adamz``: Hydra refuses the override while composing, in five to
+    twenty lines of its own, before the app can check anything. Hydra 1.3 has no public hook for how it reports a
+    composition error: its ``run_and_report`` (the one place Hydra turns an exception into that message, looked
+    up at call time) is wrapped so that these refusals, told apart by Hydra's public exception types
+    (:func:`override_error_line`), are the project's one line with the closest key or choice, exit 2 like every
+    config error; any other exception takes Hydra's own way. (Checking the choices before Hydra composes would
+    mean parsing its command line a second time: sweeps, ``--config-dir``, an experiment that picks groups.)"""
     from hydra._internal import utils as hydra_utils
 
     report = hydra_utils.run_and_report
@@ -534,11 +537,15 @@ def _override_errors_in_one_line() -> Iterator[None]:
 
 
 def override_error_line(exc: BaseException) -> str | None:
-    """The one line for Hydra's refusal of ``key=value`` where the config has no ``key`` (None for anything
-    else): the key, the closest one its section has, and the ``+key=`` form's verdict."""
-    from hydra.errors import ConfigCompositionException
+    """The one line for Hydra's refusal of a command-line override (None for anything else): ``key=value`` where
+    the config has no ``key`` (the key, the closest setting, the ``+key=`` form's verdict), or ``group=choice``
+    where the group has no such option (Hydra's :class:`~hydra.errors.MissingConfigException` names the file
+    it looked for and the group's options: :func:`birder_repro.config.no_such_choice`)."""
+    from hydra.errors import ConfigCompositionException, MissingConfigException
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
+    if isinstance(exc, MissingConfigException):
+        return _missing_choice_line(exc)
     cause = exc.__cause__
     if not isinstance(exc, ConfigCompositionException) or not isinstance(cause, ConfigAttributeError | ConfigKeyError):
         return None
@@ -547,7 +554,19 @@ def override_error_line(exc: BaseException) -> str | None:
         return None
     section, _, _ = full_key.rpartition(".")
     known = [f"{section}.{k}" if section else str(k) for k in (parent.keys() if isinstance(parent, DictConfig) else ())]
+    if not section and isinstance(parent, DictConfig):  # a top-level key: a setting of that name in a section too
+        known += [key for key in layout.dotted_keys(parent) if "." in key]
     return layout.no_such_setting(full_key, known)
+
+
+def _missing_choice_line(exc: BaseException) -> str | None:
+    """``optim=adamz``: Hydra found no conf/optim/adamz.yaml; its exception carries the group's options (None
+    where it has none to offer: a primary config missing, a file it could not load)."""
+    missing, options = getattr(exc, "missing_cfg_file", None), getattr(exc, "options", None)
+    if not missing or not options or "/" not in missing:
+        return None
+    group, _, choice = str(missing).rpartition("/")
+    return layout.no_such_choice(group, choice, [str(o) for o in options])
 
 
 def _runs_dir_problem(env=os.environ) -> str | None:

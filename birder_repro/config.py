@@ -38,7 +38,10 @@ __all__ = [
     "check_types",
     "check_known_keys",
     "check_misplaced_sections",
+    "check_link",
     "no_such_setting",
+    "no_such_choice",
+    "dotted_keys",
     "validate",
     "resolve",
     "install_section_checks",
@@ -264,10 +267,26 @@ def check_known_keys(cfg: Any, reference: Any) -> None:
 
 
 def no_such_setting(key: str, known: Iterable[str]) -> str:
-    """``train.stepz: no such setting; did you mean train.steps?``: the key and the closest of ``known``."""
-    close = difflib.get_close_matches(key, sorted(known), n=1)
+    """``train.stepz: no such setting; did you mean train.steps?``: the key and the closest of ``known``. A key
+    whose last part is a setting of that name elsewhere (``resume`` -> ``train.resume``) is told that one first."""
+    known = sorted(set(known))
+    leaf = key.rpartition(".")[2]
+    same_name = [k for k in known if k != key and k.rpartition(".")[2] == leaf]
+    close = same_name[:1] or difflib.get_close_matches(key, known, n=1)
+    if not close and "." not in key:  # a top-level key: the closest setting of a section by its last part
+        by_leaf = {k.rpartition(".")[2]: k for k in reversed(known)}
+        close = [by_leaf[m] for m in difflib.get_close_matches(key, sorted(by_leaf), n=1)]
     hint = f"did you mean {close[0]}?" if close else "check the spelling (birder-repro --cfg job lists the keys)"
     return f"{key}: no such setting; {hint}"
+
+
+def no_such_choice(group: str, choice: str, options: Iterable[str]) -> str:
+    """``optim=adamz: no such choice; did you mean optim=adamw? the choices: adamw, ...``: a config group's
+    option that has no file, the closest one where one is close, and every one."""
+    options = sorted(options)
+    close = difflib.get_close_matches(choice, options, n=1)
+    hint = f"did you mean {group}={close[0]}? " if close else ""
+    return f"{group}={choice}: no such choice; {hint}the choices: {', '.join(options)}"
 
 
 def check_misplaced_sections(cfg: Any, shipped: Any) -> None:
@@ -301,6 +320,11 @@ def _unknown_key(values: Mapping, reference: Mapping, prefix: str) -> str | None
             if unknown is not None:
                 return unknown
     return None
+
+
+def dotted_keys(cfg: Any) -> list[str]:
+    """Every key of a config (plain or DictConfig, Hydra's node left out) as a dotted path, sections included."""
+    return list(_dotted_keys(_plain(cfg)))
 
 
 def _dotted_keys(node: Mapping, prefix: str = "") -> Iterator[str]:
@@ -340,6 +364,7 @@ def validate(cfg: DictConfig, references: Sequence[Any] = ()) -> None:
         _check_positive_int(cfg, "train.steps")
     resolve_gpus_per_node(cfg.gpus_per_node, gpu_count=0)  # type check only; auto is always fine
     _check_fp16_nonfinite(cfg)
+    check_link(cfg)
     workers = OmegaConf.select(cfg, "data.num_workers", default=None)
     if (
         workers is not None
@@ -390,6 +415,16 @@ def _check_fp16_nonfinite(cfg: DictConfig) -> None:
             "optim.comm.nonfinite=raise with train.precision=fp16: fp16's loss scale overflows routinely and "
             "GradScaler skips those steps itself; raise would end the run at the first: use nonfinite=skip"
         )
+
+
+def check_link(cfg: Any) -> None:
+    """``cluster.link_mbit``, on every cluster: null (no link given: unshaped on an emulated cluster, the
+    cluster's ``perf`` figures in the performance model) or a rate > 0 in Mbit/s. Every cluster reads it: the
+    emulated one shapes its links to it, the record and the tables report it, the performance model predicts
+    with it."""
+    rate = OmegaConf.select(cfg, "cluster.link_mbit", default=None)
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0):
+        raise ConfigError(f"cluster.link_mbit={_show(rate)}: give a rate > 0 in Mbit/s, or null (no link given)")
 
 
 def _check_positive_int(cfg: DictConfig, key: str) -> None:

@@ -24,6 +24,7 @@ from birder_repro import record
 
 __all__ = [
     "SIGNALLED",
+    "SIGNAL_NAMES",
     "DIVERGED",
     "finish_run",
     "print_summary",
@@ -34,7 +35,8 @@ __all__ = [
     "own_resume_command",
 ]
 
-SIGNALLED = (129, 130, 143)  # 128 + SIGHUP, SIGINT, SIGTERM: the CLI passed a stop signal on (launch.process)
+SIGNAL_NAMES = {129: "SIGHUP", 130: "SIGINT", 143: "SIGTERM"}  # 128 + the signal: the CLI passed it on
+SIGNALLED = tuple(SIGNAL_NAMES)  # (launch.process)
 WAIT_FOR_NODES_S = 10.0
 DIVERGED = 3  # the exit code of a run stopped as diverged (train.diverge_after): not a crash, and no result either
 
@@ -63,9 +65,18 @@ def finish_run(
     if rec is None:
         print(f"[birder-repro] the workers finished; no {record.RECORD_FILE} in {run_dir}", flush=True)
         return code
+    if _emulated_node():  # the user's CLI, which relays this node's lines prefixed, tells the summary once
+        return code
     print_summary(rec)
     print(f"[birder-repro] record: {run_dir / record.RECORD_FILE}", flush=True)
     return code
+
+
+def _emulated_node() -> bool:
+    """Whether this CLI is one node's of ``cluster=emulated``, started by the user's CLI (launch.emulated)."""
+    from birder_repro.launch.emulated import node_index
+
+    return node_index() is not None
 
 
 def print_summary(rec: dict) -> None:
@@ -127,7 +138,7 @@ def interrupted(cfg: DictConfig, run_dir: Path, code: int, started: str, rec: di
 
     if rec is None or rec.get("status") != "interrupted":  # the workers did not get to write it in time
         found = complete_checkpoints(Path(run_dir) / CHECKPOINTS)
-        signal = {129: "SIGHUP", 143: "SIGTERM"}.get(code, "SIGINT")
+        signal = SIGNAL_NAMES.get(code, "SIGINT")  # a stop without a signal's code: the CLI's own Ctrl-C
         rec = record.interrupted_record(
             cfg,
             run_dir,

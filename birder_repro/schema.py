@@ -120,7 +120,8 @@ KEYS: tuple[Key, ...] = (
     Key(
         "config_digest",
         "16 hex digits of the resolved config less the settings that cannot change a result "
-        "(birder_repro.rundir.NO_RESULT: logger, launcher, dry_run, checkpointing and resume settings): runs of "
+        "(birder_repro.digest.NO_RESULT, each with why: logger, launcher, dry_run, checkpointing, resume and stop "
+        "settings, the target's ladder; a table's rows leave the same out): runs of "
         "one digest are the same experiment, seed included; train.resume=auto continues only such a run",
     ),
     Key("task", "the task's name (conf/task)"),

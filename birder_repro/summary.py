@@ -13,13 +13,27 @@ from birder_repro import schema
 from birder_repro.schema import get
 
 
+def fmt_number(x: Any, digits: int = 4, missing: str = "—") -> str:
+    """A number in ``digits`` significant figures, never with an exponent for a large one: whole numbers from
+    10^(digits-1) up (1010 MiB, not 1.01e+03; 3261 samples/s; 1054 Mbit/s). ``missing`` for None, NaN and
+    anything that is no number. The one format of the summary, the tables (report.display) and the advice
+    (perf.advisor)."""
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return missing
+    if math.isnan(x):
+        return missing
+    return f"{x:.0f}" if abs(x) >= 10 ** (digits - 1) else f"{x:.{digits}g}"
+
+
 def human_bytes(n: float | None) -> str:
-    """Bytes in binary units (KiB = 1024 B), three significant figures."""
+    """Bytes in binary units (KiB = 1024 B), three significant figures (1010 MiB below 1 GiB)."""
     if n is None or not math.isfinite(n):
         return "n/a"
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
+            return f"{n:.0f} {unit}" if unit == "B" else f"{fmt_number(n, 3)} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
 

@@ -20,6 +20,7 @@ from birder_repro.train import checkpoint as ckpt
 from birder_repro.train.checkpoint import CheckpointError, RunIdentity, load_checkpoint, save_checkpoint, step_dir
 
 REPO = Path(__file__).resolve().parent.parent
+OPTIMS = ", ".join(sorted(p.stem for p in (REPO / "conf" / "optim").glob("*.yaml")))  # optim=adamz's line names them
 CPU = torch.device("cpu")
 ID = RunIdentity(task="blobs", optim="sgdm", scheme="allreduce", nodes=1, gpus_per_node=1, world_size=1)
 # The identity of the QUICK run (resnet20 with Birder, experiment=smoke): its checkpoint passes the identity check
@@ -66,6 +67,10 @@ def records(runs: Path) -> list[dict]:
         (["nodes=0"], "nodes=0: use a whole number >= 1", True),
         (["train.resume=/nonexistent/run"], "train.resume=/nonexistent/run: no such file or directory", True),
         (["train.resume_policy=maybe"], "train.resume_policy='maybe': use strict or reset_errors", True),
+        (["optim=adamz"], f"optim=adamz: no such choice; did you mean optim=adamw? the choices: {OPTIMS}", False),
+        (["resume=/x"], "resume: no such setting; did you mean train.resume?", False),
+        (["cluster.link_mbit=-5"], "cluster.link_mbit=-5: give a rate > 0 in Mbit/s, or null (no link given)", True),
+        (["train.steps=ten"], "train.steps='ten': use a whole number >= 1", True),
     ],
     ids=[
         "misspelt-key",
@@ -75,6 +80,10 @@ def records(runs: Path) -> list[dict]:
         "impossible-layout",
         "resume-missing",
         "bad-policy",
+        "unknown-choice",
+        "setting-without-its-section",
+        "negative-link",
+        "not-a-number",
     ],
 )
 def test_cli_bad_input(tmp_path, args, line, recorded):
@@ -121,6 +130,10 @@ ROWS = [
     "runs directory not writable",
     "namespaces and bridges left by a killed emulated run",
     "`train.resume_policy=maybe`",
+    "unknown config-group choice `optim=adamz`",
+    "a setting without its section `resume=/x`",
+    "link rate `cluster.link_mbit=-5`",
+    "a value that is no number `train.steps=ten`",
 ]
 NOT_HERE = {"namespaces and bridges left by a killed emulated run"}  # tests/test_emulated.py (needs root)
 # Rows whose input test_cli_bad_input runs through the CLI: it checks the table's text on that run.
@@ -132,6 +145,10 @@ CLI_ROWS = {
     "nodes=0": "impossible layout `nodes=0`",
     "train.resume=/nonexistent/run": "resume from a missing path",
     "train.resume_policy=maybe": "`train.resume_policy=maybe`",
+    "optim=adamz": "unknown config-group choice `optim=adamz`",
+    "resume=/x": "a setting without its section `resume=/x`",
+    "cluster.link_mbit=-5": "link rate `cluster.link_mbit=-5`",
+    "train.steps=ten": "a value that is no number `train.steps=ten`",
 }
 
 

@@ -223,6 +223,35 @@ def test_a_stopped_run_whose_workers_wrote_no_record_gets_an_interrupted_one_and
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"[birder-repro] resume: {rec['resume_command']}"
 
 
+@pytest.mark.parametrize("code,signal", [(143, "SIGTERM"), (130, "SIGINT"), (129, "SIGHUP")])
+def test_a_stop_whose_workers_wrote_no_record_names_the_signal_the_cli_passed_on(
+    compose, monkeypatch, tmp_path, code, signal
+):
+    monkeypatch.setattr("birder_repro.launch.launch", lambda cfg, run_dir: code)
+    assert cli.run(compose(TINY, hydra_config=True), run_dir=tmp_path / "run") == code
+    rec = record.read_record(tmp_path / "run")
+    assert rec["status"] == "interrupted" and rec["error"].startswith(f"interrupted by {signal} ")
+
+
+def test_a_node_of_an_emulated_cluster_leaves_the_summary_to_the_users_cli(compose, monkeypatch, tmp_path, capsys):
+    """The user's CLI relays each node's lines prefixed ("[node 0] ...") and then tells the run's end itself: the
+    summary is said once, by it."""
+    from birder_repro import finish, schema
+    from birder_repro.launch import emulated
+
+    cfg = cli.layout.resolve(compose(TINY), gpu_count=0)
+    rec = {**schema.empty_record(), "status": "completed", "task": "resnet20", "optim": "birder", "steps": 3}
+    rec["ended"] = "2099-01-01T00:00:00+00:00"
+    record.write_record(tmp_path, rec)
+    started = "2026-01-01T00:00:00+00:00"
+    monkeypatch.setenv(emulated.NODE_ENV, "0")
+    assert finish.finish_run(cfg, tmp_path, 0, started) == 0
+    assert "run:        resnet20 with birder" not in capsys.readouterr().out
+    monkeypatch.delenv(emulated.NODE_ENV)
+    assert finish.finish_run(cfg, tmp_path, 0, started) == 0
+    assert capsys.readouterr().out.count("run:        resnet20 with birder") == 1
+
+
 def test_write_failed_record_has_every_key_and_is_atomic(compose, tmp_path):
     cfg = compose(["nodes=2", "gpus_per_node=1"])
     rec = record.write_failed_record(tmp_path, cfg, "Traceback: boom")
@@ -457,6 +486,40 @@ def _lone_process() -> worker.DistEnv:
 # ------------------------------------------------------------------------------------ strict keys, honest sweeps
 def last_line(text: str) -> str:
     return text.rstrip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    "override,line",
+    [
+        ("optim=adamz", "optim=adamz: no such choice; did you mean optim=adamw? the choices: adamw, adamw_powersgd,"),
+        ("task=mnist", "task=mnist: no such choice; the choices: bert_pretrain, bert_squad, digits, fashion_mnist,"),
+        ("resume=/x", "resume: no such setting; did you mean train.resume?"),
+    ],
+)
+def test_an_unknown_choice_or_a_setting_without_its_section_is_one_line(override, line):
+    """Hydra's own refusal is twenty lines (its exception carries the group's options): one line, exit 2."""
+    out = birder_repro(override, "logger=none")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.splitlines() == [out.stderr.strip()] and out.stderr.startswith(
+        f"[birder-repro] config error: {line}"
+    )
+
+
+def test_a_choice_refused_in_a_sweeps_cell_is_the_same_one_line(runs_dir):
+    out = birder_repro("-m", "optim=sgdm,birdr", "dry_run=true")
+    assert out.returncode == 2 and last_line(out.stderr).startswith(
+        "[birder-repro] config error: optim=birdr: no such choice; did you mean optim=birder?"
+    )
+
+
+def test_hydras_missing_config_exception_is_read_through_its_public_fields():
+    from hydra.errors import MissingConfigException
+
+    exc = MissingConfigException("twenty lines", missing_cfg_file="cluster/ethernet", options=["local", "ethernet_10g"])
+    assert cli.override_error_line(exc) == (
+        "cluster=ethernet: no such choice; did you mean cluster=ethernet_10g? the choices: ethernet_10g, local"
+    )
+    assert cli.override_error_line(MissingConfigException("no primary config", missing_cfg_file="config")) is None
 
 
 def test_an_added_key_no_config_declares_ends_in_one_line_naming_the_closest(runs_dir):

@@ -344,3 +344,33 @@ def test_fp16_with_nonfinite_raise_is_refused_before_its_first_routine_overflow(
         layout.validate(cfg)
     layout.validate(compose([f"optim={optim}", "train.precision=fp16"]))  # skip, the default, is fine
     layout.validate(compose([f"optim={optim}", "train.precision=bf16", "optim.comm.nonfinite=raise"]))
+
+
+# ---------------------------------------------------------------------------- what a new user tripped on
+def test_a_setting_without_its_section_or_in_another_one_is_told_where_it_lives():
+    known = ["nodes", "train", "train.steps", "train.resume", "optim", "optim.betas", "optim.lr", "data.root"]
+    assert layout.no_such_setting("resume", known) == "resume: no such setting; did you mean train.resume?"
+    assert layout.no_such_setting("optim.steps", known) == "optim.steps: no such setting; did you mean train.steps?"
+    assert layout.no_such_setting("data.lr", known) == "data.lr: no such setting; did you mean optim.lr?"
+    assert layout.no_such_setting("resum", known) == "resum: no such setting; did you mean train.resume?"
+    assert layout.no_such_setting("nodez", known) == "nodez: no such setting; did you mean nodes?"
+    assert layout.no_such_setting("zzz", known).endswith("check the spelling (birder-repro --cfg job lists the keys)")
+
+
+def test_an_unknown_choice_names_the_choices_and_the_closest():
+    assert layout.no_such_choice("optim", "adamz", ["sgdm", "adamw", "birder"]) == (
+        "optim=adamz: no such choice; did you mean optim=adamw? the choices: adamw, birder, sgdm"
+    )
+    assert layout.no_such_choice("task", "mnist", ["digits", "fashion_mnist"]) == (
+        "task=mnist: no such choice; the choices: digits, fashion_mnist"
+    )
+
+
+@pytest.mark.parametrize("cluster", ["local", "emulated", "ethernet_10g"])
+@pytest.mark.parametrize("rate", ["-5", "0", "abc", "true"])
+def test_the_link_rate_is_checked_on_every_cluster(cluster, rate):
+    cfg = compose_config([f"cluster={cluster}", f"cluster.link_mbit={rate}"])
+    with pytest.raises(layout.ConfigError, match=r"^cluster\.link_mbit=.*: give a rate > 0 in Mbit/s, or null"):
+        layout.validate(cfg)
+    layout.validate(compose_config([f"cluster={cluster}", "cluster.link_mbit=100"]))
+    layout.validate(compose_config([f"cluster={cluster}", "cluster.link_mbit=null"]))

@@ -189,13 +189,14 @@ def test_emulated_is_chosen_by_auto_and_refuses_other_launchers_and_netem(compos
     for overrides, key in (
         (["cluster.latency_ms=5"], "cluster.latency_ms"),
         (["device=cuda"], "device=cpu"),
-        (["cluster.link_mbit=0"], "cluster.link_mbit"),
         (["nodes=100"], "nodes=100"),
         (["nodes=2", "gpus_per_node=8"], "max_local_processes"),
     ):
         cfg = resolved(compose, overrides)
         with pytest.raises(layout.ConfigError, match=re.escape(key)):
             emulated.check_config(cfg)
+    with pytest.raises(layout.ConfigError, match=re.escape("cluster.link_mbit=0: give a rate > 0")):
+        resolved(compose, ["cluster.link_mbit=0"])  # every cluster's check (birder_repro.config.check_link)
     with pytest.raises(layout.ConfigError, match="cluster.subnet"):
         emulated.fabric_for(resolved(compose, ["nodes=8", "cluster.subnet=10.77.0.0/30"]))
 

@@ -262,3 +262,46 @@ def test_the_ddp_fsdp_table_keeps_a_row_per_configuration():
     # the newest run of each length (seed left out); the 2-step run is a smoke run, left out as in the main tables
     assert sorted((r[steps_at], r[steps_at + 1]) for r in rows) == [(60, 3800.0), (120, 3600.0)]
     assert [r[steps_at] for r in parallel_table.smoke_runs([sweep, smoke])] == [2]
+
+
+def test_the_ddp_fsdp_table_leaves_out_a_smoke_run_of_another_optimizer():
+    """A smoke run is measured against the longest run of its task, parallelism, layout and link, whatever its
+    optimizer (as in the main tables): SGDM's 2 steps beside Birder's 60 are a smoke run."""
+    from birder_repro.report import parallel_table
+
+    rows = parallel_table.rows([run_record("birder", 3700.0), run_record("sgdm", 9000.0, steps=2)])
+    optim_at = parallel_table.HEADER.index("optim")
+    assert [r[optim_at] for r in rows] == ["birder"]
+    assert [
+        r[optim_at] for r in parallel_table.smoke_runs([run_record("birder", 3700.0), run_record("sgdm", 1.0, steps=2)])
+    ] == ["sgdm"]
+
+
+@pytest.mark.parametrize("key", ["stop_timeout_s", "resume_policy"])
+def test_a_run_differing_only_in_a_setting_that_cannot_change_a_result_is_in_the_same_row(tmp_path, key):
+    """birder_repro.digest.NO_RESULT is the one list of such settings: the cell digest and a table's rows both
+    leave them out (train.stop_timeout_s made a row of its own when the two lists disagreed)."""
+    from birder_repro import digest
+
+    first = run_record("birder", 3600.0, seed=0, started="2026-01-01T10:00:00")
+    second = run_record("birder", 3800.0, seed=1, started="2026-01-01T11:00:00", **{key: "other"})
+    rows, _, _ = report(tmp_path, [run_record("sgdm", 4000.0), first, second])
+    assert only(rows, optim="birder")["n"] == 2
+    assert set(digest.NO_RESULT) <= set(identity.IGNORED_KEYS)
+    assert all(identity.is_ignored(k) and why for k, why in digest.NO_RESULT.items())
+    same_seed = copy.deepcopy(second["config"])
+    same_seed["seed"] = same_seed["optim"]["seed"] = 0
+    assert digest.cell_digest(first["config"]) == digest.cell_digest(same_seed)  # resume=auto's identity too
+
+
+def test_a_run_refused_for_a_value_that_is_no_number_is_read_without_a_warning(tmp_path, capsys):
+    """``train.steps=ten`` is refused before the run starts; its failed record keeps the value as given. make tables
+    reads it like any failed run: one line among the runs left out, no warning about the record."""
+    refused = run_record("birder", 0.0, status="failed", started="2026-01-01T12:00:00")
+    refused.update(error="config error: train.steps='ten': use a whole number >= 1", steps=None)
+    refused["config"]["train"]["steps"] = "ten"
+    _, left, _ = report(tmp_path, [run_record("sgdm", 4000.0), refused])
+    said = capsys.readouterr()
+    assert "skipping run record" not in said.err
+    assert "(make clean-failed lists the failed runs; make clean-failed ARGS=--yes removes them)" in said.out
+    assert list(left["reason"]) == ["failed: config error: train.steps='ten': use a whole number >= 1"]

@@ -166,3 +166,15 @@ def test_figure_2_draws_every_seed_on_its_own_clock(tmp_path):
     assert starts == [0.05, 0.1]  # train_s 0.1 at step 10, less 0.05 and less 0
     assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["Birder (2 seeds)"]
     close(fig)
+
+
+def test_figure_3_and_4_name_the_devices_the_records_ran_on(tmp_path):
+    """CPU runs are not "GPUs": the axes say what the records' ``device`` says."""
+    runs = [{**record(o, throughput=t), "device": "cpu"} for o, t in (("sgdm", 4400.0), ("birder", 3700.0))]
+    fig = figures.throughput_figure(cells_of(write_runs(tmp_path / "cpu", runs)), "whole")
+    assert fig.axes[0].get_xlabel() == "optimizer, at 2 CPU processes (2x1)"
+    close(fig)
+    gpus = [{**record("birder", nodes=n), "device": "cuda (NVIDIA H100)"} for n in (1, 2)]
+    fig = figures.throughput_figure(cells_of(write_runs(tmp_path / "gpu", gpus)), "whole")
+    assert fig.axes[0].get_xlabel().startswith("number of NVIDIA H100 GPUs; log scale")
+    close(fig)

@@ -101,17 +101,14 @@ def check_launcher(cfg: DictConfig) -> None:
 
 
 def check_config(cfg: DictConfig) -> None:
-    """Values the emulated cluster cannot use, refused before anything is made; each names its key."""
+    """Values the emulated cluster cannot use, refused before anything is made; each names its key (the link's
+    rate is every cluster's: birder_repro.config.check_link)."""
     cl = cfg.cluster
     if cl.get("latency_ms") is not None:
         raise layout.ConfigError(
             f"cluster.latency_ms={cl.latency_ms}: a propagation delay needs tc netem, "
             "which the emulated cluster does not use; set cluster.latency_ms=null "
             "(cluster.queue_ms bounds the queueing delay of a shaped link)"
-        )
-    if cl.get("link_mbit") is not None and not float(cl.link_mbit) > 0:
-        raise layout.ConfigError(
-            f"cluster.link_mbit={cl.link_mbit}: give a rate > 0 in Mbit/s, or null for unshaped links"
         )
     for key in ("queue_ms", "burst_ms"):
         if not float(cl[key]) > 0:

@@ -9,14 +9,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from birder_repro.summary import fmt_number  # the one number format (link rates, times, steps)
+
 __all__ = ["ADVICE_FILE", "fmt_number", "format_advice", "write_advice", "advice_figure"]
 
 ADVICE_FILE = "advice.json"
-
-
-def fmt_number(x: float, digits: int = 4) -> str:
-    """``digits`` significant figures, without an exponent for link rates and times of 100 and more."""
-    return f"{float(x):.0f}" if abs(float(x)) >= 100 else f"{float(x):.{digits}g}"
 
 
 def model_text(model: Mapping[str, Any] | None) -> str:

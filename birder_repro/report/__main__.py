@@ -142,6 +142,8 @@ def print_left_out(left: pd.DataFrame) -> None:
     print(f"left out of the tables: {len(left)} run(s)")
     for _, row in documents.left_out_table(left).iterrows():
         print(f"  {row['run']} ({row['optimizer']}, {row['steps']} steps): {row['reason']}")
+    if left["reason"].astype(str).str.startswith("failed").any():
+        print("  (make clean-failed lists the failed runs; make clean-failed ARGS=--yes removes them)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,6 +9,8 @@ import math
 
 import pandas as pd
 
+from birder_repro.summary import fmt_number  # throughputs, metrics and sizes: one format for every report
+
 from . import records
 from .cells import DIVERGED, short_run
 
@@ -92,14 +94,6 @@ KEPT_WHEN_DIVERGED = {
 
 def is_missing(x) -> bool:
     return x is None or x is pd.NA or (isinstance(x, float) and math.isnan(x))
-
-
-def fmt_number(x, digits: int = 4) -> str:
-    """Throughputs, metrics and sizes: whole numbers from 1000 up, else ``digits`` significant digits."""
-    if is_missing(x):
-        return "—"
-    x = float(x)
-    return f"{x:.0f}" if abs(x) >= 1000 else f"{x:.{digits}g}"
 
 
 def fmt_spread(mean, sd, digits: int = 4) -> str:

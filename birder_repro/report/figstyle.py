@@ -122,3 +122,16 @@ def short_title(rows: pd.DataFrame) -> str:
     return (
         f"{first['task']}: {first['cluster']}{link}, {first['data_source']} data, {first['batch_size']}/process{length}"
     )
+
+
+def device_unit(rows: pd.DataFrame) -> str:
+    """What a layout's processes run on, from the records' ``device`` ("cpu", "cuda (<GPU name>)", a predicted
+    record's "predicted for: ..."): "CPU processes", "GPUs" (with their name where all are one kind), or
+    "processes" where the rows disagree or do not say."""
+    devices = {str(d).removeprefix("predicted for: ") for d in rows.get("device", pd.Series(dtype=object)).dropna()}
+    if devices and all(d == "cpu" for d in devices):
+        return "CPU processes"
+    if devices and all(d.startswith("cuda") for d in devices):
+        names = {m.group(1) for d in devices if (m := re.fullmatch(r"cuda \((.+)\)", d))}
+        return f"{names.pop()} GPUs" if len(names) == 1 and len(devices) == 1 else "GPUs"
+    return "processes"

@@ -2,7 +2,7 @@
 
 - Figure 2, convergence (:mod:`birder_repro.report.convergence`): loss and the headline metric against steps
   and training time, one line per row of the task tables, ending at the final evaluation.
-- Figure 3, throughput: ``fig3_<setting>.png``. Over several layouts, throughput against the number of GPUs
+- Figure 3, throughput: ``fig3_<setting>.png``. Over several layouts, throughput against the number of processes
   (a log axis: the layouts double), one colour per row: measured runs solid with circles, predicted records
   (``mode=predict``) dashed with crosses; on one layout, one bar per row. Throughput axes start at zero; the
   bars or points carry the spread over seeds (± one sample standard deviation) where a row has several.
@@ -23,7 +23,7 @@ from .cells import SETTING
 from .convergence import convergence_figure, convergence_figures, read_metrics, time_axis
 from .display import optim_label
 from .documents import settings
-from .figstyle import figure_name, have_matplotlib, optim_style, pyplot, row_style, short_title
+from .figstyle import device_unit, figure_name, have_matplotlib, optim_style, pyplot, row_style, short_title
 
 __all__ = [
     "convergence_figure",
@@ -84,7 +84,8 @@ def _bars(ax, rows: pd.DataFrame) -> None:
         ax.bar(x, r["throughput_shown"], linewidth=0.8, yerr=r.get("throughput_shown_sd"), capsize=4, **looks)
     ax.set_xticks(range(len(rows)), labels, fontsize=8)
     first = rows.iloc[0]
-    ax.set_xlabel(f"optimizer, at {int(first['gpus'])} GPUs ({int(first['nodes'])}x{int(first['gpus_per_node'])})")
+    layout = f"{int(first['nodes'])}x{int(first['gpus_per_node'])}"
+    ax.set_xlabel(f"optimizer, at {int(first['gpus'])} {device_unit(rows)} ({layout})")
 
 
 def _lines(ax, rows: pd.DataFrame) -> None:
@@ -107,7 +108,7 @@ def _lines(ax, rows: pd.DataFrame) -> None:
     gpus = sorted(int(g) for g in rows["gpus"].dropna().unique())
     ax.set_xscale("log", base=2)
     ax.set_xticks(gpus, [str(g) for g in gpus])
-    ax.set_xlabel("#GPUs (processes); log scale, as the layouts double")
+    ax.set_xlabel(f"number of {device_unit(rows)}; log scale, as the layouts double")
     ax.legend(fontsize=7, loc="upper left")
 
 
@@ -163,7 +164,7 @@ def diverged_note(rows: pd.DataFrame, line: pd.DataFrame) -> str:
         & (rows["source"] == first["source"])
     ]
     gpus = sorted(int(g) for g in mine.loc[mine["status"] == "diverged", "gpus"].dropna())
-    return f"; diverged at {', '.join(map(str, gpus))} GPUs" if gpus else ""
+    return f"; diverged at {', '.join(map(str, gpus))} {device_unit(mine)}" if gpus else ""
 
 
 def step_time_figures(cells: pd.DataFrame, out_dir: Path) -> list[Path]:
@@ -185,7 +186,7 @@ def step_time_figures(cells: pd.DataFrame, out_dir: Path) -> list[Path]:
             ax.bar(range(len(rows)), values, bottom=bottom, label=name, color=colour)
             bottom = bottom + values
         ax.set_xticks(range(len(rows)), labels, fontsize=7, rotation=45, ha="right")
-        ax.set_xlabel("optimizer, #GPUs (nodes x GPUs/node)", fontsize=8)
+        ax.set_xlabel(f"optimizer, {device_unit(rows)} (nodes x per node)", fontsize=8)
         ax.set_ylabel("time per iteration, ms (mean over seeds)")
         source = rows.iloc[0]["source"]
         ax.set_title(f"{source.upper()}: {short_title(rows)}", fontsize=9)

@@ -6,7 +6,9 @@ newer run in its place. The key is computed here from the record's ``config`` (e
 too), not read from the record: the checkpoint manifest's ``config_digest`` (birder_repro.train.checkpoint)
 hashes the whole config, seed included, which is what resuming needs and not what a table needs.
 
-:data:`IGNORED_KEYS` is the one list of the config keys left out, each with why.
+:data:`IGNORED_KEYS` is the list of the config keys left out, each with why: the seed, ``probe`` (mode=probe's
+records are not runs) and :data:`birder_repro.digest.NO_RESULT`, the one list of the settings that cannot change
+a result, which the cell digest (``train.resume=auto``) leaves out too.
 """
 
 from __future__ import annotations
@@ -16,28 +18,19 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from birder_repro.digest import NO_RESULT
+
 __all__ = ["IGNORED_KEYS", "MEASURED_ONLY_KEYS", "config_items", "config_key", "is_ignored"]
 
-# Config keys (and every key under them) that are not part of a cell, and why. Everything else is: a run that
-# differs in any other key (steps, learning rate, eval cadence, precision, ...) is another row.
+# Config keys (and every key under them) that are not part of a cell, and why: the seed, and the settings that
+# cannot change a result (birder_repro.digest.NO_RESULT, the one list, which the cell digest leaves out too).
+# Everything else is: a run that differs in any other key (steps, learning rate, eval cadence, precision, ...) is
+# another row.
 IGNORED_KEYS: dict[str, str] = {
     "seed": "the cell's runs are its seeds: they are aggregated (mean, spread, n), never a setting",
     "optim.seed": "the seed again (optim.seed: ${seed}, the quantizer's draws)",
-    "logger": "where metrics are written (W&B or metrics.jsonl only)",
-    "launcher": "how the processes are started (local, torchrun per node, SLURM) and the rendezvous; the "
-    "network is the cluster config's, which stays in",
-    "dry_run": "a dry run writes no record",
+    **NO_RESULT,
     "probe": "mode=probe only, whose records are not runs (the report leaves them out)",
-    "train.resume": "which checkpoint a run resumed from: a resumed run is the same run (its record counts "
-    "every attempt)",
-    "train.checkpoint_every": "checkpoints are left out of the clock, and restarts end bit-equal",
-    "train.keep_checkpoints": "how many checkpoints stay on disk",
-    "train.checkpoint_on_stop": "whether a stopped run saves a checkpoint",
-    "train.max_restarts": "fault handling: a restarted run ends bit-equal to one that never failed",
-    "train.timeout_s": "how long a collective waits for a peer before the run fails",
-    "train.log_every": "log lines between steps, outside the timed steps and the training clock",
-    "task.target.ladder": "further levels the tables read from a run's evaluations (report.ladder); the run "
-    "trains and stops the same",
 }
 # Kept for predicted records (mode=predict reads them), left out of measured runs (which never read them: an
 # experiment file such as table1.yaml sets predict.implementation for its predictions).

@@ -272,10 +272,12 @@ def _train_config(record: dict) -> dict:
 
 def run_length(record: dict) -> str | None:
     """ "60 steps" or "10 epochs": the length the run was asked for (train.steps, else train.epochs), the same
-    for every layout of a sweep by epochs; for records without it, the steps the run took."""
+    for every layout of a sweep by epochs; for records without it, the steps the run took. A value that is no
+    length (a run refused for ``train.steps=ten`` records it as given) gives none."""
     train = _train_config(record)
     if train.get("steps") is not None:
-        return f"{int(train['steps'])} steps"
+        steps = train["steps"]
+        return f"{steps} steps" if isinstance(steps, int) and not isinstance(steps, bool) else None
     if isinstance(train.get("epochs"), (int, float)):
         return f"{train['epochs']:g} epochs"
     steps = get(record, "steps")

@@ -18,7 +18,8 @@ project's AMD EPYC (AVX-512). Philox is then about a third of the compression ti
 the memory traffic of the state (28 bytes per element for the worker, 8 for the server). Drawing one Philox
 block for four elements (``randint4x``) would be 4x cheaper but would no longer equal ``tl.rand``.
 
-Compiled on first use and cached on disk (``cache=True``); later processes load the machine code.
+Compiled on first use and cached on disk (``cache=True``); later processes load the machine code. The first
+call of a process whose cache is cold says so in one line (:mod:`.compile_note`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from birder_repro.comm.kernels import process_cores, thread_budget
+from birder_repro.comm.kernels import compile_note, process_cores, thread_budget
 from birder_repro.comm.kernels.philox import ROUND_A, ROUND_B, UNIFORM_SCALE, Segments, round_keys
 
 BLOCK = 8192  # elements per task: the block's scratch (uniforms, bits) stays in L1/L2
@@ -180,7 +181,8 @@ def threads() -> int:
     return max(1, min(wanted, process_cores(), numba.config.NUMBA_NUM_THREADS))
 
 
-def _use_threads() -> None:
+def _use_threads(kernel) -> None:
+    compile_note.announce((kernel,))  # before its first call compiles it, where numba's cache lacks it
     if numba.get_num_threads() != threads():
         numba.set_num_threads(threads())
 
@@ -191,7 +193,7 @@ def _tables(segments: Segments, seed: int):
 
 
 def worker_compress(g, m, b, e, b_hat, beta, eps, seed, segments, state_out):
-    _use_threads()
+    _use_threads(_worker)
     out = torch.empty(g.numel() // 8, dtype=torch.uint8)
     starts, deltas, keys = _tables(segments, seed)
     empty = np.empty(0, np.float32)
@@ -218,7 +220,7 @@ def worker_compress(g, m, b, e, b_hat, beta, eps, seed, segments, state_out):
 
 
 def server_compress(received, e_bar, seed, segments, e_bar_out):
-    _use_threads()
+    _use_threads(_server)
     out = torch.empty(received.shape[1], dtype=torch.uint8)
     starts, deltas, keys = _tables(segments, seed)
     _server(_np(received), _np(e_bar), _np(e_bar_out), starts, deltas, keys, _BIT_TABLE, _np(out))
@@ -226,6 +228,6 @@ def server_compress(received, e_bar, seed, segments, e_bar_out):
 
 
 def unpack(packed, out):
-    _use_threads()
+    _use_threads(_unpack)
     _unpack(_np(packed), _np(out), _SIGN_TABLE)
     return out
