@@ -7,19 +7,36 @@ together with the last line it wrote to stderr, which is the CLI's one-line erro
 them and exits with :data:`FAILED_SWEEP`. Ctrl-C is no cell's failure: the CLI exits from inside the cell, which
 stops the whole sweep at once. With a launcher that runs cells elsewhere (``hydra/launcher=submitit_slurm``)
 the cells end in their own jobs, unseen here: their records say how each ended.
+
+``python -m birder_repro.sweep`` is the other way to sweep: cells read one per line (each a ``birder-repro``
+argument line, as ``python -m birder_repro.report.protocol`` prints them), run one after another as single
+runs in an order shuffled by a recorded seed (:func:`interleaved`), so that a method's seeds are not run in a
+row and the host's load over the hours is not confounded with the method. The order is written before the
+first cell (``RUNS/order-<name>.txt``); before each cell it prints ``cell k of N, about T left`` (T: the mean
+time of the cells done so far times the cells left). A line ``# order-seed: N`` in the input gives the seed
+where ``--seed`` does not.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
+import random
+import shlex
+import shutil
+import subprocess
 import sys
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TextIO
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-__all__ = ["FAILED_SWEEP", "FailedCell", "SweepReport"]
+__all__ = ["FAILED_SWEEP", "FailedCell", "SweepReport", "interleaved", "order_text", "progress_line", "run_cells"]
 
 FAILED_SWEEP = 1  # the exit code of a sweep in which any cell failed or was refused
 PREFIX = "[birder-repro] "
@@ -97,3 +114,113 @@ def _exit_code(job_return: JobReturn) -> int:
         return 1
     value = job_return.return_value
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# An interleaved sweep: python -m birder_repro.sweep
+
+
+def interleaved(cells: Sequence[str], seed: int) -> list[str]:
+    """The cells in a random order drawn from ``seed`` (random.Random(seed).shuffle over the cells as given):
+    the same cells and seed always give the same order; every cell once."""
+    order = list(cells)
+    random.Random(seed).shuffle(order)
+    return order
+
+
+def order_text(order: Sequence[str], seed: int) -> str:
+    """The order file: how it was drawn, then each cell numbered in the order it runs."""
+    head = f"# {len(order)} cells in the order run: random.Random({seed}).shuffle over the cells as given\n"
+    head += f"# order-seed: {seed}\n"
+    return head + "".join(f"{k} {cell}\n" for k, cell in enumerate(order, 1))
+
+
+def progress_line(k: int, n: int, done_s: Sequence[float]) -> str:
+    """``cell k of N, about T left``: T the mean of the cells done so far times the cells left (this one too)."""
+    if not done_s:
+        return f"cell {k} of {n}, time left not known yet"
+    left = sum(done_s) / len(done_s) * (n - k + 1)
+    return f"cell {k} of {n}, about {_duration(left)} left"
+
+
+def _duration(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{max(minutes, 1)} min"
+
+
+def _load() -> str:
+    try:
+        return f"{os.getloadavg()[0]:.2f}"
+    except OSError:
+        return "unknown"
+
+
+def run_cells(order: Sequence[str], cli: Sequence[str], runs: Path, dry_run: bool = False, out=None) -> int:
+    """Run each cell as ``cli <cell>`` with BIRDER_RUNS=runs; the failed ones listed at the end (exit 1)."""
+    out = out or sys.stdout
+    env = {**os.environ, "BIRDER_RUNS": str(runs)}
+    done_s: list[float] = []
+    failed: list[str] = []
+    for k, cell in enumerate(order, 1):
+        print(f"{PREFIX}{progress_line(k, len(order), done_s)} (load {_load()}): {cell}", file=out, flush=True)
+        if dry_run:
+            continue
+        start = time.monotonic()
+        code = subprocess.run([*cli, *shlex.split(cell)], env=env, check=False).returncode
+        done_s.append(time.monotonic() - start)
+        if code != 0:
+            failed.append(f"{PREFIX}  #{k} {cell} (exit code {code})")
+    if failed:
+        print(f"{PREFIX}sweep: {len(failed)} of {len(order)} cells failed or were refused:", file=out)
+        print("\n".join(failed), file=out, flush=True)
+        return FAILED_SWEEP
+    return 0
+
+
+def _cells_and_seed(lines: Sequence[str]) -> tuple[list[str], int | None]:
+    cells, seed = [], None
+    for line in (raw.strip() for raw in lines):
+        if line.startswith("# order-seed:"):
+            seed = int(line.split(":", 1)[1])
+        elif line and not line.startswith("#"):
+            cells.append(line)
+    return cells, seed
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m birder_repro.sweep", description=__doc__)
+    parser.add_argument("--runs", type=Path, required=True, help="BIRDER_RUNS for every cell; the order file goes here")
+    parser.add_argument("--name", default="sweep", help="the order file's name: RUNS/order-<name>.txt")
+    parser.add_argument("--seed", type=int, default=None, help="the order's seed (else the input's '# order-seed: N')")
+    parser.add_argument("--cli", default=None, help="the birder-repro command (default: the one on PATH)")
+    parser.add_argument("--dry-run", action="store_true", help="write the order and print it; run nothing")
+    parser.add_argument("cells", nargs="?", default="-", help="a file of cells, one a line ('-': standard input)")
+    args = parser.parse_args(argv)
+    text = sys.stdin.read() if args.cells == "-" else Path(args.cells).read_text()
+    cells, given = _cells_and_seed(text.splitlines())
+    seed = args.seed if args.seed is not None else given
+    if seed is None:
+        print(f"{PREFIX}sweep: no order seed: give --seed N or a '# order-seed: N' line", file=sys.stderr)
+        return 2
+    if not cells:
+        print(f"{PREFIX}sweep: no cells to run ({args.name})", flush=True)
+        return 0
+    order = interleaved(cells, seed)
+    args.runs.mkdir(parents=True, exist_ok=True)
+    path = args.runs / f"order-{args.name}.txt"
+    path.write_text(order_text(order, seed))
+    print(f"{PREFIX}sweep: {len(order)} cells in the order written to {path}", flush=True)
+    cli = (
+        shlex.split(args.cli) if args.cli else ([shutil.which("birder-repro")] if shutil.which("birder-repro") else [])
+    )
+    if not cli:
+        cli = [sys.executable, "-m", "birder_repro.cli"]
+    try:
+        return run_cells(order, cli, args.runs, args.dry_run)
+    except KeyboardInterrupt:
+        print(f"{PREFIX}sweep: interrupted; the order is in {path}", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -186,9 +186,9 @@ def _fake_neighbours(value: float, anywhere: Sequence[float], spec: Mapping[str,
     """A value one grid step below and one above ``value`` (the grid's smallest step of this key anywhere), for
     :func:`next_value` to step away from: up from the one below, down from the one above."""
     if spec.get("scale") == "log1m":
-        ratio = min((1 - a) / (1 - b) for a, b in zip(anywhere, anywhere[1:]))
+        ratio = min((1 - a) / (1 - b) for a, b in itertools.pairwise(anywhere))
         return [(1 - (1 - value) * ratio, 1 - (1 - value) / ratio)]
-    ratio = min(b / a for a, b in zip(anywhere, anywhere[1:]) if a > 0)
+    ratio = min(b / a for a, b in itertools.pairwise(anywhere) if a > 0)
     return [(value / ratio, value * ratio)]
 
 
@@ -313,7 +313,9 @@ def read_plan(runs: Path, proto: Mapping[str, Any]) -> dict[str, Any]:
 def write_plan(runs: Path, plan: Mapping[str, Any]) -> Path:
     path = Path(runs) / PLAN_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    head = "# Written by python -m birder_repro.report.tuning --plan (make tune-fashion); read by make time-to-accuracy.\n"
+    head = (
+        "# Written by python -m birder_repro.report.tuning --plan (make tune-fashion); read by make time-to-accuracy.\n"
+    )
     path.write_text(head + yaml.safe_dump(dict(plan), sort_keys=False))
     return path
 

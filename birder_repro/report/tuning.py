@@ -34,8 +34,8 @@ from typing import Any
 import pandas as pd
 
 from .cells import fill_keys
-from .protocol import Edge, ProtocolError, edges, load_protocol
 from .display import fmt_layout, fmt_number, is_missing, metric_label, optim_label, optim_rank, to_markdown
+from .protocol import Edge, ProtocolError, edges, load_protocol
 
 __all__ = ["TUNED_KEYS", "trial_score", "tuning_rows", "tuning_markdown"]
 
