@@ -155,6 +155,16 @@ def _load() -> str:
         return "unknown"
 
 
+def with_extra(cell: str, extra: str) -> str:
+    """The cell with ``extra``'s overrides, each replacing the cell's own of the same key (``train.steps=5``)."""
+    if not extra.strip():
+        return cell
+    added = shlex.split(extra)
+    keys = {a.split("=", 1)[0].lstrip("+~") for a in added}
+    kept = [a for a in shlex.split(cell) if a.split("=", 1)[0].lstrip("+~") not in keys]
+    return " ".join(shlex.quote(a) for a in [*kept, *added])
+
+
 def run_cells(order: Sequence[str], cli: Sequence[str], runs: Path, dry_run: bool = False, out=None) -> int:
     """Run each cell as ``cli <cell>`` with BIRDER_RUNS=runs; the failed ones listed at the end (exit 1)."""
     out = out or sys.stdout
@@ -194,10 +204,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="the order's seed (else the input's '# order-seed: N')")
     parser.add_argument("--cli", default=None, help="the birder-repro command (default: the one on PATH)")
     parser.add_argument("--dry-run", action="store_true", help="write the order and print it; run nothing")
+    parser.add_argument("--extra", default="", help="overrides added to every cell, replacing its own of a key")
     parser.add_argument("cells", nargs="?", default="-", help="a file of cells, one a line ('-': standard input)")
     args = parser.parse_args(argv)
     text = sys.stdin.read() if args.cells == "-" else Path(args.cells).read_text()
     cells, given = _cells_and_seed(text.splitlines())
+    cells = [with_extra(cell, args.extra) for cell in cells]
     seed = args.seed if args.seed is not None else given
     if seed is None:
         print(f"{PREFIX}sweep: no order seed: give --seed N or a '# order-seed: N' line", file=sys.stderr)

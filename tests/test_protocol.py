@@ -66,7 +66,7 @@ def test_a_protocol_breaking_its_rules_is_one_error(tmp_path):
         protocol.load_protocol(bad)
     grids = {**proto["grids"], "sgdm": [{"lr": [0.1, 0.2]}]}
     bad.write_text(yaml.safe_dump({**proto, "grids": grids}))
-    with pytest.raises(protocol.ProtocolError, match="grids.sgdm has 2 points, not trials=15"):
+    with pytest.raises(protocol.ProtocolError, match="grids.sgdm has 2 points, not trials=12"):
         protocol.load_protocol(bad)
 
 
@@ -76,7 +76,8 @@ def test_the_grid_cells_are_the_tuning_experiment_at_the_first_tuning_seed():
     assert len(cells) == 10 * proto["trials"] and len(set(cells)) == len(cells)
     assert all(c.startswith("experiment=fashion_tuning optim=") and c.endswith(" seed=100") for c in cells)
     assert (
-        "experiment=fashion_tuning optim=diloco optim.local_steps=80 optim.outer_lr=1 optim.lr=0.001 seed=100" in cells
+        "experiment=fashion_tuning optim=diloco optim.local_steps=80 optim.outer_lr=0.7 optim.lr=0.001 seed=100"
+        in cells
     )
     cfg = compose_config(shlex.split(cells[0]))  # a cell composes
     assert cfg.seed == 100 and cfg.data.eval_set == "val"
@@ -121,8 +122,10 @@ def test_the_field_cells_carry_the_picks_targets_and_each_budgets_steps():
         "experiment=fashion_time_to_accuracy optim=birder optim.lr=0.0005 optim.beta=0.9 cluster.link_mbit=200 "
         "task.target.value=86.24 'task.target.ladder=[85.36,86.24,87.12]' seed=0"
     )
-    assert "optim=birder" in cells[1] and "train.steps=384 tuning.budget_s=20 seed=0" in cells[1]
-    assert any("optim=onebit_adam" in c and "train.steps=275 tuning.budget_s=20 seed=1" in c for c in cells)
+    assert "optim=birder" in cells[1] and "train.steps=384 train.eval_every=0 tuning.budget_s=20 seed=0" in cells[1]
+    assert any(
+        "optim=onebit_adam" in c and "train.steps=275 train.eval_every=0 tuning.budget_s=20 seed=1" in c for c in cells
+    )
     cfg = compose_config(shlex.split(cells[1]))
     assert cfg.train.steps == 384 and cfg.tuning.budget_s == 20 and list(cfg.task.target.ladder) == plan["targets"]
 
@@ -234,3 +237,21 @@ def test_a_sweep_without_an_order_seed_is_refused(tmp_path):
     cells = tmp_path / "cells.txt"
     cells.write_text("optim=sgdm seed=0\n")
     assert sweep.main(["--runs", str(tmp_path), "--dry-run", str(cells)]) == 2
+
+
+def test_extra_overrides_replace_a_cells_own_of_the_same_key():
+    cell = "experiment=x optim=birder train.steps=384 'task.target.ladder=[1,2]' seed=0"
+    assert sweep.with_extra(cell, "train.steps=5 train.eval_every=2") == (
+        "experiment=x optim=birder 'task.target.ladder=[1,2]' seed=0 train.steps=5 train.eval_every=2"
+    )
+    assert sweep.with_extra(cell, "") == cell
+
+
+def test_the_field_needs_the_tuning_plan_and_the_check_does_not(tmp_path, capsys):
+    assert protocol.main(["field", "--runs", str(tmp_path)]) == 2
+    assert "run make tune-fashion first" in capsys.readouterr().err
+    assert protocol.main(["check", "--runs", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert lines[0].startswith("# order-seed: ") and len(lines) == 1 + 4 * 3
+    assert "provisional" in captured.err

@@ -11,8 +11,8 @@ evaluation's ``eval/<metric>`` on the training clock ``train_s``, less the first
   runs did ("not reached" where none). A run never reaching a level is counted, never averaged. Per level, the
   order: each method against the next faster one, "ahead of" only where the two intervals separate, else "tie";
 - **the metric at a time budget**: runs made for a budget (``tuning.budget_s``: their steps sized so that their
-  schedule ends at the budget on their link, report.protocol.budget_steps) give their final metric, with its
-  interval and order, and the training time they actually took;
+  schedule ends at the budget on their link, report.protocol.budget_steps) give their final metric (the
+  record's), with its interval and order, and the training time they actually took (the log's last ``train_s``);
 - **the host's load**: a run whose host carried more than the protocol's load besides its own processes
   (report.protocol.load_flag) is counted in ``load-flagged`` and listed for a rerun.
 """
@@ -126,6 +126,24 @@ def _per_run(runs: pd.DataFrame, load_limit: float) -> pd.DataFrame:
     return out
 
 
+def _final_metric(row) -> float | None:
+    """A completed run's final headline metric (its record's ``metrics``), None otherwise."""
+    from .records import metric_column
+
+    if row.get("status") != "completed":
+        return None
+    value = row.get(metric_column(str(row.get("headline_metric"))))
+    return None if is_missing(value) else float(value)
+
+
+def _training_s(run_dir: Any, compile_s: Any) -> float | None:
+    """The training seconds a run took: its log's last ``train_s`` less the first step's one-time work."""
+    times = [row["train_s"] for row in read_log(run_dir) if row.get("train_s") is not None]
+    if not times:
+        return None
+    return max(0.0, float(times[-1]) - (0.0 if is_missing(compile_s) else float(compile_s)))
+
+
 def _orders(rows: list[dict], key: str, lower_is_better: bool) -> dict[int, str]:
     """Each row's relation to the next one in its order by ``key``'s interval (report.stats.order_with_ties):
     "ahead of SGDM", "tie with SGDM", "" for the last, "not ordered" without an interval."""
@@ -202,12 +220,9 @@ def budget_rows(frame: pd.DataFrame, load_limit: float | None = None, confidence
         setting = setting.assign(_rank=optim_rank(setting["optim"])).sort_values(["_rank", "variant"], kind="stable")
         budget_rows_: list[dict] = []
         for keys, cell in setting.groupby(group, dropna=False, sort=False):
-            finals = [
-                float(c["value"].iloc[-1])
-                for c, st in zip(cell["curve"], cell["status"])
-                if st == "completed" and not c.empty
-            ]
-            took = [float(c["t"].iloc[-1]) for c in cell["curve"] if not c.empty]
+            finals = [_final_metric(r) for _, r in cell.iterrows()]
+            finals = [v for v in finals if v is not None]
+            took = [t for t in (_training_s(d, c) for d, c in zip(cell["run_dir"], cell["compile_s"])) if t is not None]
             interval = t_interval(finals, confidence)
             row: dict[str, Any] = {**dict(zip(group, keys)), "gpus": cell["gpus"].iloc[0], "runs": len(cell)}
             row["budget_s"] = float(cell["budget_s"].iloc[0])

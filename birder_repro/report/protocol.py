@@ -27,6 +27,7 @@ import itertools
 import math
 import shlex
 import statistics
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -280,7 +281,8 @@ def field_cells(
     proto: Mapping[str, Any], plan: Mapping[str, Any], methods: Sequence[str] | None = None, seeds=None
 ) -> list[str]:
     """The field: every method at every seed run whole (time to each target), and once more per budget, sized
-    to end there (``train.steps`` from its step times; ``tuning.budget_s`` names the budget in its record)."""
+    to end there (``train.steps`` from its step times; ``tuning.budget_s`` names the budget in its record),
+    evaluated once, at its end (``train.eval_every=0``): its final metric is its metric at the budget."""
     methods = list(methods or proto["grids"])
     seeds = list(seeds if seeds is not None else proto["field_seeds"])
     targets = plan["targets"]
@@ -297,7 +299,7 @@ def field_cells(
             cells.append(f"{base} seed={seed}")
             for budget in plan["budgets_s"]:
                 steps = budget_steps(budget, main, warm, _warmup(picks))
-                cells.append(f"{base} train.steps={steps} tuning.budget_s={budget:.4g} seed={seed}")
+                cells.append(f"{base} train.steps={steps} train.eval_every=0 tuning.budget_s={budget:.4g} seed={seed}")
     return cells
 
 
@@ -328,16 +330,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         proto = load_protocol(args.protocol)
+        plan = read_plan(args.runs, proto)
         if args.which == "grid":
             cells = grid_cells(proto)
         elif args.which == "field":
-            cells = field_cells(proto, read_plan(args.runs, proto))
+            if plan.get("provisional"):
+                raise ProtocolError(f"no {args.runs / PLAN_FILE}: run make tune-fashion first (it writes the plan)")
+            cells = field_cells(proto, plan)
         else:
             check = proto["check"]
-            cells = field_cells(proto, read_plan(args.runs, proto), check["methods"], check["seeds"])
+            cells = field_cells(proto, plan, check["methods"], check["seeds"])
     except (ProtocolError, KeyError) as exc:
-        print(f"[birder-repro] protocol: {exc}", flush=True)
+        print(f"[birder-repro] protocol: {exc}", file=sys.stderr, flush=True)
         return 2
+    if plan.get("provisional") and args.which == "check":
+        print(
+            f"[birder-repro] protocol: no {args.runs / PLAN_FILE}: the check uses the protocol's provisional targets, "
+            "budgets and step times and the recipes' values",
+            file=sys.stderr,
+        )
+    print(f"# order-seed: {proto['order_seed']}")
     print("\n".join(cells))
     return 0
 

@@ -315,6 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     frame = load_frame(runs)
     rows = tuning_rows(frame, one_node_profiles(frame["run_dir"]))
     experiment = f"{proto['tuning_experiment']}"
+    if not args.plan:
+        print(f"# order-seed: {proto['order_seed']}")
     if args.rerun:
         lines = rerun_overrides(rows, proto["confirm_best"], proto["tuning_seeds"][1:])
         print("\n".join(f"experiment={experiment} {line}" for line in lines))
