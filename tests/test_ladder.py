@@ -105,7 +105,12 @@ def test_separated_intervals_give_an_order_and_overlapping_ones_a_tie(tmp_path):
         curve_run(root, f"s{seed}", "sgdm", seed, [(10, 1.0, 95.0), (20, a + 0.5, 98.0), (30, 9.5, 98.2)])
         curve_run(root, f"b{seed}", "birder", seed, [(10, 1.0, 95.0), (20, b + 0.5, 98.0), (30, 9.5, 98.2)])
         curve_run(root, f"a{seed}", "adamw", seed, [(10, 1.0, 95.0), (20, c + 0.5, 98.0), (30, 9.5, 98.2)])
+    # 1-bit Adam reaches 98 fast in two seeds of three and never in the third: it is not ordered at 98
+    curve_run(root, "o0", "onebit_adam", 0, [(10, 1.0, 95.0), (20, 1.5, 98.0), (30, 9.5, 98.2)])
+    curve_run(root, "o1", "onebit_adam", 1, [(10, 1.0, 95.0), (20, 1.6, 98.0), (30, 9.5, 98.2)])
+    curve_run(root, "o2", "onebit_adam", 2, [(10, 1.0, 95.0), (20, 1.6, 97.0), (30, 9.5, 97.2)])
     rows = ladder.ladder_rows(load_frame(root)).set_index("optim")
+    assert rows.loc["onebit_adam", "order@98"] == "not ordered" and rows.loc["onebit_adam", "reached@98"] == 2
     assert rows.loc["birder", "order@98"] == "ahead of AdamW"  # 2.5 +- 0.25 against 6.0 +- 2.5
     assert rows.loc["adamw", "order@98"] == "tie with SGDM"  # 6.0 +- 2.5 against 6.5 +- 0.25
     assert rows.loc["sgdm", "order@98"] == ""
