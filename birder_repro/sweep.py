@@ -4,9 +4,11 @@ Hydra's basic launcher runs the cells of ``birder-repro -m ...`` one after anoth
 failed cell does not stop the others (each keeps its own record). :class:`SweepReport`, a Hydra callback
 (registered in conf/config.yaml under ``hydra.callbacks``), notes every cell that ended with a non-zero code
 together with the last line it wrote to stderr, which is the CLI's one-line error; when the sweep ends it lists
-them and exits with :data:`FAILED_SWEEP`. Ctrl-C is no cell's failure: the CLI exits from inside the cell, which
-stops the whole sweep at once. With a launcher that runs cells elsewhere (``hydra/launcher=submitit_slurm``)
-the cells end in their own jobs, unseen here: their records say how each ended.
+them and exits with :data:`FAILED_SWEEP`. Before each cell it prints ``cell k of N, about T left`` (N from the
+sweep's overrides, :func:`sweep_size`; T the mean of the cells done so far times the cells left). Ctrl-C is no
+cell's failure: the CLI exits from inside the cell, which stops the whole sweep at once. With a launcher that
+runs cells elsewhere (``hydra/launcher=submitit_slurm``) the cells end in their own jobs, unseen here: their
+records say how each ended.
 
 ``python -m birder_repro.sweep`` is the other way to sweep: cells read one per line (each a ``birder-repro``
 argument line, as ``python -m birder_repro.report.protocol`` prints them), run one after another as single
@@ -36,7 +38,16 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-__all__ = ["FAILED_SWEEP", "FailedCell", "SweepReport", "interleaved", "order_text", "progress_line", "run_cells"]
+__all__ = [
+    "FAILED_SWEEP",
+    "FailedCell",
+    "SweepReport",
+    "interleaved",
+    "order_text",
+    "progress_line",
+    "run_cells",
+    "sweep_size",
+]
 
 FAILED_SWEEP = 1  # the exit code of a sweep in which any cell failed or was refused
 PREFIX = "[birder-repro] "
@@ -77,13 +88,25 @@ class SweepReport(Callback):
         self.failed: list[FailedCell] = []
         self.cells = 0
         self._sweeping = False
+        self._total: int | None = None
+        self._done_s: list[float] = []
+        self._started = 0.0
         self._stderr: _LastLine | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from omegaconf import OmegaConf
+
         self._sweeping = True
+        self._total = sweep_size(OmegaConf.select(config, "hydra.overrides.task", default=None) or [])
+        self._done_s: list[float] = []
+        self._started = 0.0
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         if self._sweeping:  # a cell: keep its last stderr line, its error line should it fail
+            k = self.cells + 1
+            said = progress_line(k, self._total, self._done_s) if self._total else f"cell {k}"
+            print(f"{PREFIX}{said}", flush=True)
+            self._started = time.monotonic()
             self._stderr = _LastLine(sys.stderr)
             sys.stderr = self._stderr
 
@@ -93,6 +116,7 @@ class SweepReport(Callback):
             return
         sys.stderr = watched.stream
         self.cells += 1
+        self._done_s.append(time.monotonic() - self._started)
         code = _exit_code(job_return)
         if code != 0:
             error = watched.last.removeprefix(PREFIX) or "(it printed no error)"
@@ -106,6 +130,47 @@ class SweepReport(Callback):
         for cell in self.failed:
             print(cell.line(), file=sys.stderr, flush=True)
         sys.exit(FAILED_SWEEP)
+
+
+def _top_level_parts(value: str) -> list[str]:
+    """``value`` split at the commas outside brackets and quotes: "1,[2,3]" -> ["1", "[2,3]"]."""
+    parts, depth, quote, current = [], 0, "", ""
+    for ch in value:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+            continue
+        current += ch
+    return [*parts, current]
+
+
+def sweep_size(overrides: Sequence[str]) -> int | None:
+    """How many cells Hydra's basic sweeper makes of ``overrides`` (the product of each override's values:
+    ``a=1,2``, ``choice(x,y)``, ``range(0,5)``); None where one is a sweep it cannot count (``glob(...)``)."""
+    total = 1
+    for override in overrides:
+        value = override.split("=", 1)[1] if "=" in override else ""
+        if value.startswith("range(") and value.endswith(")"):
+            try:
+                total *= len(range(*(int(float(v)) for v in _top_level_parts(value[6:-1]))))
+            except (TypeError, ValueError):
+                return None
+            continue
+        if value.startswith("choice(") and value.endswith(")"):
+            total *= len(_top_level_parts(value[7:-1]))
+            continue
+        if "(" in value.split(",", 1)[0] and not value.startswith(("[", "{", "'", '"')):
+            return None  # another sweep function (glob, interval, ...)
+        total *= len(_top_level_parts(value))
+    return total
 
 
 def _exit_code(job_return: JobReturn) -> int:

@@ -255,3 +255,24 @@ def test_the_field_needs_the_tuning_plan_and_the_check_does_not(tmp_path, capsys
     lines = captured.out.splitlines()
     assert lines[0].startswith("# order-seed: ") and len(lines) == 1 + 4 * 3
     assert "provisional" in captured.err
+
+
+def test_a_hydra_sweeps_size_is_the_product_of_its_overrides_values():
+    assert sweep.sweep_size(["optim=sgdm,birder", "seed=0,1,2", "nodes=2"]) == 6
+    assert sweep.sweep_size(["task.target.ladder=[86,87]", "seed=range(0,5)", "x=choice(a,'b,c')"]) == 10
+    assert sweep.sweep_size(["cluster.link_mbit=50,null", "model.width='a,b',c"]) == 4
+    assert sweep.sweep_size(["optim.lr=glob(*)"]) is None and sweep.sweep_size([]) == 1
+
+
+def test_a_hydra_sweep_says_which_cell_of_how_many_before_each(capsys):
+    from hydra.core.utils import JobReturn, JobStatus
+    from omegaconf import OmegaConf
+
+    report = sweep.SweepReport()
+    report.on_multirun_start(OmegaConf.create({"hydra": {"overrides": {"task": ["optim=a,b", "seed=0,1"]}}}))
+    for num in range(2):
+        cfg = OmegaConf.create({"hydra": {"job": {"num": num}}})
+        report.on_job_start(cfg)
+        report.on_job_end(cfg, JobReturn(overrides=[], status=JobStatus.COMPLETED, _return_value=0))
+    out = capsys.readouterr().out
+    assert "cell 1 of 4, time left not known yet" in out and "cell 2 of 4, about" in out
