@@ -105,7 +105,7 @@ class SweepReport(Callback):
         if self._sweeping:  # a cell: keep its last stderr line, its error line should it fail
             k = self.cells + 1
             said = progress_line(k, self._total, self._done_s) if self._total else f"cell {k}"
-            print(f"{PREFIX}{said}", flush=True)
+            print(f"{PREFIX}{said}", file=sys.stderr, flush=True)  # before the cell's own stderr is watched
             self._started = time.monotonic()
             self._stderr = _LastLine(sys.stderr)
             sys.stderr = self._stderr

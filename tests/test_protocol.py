@@ -274,5 +274,5 @@ def test_a_hydra_sweep_says_which_cell_of_how_many_before_each(capsys):
         cfg = OmegaConf.create({"hydra": {"job": {"num": num}}})
         report.on_job_start(cfg)
         report.on_job_end(cfg, JobReturn(overrides=[], status=JobStatus.COMPLETED, _return_value=0))
-    out = capsys.readouterr().out
-    assert "cell 1 of 4, time left not known yet" in out and "cell 2 of 4, about" in out
+    err = capsys.readouterr().err
+    assert "cell 1 of 4, time left not known yet" in err and "cell 2 of 4, about" in err
