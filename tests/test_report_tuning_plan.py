@@ -79,3 +79,20 @@ def test_the_plan_sets_targets_and_budgets_by_the_rules_before_the_field(tmp_pat
     steps = protocol.budget_steps(plan["budgets_s"][0], main, warm, 0.0)
     assert f"train.steps={steps} " in cells[1] and "task.target.value=86.24" in cells[0]
     assert math.isfinite(steps)
+
+
+def test_the_command_prints_the_extension_and_confirmation_cells_for_the_sweep(tmp_path, capsys):
+    records = [trial("sgdm", 5e-4, 300), trial("sgdm", 1e-3, 200), trial("sgdm", 2e-3, 150)]
+    root = write(tmp_path / "runs", records)
+    assert tuning.main(["--extend", str(root)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("# order-seed: ")
+    assert lines[1:] == ["experiment=fashion_tuning optim=sgdm optim.lr=0.004 seed=100"]
+    assert tuning.main(["--rerun", str(root)]) == 0  # the best two at the other tuning seed, 101
+    lines = capsys.readouterr().out.splitlines()[1:]
+    assert lines == [
+        "experiment=fashion_tuning optim=sgdm optim.lr=0.002 seed=101",
+        "experiment=fashion_tuning optim=sgdm optim.lr=0.001 seed=101",
+    ]
+    assert tuning.main(["--plan", str(root)]) == 2  # no 1-node profile to price the steps: one line, no plan
+    assert "no 1-node profile" in capsys.readouterr().out and not (root / protocol.PLAN_FILE).exists()
