@@ -80,7 +80,8 @@ def test_the_grid_cells_are_the_tuning_experiment_at_the_first_tuning_seed():
         in cells
     )
     cfg = compose_config(shlex.split(cells[0]))  # a cell composes
-    assert cfg.seed == 100 and cfg.data.eval_set == "val"
+    assert cfg.seed == 100 and cfg.data.eval_set == "val" and not cfg.train.stop_at_target
+    assert cfg.task.target.value == proto["score_target"] and cfg.tuning.score_link_mbit == proto["link_mbit"]
 
 
 def test_the_target_rule():

@@ -95,14 +95,15 @@ def _own_processes(rec: dict) -> int:
     return int(cluster.get("gpus_per_node") or 1)
 
 
-def default_load_limit() -> float:
-    """The protocol's ``load_limit_per_core`` (conf/tuning/fashion_mnist.yaml), 1.5 where it cannot be read."""
+def protocol_value(key: str, default: float) -> float:
+    """A number of the protocol (conf/tuning/fashion_mnist.yaml: ``load_limit_per_core``, ``confidence``), the
+    default where it cannot be read."""
     from .protocol import ProtocolError, load_protocol
 
     try:
-        return float(load_protocol()["load_limit_per_core"])
+        return float(load_protocol()[key])
     except (ProtocolError, KeyError, TypeError):
-        return 1.5
+        return default
 
 
 def _per_run(runs: pd.DataFrame, load_limit: float) -> pd.DataFrame:
@@ -158,7 +159,7 @@ def _orders(rows: list[dict], key: str, lower_is_better: bool) -> dict[int, str]
     return out
 
 
-def ladder_rows(frame: pd.DataFrame, load_limit: float | None = None, confidence: float = 0.95) -> pd.DataFrame:
+def ladder_rows(frame: pd.DataFrame, load_limit: float | None = None, confidence: float | None = None) -> pd.DataFrame:
     """One row per group of report.target's GROUP (less the run's own target value, which the ladder
     covers) of whole runs (no ``tuning.budget_s``): per level, the time to it over the runs with its interval
     and the row's place in the order at that level."""
@@ -167,7 +168,8 @@ def ladder_rows(frame: pd.DataFrame, load_limit: float | None = None, confidence
     runs = _fill(frame)
     if runs.empty:
         return pd.DataFrame()
-    runs = _per_run(runs, default_load_limit() if load_limit is None else load_limit)
+    runs = _per_run(runs, protocol_value("load_limit_per_core", 1.5) if load_limit is None else load_limit)
+    confidence = protocol_value("confidence", 0.95) if confidence is None else confidence
     runs = runs[runs["budget_s"].isna()]
     group = [k for k in GROUP if k != "target_value"]
     rows = []
@@ -200,7 +202,7 @@ def ladder_rows(frame: pd.DataFrame, load_limit: float | None = None, confidence
     return table.drop(columns=[c for c in table.columns if c.startswith("_interval@")])
 
 
-def budget_rows(frame: pd.DataFrame, load_limit: float | None = None, confidence: float = 0.95) -> pd.DataFrame:
+def budget_rows(frame: pd.DataFrame, load_limit: float | None = None, confidence: float | None = None) -> pd.DataFrame:
     """One row per (setting less its length, budget, optimizer configuration) of the runs made for a time
     budget (``tuning.budget_s``): their steps, the training seconds they took (the last evaluation's time on
     the loop clock), the final metric with its interval, and the order at the budget (higher is better)."""
@@ -209,7 +211,8 @@ def budget_rows(frame: pd.DataFrame, load_limit: float | None = None, confidence
     runs = _fill(frame)
     if runs.empty:
         return pd.DataFrame()
-    runs = _per_run(runs, default_load_limit() if load_limit is None else load_limit)
+    runs = _per_run(runs, protocol_value("load_limit_per_core", 1.5) if load_limit is None else load_limit)
+    confidence = protocol_value("confidence", 0.95) if confidence is None else confidence
     runs = runs[runs["budget_s"].notna()]
     if runs.empty:
         return pd.DataFrame()
