@@ -53,11 +53,13 @@ __all__ = [
     "write_failed_record",
     "find_records",
     "effective_lr",
+    "host_load",
 ]
 
 CONFIG_FILE = "config.yaml"
 COMMAND_FILE = "command.txt"
 RECORD_FILE = "record.json"
+LOAD_FILE = "host_load.json"  # the host's load average when the run directory was made (record: host_load)
 LOG_FILE = "output.log"
 DEFAULT_RUNS = "runs"
 
@@ -85,6 +87,29 @@ def write_run_files(run_dir: Path, cfg: DictConfig, command: str | None) -> None
     _atomic_write(run_dir / CONFIG_FILE, OmegaConf.to_yaml(cfg))
     if command is not None:
         _atomic_write(run_dir / COMMAND_FILE, command + "\n")
+        if not (run_dir / LOAD_FILE).exists():  # a resumed run keeps its first start's load
+            _atomic_write(run_dir / LOAD_FILE, json.dumps(host_load()))
+
+
+def host_load() -> list[float] | None:
+    """os.getloadavg(): the host's 1, 5 and 15 minute load averages; None where the platform has none."""
+    try:
+        return [round(x, 3) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _host_load(run_dir: Path) -> dict[str, Any] | None:
+    """The record's ``host_load``: the load at the run directory's making (``start``, from LOAD_FILE), now
+    (``end``) and the host's cpus."""
+    try:
+        start = json.loads((run_dir / LOAD_FILE).read_text())
+    except (OSError, ValueError):
+        start = None
+    end = host_load()
+    if start is None and end is None:
+        return None
+    return {"start": start, "end": end, "cpus": os.cpu_count()}
 
 
 def load_run_config(run_dir: Path) -> DictConfig:
@@ -182,6 +207,7 @@ def base_record(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             "command": read_command(run_dir),
             "config": _plain(cfg),
             "config_digest": _try(lambda: cell_digest(cfg)),
+            "host_load": _host_load(Path(run_dir)),
         }
     )
     return record

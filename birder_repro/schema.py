@@ -319,6 +319,11 @@ KEYS: tuple[Key, ...] = (
     Key("git_sha", "the commit of the checkout that ran"),
     Key("started", "local time with UTC offset, ISO 8601"),
     Key("ended", "local time with UTC offset, ISO 8601"),
+    Key(
+        "host_load",
+        "the host's load average when the run directory was made (start) and when the record was written (end): "
+        "os.getloadavg()'s 1, 5 and 15 minutes each, and the host's cpus; null where the platform has none",
+    ),
     Key("run_dir", "the run directory"),
     Key("command", "the command line that reproduces the run"),
     Key("config", "the resolved config (Hydra's own node left out)"),

@@ -12,8 +12,9 @@ from omegaconf import OmegaConf
 from birder_repro import checks  # noqa: F401 - validate runs the higher layers' section checks too
 from birder_repro import config as layout
 
-# Groups whose options are chosen on the command line (recipe/ is chosen by the task x optim pair).
-GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "recipe")
+# Groups whose options are chosen on the command line (recipe/ is chosen by the task x optim pair; tuning/ holds
+# the protocols report.protocol reads, no group a run composes).
+GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("recipe", "tuning"))
 OPTIONS = [(group, path.stem) for group in GROUPS for path in sorted((CONF_DIR / group).glob("*.yaml"))]
 RECIPES = sorted((p.parent.name, p.stem) for p in (CONF_DIR / "recipe").glob("*/*.yaml"))
 TASKS = sorted(p.stem for p in (CONF_DIR / "task").glob("*.yaml"))

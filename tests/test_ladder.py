@@ -1,5 +1,6 @@
 """tables/targets.md (birder_repro.report.ladder): the time to several targets read from each run's evaluation
-curve, and the metric every method has at equal time budgets (fractions of the baseline's whole run)."""
+curve with 95 % t intervals and the order they allow, the metric of runs sized to a time budget, and the runs
+taken on a loaded host."""
 
 from __future__ import annotations
 
@@ -17,7 +18,18 @@ from birder_repro.report.__main__ import main
 from birder_repro.report.records import load_frame
 
 
-def curve_run(root: Path, name: str, optim: str, seed: int, points, *, compile_s=0.5, stop_at_target=False):
+def curve_run(
+    root: Path,
+    name: str,
+    optim: str,
+    seed: int,
+    points,
+    *,
+    compile_s=0.5,
+    stop_at_target=False,
+    budget_s=None,
+    host_load=None,
+):
     """A run whose evaluations are ``points`` [(step, train_s, top1)] and whose ladder is 97, 98.5, 99."""
     final = points[-1][2]
     reached = next(((s, t) for s, t, v in points if v >= 98.0), None)
@@ -27,6 +39,11 @@ def curve_run(root: Path, name: str, optim: str, seed: int, points, *, compile_s
     rec["metrics"] = {"top1": final}
     rec["config"]["task"]["target"] = {"metric": "top1", "value": 98.0, "direction": "higher", "ladder": [97, 98.5, 99]}
     rec["config"]["train"] = {"stop_at_target": stop_at_target}
+    if budget_s is not None:  # a run sized to a time budget (report.protocol): its own length
+        rec["config"]["train"]["steps"] = points[-1][0]
+        rec["config"]["tuning"] = {"budget_s": budget_s}
+        rec["steps"] = points[-1][0]
+    rec["host_load"] = host_load
     run = root / name
     run.mkdir(parents=True)
     (run / "record.json").write_text(json.dumps(rec))
@@ -60,43 +77,95 @@ def test_levels_are_the_target_and_its_ladder_ascending_once():
     assert ladder.levels_of({}) == []
 
 
-def test_time_to_each_level_and_the_metric_at_equal_time(tmp_path):
+def test_time_to_each_level_with_its_t_interval_and_the_order_it_allows(tmp_path):
     rows = ladder.ladder_rows(load_frame(write_field(tmp_path / "runs")))
     sgdm, birder = (rows[rows["optim"] == o].iloc[0] for o in ("sgdm", "birder"))
     # times on time_to_target's clock: train_s less compile_s
     assert sgdm["time_s_mean@97"] == pytest.approx(4.0) and sgdm["reached@97"] == 2
     assert sgdm["time_s_mean@98"] == pytest.approx(6.0) and sgdm["time_s_sd@98"] == pytest.approx(0.0)
     assert sgdm["time_s_mean@98.5"] == pytest.approx(9.0) and sgdm["time_s_sd@98.5"] == pytest.approx(math.sqrt(2))
+    # 8 and 10 s: sd sqrt(2), half-width t(0.975, 1) x sqrt(2) / sqrt(2) = 12.706
+    assert sgdm["time_s_ci@98.5"] == pytest.approx(12.7062, abs=1e-3)
     assert sgdm["reached@99"] == 0 and math.isnan(sgdm["time_s_mean@99"])
     assert birder["time_s_mean@97"] == pytest.approx(1.0) and birder["time_s_mean@98"] == pytest.approx(2.0)
     assert birder["reached@98.5"] == 0
-    # budgets: 1/4, 1/2 and all of SGDM's whole run (10 s)
-    assert [sgdm[f"budget_s@{f:g}"] for f in ladder.BUDGET_FRACTIONS] == pytest.approx([2.5, 5.0, 10.0])
-    assert sgdm["metric_mean@0.25"] == pytest.approx(95.5)  # at 2.5 s: the evaluations at t = 2 s
-    assert sgdm["metric_mean@0.5"] == pytest.approx(97.25)  # at 5 s: the evaluations at t = 4 s
-    assert birder["metric_mean@0.25"] == pytest.approx(98.1)  # at 2.5 s: t = 2 s (the one at 3 s is later)
-    assert birder["metric_mean@1"] == pytest.approx(98.3)  # ended at 5 s: its final metric holds
+    # Birder's one seed has no interval: faster by its mean, still a tie
+    assert birder["order@98"] == "tie with SGDM" and sgdm["order@98"] == ""
     assert list(rows["optim"]) == ["sgdm", "birder"]
+    assert not any(c.startswith(("budget_s@", "metric_mean@")) for c in rows.columns)  # no equal-time column
     text = ladder.ladder_markdown(rows)
-    assert "time to top-1 >= 98.5, s" in text and "not reached (0 of 1)" in text and "9.0 ± 1.4 (2 of 2)" in text
-    assert "top-1 at 10 s (1 x SGDM's run)" in text
+    assert "time to top-1 >= 98.5, s (95 % CI)" in text and "not reached (0 of 1)" in text
+    assert "9 ± 13 (2 of 2)" in text and "1 (one run: no interval) (1 of 1)" in text
 
 
-def test_a_run_that_stopped_at_its_target_has_no_metric_after_it(tmp_path):
+def test_separated_intervals_give_an_order_and_overlapping_ones_a_tie(tmp_path):
+    root = tmp_path / "runs"
+    # SGDM reaches 98 at 6.5 +- 0.1 s, Birder at 2.5 +- 0.1 s, AdamW at 6.0 +- 1 s (three seeds each)
+    for seed, (a, b, c) in enumerate([(6.4, 2.4, 5.0), (6.5, 2.5, 6.0), (6.6, 2.6, 7.0)]):
+        curve_run(root, f"s{seed}", "sgdm", seed, [(10, 1.0, 95.0), (20, a + 0.5, 98.0), (30, 9.5, 98.2)])
+        curve_run(root, f"b{seed}", "birder", seed, [(10, 1.0, 95.0), (20, b + 0.5, 98.0), (30, 9.5, 98.2)])
+        curve_run(root, f"a{seed}", "adamw", seed, [(10, 1.0, 95.0), (20, c + 0.5, 98.0), (30, 9.5, 98.2)])
+    # 1-bit Adam reaches 98 fast in two seeds of three and never in the third: it is not ordered at 98
+    curve_run(root, "o0", "onebit_adam", 0, [(10, 1.0, 95.0), (20, 1.5, 98.0), (30, 9.5, 98.2)])
+    curve_run(root, "o1", "onebit_adam", 1, [(10, 1.0, 95.0), (20, 1.6, 98.0), (30, 9.5, 98.2)])
+    curve_run(root, "o2", "onebit_adam", 2, [(10, 1.0, 95.0), (20, 1.6, 97.0), (30, 9.5, 97.2)])
+    rows = ladder.ladder_rows(load_frame(root)).set_index("optim")
+    assert rows.loc["onebit_adam", "order@98"] == "not ordered" and rows.loc["onebit_adam", "reached@98"] == 2
+    assert rows.loc["birder", "order@98"] == "ahead of AdamW"  # 2.5 +- 0.25 against 6.0 +- 2.5
+    assert rows.loc["adamw", "order@98"] == "tie with SGDM"  # 6.0 +- 2.5 against 6.5 +- 0.25
+    assert rows.loc["sgdm", "order@98"] == ""
+
+
+def _budget_field(root: Path) -> Path:
+    """Runs sized to a 10 s budget: Birder ends at 98.0-98.2, SGDM at 96.0-96.2, AdamW at 95.0-95.8."""
+    for seed in range(3):
+        curve_run(root, f"bs{seed}", "sgdm", seed, [(10, 5.0, 95.0), (20, 10.4, 96.0 + seed / 10)], budget_s=10.0)
+        curve_run(root, f"bb{seed}", "birder", seed, [(10, 5.0, 97.0), (60, 10.2, 98.0 + seed / 10)], budget_s=10.0)
+        curve_run(root, f"ba{seed}", "adamw", seed, [(10, 5.0, 95.0), (22, 10.0, 95.0 + 0.4 * seed)], budget_s=10.0)
+    return root
+
+
+def test_runs_sized_to_a_budget_give_their_final_metric_with_intervals_and_stay_out_of_the_ladder(tmp_path):
+    root = _budget_field(write_field(tmp_path / "runs"))
+    frame = load_frame(root)
+    levels = ladder.ladder_rows(frame)
+    assert levels["runs"].sum() == 3  # the whole runs of write_field only
+    budgets = ladder.budget_rows(frame).set_index("optim")
+    assert list(budgets.index) == ["sgdm", "adamw", "birder"]
+    assert budgets.loc["birder", "metric_mean"] == pytest.approx(98.1)
+    assert budgets.loc["birder", "metric_ci"] == pytest.approx(4.302653 * 0.1 / math.sqrt(3), rel=1e-5)
+    assert budgets.loc["birder", "steps"] == 60 and budgets.loc["birder", "took_s_mean"] == pytest.approx(9.7)
+    # by mean Birder 98.1 +- 0.25, SGDM 96.1 +- 0.25, AdamW 95.4 +- 0.99: the first two separate, the last two not
+    assert budgets.loc["birder", "order"] == "ahead of SGDM"
+    assert budgets.loc["sgdm", "order"] == "tie with AdamW" and budgets.loc["adamw", "order"] == ""
+    text = ladder.ladder_markdown(levels, ladder.budget_rows(frame))
+    assert "## digits: a budget of 10 s" in text and "98.1 ± 0.25" in text
+
+
+def test_a_run_on_a_loaded_host_is_flagged_and_listed_for_rerun(tmp_path):
     root = write_field(tmp_path / "runs")
-    curve_run(root, "d", "adamw", 0, [(10, 2.5, 97.0), (20, 3.5, 98.0)], stop_at_target=True)
-    rows = ladder.ladder_rows(load_frame(root))
+    # 2 cpus, limit 1.5 x 2 = 3, the run's own 4 processes: end load 7.5 - 4 = 3.5 > 3
+    curve_run(
+        root, "loaded", "adamw", 0, [(10, 2.5, 97.0), (20, 3.5, 98.0)],
+        host_load={"start": [1.0, 1.0, 1.0], "end": [7.5, 3.0, 2.0], "cpus": 2},
+    )  # fmt: skip
+    curve_run(
+        root, "quiet", "adamw", 1, [(10, 2.5, 97.0), (20, 3.5, 98.0)],
+        host_load={"start": [6.5, 1.0, 1.0], "end": [6.9, 3.0, 2.0], "cpus": 2},
+    )  # fmt: skip
+    rows = ladder.ladder_rows(load_frame(root), load_limit=1.5)
     adamw = rows[rows["optim"] == "adamw"].iloc[0]
-    assert adamw["metric_mean@0.25"] == pytest.approx(97.0) and math.isnan(adamw["metric_mean@1"])
-    assert adamw["metric_runs@1"] == 0
+    assert adamw["load_flagged"] == 1 and adamw["flagged_runs"] == [str(root / "loaded")]
+    text = ladder.ladder_markdown(rows)
+    assert "## Load-flagged runs, to rerun" in text and str(root / "loaded") in text
 
 
 def test_make_tables_writes_targets_md(tmp_path):
-    root = write_field(tmp_path / "runs")
+    root = _budget_field(write_field(tmp_path / "runs"))
     assert main(["--runs", str(root), "--out", str(tmp_path / "out"), "--figures", str(tmp_path / "f")]) == 0
     text = (tmp_path / "out" / "targets.md").read_text()
-    assert "# Several targets and equal time" in text and "| Birder " in text
-    assert "time_s_mean@98.5" in (tmp_path / "out" / "targets.csv").read_text()
+    assert "# Several targets and time budgets" in text and "| Birder " in text and "a budget of 10 s" in text
+    assert "time_s_ci@98.5" in (tmp_path / "out" / "targets.csv").read_text()
 
 
 def test_a_bad_ladder_is_one_error_naming_the_key():

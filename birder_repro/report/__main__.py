@@ -107,10 +107,11 @@ def write_overview(
         _write(out / "time_to_target.md", time_to_target.target_markdown(rows), written)
         if not rows.empty:
             _write(out / "time_to_target.csv", time_to_target.csv_text(rows), written)
-        levels = ladder.ladder_rows(frame)  # several targets, and the metric at equal time (report.ladder)
-        if not levels.empty:
-            _write(out / "targets.md", ladder.ladder_markdown(levels), written)
-            _write(out / "targets.csv", ladder.csv_text(levels), written)
+        levels = ladder.ladder_rows(frame)  # several targets, and the metric at a time budget (report.ladder)
+        budgets = ladder.budget_rows(frame)
+        if not levels.empty or not budgets.empty:
+            _write(out / "targets.md", ladder.ladder_markdown(levels, budgets), written)
+            _write(out / "targets.csv", ladder.csv_text(levels, budgets), written)
     # tuning on the validation split, scored by predicted time where 1-node profiles exist (report.tuning)
     trials = tuning.tuning_rows(frame, crossover.one_node_profiles(frame["run_dir"]))
     if not trials.empty:

@@ -11,12 +11,15 @@ scored by its predicted time to the target there: its steps, the first ``freeze`
 time, the rest at its own scheme's (:class:`~birder_repro.report.crossover.StepModel`, the performance model
 the crossover uses); otherwise by its steps (the table says which). Candidates are ranked by
 :func:`trial_score` over their seeds: every seed completed and reached the target beats any that did not, then
-the mean score over the seeds, then the higher mean final metric. The first is the study's choice, the values
-an experiment's recipe should carry (``conf/recipe/<task>/<optim>.yaml`` says where its values came from); a
-choice at the edge of its grid (the smallest or largest of three or more values tried) is flagged: the grid
-should widen. ``trials`` says how many runs each optimizer had: a fair comparison gives every optimizer the
-same budget (AlgoPerf's and MLPerf's rule). ``python -m birder_repro.report.tuning --rerun RUNS`` prints the
-sweep that runs the best candidates of each study with more seeds.
+the mean score over the seeds, then the higher mean final metric. The first is the study's choice. A choice
+at the smallest or largest of the values tried around it is on an edge (:func:`birder_repro.report.protocol.edges`):
+the table gives the next value or why the grid cannot extend. ``trials`` says how many runs each optimizer had:
+a fair comparison gives every optimizer the same budget (AlgoPerf's and MLPerf's rule).
+
+``python -m birder_repro.report.tuning`` with ``--rerun RUNS`` prints the cells that run each study's best
+candidates at the other tuning seeds, ``--extend RUNS`` the cells one step past each edge, and ``--plan RUNS``
+writes ``RUNS/tuned.yaml``, the field's input: the choices, the targets and budgets by the protocol's rules
+(conf/tuning/<task>.yaml) and each method's step times at the field's link.
 """
 
 from __future__ import annotations
@@ -32,13 +35,16 @@ import pandas as pd
 
 from .cells import fill_keys
 from .display import fmt_layout, fmt_number, is_missing, metric_label, optim_label, optim_rank, to_markdown
+from .protocol import Edge, ProtocolError, edges, load_protocol
 
 __all__ = ["TUNED_KEYS", "trial_score", "tuning_rows", "tuning_markdown"]
 
-# The keys a study varies: the learning rate (every optimizer), 1-bit Adam's warmup length, Birder's beta,
-# PowerSGD's rank and start step, DiLoCo's local steps and outer learning rate.
+# The keys a study varies: the learning rate (every optimizer), SGDM's momentum, AdamW's weight decay, 1-bit
+# Adam's warmup length, Birder's beta, PowerSGD's rank and start step, DiLoCo's local steps and outer lr.
 TUNED_KEYS = (
     "optim.lr",
+    "optim.momentum",
+    "optim.weight_decay",
     "optim.freeze",
     "optim.beta",
     "optim.comm.rank",
@@ -112,14 +118,19 @@ def predicted_seconds(row, profiles: dict | None) -> float | None:
     return StepModel(rec, profile).time_to_target(float(row["target_step"]), float(link))
 
 
-def _on_edge(trials: pd.DataFrame, chosen: dict) -> list[str]:
-    """The tuned keys whose chosen value is the smallest or largest of three or more values the study tried."""
-    edge = []
-    for key, value in chosen.items():
-        tried = sorted({t[key] for t in trials["tuned"] if key in t and isinstance(t[key], (int, float))})
-        if len(tried) >= 3 and isinstance(value, (int, float)) and value in (tried[0], tried[-1]):
-            edge.append(key)
-    return edge
+def key_specs() -> dict[str, Any]:
+    """How each tuned key steps beyond a grid's edge (conf/tuning/fashion_mnist.yaml's ``keys``); a key it does
+    not name steps on a log scale."""
+    try:
+        return dict(load_protocol()["keys"])
+    except (ProtocolError, KeyError):
+        return {}
+
+
+def _edges(trials: pd.DataFrame, chosen: dict, specs: dict) -> list[Edge]:
+    """The chosen values on an edge of what the study tried around them (report.protocol.edges)."""
+    keys = {k: specs.get(k, {"scale": "log"}) for k in chosen}
+    return edges(chosen, list(trials["tuned"]), keys)
 
 
 def _final(row, metric_cols: set) -> float | None:
@@ -161,10 +172,12 @@ def tuning_rows(frame: pd.DataFrame, profiles: dict | None = None) -> pd.DataFra
     for study, cands in first.groupby("study", sort=False):
         best[study] = min(cands["candidate"], key=lambda c: scores[c])
     runs["chosen"] = runs["candidate"] == runs["study"].map(best)
-    runs["edge"] = [
-        _on_edge(runs[runs["study"] == s], t) if c else []
+    specs = key_specs()
+    runs["edges"] = [
+        _edges(runs[runs["study"] == s], t, specs) if c else []
         for s, t, c in zip(runs["study"], runs["tuned"], runs["chosen"])
     ]
+    runs["edge"] = [list(dict.fromkeys(e.key for e in es)) for es in runs["edges"]]
     runs["_rank"] = optim_rank(runs["optim"])
     runs = runs.sort_values(["task", "_rank", "study", "started_at"], kind="stable")  # the sweep's order
     return runs.drop(columns="_rank").reset_index(drop=True)
@@ -183,21 +196,139 @@ def rerun_overrides(rows: pd.DataFrame, best: int = 2, seeds: Sequence[int] = (1
             wanted = [s for s in seeds if s not in have]
             if not wanted:
                 continue
-            values = " ".join(f"optim.{k}={v}" for k, v in row["tuned"].items())
+            values = _values_args(row["tuned"])
             lines.append(f"optim={row['optim']} {values} seed={','.join(str(s) for s in wanted)}")
     return lines
 
 
+def _values_args(values: dict) -> str:
+    return " ".join(f"optim.{k}={v:g}" if isinstance(v, float) else f"optim.{k}={v}" for k, v in values.items())
+
+
+def extension_overrides(rows: pd.DataFrame, seed: int = 0, experiment: str | None = None) -> list[str]:
+    """The cells that carry each study's grid one step past the chosen values' edges (report.protocol.edges):
+    the chosen values with one key at its next value, at ``seed``, each once and only where not yet tried. An
+    edge that cannot extend (its next value beyond the key's limit) gives no cell; the table says why."""
+    lines: list[str] = []
+    chosen = rows[rows["chosen"]].drop_duplicates("study") if not rows.empty else rows
+    for _, row in chosen.iterrows():
+        tried = list(rows[rows["study"] == row["study"]]["tuned"])
+        for edge in row["edges"]:
+            if edge.next is None:
+                continue
+            values = {**row["tuned"], edge.key: edge.next}
+            if values in tried:
+                continue
+            head = f"experiment={experiment} " if experiment else ""
+            line = f"{head}optim={row['optim']} {_values_args(values)} seed={seed}"
+            if line not in lines:
+                lines.append(line)
+    return lines
+
+
+def _middle_target_seconds(trials: pd.DataFrame, level: float, profiles: dict | None) -> float:
+    """A chosen candidate's mean predicted seconds to ``level`` (on the validation curve) at its scoring link
+    over its seeds; inf where a seed never reaches it or cannot be priced."""
+    from .crossover import StepModel, _profile_key, _record
+    from .ladder import run_curve
+
+    times = []
+    for _, row in trials.iterrows():
+        rec = _record(str(row["run_dir"]))
+        link = _items(row.get("config_items")).get("tuning.score_link_mbit")
+        profile = profiles.get(_profile_key(rec)[:-1] + ("emulated",)) if rec and profiles else None
+        curve = run_curve(row["run_dir"], str(row["target_metric"]))
+        hit = curve[curve["value"] >= level]
+        if profile is None or link is None or hit.empty:
+            return math.inf
+        times.append(StepModel(rec, profile).time_to_target(float(hit["step"].iloc[0]), float(link)))
+    return sum(times) / len(times) if times else math.inf
+
+
+def _step_times(row, link: float, profiles: dict | None) -> list[float] | None:
+    from .crossover import StepModel, _profile_key, _record
+
+    rec = _record(str(row["run_dir"]))
+    profile = profiles.get(_profile_key(rec)[:-1] + ("emulated",)) if rec and profiles else None
+    if profile is None:
+        return None
+    warm, main, _ = StepModel(rec, profile).step_s(float(link))
+    return [round(float(warm), 6), round(float(main), 6)]
+
+
+def field_plan(rows: pd.DataFrame, profiles: dict | None, proto: dict) -> dict[str, Any]:
+    """What the field runs, from the tuning alone (report.protocol's rules): each method's chosen values, the
+    targets (fractions of the best chosen candidate's mean final validation metric), the budgets (the median
+    method's predicted time to the middle target at the field's link, divided) and each method's step times
+    there (warmup step, step), from which a budget run's steps follow."""
+    from .protocol import budgets_from_times, target_levels
+
+    if rows.empty:
+        raise ProtocolError("no tuning trial (data.eval_set=val) under the runs folder: run make tune-fashion")
+    chosen = rows[rows["chosen"]]
+    finals = chosen.groupby("optim")["final_metric_value"].mean()
+    best = str(finals.idxmax())
+    targets = target_levels(float(finals.max()), proto["target_fractions"])
+    middle = targets[len(targets) // 2]
+    picks, step_s, seconds = {}, {}, {}
+    for optim, trials in chosen.groupby("optim", sort=False):
+        picks[str(optim)] = {k: (float(v) if isinstance(v, float) else v) for k, v in trials["tuned"].iloc[0].items()}
+        steps = _step_times(trials.iloc[0], proto["link_mbit"], profiles)
+        if steps is None:
+            raise ProtocolError(f"{optim}: no 1-node profile to price its steps (make tune-fashion's first sweep)")
+        step_s[str(optim)] = steps
+        seconds[str(optim)] = _middle_target_seconds(trials, middle, profiles)
+    budgets = budgets_from_times(list(seconds.values()), proto["budget_divisors"])
+    return {
+        "rule": (
+            f"targets: {proto['target_fractions']} x the best chosen method's mean final validation "
+            f"{chosen['headline_metric'].iloc[0]} ({best}, {float(finals.max()):.4g}); budgets: the median "
+            f"method's predicted seconds to {middle:g} at {proto['link_mbit']} Mbit/s / {proto['budget_divisors']}"
+        ),
+        "best_final": {"optim": best, "value": round(float(finals.max()), 4)},
+        "targets": targets,
+        "budgets_s": [round(b, 3) for b in budgets],
+        "seconds_to_middle_target": {k: (round(v, 3) if math.isfinite(v) else None) for k, v in seconds.items()},
+        "picks": picks,
+        "step_s": step_s,
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from .crossover import one_node_profiles
+    from .protocol import write_plan
     from .records import load_frame
 
     parser = argparse.ArgumentParser(prog="python -m birder_repro.report.tuning", description=__doc__)
-    parser.add_argument("--rerun", type=Path, required=True, help="the tuning runs' directory")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--rerun", type=Path, help="print the cells that give each study's best candidates more seeds")
+    what.add_argument("--extend", type=Path, help="print the cells one step past each choice's grid edge")
+    what.add_argument("--plan", type=Path, help="write RUNS/tuned.yaml: picks, targets, budgets (the field's input)")
+    parser.add_argument("--protocol", type=Path, default=None, help="default: conf/tuning/fashion_mnist.yaml")
     args = parser.parse_args(argv)
-    frame = load_frame(args.rerun)
-    for line in rerun_overrides(tuning_rows(frame, one_node_profiles(frame["run_dir"]))):
-        print(line)
+    runs = args.rerun or args.extend or args.plan
+    try:
+        proto = load_protocol(args.protocol)
+    except ProtocolError as exc:
+        print(f"[birder-repro] tuning: {exc}")
+        return 2
+    frame = load_frame(runs)
+    rows = tuning_rows(frame, one_node_profiles(frame["run_dir"]))
+    experiment = f"{proto['tuning_experiment']}"
+    if not args.plan:
+        print(f"# order-seed: {proto['order_seed']}")
+    if args.rerun:
+        lines = rerun_overrides(rows, proto["confirm_best"], proto["tuning_seeds"][1:])
+        print("\n".join(f"experiment={experiment} {line}" for line in lines))
+    elif args.extend:
+        print("\n".join(extension_overrides(rows, proto["tuning_seeds"][0], experiment)))
+    else:
+        try:
+            path = write_plan(runs, field_plan(rows, one_node_profiles(frame["run_dir"]), proto))
+        except ProtocolError as exc:
+            print(f"[birder-repro] tuning: {exc}")
+            return 2
+        print(f"[birder-repro] tuning: the field's plan: {path}")
     return 0
 
 
@@ -227,6 +358,29 @@ def _chosen_text(row) -> str:
     return text + (f" (edge of the grid: {', '.join(row['edge'])})" if row["edge"] else "")
 
 
+def _grid_text(trials: pd.DataFrame) -> str:
+    """Each key the study varied and the values it tried: "lr 0.001-0.004 (3), beta 0.9, 0.95"."""
+    parts = []
+    keys = list(dict.fromkeys(k for t in trials["tuned"] for k in t))
+    for key in keys:
+        tried = sorted({t[key] for t in trials["tuned"] if key in t and isinstance(t[key], (int, float))})
+        if len(tried) > 1:
+            parts.append(f"{key} " + ", ".join(fmt_number(v, 3) for v in tried))
+    return "; ".join(parts) or "—"
+
+
+def _interior_text(row) -> str:
+    """'interior', or each edge with the next value to run (report.tuning --extend) or why there is none."""
+    if not row["edges"]:
+        return "interior"
+    out = []
+    for e in row["edges"]:
+        where = "only value tried here" if e.side == "untried" else f"{e.side} edge"
+        then = f"next {fmt_number(e.next, 3)}" if e.next is not None else f"cannot extend: {e.reason}"
+        out.append(f"{e.key} {fmt_number(e.value, 3)}: {where}, {then}")
+    return "; ".join(out)
+
+
 def _seconds_text(value) -> str:
     return "—" if is_missing(value) else fmt_number(float(value), 3)
 
@@ -249,8 +403,11 @@ NOTES = (
     "(`optim.freeze`) at the fp32 step's time; without a link or a profile, its steps. A candidate (one set of "
     "values) is scored over its seeds (every seed must reach the target; then the mean); the choice is the "
     "best candidate, ties and misses by the higher mean final metric, failed or diverged trials last. A choice "
-    "at the smallest or largest of three or more values tried is flagged: its grid should widen. `trials` is "
-    "each optimizer's budget: the same for every optimizer of a comparison.",
+    "at the smallest or largest of the values tried around it (the other keys at the chosen values) is on an "
+    "edge: `interior?` gives the next value, which `python -m birder_repro.report.tuning --extend RUNS` prints "
+    "as the cell to run, or why the grid cannot extend (conf/tuning/<task>.yaml's `keys`). `trials` is each "
+    "optimizer's budget: the same for every optimizer of a comparison (conf/tuning/<task>.yaml's `trials`, plus "
+    "the confirming seeds and any extension).",
     "Final metric: at the run's end, which is the target's evaluation for a run ended there (`train.stop_at_target`).",
 )
 
@@ -280,6 +437,8 @@ def tuning_markdown(rows: pd.DataFrame) -> str:
                 "optimizer": [optim_label(o, v) for o, v in zip(chosen["optim"], chosen["variant"])],
                 "trials": chosen["trials"].astype(int),
                 "chosen values": chosen.apply(_chosen_text, axis=1),
+                "grid": chosen["study"].map(lambda st: _grid_text(of_task[of_task["study"] == st])),
+                "interior?": chosen.apply(_interior_text, axis=1),
                 "seeds": chosen["seeds"].astype(int),
                 "steps to target (val, first seed)": chosen.apply(_outcome, axis=1),
                 "s to target (mean over seeds)": chosen["study"].map(mean_s).map(_seconds_text),
