@@ -31,8 +31,9 @@ each node's GradScaler would find its own Inf or NaN: a node that skips a step a
 outer all-reduce at different steps (gloo aborts, NCCL hangs). With ``agree_over`` (the world's process group)
 the verdict is agreed before the step: GradScaler's found-inf flags (after its ``unscale_``) are all-reduced
 with MAX over every rank, so every rank skips, and halves its scale, alike. One 1-element all-reduce a step, on
-the device (GradScaler reads the flag on the host anyway). CPU runs use the same code (bf16 and fp16 autocast and GradScaler run on the CPU),
-so the tests cover it.
+the device (GradScaler reads the flag on the host anyway).
+
+CPU runs use the same code (bf16 and fp16 autocast and GradScaler run on the CPU), so the tests cover it.
 """
 
 from __future__ import annotations
