@@ -164,6 +164,16 @@ def main(argv: list[str] | None = None) -> int:
         why = why_no_cuda()
         print(unusable_cuda_line(why) if why else no_cuda_line(), flush=True)
         return 1 if why else 0
+    from birder_repro.gpucheck import procs
+
+    procs.install_stop_handler()  # a SIGTERM to gpu-check (an outer limit) ends the runs it started first
+    try:
+        return _checked(args)
+    finally:
+        procs.end_everything()  # nothing it started outlives it
+
+
+def _checked(args) -> int:
     out = (args.out or Path("runs") / "gpu-check" / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
     env = environment()
     header = ", ".join(f"{k} {v}" for k, v in env.items())

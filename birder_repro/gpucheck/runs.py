@@ -32,6 +32,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from birder_repro.gpucheck import procs
 from birder_repro.gpucheck.table import FAIL, Check, verdict
 
 COMPRESSED = ("birder", "onebit_adam")
@@ -124,9 +125,8 @@ def launch(spec: RunSpec, runs_root: Path, steps: int = STEPS, device: str = "cu
     with open(run_dir / "gpu-check.log", "w") as log:
         log.write(" ".join(cmd) + "\n")
         log.flush()
-        try:
-            subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout_s, check=False)
-        except subprocess.TimeoutExpired:
+        # the CLI, torchrun and the workers ended whole at the limit (procs.py: they are in separate sessions)
+        if procs.run_bounded(cmd, env, log, timeout_s) is None:
             log.write(f"\ngpu-check: the run took more than {timeout_s:.0f} s and was stopped\n")
     return run_dir
 
@@ -318,7 +318,7 @@ def launch_pair(spec: PairSpec, runs_root: Path, device: str = "cuda", timeout_s
         for attempt in range(2 if spec.stop else 1):
             log.write(" ".join(cmd) + "\n")
             log.flush()
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+            proc, tag = procs.start(cmd, env, log)
             try:
                 if spec.stop and attempt == 0:
                     deadline = time.monotonic() + timeout_s  # a run that never gets there is stopped all the same
@@ -327,10 +327,11 @@ def launch_pair(spec: PairSpec, runs_root: Path, device: str = "cuda", timeout_s
                     proc.send_signal(signal.SIGTERM)
                 codes.append(proc.wait(timeout=timeout_s))
             except subprocess.TimeoutExpired:
-                proc.kill()
                 log.write(f"\ngpu-check: the run took more than {timeout_s:.0f} s and was stopped\n")
                 codes.append(None)
                 break
+            finally:
+                procs.stop(proc, tag)  # the whole run, whatever its sessions (a no-op for one that ended whole)
             env.pop(FAULT_ENV, None)  # the resume runs to the end
     return run_dir, codes
 
