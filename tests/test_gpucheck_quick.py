@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from test_gpucheck import _fake_run
 
@@ -87,3 +88,12 @@ def test_without_a_gpu_the_stress_scenarios_are_skips():
 
     per_rank = run_processes(2, 1, "gloo", names=tuple(stress.STRESS.values()))
     assert [r.status for r in stress.check_stress(per_rank)] == [SKIP, SKIP]
+
+
+@pytest.mark.slow  # 20-40 s each on 2 CPU cores (the CLI, torchrun, a worker)
+@pytest.mark.parametrize("spec", quick.quick_runs(), ids=lambda s: s.name)
+def test_the_quick_runs_pass_on_cpu(spec, tmp_path):
+    """Each quick run through the CLI on CPU, its record checked as on a GPU (the fp16 overflow ones: one skip,
+    the scale halved once: torch's PowerSGD trains on after it)."""
+    row = runs.check_runs([spec], tmp_path, jobs=1, device="cpu", timeout_s=300)[0]
+    assert row.status == PASS, row.detail
