@@ -103,7 +103,10 @@ def set_group_timeout(group: Any, timeout: timedelta | None) -> None:
     if timeout is None or group is None:
         return
     setter = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
-    setter(timeout, group)
+    try:
+        setter(timeout, group)
+    except (RuntimeError, NotImplementedError, ValueError) as exc:  # a backend without timeouts (a custom one)
+        warnings.warn(f"a process group keeps its backend's timeout: {exc}", stacklevel=2)
 
 
 def set_mesh_timeout(mesh: Any, timeout: timedelta | None = None) -> None:
