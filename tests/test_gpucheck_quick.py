@@ -97,3 +97,20 @@ def test_the_quick_runs_pass_on_cpu(spec, tmp_path):
     the scale halved once: torch's PowerSGD trains on after it)."""
     row = runs.check_runs([spec], tmp_path, jobs=1, device="cpu", timeout_s=300)[0]
     assert row.status == PASS, row.detail
+
+
+@pytest.mark.parametrize("gpus, spawn", [(1, (2, "staged:cuda", 1)), (2, (2, "nccl", 1))])
+def test_the_quick_hook_section_is_one_spawn_with_the_stress_checks_in_it(monkeypatch, gpus, spawn):
+    import birder_repro.gpucheck as gpucheck
+    from birder_repro.gpucheck import hooks
+
+    called = []
+
+    def fake(world, backend, training, m, sanitizer, stress=False):
+        called.append((world, backend, m, training, sanitizer, stress))
+        return [Check("hooks", "birder", PASS)]
+
+    monkeypatch.setattr(hooks, "check_hooks", fake)
+    seen = []
+    rows = gpucheck._hooks(gpus, on_row=seen.append, quick=True)
+    assert called == [(*spawn, True, False, True)] and seen == rows
