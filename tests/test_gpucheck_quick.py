@@ -114,3 +114,19 @@ def test_the_quick_hook_section_is_one_spawn_with_the_stress_checks_in_it(monkey
     seen = []
     rows = gpucheck._hooks(gpus, on_row=seen.append, quick=True)
     assert called == [(*spawn, True, False, True)] and seen == rows
+
+
+def overlap_on_and_off_on_cpu(topology, device):
+    """The stress's two runs on CPU, with nothing to slow (``torch.cuda._sleep`` a no-op): what the GPU row
+    compares must be equal where no stream can race, or the row would fail for another reason."""
+    torch.cuda._sleep = lambda cycles: None
+    return {"on": stress._slowed_run(topology, device, True), "off": stress._slowed_run(topology, device, False)}
+
+
+def test_birder_with_overlap_on_equals_off_bit_for_bit_where_nothing_races():
+    from birder_repro.gpucheck.scenarios import run_processes
+
+    for rank in run_processes(2, 1, "gloo", names=(overlap_on_and_off_on_cpu,)):
+        got = rank["overlap_on_and_off_on_cpu"]
+        assert "error" not in got, got.get("error")
+        assert all(torch.equal(a, b) for a, b in zip(got["on"], got["off"])) and len(got["on"]) == 6

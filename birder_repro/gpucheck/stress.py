@@ -37,7 +37,8 @@ def _slowed_run(topology, device: torch.device, overlap: bool) -> list[torch.Ten
 
     torch.manual_seed(0)
     model = Layers().to(device)
-    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.0003, device_ids=[device])
+    ids = [device] if device.type == "cuda" else None
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.0003, device_ids=ids)
     opt = Birder(ddp.parameters(), lr=1e-2, beta=0.9, weight_decay=0.0)
     state = attach_birder(ddp, opt, topology=topology, kernel_backend=_kernels(), overlap=overlap)
     first = model.layers[0]
@@ -53,7 +54,8 @@ def _slowed_run(topology, device: torch.device, overlap: bool) -> list[torch.Ten
             torch.cuda._sleep(SLEEP_CYCLES)  # the step's reads must wait for the training stream, slowed
             opt.step()
             opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize(device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         return [p.detach().to("cpu", copy=True) for p in model.parameters()]
     finally:
         handle.remove()
