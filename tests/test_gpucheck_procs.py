@@ -92,3 +92,12 @@ def test_a_sigterm_to_gpu_check_ends_the_runs_it_started(tmp_path):
     assert check.returncode == 128 + signal.SIGTERM, err
     assert b"ending the runs it started" in err
     assert not _alive(cli) and not _alive(child), "gpu-check's run outlived it"
+
+
+def test_the_stop_handler_is_put_back_as_it_was():
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    env = os.environ.get(procs.SESSION_ENV)
+    saved = procs.install_stop_handler()
+    assert os.environ[procs.SESSION_ENV] and signal.getsignal(signal.SIGTERM) is not before[signal.SIGTERM]
+    procs.uninstall_stop_handler(saved)
+    assert {s: signal.getsignal(s) for s in before} == before and os.environ.get(procs.SESSION_ENV) == env

@@ -238,11 +238,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if why else 0
     from birder_repro.gpucheck import procs
 
-    procs.install_stop_handler()  # a SIGTERM to gpu-check (an outer limit) ends the runs it started first
+    saved = procs.install_stop_handler()  # a SIGTERM to gpu-check (an outer limit) ends the runs it started first
     try:
         return _checked(args)
     finally:
         procs.end_everything()  # nothing it started outlives it
+        procs.uninstall_stop_handler(saved)
 
 
 def _checked(args) -> int:

@@ -37,6 +37,7 @@ __all__ = [
     "stop",
     "run_bounded",
     "install_stop_handler",
+    "uninstall_stop_handler",
     "end_everything",
 ]
 
@@ -157,11 +158,12 @@ def end_everything(grace_s: float = 2.0) -> None:
         _wait_gone(left)
 
 
-def install_stop_handler() -> str:
+def install_stop_handler() -> dict:
     """Give this process a session tag (inherited by all it starts) and end every run it started on SIGTERM,
-    SIGINT or SIGHUP before it exits with 128 + the signal. Main thread only; returns the tag."""
-    session = uuid.uuid4().hex  # fresh: an inherited one could name the processes that started gpu-check
-    os.environ[SESSION_ENV] = session
+    SIGINT or SIGHUP before it exits with 128 + the signal (main thread only). Returns what
+    :func:`uninstall_stop_handler` puts back."""
+    saved: dict = {"env": os.environ.get(SESSION_ENV), "handlers": {}}
+    os.environ[SESSION_ENV] = uuid.uuid4().hex  # fresh: an inherited one could name the processes that started us
 
     def handle(signum, frame):
         print(f"gpu-check: {signal.Signals(signum).name}: ending the runs it started", file=sys.stderr, flush=True)
@@ -170,5 +172,15 @@ def install_stop_handler() -> str:
 
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, handle)
-    return session
+            saved["handlers"][sig] = signal.signal(sig, handle)
+    return saved
+
+
+def uninstall_stop_handler(saved: dict) -> None:
+    """The handlers and the session variable as they were before :func:`install_stop_handler`."""
+    for sig, handler in saved["handlers"].items():
+        signal.signal(sig, handler)
+    if saved["env"] is None:
+        os.environ.pop(SESSION_ENV, None)
+    else:
+        os.environ[SESSION_ENV] = saved["env"]
