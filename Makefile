@@ -8,7 +8,7 @@ ARGS    ?=
 # the tests waiting on processes they start); --dist loadfile gives each a whole test file, the longest first
 WORKERS ?= 3
 
-.PHONY: help install run lint test test-all tables bench gpu-check emulated-setup validate validate-emulated validate-fashion validate-published tune-fashion time-to-accuracy time-to-accuracy-check clean clean-failed
+.PHONY: help install run lint test test-all test-torch tables bench gpu-check gpu-check-lent emulated-setup validate validate-emulated validate-fashion validate-published tune-fashion time-to-accuracy time-to-accuracy-check clean clean-failed
 
 # the descriptions start in one column, after the longest target's name
 help:  ## list the targets
@@ -50,6 +50,36 @@ bench: $(STAMP)  ## compression / decompression time of the hooks against a copy
 
 gpu-check: $(STAMP)  ## on a GPU node: kernels, 1-GPU runs of every task, hooks across ranks (DDP/FSDP, fp32/bf16/fp16; NCCL, or 2 ranks on 1 GPU); one table, non-zero on a failure or unusable CUDA
 	$(BIN)/python -m birder_repro.gpucheck $(ARGS)
+
+# make test-torch VERSION=2.11.0: the torch versions the package claims (pyproject.toml's floor) are the ones tested.
+# A separate venv, .venv-torch-$(VERSION), with that torch from the registry (and the torchvision and Triton it
+# pins) and the package's other dependencies at constraints.txt's versions; then TORCH_TESTS, one pytest worker:
+# the hooks against their references, the optimizers, the Triton kernels in Triton's interpreter, fp16 with
+# GradScaler, a two-node torchrun run stopped and resumed, and a dry run importing no torch.
+TORCH_VENV = .venv-torch-$(VERSION)
+TORCH_TESTS ?= tests/test_comm_hooks.py tests/test_birder.py tests/test_onebit.py tests/test_optimizers.py \
+	tests/test_kernels.py tests/test_gpu_paths.py tests/test_grad_scaler.py tests/test_nonfinite.py \
+	tests/test_multinode.py::test_two_node_run_is_one_directory_stops_on_sigint_and_resumes_bit_exactly \
+	tests/test_cli.py::test_checking_a_config_and_a_dry_run_import_no_torch
+# TORCH_PINS: accelerate (tests/test_grad_scaler.py's Accelerate case) and numpy < 2.4: the Triton interpreter of
+# Triton 3.6 (torch 2.11's) turns 1-element arrays into ints, which numpy 2.4 refuses ("only 0-dimensional arrays").
+TORCH_PINS ?= accelerate "numpy<2.4"
+test-torch:  ## VERSION=2.11.0: a venv with that torch, then the hooks, optimizers, kernels (interpreted), a 2-node run
+	@test -n "$(VERSION)" || { echo "make test-torch: say which torch, e.g. make test-torch VERSION=2.11.0"; exit 2; }
+	test -x $(TORCH_VENV)/bin/python || $(PY) -m venv $(TORCH_VENV)
+	grep -v -E '^(torch|torchvision|torchft)==' constraints.txt > $(TORCH_VENV)/constraints.txt
+	$(TORCH_VENV)/bin/pip install -q -c $(TORCH_VENV)/constraints.txt "torch==$(VERSION)" -e . pytest pytest-timeout \
+	  $(TORCH_PINS)
+	$(TORCH_VENV)/bin/python -c "import torch, triton; print('make test-torch: torch', torch.__version__, 'Triton', triton.__version__)"
+	$(TORCH_VENV)/bin/python -m pytest -q -p no:xdist -p no:cacheprovider $(TORCH_TESTS) $(ARGS)
+
+# A lent GPU machine (docs/gpus.md): its image's python and torch, no network, 64 MiB carried. scripts/pack_lent.sh
+# (here) packs the project and the few pure-Python dependencies into .lent/site; this runs the quick plan there with
+# nothing installed, from .lent so that the checkout's own birder_repro/ (without its tasks/ link) is not imported.
+LENT_PY ?= python3
+gpu-check-lent:  ## on a lent GPU machine: gpu-check --quick (6 min) with its own python and torch, nothing installed (pack .lent first: scripts/pack_lent.sh)
+	@test -d .lent/site || { echo "make gpu-check-lent: no .lent/site: run scripts/pack_lent.sh where the registry is, and carry .lent"; exit 2; }
+	cd .lent && PYTHONPATH=$(CURDIR)/.lent/site $(LENT_PY) -m birder_repro.gpucheck --quick --out $(CURDIR)/runs/gpu-check-lent $(ARGS)
 
 validate: $(STAMP)  ## the performance model against the paper, out of sample (2-node fit -> 4 and 8 nodes) and in-sample
 	$(BIN)/python -m birder_repro.perf.validate $(ARGS)

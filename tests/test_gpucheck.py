@@ -96,8 +96,8 @@ def test_main_with_cuda_writes_the_table_and_exits_on_the_verdict(injected, code
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(gpucheck, "environment", lambda: {"device": "injected"})
     monkeypatch.setattr(gpucheck, "_kernels", lambda args: _rows(injected[0]))
-    monkeypatch.setattr(gpucheck, "_runs", lambda args, out, gpus: _rows(injected[1], section="runs"))
-    monkeypatch.setattr(gpucheck, "_hooks", lambda gpus: [Check("hooks", "every hook on NCCL", SKIP)])
+    monkeypatch.setattr(gpucheck, "_runs", lambda args, out, gpus, **k: _rows(injected[1], section="runs"))
+    monkeypatch.setattr(gpucheck, "_hooks", lambda gpus, **k: [Check("hooks", "every hook on NCCL", SKIP)])
     assert gpucheck.main(["--out", str(tmp_path / "t")]) == code
     data = json.loads((tmp_path / "t" / "gpu-check.json").read_text())
     assert [c["section"] for c in data["checks"]] == ["kernels", "runs", "hooks"]
@@ -339,7 +339,7 @@ def test_the_hook_section_plans_staged_on_one_gpu_and_nccl_2x1_and_1x2_on_two(mo
 
 def test_the_two_process_runs_need_two_gpus_and_say_so_in_the_table(monkeypatch, tmp_path):
     monkeypatch.setattr(runs, "check_runs", lambda *a, **k: [])
-    monkeypatch.setattr(runs, "check_pairs", lambda specs, root: [Check("runs", s.name, PASS) for s in specs])
+    monkeypatch.setattr(runs, "check_pairs", lambda specs, root, **k: [Check("runs", s.name, PASS) for s in specs])
     args = gpucheck._parser().parse_args(["--tasks", "digits"])
     names = [s.name for s in runs.pair_specs()]
     one = gpucheck._runs(args, tmp_path, 1)

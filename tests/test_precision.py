@@ -367,3 +367,88 @@ def test_every_task_runs_in_mixed_precision(runs_dir, task):
     """Every task, tiny and synthetic, 2 nodes x 1, with Birder and with its baseline, in bf16 and in fp16."""
     optims = f"birder,{BASELINES[task]}"
     _check_sweep(_sweep(runs_dir, task, optims), optims)
+
+
+# ------------------------------------------- fp16 with torch's PowerSGD, and with DiLoCo on 2 nodes (review 4)
+def _fp16_local_run(rank: int, world: int, optim: str, agree: bool = True):
+    """2 processes as 2 nodes of 1, fp16 with GradScaler, rank 1's loss infinite at step 3 (PowerSGD compresses
+    from step 2; DiLoCo's outer step every 2 steps). Returns every step's parameters, scales and PowerSGD state."""
+    import torch.distributed as dist
+
+    from birder_repro.comm.diloco import attach_diloco
+    from birder_repro.comm.powersgd import attach_powersgd
+    from birder_repro.comm.topology import build_topology
+    from birder_repro.optim import DiLoCo
+    from birder_repro.train.timing import run_step
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.0002)
+    if optim == "powersgd":
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+        comm = attach_powersgd(ddp, opt, build_topology(1), start_powerSGD_iter=2)
+    else:
+        opt = DiLoCo(ddp.parameters(), lr=0.01, local_steps=2)
+        comm = attach_diloco(ddp, opt, topology=build_topology(1))
+    precision = Precision("fp16", "cpu", comm, agree_over=dist.group.WORLD if agree else None)
+    task, gen = _Task(rank, bad_step=3), torch.Generator().manual_seed(rank)
+    out: dict = {"params": [], "scale": [], "error": [], "q": []}
+    for _ in range(8):
+        batch = torch.randn(8, 6, generator=gen), torch.randint(0, 3, (8,), generator=gen)
+        run_step(task, ddp, opt, batch, torch.device("cpu"), comm, None, precision)
+        out["params"].append([p.detach().clone() for p in model.parameters()])
+        out["scale"].append(precision.loss_scale)
+        if optim == "powersgd":
+            ts = comm.torch_state
+            out["error"].append({k: v.clone() for k, v in ts.error_dict.items()})
+            out["q"].append({k: v.clone() for k, v in ts.q_memory_dict.items()})
+    out["skipped"] = precision.skipped_steps
+    return out
+
+
+def _trains_on_after_the_skip(runs: list[dict]) -> None:
+    for rank, run in enumerate(runs):
+        assert run["skipped"] == 1, rank
+        assert run["scale"][3] == run["scale"][2] / 2, rank
+        assert all(torch.equal(a, b) for a, b in zip(run["params"][2], run["params"][3])), f"rank {rank} moved"
+        for step in range(4, 8):  # every later step trains: finite, and the parameters move
+            assert all(torch.isfinite(p).all() for p in run["params"][step]), (rank, step)
+            assert not all(torch.equal(a, b) for a, b in zip(run["params"][step - 1], run["params"][step])), step
+
+
+def test_fp16_powersgd_restores_its_error_and_q_at_a_skipped_step_and_trains_on():
+    """torch's PowerSGD writes its error and Q before GradScaler finds the overflow: without the restore, the
+    Inf stays in the error feedback and every later step is skipped. With it: one skip, the old Q back, the old
+    error back at the halved scale (it is held in units of the scale), and training goes on, ranks identical."""
+    runs = run_distributed(_fp16_local_run, 2, "powersgd")
+    _trains_on_after_the_skip(runs)
+    for rank, run in enumerate(runs):
+        assert run["error"][3].keys() == run["error"][2].keys() and run["error"][3], rank
+        for k, e in run["error"][3].items():
+            assert torch.equal(e, run["error"][2][k] / 2), (rank, k)
+            assert torch.equal(run["q"][3][k], run["q"][2][k]), (rank, k)
+        for p, q in zip(run["params"][-1], runs[0]["params"][-1]):
+            assert torch.equal(p, q), f"rank {rank} differs from rank 0"
+
+
+def test_fp16_diloco_on_two_nodes_skips_the_overflow_on_every_node_and_trains_on():
+    """DiLoCo averages gradients inside a node only: rank 1's overflow is its node's alone. GradScaler's verdict
+    agreed over the world, both nodes skip step 3, halve the scale, and reach each outer step together."""
+    _trains_on_after_the_skip(run_distributed(_fp16_local_run, 2, "diloco"))
+
+
+def test_fp16_diloco_without_an_agreed_verdict_skips_on_one_node_only():
+    """The negative control of the test above: without the agreement only rank 1 skips step 3, so the nodes
+    take their outer steps at different steps, rank 0 one more than rank 1 by the end, and gloo fails that
+    outer all-reduce (NCCL would hang in it)."""
+    with pytest.raises(AssertionError, match="RuntimeError"):
+        run_distributed(_fp16_local_run, 2, "diloco", False)
+
+
+def test_the_overflow_verdict_is_agreed_only_for_a_local_step_method_on_two_or_more_nodes():
+    from birder_repro.train.precision import agrees_overflow
+
+    assert agrees_overflow({"name": "diloco", "local_steps": 10}, 2)
+    assert agrees_overflow({"name": "streaming_diloco", "local_steps": 10}, 4)  # any local-step method
+    assert not agrees_overflow({"name": "diloco", "local_steps": 10}, 1)
+    assert not agrees_overflow({"name": "sgdm_powersgd"}, 2)

@@ -19,7 +19,23 @@ other buckets (parameter order, a 1 MiB first bucket) than the ones it rebuilds 
 the saved state belongs to. So the first iteration after ``load_state_dict`` all-reduces in fp32, as torch's
 hook does before ``start_powerSGD_iter`` for the same reason, and the saved state is used from the second on.
 A resumed run therefore differs from an uninterrupted one by that one uncompressed step.
+
+fp16 with ``torch.amp.GradScaler``: the hook receives S x the gradient. torch's hook writes its new error
+(``error_dict``) and its new Q (``q_memory_dict``) in the future's callbacks, before the scaler looks at the
+gradients; an overflow makes both Inf / NaN, and since every later step adds that error and orthogonalizes that
+Q, every later step would be non-finite and skipped (a run that "completes" having trained once). So under a
+scaler (:meth:`PowerSGDCommState.track_loss_scale`, which the training loop's ``Precision`` calls):
+
+    Step I    before torch's hook touches a bucket, its error tensor is kept (torch replaces it rather than
+              writing into it, so a reference is the backup) and its Q copied (m x r per matrix: small);
+    Step II   after GradScaler's step and update (:meth:`PowerSGDCommState.after_scaler_step`), on the device and
+              without a host read: where the scale fell (GradScaler skipped the step) the old error and Q come
+              back, and the error, held in units of the scale it was made at, is multiplied by new scale / old
+              scale (exact: a power of two), so that it stays the same true-gradient error when the scale halves
+              at a skip or doubles at GradScaler's growth. A bucket whose first compressed step is skipped loses
+              its P and Q, so that the next step draws them afresh as torch's first step does (one host read, once).
 """
+
 
 # No `from __future__ import annotations`: DDP's register_comm_hook compares the hook's annotations with
 # dist.GradBucket and torch.futures.Future[torch.Tensor] as objects, and rejects them as strings.
@@ -66,6 +82,8 @@ class PowerSGDCommState(CommState):
         "serialize_buckets",
         # Iterations still to all-reduce in fp32 after a load, while DDP's buckets are not yet its rebuilt ones.
         "fp32_iters_after_load",
+        # Under a GradScaler: bucket index -> (its error, a copy of its Q) from before this step; None: no scaler.
+        "undo",
     )
 
     def __init__(self, torch_state: PowerSGDState, topology: Topology, serialize_buckets: bool) -> None:
@@ -74,6 +92,47 @@ class PowerSGDCommState(CommState):
         self.topology = topology
         self.serialize_buckets = serialize_buckets
         self.fp32_iters_after_load = 0
+        self.undo: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]] | None = None
+
+    def track_loss_scale(self) -> None:
+        """A GradScaler scales the gradients this hook receives: keep each bucket's error and Q from before the
+        step, so that :meth:`after_scaler_step` can restore them (Step I of the module docstring)."""
+        if self.undo is None:
+            self.undo = {}
+
+    def keep_bucket(self, index: int) -> None:
+        """Step I for bucket ``index``, before torch's hook runs on it."""
+        if self.undo is None:
+            return
+        ts = self.torch_state
+        q = ts.q_memory_dict.get(index)
+        self.undo[index] = (ts.error_dict.get(index), None if q is None else q.detach().clone())
+
+    def after_scaler_step(self, scale_before: torch.Tensor, scale_after: torch.Tensor) -> None:
+        """Step II: GradScaler's step and update are done; ``scale_before`` / ``scale_after`` are its scale
+        tensors around them (the scale falls only where it found an Inf or NaN and skipped the step)."""
+        if self.undo is None:
+            return
+        ts = self.torch_state
+        skipped = scale_after < scale_before
+        ratio = scale_after / scale_before
+        for index, (error, q) in self.undo.items():
+            new_error = ts.error_dict.get(index)
+            if new_error is not None:
+                old = torch.zeros_like(new_error) if error is None else error.to(new_error.device)
+                ts.error_dict[index] = torch.where(skipped.to(new_error.device), old, new_error).mul_(
+                    ratio.to(new_error.device)
+                )
+            new_q = ts.q_memory_dict.get(index)
+            if new_q is None:
+                continue
+            if q is None:  # this bucket's first compressed step: skipped, its P and Q are drawn again next step
+                if bool(skipped):
+                    ts.p_memory_dict.pop(index, None)
+                    ts.q_memory_dict.pop(index, None)
+            else:
+                new_q.copy_(torch.where(skipped.to(new_q.device), q, new_q))
+        self.undo.clear()
 
     @property
     def compressing(self) -> bool:
@@ -164,6 +223,7 @@ def _powersgd_hook(state: PowerSGDCommState, bucket: dist.GradBucket) -> torch.f
     before = torch_state.total_numel_after_compression
     if compressing:
         _check_bucket_state(torch_state, bucket)
+        state.keep_bucket(bucket.index())  # under a GradScaler: what a skipped step restores
 
     # Step II: torch's hook (it returns without waiting on the communication).
     # Timed on the stream it runs on (CUDA events) or by the wall clock (CPU): CommState.timing. The part before

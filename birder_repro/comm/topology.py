@@ -7,6 +7,11 @@ What a hook was attached with is said once, on rank 0 (:func:`announce_layout`):
 from, through the ``birder_repro.comm`` logger (printed to stderr where logging is not configured); and a
 warning where every process is on one node, so that a hook whose compression runs between nodes compresses
 nothing, which ``attach_birder(ddp, opt)`` on one multi-GPU machine would otherwise do silently.
+
+Timeouts: ``dist.new_group`` and ``init_device_mesh`` do not inherit the default group's timeout; without one a
+subgroup's collective waits the backend's default (NCCL 10 min, gloo 30 min), whatever ``init_process_group``
+was given. Every group built here takes ``timeout``, by default the default group's (:func:`default_timeout`),
+and :func:`set_mesh_timeout` gives a device mesh's groups the same.
 """
 
 from __future__ import annotations
@@ -17,7 +22,10 @@ import sys
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
 
+import torch
 import torch.distributed as dist
 
 log = logging.getLogger("birder_repro.comm")
@@ -72,16 +80,56 @@ def group_or_world(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
     return world
 
 
-def build_topology(gpus_per_node: int, group: dist.ProcessGroup | None = None) -> Topology:
-    """Create the intra- and inter-node groups. Collective: every rank of the default group must call it."""
+def default_timeout() -> timedelta | None:
+    """The default group's timeout (what ``init_process_group`` was given), read from its backend's options;
+    None where the backend does not say (a subgroup then takes the backend's default, as before)."""
+    world = dist.group.WORLD
+    if not dist.is_initialized() or world is None:
+        return None
+    for device in ("cpu", "cuda"):
+        try:
+            timeout = world._get_backend(torch.device(device)).options._timeout
+        except (AttributeError, RuntimeError, ValueError):  # no backend for the device, or one without options
+            continue
+        if isinstance(timeout, timedelta):
+            return timeout
+    return None
+
+
+def set_group_timeout(group: Any, timeout: timedelta | None) -> None:
+    """``group``'s collectives time out after ``timeout`` (None: the default group's; nothing where unknown).
+    ``dist.set_timeout`` where torch has it, its older name ``_set_pg_timeout`` before."""
+    timeout = timeout if timeout is not None else default_timeout()
+    if timeout is None or group is None:
+        return
+    setter = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
+    try:
+        setter(timeout, group)
+    except (RuntimeError, NotImplementedError, ValueError) as exc:  # a backend without timeouts (a custom one)
+        warnings.warn(f"a process group keeps its backend's timeout: {exc}", stacklevel=2)
+
+
+def set_mesh_timeout(mesh: Any, timeout: timedelta | None = None) -> None:
+    """Every group of a ``DeviceMesh`` (one a dimension) given ``timeout`` (None: the default group's):
+    ``init_device_mesh`` takes no timeout."""
+    for dim in range(mesh.ndim):
+        set_group_timeout(mesh.get_group(dim), timeout)
+
+
+def build_topology(
+    gpus_per_node: int, group: dist.ProcessGroup | None = None, timeout: timedelta | None = None
+) -> Topology:
+    """Create the intra- and inter-node groups, each with ``timeout`` (None: the default group's). Collective:
+    every rank of the default group must call it."""
     if not dist.is_initialized():
         return Topology(rank=0, world_size=1, gpus_per_node=1)
     if group is not None and group is not dist.group.WORLD:
         raise NotImplementedError("topologies are built over the default (world) process group")
     rank, world = dist.get_rank(), dist.get_world_size()
     intra_ranks, inter_ranks = layout_groups(world, gpus_per_node)
-    intra = _my_group(intra_ranks, rank)
-    inter = _my_group(inter_ranks, rank)
+    timeout = timeout if timeout is not None else default_timeout()
+    intra = _my_group(intra_ranks, rank, timeout)
+    inter = _my_group(inter_ranks, rank, timeout)
     return Topology(rank=rank, world_size=world, gpus_per_node=gpus_per_node, intra_group=intra, inter_group=inter)
 
 
@@ -102,7 +150,7 @@ def group_peers(group: dist.ProcessGroup | None, rank: int) -> list[int]:
     return [r for r in dist.get_process_group_ranks(group) if r != rank]
 
 
-def _my_group(rank_lists: list[list[int]], rank: int) -> dist.ProcessGroup | None:
+def _my_group(rank_lists: list[list[int]], rank: int, timeout: timedelta | None = None) -> dist.ProcessGroup | None:
     mine = None
     for ranks in rank_lists:
         if len(ranks) == 1:  # single-process groups are never created: nothing to communicate
@@ -111,7 +159,7 @@ def _my_group(rank_lists: list[list[int]], rank: int) -> dist.ProcessGroup | Non
         if len(ranks) == dist.get_world_size():
             g = group_or_world(None)
         else:  # collective: every rank creates every group, in this order (a non-member gets a placeholder)
-            g = dist.new_group(ranks)
+            g = dist.new_group(ranks, timeout=timeout)
         if rank in ranks:
             if not isinstance(g, dist.ProcessGroup):
                 raise RuntimeError(f"rank {rank} was not made a member of the process group of ranks {ranks}")

@@ -444,17 +444,21 @@ def check_hooks(
     training: bool = True,
     gpus_per_node: int | None = None,
     sanitizer: bool = False,
+    stress: bool = False,
 ) -> list[Check]:
     """Every scenario on ``world`` processes (one spawn) as ``world // gpus_per_node`` nodes (default
     :func:`layout`), each compared with its reference and its byte formula; with ``training``, also Birder and
-    1-bit Adam under DDP and FSDP2 in every precision (:mod:`.training`); with ``sanitizer``, under CSAN.
+    1-bit Adam under DDP and FSDP2 in every precision (:mod:`.training`); with ``sanitizer``, under CSAN; with
+    ``stress``, also the stream-ordering stress and the host-sync check (:mod:`.stress`) in the same processes.
     ``backend``: ``nccl`` (a GPU each), ``staged:cuda`` (all on one GPU), ``gloo`` or ``staged:cpu`` (CPUs)."""
     from birder_repro.gpucheck.scenarios import SCENARIOS
     from birder_repro.gpucheck.training import TRAINING
 
     m = gpus_per_node or layout(world)[1]
     nodes = world // m
-    names = (*SCENARIOS, *(TRAINING if training else ()))
+    from birder_repro.gpucheck.stress import STRESS, check_stress
+
+    names = (*SCENARIOS, *(TRAINING if training else ()), *(STRESS.values() if stress else ()))
     try:
         per_rank = run_processes(world, m, backend, names=names, sanitizer=sanitizer)
     except Exception as exc:  # noqa: BLE001 - processes that die (or time out) are one failed row
@@ -466,7 +470,8 @@ def check_hooks(
         + check_birder_ddp(per_rank, nodes, m)
         + check_onebit_ddp(per_rank)
     )
-    return rows + (check_training(per_rank, nodes, m) if training else [])
+    rows += check_training(per_rank, nodes, m) if training else []
+    return rows + (check_stress(per_rank) if stress else [])
 
 
 def check_training(per_rank: list[dict], nodes: int, m: int) -> list[Check]:

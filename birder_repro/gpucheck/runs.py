@@ -32,6 +32,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from birder_repro.gpucheck import procs
 from birder_repro.gpucheck.table import FAIL, Check, verdict
 
 COMPRESSED = ("birder", "onebit_adam")
@@ -46,10 +47,19 @@ class RunSpec:
     task: str
     optim: str
     precision: str
+    extra: tuple[str, ...] = ()  # more overrides
+    overflow: bool = False  # the process's loss overflows fp16 once (OVERFLOW_1GPU): one skipped step, scale 2^15
 
     @property
     def name(self) -> str:
-        return f"{self.task}_{self.optim}_{self.precision}"
+        return f"{self.task}_{self.optim}_{self.precision}" + ("_overflow" if self.overflow else "")
+
+    @property
+    def label(self) -> str:
+        return f"{self.task} {self.optim} {self.precision}" + (", overflow at step 3" if self.overflow else "")
+
+
+OVERFLOW_1GPU = "0:3"  # the one process's third step overflows fp16 (birder_repro.gpucheck.overflow)
 
 
 def baseline(task: str) -> str:
@@ -107,12 +117,29 @@ def overrides(
         args.append(f"optim.amsgrad_after={steps // 2}")  # the b_hat variant from mid-run on
     if spec.task in LOADER_TASKS:
         args.append("data.num_workers=0")  # synthetic tensors: loader processes would only cost start-up time
-    return args
+    return args + list(spec.extra)
 
 
-def launch(spec: RunSpec, runs_root: Path, steps: int = STEPS, device: str = "cuda", timeout_s: float = 300) -> Path:
+def overflow_env(env: dict, runs_root: Path, spec: str) -> dict:
+    """``env`` with the overflow ``spec`` (rank:call) installed in the run's workers (gpucheck/overflow.py)."""
+    from birder_repro.gpucheck import overflow
+
+    site = overflow.site_dir(runs_root / "overflow-site")
+    path = os.pathsep.join(filter(None, (str(site), env.get("PYTHONPATH"))))
+    return {**env, overflow.ENV: spec, "PYTHONPATH": path}
+
+
+def launch(
+    spec: RunSpec,
+    runs_root: Path,
+    steps: int = STEPS,
+    device: str = "cuda",
+    timeout_s: float = 300,
+    threads: int | None = None,
+) -> Path:
     """One run through the CLI, as ``birder-repro`` would; returns its run directory (the record is checked
-    apart). Its output goes to ``gpu-check.log`` in the run directory."""
+    apart). Its output goes to ``gpu-check.log`` in the run directory. ``threads``: its ``OMP_NUM_THREADS``
+    (runs side by side share the cores)."""
     run_dir = runs_root / spec.name
     run_dir.mkdir(parents=True, exist_ok=True)
     supported = has_precision_setting()
@@ -121,12 +148,15 @@ def launch(spec: RunSpec, runs_root: Path, steps: int = STEPS, device: str = "cu
         return run_dir
     cmd = [sys.executable, "-m", "birder_repro.cli", *overrides(spec, run_dir, steps, supported, device)]
     env = dict(os.environ, BIRDER_RUNS=str(runs_root), WANDB_MODE="disabled")
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    if spec.overflow:
+        env = overflow_env(env, runs_root, OVERFLOW_1GPU)
     with open(run_dir / "gpu-check.log", "w") as log:
         log.write(" ".join(cmd) + "\n")
         log.flush()
-        try:
-            subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout_s, check=False)
-        except subprocess.TimeoutExpired:
+        # the CLI, torchrun and the workers ended whole at the limit (procs.py: they are in separate sessions)
+        if procs.run_bounded(cmd, env, log, timeout_s) is None:
             log.write(f"\ngpu-check: the run took more than {timeout_s:.0f} s and was stopped\n")
     return run_dir
 
@@ -149,7 +179,7 @@ def step_wall_seconds(metrics_path: Path, last_step: int, timed_steps: int) -> f
 
 def check_record(spec: RunSpec, run_dir: Path, device: str = "cuda") -> Check:
     """One row for one run: every check of the module docstring; the first that fails is the detail."""
-    label = f"{spec.task} {spec.optim} {spec.precision}"
+    label = spec.label
     path = run_dir / "record.json"
     if not path.is_file():
         log_file = run_dir / "gpu-check.log"
@@ -192,6 +222,11 @@ def check_record(spec: RunSpec, run_dir: Path, device: str = "cuda") -> Check:
         problems.append(f"the record's train.precision is {precision!r}")
     if spec.precision == "fp16" and not (rec.get("loss_scale") or 0) > 0:
         problems.append(f"an fp16 run whose record has no loss scale ({rec.get('loss_scale')!r})")
+    if spec.overflow and (rec.get("nonfinite_steps"), rec.get("loss_scale")) != (1, 2.0**15):
+        problems.append(
+            f"{rec.get('nonfinite_steps')} steps skipped and loss scale {rec.get('loss_scale')} (expected 1 and "
+            "2^15: the overflowing step skipped, the later ones trained, GradScaler's 2^16 halved once)"
+        )
     return Check(
         "runs",
         label,
@@ -212,23 +247,33 @@ def check_record(spec: RunSpec, run_dir: Path, device: str = "cuda") -> Check:
 
 
 def check_runs(
-    specs: list[RunSpec], runs_root: Path, jobs: int = 4, steps: int = STEPS, device: str = "cuda"
+    specs: list[RunSpec],
+    runs_root: Path,
+    jobs: int = 4,
+    steps: int = STEPS,
+    device: str = "cuda",
+    timeout_s: float = 300,
+    on_row=None,
 ) -> list[Check]:
-    """Launch the runs, ``jobs`` at a time (separate processes on the one GPU: each its own process group),
-    then check every record."""
+    """Launch the runs, ``jobs`` at a time (separate processes on the one GPU: each its own process group, each
+    ``OMP_NUM_THREADS`` its share of the cores), and check each record as its run ends (``on_row(check)``: the
+    table is written row by row, so a section stopped from outside still leaves its rows). In ``specs``' order."""
     finished = itertools.count(1)
+    threads = max(1, (os.cpu_count() or 1) // max(1, jobs))
 
-    def one(spec: RunSpec) -> Path:
+    def one(spec: RunSpec) -> Check:
         start = time.monotonic()
-        run_dir = launch(spec, runs_root, steps, device)
+        run_dir = launch(spec, runs_root, steps, device, timeout_s, threads)
+        row = check_record(spec, run_dir, device)
         # a line as each run ends: a section stopped from outside (a job's time limit) still shows how far it got
         took = time.monotonic() - start
-        print(f"gpu-check: run {next(finished)}/{len(specs)} {spec.name} ({took:.0f} s)", flush=True)
-        return run_dir
+        print(f"gpu-check: run {next(finished)}/{len(specs)} {spec.name}: {row.status} ({took:.0f} s)", flush=True)
+        if on_row is not None:
+            on_row(row)
+        return row
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        dirs = list(pool.map(one, specs))
-    return [check_record(s, d, device) for s, d in zip(specs, dirs)]
+        return list(pool.map(one, specs))
 
 
 # ----------------------------------------------------------------------------- 2-process runs (2+ GPUs)
@@ -246,20 +291,35 @@ class PairSpec:
     extra: tuple[str, ...] = ()
     overflow: bool = False
     stop: bool = False
+    optim: str = "birder"
+
+
+# fp16 with an overflow on one rank for the two methods whose state or step an overflow used to break (review 4):
+# torch's PowerSGD (an Inf in its error feedback skipped every later step) and DiLoCo on 2 nodes (a node-local
+# verdict: the nodes' outer steps fell apart). PowerSGD compresses from step 2, DiLoCo syncs every 4 steps.
+LOCAL_OVERFLOW_RUNS = (
+    ("sgdm_powersgd", ("optim.comm.start_iter=2",)),
+    ("diloco", ("optim.local_steps=4",)),
+)
 
 
 def pair_specs() -> list[PairSpec]:
+    fp16 = ("train.precision=fp16",)
     return [
-        PairSpec("2 processes, fp16, rank 1 overflows at step 3", ("train.precision=fp16",), overflow=True),
+        PairSpec("2 processes, fp16, rank 1 overflows at step 3", fp16, overflow=True),
         PairSpec("2 processes, train.accumulate=2", ("train.accumulate=2",)),
         PairSpec(f"2 processes, SIGTERM before step {PAIR_STOP}, then resume", stop=True),
+        *(
+            PairSpec(f"2 nodes, {optim}, fp16, rank 1 overflows at step 3", (*fp16, *extra), overflow=True, optim=optim)
+            for optim, extra in LOCAL_OVERFLOW_RUNS
+        ),
     ]
 
 
 def pair_overrides(spec: PairSpec, run_dir: Path, device: str = "cuda") -> list[str]:
     return [
         "task=digits",
-        "optim=birder",
+        f"optim={spec.optim}",
         "model.size=tiny",
         "data.source=synthetic",
         "nodes=2",
@@ -269,7 +329,7 @@ def pair_overrides(spec: PairSpec, run_dir: Path, device: str = "cuda") -> list[
         "logger=none",
         f"train.steps={PAIR_STEPS}",
         "train.eval=false",
-        "optim.comm.overlap=true",
+        *(["optim.comm.overlap=true"] if spec.optim in COMPRESSED else []),
         f"hydra.run.dir={run_dir}",
         *spec.extra,
     ]
@@ -285,7 +345,6 @@ def _progress(run_dir: Path) -> int:
 def launch_pair(spec: PairSpec, runs_root: Path, device: str = "cuda", timeout_s: float = 300) -> tuple[Path, list]:
     """Run ``spec`` through the CLI; returns its run directory and the CLI's exit codes (two for a stop and a
     resume: the SIGTERM'd one, 143, then the resumed one). Output goes to ``gpu-check.log`` there."""
-    from birder_repro.gpucheck import overflow
     from birder_repro.train.restarts import FAULT_ENV
 
     run_dir = runs_root / spec.name.replace(" ", "_").replace(",", "").replace("=", "")
@@ -293,9 +352,7 @@ def launch_pair(spec: PairSpec, runs_root: Path, device: str = "cuda", timeout_s
     cmd = [sys.executable, "-m", "birder_repro.cli", *pair_overrides(spec, run_dir, device)]
     env = dict(os.environ, BIRDER_RUNS=str(runs_root), WANDB_MODE="disabled", PYTHONUNBUFFERED="1")
     if spec.overflow:
-        site = overflow.site_dir(runs_root / "overflow-site")
-        path = os.pathsep.join(filter(None, (str(site), env.get("PYTHONPATH"))))
-        env.update({overflow.ENV: PAIR_OVERFLOW, "PYTHONPATH": path})
+        env = overflow_env(env, runs_root, PAIR_OVERFLOW)
     if spec.stop:
         env[FAULT_ENV] = f"wait:0:{PAIR_STOP}"  # rank 0 waits there for the stop (train/restarts.py)
     codes = []
@@ -303,7 +360,7 @@ def launch_pair(spec: PairSpec, runs_root: Path, device: str = "cuda", timeout_s
         for attempt in range(2 if spec.stop else 1):
             log.write(" ".join(cmd) + "\n")
             log.flush()
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+            proc, tag = procs.start(cmd, env, log)
             try:
                 if spec.stop and attempt == 0:
                     deadline = time.monotonic() + timeout_s  # a run that never gets there is stopped all the same
@@ -312,10 +369,11 @@ def launch_pair(spec: PairSpec, runs_root: Path, device: str = "cuda", timeout_s
                     proc.send_signal(signal.SIGTERM)
                 codes.append(proc.wait(timeout=timeout_s))
             except subprocess.TimeoutExpired:
-                proc.kill()
                 log.write(f"\ngpu-check: the run took more than {timeout_s:.0f} s and was stopped\n")
                 codes.append(None)
                 break
+            finally:
+                procs.stop(proc, tag)  # the whole run, whatever its sessions (a no-op for one that ended whole)
             env.pop(FAULT_ENV, None)  # the resume runs to the end
     return run_dir, codes
 
@@ -356,6 +414,11 @@ def check_pair(spec: PairSpec, run_dir: Path, codes: list, device: str = "cuda")
     )
 
 
-def check_pairs(specs: list[PairSpec], runs_root: Path, device: str = "cuda") -> list[Check]:
-    """The 2-process runs one after another (each takes both GPUs)."""
-    return [check_pair(s, *launch_pair(s, runs_root, device), device) for s in specs]
+def check_pairs(specs: list[PairSpec], runs_root: Path, device: str = "cuda", on_row=None) -> list[Check]:
+    """The 2-process runs one after another (each takes both GPUs); ``on_row(check)`` as each ends."""
+    rows = []
+    for s in specs:
+        rows.append(check_pair(s, *launch_pair(s, runs_root, device), device))
+        if on_row is not None:
+            on_row(rows[-1])
+    return rows

@@ -119,11 +119,14 @@ def _sharded(device: torch.device, topology, per_layer: bool, precision: str):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    from birder_repro.comm.topology import set_mesh_timeout
+
     torch.manual_seed(0)
     model = Layers().to(device)
     shape = (device.type, topology.nodes, topology.gpus_per_node)
     if shape not in _MESHES:
         _MESHES[shape] = init_device_mesh(device.type, shape[1:], mesh_dim_names=("replicate", "shard"))
+        set_mesh_timeout(_MESHES[shape])  # the section's PG_TIMEOUT_S, not the backend's default
     mesh = _MESHES[shape]
     kwargs = {"mesh": mesh["shard"]}
     if precision == "bf16":

@@ -51,6 +51,13 @@ def save_rank_file(state: dict, path: Path) -> None:
     torch.save(state, path)
 
 
+def load_rank_file(path: Path) -> dict:
+    """One rank's hook state, read onto the CPU as data only (as Accelerate's path reads it): the hook's
+    ``load_state_dict`` copies it onto its own device. Without ``map_location`` every tensor would go back to the
+    device it was saved from, which on another machine or ``CUDA_VISIBLE_DEVICES`` may not exist or be taken."""
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
 class BirderStrategy(DDPStrategy):
     """``DDPStrategy`` with Birder's Hierarchical-1-bit-All-Reduce (for a ``Birder`` optimizer) or the 1-bit
     compressed all-reduce (for ``OneBitAdam`` / ``OneBitLamb``) as DDP's communication hook.
@@ -179,7 +186,7 @@ class BirderStrategy(DDPStrategy):
                 f"{path}: this rank's Birder hook state is missing beside {self._ckpt_path} "
                 "(BirderStrategy writes one per rank; resume on the same number of processes)"
             )
-        self._resume = {"checkpoint": checkpoint, "hook": torch.load(path, weights_only=True)}
+        self._resume = {"checkpoint": checkpoint, "hook": load_rank_file(path)}
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         super().on_train_batch_start(batch, batch_idx)

@@ -24,12 +24,13 @@ def shard_name(rank: int) -> str:
     return f"rank{rank:05d}.pt"
 
 
-def load_file(path: Path, device: torch.device) -> Any:
-    """``torch.load`` of one checkpoint file as data only (weights_only), onto ``device``; clear errors."""
+def load_file(path: Path, device: torch.device, mmap: bool = False) -> Any:
+    """``torch.load`` of one checkpoint file as data only (weights_only), onto ``device``; clear errors.
+    ``mmap``: the tensors stay in the file, memory-mapped, until read (with ``device`` the CPU: take a part)."""
     if not path.is_file():
         raise CheckpointError(f"checkpoint file {path} is missing")
     try:
-        return torch.load(path, map_location=device, weights_only=True)
+        return torch.load(path, map_location=device, weights_only=True, **({"mmap": True} if mmap else {}))
     except pickle.UnpicklingError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from birder_repro import schema
 from birder_repro.comm.accounting import CommStats, flat_allreduce_split
@@ -38,7 +39,7 @@ from birder_repro.train.collectives import allreduce_sum
 from birder_repro.train.data import batches, steps_per_epoch
 from birder_repro.train.divergence import DivergenceWatch
 from birder_repro.train.evaluate import evaluate
-from birder_repro.train.precision import Precision
+from birder_repro.train.precision import Precision, agrees_overflow
 from birder_repro.train.profile import measured_profile, parameter_matrices
 from birder_repro.train.progress import LogInterval, Progress, log_interval
 from birder_repro.train.restarts import Attempts, inject_fault, restart_count
@@ -125,7 +126,9 @@ def train(
     base_lrs = [g["lr"] for g in optimizer.param_groups]  # the peak lr, before a checkpoint's lr replaces it
 
     run = _Run()
-    precision = Precision(settings.precision, device, comm)
+    # a local-step method on 2+ nodes: GradScaler's verdict agreed over the world (train/precision.py)
+    agree = dist.group.WORLD if agrees_overflow(cfg.optim, topology.nodes) else None
+    precision = Precision(settings.precision, device, comm, agree_over=agree)
     identity = RunIdentity.from_config(cfg, comm, topology.world_size)
     attempts = Attempts(run_dir, enabled=is_main)
     start = choose_resume(settings.resume, run_dir, restart_count() > 0, device)

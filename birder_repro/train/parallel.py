@@ -99,6 +99,7 @@ def _build_fsdp(cfg, task, model, device, topology, ocfg, scheme: str, is_main: 
 
     from birder_repro import optim
     from birder_repro.comm import fsdp
+    from birder_repro.comm.topology import set_mesh_timeout
 
     nodes, per_node = topology.nodes, topology.gpus_per_node
     if is_main and per_node == 1:
@@ -108,6 +109,7 @@ def _build_fsdp(cfg, task, model, device, topology, ocfg, scheme: str, is_main: 
             flush=True,
         )
     mesh = init_device_mesh(device.type, (nodes, per_node), mesh_dim_names=("replicate", "shard"))
+    set_mesh_timeout(mesh)  # the run's train.timeout_s (the default group's): a mesh's groups take none of their own
     # Baselines: native HSDP on the 2-D mesh. The 1-bit schemes: the intra-node mesh, their hooks between nodes.
     shard_mesh = mesh if scheme == "allreduce" else mesh["shard"]
     kwargs: dict[str, Any] = {"mesh": shard_mesh}

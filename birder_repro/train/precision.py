@@ -22,8 +22,18 @@ LAMB), and why one mechanism decides a skip:
               the step in ``nonfinite_steps``.
 
 The baselines' DDP all-reduce averages the scaled gradients (identical on every rank), so GradScaler's skip is
-the same on every rank too. CPU runs use the same code (bf16 and fp16 autocast and GradScaler run on the CPU),
-so the tests cover it.
+the same on every rank too. torch's PowerSGD hook keeps an error and a Q per bucket that an overflow would poison
+for the rest of the run: its state restores them where GradScaler skipped (``after_scaler_step``,
+:mod:`birder_repro.comm.powersgd`).
+
+A local-step method (DiLoCo and its kin: ``optim.local_steps``) averages the gradients only inside a node, so
+each node's GradScaler would find its own Inf or NaN: a node that skips a step and one that does not reach the
+outer all-reduce at different steps (gloo aborts, NCCL hangs). With ``agree_over`` (the world's process group)
+the verdict is agreed before the step: GradScaler's found-inf flags (after its ``unscale_``) are all-reduced
+with MAX over every rank, so every rank skips, and halves its scale, alike. One 1-element all-reduce a step, on
+the device (GradScaler reads the flag on the host anyway).
+
+CPU runs use the same code (bf16 and fp16 autocast and GradScaler run on the CPU), so the tests cover it.
 """
 
 from __future__ import annotations
@@ -35,7 +45,7 @@ import torch
 
 from birder_repro.train.settings import PRECISIONS  # defined there: the CLI checks train.* without torch
 
-__all__ = ["PRECISIONS", "Precision"]
+__all__ = ["PRECISIONS", "Precision", "agree_found_inf", "agrees_overflow"]
 
 
 _DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -44,7 +54,7 @@ _DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 class Precision:
     """``train.precision`` as the loop uses it, for one process's ``device`` and hook state ``comm``."""
 
-    def __init__(self, name: str, device: torch.device, comm: Any = None):
+    def __init__(self, name: str, device: torch.device, comm: Any = None, agree_over: Any = None):
         if name not in PRECISIONS:
             raise ValueError(f"train.precision={name!r}: use one of {', '.join(PRECISIONS)}")
         self.name, self.device, self.comm = name, torch.device(device), comm
@@ -52,6 +62,11 @@ class Precision:
         self.scaler: torch.amp.GradScaler | None = torch.amp.GradScaler(self.device.type) if name == "fp16" else None
         # steps GradScaler skipped for an Inf or NaN gradient, counted on the scale's device (read at the end)
         self._skipped: torch.Tensor | None = None
+        # the process group over which GradScaler's verdict is agreed (local-step methods: the world), or None
+        self.agree_over = agree_over if self.scaler is not None else None
+        track = getattr(comm, "track_loss_scale", None)  # torch's PowerSGD: restore its state on a skipped step
+        if self.scaler is not None and track is not None:
+            track()
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Around the forward pass and the loss (not backward: autocast's casts are recorded in the graph)."""
@@ -80,6 +95,8 @@ class Precision:
             return
         scale = _scale_tensor(self.scaler)
         before = scale.clone()  # on the device: get_scale() would sync with the host, twice per step
+        if self.agree_over is not None:
+            agree_found_inf(self.scaler, optimizer, self.agree_over)
         self.scaler.step(optimizer)
         self.scaler.update()  # updates the scale in place
         backed_off = (scale < before).to(torch.int64)  # only after an Inf or NaN: a skipped step
@@ -87,6 +104,9 @@ class Precision:
         settle = getattr(self.comm, "settle_step", None)
         if settle is not None:
             settle()
+        after = getattr(self.comm, "after_scaler_step", None)
+        if after is not None:
+            after(before, scale)
 
     @property
     def skipped_steps(self) -> int:
@@ -110,6 +130,26 @@ class Precision:
     def load_state_dict(self, sd: dict | None) -> None:
         if self.scaler is not None and sd:
             self.scaler.load_state_dict(sd)
+
+
+def agree_found_inf(scaler: torch.amp.GradScaler, optimizer, group: Any) -> None:
+    """GradScaler's found-inf flags for ``optimizer`` made the same on every rank of ``group`` (MAX): one
+    verdict, so every rank skips the step (and halves its scale) where any rank found an Inf or NaN. Unscales
+    first where the step has not (GradScaler finds the flags there); ``scaler.step`` then uses these flags."""
+    import torch.distributed as dist
+    from torch.amp.grad_scaler import OptState
+
+    states = scaler._per_optimizer_states[id(optimizer)]  # not public; the same in torch 2.x
+    if states["stage"] is OptState.READY:
+        scaler.unscale_(optimizer)
+    for flag in states["found_inf_per_device"].values():
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+
+
+def agrees_overflow(optim_cfg: Any, nodes: int) -> bool:
+    """Whether GradScaler's verdict must be agreed over the world before each step: a local-step method
+    (its config has ``local_steps``: DiLoCo and its kin average gradients only inside a node) on 2+ nodes."""
+    return nodes > 1 and optim_cfg.get("local_steps") is not None
 
 
 def _scale_tensor(scaler: torch.amp.GradScaler) -> torch.Tensor:

@@ -66,7 +66,7 @@ def adapt(
     shard = load_file(where / shard_name(rank % old_world), device)
     shard = {**shard, "samples": float(shard["samples"]) * old_world / world_size}  # per process, same total
     if change == "gpus_per_node" and per_node_state(comm):
-        shards = [load_file(where / shard_name(r), device)["comm"] for r in range(old_world)]
+        shards = [comm_of_shard(where / shard_name(r), device) for r in range(old_world)]
         return shard, _birder_per_node(shards, shard["comm"], comm, int(old_m), int(old_nodes))
     if _stateless(comm):
         return shard, shard["comm"]
@@ -91,6 +91,24 @@ def adapt(
         f"buffers cannot be moved exactly. Resume on {saved}, or set "
         "train.resume_policy=reset_errors to start those buffers afresh"
     )
+
+
+def comm_of_shard(path, device):
+    """An old rank's hook state (its shard's ``"comm"``) on ``device``: the shard is read on the CPU,
+    memory-mapped, so that its parameters and optimizer state are never copied, onto this GPU or at all."""
+    from birder_repro.train.checkpoint_files import load_file
+
+    return _to(load_file(path, torch.device("cpu"), mmap=True)["comm"], device)
+
+
+def _to(obj, device):
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _to(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to(v, device) for v in obj)
+    return obj
 
 
 def _part_start(sizes: list[int], ranks: list[int], padded: int) -> int:
