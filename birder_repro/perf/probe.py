@@ -234,18 +234,19 @@ def _groups(nodes: int, m: int):
     collective over the world."""
     import torch.distributed as dist
 
-    from birder_repro.comm.topology import layout_groups
+    from birder_repro.comm.topology import default_timeout, layout_groups
 
+    timeout = default_timeout()  # the run's train.timeout_s: a subgroup would wait the backend's 10-30 minutes
     intra_ranks, inter_ranks = layout_groups(nodes * m, m)
-    inter = dist.new_group(inter_ranks[0])
+    inter = dist.new_group(inter_ranks[0], timeout=timeout)
     mine = None
     for ranks in intra_ranks:  # every rank creates every group, in the same order
-        group = dist.new_group(ranks) if m > 1 else None
+        group = dist.new_group(ranks, timeout=timeout) if m > 1 else None
         if dist.get_rank() in ranks:
             mine = group
     own = inter
     for ranks in inter_ranks[1:]:
-        group = dist.new_group(ranks)
+        group = dist.new_group(ranks, timeout=timeout)
         if dist.get_rank() in ranks:
             own = group
     return inter, mine, own
