@@ -4,15 +4,23 @@ DiLoCo (Douillard et al. 2023) makes each node a worker that takes H inner steps
 topology (n nodes of m processes):
 
     every step  the DDP hook averages the bucket over the node's m processes only (fp32 all-reduce on the
-                node's group; nothing at all for m = 1), so the node's processes stay one worker;
-    every H     the optimizer's outer step asks :meth:`DiLoCoState.average_over_nodes` for the nodes' average
+                node's group, each process's gradient times 1/m; nothing at all for m = 1), so the node's
+                processes stay one worker;
+    every H     the optimizer's outer step asks :meth:`DiLoCoState.sync` for the nodes' average
                 pseudo-gradient: the m processes of a node hold the same vector, so each all-reduces one m-th
                 of it with its peers of the same local rank on the other nodes (a shard of P/m elements, the
-                m exchanges of a node side by side) and the node all-gathers the shards back.
+                m exchanges of a node side by side) and the node all-gathers the shards back. The module's
+                floating buffers (BatchNorm's running statistics, B elements: each process's own, since the
+                DDP model is built with ``broadcast_buffers=False``) ride along: first averaged inside the node
+                (an fp32 all-reduce), then in the same exchange across nodes, so after the sync every process
+                holds their average over all n m processes. :attr:`DiLoCoState.synced_buffers` keeps them: the
+                buffers of the model a user would deploy (:meth:`birder_repro.optim.DiLoCo.synchronised`).
 
-Bytes per process: every step 2 (m-1)/m 4P inside the node; every H steps 2 (n-1)/n 4P/m across nodes and
-(m-1)/m 4P inside it (the all-gather). Each node's link carries 2 (n-1)/n 4P every H steps: a flat fp32
-all-reduce's bytes, H times less often. The outer step's seconds are in ``collective_seconds`` (the
+Bytes per process: every step 2 (m-1)/m 4P inside the node; every H steps 2 (n-1)/n 4(P+B)/m across nodes,
+2 (m-1)/m 4B (the buffers' average in the node) and (m-1)/m 4(P+B) inside it (the all-gather). Each node's
+link carries 2 (n-1)/n 4(P+B) every H steps: a flat fp32 all-reduce's bytes, H times less often. Nothing else
+crosses: DDP's broadcast of rank 0's buffers before every forward pass, which would tie the nodes together
+between syncs and go uncounted, is off. The outer step's seconds are in ``collective_seconds`` (the
 all-reduce) like every hook's; ``outer_steps`` counts them. The record's bytes per step are the averages over
 the run, so the sync every H steps is in them; the performance model charges it per H steps.
 
@@ -36,22 +44,48 @@ from birder_repro.comm.topology import Topology, announce_layout, resolve_topolo
 
 __all__ = ["DiLoCoState", "attach_diloco", "attach_from_config"]
 
+# The runner builds DiLoCo's DDP model without DDP's broadcast of rank 0's buffers (birder_repro.train.parallel):
+# the workers' buffers are their own between syncs and averaged at each, counted (DiLoCoState.sync).
+BROADCAST_BUFFERS = False
+
 
 class DiLoCoState(CommState):
-    """The hook's state: the topology and the :class:`CommState` counters, and ``outer_steps``."""
+    """The hook's state: the topology and the :class:`CommState` counters, ``outer_steps``, and the module's
+    floating buffers: ``buffers`` (the module's own tensors, each process's) and ``synced_buffers`` (their
+    average at the last sync, or their value at the attach before any)."""
 
-    __slots__ = ("topology", "outer_steps")
+    __slots__ = ("topology", "outer_steps", "buffers", "synced_buffers")
 
-    def __init__(self, topology: Topology):
+    def __init__(self, topology: Topology, buffers: list[torch.Tensor] = ()):  # type: ignore[assignment]
         super().__init__()
         self.topology = topology
         self.outer_steps = 0
+        self.buffers = list(buffers)
+        self.synced_buffers = [b.detach().clone() for b in self.buffers]
 
-    def average_over_nodes(self, tensors: list[torch.Tensor]) -> None:
-        """Replace ``tensors`` (the same on every process of a node) by their average over the nodes, in place."""
+    def sync(self, deltas: list[torch.Tensor]) -> None:
+        """The outer step's exchange (collective, every rank): ``deltas`` (the same on every process of a node)
+        replaced by their average over the nodes, and the module's buffers by their average over every process,
+        in place, in one exchange across nodes; the averaged buffers kept as :attr:`synced_buffers`."""
+        self.average_over_nodes(deltas, own=self.buffers)
+        self.synced_buffers = [b.detach().clone() for b in self.buffers]
+
+    def average_over_nodes(self, tensors: list[torch.Tensor], own: list[torch.Tensor] = ()) -> None:  # type: ignore[assignment]
+        """Replace ``tensors`` (the same on every process of a node) by their average over the nodes, and ``own``
+        (each process's own) by their average over every process, in place. Counts one outer step."""
         topo = self.topology
         m, n = topo.gpus_per_node, topo.nodes
         self.outer_steps += 1
+        own = [t for t in own if t.numel()]
+        if own and topo.intra_group is not None:  # the node's mean first: then they are the same in the node
+            device = own[0].device
+            flat_own = torch.cat([t.reshape(-1).float() for t in own])
+            with self.timing("comm", device):
+                dist.all_reduce(flat_own, group=topo.intra_group)
+            self.add_bytes(allreduce_bytes(flat_own.numel() * 4, m), 0.0)
+            flat_own.div_(m)
+            _unflatten(flat_own, own)
+        tensors = [*tensors, *own]
         if n == 1 or not tensors:
             return
         device = tensors[0].device
@@ -70,17 +104,42 @@ class DiLoCoState(CommState):
             self.add_bytes(all_gather_bytes(piece.numel() * 4, m), 0.0)
         else:
             padded = piece
-        offset = 0
-        for t in tensors:
-            t.copy_(padded[offset : offset + t.numel()].view_as(t))
-            offset += t.numel()
+        _unflatten(padded, tensors)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"scheme": "diloco", "outer_steps": self.outer_steps, "stats": self.snapshot()}
+        """The counters, and this process's buffers and the synced ones: between syncs every process's buffers
+        are its own, and a checkpoint's model is rank 0's only, so each rank resumes its own."""
+        return {
+            "scheme": "diloco",
+            "outer_steps": self.outer_steps,
+            "stats": self.snapshot(),
+            "buffers": [b.detach().clone() for b in self.buffers],
+            "synced_buffers": [b.clone() for b in self.synced_buffers],
+        }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         self.outer_steps = int(state_dict.get("outer_steps", 0))
         self.load_counters(state_dict["stats"])
+        saved, synced = state_dict.get("buffers"), state_dict.get("synced_buffers")
+        if saved is None or synced is None:  # a checkpoint from before buffers were kept: rank 0's, as loaded
+            self.synced_buffers = [b.detach().clone() for b in self.buffers]
+            return
+        if len(saved) != len(self.buffers) or len(synced) != len(self.buffers):
+            raise ValueError(
+                f"DiLoCo checkpoint holds {len(saved)} buffers, the model has {len(self.buffers)} floating buffers"
+            )
+        with torch.no_grad():
+            for b, t in zip(self.buffers, saved):
+                b.copy_(t)
+        self.synced_buffers = [t.to(b.device).clone() for b, t in zip(self.buffers, synced)]
+
+
+def _unflatten(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    """Copy the consecutive pieces of ``flat`` into ``tensors`` (cast to each one's dtype), in place."""
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset : offset + t.numel()].view_as(t))
+        offset += t.numel()
 
 
 def diloco_hook(state: DiLoCoState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -104,16 +163,25 @@ def attach_diloco(
     topology: Topology | None = None,
 ) -> DiLoCoState:
     """Make ``ddp_model`` average inside the node only and have ``optimizer`` (a
-    :class:`birder_repro.optim.DiLoCo`) average its outer step over the nodes. ``gpus_per_node`` (default:
-    torchrun's LOCAL_WORLD_SIZE) builds the topology when none is given. Collective: call it on every rank."""
+    :class:`birder_repro.optim.DiLoCo`) average its outer step over the nodes, the module's floating buffers
+    with it. ``gpus_per_node`` (default: torchrun's LOCAL_WORLD_SIZE) builds the topology when none is given.
+    Build ``ddp_model`` with ``broadcast_buffers=False`` (DDP's broadcast of rank 0's buffers before every
+    forward would cross the nodes between syncs, uncounted); a DDP model that broadcasts them is refused.
+    Collective: call it on every rank."""
     from birder_repro.optim.diloco import DiLoCo
 
     require_buckets(ddp_model, "attach_diloco")
     if not isinstance(optimizer, DiLoCo):
         raise TypeError(f"attach_diloco needs a birder_repro.optim.DiLoCo optimizer, got {type(optimizer).__name__}")
     topology, source, guessed = resolve_topology(gpus_per_node, topology)
+    buffers = [b for b in ddp_model.module.buffers() if b.is_floating_point()]
+    if ddp_model.broadcast_buffers and any(True for _ in ddp_model.module.buffers()) and topology.world_size > 1:
+        raise ValueError(
+            "attach_diloco: build the DDP model with broadcast_buffers=False (DDP would send rank 0's buffers to "
+            "every process before each forward pass, tying the nodes together between outer steps)"
+        )
     announce_layout(f"attach_diloco (H={optimizer.local_steps})", topology, source, between_nodes=True, guessed=guessed)
-    state = DiLoCoState(topology)
+    state = DiLoCoState(topology, buffers)
     ddp_model.register_comm_hook(state, diloco_hook)
     optimizer.hook_state = state
     return state

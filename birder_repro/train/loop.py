@@ -4,10 +4,16 @@ The worker builds the task, data, DDP model, optimizer and communication hook, t
 Before every step the ranks agree whether a stop signal came (birder_repro.train.stop); if one did, they save a
 checkpoint and raise :class:`~birder_repro.train.stop.Stopped`. A checkpoint carries what a resumed run needs to
 count across its attempts (the time-to-target clock and the last steps' losses of ``final_loss``).
+
+A local-step optimizer (DiLoCo: ``hasattr(optimizer, "synchronised")``, birder_repro.optim.common.LocalSteps) is
+evaluated on the model a user would deploy, the last synchronised one (inside ``optimizer.synchronised()``),
+never on the workers' own replicas between syncs; and the run ends on a sync: ``optimizer.finish()`` after the
+last step (in that step's time), before the final evaluation and the final checkpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -221,6 +227,8 @@ def train(
                 start_probes(probes)
                 probing = True
             result = run_step(task, model, optimizer, batch, device, comm, settings.grad_clip, precision, accumulated)
+            if run.step + 1 == steps:
+                _end_on_sync(optimizer)  # the run's last step: its model a synchronised one
             _record_step(run, timing, result, stage, data_wait)
             diverging.after_step(run.step, result.loss_sum, comm, lr, stage)
             progress.step()
@@ -232,10 +240,16 @@ def train(
             t_log = time.perf_counter()
             _log_if_due(parts, run, timing, lr, stage)
             logged_s = time.perf_counter() - t_log
-            _evaluate_and_checkpoint_if_due(parts, run, timing)
-            if settings.stop_at_target and run.target.hit is not None and run.stages and run.calibration:
-                break  # every rank: evaluations are global, so every rank saw the same hit (and once a step
-                # was timed and compute calibrated, so that the record has its step times)
+            _evaluate_if_due(parts, run, timing)
+            # every rank: evaluations are global, so every rank saw the same hit (and once a step was timed and
+            # compute calibrated, so that the record has its step times)
+            stopping = settings.stop_at_target and run.target.hit is not None and run.stages and run.calibration
+            if stopping:
+                _end_on_sync(optimizer)  # before this step's checkpoint and the final evaluation
+            _checkpoint_if_due(parts, run)
+            if stopping:
+                break
+        _end_on_sync(optimizer)  # a no-op where the last step did it (a resumed run that had nothing left to do)
         probed = stop_probes(probes, timed_steps=int(sum(t.steps for t in run.stages.values())))
         record, profile_inputs = _finish(parts, run, timing, plan)
         record.update(probed)
@@ -282,15 +296,33 @@ def _log_if_due(p: _Parts, run: _Run, timing: StepPlan, lr: float, stage: str | 
         run.interval = LogInterval()
 
 
-def _evaluate_and_checkpoint_if_due(p: _Parts, run: _Run, timing: StepPlan) -> None:
-    """Evaluate and checkpoint when their intervals come round (collective on every rank)."""
+def deployed(optimizer) -> contextlib.AbstractContextManager:
+    """Where the model holds what a user would deploy: a local-step optimizer's last synchronised model
+    (``optimizer.synchronised()``, birder_repro.optim.common.LocalSteps); the model as it is for the others."""
+    return optimizer.synchronised() if hasattr(optimizer, "synchronised") else contextlib.nullcontext()
+
+
+def _end_on_sync(optimizer) -> None:
+    """A local-step optimizer's ``finish()``: an outer step over the inner steps since its last one, if any
+    (collective); nothing for the others."""
+    if hasattr(optimizer, "synchronised"):
+        optimizer.finish()
+
+
+def _evaluate_if_due(p: _Parts, run: _Run, timing: StepPlan) -> None:
+    """Evaluate the deployable model when the interval comes round (collective on every rank)."""
     s = p.settings
     # train.eval=false turns off every evaluation, those during training too (a throughput run measures steps)
     if s.eval and s.eval_every and run.step % s.eval_every == 0 and run.step < timing.steps and p.data.eval is not None:
-        metrics = evaluate(p.task, p.model, p.data, p.device, s.eval_max_batches)
+        with deployed(p.optimizer):
+            metrics = evaluate(p.task, p.model, p.data, p.device, s.eval_max_batches)
         p.logger.log(run.step, {f"eval/{k}": v for k, v in metrics.items()})
         run.target.evaluated(run.step, metrics)
-    if s.checkpoint_every and run.step % s.checkpoint_every == 0:
+
+
+def _checkpoint_if_due(p: _Parts, run: _Run) -> None:
+    """Checkpoint when the interval comes round (collective on every rank)."""
+    if p.settings.checkpoint_every and run.step % p.settings.checkpoint_every == 0:
         _save(p, run)
 
 
@@ -332,7 +364,8 @@ def _final_metrics(p: _Parts, final_loss: float) -> dict[str, float]:
     """The task's metrics at the end (its own ``loss`` kept as ``eval_loss``) and the training loss."""
     metrics: dict[str, float] = {}
     if p.settings.eval and p.data.eval is not None:
-        metrics = evaluate(p.task, p.model, p.data, p.device, p.settings.eval_max_batches)
+        with deployed(p.optimizer):  # after the loop's finish(): a local-step optimizer's final sync
+            metrics = evaluate(p.task, p.model, p.data, p.device, p.settings.eval_max_batches)
         if "loss" in metrics:
             metrics["eval_loss"] = metrics.pop("loss")
     metrics["loss"] = final_loss
