@@ -17,6 +17,8 @@ average divided by m rather than n fails there; 2 x 2 has both levels.
 
 from __future__ import annotations
 
+import io
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -91,7 +93,7 @@ def _run(rank: int, world: int, gpus: int) -> dict:
     out: dict = {key: [] for key in ("grads", "ddp_grads", "params", "buffers", "deployed", "bytes")}
     out["start"] = _deployed(model, opt)
     _train(model, ddp, opt, state, rank, range(STEPS), out)
-    mid = {"model": model.state_dict(), "opt": opt.state_dict(), "state": state.state_dict()}  # after step 7
+    mid = _saved({"model": model.state_dict(), "opt": opt.state_dict(), "state": state.state_dict()})  # step 7
     before = (state.intra_node_bytes, state.inter_node_bytes)
     opt.finish()
     out["finish_bytes"] = (state.intra_node_bytes - before[0], state.inter_node_bytes - before[1])
@@ -101,6 +103,14 @@ def _run(rank: int, world: int, gpus: int) -> dict:
     out["after_second_finish"] = (opt.outer_steps, _copy(model.parameters()))
     out["resumed"] = _resumed(rank, gpus, mid)
     return out
+
+
+def _saved(states: dict) -> dict:
+    """What a checkpoint file gives back: copies (a state_dict's tensors are the live ones)."""
+    buf = io.BytesIO()
+    torch.save(states, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
 
 
 def _resumed(rank: int, gpus: int, saved: dict) -> dict:

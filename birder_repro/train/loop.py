@@ -50,7 +50,15 @@ from birder_repro.train.progress import LogInterval, Progress, log_interval
 from birder_repro.train.restarts import Attempts, inject_fault, restart_count
 from birder_repro.train.settings import RunPlan, TrainSettings
 from birder_repro.train.target import TimeToTarget, target_from_config
-from birder_repro.train.timing import StepPlan, StepResult, calibrate_forward_backward, run_step, stage_of
+from birder_repro.train.timing import (
+    StepPlan,
+    StepResult,
+    _counters,
+    _now,
+    calibrate_forward_backward,
+    run_step,
+    stage_of,
+)
 
 __all__ = ["train", "fp32_allreduce_bytes"]
 
@@ -227,9 +235,9 @@ def train(
                 start_probes(probes)
                 probing = True
             result = run_step(task, model, optimizer, batch, device, comm, settings.grad_clip, precision, accumulated)
-            if run.step + 1 == steps:
-                _end_on_sync(optimizer)  # the run's last step: its model a synchronised one
             _record_step(run, timing, result, stage, data_wait)
+            if run.step == steps:
+                _end_on_sync(parts, run, timing, stage)  # the run's last step: its model a synchronised one
             diverging.after_step(run.step, result.loss_sum, comm, lr, stage)
             progress.step()
             attempts.reached(run.step)
@@ -245,11 +253,12 @@ def train(
             # compute calibrated, so that the record has its step times)
             stopping = settings.stop_at_target and run.target.hit is not None and run.stages and run.calibration
             if stopping:
-                _end_on_sync(optimizer)  # before this step's checkpoint and the final evaluation
+                _end_on_sync(parts, run, timing, stage)  # before this step's checkpoint and the final evaluation
             _checkpoint_if_due(parts, run)
             if stopping:
                 break
-        _end_on_sync(optimizer)  # a no-op where the last step did it (a resumed run that had nothing left to do)
+        if hasattr(optimizer, "synchronised"):  # a no-op where the last step did it (every way out of the loop
+            optimizer.finish()  # but a run resumed at its last step, from a checkpoint saved before finish() was)
         probed = stop_probes(probes, timed_steps=int(sum(t.steps for t in run.stages.values())))
         record, profile_inputs = _finish(parts, run, timing, plan)
         record.update(probed)
@@ -302,11 +311,25 @@ def deployed(optimizer) -> contextlib.AbstractContextManager:
     return optimizer.synchronised() if hasattr(optimizer, "synchronised") else contextlib.nullcontext()
 
 
-def _end_on_sync(optimizer) -> None:
+def _end_on_sync(p: _Parts, run: _Run, timing: StepPlan, stage: str | None) -> None:
     """A local-step optimizer's ``finish()``: an outer step over the inner steps since its last one, if any
-    (collective); nothing for the others."""
-    if hasattr(optimizer, "synchronised"):
-        optimizer.finish()
+    (collective); nothing for the others. Its bytes and seconds count as the last step's, as a regular outer
+    step's do (inside ``optimizer.step()``), where that step was timed."""
+    if not hasattr(p.optimizer, "synchronised"):
+        return
+    before, t0 = _counters(p.comm), _now(p.device)
+    p.optimizer.finish()
+    seconds, after = _now(p.device) - t0, _counters(p.comm)
+    totals = run.stages.get(stage or "") if timing.timed(run.step - 1) else None
+    if totals is None:
+        return
+    intra, inter, compress, collectives = (a - b for a, b in zip(after, before))
+    totals.seconds += seconds
+    totals.optimizer += max(0.0, seconds - compress - collectives)
+    totals.compression += compress
+    totals.collectives += collectives
+    totals.intra_bytes += intra
+    totals.inter_bytes += inter
 
 
 def _evaluate_if_due(p: _Parts, run: _Run, timing: StepPlan) -> None:
