@@ -116,7 +116,7 @@ def _saved(states: dict) -> dict:
 def _resumed(rank: int, gpus: int, saved: dict) -> dict:
     """A fresh model, optimizer and hook resumed as birder_repro.train.checkpoint does (rank 0's model
     broadcast, then each rank's optimizer and hook state), then finish(): the same final model."""
-    model, ddp, opt, state = _build(gpus)
+    model, _ddp, opt, state = _build(gpus)
     model.load_state_dict(saved["model"])
     for t in [*model.parameters(), *model.buffers()]:
         dist.broadcast(t.data, src=0)

@@ -44,7 +44,12 @@ RUN = [
 def _cli(args: list[str], runs: Path) -> dict:
     env = {**os.environ, "BIRDER_RUNS": str(runs), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
-        [sys.executable, "-m", "birder_repro.cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "birder_repro.cli", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     [rec] = [record.read_record(p.parent) for p in runs.rglob(record.RECORD_FILE)]
@@ -85,6 +90,14 @@ def test_the_run_ends_on_a_sync(run):
         assert all(torch.equal(a, b) for a, b in zip(own["local"], shards[0]["optimizer"]["diloco"]["local"]))
         assert all(torch.equal(a, b) for a, b in zip(hook["buffers"], hook["synced_buffers"]))
         assert all(torch.equal(a, b) for a, b in zip(hook["buffers"], shards[0]["comm"]["buffers"]))
+    # every byte: each sync of the timed steps (finish()'s included) put the parameters and the floating buffers,
+    # 2 (n-1)/n 4 (P + B) at n = 2, on the link; nothing else crossed it
+    buffers = sum(b.numel() for b in shards[0]["comm"]["buffers"])
+    timed = range(run["timing_warmup_steps"] + 1, STEPS + 1)
+    syncs = len([s for s in timed if s % H == 0 or s == STEPS])
+    assert run["inter_node_bytes_per_step"] * run["timed_steps"] == pytest.approx(
+        syncs * 4 * (run["parameters"] + buffers)
+    )
     params = [v for k, v in model.items() if v.is_floating_point() and "running" not in k]
     assert all(torch.equal(a, b) for a, b in zip(params, shards[0]["optimizer"]["diloco"]["local"]))
     assert len(floats) == len(shards[0]["comm"]["buffers"])

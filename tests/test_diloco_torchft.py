@@ -75,8 +75,9 @@ def run_workers(train, workers: int = 2) -> list[nn.Module]:
 
 def ours(worker: int, net: nn.Module, meeting: Meeting) -> None:
     class Nodes:
-        buffers: list[torch.Tensor] = []  # the net has none
-        synced_buffers: list[torch.Tensor] = []
+        def __init__(self) -> None:
+            self.buffers: list[torch.Tensor] = []  # the net has none
+            self.synced_buffers: list[torch.Tensor] = []
 
         def sync(self, deltas: list[torch.Tensor]) -> None:
             for t in deltas:

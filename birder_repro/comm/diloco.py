@@ -30,7 +30,7 @@ and overlaps them with the inner steps, is not implemented here.)
 
 # No `from __future__ import annotations`: DDP's register_comm_hook compares the hook's annotations as objects.
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -56,7 +56,7 @@ class DiLoCoState(CommState):
 
     __slots__ = ("topology", "outer_steps", "buffers", "synced_buffers")
 
-    def __init__(self, topology: Topology, buffers: list[torch.Tensor] = ()):  # type: ignore[assignment]
+    def __init__(self, topology: Topology, buffers: Sequence[torch.Tensor] = ()):
         super().__init__()
         self.topology = topology
         self.outer_steps = 0
@@ -70,7 +70,7 @@ class DiLoCoState(CommState):
         self.average_over_nodes(deltas, own=self.buffers)
         self.synced_buffers = [b.detach().clone() for b in self.buffers]
 
-    def average_over_nodes(self, tensors: list[torch.Tensor], own: list[torch.Tensor] = ()) -> None:  # type: ignore[assignment]
+    def average_over_nodes(self, tensors: list[torch.Tensor], own: Sequence[torch.Tensor] = ()) -> None:
         """Replace ``tensors`` (the same on every process of a node) by their average over the nodes, and ``own``
         (each process's own) by their average over every process, in place. Counts one outer step."""
         topo = self.topology
