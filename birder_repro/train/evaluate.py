@@ -1,14 +1,24 @@
-"""Evaluation: the task's metrics over every process's evaluation shard, reduced over processes."""
+"""Evaluation: the task's metrics over every process's evaluation shard, reduced over processes.
+
+The counts of the ranks' shards are summed as if one model had scored them, so every rank must hold the same
+model: the one a user would deploy. The loop sees to it for a local-step optimizer (DiLoCo: inside
+``optimizer.synchronised()``, birder_repro.train.loop); here, for a DDP model that broadcasts its buffers
+(``broadcast_buffers``, DDP's default: the synchronous methods), every rank scores rank 0's buffers, the model's
+own, since each rank's last forward pass moved its copy of them (BatchNorm's running statistics) by its own batch.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from collections.abc import Iterator
 
 import torch
+import torch.distributed as dist
 
 from birder_repro.train.collectives import allreduce_sum
 
-__all__ = ["evaluate"]
+__all__ = ["evaluate", "rank0_buffers"]
 
 
 def evaluate(task, model, data, device: torch.device, max_batches: int | None = None) -> dict[str, float]:
@@ -23,7 +33,7 @@ def evaluate(task, model, data, device: torch.device, max_batches: int | None = 
         loader = itertools.islice(loader, int(max_batches))
     was_training = module.training
     module.eval()
-    with torch.no_grad():
+    with rank0_buffers(model), torch.no_grad():
         pairs = task.evaluate(module, loader, device)
     module.train(was_training)
     names = sorted(pairs)  # the same order on every rank: the all-reduce is positional
@@ -32,3 +42,31 @@ def evaluate(task, model, data, device: torch.device, max_batches: int | None = 
         name: totals[2 * i] / totals[2 * i + 1] if totals[2 * i + 1] else float("nan") for i, name in enumerate(names)
     }
     return dict(task.finalize(means))
+
+
+@contextlib.contextmanager
+def rank0_buffers(model) -> Iterator[None]:
+    """Inside: a DDP model that broadcasts its buffers holds rank 0's on every rank (what DDP would send before
+    the next forward pass); each rank's own are restored on exit. Collective on DDP's process group; nothing for
+    any other model."""
+    ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel) and model.broadcast_buffers
+    buffers = list(model.module.buffers()) if ddp else []
+    if not buffers or not dist.is_initialized() or dist.get_world_size(model.process_group) <= 1:
+        yield
+        return
+    own = [b.detach().clone() for b in buffers]
+    with torch.no_grad():
+        for dtype in sorted({b.dtype for b in buffers}, key=str):  # one broadcast per dtype, in the same order
+            same = [b for b in buffers if b.dtype == dtype]
+            flat = torch.cat([b.reshape(-1) for b in same])
+            dist.broadcast(flat, src=dist.get_global_rank(model.process_group, 0), group=model.process_group)
+            offset = 0
+            for b in same:
+                b.copy_(flat[offset : offset + b.numel()].view_as(b))
+                offset += b.numel()
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, mine in zip(buffers, own):
+                b.copy_(mine)
