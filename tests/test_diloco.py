@@ -342,13 +342,6 @@ def _refused(rank: int, world: int) -> None:
         attach_diloco(ddp, DiLoCo(ddp.parameters()), gpus_per_node=1)
 
 
-def test_the_runner_builds_diloco_without_ddps_buffer_broadcast_and_the_others_with_it():
-    from birder_repro.train.parallel import _broadcasts_buffers
-
-    assert not _broadcasts_buffers("diloco")
-    assert _broadcasts_buffers("allreduce") and _broadcasts_buffers("birder")
-
-
 def test_diloco_settings_are_checked():
     from birder_repro.optim import DiLoCo
 

@@ -44,10 +44,6 @@ from birder_repro.comm.topology import Topology, announce_layout, resolve_topolo
 
 __all__ = ["DiLoCoState", "attach_diloco", "attach_from_config"]
 
-# The runner builds DiLoCo's DDP model without DDP's broadcast of rank 0's buffers (birder_repro.train.parallel):
-# the workers' buffers are their own between syncs and averaged at each, counted (DiLoCoState.sync).
-BROADCAST_BUFFERS = False
-
 
 class DiLoCoState(CommState):
     """The hook's state: the topology and the :class:`CommState` counters, ``outer_steps``, and the module's

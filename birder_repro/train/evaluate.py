@@ -1,10 +1,12 @@
 """Evaluation: the task's metrics over every process's evaluation shard, reduced over processes.
 
 The counts of the ranks' shards are summed as if one model had scored them, so every rank must hold the same
-model: the one a user would deploy. The loop sees to it for a local-step optimizer (DiLoCo: inside
-``optimizer.synchronised()``, birder_repro.train.loop); here, for a DDP model that broadcasts its buffers
-(``broadcast_buffers``, DDP's default: the synchronous methods), every rank scores rank 0's buffers, the model's
-own, since each rank's last forward pass moved its copy of them (BatchNorm's running statistics) by its own batch.
+model: the one a user would deploy. Its parameters: the loop sees to them for a local-step optimizer (DiLoCo:
+inside ``optimizer.synchronised()``, birder_repro.train.loop); the others' are the same on every rank. Its
+buffers: rank 0's, as a checkpoint's model file holds them, on every rank (:func:`rank0_buffers`). The DDP model
+broadcasts no buffers before its forward passes (birder_repro.train.parallel), so each rank's copy of BatchNorm's
+running statistics follows its own batches; they reach no gradient, only an evaluation. (Inside DiLoCo's
+``synchronised()`` every rank already holds the same, those of the last sync.)
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def evaluate(task, model, data, device: torch.device, max_batches: int | None = 
         loader = itertools.islice(loader, int(max_batches))
     was_training = module.training
     module.eval()
-    with rank0_buffers(model), torch.no_grad():
+    with rank0_buffers(module), torch.no_grad():
         pairs = task.evaluate(module, loader, device)
     module.train(was_training)
     names = sorted(pairs)  # the same order on every rank: the all-reduce is positional
@@ -45,21 +47,19 @@ def evaluate(task, model, data, device: torch.device, max_batches: int | None = 
 
 
 @contextlib.contextmanager
-def rank0_buffers(model) -> Iterator[None]:
-    """Inside: a DDP model that broadcasts its buffers holds rank 0's on every rank (what DDP would send before
-    the next forward pass); each rank's own are restored on exit. Collective on DDP's process group; nothing for
-    any other model."""
-    ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel) and model.broadcast_buffers
-    buffers = list(model.module.buffers()) if ddp else []
-    if not buffers or not dist.is_initialized() or dist.get_world_size(model.process_group) <= 1:
+def rank0_buffers(module: torch.nn.Module) -> Iterator[None]:
+    """Inside: ``module``'s buffers are rank 0's on every rank; each rank's own are restored on exit. Collective
+    on the default process group (one broadcast per buffer dtype); nothing on one process."""
+    buffers = list(module.buffers())
+    if not buffers or not dist.is_initialized() or dist.get_world_size() <= 1:
         yield
         return
     own = [b.detach().clone() for b in buffers]
     with torch.no_grad():
-        for dtype in sorted({b.dtype for b in buffers}, key=str):  # one broadcast per dtype, in the same order
+        for dtype in sorted({b.dtype for b in buffers}, key=str):  # the same order on every rank
             same = [b for b in buffers if b.dtype == dtype]
             flat = torch.cat([b.reshape(-1) for b in same])
-            dist.broadcast(flat, src=dist.get_global_rank(model.process_group, 0), group=model.process_group)
+            dist.broadcast(flat, src=0)
             offset = 0
             for b in same:
                 b.copy_(flat[offset : offset + b.numel()].view_as(b))

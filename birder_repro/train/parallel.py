@@ -86,23 +86,15 @@ def build_parallel(
         ddp = torch.nn.parallel.DistributedDataParallel(
             model,
             device_ids=[device.index] if device.type == "cuda" else None,
-            broadcast_buffers=_broadcasts_buffers(scheme),
+            # No buffer broadcast before each forward pass (DDP's default): no algorithm here exchanges buffers
+            # (BatchNorm's running statistics reach no gradient), a local-step one (DiLoCo) averages them at
+            # its sync, counted; the model's buffers are rank 0's (checkpoints, train/evaluate.py).
+            broadcast_buffers=False,
             **({"bucket_cap_mb": float(cap)} if cap else {}),
         )
         opt = optim.build_optimizer(ddp.parameters(), ocfg)
         return ddp, opt, comm.attach_comm(scheme, ddp, opt, ocfg, topology)
     return _build_fsdp(cfg, task, model, device, topology, ocfg, scheme, is_main)
-
-
-def _broadcasts_buffers(scheme: str) -> bool:
-    """DDP's ``broadcast_buffers`` for ``scheme``: rank 0's buffers sent to every process before each forward
-    (DDP's default), unless the scheme's module says ``BROADCAST_BUFFERS = False``: the local-step schemes
-    (DiLoCo) keep each worker's own buffers between syncs and average them at the sync, counted."""
-    import importlib
-
-    from birder_repro import comm
-
-    return bool(getattr(importlib.import_module(comm.SCHEMES[scheme].module), "BROADCAST_BUFFERS", True))
 
 
 def _build_fsdp(cfg, task, model, device, topology, ocfg, scheme: str, is_main: bool):
