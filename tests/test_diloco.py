@@ -6,7 +6,7 @@ The reference keeps one model per node; a node's gradient is the mean of its pro
 process's own, recorded at the run's parameters as tests/test_fsdp.py does); every H steps it averages the
 nodes' movement since the last outer step and applies torch's Nesterov SGD to the outer parameters, which every
 node then starts from. The model has a BatchNorm: each process's running statistics are its own between syncs
-(DDP built with ``broadcast_buffers=False``) and averaged over every process at each sync. Tolerance: the sums
+(DDP built without its buffer broadcast) and averaged over every process at each sync. Tolerance: the sums
 are the same but not all in the same order (the run averages the buffers first in the node, then over the nodes),
 so rtol 1e-6.
 
@@ -59,9 +59,10 @@ def _copy(tensors) -> list[torch.Tensor]:
 def _build(gpus: int):
     from birder_repro.comm import attach_diloco
     from birder_repro.optim import DiLoCo
+    from birder_repro.train.parallel import no_buffer_broadcast
 
     model = _net()
-    ddp = nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
+    ddp = nn.parallel.DistributedDataParallel(model, **no_buffer_broadcast())
     opt = DiLoCo(ddp.parameters(), local_steps=H, outer_lr=OUTER_LR, outer_momentum=OUTER_MU, **INNER)
     return model, ddp, opt, attach_diloco(ddp, opt, gpus_per_node=gpus)
 

@@ -45,9 +45,10 @@ def _net():
 
 def _run(rank: int, world: int, wrap: str) -> dict:
     from birder_repro.train.evaluate import evaluate
+    from birder_repro.train.parallel import no_buffer_broadcast
 
     model = _net()
-    evaluated = nn.parallel.DistributedDataParallel(model, broadcast_buffers=False) if wrap == "ddp" else model
+    evaluated = nn.parallel.DistributedDataParallel(model, **no_buffer_broadcast()) if wrap == "ddp" else model
     evaluated(torch.randn(8, 4, generator=torch.Generator().manual_seed(rank)) * (rank + 1))  # each rank's batch
     own = {k: v.clone() for k, v in model.state_dict().items()}
     got = evaluate(_Task(), evaluated, _Data(rank), torch.device("cpu"))

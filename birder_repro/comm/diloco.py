@@ -161,8 +161,9 @@ def attach_diloco(
     """Make ``ddp_model`` average inside the node only and have ``optimizer`` (a
     :class:`birder_repro.optim.DiLoCo`) average its outer step over the nodes, the module's floating buffers
     with it. ``gpus_per_node`` (default: torchrun's LOCAL_WORLD_SIZE) builds the topology when none is given.
-    Build ``ddp_model`` with ``broadcast_buffers=False`` (DDP's broadcast of rank 0's buffers before every
-    forward would cross the nodes between syncs, uncounted); a DDP model that broadcasts them is refused.
+    Build ``ddp_model`` with ``broadcast_buffers=False`` (``forward_sync_buffers=False`` from torch 2.14; DDP's
+    broadcast of rank 0's buffers before every forward would cross the nodes between syncs, uncounted); a DDP
+    model that broadcasts them is refused.
     Collective: call it on every rank."""
     from birder_repro.optim.diloco import DiLoCo
 
@@ -173,8 +174,9 @@ def attach_diloco(
     buffers = [b for b in ddp_model.module.buffers() if b.is_floating_point()]
     if ddp_model.broadcast_buffers and any(True for _ in ddp_model.module.buffers()) and topology.world_size > 1:
         raise ValueError(
-            "attach_diloco: build the DDP model with broadcast_buffers=False (DDP would send rank 0's buffers to "
-            "every process before each forward pass, tying the nodes together between outer steps)"
+            "attach_diloco: build the DDP model with broadcast_buffers=False (forward_sync_buffers=False from torch "
+            "2.14): DDP would send rank 0's buffers to every process before each forward pass, tying the nodes "
+            "together between outer steps"
         )
     announce_layout(f"attach_diloco (H={optimizer.local_steps})", topology, source, between_nodes=True, guessed=guessed)
     state = DiLoCoState(topology, buffers)
