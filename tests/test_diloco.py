@@ -243,15 +243,15 @@ def test_the_deployed_model_is_the_same_on_every_rank_and_the_replicas_are_not(l
 
 def test_every_byte_is_counted(layout):
     """Per process: every step the hook's fp32 all-reduce in the node, 2 (m-1)/m 4P; at a sync (and at
-    finish()) the buffers' all-reduce in the node, 2 (m-1)/m 4B, the shard of (P + B)/m all-reduced across the
-    nodes, 2 (n-1)/n 4 (P+B)/m, and its all-gather in the node, (m-1) 4 (P+B)/m. Nothing else."""
+    finish()) the pseudo-gradient's m-th all-reduced across the nodes, 2 (n-1)/n 4 P/m, and its all-gather in the
+    node, (m-1) 4 P/m; the buffers' all-reduce in the node, 2 (m-1)/m 4B, then the same two for B. Nothing else."""
     nodes, gpus, runs = layout
     net = _net()
     numel, buffers = sum(p.numel() for p in net.parameters()), sum(b.numel() for b in _floats(net))
-    shard = -(-(numel + buffers) // gpus)
+    shards = [-(-numel // gpus), -(-buffers // gpus)]  # each m-th, rounded up
     step_intra = 2 * (gpus - 1) / gpus * 4 * numel
-    sync_intra = 2 * (gpus - 1) / gpus * 4 * buffers + ((gpus - 1) * 4 * shard if nodes > 1 else 0)
-    sync_inter = 2 * (nodes - 1) / nodes * 4 * shard
+    sync_intra = 2 * (gpus - 1) / gpus * 4 * buffers + sum((gpus - 1) * 4 * s if nodes > 1 else 0 for s in shards)
+    sync_inter = sum(2 * (nodes - 1) / nodes * 4 * s for s in shards)
     for rank in range(nodes * gpus):
         for step, sent in enumerate(runs[rank]["bytes"]):
             synced = (step + 1) % H == 0

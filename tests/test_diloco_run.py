@@ -90,8 +90,8 @@ def test_the_run_ends_on_a_sync(run):
         assert all(torch.equal(a, b) for a, b in zip(own["local"], shards[0]["optimizer"]["diloco"]["local"]))
         assert all(torch.equal(a, b) for a, b in zip(hook["buffers"], hook["synced_buffers"]))
         assert all(torch.equal(a, b) for a, b in zip(hook["buffers"], shards[0]["comm"]["buffers"]))
-    # every byte: each sync of the timed steps (finish()'s included) put the parameters and the floating buffers,
-    # 2 (n-1)/n 4 (P + B) at n = 2, on the link; nothing else crossed it
+    # every byte: each sync of the timed steps (finish()'s included) put the parameters and then the floating
+    # buffers, 2 (n-1)/n 4 (P + B) at n = 2, on the link; nothing else crossed it
     buffers = sum(b.numel() for b in shards[0]["comm"]["buffers"])
     timed = range(run["timing_warmup_steps"] + 1, STEPS + 1)
     syncs = len([s for s in timed if s % H == 0 or s == STEPS])

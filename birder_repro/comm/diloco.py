@@ -9,16 +9,17 @@ topology (n nodes of m processes):
     every H     the optimizer's outer step asks :meth:`DiLoCoState.sync` for the nodes' average
                 pseudo-gradient: the m processes of a node hold the same vector, so each all-reduces one m-th
                 of it with its peers of the same local rank on the other nodes (a shard of P/m elements, the
-                m exchanges of a node side by side) and the node all-gathers the shards back. The module's
-                floating buffers (BatchNorm's running statistics, B elements: each process's own, since the
-                DDP model is built with ``broadcast_buffers=False``) ride along: first averaged inside the node
-                (an fp32 all-reduce), then in the same exchange across nodes, so after the sync every process
-                holds their average over all n m processes. :attr:`DiLoCoState.synced_buffers` keeps them: the
-                buffers of the model a user would deploy (:meth:`birder_repro.optim.DiLoCo.synchronised`).
+                m exchanges of a node side by side) and the node all-gathers the shards back. Then the
+                module's floating buffers (BatchNorm's running statistics, B elements: each process's own, since
+                the DDP model broadcasts no buffers) are averaged exactly, in fp32, over all n m processes: in
+                the node first (an all-reduce), then across the nodes as the pseudo-gradient was (a subclass
+                that compresses the pseudo-gradient leaves them exact). :attr:`DiLoCoState.synced_buffers` keeps
+                them: the buffers of the model a user would deploy (:meth:`birder_repro.optim.DiLoCo.synchronised`).
 
-Bytes per process: every step 2 (m-1)/m 4P inside the node; every H steps 2 (n-1)/n 4(P+B)/m across nodes,
-2 (m-1)/m 4B (the buffers' average in the node) and (m-1)/m 4(P+B) inside it (the all-gather). Each node's
-link carries 2 (n-1)/n 4(P+B) every H steps: a flat fp32 all-reduce's bytes, H times less often. Nothing else
+Bytes per process: every step 2 (m-1)/m 4P inside the node; every H steps 2 (n-1)/n 4P/m across nodes and
+(m-1)/m 4P inside it (the all-gather), and for the buffers 2 (m-1)/m 4B + (m-1)/m 4B inside the node and
+2 (n-1)/n 4B/m across (each m-th rounded up). Each node's link carries 2 (n-1)/n 4(P+B) every H steps: a flat
+fp32 all-reduce's bytes, H times less often. Nothing else
 crosses: DDP's broadcast of rank 0's buffers before every forward pass, which would tie the nodes together
 between syncs and go uncounted, is off. The outer step's seconds are in ``collective_seconds`` (the
 all-reduce) like every hook's; ``outer_steps`` counts them. The record's bytes per step are the averages over
@@ -61,27 +62,41 @@ class DiLoCoState(CommState):
 
     def sync(self, deltas: list[torch.Tensor]) -> None:
         """The outer step's exchange (collective, every rank): ``deltas`` (the same on every process of a node)
-        replaced by their average over the nodes, and the module's buffers by their average over every process,
-        in place, in one exchange across nodes; the averaged buffers kept as :attr:`synced_buffers`."""
-        self.average_over_nodes(deltas, own=self.buffers)
+        replaced by their average over the nodes (:meth:`average_over_nodes`, which a subclass may compress),
+        then the module's buffers by their exact fp32 average over every process, in place; the averaged buffers
+        kept as :attr:`synced_buffers`."""
+        self.average_over_nodes(deltas)
+        self.average_everywhere(self.buffers)
         self.synced_buffers = [b.detach().clone() for b in self.buffers]
 
-    def average_over_nodes(self, tensors: list[torch.Tensor], own: Sequence[torch.Tensor] = ()) -> None:
-        """Replace ``tensors`` (the same on every process of a node) by their average over the nodes, and ``own``
-        (each process's own) by their average over every process, in place. Counts one outer step."""
+    def average_over_nodes(self, tensors: list[torch.Tensor]) -> None:
+        """Replace ``tensors`` (the same on every process of a node) by their average over the nodes, in place.
+        Counts one outer step."""
+        self.outer_steps += 1
+        self._across_nodes(tensors)
+
+    def average_everywhere(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Replace ``tensors`` (each process's own) by their fp32 average over every process, in place: the
+        node's mean first (an all-reduce in the node), which the node's processes then share across the nodes
+        as :meth:`average_over_nodes` does. Collective."""
+        topo = self.topology
+        tensors = [t for t in tensors if t.numel()]
+        if not tensors or topo.world_size == 1:
+            return
+        if topo.intra_group is not None:
+            m, device = topo.gpus_per_node, tensors[0].device
+            flat = torch.cat([t.reshape(-1).float() for t in tensors])
+            with self.timing("comm", device):
+                dist.all_reduce(flat, group=topo.intra_group)
+            self.add_bytes(allreduce_bytes(flat.numel() * 4, m), 0.0)
+            _unflatten(flat.div_(m), tensors)
+        self._across_nodes(tensors)
+
+    def _across_nodes(self, tensors: list[torch.Tensor]) -> None:
+        """The nodes' fp32 average of ``tensors`` (the same on every process of a node), in place: each local
+        rank all-reduces its m-th with its peers on the other nodes, the node all-gathers the m-ths."""
         topo = self.topology
         m, n = topo.gpus_per_node, topo.nodes
-        self.outer_steps += 1
-        own = [t for t in own if t.numel()]
-        if own and topo.intra_group is not None:  # the node's mean first: then they are the same in the node
-            device = own[0].device
-            flat_own = torch.cat([t.reshape(-1).float() for t in own])
-            with self.timing("comm", device):
-                dist.all_reduce(flat_own, group=topo.intra_group)
-            self.add_bytes(allreduce_bytes(flat_own.numel() * 4, m), 0.0)
-            flat_own.div_(m)
-            _unflatten(flat_own, own)
-        tensors = [*tensors, *own]
         if n == 1 or not tensors:
             return
         device = tensors[0].device
