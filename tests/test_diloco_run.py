@@ -114,3 +114,17 @@ def test_a_run_resumed_between_syncs_ends_bit_equal(run, tmp_path):
     for step in range(20, STEPS + 1, EVERY):
         assert again[step] == whole[step], step
     assert resumed["metrics"] == run["metrics"]
+
+
+def test_a_run_stopped_at_its_target_between_syncs_ends_on_a_sync(tmp_path):
+    """``train.stop_at_target`` with an evaluation every 15 steps at H = 10: the evaluation of step 15 (the model
+    synced at step 10) reaches the low target, the run stops there, 5 inner steps after its last sync, and
+    finish() syncs them before the checkpoint of step 15 and the final evaluation."""
+    stop = [a for a in RUN if not a.startswith(("train.eval_every", "train.keep"))]
+    rec = _cli([*stop, "train.eval_every=15", "train.stop_at_target=true", "task.target.value=15"], tmp_path)
+    assert rec["stopped_at_target"] and rec["steps"] == 15 and rec["outer_steps"] == 2
+    shards = [torch.load(step_dir(Path(rec["run_dir"]), 15) / f"rank{r:05d}.pt", weights_only=True) for r in range(2)]
+    for shard in shards:
+        own = shard["optimizer"]["diloco"]
+        assert own["since_sync"] == 0 and all(torch.equal(a, b) for a, b in zip(own["local"], own["outer"]))
+        assert all(torch.equal(a, b) for a, b in zip(own["local"], shards[0]["optimizer"]["diloco"]["local"]))

@@ -252,7 +252,7 @@ def train(
             # every rank: evaluations are global, so every rank saw the same hit (and once a step was timed and
             # compute calibrated, so that the record has its step times)
             stopping = settings.stop_at_target and run.target.hit is not None and run.stages and run.calibration
-            if stopping:
+            if stopping and run.step < steps:  # (the last step did it already)
                 _end_on_sync(parts, run, timing, stage)  # before this step's checkpoint and the final evaluation
             _checkpoint_if_due(parts, run)
             if stopping:
