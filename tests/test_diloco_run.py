@@ -70,7 +70,7 @@ def test_every_evaluation_between_syncs_scores_the_last_synchronised_model(run):
     evals = _evaluations(Path(run["run_dir"]))
     for step in range(H + EVERY, STEPS, H):  # 15, 25, 35: half way to the next sync
         synced = step - step % H
-        assert evals[step] == {k: v for k, v in evals[synced].items()}, (step, evals[step], evals[synced])
+        assert evals[step] == evals[synced], (step, evals[step], evals[synced])
     assert evals[2 * H] != evals[H]  # a sync moves the model
 
 
