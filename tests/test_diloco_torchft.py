@@ -4,7 +4,7 @@ inputs and hyperparameters: AdamW inside, SGD with Nesterov momentum outside, H 
 torchft's DiLoCo runs under its Manager (quorum, lighthouse, fault tolerance); here the Manager is mocked as
 torchft's own unit tests mock it, its all-reduce the average over the workers. Two workers run in two threads,
 each on its own batches, and meet at every all-reduce; this project's DiLoCo averages its outer gradient over
-the same two threads through the hook's interface (``average_over_nodes``, which attach_diloco gives it over the
+the same two threads through the hook's interface (``sync``, which attach_diloco gives it over the
 nodes' gloo or NCCL group: tests/test_diloco.py checks that part across processes). Equal bit for bit: both do
 torch's AdamW, then theta - lr_out (delta + mu buf) with buf = mu buf + delta in the same float order.
 """
@@ -75,8 +75,12 @@ def run_workers(train, workers: int = 2) -> list[nn.Module]:
 
 def ours(worker: int, net: nn.Module, meeting: Meeting) -> None:
     class Nodes:
-        def average_over_nodes(self, tensors: list[torch.Tensor]) -> None:
-            for t in tensors:
+        def __init__(self) -> None:
+            self.buffers: list[torch.Tensor] = []  # the net has none
+            self.synced_buffers: list[torch.Tensor] = []
+
+        def sync(self, deltas: list[torch.Tensor]) -> None:
+            for t in deltas:
                 meeting.average(worker, t)
 
     opt = DiLoCo(net.parameters(), lr=LR, weight_decay=WD, local_steps=H, outer_lr=OUTER_LR, outer_momentum=OUTER_MU)

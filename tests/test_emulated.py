@@ -536,32 +536,22 @@ def birder_repro(*args: str, timeout: float = 600) -> subprocess.CompletedProces
     )
 
 
-def buffer_bytes(cfg) -> int:
-    """Bytes of the model's buffers, which DDP broadcasts from rank 0 before every forward pass."""
-    from birder_repro import tasks
-
-    model = tasks.get_task(cfg.task.name).build_model(cfg)
-    return sum(b.numel() * b.element_size() for b in model.buffers())
-
-
 def records(runs: Path) -> list[dict]:
     return [record.read_record(p.parent) for p in sorted(runs.rglob(record.RECORD_FILE))]
 
 
 def check_link_bytes_match_the_hook(compose, runs_dir, overrides: list[str]) -> None:
     """Two nodes through the CLI: the kernel's payload (tx_bytes - 66 x packets) of each node's link within
-    10 % of what the run sends, which is the hook's count plus, from rank 0's node, DDP's broadcast of the
-    model's buffers before every forward pass (BatchNorm statistics), which no hook sees."""
+    10 % of what the run sends: the hook's count, and nothing else (the runner's DDP broadcasts no buffers
+    before its forward passes: birder_repro.train.parallel)."""
     out = birder_repro(*overrides)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     (rec,) = records(runs_dir)
     assert rec["status"] == "completed" and len(rec["link_bytes_per_step"]) == 2
     hook = rec["inter_node_bytes_per_step"]  # per process = per node (1 process a node)
-    buffers = buffer_bytes(compose(overrides))
     for node, (sent, packets) in enumerate(zip(rec["link_bytes_per_step"], rec["link_packets_per_step"])):
         payload = sent - netns.FRAME_HEADER_BYTES * packets
-        expected = hook + (buffers if node == 0 else 0)
-        assert payload == pytest.approx(expected, rel=0.10), (node, payload, expected)
+        assert payload == pytest.approx(hook, rel=0.10), (node, payload, hook)
     info = json.loads((Path(rec["run_dir"]) / emulated.INFO_FILE).read_text())
     assert ours(info["run_id"]) == set()
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -21,6 +22,26 @@ class StepGate(Protocol):
     ``end_step()`` closes the step and says whether it is to be skipped (some rank's gradient was non-finite)."""
 
     def end_step(self) -> bool: ...
+
+
+@runtime_checkable
+class LocalSteps(Protocol):
+    """The rule every local-step optimizer obeys (DiLoCo and its variants: the workers take steps of their own
+    between synchronisations, so between two of them no process holds the model a user would deploy).
+
+    ``synchronised()``: inside the context the model's parameters (and the buffers the method synchronises) hold
+    the last synchronised outer model, theta_{t-1}, the same on every rank; the workers' own are restored on
+    exit. Evaluate, and write a model for deployment, only inside it. Not collective.
+
+    ``finish()``: end the run on a synchronisation: an outer step now if inner steps were taken since the last
+    one, nothing otherwise. Collective: every rank calls it at the same point, after the last step and before
+    the final evaluation and the final checkpoint.
+
+    A training loop recognises one by ``hasattr(optimizer, "synchronised")`` (birder_repro.train.loop)."""
+
+    def synchronised(self) -> contextlib.AbstractContextManager[None]: ...
+
+    def finish(self) -> None: ...
 
 
 def grad_of(p: torch.Tensor) -> torch.Tensor:

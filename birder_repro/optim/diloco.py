@@ -13,16 +13,24 @@ Algorithm 1) with k workers, here the nodes (DDP averages the gradients inside a
 The outer step is torch's SGD with ``nesterov=True`` applied to delta_t: buf = mu buf + delta,
 theta = theta - lr_out (delta + mu buf). The inner AdamW's state is each worker's own and is kept across outer
 steps, as in the paper. Every process of a node holds the same parameters (DDP averaged their gradients), so
-the node's processes share the exchange across nodes (:meth:`NodeAverage.average_over_nodes`).
+the node's processes share the exchange across nodes (:meth:`OuterSync.sync`), which also averages the
+module's floating buffers (BatchNorm's running statistics) over every process.
+
+The model a user would deploy is theta_{t-1} with the buffers of the same sync: between two outer steps no
+process holds it (each worker's theta_i has moved on its own data), so DiLoCo is a
+:class:`birder_repro.optim.common.LocalSteps` optimizer: evaluate it inside :meth:`DiLoCo.synchronised`, and
+end a run with :meth:`DiLoCo.finish` (an outer step over the inner steps since the last one), so that the
+final model is a synchronised one.
 
 Without a hook (one process) delta is that process's own: DiLoCo with one worker, which is AdamW with a
-lookahead-style outer step every H steps.
+lookahead-style outer step every H steps (its buffers, which it does not see without the hook, are left alone).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 import torch
@@ -30,10 +38,15 @@ import torch
 __all__ = ["DiLoCo", "build_diloco"]
 
 
-class NodeAverage(Protocol):
-    """What the optimizer asks of its hook's state (:class:`birder_repro.comm.diloco.DiLoCoState`)."""
+class OuterSync(Protocol):
+    """What the optimizer asks of its hook's state (:class:`birder_repro.comm.diloco.DiLoCoState`): the outer
+    step's exchange, and the module's floating buffers (``buffers``: the module's own tensors;
+    ``synced_buffers``: their values at the last sync)."""
 
-    def average_over_nodes(self, tensors: list[torch.Tensor]) -> None: ...
+    buffers: list[torch.Tensor]
+    synced_buffers: list[torch.Tensor]
+
+    def sync(self, deltas: list[torch.Tensor]) -> None: ...
 
 
 class DiLoCo(torch.optim.AdamW):
@@ -60,10 +73,11 @@ class DiLoCo(torch.optim.AdamW):
             raise ValueError(f"DiLoCo: outer_momentum must be in [0, 1), got {outer_momentum}")
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         self.local_steps, self.outer_lr, self.outer_momentum = local_steps, outer_lr, outer_momentum
-        self.inner_steps = 0  # optimizer steps taken; an outer step follows every local_steps of them
+        self.inner_steps = 0  # optimizer steps taken
+        self.since_sync = 0  # inner steps since the last outer step; an outer step follows every local_steps
         self.outer_steps = 0
         self.outer_seconds = 0.0  # host seconds in outer steps (the record's outer_step_s)
-        self.hook_state: NodeAverage | None = None  # set by birder_repro.comm.attach_diloco
+        self.hook_state: OuterSync | None = None  # set by birder_repro.comm.attach_diloco
         # theta_{t-1} and the outer momentum, per parameter (kept apart from AdamW's per-parameter state)
         self._outer: list[torch.Tensor] | None = None
         self._momentum: list[torch.Tensor] | None = None
@@ -83,9 +97,38 @@ class DiLoCo(torch.optim.AdamW):
             self._momentum = [torch.zeros_like(p) for p in self._outer]
         loss = super().step(closure)
         self.inner_steps += 1
-        if self.inner_steps % self.local_steps == 0:
+        self.since_sync += 1
+        if self.since_sync == self.local_steps:
             self._outer_step()
         return loss
+
+    @torch.no_grad()
+    def finish(self) -> None:
+        """End the run on a sync: the outer step over the inner steps since the last one, if any were taken
+        (fewer than H: the paper's outer step on a shorter round); nothing otherwise. Collective: every rank
+        calls it at the same point (:class:`birder_repro.optim.common.LocalSteps`)."""
+        if self.since_sync:
+            self._outer_step()
+
+    @contextlib.contextmanager
+    def synchronised(self) -> Iterator[None]:
+        """Inside: the parameters hold theta_{t-1}, the outer parameters of the last sync (before any, the
+        initial ones), and the module's floating buffers those of the same sync (through the hook's state),
+        the same on every rank: the model a user would deploy. This worker's own are restored on exit. Not
+        collective (:class:`birder_repro.optim.common.LocalSteps`)."""
+        params = self._params() if self._outer is not None else []
+        buffers = list(self.hook_state.buffers) if self.hook_state is not None else []
+        synced = list(self.hook_state.synced_buffers) if self.hook_state is not None else []
+        with torch.no_grad():
+            own = [t.detach().clone() for t in [*params, *buffers]]
+            for t, outer in zip([*params, *buffers], [*(self._outer or []), *synced]):
+                t.copy_(outer)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for t, mine in zip([*params, *buffers], own):
+                    t.copy_(mine)
 
     def _outer_step(self) -> None:
         assert self._outer is not None and self._momentum is not None
@@ -93,12 +136,13 @@ class DiLoCo(torch.optim.AdamW):
         params = self._params()
         deltas = [outer - p for outer, p in zip(self._outer, params)]  # theta_{t-1} - theta_i
         if self.hook_state is not None:
-            self.hook_state.average_over_nodes(deltas)
+            self.hook_state.sync(deltas)  # and the module's buffers averaged over every process
         mu, lr = self.outer_momentum, self.outer_lr
         for p, outer, buf, delta in zip(params, self._outer, self._momentum, deltas):
             buf.mul_(mu).add_(delta)
             outer.sub_(delta.add(buf, alpha=mu), alpha=lr)  # torch's SGD(nesterov=True), dampening 0
             p.copy_(outer)
+        self.since_sync = 0
         self.outer_steps += 1
         self.outer_seconds += time.perf_counter() - started
 
@@ -106,10 +150,11 @@ class DiLoCo(torch.optim.AdamW):
     def state_dict(self) -> dict[str, Any]:
         """AdamW's, and DiLoCo's own: the step counts, theta_{t-1}, the outer momentum and this worker's
         parameters (between outer steps the nodes' parameters differ, and a checkpoint keeps the model of
-        rank 0 only: each rank resumes its own)."""
+        rank 0 only: each rank resumes its own; the hook's state keeps each rank's buffers likewise)."""
         sd = super().state_dict()
         sd["diloco"] = {
             "inner_steps": self.inner_steps,
+            "since_sync": self.since_sync,
             "outer_steps": self.outer_steps,
             "outer_seconds": self.outer_seconds,
             "outer": [t.clone() for t in self._outer] if self._outer is not None else None,
@@ -126,6 +171,7 @@ class DiLoCo(torch.optim.AdamW):
             return
         params = self._params()
         self.inner_steps, self.outer_steps = int(own["inner_steps"]), int(own["outer_steps"])
+        self.since_sync = int(own.get("since_sync", self.inner_steps % self.local_steps))
         self.outer_seconds = float(own.get("outer_seconds", 0.0))
         self._outer = None if own["outer"] is None else [t.to(p.device).clone() for t, p in zip(own["outer"], params)]
         self._momentum = (

@@ -4,10 +4,16 @@ The worker builds the task, data, DDP model, optimizer and communication hook, t
 Before every step the ranks agree whether a stop signal came (birder_repro.train.stop); if one did, they save a
 checkpoint and raise :class:`~birder_repro.train.stop.Stopped`. A checkpoint carries what a resumed run needs to
 count across its attempts (the time-to-target clock and the last steps' losses of ``final_loss``).
+
+A local-step optimizer (DiLoCo: ``hasattr(optimizer, "synchronised")``, birder_repro.optim.common.LocalSteps) is
+evaluated on the model a user would deploy, the last synchronised one (inside ``optimizer.synchronised()``),
+never on the workers' own replicas between syncs; and the run ends on a sync: ``optimizer.finish()`` after the
+last step (in that step's time), before the final evaluation and the final checkpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -45,7 +51,15 @@ from birder_repro.train.progress import LogInterval, Progress, log_interval
 from birder_repro.train.restarts import Attempts, inject_fault, restart_count
 from birder_repro.train.settings import RunPlan, TrainSettings
 from birder_repro.train.target import TimeToTarget, target_from_config
-from birder_repro.train.timing import StepPlan, StepResult, calibrate_forward_backward, run_step, stage_of
+from birder_repro.train.timing import (
+    StepPlan,
+    StepResult,
+    _counters,
+    _now,
+    calibrate_forward_backward,
+    run_step,
+    stage_of,
+)
 
 __all__ = ["train", "fp32_allreduce_bytes"]
 
@@ -225,6 +239,8 @@ def train(
                 probing = True
             result = run_step(task, model, optimizer, batch, device, comm, settings.grad_clip, precision, accumulated)
             _record_step(run, timing, result, stage, data_wait)
+            if run.step == steps:
+                _end_on_sync(parts, run, timing, stage)  # the run's last step: its model a synchronised one
             diverging.after_step(run.step, result.loss_sum, comm, lr, stage)
             progress.step()
             attempts.reached(run.step)
@@ -235,10 +251,17 @@ def train(
             t_log = time.perf_counter()
             _log_if_due(parts, run, timing, lr, stage)
             logged_s = time.perf_counter() - t_log
-            _evaluate_and_checkpoint_if_due(parts, run, timing)
-            if settings.stop_at_target and run.target.hit is not None and run.stages and run.calibration:
-                break  # every rank: evaluations are global, so every rank saw the same hit (and once a step
-                # was timed and compute calibrated, so that the record has its step times)
+            _evaluate_if_due(parts, run, timing)
+            # every rank: evaluations are global, so every rank saw the same hit (and once a step was timed and
+            # compute calibrated, so that the record has its step times)
+            stopping = settings.stop_at_target and run.target.hit is not None and run.stages and run.calibration
+            if stopping and run.step < steps:  # (the last step did it already)
+                _end_on_sync(parts, run, timing, stage)  # before this step's checkpoint and the final evaluation
+            _checkpoint_if_due(parts, run)
+            if stopping:
+                break
+        if hasattr(optimizer, "synchronised"):  # a no-op where the last step did it (every way out of the loop
+            optimizer.finish()  # but a run resumed at its last step, from a checkpoint saved before finish() was)
         probed = stop_probes(probes, timed_steps=int(sum(t.steps for t in run.stages.values())))
         record, profile_inputs = _finish(parts, run, timing, plan)
         record.update(probed)
@@ -285,15 +308,47 @@ def _log_if_due(p: _Parts, run: _Run, timing: StepPlan, lr: float, stage: str | 
         run.interval = LogInterval()
 
 
-def _evaluate_and_checkpoint_if_due(p: _Parts, run: _Run, timing: StepPlan) -> None:
-    """Evaluate and checkpoint when their intervals come round (collective on every rank)."""
+def deployed(optimizer) -> contextlib.AbstractContextManager:
+    """Where the model holds what a user would deploy: a local-step optimizer's last synchronised model
+    (``optimizer.synchronised()``, birder_repro.optim.common.LocalSteps); the model as it is for the others."""
+    return optimizer.synchronised() if hasattr(optimizer, "synchronised") else contextlib.nullcontext()
+
+
+def _end_on_sync(p: _Parts, run: _Run, timing: StepPlan, stage: str | None) -> None:
+    """A local-step optimizer's ``finish()``: an outer step over the inner steps since its last one, if any
+    (collective); nothing for the others. Its bytes and seconds count as the last step's, as a regular outer
+    step's do (inside ``optimizer.step()``), where that step was timed."""
+    if not hasattr(p.optimizer, "synchronised"):
+        return
+    before, t0 = _counters(p.comm), _now(p.device)
+    p.optimizer.finish()
+    seconds, after = _now(p.device) - t0, _counters(p.comm)
+    totals = run.stages.get(stage or "") if timing.timed(run.step - 1) else None
+    if totals is None:
+        return
+    intra, inter, compress, collectives = (a - b for a, b in zip(after, before))
+    totals.seconds += seconds
+    totals.optimizer += max(0.0, seconds - compress - collectives)
+    totals.compression += compress
+    totals.collectives += collectives
+    totals.intra_bytes += intra
+    totals.inter_bytes += inter
+
+
+def _evaluate_if_due(p: _Parts, run: _Run, timing: StepPlan) -> None:
+    """Evaluate the deployable model when the interval comes round (collective on every rank)."""
     s = p.settings
     # train.eval=false turns off every evaluation, those during training too (a throughput run measures steps)
     if s.eval and s.eval_every and run.step % s.eval_every == 0 and run.step < timing.steps and p.data.eval is not None:
-        metrics = evaluate(p.task, p.model, p.data, p.device, s.eval_max_batches)
+        with deployed(p.optimizer):
+            metrics = evaluate(p.task, p.model, p.data, p.device, s.eval_max_batches)
         p.logger.log(run.step, {f"eval/{k}": v for k, v in metrics.items()})
         run.target.evaluated(run.step, metrics)
-    if s.checkpoint_every and run.step % s.checkpoint_every == 0:
+
+
+def _checkpoint_if_due(p: _Parts, run: _Run) -> None:
+    """Checkpoint when the interval comes round (collective on every rank)."""
+    if p.settings.checkpoint_every and run.step % p.settings.checkpoint_every == 0:
         _save(p, run)
 
 
@@ -335,7 +390,8 @@ def _final_metrics(p: _Parts, final_loss: float) -> dict[str, float]:
     """The task's metrics at the end (its own ``loss`` kept as ``eval_loss``) and the training loss."""
     metrics: dict[str, float] = {}
     if p.settings.eval and p.data.eval is not None:
-        metrics = evaluate(p.task, p.model, p.data, p.device, p.settings.eval_max_batches)
+        with deployed(p.optimizer):  # after the loop's finish(): a local-step optimizer's final sync
+            metrics = evaluate(p.task, p.model, p.data, p.device, p.settings.eval_max_batches)
         if "loss" in metrics:
             metrics["eval_loss"] = metrics.pop("loss")
     metrics["loss"] = final_loss

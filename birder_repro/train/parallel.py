@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["PARALLEL", "parallel_of", "check_parallel", "build_parallel"]
+__all__ = ["PARALLEL", "parallel_of", "check_parallel", "build_parallel", "no_buffer_broadcast"]
 
 PARALLEL = ("ddp", "fsdp")
 
@@ -86,11 +86,24 @@ def build_parallel(
         ddp = torch.nn.parallel.DistributedDataParallel(
             model,
             device_ids=[device.index] if device.type == "cuda" else None,
+            **no_buffer_broadcast(),
             **({"bucket_cap_mb": float(cap)} if cap else {}),
         )
         opt = optim.build_optimizer(ddp.parameters(), ocfg)
         return ddp, opt, comm.attach_comm(scheme, ddp, opt, ocfg, topology)
     return _build_fsdp(cfg, task, model, device, topology, ocfg, scheme, is_main)
+
+
+def no_buffer_broadcast() -> dict[str, bool]:
+    """DDP's keyword that turns off its broadcast of rank 0's buffers before every forward pass (its default):
+    ``forward_sync_buffers=False`` where torch has it (2.14 on; buffers still synced once at construction),
+    ``broadcast_buffers=False`` before. No algorithm here exchanges buffers (BatchNorm's running statistics reach
+    no gradient); a local-step one (DiLoCo) averages them at its sync, counted; for the others the model's
+    buffers are rank 0's (checkpoints, birder_repro.train.evaluate.rank0_buffers). So nothing crosses uncounted."""
+    import inspect
+
+    keywords = inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters
+    return {"forward_sync_buffers": False} if "forward_sync_buffers" in keywords else {"broadcast_buffers": False}
 
 
 def _build_fsdp(cfg, task, model, device, topology, ocfg, scheme: str, is_main: bool):
