@@ -85,6 +85,7 @@ def test_numbas_cache_is_readable_by_the_compile_line():
 
 # ------------------------------------------------------------------------------------------ torchrun
 def test_an_older_torchrun_warns_of_any_other_stop_timeout_shorter_or_longer(monkeypatch, capsys):
+    torchrun._say_once.cache_clear()  # said once a process: another test in this worker may have said it
     monkeypatch.setattr(torchrun, "torchrun_has_option", lambda option: False)
     for seconds in (10, 45):
         assert torchrun.shutdown_timeout_option(seconds) == []
