@@ -71,6 +71,7 @@ def test_shutdown_timeout_is_passed_only_to_a_torchrun_that_takes_it(monkeypatch
     """torch 2.11's torchrun stops every run with "unrecognized arguments: --shutdown-timeout=30" (seen on the
     first GPU machine): the option goes only where torchrun's own parser has it, and an older torchrun's fixed
     30 s is said once where train.stop_timeout_s asks for another."""
+    torchrun._say_once.cache_clear()  # said once a process: another test in this worker may have said it
     assert torchrun.torchrun_has_option("--shutdown-timeout")  # this environment's torch has it
     assert not torchrun.torchrun_has_option("--no-such-option")
     assert "--shutdown-timeout=45" in torchrun_argv("run", 2, shutdown_timeout=45)
