@@ -167,7 +167,7 @@ def test_the_schedule_syncs_each_fragment_once_every_h_steps():
     model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(4)])  # 8 tensors, 4 fragments of 20 elements each
     opt = StreamingDiLoCo(model.parameters(), local_steps=h, fragments=fragments, overlap_steps=1)
     opt.hook_state = recorder = Recorder()
-    for step in range(3 * h):
+    for _ in range(3 * h):
         _loss(model, (torch.randn(2, 4), torch.randint(0, 4, (2,)))).backward()
         opt.step()
         opt.zero_grad()
@@ -200,7 +200,14 @@ def test_one_fragment_no_overlap_and_alpha_0_is_diloco():
     diloco = run(lambda ps: DiLoCo(ps, local_steps=H, outer_lr=OUTER_LR, outer_momentum=OUTER_MU, **INNER))
     streaming = run(
         lambda ps: StreamingDiLoCo(
-            ps, local_steps=H, fragments=1, overlap_steps=0, mixing=0.0, outer_lr=OUTER_LR, outer_momentum=OUTER_MU, **INNER
+            ps,
+            local_steps=H,
+            fragments=1,
+            overlap_steps=0,
+            mixing=0.0,
+            outer_lr=OUTER_LR,
+            outer_momentum=OUTER_MU,
+            **INNER,
         )
     )
     assert all(torch.equal(a, b) for a, b in zip(diloco, streaming))

@@ -123,7 +123,9 @@ class OuterExchange(BirderState):
         """Step II for an outer gradient: x = g + e; u = Q(x / S); e = x - S u (module doc). Returns u packed."""
         e, s = bucket.state["e"], self._scales
         with self.timing("compress", g.device):
-            seed, where = self._draws(bucket, "worker", self.worker_rank * e.numel(), (self.worker_rank + 1) * e.numel())
+            seed, where = self._draws(
+                bucket, "worker", self.worker_rank * e.numel(), (self.worker_rank + 1) * e.numel()
+            )
             x = g.add_(e)
             bits = stochastic_sign_bits(
                 x / torch.where(s > 0, s, 1.0), kernels.uniform(seed, where.positions(0, e.numel(), g.device))

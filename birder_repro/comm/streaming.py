@@ -150,6 +150,7 @@ class StreamingState(DiLoCoState):
         padded[: flat.numel()] = flat
         piece = padded[topo.local_rank * shard : (topo.local_rank + 1) * shard].clone()
         started = time.perf_counter()
+        work: Any
         if self.quantize == "none":
             work = dist.all_reduce(piece, group=topo.inter_group, async_op=True)
             self.add_bytes(0.0, allreduce_bytes(piece.numel() * 4, n))

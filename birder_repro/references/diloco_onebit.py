@@ -43,7 +43,9 @@ class ReferenceOneBitAverage:
         sums = per_tensor[0]
         for s in per_tensor[1:]:
             sums = sums + s
-        scale = torch.repeat_interleave(sums / (n * torch.tensor(self.numels, dtype=torch.float32)), torch.tensor(self.numels))
+        scale = torch.repeat_interleave(
+            sums / (n * torch.tensor(self.numels, dtype=torch.float32)), torch.tensor(self.numels)
+        )
         divisor = torch.where(scale > 0, scale, 1.0)
         us = []
         for i, delta in enumerate(deltas):  # the workers: x = delta + e; u = Q(x / S); e = x - S u
