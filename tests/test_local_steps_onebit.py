@@ -10,6 +10,8 @@ draw would move an element by twice its tensor's scale.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from dist_utils import run_distributed
@@ -22,6 +24,7 @@ from birder_repro.optim.diloco_1bit import DiLoCo1bit
 
 NODES, GPUS, WORLD = 2, 2, 4
 H, STEPS = 3, 10  # three outer steps and one inner step after them
+SAVE_AT = 7  # a checkpoint after two outer steps and one inner step
 INNER = dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 OUTER_LR, OUTER_MU, SEED = 0.7, 0.9, 5
 CLOSE = dict(rtol=1e-5, atol=1e-6)
@@ -48,7 +51,10 @@ def _run(rank: int, world: int, gpus: int) -> dict:
     opt = DiLoCo1bit(ddp.parameters(), local_steps=H, outer_lr=OUTER_LR, outer_momentum=OUTER_MU, seed=SEED, **INNER)
     state = attach_diloco_1bit(ddp, opt, gpus_per_node=gpus, kernel_backend="torch")  # no numba compile
     out: dict = {"grads": [], "params": [], "inter": [], "outer": []}
+    saved = None
     for step in range(STEPS):
+        if step == SAVE_AT:  # after two outer steps and one inner step: the errors hold something
+            saved = copy.deepcopy((model.state_dict(), opt.state_dict(), state.state_dict()))  # as a file would
         plain = _net()
         plain.load_state_dict(model.state_dict())
         _loss(plain, _batch(rank, step)).backward()
@@ -66,7 +72,25 @@ def _run(rank: int, world: int, gpus: int) -> dict:
     opt.finish()
     out["finished"] = [p.detach().clone() for p in model.parameters()]
     out["outer_steps"] = (opt.outer_steps, state.outer_steps)
+    out["resumed"] = _resume(rank, gpus, saved)
     return out
+
+
+def _resume(rank: int, gpus: int, saved) -> list[torch.Tensor]:
+    """A fresh model, optimizer and hook loaded from the checkpoint taken at SAVE_AT, run to the end."""
+    model = _net()
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = DiLoCo1bit(ddp.parameters(), local_steps=H, outer_lr=OUTER_LR, outer_momentum=OUTER_MU, seed=SEED, **INNER)
+    state = attach_diloco_1bit(ddp, opt, gpus_per_node=gpus, kernel_backend="torch")
+    model_sd, opt_sd, hook_sd = saved
+    model.load_state_dict(model_sd)
+    opt.load_state_dict(opt_sd)
+    state.load_state_dict(hook_sd)
+    for step in range(SAVE_AT, STEPS):
+        _loss(ddp, _batch(rank, step)).backward()
+        opt.step()
+        opt.zero_grad()
+    return [p.detach().clone() for p in model.parameters()]
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +137,13 @@ def test_error_feedback_matters_here(runs):
     """The reference without error feedback parts from the run: the test above would see a hook that dropped it."""
     want, _ = _reference(runs, keep_error=False)
     assert _differs(runs, want)
+
+
+def test_resumed_from_a_checkpoint_between_outer_steps_equals_the_run_left_alone(runs):
+    """The hook's errors are in its state_dict: a run resumed from it at step 8 continues as the one left alone
+    (the optimizer's own checkpoint keeps each rank's parameters, outer parameters and momentum)."""
+    for rank in range(WORLD):
+        assert all(torch.equal(a, b) for a, b in zip(runs[rank]["resumed"], runs[rank]["params"][-1])), rank
 
 
 def test_the_errors_are_in_the_checkpointed_state(runs):
