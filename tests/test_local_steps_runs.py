@@ -75,3 +75,27 @@ def test_the_model_prices_the_outer_exchange_at_the_hooks_bytes(nodes, gpus):
         assert scheme == f"diloco_streaming_{q}"
         assert priced(scheme) == (all_gather_bytes(4 * shard, m), all_gather_bytes(payload_bytes(shard, q), n))
     assert priced(scheme_for_optim("diloco_1bit"))[1] * 30 < priced("diloco")[1]
+
+
+def test_the_advisors_step_prices_the_local_step_methods_below_dilocos():
+    """predict_step (what mode=advise prices a method with) on a made-up profile and a slow link: the 1-bit DiLoCo's
+    step is cheaper than DiLoCo's at the same H, Streaming DiLoCo's fp32 step costs as DiLoCo's, int4 and fp8 less."""
+    from birder_repro.perf.cluster import ClusterSpec
+    from birder_repro.perf.model import predict_step
+    from birder_repro.perf.profile import Profile
+
+    numel, n, m, h = 1_000_000, 2, 2, 10
+    profile = Profile(
+        name="p", device="cpu", task="t", batch_size=64, forward_backward_s=0.01, parameter_count=numel,
+        optimizer_s=0.001, threads=1, host_cores=8,
+    )  # fmt: skip
+    spec = ClusterSpec(
+        name="x", intra_mbit=100_000, inter_mbit=100, inter_latency_us=50, inter_efficiency=1.0, intra_latency_us=5
+    )
+    step = {s: predict_step(profile, spec, n, m, s, local_steps=h) for s in ("diloco", "diloco_1bit")}
+    for s in ("diloco_streaming", "diloco_streaming_fp8", "diloco_streaming_int4"):
+        step[s] = predict_step(profile, spec, n, m, s, local_steps=h)
+    assert step["diloco_1bit"].inter_node_bytes * 30 < step["diloco"].inter_node_bytes
+    assert step["diloco_1bit"].total_s < step["diloco"].total_s
+    assert step["diloco_streaming"].total_s == pytest.approx(step["diloco"].total_s)
+    assert step["diloco_streaming_int4"].total_s < step["diloco_streaming_fp8"].total_s < step["diloco"].total_s
