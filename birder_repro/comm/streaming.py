@@ -3,7 +3,7 @@ inside the node (DiLoCo's hook, :mod:`birder_repro.comm.diloco`), and one fragme
 nodes every H/P steps, started asynchronously so that it overlaps the next tau inner steps.
 
 Streaming DiLoCo (Douillard et al., "Streaming DiLoCo with overlapping communication: towards a distributed free
-lunch", 2025, section 2 and Algorithm 1). On n nodes of m processes (the node's processes hold the same
+lunch", 2025, Algorithm 1). On n nodes of m processes (the node's processes hold the same
 fragment, as in DiLoCo), :meth:`StreamingState.start_average` cuts the fragment's flat outer gradient into m
 shards and each process sends its shard to its peers of the same local rank on the other nodes:
 
@@ -15,7 +15,7 @@ shards and each process sends its shard to its peers of the same local rank on t
 
 (A sum of quantized values is no longer quantized: gloo and NCCL cannot add fp8 or 4-bit numbers, so the
 quantized payloads are all-gathered and each process dequantizes and adds them in fp32, in node order, the same
-on every rank; the paper's 4-bit exchange, section 3.3, is of the outer gradients.) The scale is the
+on every rank; the paper quantizes the outer gradients it exchanges to 4 bits.) The scale is the
 fragment's, the same on every process of a node. ``wait()`` (tau inner steps later) completes it: the sum over
 the nodes divided by n, and the node's processes all-gather their shards in fp32 (m-1)/m 4P bytes inside the
 node. Without ``torch.float8_e4m3fn`` fp8 falls back to int4 (said once). With one node nothing is sent or

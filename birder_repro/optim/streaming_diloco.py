@@ -1,7 +1,7 @@
 """Streaming DiLoCo: DiLoCo whose model is synced one fragment at a time, each sync overlapping inner steps.
 
 Douillard et al., "Streaming DiLoCo with overlapping communication: towards a distributed free lunch", 2025
-(section 2, Algorithm 1), with k workers, here the nodes (DDP averages the gradients inside a node every step,
+(Algorithm 1, as remembered: the paper is not in the repository), with k workers, here the nodes (DDP averages the gradients inside a node every step,
 :mod:`birder_repro.comm.streaming`). What is implemented, t counting the inner steps (1, 2, ...)::
 
     fragments   the parameters, in model order, cut into P contiguous groups balanced by size
@@ -14,7 +14,7 @@ Douillard et al., "Streaming DiLoCo with overlapping communication: towards a di
                 the next tau inner steps
     sync end    at t + tau (at once for tau = 0):
                     theta_outer_p = OuterOpt(theta_outer_p, avg delta_p)         (Nesterov SGD, as DiLoCo's)
-                    theta_local_p = alpha theta_local_p + (1 - alpha) theta_outer_p       (the merge, Eq. 2)
+                    theta_local_p = alpha theta_local_p + (1 - alpha) theta_outer_p       (the merge, alpha mixing)
 
 Each fragment has its own outer parameters and momentum and is synced every H steps (one fragment every H/P
 steps). Defaults: P = 2, tau = 1, alpha = 0.5 (the paper's mixing), quantize none, outer lr 0.7 and momentum
@@ -95,7 +95,7 @@ def sync_offsets(local_steps: int, fragments: int) -> list[int]:
 
 
 def mix_(local: torch.Tensor, outer: torch.Tensor, alpha: float) -> torch.Tensor:
-    """The merge (Streaming DiLoCo, section 2): local = alpha local + (1 - alpha) outer, in place."""
+    """The merge (Streaming DiLoCo, Algorithm 1): local = alpha local + (1 - alpha) outer, in place."""
     return local.mul_(alpha).add_(outer, alpha=1.0 - alpha)
 
 

@@ -1,5 +1,5 @@
 """Single-process reference of Streaming DiLoCo (Douillard et al., "Streaming DiLoCo with overlapping
-communication: towards a distributed free lunch", 2025, section 2 and Algorithm 1).
+communication: towards a distributed free lunch", 2025, Algorithm 1).
 
 Written from the paper, not from the optimizer: one model per node with its own AdamW; the fragments (the
 parameters cut into P contiguous groups balanced by size, given to it), each with its outer parameters and
