@@ -1,8 +1,9 @@
 """Streaming DiLoCo: DiLoCo whose model is synced one fragment at a time, each sync overlapping inner steps.
 
 Douillard et al., "Streaming DiLoCo with overlapping communication: towards a distributed free lunch", 2025
-(Algorithm 1, as remembered: the paper is not in the repository), with k workers, here the nodes (DDP averages the gradients inside a node every step,
-:mod:`birder_repro.comm.streaming`). What is implemented, t counting the inner steps (1, 2, ...)::
+(Algorithm 1, as remembered: the paper is not in the repository), with k workers, here the nodes (DDP averages
+the gradients inside a node every step, :mod:`birder_repro.comm.streaming`). What is implemented, t counting the
+inner steps (1, 2, ...)::
 
     fragments   the parameters, in model order, cut into P contiguous groups balanced by size
                 (:func:`split_fragments`; the paper's best fragments are strided over the transformer's
