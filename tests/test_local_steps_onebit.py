@@ -173,7 +173,7 @@ def test_inter_node_bytes_are_a_32nd_of_dilocos_plus_the_scales(runs):
     tensors = len(list(_net().parameters()))
     padded = -(-numel // (8 * WORLD)) * (8 * WORLD)
     chunk = padded // (8 * GPUS * NODES)  # bytes of a server chunk
-    want = (NODES - 1) * (chunk + 1) + (NODES - 1) * chunk + 2 * (NODES - 1) / NODES * 4 * tensors
+    want = (NODES - 1) * (chunk + 1) + (NODES - 1) * chunk + 2 * (NODES - 1) / NODES * 8 * tensors
     for step, sent in enumerate(runs[0]["inter"]):
         assert sent == (want if (step + 1) % H == 0 else 0), step
     # the signs are a 32nd of DiLoCo's fp32 exchange of the same (padded) shard, 2 (n-1)/n 4 P'/m

@@ -7,12 +7,13 @@ are), with a scale so that a pseudo-gradient, which is not in [-1, 1] as Birder'
 For the outer step t (n nodes of m processes; every process of a node holds the same delta, DDP having averaged
 the node's gradients every step)::
 
-    scales     S_j = (1 / n) sum_i mean_{elements of tensor j} |delta_i|       one fp32 per parameter tensor,
-               an all-reduce among the n processes with this local rank (:func:`outer_scales`; every element
-               of tensor j is scaled by S_j, the same on every node, so that the server may average signs)
     Step I     the node's delta, fp32, cut into m shards: this process keeps shard r (its local rank); no bytes
                (the node's processes hold the same vector: what Birder's reduce-scatter would average is there)
-    Step II    worker (node i) on its shard: x = delta + e;  u = Q(x / S);  e = x - S u          (error feedback)
+    scales     x = delta + e (e: the node's worker error of the shard, parameter units);
+               S_j = (1 / n) sum_i mean_{elements of tensor j} |x_i|      one number per parameter tensor, summed
+               (float64) over the shards inside the node and over the nodes (:func:`outer_scales`); every element
+               of tensor j is scaled by S_j, the same on every node, so that the server may average signs
+    Step II    worker (node i) on its shard: u = Q(x / S);  e = x - S u                       (error feedback)
     Step III   Birder's Step III unchanged: all-to-all of the packed u among the nodes, the server of chunk k
                (node k): y = mean_i u_i + e_bar / S;  u_bar = Q(y);  e_bar = S (y - u_bar);  all-gather
     Step IV    Birder's Step IV unchanged: the node's processes all-gather the packed shards and unpack
@@ -25,12 +26,14 @@ all the model's parameters (:mod:`birder_repro.comm.birder`). The errors e (per 
 e_bar (per server chunk) are kept in parameter units across outer steps, and in the checkpoint (the
 :class:`~birder_repro.comm.buckets.BucketStore` of the model as one bucket). The scale is the l1 mean, the scale
 of EF-SignSGD (Karimireddy et al., "Error Feedback Fixes SignSGD and other Gradient Compression Schemes", 2019,
-Algorithm 1): elements larger than it are clipped by Q and their excess carried by the error.
+Algorithm 1), over the error-compensated x as there: elements larger than it are clipped by Q and their excess
+carried by the error, and an error that grows raises the scale that sends it.
 
 Bytes per process per outer step across nodes: (n - 1) (P'/(8mn) + 1) in the all-to-all (a flag byte per chunk),
-(n - 1) P'/(8mn) in the all-gather and 2 (n - 1)/n 4T for the T scales (P' the model's P elements padded to a
-multiple of 8mn): ~2 (n-1)/n P/(8m), 1/32 of DiLoCo's fp32 2 (n-1)/n 4P/m. Inside the node: the all-gather of
-the packed shards, (m - 1) P'/(8m). With one node nothing is exchanged (the average of one is itself).
+(n - 1) P'/(8mn) in the all-gather and 2 (n - 1)/n 8T for the T scales' sums (P' the model's P elements padded
+to a multiple of 8mn): ~2 (n-1)/n P/(8m), 1/32 of DiLoCo's fp32 2 (n-1)/n 4P/m. Inside the node: the sums'
+all-reduce, 2 (m-1)/m 8T, and the all-gather of the packed shards, (m - 1) P'/(8m). With one node nothing is
+exchanged (the average of one is itself).
 """
 
 from __future__ import annotations
@@ -55,10 +58,24 @@ __all__ = ["OuterExchange", "DiLoCoOneBitState", "attach_diloco_1bit", "attach_f
 
 
 def outer_scales(abs_sums: torch.Tensor, numels: Sequence[int], nodes: int) -> torch.Tensor:
-    """S_j = sum over the nodes of sum |delta_j| / (n numel_j): the nodes' mean |element| of each tensor j (the
-    l1 scale of EF-SignSGD; module doc). ``abs_sums``: the per-tensor sums of |delta|, already summed over
-    the nodes."""
-    return abs_sums / (float(nodes) * torch.tensor([float(k) for k in numels], device=abs_sums.device))
+    """S_j = sum over the nodes of sum |x_j| / (n numel_j), in float32: the nodes' mean |element| of each tensor j
+    (the l1 scale of EF-SignSGD; module doc). ``abs_sums``: the per-tensor sums of |x| (float64), already summed
+    over the nodes."""
+    count = torch.tensor([float(k) for k in numels], dtype=abs_sums.dtype, device=abs_sums.device)
+    return (abs_sums / (float(nodes) * count)).float()
+
+
+def tensor_sums(x: torch.Tensor, numels: Sequence[int], lo: int) -> torch.Tensor:
+    """Per tensor j, the float64 sum of |x| over the elements of j that ``x`` holds: ``x`` is the padded flat
+    model's range [lo, lo + len(x)) (tensors laid out in order, then padding)."""
+    sums = torch.zeros(len(numels), dtype=torch.float64, device=x.device)
+    start, hi = 0, lo + x.numel()
+    for j, k in enumerate(numels):
+        a, b = max(start, lo), min(start + k, hi)
+        if a < b:
+            sums[j] = x[a - lo : b - lo].double().abs().sum()
+        start += k
+    return sums
 
 
 def element_scales(scales: torch.Tensor, numels: Sequence[int], padded: int) -> torch.Tensor:
@@ -73,7 +90,7 @@ class OuterExchange(BirderState):
     """Birder's hierarchical exchange with Step II replaced by the scaled quantization of the module doc.
 
     Its store keeps e (the worker's, this process's shard) and e_bar (this process's server chunk) in parameter
-    units; :meth:`exchange` takes the node's flat outer gradient and the elements' scales and returns S u_bar.
+    units; :meth:`exchange` takes the node's flat outer gradient and returns S u_bar.
     """
 
     __slots__ = ("_scales",)
@@ -93,9 +110,9 @@ class OuterExchange(BirderState):
         self.store = BucketStore([Field("e", (worker,)), Field("e_bar", (worker, server))], self.padding_multiple())
         self._scales = torch.zeros(0)
 
-    def exchange(self, flat: torch.Tensor, scales: torch.Tensor, signature: tuple) -> torch.Tensor:
-        """The average over the nodes of ``flat`` (P elements, the same on the node's processes), compressed;
-        ``scales``: each element's scale, padded (:func:`element_scales`). Returns a new (P,) tensor."""
+    def exchange(self, flat: torch.Tensor, numels: Sequence[int], signature: tuple) -> torch.Tensor:
+        """The average over the nodes of ``flat`` (P elements, the same on the node's processes, ``numels``: its
+        tensors' sizes in order), compressed. Returns a new (P,) tensor."""
         with torch.no_grad():
             numel = flat.numel()
             bucket = self.store.bucket(0, numel, signature, flat.device)
@@ -104,6 +121,17 @@ class OuterExchange(BirderState):
             lo = self.worker_rank * shard
             g = torch.zeros(shard, device=flat.device)
             g[: max(0, min(numel - lo, shard))] = flat[lo : lo + shard]
+            sums = tensor_sums(g + bucket.state["e"], numels, lo)
+            for group, size, where in (
+                (self.worker_group, self.worker_size, 0),
+                (self.server_group, self.server_size, 1),
+            ):
+                if group is not None:
+                    with self.timing("comm", flat.device):
+                        dist.all_reduce(sums, group=group)
+                    nbytes = allreduce_bytes(sums.numel() * sums.element_size(), size)
+                    self.add_bytes(*((nbytes, 0.0) if where == 0 else (0.0, nbytes)))
+            scales = element_scales(outer_scales(sums, numels, self.server_size), numels, bucket.padded)
             self._scales = scales[lo : lo + shard]
             packed = self._step2_worker(bucket, g)
             e_bar = bucket.state["e_bar"]
@@ -162,16 +190,9 @@ class DiLoCoOneBitState(DiLoCoState):
         if [t.numel() for t in tensors] != self.numels:
             raise ValueError("diloco_1bit: the outer gradient's tensors are not the model's parameters")
         before = ex.snapshot()
-        device = tensors[0].device
         flat = torch.cat([t.reshape(-1).float() for t in tensors])
-        sums = torch.stack([t.float().abs().sum() for t in tensors])
-        with self.timing("comm", device):
-            dist.all_reduce(sums, group=self.topology.inter_group)
-        self.add_bytes(0.0, allreduce_bytes(sums.numel() * 4, self.topology.nodes))
-        scales = outer_scales(sums, self.numels, self.topology.nodes)
-        bucket_padded = -(-flat.numel() // ex.padding_multiple()) * ex.padding_multiple()
         signature = tuple((i, off, k) for i, (off, k) in enumerate(zip(_offsets(self.numels), self.numels)))
-        result = ex.exchange(flat, element_scales(scales, self.numels, bucket_padded), signature)
+        result = ex.exchange(flat, self.numels, signature)
         after = ex.snapshot()
         self.add_bytes(
             after["intra_node_bytes"] - before["intra_node_bytes"],

@@ -4,8 +4,8 @@ DiLoCo (Douillard et al., "DiLoCo: Distributed Low-Communication Training of Lan
 with k workers (the nodes), its outer gradient averaged as in the Birder paper's Hierarchical-1-bit-All-Reduce
 (Birder paper, Algorithm 1 lines 7-12 and section 4) with a per-tensor scale. Written from the papers, not from
 the hook: every node holds its whole model, AdamW state and worker error e, the server its whole e_bar; nothing
-is sharded or padded. What it shares with the hook is the documented scale (the nodes' mean |delta| of each
-tensor) and random-draw convention: element j of outer step t (1, 2, ...) draws
+is sharded or padded. What it shares with the hook is the documented scale (the nodes' mean |delta + e| of each
+tensor, summed in float64) and random-draw convention: element j of outer step t (1, 2, ...) draws
 ``kernels.uniform(derive_seed(seed, t, "worker", node), j)`` as node ``node``'s worker and
 ``kernels.uniform(derive_seed(seed, t, "server", 0), j)`` as the server, j its place among all the parameters.
 With those, the hook's parameters must equal these.
@@ -39,17 +39,13 @@ class ReferenceOneBitAverage:
         """``deltas[i]``: node i's flat outer gradient. Returns the average every node applies."""
         self.t += 1
         n, positions = self.nodes, torch.arange(sum(self.numels), dtype=torch.int64)
-        per_tensor = [torch.stack([d.abs().sum() for d in delta.split(self.numels)]) for delta in deltas]
-        sums = per_tensor[0]
-        for s in per_tensor[1:]:
-            sums = sums + s
-        scale = torch.repeat_interleave(
-            sums / (n * torch.tensor(self.numels, dtype=torch.float32)), torch.tensor(self.numels)
-        )
+        xs = [delta + e for delta, e in zip(deltas, self.e)]  # the error-compensated outer gradients
+        sums = sum(torch.stack([part.double().abs().sum() for part in x.split(self.numels)]) for x in xs)
+        count = torch.tensor(self.numels, dtype=torch.float64)
+        scale = torch.repeat_interleave((sums / (n * count)).float(), torch.tensor(self.numels))  # S_j: l1 means
         divisor = torch.where(scale > 0, scale, 1.0)
         us = []
-        for i, delta in enumerate(deltas):  # the workers: x = delta + e; u = Q(x / S); e = x - S u
-            x = delta + self.e[i]
+        for i, x in enumerate(xs):  # the workers: u = Q(x / S); e = x - S u
             u = quantize(x / divisor, kernels.uniform(kernels.derive_seed(self.seed, self.t, "worker", i), positions))
             self.e[i] = x - scale * u if keep_error else torch.zeros_like(x)
             us.append(u)
