@@ -73,6 +73,27 @@ def _run(rank: int, world: int, gpus: int) -> dict:
     out["finished"] = [p.detach().clone() for p in model.parameters()]
     out["outer_steps"] = (opt.outer_steps, state.outer_steps)
     out["resumed"] = _resume(rank, gpus, saved)
+    out["nearest"] = _nearest(rank, gpus)
+    return out
+
+
+def _nearest(rank: int, gpus: int) -> dict:
+    """The same run with optim.comm.rounding=nearest: each step's gradients (at the run's parameters) and
+    parameters."""
+    model = _net()
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = DiLoCo1bit(ddp.parameters(), local_steps=H, outer_lr=OUTER_LR, outer_momentum=OUTER_MU, seed=SEED, **INNER)
+    attach_diloco_1bit(ddp, opt, gpus_per_node=gpus, kernel_backend="torch", rounding="nearest")
+    out: dict = {"grads": [], "params": []}
+    for step in range(STEPS):
+        plain = _net()
+        plain.load_state_dict(model.state_dict())
+        _loss(plain, _batch(rank, step)).backward()
+        out["grads"].append([p.grad.clone() for p in plain.parameters()])
+        _loss(ddp, _batch(rank, step)).backward()
+        opt.step()
+        opt.zero_grad()
+        out["params"].append([p.detach().clone() for p in model.parameters()])
     return out
 
 
@@ -98,21 +119,25 @@ def runs():
     return run_distributed(_run, WORLD, GPUS)
 
 
-def _reference(runs, keep_error: bool = True):
+def _reference(runs, keep_error: bool = True, rounding: str = "stochastic"):
     from birder_repro.references.diloco_onebit import ReferenceDiLoCoOneBit
 
     ref = ReferenceDiLoCoOneBit(
-        [_net() for _ in range(NODES)], INNER, H, OUTER_LR, OUTER_MU, SEED, keep_error=keep_error
+        [_net() for _ in range(NODES)], INNER, H, OUTER_LR, OUTER_MU, SEED, keep_error=keep_error, rounding=rounding
     )
     history = []
     for step in range(STEPS):
         grads = []
         for k in range(NODES):
-            pairs = zip(*(runs[k * GPUS + j]["grads"][step] for j in range(GPUS)))
+            pairs = zip(*(_of(runs[k * GPUS + j], rounding)["grads"][step] for j in range(GPUS)))
             grads.append([sum(gs) / GPUS for gs in pairs])
         ref.step(grads)
         history.append([[p.detach().clone() for p in m.parameters()] for m in ref.models])
     return history, ref
+
+
+def _of(run: dict, rounding: str) -> dict:
+    return run["nearest"] if rounding == "nearest" else run
 
 
 def _differs(runs, want) -> bool:
@@ -131,6 +156,17 @@ def test_diloco_1bit_follows_the_reference(runs):
             for a, b in zip(runs[rank]["params"][step], want[step][rank // GPUS]):
                 torch.testing.assert_close(a, b, **CLOSE, msg=lambda m, s=step, r=rank: f"step {s + 1} rank {r}: {m}")
     assert runs[0]["outer_steps"] == (STEPS // H + 1, STEPS // H + 1)  # finish() took one more
+
+
+def test_nearest_rounding_follows_the_reference(runs):
+    """optim.comm.rounding=nearest: the sign at the worker and the server (the reference's Q with every draw 1/2)."""
+    want, _ = _reference(runs, rounding="nearest")
+    for step in range(STEPS):
+        for rank in range(WORLD):
+            for a, b in zip(runs[rank]["nearest"]["params"][step], want[step][rank // GPUS]):
+                torch.testing.assert_close(a, b, **CLOSE, msg=lambda m, s=step, r=rank: f"step {s + 1} rank {r}: {m}")
+    stochastic = zip(runs[0]["nearest"]["params"][H - 1], runs[0]["params"][H - 1])
+    assert not all(torch.equal(a, b) for a, b in stochastic)
 
 
 def test_error_feedback_matters_here(runs):

@@ -28,8 +28,8 @@ def quantize(x: torch.Tensor, rand: torch.Tensor) -> torch.Tensor:
 class ReferenceOneBitAverage:
     """The compressed average of the nodes' outer gradients, with its error feedback across outer steps."""
 
-    def __init__(self, nodes: int, seed: int, numels: Sequence[int]):
-        self.nodes, self.seed, self.numels = nodes, seed, list(numels)
+    def __init__(self, nodes: int, seed: int, numels: Sequence[int], rounding: str = "stochastic"):
+        self.nodes, self.seed, self.numels, self.rounding = nodes, seed, list(numels), rounding
         total = sum(self.numels)
         self.e = [torch.zeros(total) for _ in range(nodes)]  # each node's worker error (parameter units)
         self.e_bar = torch.zeros(total)  # the server's error (parameter units)
@@ -46,13 +46,19 @@ class ReferenceOneBitAverage:
         divisor = torch.where(scale > 0, scale, 1.0)
         us = []
         for i, x in enumerate(xs):  # the workers: u = Q(x / S); e = x - S u
-            u = quantize(x / divisor, kernels.uniform(kernels.derive_seed(self.seed, self.t, "worker", i), positions))
+            u = quantize(x / divisor, self._draws("worker", i, positions))
             self.e[i] = x - scale * u if keep_error else torch.zeros_like(x)
             us.append(u)
         y = torch.stack(us).sum(dim=0) / n + self.e_bar / divisor  # the server, in units of S
-        u_bar = quantize(y, kernels.uniform(kernels.derive_seed(self.seed, self.t, "server", 0), positions))
+        u_bar = quantize(y, self._draws("server", 0, positions))
         self.e_bar = (y - u_bar) * scale if keep_error else torch.zeros_like(y)
         return scale * u_bar
+
+    def _draws(self, role: str, rank: int, positions: torch.Tensor) -> torch.Tensor:
+        """The uniforms of Q; with ``rounding='nearest'`` 1/2 everywhere, which makes Q(x) the sign (+1 for x > 0)."""
+        if self.rounding == "nearest":
+            return torch.full(positions.shape, 0.5)
+        return kernels.uniform(kernels.derive_seed(self.seed, self.t, role, rank), positions)
 
 
 class ReferenceDiLoCoOneBit:
@@ -70,13 +76,14 @@ class ReferenceDiLoCoOneBit:
         outer_momentum: float,
         seed: int,
         keep_error: bool = True,
+        rounding: str = "stochastic",
     ):
         self.models = models
         self.inner = [torch.optim.AdamW(m.parameters(), **inner) for m in models]
         self.H, self.lr, self.mu, self.keep_error = local_steps, outer_lr, outer_momentum, keep_error
         self.outer = [p.detach().clone() for p in models[0].parameters()]
         self.momentum = [torch.zeros_like(p) for p in self.outer]
-        self.average = ReferenceOneBitAverage(len(models), seed, [p.numel() for p in self.outer])
+        self.average = ReferenceOneBitAverage(len(models), seed, [p.numel() for p in self.outer], rounding)
         self.steps = 0
 
     def step(self, grads: list[list[torch.Tensor]]) -> None:
