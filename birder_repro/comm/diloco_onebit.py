@@ -50,7 +50,7 @@ from birder_repro.comm import kernels
 from birder_repro.comm.accounting import allreduce_bytes
 from birder_repro.comm.birder import BirderState
 from birder_repro.comm.buckets import Bucket, BucketStore, Field, Level, require_buckets
-from birder_repro.comm.diloco import DiLoCoState, diloco_hook
+from birder_repro.comm.diloco import DiLoCoState, diloco_hook, worker_buffers
 from birder_repro.comm.nonfinite import local_flag
 from birder_repro.comm.pack import pack_bits, unpack_signs
 from birder_repro.comm.topology import Topology, announce_layout, resolve_topology
@@ -210,8 +210,9 @@ class DiLoCoOneBitState(DiLoCoState):
         param_numels: Sequence[int],
         kernel_backend: str = "auto",
         rounding: str = "stochastic",
+        buffers: Sequence[torch.Tensor] = (),
     ):
-        super().__init__(topology)
+        super().__init__(topology, buffers)  # the buffers: averaged exactly at each sync, as DiLoCo's
         self.numels = [int(k) for k in param_numels]
         if rounding not in ROUNDINGS:
             raise ValueError(f"optim.comm.rounding must be one of {', '.join(ROUNDINGS)}, got {rounding!r}")
@@ -254,9 +255,8 @@ class DiLoCoOneBitState(DiLoCoState):
 
     def state_dict(self) -> dict[str, Any]:
         return {
+            **super().state_dict(),  # the counters and the buffers, each process's and the synced ones
             "scheme": "diloco_1bit",
-            "outer_steps": self.outer_steps,
-            "stats": self.snapshot(),
             "exchange": None if self.exchange is None else self.exchange.state_dict(),
         }
 
@@ -296,11 +296,12 @@ def attach_diloco_1bit(
         raise TypeError(f"attach_diloco_1bit needs a DiLoCo1bit optimizer, got {type(optimizer).__name__}")
     kernel_backend = kernels.check_backend(kernel_backend, next(ddp_model.module.parameters()).device)
     topology, source, guessed = resolve_topology(gpus_per_node, topology)
+    buffers = worker_buffers(ddp_model, topology, "attach_diloco_1bit")
     announce_layout(
         f"attach_diloco_1bit (H={optimizer.local_steps})", topology, source, between_nodes=True, guessed=guessed
     )
     numels = [p.numel() for p in optimizer._params()]
-    state = DiLoCoOneBitState(topology, optimizer.seed, numels, kernel_backend, rounding)
+    state = DiLoCoOneBitState(topology, optimizer.seed, numels, kernel_backend, rounding, buffers)
     ddp_model.register_comm_hook(state, diloco_hook)
     optimizer.hook_state = state
     return state

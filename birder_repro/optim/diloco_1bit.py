@@ -6,9 +6,8 @@ average over the nodes goes through Birder's Hierarchical-1-bit-All-Reduce with 
 The optimizer itself is DiLoCo's: only the hook state it is handed differs, and ``seed`` keys the quantizer's
 counter-based draws. Without a hook (one process) it is DiLoCo with one worker, nothing compressed.
 
-The evaluation rule of the local-step methods (the training loop calls them where the optimizer has them):
-:meth:`DiLoCo1bit.synchronised` puts the outer parameters theta_{t-1} (the same on every rank) into the model for
-the block and the rank's own back after it; :meth:`DiLoCo1bit.finish` ends the run on an outer step.
+The evaluation rule of the local-step methods is DiLoCo's own (:meth:`DiLoCo.synchronised`: the outer parameters
+and the buffers of the last sync, the same on every rank; :meth:`DiLoCo.finish`: the run ends on an outer step).
 """
 
 from __future__ import annotations
@@ -50,22 +49,6 @@ class DiLoCo1bit(DiLoCo):
             raise ValueError(f"DiLoCo1bit: seed must be a non-negative int, got {seed!r}")
         super().__init__(params, *args, **kwargs)
         self.seed = seed
-        self._finished = False
-
-    def synchronised(self) -> contextlib.AbstractContextManager[None]:
-        """Inside, the model's parameters hold the outer parameters of the last outer step (theta_0 before the
-        first), the same on every rank; each rank's own are put back on exit. Collective-free."""
-        return synchronised_parameters(self._params(), self._outer)
-
-    @torch.no_grad()
-    def finish(self) -> None:
-        """End the run on a sync: an outer step on the inner steps since the last one, if there are any (a
-        collective: every rank calls it after the same step). Idempotent."""
-        if self._finished:
-            return
-        self._finished = True
-        if self._outer is not None and self.inner_steps % self.local_steps:
-            self._outer_step()
 
 
 def build_diloco_1bit(params: Iterable, cfg: Mapping[str, Any]) -> DiLoCo1bit:
