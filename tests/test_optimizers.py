@@ -90,7 +90,7 @@ def test_registries_fail_loudly_naming_the_choices():
     with pytest.raises(ValueError, match=r"optimizer 'sgd' is listed twice"):
         Registry("optimizer", [*OPTIMIZERS, OptimInfo("sgd", None, "allreduce", "again")])
     assert list_optimizers() == OPTIMIZERS.names() == sorted(r.name for r in OPTIMIZERS)
-    assert "birder" in SCHEMES and "birder" in OPTIMIZERS and len(SCHEMES) == 8
+    assert "birder" in SCHEMES and "birder" in OPTIMIZERS and len(SCHEMES) == 10
 
 
 @pytest.mark.parametrize("name", OPTIMIZERS)

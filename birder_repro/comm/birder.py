@@ -335,13 +335,8 @@ class BirderState(CompressedCommState):
             lo = e_bar.numel() * (self.worker_rank * self.server_size + self.server_rank)  # chunk k of shard r
             seed, where = self._draws(bucket, "server", lo, lo + e_bar.numel())
             new = self.guard.fresh(bucket, "e_bar")
-            chunk_packed = kernels.server_compress(
-                received[:, :chunk_bytes].contiguous(),
-                e_bar,
-                seed,
-                where,
-                self.kernel_backend,
-                e_bar_out=None if new is None else new["e_bar"],
+            chunk_packed = self._server_compress(
+                received[:, :chunk_bytes].contiguous(), e_bar, seed, where, None if new is None else new["e_bar"]
             )
             self.guard.commit(bucket, new)
         shard_packed = torch.empty(packed.numel(), device=packed.device, dtype=torch.uint8)
@@ -352,6 +347,12 @@ class BirderState(CompressedCommState):
                 shard_packed.copy_(chunk_packed)
         self.add_bytes(*peer_bytes(self.topology, self.server_peers, chunk_bytes))
         return shard_packed, flag
+
+    def _server_compress(
+        self, received: torch.Tensor, e_bar: torch.Tensor, seed: int, where: kernels.Segments, e_bar_out
+    ) -> torch.Tensor:
+        """Algorithm 1, lines 11-12 on this server's chunk (the kernel); a seam for the 1-bit DiLoCo's rounding."""
+        return kernels.server_compress(received, e_bar, seed, where, self.kernel_backend, e_bar_out=e_bar_out)
 
     def _step4_gather_node(self, shard_packed: torch.Tensor, bucket: Bucket, buffer: torch.Tensor) -> None:
         """Step IV: intra-node all-gather of the packed shards, unpacked to +-1 into ``buffer``."""

@@ -25,8 +25,9 @@ between syncs and go uncounted, is off. The outer step's seconds are in ``collec
 all-reduce) like every hook's; ``outer_steps`` counts them. The record's bytes per step are the averages over
 the run, so the sync every H steps is in them; the performance model charges it per H steps.
 
-There is nothing to compress: DiLoCo's own saving is the H. (Streaming DiLoCo, which syncs fragments in turn
-and overlaps them with the inner steps, is not implemented here.)
+Nothing is compressed here: DiLoCo's own saving is the H. Its relatives build on this state:
+:mod:`birder_repro.comm.diloco_onebit` sends the outer average through Birder's 1-bit exchange, and
+:mod:`birder_repro.comm.streaming` (Streaming DiLoCo) syncs fragments in turn, overlapped with the inner steps.
 """
 
 # No `from __future__ import annotations`: DDP's register_comm_hook compares the hook's annotations as objects.
@@ -167,6 +168,19 @@ def diloco_hook(state: DiLoCoState, bucket: dist.GradBucket) -> torch.futures.Fu
     return fut.then(lambda f: f.value()[0])
 
 
+def worker_buffers(ddp_model: torch.nn.parallel.DistributedDataParallel, topology: Topology, who: str):
+    """The module's floating buffers, each worker's own between syncs and averaged at each (DiLoCo and the methods
+    built on it); a DDP model that broadcasts rank 0's buffers before every forward pass is refused, since that
+    would tie the nodes together between outer steps, uncounted."""
+    if ddp_model.broadcast_buffers and any(True for _ in ddp_model.module.buffers()) and topology.world_size > 1:
+        raise ValueError(
+            f"{who}: build the DDP model with broadcast_buffers=False (forward_sync_buffers=False from torch "
+            "2.14): DDP would send rank 0's buffers to every process before each forward pass, tying the nodes "
+            "together between outer steps"
+        )
+    return [b for b in ddp_model.module.buffers() if b.is_floating_point()]
+
+
 def attach_diloco(
     ddp_model: torch.nn.parallel.DistributedDataParallel,
     optimizer,
@@ -186,13 +200,7 @@ def attach_diloco(
     if not isinstance(optimizer, DiLoCo):
         raise TypeError(f"attach_diloco needs a birder_repro.optim.DiLoCo optimizer, got {type(optimizer).__name__}")
     topology, source, guessed = resolve_topology(gpus_per_node, topology)
-    buffers = [b for b in ddp_model.module.buffers() if b.is_floating_point()]
-    if ddp_model.broadcast_buffers and any(True for _ in ddp_model.module.buffers()) and topology.world_size > 1:
-        raise ValueError(
-            "attach_diloco: build the DDP model with broadcast_buffers=False (forward_sync_buffers=False from torch "
-            "2.14): DDP would send rank 0's buffers to every process before each forward pass, tying the nodes "
-            "together between outer steps"
-        )
+    buffers = worker_buffers(ddp_model, topology, "attach_diloco")
     announce_layout(f"attach_diloco (H={optimizer.local_steps})", topology, source, between_nodes=True, guessed=guessed)
     state = DiLoCoState(topology, buffers)
     ddp_model.register_comm_hook(state, diloco_hook)

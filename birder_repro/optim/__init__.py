@@ -20,9 +20,11 @@ if TYPE_CHECKING:  # the classes are imported on first use (__getattr__ below): 
     from birder_repro.optim.bertadam import BertAdam
     from birder_repro.optim.birder import Birder
     from birder_repro.optim.diloco import DiLoCo
+    from birder_repro.optim.diloco_1bit import DiLoCo1bit
     from birder_repro.optim.onebit_adam import OneBitAdam
     from birder_repro.optim.onebit_lamb import OneBitLamb
     from birder_repro.optim.softsignsgd import SoftSignSGD
+    from birder_repro.optim.streaming_diloco import StreamingDiLoCo
 
 __all__ = [
     "Birder",
@@ -31,6 +33,8 @@ __all__ = [
     "BertAdam",
     "SoftSignSGD",
     "DiLoCo",
+    "DiLoCo1bit",
+    "StreamingDiLoCo",
     "OptimInfo",
     "OPTIMIZERS",
     "get_optim_info",
@@ -47,6 +51,8 @@ _CLASSES = {
     "BertAdam": "bertadam",
     "SoftSignSGD": "softsignsgd",
     "DiLoCo": "diloco",
+    "DiLoCo1bit": "diloco_1bit",
+    "StreamingDiLoCo": "streaming_diloco",
 }
 
 
@@ -131,6 +137,18 @@ OPTIMIZERS: Registry[OptimInfo] = Registry(
             "diloco:build_diloco",
             "diloco",
             "DiLoCo: AdamW inside each node, an outer Nesterov step on the nodes' average every H steps",
+        ),
+        OptimInfo(
+            "diloco_1bit",
+            "diloco_1bit:build_diloco_1bit",
+            "diloco_1bit",
+            "DiLoCo whose outer average goes through Birder's Hierarchical-1-bit-All-Reduce (scale, error feedback)",
+        ),
+        OptimInfo(
+            "streaming_diloco",
+            "streaming_diloco:build_streaming_diloco",
+            "diloco_streaming",
+            "Streaming DiLoCo: fragments synced in turn, each sync overlapping tau inner steps, optionally quantized",
         ),
         OptimInfo(
             "sgdm_2level", "torch_optims:build_sgdm", "two_level", "SGD with momentum over a two-level fp32 all-reduce"

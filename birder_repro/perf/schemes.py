@@ -24,6 +24,17 @@ Schemes (bucket of P elements, P' padded as the hook pads it; n nodes of m proce
     ``diloco``      DiLoCo (Douillard et al. 2023; birder_repro.comm.diloco): every step an intra fp32
                     all-reduce (4P); every H steps, once for the whole model, an inter all-reduce of a 1/m shard
                     of it (4P/m) and an intra all-gather (4P out): :func:`sync_collectives`.
+    ``diloco_1bit`` DiLoCo, its outer average through Birder's exchange (birder_repro.comm.diloco_onebit): every
+                    step as ``diloco``; every H steps, P' a multiple of 8mn, an inter all-to-all of the shard's
+                    bits (P'/(8m) and a flag byte per node), an inter all-gather of the chunks (P'/(8m) out) and
+                    an intra all-gather of the shards (P'/8 out). Not priced: the T fp32 scales' all-reduce
+                    (a few hundred bytes) and the outer step's compression (once per H steps).
+    ``diloco_streaming`` Streaming DiLoCo (Douillard et al. 2025; birder_repro.comm.streaming): every step as
+                    ``diloco``; over H steps every fragment once, priced as the whole model's exchange once per
+                    H steps (the P fragments' P - 1 further latencies are not charged, nor is the overlap with
+                    tau inner steps credited: an upper bound on its time): fp32 as ``diloco``;
+                    ``diloco_streaming_fp8`` / ``_int4`` an inter all-gather of n (P/m + 4) / n (P/(2m) + 4)
+                    bytes out (the payloads and their scales) and an intra fp32 all-gather (4P out).
     ``powersgd``    torch's PowerSGD hook (Vogels et al., NeurIPS 2019, Algorithm 1): three all-reduces over
                     the world: the uncompressed tensors, P (rows x r per matrix) and Q (cols x r).
     ``onebit``      1-bit Adam / 1-bit LAMB compression stage (1-bit Adam paper, Algorithm 1; DeepSpeed's
@@ -93,6 +104,10 @@ SCHEMES = (
     "two_level",
     "two_level_bf16",
     "diloco",
+    "diloco_1bit",
+    "diloco_streaming",
+    "diloco_streaming_fp8",
+    "diloco_streaming_int4",
     "powersgd",
     "onebit",
     "hierarchical",
@@ -111,6 +126,10 @@ COMPRESSION_BACKEND = {
     "two_level": None,
     "two_level_bf16": "fp16",  # a cast to 16 bits and back, as the fp16 hook's
     "diloco": None,
+    "diloco_1bit": None,  # the outer step's compression, once per H steps, is not priced
+    "diloco_streaming": None,
+    "diloco_streaming_fp8": None,
+    "diloco_streaming_int4": None,
     "powersgd": "powersgd",
     "onebit": "onebit",
     "hierarchical": "birder",
@@ -121,6 +140,8 @@ COMPRESSION_BACKEND = {
     "fsdp_onebit": "onebit",
 }
 SCALE_BYTES = 4  # 1-bit Adam's fp32 scale per worker and per server chunk
+# The local-step methods: DiLoCo's hook every step, their outer exchange once per H steps (sync_collectives)
+LOCAL_STEP_SCHEMES = ("diloco", "diloco_1bit", "diloco_streaming", "diloco_streaming_fp8", "diloco_streaming_int4")
 
 
 # Bytes per element of the dtypes a reducing collective sums in (Collective.dtype).
@@ -208,7 +229,7 @@ def bucket_collectives(
         return [Collective("allreduce", "world", 4.0 * numel)]
     if scheme == "fp16":
         return [Collective("allreduce", "world", 2.0 * numel, "float16")]
-    if scheme == "diloco":  # every step: the node's fp32 all-reduce; the outer exchange: sync_collectives
+    if scheme in LOCAL_STEP_SCHEMES:  # every step: the node's fp32 all-reduce; the outer exchange: sync_collectives
         return [Collective("allreduce", "intra", 4.0 * numel)] if m > 1 else []
     if scheme in ("two_level", "two_level_bf16"):
         dtype = "float32" if scheme == "two_level" else "bfloat16"
@@ -332,7 +353,7 @@ def compressed_elements(
     n, m = nodes, gpus_per_node
     world = n * m
     p = padded_elements(scheme, numel, n, m)
-    if scheme in ("fp32", "two_level", "diloco") or (world == 1 and not alone):
+    if scheme in ("fp32", "two_level", *LOCAL_STEP_SCHEMES) or (world == 1 and not alone):
         return 0.0
     if scheme in ("fp16", "two_level_bf16"):
         return 2.0 * numel
@@ -357,8 +378,11 @@ def compressed_elements(
     return p + world * p  # allgather
 
 
-def scheme_for_optim(optim_name: str, comm_scheme: str | None = None, parallel: str = "ddp") -> str:
-    """The communication scheme an optimizer config runs with (conf/optim/*.yaml), under ``parallel``."""
+def scheme_for_optim(
+    optim_name: str, comm_scheme: str | None = None, parallel: str = "ddp", quantize: str | None = None
+) -> str:
+    """The communication scheme an optimizer config runs with (conf/optim/*.yaml), under ``parallel``.
+    ``quantize``: Streaming DiLoCo's ``optim.quantize`` (none where not given)."""
     if parallel == "fsdp":
         ddp = scheme_for_optim(optim_name, comm_scheme)
         if ddp not in FSDP_SCHEMES:
@@ -372,8 +396,10 @@ def scheme_for_optim(optim_name: str, comm_scheme: str | None = None, parallel: 
         return "powersgd"
     if optim_name.endswith("_fp16"):
         return "fp16"
-    if optim_name == "diloco":
-        return "diloco"
+    if optim_name in ("diloco", "diloco_1bit"):
+        return optim_name
+    if optim_name == "streaming_diloco":
+        return "diloco_streaming" + ("" if quantize in (None, "none") else f"_{quantize}")
     if optim_name.endswith("_bf16_2level"):
         return "two_level_bf16"
     if optim_name.endswith("_2level"):
@@ -383,10 +409,22 @@ def scheme_for_optim(optim_name: str, comm_scheme: str | None = None, parallel: 
 
 def sync_collectives(scheme: str, numel: int, nodes: int, gpus_per_node: int) -> list[Collective]:
     """The collectives ``scheme`` issues once per outer step for a model of ``numel`` elements (none for the
-    schemes that exchange every step): DiLoCo's pseudo-gradient average over the nodes."""
+    schemes that exchange every step): DiLoCo's pseudo-gradient average over the nodes; the 1-bit DiLoCo's;
+    Streaming DiLoCo's fragments, all P of them (module doc)."""
     n, m = nodes, gpus_per_node
-    if scheme != "diloco" or n == 1:
+    if scheme not in LOCAL_STEP_SCHEMES or n == 1:
         return []
-    padded = _padded(numel, m)
-    ops = [Collective("allreduce", "inter", 4.0 * padded / m)]
-    return ops + ([Collective("all_gather", "intra", 4.0 * padded)] if m > 1 else [])
+    gather = [Collective("all_gather", "intra", 4.0 * _padded(numel, m))] if m > 1 else []
+    if scheme == "diloco_1bit":
+        padded = _padded(numel, 8 * n * m)
+        ops = [
+            Collective("all_to_all", "inter", padded / (8 * m) + n),
+            Collective("all_gather", "inter", padded / (8 * m)),
+        ]
+        return ops + ([Collective("all_gather", "intra", padded / 8)] if m > 1 else [])
+    shard = _padded(numel, m) / m
+    if scheme == "diloco_streaming_fp8":
+        return [Collective("all_gather", "inter", n * (shard + 4))] + gather
+    if scheme == "diloco_streaming_int4":
+        return [Collective("all_gather", "inter", n * (math.ceil(shard / 2) + 4))] + gather
+    return [Collective("allreduce", "inter", 4.0 * shard)] + gather  # diloco, diloco_streaming

@@ -26,6 +26,8 @@ OPTIM_ORDER = (
     "sgdm_bf16_2level",
     "sgdm_powersgd",
     "diloco",
+    "diloco_1bit",
+    "streaming_diloco",
     "adamw_powersgd",
     "onebit_adam",
     "onebit_adam_precond",
@@ -46,6 +48,8 @@ OPTIM_LABELS = {
     "sgdm_2level": "SGDM + two-level fp32",
     "sgdm_bf16_2level": "SGDM + two-level bf16",
     "diloco": "DiLoCo",
+    "diloco_1bit": "DiLoCo, 1-bit outer",
+    "streaming_diloco": "Streaming DiLoCo",
     "sgdm_powersgd": "SGDM + PowerSGD",
     "adamw_powersgd": "AdamW + PowerSGD",
 }

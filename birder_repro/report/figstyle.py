@@ -52,6 +52,8 @@ STYLE_ORDER = (
     "sgdm_2level",
     "sgdm_bf16_2level",
     "diloco",
+    "diloco_1bit",
+    "streaming_diloco",
 )
 
 
