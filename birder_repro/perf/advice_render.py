@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tabulate import tabulate
+
 from birder_repro.summary import fmt_number  # the one number format (link rates, times, steps)
 
 __all__ = ["ADVICE_FILE", "fmt_number", "format_advice", "write_advice", "advice_figure"]
@@ -75,7 +77,7 @@ def _steps_cell(s: Mapping[str, Any]) -> str:
 def _table(rows: Sequence[Mapping[str, Any]]) -> str:
     """The ranked methods as a Markdown table, every number marked measured, from the paper or predicted."""
     header = ["#", "method", "steps to target", "step time", "time to target", "x #1's time"]
-    shown = [header, ["---"] * len(header)]
+    shown = []
     for r in rows:
         step = f"{1e3 * r['step_s']['value']:.2f} ms (predicted)"
         if r["freeze"]:
@@ -94,7 +96,7 @@ def _table(rows: Sequence[Mapping[str, Any]]) -> str:
                 f"{r['slower_than_best']:.2f}x",
             ]
         )
-    return "\n".join("| " + " | ".join(cells) + " |" for cells in shown)
+    return tabulate(shown, headers=header, tablefmt="pipe", disable_numparse=True)
 
 
 def _bands_text(advice: Mapping[str, Any]) -> list[str]:
