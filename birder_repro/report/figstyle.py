@@ -1,4 +1,4 @@
-"""What every figure shares: matplotlib (optional), one colour and line style per optimizer, file names, titles."""
+"""What every figure shares: matplotlib, one colour and line style per optimizer, file names, titles."""
 
 from __future__ import annotations
 
@@ -73,14 +73,6 @@ def row_style(row) -> dict:
     note = row.get("setting_note") or ""
     variant = row["variant"] + (f"|{note}" if note else "")
     return optim_style(row["optim"], variant)
-
-
-def have_matplotlib() -> bool:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def pyplot():
