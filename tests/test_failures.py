@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from birder_repro import failures, record
 from birder_repro.failures import MARK, RESTART_MARK, Failure, TerminalEcho
 
@@ -171,3 +173,24 @@ def test_an_exception_inside_training_on_one_rank_ends_in_one_line(tmp_path):
     assert rec["status"] == "failed" and "InjectedFault" in rec["traceback"] and "inject_fault" in rec["traceback"]
     log = (path.parent / record.LOG_FILE).read_text()
     assert "Traceback (most recent call last)" in log and "ChildFailedError" in log  # the full output is kept
+
+
+# slow: one real torchrun, about 12 s; the made-up error file above stays by default
+@pytest.mark.slow
+def test_torchruns_report_of_a_worker_that_failed_before_its_run_is_read_from_its_error_file(tmp_path):
+    """A worker whose run directory holds no config fails before it can write its own failure file: torch
+    elastic's @record on its main writes the error file, which torchrun's report names."""
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", f"--log-dir={tmp_path / 'elastic'}"]
+        + ["-m", "birder_repro.worker", "--run-dir", str(tmp_path / "no-run")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert out.returncode != 0
+    [failure] = failures.elastic_failures(out.stdout + out.stderr)
+    assert (failure.rank, failure.type) == (0, "FileNotFoundError") and "config.yaml is missing" in failure.message
+    line, trace = failures.final_line(tmp_path, out.returncode, out.stdout + out.stderr)
+    assert line.startswith("rank 0 failed: FileNotFoundError: ") and "load_run_config" in trace
