@@ -22,6 +22,7 @@ __all__ = [
     "device_unit",
 ]
 
+
 def row_style(row) -> dict:
     """A row's style: its optimizer's, or another pair where it is one of several settings of that optimizer."""
     note = row.get("setting_note") or ""

@@ -37,6 +37,7 @@ __all__ = [
     "time_axis",
 ]
 
+
 def drawing() -> bool:
     """Whether ``python -m birder_repro.report`` draws its figures: always. The one switch for them, which the
     report's tests turn off (importing matplotlib and drawing cost seconds)."""
