@@ -25,6 +25,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from birder_repro.plain import plain_config
+
 __all__ = [
     "ConfigError",
     "resolve_gpus_per_node",
@@ -193,15 +195,6 @@ def resolve_backend(cfg: DictConfig, device: str) -> str:
     return backend
 
 
-def _plain(cfg: Any) -> Any:
-    """A config as plain dicts and lists, interpolations resolved, Hydra's own node left out."""
-    if not OmegaConf.is_config(cfg):
-        return cfg
-    if OmegaConf.is_list(cfg):
-        return OmegaConf.to_container(cfg, resolve=True)
-    return {key: _plain(cfg[key]) for key in cfg if key != "hydra"}
-
-
 def _kind(value: Any) -> str | None:
     if value is None:
         return None
@@ -236,7 +229,7 @@ def check_types(cfg: Any, references: Sequence[Any], prefix: str = "") -> None:
     """Every value must fit its key's value in at least one reference config that has the key (a number stays a
     number, a flag a flag, a list a list); keys no reference has (``+key=``) are :func:`check_known_keys`'s. Raises
     :class:`ConfigError` naming the first key that does not fit."""
-    values, refs = _plain(cfg), [_plain(r) for r in references]
+    values, refs = plain_config(cfg), [plain_config(r) for r in references]
     for key, value in values.items():
         wants = [r[key] for r in refs if isinstance(r, Mapping) and key in r]
         name = f"{prefix}{key}"
@@ -256,8 +249,8 @@ def check_known_keys(cfg: Any, reference: Any) -> None:
     ``+train.stepz=3`` adds the key, and nothing would ever read it. Keys that the chosen groups add are in the
     reference; a section it leaves empty (``{}``) takes any key. Raises :class:`ConfigError` naming the key and
     the closest known one."""
-    ref = _plain(reference)
-    unknown = _unknown_key(_plain(cfg), ref, prefix="")
+    ref = plain_config(reference)
+    unknown = _unknown_key(plain_config(cfg), ref, prefix="")
     if unknown is None:
         return
     raise ConfigError(
@@ -294,7 +287,7 @@ def check_misplaced_sections(cfg: Any, shipped: Any) -> None:
     the settings of a ``+mine=fast`` file of the user's whose ``# @package _global_`` is not on its first line
     (Hydra reads the directive only there, and otherwise puts the file under its group's name), where nothing
     reads them. Raises :class:`ConfigError` saying so."""
-    values, sections = _plain(cfg), _plain(shipped)
+    values, sections = plain_config(cfg), plain_config(shipped)
     for key, value in values.items():
         if key in sections or not isinstance(value, Mapping):
             continue
@@ -324,7 +317,7 @@ def _unknown_key(values: Mapping, reference: Mapping, prefix: str) -> str | None
 
 def dotted_keys(cfg: Any) -> list[str]:
     """Every key of a config (plain or DictConfig, Hydra's node left out) as a dotted path, sections included."""
-    return list(_dotted_keys(_plain(cfg)))
+    return list(_dotted_keys(plain_config(cfg)))
 
 
 def _dotted_keys(node: Mapping, prefix: str = "") -> Iterator[str]:

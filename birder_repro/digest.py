@@ -7,8 +7,8 @@ derives alike (birder_repro.launch.torchrun). :func:`cell_digest` also leaves ou
 experiment, seed included; the record carries it as ``config_digest`` and ``train.resume=auto`` continues only
 such a run (birder_repro.rundir).
 
-Plain data in, hex out: this module sits at the bottom of the layers (docs/architecture.md), so that the record,
-the launchers and the training loop can all name a run the same way.
+Plain data in (birder_repro.plain), hex out: this module sits near the bottom of the layers (docs/architecture.md),
+so that the record, the launchers and the training loop can all name a run the same way.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import hashlib
 import json
 from collections.abc import Iterable
 from typing import Any
+
+from birder_repro.plain import plain_config
 
 __all__ = ["PER_NODE", "NO_RESULT", "NODES_DIR", "LAUNCH_ENV", "digest", "run_digest", "cell_digest"]
 
@@ -49,22 +51,9 @@ NODES_DIR = "nodes"
 LAUNCH_ENV = "BIRDER_LAUNCH"  # set by the CLI for its workers: the id of this launch (attempt) of the directory
 
 
-def _plain(cfg: Any) -> dict:
-    """The config as plain data without Hydra's node (resolved key by key: Hydra's fields resolve only in a job)."""
-    from omegaconf import OmegaConf
-
-    if not OmegaConf.is_config(cfg):
-        return json.loads(json.dumps(cfg, default=str))
-    return {
-        key: OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key]) else cfg[key]
-        for key in cfg
-        if key != "hydra"
-    }
-
-
 def digest(cfg: Any, leave_out: Iterable[str]) -> str:
     """16 hex digits of sha256 over the config (plain data, keys sorted) less the dotted keys ``leave_out``."""
-    data = _plain(cfg)
+    data = plain_config(cfg)
     for dotted in leave_out:
         *parents, last = dotted.split(".")
         node = data

@@ -14,7 +14,10 @@ output is; the record's ``error`` is that line and its ``traceback`` the rank's 
 
 The first failing rank: the earliest of the ranks whose failure is not a consequence of another's; else a
 rank that died without a Python exception (a signal, as torchrun's report lists it: SIGKILL, out of memory);
-else the earliest of the rest.
+else the earliest of the rest. A rank that failed without writing its own file (an exception before its run
+began: the worker's ``main`` is torch elastic's ``@record``) is read from the error file torch elastic wrote for
+it (``TORCHELASTIC_ERROR_FILE``, named in torchrun's report); torchrun's printed report itself is read only for
+a rank that died without writing either.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ __all__ = [
     "write_failure",
     "read_failures",
     "first_failure",
+    "read_elastic_error",
+    "elastic_failures",
     "signal_deaths",
     "write_signal_deaths",
     "final_line",
@@ -129,8 +134,9 @@ def first_failure(failures: list[Failure]) -> Failure | None:
 # torchrun's report (torch.distributed.elastic ChildFailedError): one block per failed worker
 _REPORT_BLOCK = re.compile(
     r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)[^\n]*\n"
-    r"(?:[^\n]*\n)*?\s*traceback\s*:\s*([^\n]*)"
+    r"(?:\s*error_file\s*:\s*([^\n]*)\n)?(?:[^\n]*\n)*?\s*traceback\s*:\s*([^\n]*)"
 )
+NO_ERROR_FILE = "<N/A>"  # torchrun's report for a worker that wrote no error file
 
 
 SIGTERM = 15  # how torchrun stops the other workers once one has failed: a consequence, never a cause
@@ -139,13 +145,49 @@ SIGTERM = 15  # how torchrun stops the other workers once one has failed: a cons
 _FORCED = re.compile(r"Unable to shutdown process (\d+) via")  # torchrun's SIGKILL after its stop grace
 
 
+def read_elastic_error(path: Path, rank: int, attempt: int = 0) -> Failure | None:
+    """A worker's failure as torch elastic's ``@record`` wrote it to its ``TORCHELASTIC_ERROR_FILE``
+    (torch.distributed.elastic.multiprocessing.errors.ErrorHandler.record_exception): ``{"message": {"message":
+    "<type>: <message>", "extraInfo": {"py_callstack": <traceback>, "timestamp": "<epoch s>"}}}``, or a plain
+    ``{"message": "<text>", "timestamp": <epoch s>}``. None where the file is missing or not in that format."""
+    try:
+        data = json.loads(Path(path).read_text())
+        said = data["message"]
+        if isinstance(said, dict):
+            text, trace = str(said.get("message", "")), str(said.get("extraInfo", {}).get("py_callstack", ""))
+            when = float(said.get("extraInfo", {}).get("timestamp", 0))
+        else:
+            text, trace, when = str(said), "", float(data.get("timestamp", 0))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+    kind, _, message = text.partition(": ") if re.match(r"[A-Za-z_][\w.]*: ", text) else ("", "", text)
+    lines = [s.strip() for s in message.splitlines() if s.strip()]
+    first = (lines[0] if lines else "(no message)")[:MAX_MESSAGE]
+    return Failure(rank, attempt, when, kind, first, trace, False)
+
+
+def elastic_failures(log_text: str, attempt: int = 0) -> list[Failure]:
+    """The failures of the workers that torchrun's report in ``log_text`` lists with an error file (a worker whose
+    exception torch elastic's ``@record`` caught: birder_repro.worker's ``main``), read from those files."""
+    found = {}
+    for rank, _code, error_file, _what in _REPORT_BLOCK.findall(log_text):
+        error_file = error_file.strip()
+        if error_file and error_file != NO_ERROR_FILE:
+            failure = read_elastic_error(Path(error_file), int(rank), attempt)
+            if failure is not None:
+                found[int(rank)] = failure
+    return list(found.values())
+
+
 def signal_deaths(log_text: str) -> dict[int, str]:
     """Ranks that torchrun reports dead by a signal in ``log_text``, {rank: its description}, less its own
     stops: the SIGTERM (or SIGINT) it sends the others once one has failed, and the SIGKILL after its
-    ``--shutdown-timeout`` for a worker that did not stop in time (a hung one; train.stop_timeout_s)."""
+    ``--shutdown-timeout`` for a worker that did not stop in time (a hung one; train.stop_timeout_s). The
+    fallback for a worker that died without a word: one that wrote an error file is read from it instead
+    (:func:`elastic_failures`)."""
     forced = set(_FORCED.findall(log_text))
     deaths = {}
-    for rank, code, what in _REPORT_BLOCK.findall(log_text):
+    for rank, code, _error_file, what in _REPORT_BLOCK.findall(log_text):
         pid = re.search(r"PID (\d+)", what)
         if int(code) < 0 and int(code) != -SIGTERM and not (pid and pid.group(1) in forced):
             deaths[int(rank)] = what.strip() or f"exit code {code}"
@@ -168,6 +210,9 @@ def final_line(run_dir: Path, code: int, log_text: str = "") -> tuple[str, str |
     report in ``log_text`` (the end of output.log)."""
     where = f"full output: {Path(run_dir) / 'output.log'}"
     failures = read_failures(run_dir)
+    own = {f.rank for f in failures}  # a rank's own failure file first, then torch elastic's error file
+    attempt = max((f.attempt for f in failures), default=0)
+    failures += [f for f in elastic_failures(log_text, attempt) if f.rank not in own]
     first = first_failure(failures)
     deaths = {r: d for r, d in signal_deaths(log_text).items() if r not in {f.rank for f in failures}}
     if deaths and (first is None or first.consequence):

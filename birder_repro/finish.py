@@ -13,7 +13,6 @@ node 0's CLI waits for a few seconds before it names the failing rank.
 from __future__ import annotations
 
 import datetime as _dt
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -32,7 +31,6 @@ __all__ = [
     "interrupted",
     "failed",
     "other_node",
-    "own_resume_command",
 ]
 
 SIGNAL_NAMES = {129: "SIGHUP", 130: "SIGINT", 143: "SIGTERM"}  # 128 + the signal: the CLI passed it on
@@ -120,11 +118,6 @@ def _this_attempt(run_dir: Path, status: str, started: str) -> dict:
     return attempt_entry(status, started, record.now(), None, reached_step(run_dir))
 
 
-def own_resume_command(run_dir: Path, command: str) -> str:
-    """This CLI's own command (its node's) with the run directory: what resumes the run on this node."""
-    return f"{command} {shlex.quote(f'hydra.run.dir={Path(run_dir).resolve()}')}"
-
-
 def _multi_node(cfg: DictConfig) -> bool:
     from birder_repro.launch import choose_launcher
 
@@ -210,7 +203,7 @@ def other_node(cfg: DictConfig, run_dir: Path, code: int, rec: dict | None, comm
     if status == "interrupted" or code in SIGNALLED:
         what = rec["error"].split("; resume: ")[0] if status == "interrupted" else "interrupted"
         _say(f"node {node}: {what}; the run's record (rank 0 writes it): {where}")
-        _say(f"resume (this node): {own_resume_command(run_dir, command)}")
+        _say(f"resume (this node): {record.resume_command(run_dir, command)}")  # this node's own CLI command
         return code if code in SIGNALLED else 130
     if code != 0:  # the first failure this node sees (all of them, where the run directory is shared), last
         _say(

@@ -18,6 +18,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from birder_repro.plain import plain_config
+
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -43,18 +45,6 @@ def _json_value(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
-
-
-def _plain_config(cfg) -> dict:
-    """The config as plain containers for W&B: resolved where every interpolation resolves, else as written."""
-    from omegaconf import OmegaConf
-
-    if not OmegaConf.is_config(cfg):
-        return dict(cfg)
-    try:
-        return OmegaConf.to_container(cfg, resolve=True)
-    except Exception:  # noqa: BLE001 - e.g. a Hydra-only resolver outside Hydra: better unresolved than no W&B run
-        return OmegaConf.to_container(cfg, resolve=False)
 
 
 def wandb_group(cfg) -> str | None:
@@ -102,7 +92,7 @@ class RunLogger:
         try:
             import wandb
 
-            config = _plain_config(cfg)
+            config = plain_config(cfg, lenient=True)
             mode = wandb_mode(logger_cfg.get("mode"))
             run = wandb.init(
                 project=logger_cfg.get("project") or "birder-repro",

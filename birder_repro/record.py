@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from birder_repro import schema
 from birder_repro.digest import cell_digest
+from birder_repro.plain import plain_config
 
 __all__ = [
     "CONFIG_FILE",
@@ -205,7 +206,7 @@ def base_record(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             "precision": str(OmegaConf.select(cfg, "train.precision", default="fp32")),
             "run_dir": str(run_dir),
             "command": read_command(run_dir),
-            "config": _plain(cfg),
+            "config": plain_config(cfg, lenient=True),
             "config_digest": _try(lambda: cell_digest(cfg)),
             "host_load": _host_load(Path(run_dir)),
         }
@@ -287,10 +288,11 @@ def interrupted_record(
     return record
 
 
-def resume_command(run_dir: Path) -> str:
+def resume_command(run_dir: Path, command: str | None = None) -> str:
     """The command that continues the run in its own directory: its command line and ``hydra.run.dir`` (a run
-    directory holding an interrupted or failed run with a checkpoint resumes; birder_repro.rundir.decide)."""
-    command = read_command(run_dir) or "birder-repro"
+    directory holding an interrupted or failed run with a checkpoint resumes; birder_repro.rundir.decide).
+    ``command``: another command line than the run's recorded one (a node's own CLI, birder_repro.finish)."""
+    command = command or read_command(run_dir) or "birder-repro"
     return f"{command} {shlex.quote(f'hydra.run.dir={Path(run_dir).resolve()}')}"
 
 
@@ -355,17 +357,6 @@ def _umask() -> int:
     mask = os.umask(0)  # the only way to read it is to set it; put it straight back
     os.umask(mask)
     return mask
-
-
-def _plain(cfg: DictConfig) -> Any:
-    """The run's config as plain data, Hydra's own node left out; where an interpolation cannot be resolved
-    the config is kept as written rather than keeping a failed run's record from being written."""
-    data = OmegaConf.to_container(cfg, resolve=False)
-    data.pop("hydra", None)
-    try:
-        return OmegaConf.to_container(OmegaConf.create(data), resolve=True)
-    except Exception:  # noqa: BLE001
-        return data
 
 
 def _try(compute) -> Any:

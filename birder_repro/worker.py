@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf, open_dict
+from torch.distributed.elastic.multiprocessing.errors import record as elastic_record
 
 from birder_repro import config as layout
 from birder_repro import failures, record
@@ -362,6 +363,9 @@ def explain_collective_failure(exc: BaseException, rank: int, cfg: DictConfig) -
     return f"rank {rank}: collective {collective} failed: {why}\n"
 
 
+# An exception that escapes run_worker (one before its run began, which writes no failure file) is written by
+# torch elastic to the worker's TORCHELASTIC_ERROR_FILE; the CLI reads it from there (birder_repro.failures).
+@elastic_record
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m birder_repro.worker", description="One worker of a birder-repro run (started by torchrun)."

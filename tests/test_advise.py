@@ -358,13 +358,18 @@ def test_with_nothing_of_the_task_measured_it_names_the_field_and_the_commands(t
     assert any("seed=0,1 nodes=2 gpus_per_node=2" in c["command"] for c in advice["cannot_rank"])
 
 
-def test_the_figure_tells_eleven_methods_apart(tmp_path, monkeypatch):
-    """The field has eleven methods and matplotlib ten colours: no two lines may share colour and style."""
+def test_the_figure_draws_each_method_in_its_style_of_every_figure(tmp_path, monkeypatch):
+    """Eleven methods and matplotlib's ten colours: no two lines share colour and style, and each method has its
+    colour and line style of the report's figures (birder_repro.styles, as birder_repro.report.figstyle)."""
+    import matplotlib.colors
     import matplotlib.pyplot as plt
+
+    from birder_repro.report.figstyle import optim_style
 
     kept = []
     monkeypatch.setattr(plt, "close", lambda fig=None: kept.append(fig))
-    methods = [f"m{i}" for i in range(11)]
+    methods = [*advise.FIELD, "diloco_1bit", "streaming_diloco", "onebit_lamb"]
+    assert len(methods) == 11
     ranked = [{"method": m, "ranked_after_reliable": False, "steps": {"reached": 2, "runs": 2}} for m in methods]
     advice = {
         "ranked": ranked,
@@ -377,6 +382,10 @@ def test_the_figure_tells_eleven_methods_apart(tmp_path, monkeypatch):
     advise.advice_figure(advice, tmp_path / "advice.png")
     lines = [ln for ln in kept[0].axes[0].get_lines() if ln.get_label() in methods]
     assert len({(ln.get_color(), ln.get_linestyle()) for ln in lines}) == 11
+    for line in lines:
+        style = optim_style(line.get_label())
+        assert matplotlib.colors.same_color(line.get_color(), style["color"]), line.get_label()
+        assert line.get_linestyle() == plt.Line2D([], [], linestyle=style["linestyle"]).get_linestyle()
 
 
 def test_of_several_profiles_the_model_takes_the_median_one_made_by_the_newest_ones_code():

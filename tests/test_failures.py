@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from birder_repro import failures, record
 from birder_repro.failures import MARK, RESTART_MARK, Failure, TerminalEcho
 
@@ -75,6 +77,58 @@ def test_a_signal_death_in_torchruns_report_names_the_rank_but_its_sigterm_does_
     assert line.startswith("rank 1 died: Signal 9 (SIGKILL)") and "output.log" in line and trace is None
 
 
+def _report_with_error_file(error_file: str) -> str:
+    """torchrun's report of rank 2 failing with an exception that torch elastic's @record wrote to its error file,
+    and rank 3 SIGKILLed (no error file)."""
+    return REPORT.replace("rank      : 1 (local_rank: 1)", "rank      : 3 (local_rank: 1)") + (
+        "Root Cause (first observed failure):\n[0]:\n  time      : 2026-11-25_01:08:37\n  host      : localhost\n"
+        "  rank      : 2 (local_rank: 0)\n  exitcode  : 1 (pid: 26433)\n"
+        f"  error_file: {error_file}\n  traceback : Traceback (most recent call last):\n    ...\n"
+    )
+
+
+def test_a_worker_without_its_own_failure_file_is_read_from_torch_elastics_error_file(tmp_path):
+    """torch elastic's format (errors/error_handler.py, ErrorHandler.record_exception): the exception's type and
+    message, its traceback and a timestamp; read before torchrun's printed report, which stays the fallback for
+    the rank that wrote nothing (the SIGKILLed one)."""
+    error_file = tmp_path / "torchelastic" / "attempt_0" / "0" / "error.json"
+    error_file.parent.mkdir(parents=True)
+    callstack = "Traceback (most recent call last):\n  File \"worker.py\", line 1\nKeyError: 'optim'\n"
+    error_file.write_text(
+        json.dumps(
+            {
+                "message": {
+                    "message": "KeyError: 'optim'\nmore",
+                    "extraInfo": {"py_callstack": callstack, "timestamp": "1764032917"},
+                }
+            }
+        )
+    )
+    report = _report_with_error_file(str(error_file))
+    [failure] = failures.elastic_failures(report)
+    assert (failure.rank, failure.type, failure.message, failure.time) == (2, "KeyError", "'optim'", 1764032917.0)
+    assert failure.traceback == callstack
+    line, trace = failures.final_line(tmp_path, 1, report)
+    assert line.startswith("rank 2 failed: KeyError: 'optim' (") and trace == callstack
+    assert failures.signal_deaths(report) == {3: "Signal 9 (SIGKILL) received by PID 26432"}
+
+    # the plain form ({"message": text, "timestamp": ...}); a rank's own failure file comes first
+    error_file.write_text(json.dumps({"message": "the worker gave up", "timestamp": 1764032917}))
+    assert failures.read_elastic_error(error_file, 2) == Failure(
+        2, 0, 1764032917.0, "", "the worker gave up", "", False
+    )
+    (tmp_path / "failures").mkdir()
+    own = _failure(2, 1.0)
+    (tmp_path / "failures" / "attempt-0-rank-00002.json").write_text(json.dumps(own.__dict__))
+    assert failures.final_line(tmp_path, 1, report)[0].startswith("rank 2 failed: RuntimeError: boom on 2 (")
+
+    # no error file written (or gone): the printed report's signal death names the rank
+    (tmp_path / "failures" / "attempt-0-rank-00002.json").unlink()
+    error_file.unlink()
+    assert failures.elastic_failures(report) == []
+    assert failures.final_line(tmp_path, 1, report)[0].startswith("rank 3 died: Signal 9 (SIGKILL)")
+
+
 def test_the_terminal_copy_stops_at_a_failure_and_resumes_on_a_restart():
     out = io.StringIO()
     echo = TerminalEcho(out)
@@ -119,3 +173,24 @@ def test_an_exception_inside_training_on_one_rank_ends_in_one_line(tmp_path):
     assert rec["status"] == "failed" and "InjectedFault" in rec["traceback"] and "inject_fault" in rec["traceback"]
     log = (path.parent / record.LOG_FILE).read_text()
     assert "Traceback (most recent call last)" in log and "ChildFailedError" in log  # the full output is kept
+
+
+# slow: one real torchrun, about 12 s; the made-up error file above stays by default
+@pytest.mark.slow
+def test_torchruns_report_of_a_worker_that_failed_before_its_run_is_read_from_its_error_file(tmp_path):
+    """A worker whose run directory holds no config fails before it can write its own failure file: torch
+    elastic's @record on its main writes the error file, which torchrun's report names."""
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", f"--log-dir={tmp_path / 'elastic'}"]
+        + ["-m", "birder_repro.worker", "--run-dir", str(tmp_path / "no-run")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert out.returncode != 0
+    [failure] = failures.elastic_failures(out.stdout + out.stderr)
+    assert (failure.rank, failure.type) == (0, "FileNotFoundError") and "config.yaml is missing" in failure.message
+    line, trace = failures.final_line(tmp_path, out.returncode, out.stdout + out.stderr)
+    assert line.startswith("rank 0 failed: FileNotFoundError: ") and "load_run_config" in trace

@@ -219,7 +219,7 @@ def test_the_report_keeps_ddp_and_fsdp_runs_of_one_cell_apart(tmp_path, monkeypa
 
     from birder_repro.report import figures, identity
 
-    monkeypatch.setattr(figures, "have_matplotlib", lambda: False)
+    monkeypatch.setattr(figures, "drawing", lambda: False)
     assert not identity.is_ignored("parallel")
     ddp = config("birder")
     assert identity.config_key(ddp) != identity.config_key({**ddp, "parallel": "fsdp"})

@@ -22,7 +22,7 @@ PAPER_DIR = Path(__file__).resolve().parents[1] / "tables" / "paper"
 @pytest.fixture(autouse=True)
 def no_figures(monkeypatch):
     """Drawing costs seconds (importing matplotlib); only the figure test below draws."""
-    monkeypatch.setattr(figures, "have_matplotlib", lambda: False)
+    monkeypatch.setattr(figures, "drawing", lambda: False)
 
 
 def make_record(
@@ -402,16 +402,8 @@ def test_paper_speedups_and_efficiencies_agree_with_their_throughputs(paper_rows
             assert abs(eff - r["scale_efficiency"]) <= 0.11, where
 
 
-def test_figures_skipped_with_one_line_without_matplotlib(tmp_path, capsys):
-    root = write_runs(tmp_path / "runs", paper_cell_records())
-    main(["--runs", str(root), "--out", str(tmp_path / "out"), "--figures", str(tmp_path / "fig")])
-    assert capsys.readouterr().out.count("matplotlib is not installed") == 1
-    assert not (tmp_path / "fig").exists()
-
-
 def test_figures_drawn_where_matplotlib_is_installed(tmp_path, monkeypatch):
-    pytest.importorskip("matplotlib")  # optional: not a dependency of the package
-    monkeypatch.setattr(figures, "have_matplotlib", lambda: True)
+    monkeypatch.setattr(figures, "drawing", lambda: True)
     root = write_runs(tmp_path / "runs", paper_cell_records())
     main(["--runs", str(root), "--out", str(tmp_path / "out"), "--figures", str(tmp_path / "fig")])
     predicted = [

@@ -23,7 +23,7 @@ SGDM_TOP1 = {"sgdm": 98.3, "onebit_adam": 98.1, "birder": 97.8}
 
 @pytest.fixture(autouse=True)
 def no_figures(monkeypatch):
-    monkeypatch.setattr(figures, "have_matplotlib", lambda: False)
+    monkeypatch.setattr(figures, "drawing", lambda: False)
 
 
 def config(optim: str, seed: int = 0, steps: int = 60, **train) -> dict:

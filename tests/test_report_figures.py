@@ -9,13 +9,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 from conftest import write_records
 
 from birder_repro.report import figures, tables
 from birder_repro.report.records import load_frame
-
-pytest.importorskip("matplotlib")  # optional: not a dependency of the package
 
 
 def record(

@@ -72,8 +72,9 @@ def test_shutdown_timeout_is_passed_only_to_a_torchrun_that_takes_it(monkeypatch
     first GPU machine): the option goes only where torchrun's own parser has it, and an older torchrun's fixed
     30 s is said once where train.stop_timeout_s asks for another."""
     torchrun._say_once.cache_clear()  # said once a process: another test in this worker may have said it
-    assert torchrun.torchrun_has_option("--shutdown-timeout")  # this environment's torch has it
-    assert not torchrun.torchrun_has_option("--no-such-option")
+    assert torchrun.torchrun_has_option("--shutdown-timeout")  # this environment's torch (2.14) has it
+    with pytest.raises(ValueError, match="no known first torch version"):
+        torchrun.torchrun_has_option("--no-such-option")
     assert "--shutdown-timeout=45" in torchrun_argv("run", 2, shutdown_timeout=45)
     monkeypatch.setattr(torchrun, "torchrun_has_option", lambda option: False)
     assert not any(a.startswith("--shutdown") for a in torchrun_argv("run", 2, shutdown_timeout=30))
@@ -81,6 +82,34 @@ def test_shutdown_timeout_is_passed_only_to_a_torchrun_that_takes_it(monkeypatch
     assert not any(a.startswith("--shutdown") for a in torchrun_argv("run", 2, shutdown_timeout=45))
     said = capsys.readouterr().err
     assert "its fixed 30 s" in said and "not train.stop_timeout_s=45" in said
+
+
+def test_the_shutdown_timeout_is_decided_by_the_torch_version_from_its_metadata(monkeypatch):
+    """torch 2.11's torchrun refuses --shutdown-timeout, 2.12 and later take it; the version is read from the
+    distribution's metadata (no torch import), local and pre-release tails ignored."""
+    assert torchrun.release_of("2.14.1+cu128") == (2, 14)
+    assert torchrun.release_of("2.12.0.dev20260401") == (2, 12)
+    with pytest.raises(ValueError, match="cannot read a torch version"):
+        torchrun.release_of("nightly")
+    for version, has in [
+        ("2.11.0", False),
+        ("2.11.9+cu130", False),
+        ("2.12.0", True),
+        ("2.14.1", True),
+        ("3.0.0", True),
+        ("1.13.1", False),
+    ]:
+        monkeypatch.setattr(torchrun.importlib.metadata, "version", lambda name, v=version: v)
+        torchrun.torchrun_has_option.cache_clear()
+        assert torchrun.torchrun_has_option("--shutdown-timeout") is has, version
+
+    def not_installed(name):
+        raise torchrun.importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(torchrun.importlib.metadata, "version", not_installed)
+    torchrun.torchrun_has_option.cache_clear()
+    assert not torchrun.torchrun_has_option("--shutdown-timeout")
+    torchrun.torchrun_has_option.cache_clear()
 
 
 # slow: 37 s; a killed worker's failed record (below) and the interrupt-and-resume (test_multinode.py) stay by default

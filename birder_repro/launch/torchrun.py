@@ -19,8 +19,9 @@ one, the emulated cluster, the SLURM batch script) builds its command with it.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib.metadata
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -62,16 +63,42 @@ class Rendezvous:
     id: str
 
 
+# The first torch whose torchrun takes --shutdown-timeout. pytorch/pytorch pull request 172596 ("Makes worker
+# shutdown timeout configurable in torchrun") was merged in March 2026, after torch 2.11 was branched: 2.11's
+# torchrun refuses the option (seen on a GPU run), 2.14.1's has it. 2.12 is the first release that can carry it;
+# its own run.py was not read here, so this is the rule the known versions support, not a pinned fact (a 2.12
+# nightly from before the merge would lack it).
+SHUTDOWN_TIMEOUT_SINCE = (2, 12)
+TORCHRUN_OPTIONS_SINCE = {"--shutdown-timeout": SHUTDOWN_TIMEOUT_SINCE}
+
+
+def torch_version() -> tuple[int, int] | None:
+    """The installed torch's (major, minor), read from its distribution's metadata without importing torch (a dry
+    run and a config check import no torch); None where torch is not installed."""
+    try:
+        version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return release_of(version)
+
+
+def release_of(version: str) -> tuple[int, int]:
+    """``"2.14.1+cu128"`` -> (2, 14): a version string's major and minor numbers."""
+    found = re.match(r"(\d+)\.(\d+)", version)
+    if found is None:
+        raise ValueError(f"birder-repro: cannot read a torch version from {version!r}")
+    return int(found[1]), int(found[2])
+
+
 @cache
 def torchrun_has_option(option: str) -> bool:
-    """Whether this torch's torchrun takes ``option`` (``--shutdown-timeout`` came after torch 2.11, whose
-    torchrun stops with "unrecognized arguments" on it). Read from torchrun's own source (its parser declares
-    every option as that string) rather than by importing it: a dry run and a config check import no torch."""
-    spec = importlib.util.find_spec("torch")  # the top-level package is found without being imported
-    if spec is None or spec.origin is None:
-        return False
-    run = Path(spec.origin).parent / "distributed" / "run.py"
-    return run.is_file() and f'"{option}"' in run.read_text(encoding="utf-8")
+    """Whether this torch's torchrun takes ``option`` (one of :data:`TORCHRUN_OPTIONS_SINCE`), decided by the
+    installed torch's version: torch 2.11's torchrun stops with "unrecognized arguments" on
+    ``--shutdown-timeout``."""
+    if option not in TORCHRUN_OPTIONS_SINCE:
+        raise ValueError(f"birder-repro: no known first torch version for torchrun's {option}")
+    version = torch_version()
+    return version is not None and version >= TORCHRUN_OPTIONS_SINCE[option]
 
 
 def shutdown_timeout_option(seconds: int) -> list[str]:

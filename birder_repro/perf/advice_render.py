@@ -9,6 +9,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tabulate import tabulate
+
+from birder_repro.styles import optim_style
 from birder_repro.summary import fmt_number  # the one number format (link rates, times, steps)
 
 __all__ = ["ADVICE_FILE", "fmt_number", "format_advice", "write_advice", "advice_figure"]
@@ -75,7 +78,7 @@ def _steps_cell(s: Mapping[str, Any]) -> str:
 def _table(rows: Sequence[Mapping[str, Any]]) -> str:
     """The ranked methods as a Markdown table, every number marked measured, from the paper or predicted."""
     header = ["#", "method", "steps to target", "step time", "time to target", "x #1's time"]
-    shown = [header, ["---"] * len(header)]
+    shown = []
     for r in rows:
         step = f"{1e3 * r['step_s']['value']:.2f} ms (predicted)"
         if r["freeze"]:
@@ -94,7 +97,7 @@ def _table(rows: Sequence[Mapping[str, Any]]) -> str:
                 f"{r['slower_than_best']:.2f}x",
             ]
         )
-    return "\n".join("| " + " | ".join(cells) + " |" for cells in shown)
+    return tabulate(shown, headers=header, tablefmt="pipe", disable_numparse=True)
 
 
 def _bands_text(advice: Mapping[str, Any]) -> list[str]:
@@ -125,26 +128,25 @@ def write_advice(advice: Mapping[str, Any], out_dir: Path) -> list[Path]:
 
 
 def advice_figure(advice: Mapping[str, Any], path: Path) -> Path:
-    """Predicted time to target against the link rate, one line per ranked method, log-log; the user's link as a
-    vertical line."""
+    """Predicted time to target against the link rate, one line per ranked method in its colour and line style
+    of every figure (birder_repro.styles), faded where not every run reached the target, log-log; the user's link
+    as a vertical line."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on cluster nodes or CI
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for i, r in enumerate(advice["ranked"]):
-        after = r["ranked_after_reliable"]  # dashed: not every run reached the target
+    for r in advice["ranked"]:
+        after = r["ranked_after_reliable"]  # faded: not every run reached the target
         label = r["method"] + (f" ({r['steps']['reached']} of {r['steps']['runs']} reached)" if after else "")
-        # ten colours; past ten methods the line style tells them apart (the field has eleven)
-        style = "--" if after else ("-" if i < 10 else "-.")
         ax.plot(
             advice["links"],
             advice["curves"][r["method"]],
             label=label,
             linewidth=1.4,
-            color=f"C{i % 10}",
-            linestyle=style,
+            alpha=0.5 if after else 1.0,
+            **optim_style(r["method"]),  # the method's colour and line style in every figure of the report
         )
     link = advice["layout"]["link_mbit"]
     ax.axvline(link, color="0.3", linewidth=0.9, linestyle=":")

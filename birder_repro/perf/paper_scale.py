@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
+from tabulate import tabulate
 
 from .advise import step_times, time_to_target
 from .cluster import CLUSTER_DIR, ClusterSpec
@@ -135,16 +136,16 @@ def scale_markdown(methods: Sequence[Method]) -> str:
     for title, name in PAPER_TASKS.items():
         profile = paper_profile(name=name, implementation="this")
         lines += [f"**{title}**, {PAPER_GPUS_PER_NODE} GPUs a node (predicted; time to the target over SGDM's)", ""]
-        lines.append("| nodes | " + " | ".join(f"{x / 1000:g} Gbit/s" for x in LINKS_MBIT) + " |")
-        lines.append("| --- |" + " --- |" * len(LINKS_MBIT))
+        header = ["nodes", *(f"{x / 1000:g} Gbit/s" for x in LINKS_MBIT)]
+        rows = []
         for n in NODES:
-            cells = []
+            cells = [str(n)]
             for link in LINKS_MBIT:
                 rel = relative_times(methods, profile, _cluster(link), n, PAPER_GPUS_PER_NODE)
                 first, second = sorted(rel, key=rel.get)[:2]
                 cells.append(f"{first} {rel[first]:.2f}; {second} {rel[second]:.2f}")
-            lines.append(f"| {n} | " + " | ".join(cells) + " |")
-        lines.append("")
+            rows.append(cells)
+        lines += [tabulate(rows, headers=header, tablefmt="pipe", disable_numparse=True), ""]
     return "\n".join(lines)
 
 

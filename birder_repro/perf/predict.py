@@ -26,6 +26,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from birder_repro.plain import plain_config
+
 from .cluster import ROUTE_ERROR_BANDS, ClusterSpec
 from .model import predict_run
 from .paper_profiles import paper_profile
@@ -33,17 +35,6 @@ from .profile import LEFTOVER_WARN, combine_batches, load_profile
 from .schemes import scheme_for_optim
 
 __all__ = ["predict_record", "write_predicted_record", "format_prediction"]
-
-
-def _plain(cfg: Any) -> dict:
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(cfg, DictConfig):
-            return OmegaConf.to_container(cfg, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf is a dependency
-        pass
-    return dict(cfg)
 
 
 def _warmup_fraction(optim: Mapping[str, Any], scheme: str, steps: Any) -> float:
@@ -61,7 +52,7 @@ def _warmup_fraction(optim: Mapping[str, Any], scheme: str, steps: Any) -> float
 
 def predict_record(cfg: Any) -> dict[str, Any]:
     """The predicted record of the run ``cfg`` describes (see the module doc)."""
-    c = _plain(cfg)
+    c = plain_config(cfg)
     source = (c.get("predict") or {}).get("profile")
     implementation = str((c.get("predict") or {}).get("implementation") or "this")
     if source is None:

@@ -307,7 +307,7 @@ def probe_worker(cfg: Any, rank: int, device: Any, run_dir: Path) -> dict[str, A
         "backend": dist.get_backend(),
         "device": str(device),
         "intra_measured": intra is not None,
-        "fits": _plain(fits),
+        "fits": _floats(fits),
     }
     spec_path = Path(run_dir) / SPEC_FILE
     import yaml
@@ -323,8 +323,8 @@ def probe_worker(cfg: Any, rank: int, device: Any, run_dir: Path) -> dict[str, A
             "intra": table_rows(intra, m) if intra else None,
             "world": table_rows(world, n * m) if world else None,
             "inter_all": table_rows(inter_all, n) if inter_all else None,
-            "fits": _plain(fits),
-            "reduce": _plain(reduce),
+            "fits": _floats(fits),
+            "reduce": _floats(reduce),
             "cluster_spec_file": str(spec_path.resolve()),
             "cluster_spec": spec["perf"],
             "sizes": sizes,
@@ -334,10 +334,10 @@ def probe_worker(cfg: Any, rank: int, device: Any, run_dir: Path) -> dict[str, A
     }
 
 
-def _plain(value: Any) -> Any:
+def _floats(value: Any) -> Any:
     """Floats and dicts only (YAML and JSON both take them)."""
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): _floats(v) for k, v in value.items()}
     return None if value is None else float(value)
 
 

@@ -74,8 +74,8 @@ def write_task_files(out: Path, frame: pd.DataFrame, cells: pd.DataFrame, left: 
 
 
 def figure_files(draw, figures_dir: Path | None) -> list[Path]:
-    """``draw(figures_dir)``'s files, or nothing where there is no directory or no matplotlib."""
-    if figures_dir is None or not figures.have_matplotlib():
+    """``draw(figures_dir)``'s files, or nothing where there is no directory or figures are off."""
+    if figures_dir is None or not figures.drawing():
         return []
     return draw(figures_dir)
 
@@ -175,12 +175,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     written += write_overview(out, frame, cells, left, args.throughput, written, args.paper, Path(args.figures))
     if cells.empty:
         print("figures: no completed run to plot")
-    elif figures.have_matplotlib():
+    elif figures.drawing():
         written += figures.throughput_figures(cells, Path(args.figures), args.throughput)
         written += figures.step_time_figures(cells, Path(args.figures))
         written += figures.convergence_figures(cells, Path(args.figures))
-    else:
-        print("figures: matplotlib is not installed; skipped (pip install matplotlib to draw them)")
     print("wrote:")
     for path in written:
         print(f"  {path}")

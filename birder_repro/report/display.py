@@ -290,14 +290,8 @@ def main_metric(row) -> str:
 
 
 def to_markdown(table: pd.DataFrame) -> str:
-    """A pipe table; tabulate where installed (pandas uses it), a plain writer otherwise."""
-    try:
-        return table.to_markdown(index=False)
-    except ImportError:
-        rows = [list(table.columns)] + table.astype(str).values.tolist()
-        lines = ["| " + " | ".join(map(str, r)) + " |" for r in rows]
-        lines.insert(1, "|" + "---|" * len(table.columns))
-        return "\n".join(lines)
+    """A pipe table (pandas writes it with tabulate, a dependency of the package)."""
+    return table.to_markdown(index=False)
 
 
 def to_latex(table: pd.DataFrame) -> str | None:

@@ -1,4 +1,5 @@
-"""What every figure shares: matplotlib (optional), one colour and line style per optimizer, file names, titles."""
+"""What every figure shares: matplotlib, one colour and line style per optimizer (birder_repro.styles), file names,
+titles."""
 
 from __future__ import annotations
 
@@ -6,66 +7,20 @@ import re
 
 import pandas as pd
 
-# One colour and one line style per optimizer, in STYLE_ORDER (15 optimizers; matplotlib's default cycle
-# has 10 colours, which gave SGDM and Birder the same blue); names and variants beyond it take the next pairs.
-COLOURS = (
-    "#1f77b4",
-    "#ff7f0e",
-    "#2ca02c",
-    "#d62728",
-    "#9467bd",
-    "#8c564b",
-    "#e377c2",
-    "#7f7f7f",
-    "#bcbd22",
-    "#17becf",
-    "#000000",
-    "#aec7e8",
-    "#ffbb78",
-    "#98df8a",
-    "#ff9896",
-    "#c5b0d5",
-    "#c49c94",
-    "#f7b6d2",
-    "#c7c7c7",
-    "#dbdb8d",
-    "#9edae5",
-)
-LINESTYLES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 1)), (0, (8, 2, 2, 2)))
+# the styles live below both the report and the performance model (the advisor's figure draws with them too)
+from birder_repro.styles import COLOURS, LINESTYLES, STYLE_ORDER, optim_style
 
-
-# The order styles are handed out in: display.OPTIM_ORDER as it was when each name was added, new names at the
-# end, so that adding an optimizer to the tables' order never changes another one's colour (Birder: black).
-STYLE_ORDER = (
-    "sgdm",
-    "bertadam",
-    "sgd",
-    "adamw",
-    "softsignsgd",
-    "sgdm_fp16",
-    "sgdm_powersgd",
-    "adamw_powersgd",
-    "onebit_adam",
-    "onebit_lamb",
-    "birder",
-    "onebit_adam_precond",
-    "sgdm_2level",
-    "sgdm_bf16_2level",
-    "diloco",
-    "diloco_1bit",
-    "streaming_diloco",
-)
-
-
-def optim_style(optim: str, variant: str = "") -> dict:
-    """The colour and line style of an optimizer (and Birder variant) in every figure: distinct pairs for the
-    optimizers of display.OPTIM_ORDER, then for other names by a stable index of the name."""
-    index = (
-        STYLE_ORDER.index(optim)
-        if optim in STYLE_ORDER and not variant
-        else len(STYLE_ORDER) + sum(map(ord, f"{optim}/{variant}")) % max(len(COLOURS) - len(STYLE_ORDER), 1)
-    )
-    return {"color": COLOURS[index % len(COLOURS)], "linestyle": LINESTYLES[index % len(LINESTYLES)]}
+__all__ = [
+    "COLOURS",
+    "LINESTYLES",
+    "STYLE_ORDER",
+    "optim_style",
+    "row_style",
+    "pyplot",
+    "figure_name",
+    "short_title",
+    "device_unit",
+]
 
 
 def row_style(row) -> dict:
@@ -73,14 +28,6 @@ def row_style(row) -> dict:
     note = row.get("setting_note") or ""
     variant = row["variant"] + (f"|{note}" if note else "")
     return optim_style(row["optim"], variant)
-
-
-def have_matplotlib() -> bool:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def pyplot():

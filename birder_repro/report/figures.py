@@ -10,7 +10,7 @@
   optimizer and layout: ``fig4_<source>_<setting>.png`` (measured and predicted apart).
 
 Every optimizer has its own colour and line style in every figure (:func:`figstyle.optim_style`).
-matplotlib is optional: it is not a dependency of the package, and without it no figure is drawn.
+matplotlib is a dependency of the package; it is imported only when a figure is drawn (:func:`drawing`).
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from .cells import SETTING
 from .convergence import convergence_figure, convergence_figures, read_metrics, time_axis
 from .display import optim_label
 from .documents import settings
-from .figstyle import device_unit, figure_name, have_matplotlib, optim_style, pyplot, row_style, short_title
+from .figstyle import device_unit, figure_name, optim_style, pyplot, row_style, short_title
 
 __all__ = [
     "convergence_figure",
     "convergence_figures",
-    "have_matplotlib",
+    "drawing",
     "optim_style",
     "read_metrics",
     "step_time_figures",
@@ -36,6 +36,13 @@ __all__ = [
     "throughput_figures",
     "time_axis",
 ]
+
+
+def drawing() -> bool:
+    """Whether ``python -m birder_repro.report`` draws its figures: always. The one switch for them, which the
+    report's tests turn off (importing matplotlib and drawing cost seconds)."""
+    return True
+
 
 PARTS = (
     ("compute", "compute", "#4c72b0"),

@@ -17,6 +17,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tabulate import tabulate
+
 from birder_repro.report.cells import SMOKE_FRACTION
 from birder_repro.report.identity import config_key
 from birder_repro.report.records import load_records
@@ -118,9 +120,7 @@ def _cell(value: Any) -> str:
 
 
 def markdown(table: Sequence[tuple]) -> str:
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER)]
-    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in table]
-    return "\n".join(lines)
+    return tabulate([[_cell(v) for v in row] for row in table], headers=HEADER, tablefmt="pipe", disable_numparse=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,8 +18,10 @@ earlier complete checkpoints are untouched: older ones are removed only after a 
 directory is one directory every node shares (the worker checks it at start, birder_repro.rundir), so a
 checkpoint whose files rank 0 does not all see is refused rather than marked complete.
 
-Files hold tensors and plain values only and load with ``torch.load(weights_only=True)``: resuming from
-someone else's checkpoint never runs code from it. Shards load with ``map_location`` set to this rank's device.
+The rank files and ``model.pt`` hold tensors and plain values only and load with
+``torch.load(weights_only=True)``: they never run code. An FSDP run's ``dcp/`` is read by
+``torch.distributed.checkpoint``, which unpickles its ``.metadata`` and loads its non-tensor values with
+``weights_only=False`` (docs/checkpoints.md). Shards load with ``map_location`` set to this rank's device.
 
 Which checkpoint a run starts from (:func:`choose_resume`):
 
