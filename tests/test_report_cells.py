@@ -305,3 +305,19 @@ def test_a_run_refused_for_a_value_that_is_no_number_is_read_without_a_warning(t
     assert "skipping run record" not in said.err
     assert "(make clean-failed lists the failed runs; make clean-failed ARGS=--yes removes them)" in said.out
     assert list(left["reason"]) == ["failed: config error: train.steps='ten': use a whole number >= 1"]
+
+
+def budget_run(optim: str, steps: int, budget_s: float) -> dict:
+    """A run sized to a time budget (report.protocol.budget_steps): ``tuning.budget_s`` in its config."""
+    rec = run_record(optim, 5000.0, steps=steps, top1=80.0, started="2026-01-01T11:00:00")
+    rec["config"]["tuning"] = {"budget_s": budget_s}
+    return rec
+
+
+def test_a_run_sized_to_a_time_budget_is_no_smoke_run_and_no_measure_of_the_others(tmp_path):
+    """A short budget gives a slow method a fraction of a fast one's steps on purpose (seen: SGDM's 51 steps at
+    9.5 s beside DiLoCo's 791 at 28.5 s were left out as a smoke run); and a long budget run does not make the
+    whole runs beside it smoke runs."""
+    records = [*sweep_and_smoke()[:3], budget_run("sgdm", 5, 1.0), budget_run("birder", 900, 30.0)]
+    _, left, _ = report(tmp_path, records)
+    assert list(left["reason"]) == []

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -120,12 +121,20 @@ def _partial_resume(runs: pd.DataFrame) -> pd.Series:
     )
 
 
+def _budget_run(items: Any) -> bool:
+    """A run made for a time budget (``tuning.budget_s``, report.protocol): its steps sized on purpose."""
+    return isinstance(items, dict) and items.get("tuning.budget_s") is not None
+
+
 def _smoke(runs: pd.DataFrame) -> pd.Series:
     """Measured runs with at most SMOKE_FRACTION of the steps of the longest run of their cell (any optimizer,
-    any length asked for)."""
+    any length asked for). A run made for a time budget is no smoke run, and no measure of the others' length:
+    a short budget sizes a slow method's run to a fraction of a fast one's on purpose."""
+    budget = runs["config_items"].map(_budget_run) if "config_items" in runs else pd.Series(False, index=runs.index)
     steps = runs["steps"].astype("float64")
-    longest = steps.groupby([runs[k] for k in CELL if k != "run_length"], dropna=False).transform("max")
-    smoke = (runs["source"] == "measured") & (steps <= SMOKE_FRACTION * longest)
+    whole = steps.where(~budget)
+    longest = whole.groupby([runs[k] for k in CELL if k != "run_length"], dropna=False).transform("max")
+    smoke = (runs["source"] == "measured") & ~budget & (steps <= SMOKE_FRACTION * longest)
     text = [
         f"smoke run: {_int_text(n)} steps, at most a tenth of the {_int_text(m)} of its cell's longest run"
         for n, m in zip(steps, longest)
