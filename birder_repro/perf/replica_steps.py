@@ -65,7 +65,7 @@ def extrapolate_multiple(points: Mapping[int, float], replicas: int) -> float:
         w = (math.log2(replicas) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
         return float(points[lo] + w * (points[hi] - points[lo]))
     a, b = log2_fit(points)
-    return max(float(points[known[-1]]), a - b * math.log2(replicas))
+    return max(float(points[known[-1]]), a + b * math.log2(replicas))
 
 
 def _steps(rec: Mapping[str, Any]) -> float | None:
