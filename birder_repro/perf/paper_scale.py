@@ -148,7 +148,9 @@ def fashion_methods(runs: Path, layout: tuple[int, int]) -> list[Method]:
     return out
 
 
-def with_replicas(methods: Sequence[Method], multiples: dict[str, dict[int, float]], base: str = "birder") -> list[Method]:
+def with_replicas(
+    methods: Sequence[Method], multiples: dict[str, dict[int, float]], base: str = "birder"
+) -> list[Method]:
     """The methods with each measured method's multiples of ``base``'s steps against replicas (perf.replica_steps),
     priced from the field's ``base`` steps over SGDM's; the others (and all, where the base is missing) as given."""
     base_method = next((m for m in methods if m.optim == base), None)
@@ -207,9 +209,7 @@ def replicas_line(methods: Sequence[Method], source: str) -> str:
             f"ASSUMPTION: no DiLoCo runs against replicas under {source}: DiLoCo keeps the field's 2-replica multiple "
             "of SGDM's steps at every node count (make diloco-replicas measures them at 2, 4 and 8)"
         )
-    parts = [
-        f"{m.label} " + ", ".join(f"{n}: {x:.2f}x" for n, x in m.replicas) + " Birder's steps" for m in measured
-    ]
+    parts = [f"{m.label} " + ", ".join(f"{n}: {x:.2f}x" for n, x in m.replicas) + " Birder's steps" for m in measured]
     return f"Measured against replicas ({source}): " + "; ".join(parts) + f"; {RULE}"
 
 

@@ -316,7 +316,9 @@ def _whole_run_base(proto: Mapping[str, Any], plan: Mapping[str, Any], method: s
     return f"experiment={proto['experiment']} optim={method} {_values(picks)} {target}".replace("  ", " ")
 
 
-def local_steps_cells(proto: Mapping[str, Any], plan: Mapping[str, Any], links: Sequence[float] | None = None) -> list[str]:
+def local_steps_cells(
+    proto: Mapping[str, Any], plan: Mapping[str, Any], links: Sequence[float] | None = None
+) -> list[str]:
     """make local-steps: each of ``local_steps.methods`` at each link (``links_mbit``, or ``links``) and field
     seed, a whole run at the field's layout with its tuned pick (the recipe's values where the plan has none)."""
     spec = proto["local_steps"]
@@ -333,7 +335,9 @@ def per_process_batch(global_batch: int, nodes: int, gpus_per_node: int = 1) -> 
     """The per-process batch that keeps ``nodes`` x ``gpus_per_node`` x it at ``global_batch``."""
     processes = nodes * gpus_per_node
     if processes < 1 or global_batch % processes:
-        raise ProtocolError(f"global batch {global_batch} does not split evenly over {nodes} x {gpus_per_node} processes")
+        raise ProtocolError(
+            f"global batch {global_batch} does not split evenly over {nodes} x {gpus_per_node} processes"
+        )
     return global_batch // processes
 
 
