@@ -405,8 +405,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if plan.get("provisional") and args.which != "grid":
         print(
-            f"[birder-repro] protocol: no {args.runs / PLAN_FILE}: {args.which} uses the protocol's provisional targets, "
-            "budgets and step times and the recipes' values",
+            f"[birder-repro] protocol: no {args.runs / PLAN_FILE}: {args.which} uses the protocol's provisional "
+            "targets, budgets and step times and the recipes' values",
             file=sys.stderr,
         )
     print(f"# order-seed: {proto['order_seed']}")
