@@ -374,17 +374,42 @@ def write_plan(runs: Path, plan: Mapping[str, Any]) -> Path:
     return path
 
 
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _narrowed(proto: dict[str, Any], methods: str | None, seeds: str | None, nodes: str | None) -> dict[str, Any]:
+    """The protocol with make local-steps' and make diloco-replicas' methods, field seeds and node counts
+    narrowed to those given (a smoke run of the targets' plumbing); each must be one the protocol names."""
+    out = {**proto, "local_steps": dict(proto["local_steps"]), "replicas": dict(proto["replicas"])}
+    if methods:
+        wanted = [m for m in methods.split(",") if m]
+        unknown = sorted(set(wanted) - set(proto["local_steps"]["methods"]) - set(proto["replicas"]["methods"]))
+        if unknown:
+            raise ProtocolError(f"--methods {unknown}: not methods of local_steps or replicas")
+        for section in ("local_steps", "replicas"):
+            out[section]["methods"] = [m for m in wanted if m in proto[section]["methods"]]
+    if seeds:
+        out["field_seeds"] = _ints(seeds)
+    if nodes:
+        out["replicas"]["nodes"] = _ints(nodes)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m birder_repro.report.protocol", description=__doc__)
     parser.add_argument(
         "which", choices=("grid", "field", "check", "local-steps", "replicas"), help="whose cells to print"
     )
     parser.add_argument("--links", default=None, help="local-steps: the links, Mbit/s, comma-separated")
+    parser.add_argument("--methods", default=None, help="local-steps, replicas: only these methods (a smoke run)")
+    parser.add_argument("--seeds", default=None, help="local-steps, replicas: only these seeds (a smoke run)")
+    parser.add_argument("--nodes", default=None, help="replicas: only these node counts (a smoke run)")
     parser.add_argument("--runs", type=Path, default=Path("runs/time-to-accuracy"), help="the runs folder")
     parser.add_argument("--protocol", type=Path, default=None, help="default: conf/tuning/fashion_mnist.yaml")
     args = parser.parse_args(argv)
     try:
-        proto = load_protocol(args.protocol)
+        proto = _narrowed(load_protocol(args.protocol), args.methods, args.seeds, args.nodes)
         plan = read_plan(args.runs, proto)
         if args.which == "grid":
             cells = grid_cells(proto)
