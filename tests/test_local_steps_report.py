@@ -92,9 +92,13 @@ def test_load_results_reads_steps_and_times_of_each_target_from_the_log(tmp_path
     }
     budget = {**rec, "config": {**rec["config"], "tuning": {"budget_s": 9.5}}}
     write_records(tmp_path, [rec, budget], lambda i, r: f"run{i}")
-    log = [{"step": 10, "train_s": 1.0, "eval/top1": 86.5}, {"step": 20, "train_s": 2.0, "eval/top1": 87.2}]
+    log = [
+        {"step": 10, "train_s": 1.0, "eval/top1": 86.5},
+        {"step": 20, "train_s": 2.0, "eval/top1": 87.2},
+        {"step": 30, "train_s": 3.0, "final/top1": 88.1},  # the synchronised model's final evaluation counts
+    ]
     (tmp_path / "run0" / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in log) + "\n")
     (got,) = load_results(tmp_path)  # the budget run is left out
     assert (got.optim, got.link_mbit, got.nodes, got.seed) == ("diloco", 50.0, 2, 3)
-    assert got.steps == {86.0: 10, 87.0: 20, 88.0: None}
-    assert got.times == {86.0: 1.0, 87.0: 2.0, 88.0: None}
+    assert got.steps == {86.0: 10, 87.0: 20, 88.0: 30}
+    assert got.times == {86.0: 1.0, 87.0: 2.0, 88.0: 3.0}

@@ -209,10 +209,26 @@ def _step_to(curve: Any, level: float, direction: str) -> int | None:
     return None
 
 
+def with_final(curve: Any, lines: Sequence[Mapping[str, Any]], metric: str, compile_s: Any) -> Any:
+    """The curve with the run's final evaluation (``final/<metric>``, logged at its last step: a local-step
+    method's synchronised model, train.loop's ``finish()``) where its step has no evaluation yet, at its
+    ``train_s`` less the first step's one-time work: the record's time_to_target counts it too."""
+    import pandas as pd
+
+    final = [x for x in lines if f"final/{metric}" in x and x.get("train_s") is not None]
+    if not final or int(final[-1]["step"]) in set(curve["step"]):
+        return curve
+    offset = 0.0 if compile_s is None else float(compile_s)
+    row = {"step": int(final[-1]["step"]), "t": max(0.0, float(final[-1]["train_s"]) - offset)}
+    row["value"] = final[-1][f"final/{metric}"]
+    return pd.concat([curve, pd.DataFrame([row])], ignore_index=True)
+
+
 def load_results(root: Path) -> list[RunResult]:
     """Every completed whole run under ``root`` (no time budget), its times and steps to its ladder's targets."""
     from birder_repro.record import find_records, read_record
 
+    from .clock import read_log
     from .ladder import levels_of, run_curve, time_to_level
 
     out = []
@@ -226,6 +242,7 @@ def load_results(root: Path) -> list[RunResult]:
         ttt = rec.get("time_to_target") or {}
         metric, direction = str(ttt.get("metric") or rec.get("headline_metric")), str(ttt.get("direction", "higher"))
         curve = run_curve(path.parent, metric, rec.get("compile_s"), rec)
+        curve = with_final(curve, read_log(path.parent), metric, rec.get("compile_s"))
         levels = levels_of(config)
         link = (rec.get("cluster") or {}).get("link_mbit")
         out.append(
