@@ -75,12 +75,14 @@ def test_a_protocol_breaking_its_rules_is_one_error(tmp_path):
 def test_the_grid_cells_are_the_tuning_experiment_at_the_first_tuning_seed():
     proto = protocol.load_protocol()
     cells = protocol.grid_cells(proto)
-    assert len(cells) == 10 * proto["trials"] and len(set(cells)) == len(cells)
+    assert len(cells) == 12 * proto["trials"] and len(set(cells)) == len(cells)
     assert all(c.startswith("experiment=fashion_tuning optim=") and c.endswith(" seed=100") for c in cells)
     assert (
         "experiment=fashion_tuning optim=diloco optim.local_steps=80 optim.outer_lr=0.7 optim.lr=0.001 seed=100"
         in cells
     )
+    streaming = next(c for c in cells if "optim=streaming_diloco" in c and "optim.fragments=4" in c)
+    assert compose_config(shlex.split(streaming)).optim.fragments == 4  # the new grids' keys are the config's
     cfg = compose_config(shlex.split(cells[0]))  # a cell composes
     assert cfg.seed == 100 and cfg.data.eval_set == "val" and not cfg.train.stop_at_target
     assert cfg.task.target.value == proto["score_target"] and cfg.tuning.score_link_mbit == proto["link_mbit"]
