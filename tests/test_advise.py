@@ -216,14 +216,16 @@ def test_missing_inputs_are_listed_with_the_command_that_makes_them(tmp_path):
     assert ("adamw", "no measured run reaching the target") not in missing
     assert missing["adamw", "no 1-node profile"] == (  # the query's model, batch and cluster, 60 steps on 1 node
         "birder-repro -m task=fashion_mnist cluster=ethernet_10g cluster.link_mbit=20 model.size=full "
-        "model.width=512 model.num_classes=10 train.batch_size=64 optim=adamw,diloco,sgdm_bf16_2level,sgdm_powersgd "
+        "model.width=512 model.num_classes=10 train.batch_size=64 "
+        "optim=adamw,diloco,diloco_1bit,sgdm_bf16_2level,sgdm_powersgd,streaming_diloco "
         "nodes=1 gpus_per_node=2 train.steps=60 train.eval=false"
     )
     assert ("sgdm_fp16", "no 1-node profile") not in missing
     assert missing["sgdm_fp16", "no measured run reaching the target"] == (
         "birder-repro -m task=fashion_mnist cluster=ethernet_10g cluster.link_mbit=20 model.size=full "
         "model.width=512 model.num_classes=10 train.batch_size=64 "
-        "optim=diloco,sgdm_bf16_2level,sgdm_fp16,sgdm_powersgd seed=0,1 nodes=2 gpus_per_node=2 train.eval=true "
+        "optim=diloco,diloco_1bit,sgdm_bf16_2level,sgdm_fp16,sgdm_powersgd,streaming_diloco seed=0,1 nodes=2 "
+        "gpus_per_node=2 train.eval=true "
         "train.eval_every=10 train.stop_at_target=true"
     )
     text = advise.format_advice(advice)
@@ -232,7 +234,10 @@ def test_missing_inputs_are_listed_with_the_command_that_makes_them(tmp_path):
     # its expected time: the 430 steps of the run, twice, at sgdm_fp16's step predicted from its profile
     [cmd] = [c for c in advice["commands"] if c["what"] == "steps to the target on your layout"]
     assert cmd["expected"].startswith("at most ") and "2 x 430 steps of 1 method" in cmd["expected"]
-    assert "unknown for sgdm_bf16_2level, sgdm_powersgd, diloco (no 1-node profile" in cmd["expected"]
+    assert (
+        "unknown for sgdm_bf16_2level, sgdm_powersgd, diloco, diloco_1bit, streaming_diloco (no 1-node profile"
+        in cmd["expected"]
+    )
 
 
 # ---------------------------------------------------------------------------------------------- the CLI
