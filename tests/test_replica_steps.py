@@ -70,21 +70,25 @@ SPEC = _spec(inter_mbit=1000.0)
 PROFILE = _profile()
 
 
-def test_paper_scale_prices_diloco_at_birders_steps_times_the_multiple_at_each_node_count():
+def test_paper_scale_grows_dilocos_field_steps_by_its_measured_multiple_from_two_replicas():
     sgdm = Method("SGDM", "fp32", 1.0, optim="sgdm")
     birder = Method("Birder", "hierarchical", 0.9, optim="birder")
     diloco = Method("DiLoCo", "diloco", 0.8, local_steps=20, optim="diloco")
-    methods = with_replicas([sgdm, birder, diloco], {"diloco": {2: 1.0, 4: 1.5, 8: 2.0}, "birder": {2: 1.0}})
+    methods = with_replicas([sgdm, birder, diloco], {"diloco": {2: 1.2, 4: 1.8, 8: 2.4}, "birder": {2: 1.0}})
     got = {m.label: m for m in methods}
-    assert got["Birder"].replicas == ()  # the base keeps its field multiple
-    assert got["DiLoCo"].steps_at(2) == pytest.approx(0.9)
-    assert got["DiLoCo"].steps_at(16) == pytest.approx(0.9 * 2.5)
-    # relative_times uses the node count's steps: the same step time, so the ratio of 16 to 2 nodes' steps
+    assert got["Birder"].replicas == () and got["SGDM"].replicas == ()  # they keep their field multiple
+    assert got["DiLoCo"].steps_at(2) == pytest.approx(0.8)  # the field's, at the field's 2 replicas
+    assert got["DiLoCo"].steps_at(8) == pytest.approx(0.8 * 2.0)
+    assert got["DiLoCo"].steps_at(16) == pytest.approx(0.8 * 2.5)  # the fit: 1.2 + 0.6 (log2 n - 1) = 3.0 at 16
+    # relative_times uses the node count's steps: with the same step time, the ratio is the steps' growth
     at = {n: relative_times(methods, PROFILE, SPEC, n, 8)["DiLoCo"] for n in (8, 16)}
-    steps_only = {n: relative_times([sgdm, diloco], PROFILE, SPEC, n, 8)["DiLoCo"] / 0.8 for n in (8, 16)}
-    assert at[16] / steps_only[16] == pytest.approx(0.9 * 2.5)
-    assert at[8] / steps_only[8] == pytest.approx(0.9 * 2.0)
-    assert "ASSUMPTION" not in replicas_line(methods, "runs/x") and "2.50" not in replicas_line(methods, "runs/x")
+    steps_only = {n: relative_times([sgdm, diloco], PROFILE, SPEC, n, 8)["DiLoCo"] for n in (8, 16)}
+    assert at[16] / steps_only[16] == pytest.approx(2.5)
+    assert at[8] / steps_only[8] == pytest.approx(2.0)
+    anchored = with_replicas([diloco], {"diloco": {2: 1.2, 4: 1.8}}, field_replicas=4)[0]
+    assert anchored.steps_at(2) == pytest.approx(0.8 * 1.2 / 1.8)
+    line = replicas_line(methods, "runs/x")
+    assert "ASSUMPTION" not in line and "DiLoCo 2: 1.20x, 4: 1.80x, 8: 2.40x" in line
 
 
 def test_without_replicas_runs_one_assumption_line_naming_the_make_target():

@@ -13,10 +13,11 @@ Every number is PREDICTED, from three inputs, none measured at this scale:
   docs/time-to-accuracy.md), at ``--layout``: ASSUMPTION, a method needs the same multiple of SGDM's steps on
   the paper's tasks and at any node count as there (1-bit Adam's fp32 warmup and DiLoCo's H as tuned there);
 - DiLoCo's and the 1-bit DiLoCo's steps at n nodes (n replicas): with ``make diloco-replicas``' runs
-  (``--replicas``), Birder's field steps over SGDM's x the method's measured multiple of Birder's steps at n
-  replicas (2, 4 and 8 nodes of one process at the field's global batch), past 8 by the rule of
-  birder_repro.perf.replica_steps (a log2-linear fit, held at the last measured value where it falls);
-  without them, the field's 2-replica multiple at every node count: ASSUMPTION;
+  (``--replicas``), the field's (2 replicas) times m(n) / m(2), m the method's measured multiple of Birder's
+  steps (2, 4 and 8 nodes of one process at the field's global batch), past 8 by the rule of
+  birder_repro.perf.replica_steps (a log2-linear fit, held at the last measured value where it falls): Birder's
+  own multiple of SGDM's is held at the field's (ASSUMPTION); without the runs, the field's 2-replica multiple
+  at every node count: ASSUMPTION;
 - the 16-bit casts (the fp16 hook, the two-level bf16 all-reduce): ASSUMPTION, memory-bound at the A100-80GB's
   2039 GB/s, 6 bytes read and written an element a cast (the paper profiles have no cost for them).
 
@@ -64,16 +65,18 @@ class Method:
     freeze: float = 0.0  # the fp32 warmup, in the same units (1-bit Adam's freeze)
     local_steps: int = 1  # DiLoCo's H
     optim: str = ""  # the optimizer's config name (diloco, birder, ...)
-    # measured against replicas (make diloco-replicas): ((replicas, multiple of Birder's steps), ...) and Birder's
-    # steps over SGDM's; empty: ``steps`` at every node count
+    # measured against replicas (make diloco-replicas): ((replicas, multiple of Birder's steps), ...), and the
+    # field's replicas (its nodes) ``steps`` was measured at; empty: ``steps`` at every node count
     replicas: tuple[tuple[int, float], ...] = ()
-    base_steps: float = 0.0
+    field_replicas: int = 2
 
     def steps_at(self, nodes: int) -> float:
-        """Steps to the target over SGDM's at ``nodes`` replicas: the measured multiple where there is one."""
+        """Steps to the target over SGDM's at ``nodes`` replicas: the field's, times the growth of the measured
+        multiple of Birder's steps from the field's replica count to ``nodes`` (perf.replica_steps' rule)."""
         if not self.replicas:
             return self.steps
-        return self.base_steps * extrapolate_multiple(dict(self.replicas), nodes)
+        points = dict(self.replicas)
+        return self.steps * extrapolate_multiple(points, nodes) / extrapolate_multiple(points, self.field_replicas)
 
 
 def _priced(profile: Profile) -> Profile:
@@ -149,18 +152,15 @@ def fashion_methods(runs: Path, layout: tuple[int, int]) -> list[Method]:
 
 
 def with_replicas(
-    methods: Sequence[Method], multiples: dict[str, dict[int, float]], base: str = "birder"
+    methods: Sequence[Method], multiples: dict[str, dict[int, float]], field_replicas: int = 2, base: str = "birder"
 ) -> list[Method]:
-    """The methods with each measured method's multiples of ``base``'s steps against replicas (perf.replica_steps),
-    priced from the field's ``base`` steps over SGDM's; the others (and all, where the base is missing) as given."""
-    base_method = next((m for m in methods if m.optim == base), None)
-    if base_method is None:
-        return list(methods)
+    """The local-step methods with their measured multiples of ``base``'s steps against replicas
+    (perf.replica_steps), anchored at the field's ``field_replicas``; the others as given."""
     out = []
     for m in methods:
         points = multiples.get(m.optim) or {}
         if points and m.optim != base and m.local_steps > 1:
-            m = replace(m, replicas=tuple(sorted(points.items())), base_steps=base_method.steps)
+            m = replace(m, replicas=tuple(sorted(points.items())), field_replicas=field_replicas)
         out.append(m)
     return out
 
@@ -226,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     nodes, gpus = (int(x) for x in args.layout.split("x"))
     methods = fashion_methods(Path(args.runs), (nodes, gpus))
     multiples = replica_multiples(load_replica_runs(Path(args.replicas)))
-    methods = with_replicas(methods, multiples)
+    methods = with_replicas(methods, multiples, field_replicas=nodes)
     print(replicas_line(methods, args.replicas) + "\n")
     print(f"Steps to the target over SGDM's, from the Fashion-MNIST field at {args.layout} (measured):\n")
     print(_methods_text(methods) + "\n")
