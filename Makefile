@@ -104,7 +104,7 @@ validate-emulated: $(STAMP)  ## run the emulated sweep (about 12 minutes), then 
 # the target and budget rules; the load limit; the run order's seed) is in $(TTA_PROTOCOL); the cells are printed
 # by birder_repro.report.protocol and .tuning and run by birder_repro.sweep in a recorded random order
 # (RUNS/order-<name>.txt), one cell after another, "cell k of N, about T left" before each.
-# tune-fashion (about 2.5 h here): the 1-node profiles (three a method), the grid at seed 100 (120 whole runs,
+# tune-fashion (about 2.9 h here): the 1-node profiles (three a method), the grid at seed 100 (144 whole runs,
 # validation split, links unshaped, each scored by its predicted time to 87 % at 200 Mbit/s), the best two of
 # each method at seed 101, one step past every edge pick and those confirmed, then $(TTA_RUNS)/tuned.yaml: the
 # choices, the targets (97/98/99 % of the best final validation top-1), the budgets and each step time.
@@ -124,7 +124,7 @@ TTA_CHECK_RUNS ?= runs/time-to-accuracy-check
 TTA_SWEEP = $(BIN)/python -m birder_repro.sweep --cli $(BIN)/birder-repro --extra "$(ARGS)"
 TTA_CELLS = $(BIN)/python -m birder_repro.report.protocol --protocol $(TTA_PROTOCOL)
 TTA_TUNING = $(BIN)/python -m birder_repro.report.tuning --protocol $(TTA_PROTOCOL)
-tune-fashion: $(STAMP)  ## tune the Fashion-MNIST field by conf/tuning/fashion_mnist.yaml (about 2.5 h), then write its plan
+tune-fashion: $(STAMP)  ## tune the Fashion-MNIST field by conf/tuning/fashion_mnist.yaml (about 2.9 h), then write its plan
 	@mkdir -p $(TTA_RUNS)/tuning
 	BIRDER_RUNS=$(TTA_RUNS)/profiles $(BIN)/birder-repro -m experiment=fashion_time_to_accuracy optim=$(TTA_OPTIMS) \
 	  nodes=1 cluster.cores_per_node=1 train.steps=60 train.eval=false seed=$(TTA_PROFILE_SEEDS) $(ARGS)
