@@ -102,3 +102,12 @@ def test_load_results_reads_steps_and_times_of_each_target_from_the_log(tmp_path
     assert (got.optim, got.link_mbit, got.nodes, got.seed) == ("diloco", 50.0, 2, 3)
     assert got.steps == {86.0: 10, 87.0: 20, 88.0: 30}
     assert got.times == {86.0: 1.0, 87.0: 2.0, 88.0: 3.0}
+
+
+def test_the_command_without_runs_says_which_target_makes_them(tmp_path, capsys):
+    from birder_repro.report.local_steps import main
+
+    assert main(["--runs", str(tmp_path / "none")]) == 2
+    assert main(["--replicas", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "run make local-steps" in err[0] and "run make diloco-replicas" in err[1] and len(err) == 2
