@@ -8,7 +8,7 @@ ARGS    ?=
 # the tests waiting on processes they start); --dist loadfile gives each a whole test file, the longest first
 WORKERS ?= 3
 
-.PHONY: help install run lint test test-all test-torch tables bench gpu-check gpu-check-lent emulated-setup validate validate-emulated validate-fashion validate-published tune-fashion time-to-accuracy time-to-accuracy-check clean clean-failed
+.PHONY: help install run lint test test-all test-torch tables bench gpu-check gpu-check-lent emulated-setup validate validate-emulated validate-fashion validate-published tune-fashion time-to-accuracy time-to-accuracy-check local-steps diloco-replicas clean clean-failed
 
 # the descriptions start in one column, after the longest target's name
 help:  ## list the targets
@@ -104,7 +104,7 @@ validate-emulated: $(STAMP)  ## run the emulated sweep (about 12 minutes), then 
 # the target and budget rules; the load limit; the run order's seed) is in $(TTA_PROTOCOL); the cells are printed
 # by birder_repro.report.protocol and .tuning and run by birder_repro.sweep in a recorded random order
 # (RUNS/order-<name>.txt), one cell after another, "cell k of N, about T left" before each.
-# tune-fashion (about 2.5 h here): the 1-node profiles (three a method), the grid at seed 100 (120 whole runs,
+# tune-fashion (about 2.9 h here): the 1-node profiles (three a method), the grid at seed 100 (144 whole runs,
 # validation split, links unshaped, each scored by its predicted time to 87 % at 200 Mbit/s), the best two of
 # each method at seed 101, one step past every edge pick and those confirmed, then $(TTA_RUNS)/tuned.yaml: the
 # choices, the targets (97/98/99 % of the best final validation top-1), the budgets and each step time.
@@ -116,7 +116,7 @@ validate-emulated: $(STAMP)  ## run the emulated sweep (about 12 minutes), then 
 # and the target goes on (make's leading -).
 TTA_RUNS ?= runs/time-to-accuracy
 TTA_PROTOCOL ?= conf/tuning/fashion_mnist.yaml
-TTA_OPTIMS ?= sgdm,adamw,sgdm_fp16,sgdm_2level,sgdm_bf16_2level,sgdm_powersgd,diloco,onebit_adam,onebit_adam_precond,birder
+TTA_OPTIMS ?= sgdm,adamw,sgdm_fp16,sgdm_2level,sgdm_bf16_2level,sgdm_powersgd,diloco,diloco_1bit,streaming_diloco,onebit_adam,onebit_adam_precond,birder
 # Three 1-node profiles a method; the model takes the one with the median step (perf.advisor.median_profile_record):
 # one 60-step DiLoCo profile came out 14-24 % under three more of the same command. About 2 minutes a seed here.
 TTA_PROFILE_SEEDS ?= 0,1,2
@@ -124,7 +124,7 @@ TTA_CHECK_RUNS ?= runs/time-to-accuracy-check
 TTA_SWEEP = $(BIN)/python -m birder_repro.sweep --cli $(BIN)/birder-repro --extra "$(ARGS)"
 TTA_CELLS = $(BIN)/python -m birder_repro.report.protocol --protocol $(TTA_PROTOCOL)
 TTA_TUNING = $(BIN)/python -m birder_repro.report.tuning --protocol $(TTA_PROTOCOL)
-tune-fashion: $(STAMP)  ## tune the Fashion-MNIST field by conf/tuning/fashion_mnist.yaml (about 2.5 h), then write its plan
+tune-fashion: $(STAMP)  ## tune the Fashion-MNIST field by conf/tuning/fashion_mnist.yaml (about 2.9 h), then write its plan
 	@mkdir -p $(TTA_RUNS)/tuning
 	BIRDER_RUNS=$(TTA_RUNS)/profiles $(BIN)/birder-repro -m experiment=fashion_time_to_accuracy optim=$(TTA_OPTIMS) \
 	  nodes=1 cluster.cores_per_node=1 train.steps=60 train.eval=false seed=$(TTA_PROFILE_SEEDS) $(ARGS)
@@ -149,6 +149,41 @@ time-to-accuracy-check: $(STAMP)  ## a quick look (about 11 min): SGDM, two-leve
 	$(TTA_CELLS) check --runs $(TTA_RUNS) > $(TTA_CHECK_RUNS)/cells-check.txt
 	-$(TTA_SWEEP) --runs $(TTA_CHECK_RUNS) --name check $(TTA_CHECK_RUNS)/cells-check.txt
 	$(BIN)/python -m birder_repro.report --runs $(TTA_CHECK_RUNS) --out $(TTA_CHECK_RUNS)/tables --figures $(TTA_CHECK_RUNS)/figures
+
+# The local-step methods where they should win (docs/time-to-accuracy.md, "Local steps over slow links";
+# cluster=emulated): DiLoCo, Streaming DiLoCo, the 1-bit DiLoCo, Birder and the two-level bf16 all-reduce at the
+# field's 2 x 2, whole runs with tune-fashion's picks (the recipes' values without a plan, said), the field's 5
+# seeds, over the protocol's local_steps.links_mbit (50 and 100 Mbit/s: about 80 minutes estimated; 10 and 25
+# were dropped to stay under 2 hours, LOCAL_LINKS=10,25,50,100 runs them too, about 4.3 hours), in a recorded
+# random order; then per link and target each method against DiLoCo and Birder, 95 % t intervals, "tie" where
+# they overlap ($(LOCAL_RUNS)/tables/local_steps.md). LOCAL_METHODS, LOCAL_SEEDS narrow it (a smoke run).
+LOCAL_RUNS ?= runs/local-steps
+LOCAL_LINKS ?=
+LOCAL_METHODS ?=
+LOCAL_SEEDS ?=
+LOCAL_NARROW = $(if $(LOCAL_METHODS),--methods $(LOCAL_METHODS)) $(if $(LOCAL_SEEDS),--seeds $(LOCAL_SEEDS))
+local-steps: $(STAMP)  ## DiLoCo, Streaming and 1-bit DiLoCo, Birder, two-level bf16 at 50 and 100 Mbit/s, 5 seeds (about 80 min), then their table
+	@mkdir -p $(LOCAL_RUNS)
+	$(TTA_CELLS) local-steps --runs $(TTA_RUNS) $(if $(LOCAL_LINKS),--links $(LOCAL_LINKS)) $(LOCAL_NARROW) \
+	  > $(LOCAL_RUNS)/cells-local-steps.txt
+	-$(TTA_SWEEP) --runs $(LOCAL_RUNS) --name local-steps $(LOCAL_RUNS)/cells-local-steps.txt
+	$(BIN)/python -m birder_repro.report.local_steps --protocol $(TTA_PROTOCOL) --runs $(LOCAL_RUNS) \
+	  --out $(LOCAL_RUNS)/tables/local_steps.md
+
+# DiLoCo's steps against its replicas (docs/time-to-accuracy.md, "DiLoCo's steps against its replicas";
+# cluster=emulated, links unshaped): DiLoCo, the 1-bit DiLoCo and Birder on 2, 4 and 8 nodes of one process at the
+# field's global batch of 256, the field's 5 seeds, whole runs (about 60 minutes estimated); then the steps to each
+# target and the multiple of Birder's ($(REPLICA_RUNS)/tables/diloco_replicas.md), which perf.paper_scale reads
+# from $(REPLICA_RUNS). REPLICA_NODES, LOCAL_METHODS, LOCAL_SEEDS narrow it (a smoke run).
+REPLICA_RUNS ?= runs/diloco-replicas
+REPLICA_NODES ?=
+diloco-replicas: $(STAMP)  ## DiLoCo, 1-bit DiLoCo, Birder on 2, 4, 8 nodes at one global batch, 5 seeds (about 60 min): steps to the targets
+	@mkdir -p $(REPLICA_RUNS)
+	$(TTA_CELLS) replicas --runs $(TTA_RUNS) $(if $(REPLICA_NODES),--nodes $(REPLICA_NODES)) $(LOCAL_NARROW) \
+	  > $(REPLICA_RUNS)/cells-replicas.txt
+	-$(TTA_SWEEP) --runs $(REPLICA_RUNS) --name replicas $(REPLICA_RUNS)/cells-replicas.txt
+	$(BIN)/python -m birder_repro.report.local_steps --protocol $(TTA_PROTOCOL) --replicas $(REPLICA_RUNS) \
+	  --out $(REPLICA_RUNS)/tables/diloco_replicas.md
 
 # Runs made after the model was settled, at a link or layout used for nothing else (docs/time-to-accuracy.md: the
 # 300 Mbit/s runs that checked mode=advise), reported apart where the folder exists.

@@ -216,14 +216,16 @@ def test_missing_inputs_are_listed_with_the_command_that_makes_them(tmp_path):
     assert ("adamw", "no measured run reaching the target") not in missing
     assert missing["adamw", "no 1-node profile"] == (  # the query's model, batch and cluster, 60 steps on 1 node
         "birder-repro -m task=fashion_mnist cluster=ethernet_10g cluster.link_mbit=20 model.size=full "
-        "model.width=512 model.num_classes=10 train.batch_size=64 optim=adamw,diloco,sgdm_bf16_2level,sgdm_powersgd "
+        "model.width=512 model.num_classes=10 train.batch_size=64 "
+        "optim=adamw,diloco,diloco_1bit,sgdm_bf16_2level,sgdm_powersgd,streaming_diloco "
         "nodes=1 gpus_per_node=2 train.steps=60 train.eval=false"
     )
     assert ("sgdm_fp16", "no 1-node profile") not in missing
     assert missing["sgdm_fp16", "no measured run reaching the target"] == (
         "birder-repro -m task=fashion_mnist cluster=ethernet_10g cluster.link_mbit=20 model.size=full "
         "model.width=512 model.num_classes=10 train.batch_size=64 "
-        "optim=diloco,sgdm_bf16_2level,sgdm_fp16,sgdm_powersgd seed=0,1 nodes=2 gpus_per_node=2 train.eval=true "
+        "optim=diloco,diloco_1bit,sgdm_bf16_2level,sgdm_fp16,sgdm_powersgd,streaming_diloco seed=0,1 nodes=2 "
+        "gpus_per_node=2 train.eval=true "
         "train.eval_every=10 train.stop_at_target=true"
     )
     text = advise.format_advice(advice)
@@ -232,7 +234,10 @@ def test_missing_inputs_are_listed_with_the_command_that_makes_them(tmp_path):
     # its expected time: the 430 steps of the run, twice, at sgdm_fp16's step predicted from its profile
     [cmd] = [c for c in advice["commands"] if c["what"] == "steps to the target on your layout"]
     assert cmd["expected"].startswith("at most ") and "2 x 430 steps of 1 method" in cmd["expected"]
-    assert "unknown for sgdm_bf16_2level, sgdm_powersgd, diloco (no 1-node profile" in cmd["expected"]
+    assert (
+        "unknown for sgdm_bf16_2level, sgdm_powersgd, diloco, diloco_1bit, streaming_diloco (no 1-node profile"
+        in cmd["expected"]
+    )
 
 
 # ---------------------------------------------------------------------------------------------- the CLI
@@ -583,3 +588,54 @@ def test_the_papers_steps_by_hand():
     assert paper_steps("bert_squad", "bertadam", 384, 3, ("exact_match", 81.0, "higher")).reached is False
     assert paper_steps("resnet50", "diloco", 2048, 32, top1) is None  # the paper does not cover it
     assert paper_steps("resnet50", "sgdm", 2048, 32, ("loss", 1.0, "lower")) is None  # nor that metric
+
+
+def test_the_local_step_variants_are_in_an_empty_runs_advice_with_what_they_lack(tmp_path):
+    """diloco_1bit and streaming_diloco are in the advisor's field: named, with what they lack, before any run."""
+    advice = advise.advise(layout(20.0), load_runs(runs(tmp_path / "runs", optims=(), profiles=())))
+    lacking = {c["method"]: c for c in advice["cannot_rank"]}
+    for name in ("diloco_1bit", "streaming_diloco"):
+        assert name in lacking
+    rows = {m["optim"]: m for m in advice["methods"]}
+    assert "no 1-node profile" in rows["streaming_diloco"]["lacks"] and rows["diloco_1bit"]["lacks"]
+
+
+def test_a_quantized_stream_is_priced_at_its_width(compose):
+    """Streaming DiLoCo's optim.quantize reaches the scheme the model prices: int4 below fp32, everywhere the
+    scheme is taken from a config (the advisor's inputs, the profile's scheme, mode=predict)."""
+    from test_perf import _profile, _spec
+
+    from birder_repro.perf.advice_methods import method_inputs
+    from birder_repro.perf.model import predict_step
+    from birder_repro.train.profile import _scheme
+
+    schemes = {
+        q: method_inputs("streaming_diloco", {"quantize": q, "local_steps": 10}, 100)["scheme"]
+        for q in ("none", "int4")
+    }
+    assert schemes == {"none": "diloco_streaming", "int4": "diloco_streaming_int4"}
+    prof, spec = _profile(parameter_count=10_000_000), _spec(inter_mbit=100.0)
+    step = {q: predict_step(prof, spec, 2, 2, s, local_steps=10).total_s for q, s in schemes.items()}
+    assert step["int4"] < step["none"]
+    cfg = compose(["task=fashion_mnist", "optim=streaming_diloco", "optim.quantize=int4"])
+    assert _scheme(cfg) == "diloco_streaming_int4"
+
+
+def test_mode_predict_prices_a_quantized_stream_at_its_width():
+    import yaml
+
+    from birder_repro.perf.cluster import CLUSTER_DIR
+    from birder_repro.perf.predict import predict_record
+
+    cfg = {
+        "task": {"name": "resnet50"},
+        "nodes": 4,
+        "gpus_per_node": 8,
+        "cluster": yaml.safe_load((CLUSTER_DIR / "ethernet_10g.yaml").read_text()),
+        "train": {"batch_size": 32, "steps": None},
+        "predict": {"profile": "paper"},
+    }
+    optim = {"name": "streaming_diloco", "local_steps": 10, "fragments": 2}
+    none = predict_record({**cfg, "optim": {**optim, "quantize": "none"}})
+    int4 = predict_record({**cfg, "optim": {**optim, "quantize": "int4"}})
+    assert int4["inter_node_bytes_per_step"] < none["inter_node_bytes_per_step"]

@@ -49,7 +49,9 @@ def test_the_protocol_gives_every_method_the_same_trials_and_seeds_apart():
     proto = protocol.load_protocol()
     assert not set(proto["tuning_seeds"]) & set(proto["field_seeds"]) and len(proto["field_seeds"]) >= 5
     sizes = {m: len(protocol.grid_points(g)) for m, g in proto["grids"].items()}
-    assert set(sizes.values()) == {proto["trials"]} and len(sizes) == 10
+    assert set(sizes.values()) == {proto["trials"]} and len(sizes) == 12
+    assert {"diloco_1bit", "streaming_diloco"} <= set(sizes) and len(proto["field_methods"]) == 10
+    assert set(proto["field_methods"]) <= set(sizes) and "streaming_diloco" not in proto["field_methods"]
     varied = {m: {k for p in protocol.grid_points(g) for k in p} for m, g in proto["grids"].items()}
     assert all("lr" in keys for keys in varied.values())  # every method's learning rate, PowerSGD's included
     diloco = protocol.grid_points(proto["grids"]["diloco"])
@@ -73,12 +75,14 @@ def test_a_protocol_breaking_its_rules_is_one_error(tmp_path):
 def test_the_grid_cells_are_the_tuning_experiment_at_the_first_tuning_seed():
     proto = protocol.load_protocol()
     cells = protocol.grid_cells(proto)
-    assert len(cells) == 10 * proto["trials"] and len(set(cells)) == len(cells)
+    assert len(cells) == 12 * proto["trials"] and len(set(cells)) == len(cells)
     assert all(c.startswith("experiment=fashion_tuning optim=") and c.endswith(" seed=100") for c in cells)
     assert (
         "experiment=fashion_tuning optim=diloco optim.local_steps=80 optim.outer_lr=0.7 optim.lr=0.001 seed=100"
         in cells
     )
+    streaming = next(c for c in cells if "optim=streaming_diloco" in c and "optim.fragments=4" in c)
+    assert compose_config(shlex.split(streaming)).optim.fragments == 4  # the new grids' keys are the config's
     cfg = compose_config(shlex.split(cells[0]))  # a cell composes
     assert cfg.seed == 100 and cfg.data.eval_set == "val" and not cfg.train.stop_at_target
     assert cfg.task.target.value == proto["score_target"] and cfg.tuning.score_link_mbit == proto["link_mbit"]
@@ -129,6 +133,47 @@ def test_the_field_cells_carry_the_picks_targets_and_each_budgets_steps():
     )
     cfg = compose_config(shlex.split(cells[1]))
     assert cfg.train.steps == 384 and cfg.tuning.budget_s == 20 and list(cfg.task.target.ladder) == plan["targets"]
+
+
+def test_the_field_runs_its_ten_methods_not_the_local_step_variants():
+    proto = protocol.load_protocol()
+    plan = {**protocol.read_plan(__import__("pathlib").Path("/nonexistent"), proto), "provisional": False}
+    cells = protocol.field_cells(proto, plan, seeds=[0])
+    assert {c.split("optim=")[1].split()[0] for c in cells} == set(proto["field_methods"])
+
+
+def test_the_local_steps_cells_are_every_method_link_and_field_seed():
+    proto = protocol.load_protocol()
+    plan = {"targets": [85.0, 86.0, 87.0], "picks": {"diloco_1bit": {"local_steps": 40, "outer_lr": 0.7}}}
+    spec = proto["local_steps"]
+    assert {"diloco", "streaming_diloco", "diloco_1bit", "birder", "sgdm_bf16_2level"} == set(spec["methods"])
+    cells = protocol.local_steps_cells(proto, plan)
+    assert len(cells) == len(spec["methods"]) * len(spec["links_mbit"]) * len(proto["field_seeds"])
+    assert cells[0] == (
+        "experiment=fashion_time_to_accuracy optim=diloco task.target.value=86 'task.target.ladder=[85,86,87]' "
+        f"cluster.link_mbit={spec['links_mbit'][0]:g} seed={proto['field_seeds'][0]}"
+    )
+    one = [c for c in protocol.local_steps_cells(proto, plan, [10]) if "optim=diloco_1bit" in c]
+    assert len(one) == 5 and "optim.local_steps=40 optim.outer_lr=0.7" in one[0] and "link_mbit=10 " in one[0]
+    cfg = compose_config(shlex.split(one[0]))
+    assert cfg.optim.name == "diloco_1bit" and cfg.cluster.link_mbit == 10 and cfg.nodes == 2 and cfg.gpus_per_node == 2
+
+
+def test_the_replica_cells_keep_the_fields_global_batch():
+    proto = protocol.load_protocol()
+    plan = {"targets": [85.0, 86.0, 87.0]}
+    cells = protocol.replica_cells(proto, plan)
+    spec = proto["replicas"]
+    assert (
+        len(cells) == len(spec["methods"]) * len(spec["nodes"]) * len(proto["field_seeds"]) and len(spec["nodes"]) >= 3
+    )
+    for cell in [c for c in cells if "optim=diloco " in c and c.endswith(f"seed={proto['field_seeds'][0]}")]:
+        cfg = compose_config(shlex.split(cell))
+        assert cfg.gpus_per_node == 1 and cfg.nodes * cfg.train.batch_size == spec["global_batch"] == 256
+        assert cfg.cluster.link_mbit is None
+    assert {protocol.per_process_batch(256, n) for n in (2, 4, 8)} == {128, 64, 32}
+    with pytest.raises(protocol.ProtocolError, match="does not split evenly"):
+        protocol.per_process_batch(256, 3)
 
 
 def test_without_a_plan_the_check_uses_the_provisional_values(tmp_path):

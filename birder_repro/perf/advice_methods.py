@@ -102,7 +102,10 @@ def method_inputs(optim: str, settings: Mapping[str, Any], planned: int, paralle
     # a run of unknown length (planned 0) has no fraction of it to run in fp32: its warmup is priced where its
     # steps are known (from the paper, or the measuring command's run length)
     return {
-        "scheme": scheme_for_optim(optim, (settings.get("comm") or {}).get("scheme"), parallel),
+        # Streaming DiLoCo's optim.quantize: a quantized stream is priced at its width
+        "scheme": scheme_for_optim(
+            optim, (settings.get("comm") or {}).get("scheme"), parallel, quantize=settings.get("quantize")
+        ),
         "freeze": freeze_step({"optim": settings}, planned) if planned > 0 else 0,
         "local_steps": int(settings.get("local_steps") or 1),
         "rank": comm_rank({"optim": settings}),

@@ -73,7 +73,18 @@ __all__ = [
 
 # The field of docs/time-to-accuracy.md: named in every answer (with the task's baseline and the paper's
 # methods) unless advise.optims names others
-FIELD = ("sgdm", "adamw", "sgdm_fp16", "sgdm_bf16_2level", "sgdm_powersgd", "diloco", "onebit_adam", "birder")
+FIELD = (
+    "sgdm",
+    "adamw",
+    "sgdm_fp16",
+    "sgdm_bf16_2level",
+    "sgdm_powersgd",
+    "diloco",
+    "diloco_1bit",
+    "streaming_diloco",
+    "onebit_adam",
+    "birder",
+)
 
 
 # --------------------------------------------------------------------------------------------------------------

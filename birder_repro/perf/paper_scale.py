@@ -12,6 +12,12 @@ Every number is PREDICTED, from three inputs, none measured at this scale:
 - the steps to the target: each method's over SGDM's on the Fashion-MNIST field (the tuned recipes,
   docs/time-to-accuracy.md), at ``--layout``: ASSUMPTION, a method needs the same multiple of SGDM's steps on
   the paper's tasks and at any node count as there (1-bit Adam's fp32 warmup and DiLoCo's H as tuned there);
+- DiLoCo's and the 1-bit DiLoCo's steps at n nodes (n replicas): with ``make diloco-replicas``' runs
+  (``--replicas``), the field's (2 replicas) times m(n) / m(2), m the method's measured multiple of Birder's
+  steps (2, 4 and 8 nodes of one process at the field's global batch), past 8 by the rule of
+  birder_repro.perf.replica_steps (a log2-linear fit, held at the last measured value where it falls): Birder's
+  own multiple of SGDM's is held at the field's (ASSUMPTION); without the runs, the field's 2-replica multiple
+  at every node count: ASSUMPTION;
 - the 16-bit casts (the fp16 hook, the two-level bf16 all-reduce): ASSUMPTION, memory-bound at the A100-80GB's
   2039 GB/s, 6 bytes read and written an element a cast (the paper profiles have no cost for them).
 
@@ -36,6 +42,7 @@ from .advise import step_times, time_to_target
 from .cluster import CLUSTER_DIR, ClusterSpec
 from .paper_profiles import PAPER_GPUS_PER_NODE, paper_profile
 from .profile import Profile
+from .replica_steps import extrapolate_multiple, load_replica_runs, replica_multiples
 
 __all__ = ["PAPER_TASKS", "LINKS_MBIT", "NODES", "CAST_S_PER_ELEMENT", "Method", "relative_times", "scale_markdown"]
 
@@ -58,6 +65,19 @@ class Method:
     steps: float  # relative to SGDM's steps to the target (SGDM: 1)
     freeze: float = 0.0  # the fp32 warmup, in the same units (1-bit Adam's freeze)
     local_steps: int = 1  # DiLoCo's H
+    optim: str = ""  # the optimizer's config name (diloco, birder, ...)
+    # measured against replicas (make diloco-replicas): ((replicas, multiple of Birder's steps), ...), and the
+    # field's replicas (its nodes) ``steps`` was measured at; empty: ``steps`` at every node count
+    replicas: tuple[tuple[int, float], ...] = ()
+    field_replicas: int = 2
+
+    def steps_at(self, nodes: int) -> float:
+        """Steps to the target over SGDM's at ``nodes`` replicas: the field's, times the growth of the measured
+        multiple of Birder's steps from the field's replica count to ``nodes`` (perf.replica_steps' rule)."""
+        if not self.replicas:
+            return self.steps
+        points = dict(self.replicas)
+        return self.steps * extrapolate_multiple(points, nodes) / extrapolate_multiple(points, self.field_replicas)
 
 
 def _priced(profile: Profile) -> Profile:
@@ -82,7 +102,7 @@ def relative_times(
             local_steps=m.local_steps,
             loop=False,  # the paper's step: its runs had none of this runner's per-step loop collectives
         )
-        times[m.label] = time_to_target(m.steps, m.freeze, warm, main)  # in units of SGDM's steps
+        times[m.label] = time_to_target(m.steps_at(nodes), m.freeze, warm, main)  # in units of SGDM's steps
     base = times.get("SGDM")
     if not base:
         raise ValueError("relative_times needs SGDM (scheme fp32) among the methods: times are over its")
@@ -120,8 +140,29 @@ def fashion_methods(runs: Path, layout: tuple[int, int]) -> list[Method]:
         inputs = _method_inputs(s)
         label = "SGDM" if s is sgdm[0] else s.label
         out.append(
-            Method(label, inputs["scheme"], float(s.steps or 0) / base, inputs["freeze"] / base, inputs["local_steps"])
+            Method(
+                label,
+                inputs["scheme"],
+                float(s.steps or 0) / base,
+                inputs["freeze"] / base,
+                inputs["local_steps"],
+                optim=s.optim,
+            )
         )
+    return out
+
+
+def with_replicas(
+    methods: Sequence[Method], multiples: dict[str, dict[int, float]], field_replicas: int = 2, base: str = "birder"
+) -> list[Method]:
+    """The local-step methods with their measured multiples of ``base``'s steps against replicas
+    (perf.replica_steps), anchored at the field's ``field_replicas``; the others as given."""
+    out = []
+    for m in methods:
+        points = multiples.get(m.optim) or {}
+        if points and m.optim != base and m.local_steps > 1:
+            m = replace(m, replicas=tuple(sorted(points.items())), field_replicas=field_replicas)
+        out.append(m)
     return out
 
 
@@ -158,15 +199,36 @@ def _methods_text(methods: Sequence[Method]) -> str:
     )
 
 
+def replicas_line(methods: Sequence[Method], source: str) -> str:
+    """What the local-step methods' steps at each node count come from: the measured multiples and the rule, or
+    the ASSUMPTION and the make target that measures them."""
+    from .replica_steps import RULE
+
+    measured = [m for m in methods if m.replicas]
+    if not measured:
+        return (
+            f"ASSUMPTION: no DiLoCo runs against replicas under {source}: DiLoCo keeps the field's 2-replica multiple "
+            "of SGDM's steps at every node count (make diloco-replicas measures them at 2, 4 and 8)"
+        )
+    parts = [f"{m.label} " + ", ".join(f"{n}: {x:.2f}x" for n, x in m.replicas) + " Birder's steps" for m in measured]
+    return f"Measured against replicas ({source}): " + "; ".join(parts) + f"; {RULE}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m birder_repro.perf.paper_scale", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--runs", default="runs/time-to-accuracy", help="the Fashion-MNIST field's runs")
     parser.add_argument("--layout", default="2x2", help="the field's layout the steps come from, nodes x processes")
+    parser.add_argument(
+        "--replicas", default="runs/diloco-replicas", help="make diloco-replicas' runs: DiLoCo's steps against replicas"
+    )
     args = parser.parse_args(argv)
     nodes, gpus = (int(x) for x in args.layout.split("x"))
     methods = fashion_methods(Path(args.runs), (nodes, gpus))
+    multiples = replica_multiples(load_replica_runs(Path(args.replicas)))
+    methods = with_replicas(methods, multiples, field_replicas=nodes)
+    print(replicas_line(methods, args.replicas) + "\n")
     print(f"Steps to the target over SGDM's, from the Fashion-MNIST field at {args.layout} (measured):\n")
     print(_methods_text(methods) + "\n")
     print(scale_markdown(methods))

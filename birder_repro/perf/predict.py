@@ -88,7 +88,9 @@ def predict_record(cfg: Any) -> dict[str, Any]:
     if profile.task != task:
         raise ValueError(f"profile {profile.name!r} is for task {profile.task!r}, not {task!r}")
     parallel = str(c.get("parallel") or "ddp")
-    scheme = scheme_for_optim(optim["name"], (optim.get("comm") or {}).get("scheme"), parallel)
+    scheme = scheme_for_optim(
+        optim["name"], (optim.get("comm") or {}).get("scheme"), parallel, quantize=optim.get("quantize")
+    )
     rank = int((optim.get("comm") or {}).get("rank", 1) or 1)
     run = predict_run(
         profile,

@@ -49,6 +49,9 @@ __all__ = [
     "load_flag",
     "grid_cells",
     "field_cells",
+    "per_process_batch",
+    "local_steps_cells",
+    "replica_cells",
     "read_plan",
     "write_plan",
 ]
@@ -283,7 +286,7 @@ def field_cells(
     """The field: every method at every seed run whole (time to each target), and once more per budget, sized
     to end there (``train.steps`` from its step times; ``tuning.budget_s`` names the budget in its record),
     evaluated once, at its end (``train.eval_every=0``): its final metric is its metric at the budget."""
-    methods = list(methods or proto["grids"])
+    methods = list(methods or proto.get("field_methods") or proto["grids"])
     seeds = list(seeds if seeds is not None else proto["field_seeds"])
     targets = plan["targets"]
     middle = targets[len(targets) // 2]
@@ -300,6 +303,55 @@ def field_cells(
             for budget in plan["budgets_s"]:
                 steps = budget_steps(budget, main, warm, _warmup(picks))
                 cells.append(f"{base} train.steps={steps} train.eval_every=0 tuning.budget_s={budget:.4g} seed={seed}")
+    return cells
+
+
+def _whole_run_base(proto: Mapping[str, Any], plan: Mapping[str, Any], method: str) -> str:
+    """A whole field run of ``method`` with its pick and the plan's targets (the middle one its own, the rest its
+    ladder), before its link, layout and seed."""
+    targets = plan["targets"]
+    middle = targets[len(targets) // 2]
+    picks = (plan.get("picks") or {}).get(method) or {}
+    target = f"task.target.value={middle:g} {_override('task.target.ladder', list(targets))}"
+    return f"experiment={proto['experiment']} optim={method} {_values(picks)} {target}".replace("  ", " ")
+
+
+def local_steps_cells(
+    proto: Mapping[str, Any], plan: Mapping[str, Any], links: Sequence[float] | None = None
+) -> list[str]:
+    """make local-steps: each of ``local_steps.methods`` at each link (``links_mbit``, or ``links``) and field
+    seed, a whole run at the field's layout with its tuned pick (the recipe's values where the plan has none)."""
+    spec = proto["local_steps"]
+    links = list(links if links is not None else spec["links_mbit"])
+    return [
+        f"{_whole_run_base(proto, plan, method)} cluster.link_mbit={link:g} seed={seed}"
+        for method in spec["methods"]
+        for link in links
+        for seed in proto["field_seeds"]
+    ]
+
+
+def per_process_batch(global_batch: int, nodes: int, gpus_per_node: int = 1) -> int:
+    """The per-process batch that keeps ``nodes`` x ``gpus_per_node`` x it at ``global_batch``."""
+    processes = nodes * gpus_per_node
+    if processes < 1 or global_batch % processes:
+        raise ProtocolError(
+            f"global batch {global_batch} does not split evenly over {nodes} x {gpus_per_node} processes"
+        )
+    return global_batch // processes
+
+
+def replica_cells(proto: Mapping[str, Any], plan: Mapping[str, Any]) -> list[str]:
+    """make diloco-replicas: each of ``replicas.methods`` on each of ``replicas.nodes`` nodes of one process, the
+    per-process batch keeping the field's global batch, links unshaped (steps do not depend on the link), the
+    field's seeds, whole runs (steps to each target)."""
+    spec = proto["replicas"]
+    cells = []
+    for method in spec["methods"]:
+        for nodes in spec["nodes"]:
+            batch = per_process_batch(int(spec["global_batch"]), int(nodes))
+            layout = f"nodes={nodes} gpus_per_node=1 train.batch_size={batch} cluster.link_mbit=null"
+            cells += [f"{_whole_run_base(proto, plan, method)} {layout} seed={s}" for s in proto["field_seeds"]]
     return cells
 
 
@@ -322,14 +374,42 @@ def write_plan(runs: Path, plan: Mapping[str, Any]) -> Path:
     return path
 
 
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _narrowed(proto: dict[str, Any], methods: str | None, seeds: str | None, nodes: str | None) -> dict[str, Any]:
+    """The protocol with make local-steps' and make diloco-replicas' methods, field seeds and node counts
+    narrowed to those given (a smoke run of the targets' plumbing); each must be one the protocol names."""
+    out = {**proto, "local_steps": dict(proto["local_steps"]), "replicas": dict(proto["replicas"])}
+    if methods:
+        wanted = [m for m in methods.split(",") if m]
+        unknown = sorted(set(wanted) - set(proto["local_steps"]["methods"]) - set(proto["replicas"]["methods"]))
+        if unknown:
+            raise ProtocolError(f"--methods {unknown}: not methods of local_steps or replicas")
+        for section in ("local_steps", "replicas"):
+            out[section]["methods"] = [m for m in wanted if m in proto[section]["methods"]]
+    if seeds:
+        out["field_seeds"] = _ints(seeds)
+    if nodes:
+        out["replicas"]["nodes"] = _ints(nodes)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m birder_repro.report.protocol", description=__doc__)
-    parser.add_argument("which", choices=("grid", "field", "check"), help="whose cells to print")
+    parser.add_argument(
+        "which", choices=("grid", "field", "check", "local-steps", "replicas"), help="whose cells to print"
+    )
+    parser.add_argument("--links", default=None, help="local-steps: the links, Mbit/s, comma-separated")
+    parser.add_argument("--methods", default=None, help="local-steps, replicas: only these methods (a smoke run)")
+    parser.add_argument("--seeds", default=None, help="local-steps, replicas: only these seeds (a smoke run)")
+    parser.add_argument("--nodes", default=None, help="replicas: only these node counts (a smoke run)")
     parser.add_argument("--runs", type=Path, default=Path("runs/time-to-accuracy"), help="the runs folder")
     parser.add_argument("--protocol", type=Path, default=None, help="default: conf/tuning/fashion_mnist.yaml")
     args = parser.parse_args(argv)
     try:
-        proto = load_protocol(args.protocol)
+        proto = _narrowed(load_protocol(args.protocol), args.methods, args.seeds, args.nodes)
         plan = read_plan(args.runs, proto)
         if args.which == "grid":
             cells = grid_cells(proto)
@@ -337,16 +417,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             if plan.get("provisional"):
                 raise ProtocolError(f"no {args.runs / PLAN_FILE}: run make tune-fashion first (it writes the plan)")
             cells = field_cells(proto, plan)
+        elif args.which == "local-steps":
+            links = [float(x) for x in args.links.split(",")] if args.links else None
+            cells = local_steps_cells(proto, plan, links)
+        elif args.which == "replicas":
+            cells = replica_cells(proto, plan)
         else:
             check = proto["check"]
             cells = field_cells(proto, plan, check["methods"], check["seeds"])
-    except (ProtocolError, KeyError) as exc:
+    except (ProtocolError, KeyError, ValueError) as exc:
         print(f"[birder-repro] protocol: {exc}", file=sys.stderr, flush=True)
         return 2
-    if plan.get("provisional") and args.which == "check":
+    if plan.get("provisional") and args.which != "grid":
         print(
-            f"[birder-repro] protocol: no {args.runs / PLAN_FILE}: the check uses the protocol's provisional targets, "
-            "budgets and step times and the recipes' values",
+            f"[birder-repro] protocol: no {args.runs / PLAN_FILE}: {args.which} uses the protocol's provisional "
+            "targets, budgets and step times and the recipes' values",
             file=sys.stderr,
         )
     print(f"# order-seed: {proto['order_seed']}")

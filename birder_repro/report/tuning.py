@@ -267,6 +267,10 @@ def field_plan(rows: pd.DataFrame, profiles: dict | None, proto: dict) -> dict[s
         raise ProtocolError("no tuning trial (data.eval_set=val) under the runs folder: run make tune-fashion")
     chosen = rows[rows["chosen"]]
     finals = chosen.groupby("optim")["final_metric_value"].mean()
+    # the targets and budgets are the field's (protocol field_methods): a method tuned for another target (make
+    # local-steps) gets its pick and step times, and moves neither
+    field = set(proto.get("field_methods") or finals.index)
+    finals = finals[[o in field for o in finals.index]] if any(o in field for o in finals.index) else finals
     best = str(finals.idxmax())
     targets = target_levels(float(finals.max()), proto["target_fractions"])
     middle = targets[len(targets) // 2]
@@ -278,7 +282,8 @@ def field_plan(rows: pd.DataFrame, profiles: dict | None, proto: dict) -> dict[s
             raise ProtocolError(f"{optim}: no 1-node profile to price its steps (make tune-fashion's first sweep)")
         step_s[str(optim)] = steps
         seconds[str(optim)] = _middle_target_seconds(trials, middle, profiles)
-    budgets = budgets_from_times(list(seconds.values()), proto["budget_divisors"])
+    in_field = [v for k, v in seconds.items() if k in field] or list(seconds.values())
+    budgets = budgets_from_times(in_field, proto["budget_divisors"])
     return {
         "rule": (
             f"targets: {proto['target_fractions']} x the best chosen method's mean final validation "

@@ -54,7 +54,10 @@ def _scheme(cfg) -> str:
     from birder_repro.perf.schemes import scheme_for_optim
 
     comm = cfg.optim.get("comm") if hasattr(cfg.optim, "get") else None
-    return scheme_for_optim(str(cfg.optim.name), (comm or {}).get("scheme") if comm is not None else None)
+    quantize = cfg.optim.get("quantize") if hasattr(cfg.optim, "get") else None  # Streaming DiLoCo's stream width
+    return scheme_for_optim(
+        str(cfg.optim.name), (comm or {}).get("scheme") if comm is not None else None, quantize=quantize
+    )
 
 
 def _per_element(
