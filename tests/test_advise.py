@@ -373,8 +373,8 @@ def test_the_figure_draws_each_method_in_its_style_of_every_figure(tmp_path, mon
 
     kept = []
     monkeypatch.setattr(plt, "close", lambda fig=None: kept.append(fig))
-    methods = [*advise.FIELD, "diloco_1bit", "streaming_diloco", "onebit_lamb"]
-    assert len(methods) == 11
+    methods = list(dict.fromkeys([*advise.FIELD, "diloco_1bit", "streaming_diloco", "onebit_lamb"]))
+    assert len(methods) >= 11
     ranked = [{"method": m, "ranked_after_reliable": False, "steps": {"reached": 2, "runs": 2}} for m in methods]
     advice = {
         "ranked": ranked,
@@ -386,7 +386,7 @@ def test_the_figure_draws_each_method_in_its_style_of_every_figure(tmp_path, mon
     }
     advise.advice_figure(advice, tmp_path / "advice.png")
     lines = [ln for ln in kept[0].axes[0].get_lines() if ln.get_label() in methods]
-    assert len({(ln.get_color(), ln.get_linestyle()) for ln in lines}) == 11
+    assert len({(ln.get_color(), ln.get_linestyle()) for ln in lines}) == len(methods)
     for line in lines:
         style = optim_style(line.get_label())
         assert matplotlib.colors.same_color(line.get_color(), style["color"]), line.get_label()
