@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -100,3 +100,21 @@ def scaled_step_skips(optimizer, hook: ScaledStepGate | None, attach: str) -> bo
         if grads:
             torch._foreach_mul_(grads, inv)
     return False
+
+
+@contextlib.contextmanager
+def synchronised_parameters(params: list[torch.Tensor], outer: list[torch.Tensor] | None) -> Iterator[None]:
+    """Inside, ``params`` hold ``outer`` (the outer model; None: the parameters are it already); restored after."""
+    if outer is None:
+        yield
+        return
+    with torch.no_grad():
+        saved = [p.detach().clone() for p in params]
+        for p, o in zip(params, outer):
+            p.copy_(o)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for p, s in zip(params, saved):
+                p.copy_(s)

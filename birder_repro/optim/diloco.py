@@ -182,15 +182,20 @@ class DiLoCo(torch.optim.AdamW):
                 p.copy_(local)
 
 
+def diloco_arguments(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """DiLoCo's arguments from an ``optim`` node: the inner AdamW's and the outer step's (shared by the builders
+    of DiLoCo and the methods built on it)."""
+    return {
+        "lr": cfg["lr"],
+        "betas": tuple(cfg.get("betas", (0.9, 0.999))),
+        "eps": cfg.get("eps", 1e-8),
+        "weight_decay": cfg.get("weight_decay", 0.01),
+        "local_steps": int(cfg.get("local_steps", 10)),
+        "outer_lr": cfg.get("outer_lr", 0.7),
+        "outer_momentum": cfg.get("outer_momentum", 0.9),
+    }
+
+
 def build_diloco(params: Iterable, cfg: Mapping[str, Any]) -> DiLoCo:
     """The registry's builder, from the ``optim`` node (conf/optim/diloco.yaml)."""
-    return DiLoCo(
-        params,
-        lr=cfg["lr"],
-        betas=tuple(cfg.get("betas", (0.9, 0.999))),
-        eps=cfg.get("eps", 1e-8),
-        weight_decay=cfg.get("weight_decay", 0.01),
-        local_steps=int(cfg.get("local_steps", 10)),
-        outer_lr=cfg.get("outer_lr", 0.7),
-        outer_momentum=cfg.get("outer_momentum", 0.9),
-    )
+    return DiLoCo(params, **diloco_arguments(cfg))

@@ -12,33 +12,12 @@ and the buffers of the last sync, the same on every rank; :meth:`DiLoCo.finish`:
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-import torch
+from birder_repro.optim.diloco import DiLoCo, diloco_arguments
 
-from birder_repro.optim.diloco import DiLoCo
-
-__all__ = ["DiLoCo1bit", "build_diloco_1bit", "synchronised_parameters"]
-
-
-@contextlib.contextmanager
-def synchronised_parameters(params: list[torch.Tensor], outer: list[torch.Tensor] | None) -> Iterator[None]:
-    """Inside, ``params`` hold ``outer`` (the outer model; None: the parameters are it already); restored after."""
-    if outer is None:
-        yield
-        return
-    with torch.no_grad():
-        saved = [p.detach().clone() for p in params]
-        for p, o in zip(params, outer):
-            p.copy_(o)
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for p, s in zip(params, saved):
-                p.copy_(s)
+__all__ = ["DiLoCo1bit", "build_diloco_1bit"]
 
 
 class DiLoCo1bit(DiLoCo):
@@ -53,14 +32,4 @@ class DiLoCo1bit(DiLoCo):
 
 def build_diloco_1bit(params: Iterable, cfg: Mapping[str, Any]) -> DiLoCo1bit:
     """The registry's builder, from the ``optim`` node (conf/optim/diloco_1bit.yaml)."""
-    return DiLoCo1bit(
-        params,
-        lr=cfg["lr"],
-        betas=tuple(cfg.get("betas", (0.9, 0.999))),
-        eps=cfg.get("eps", 1e-8),
-        weight_decay=cfg.get("weight_decay", 0.01),
-        local_steps=int(cfg.get("local_steps", 10)),
-        outer_lr=cfg.get("outer_lr", 0.7),
-        outer_momentum=cfg.get("outer_momentum", 0.9),
-        seed=int(cfg.get("seed", 0)),
-    )
+    return DiLoCo1bit(params, **diloco_arguments(cfg), seed=int(cfg.get("seed", 0)))

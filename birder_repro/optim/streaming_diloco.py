@@ -40,7 +40,8 @@ from typing import Any, Protocol
 
 import torch
 
-from birder_repro.optim.diloco_1bit import synchronised_parameters
+from birder_repro.optim.common import synchronised_parameters
+from birder_repro.optim.diloco import diloco_arguments
 
 __all__ = ["StreamingDiLoCo", "build_streaming_diloco", "split_fragments", "sync_offsets", "mix_", "QUANTIZE"]
 
@@ -265,15 +266,9 @@ def build_streaming_diloco(params: Iterable, cfg: Mapping[str, Any]) -> Streamin
     """The registry's builder, from the ``optim`` node (conf/optim/streaming_diloco.yaml)."""
     return StreamingDiLoCo(
         params,
-        lr=cfg["lr"],
-        betas=tuple(cfg.get("betas", (0.9, 0.999))),
-        eps=cfg.get("eps", 1e-8),
-        weight_decay=cfg.get("weight_decay", 0.01),
-        local_steps=int(cfg.get("local_steps", 10)),
+        **diloco_arguments(cfg),
         fragments=int(cfg.get("fragments", 2)),
         overlap_steps=int(cfg.get("overlap_steps", 1)),
         mixing=float(cfg.get("mixing", 0.5)),
-        outer_lr=cfg.get("outer_lr", 0.7),
-        outer_momentum=cfg.get("outer_momentum", 0.9),
         quantize=str(cfg.get("quantize", "none")),
     )
