@@ -639,3 +639,15 @@ def test_mode_predict_prices_a_quantized_stream_at_its_width():
     none = predict_record({**cfg, "optim": {**optim, "quantize": "none"}})
     int4 = predict_record({**cfg, "optim": {**optim, "quantize": "int4"}})
     assert int4["inter_node_bytes_per_step"] < none["inter_node_bytes_per_step"]
+
+
+def test_a_run_sized_to_a_time_budget_gives_no_steps_to_the_target():
+    """A budget run (``tuning.budget_s``) is evaluated once, at the end of a schedule sized to the budget: its
+    steps are its length, not the steps to the target (seen: paper_scale listed 'birder [steps=548]' beside the
+    field's Birder)."""
+    budget = record("birder", 548, seed=1)
+    budget["config"]["tuning"] = {"budget_s": 28.5}
+    runs = [(Path(f"r{i}"), rec) for i, rec in enumerate([record("sgdm", 100), record("birder", 150), budget])]
+    found = advise.measured_steps(runs, "fashion_mnist", 256, (2, 2))
+    birder = [s for s in found if s.optim == "birder"]
+    assert len(birder) == 1 and birder[0].steps == 150

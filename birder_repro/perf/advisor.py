@@ -193,15 +193,19 @@ def _setting(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _scored_on_target(rec: Mapping[str, Any], task: str) -> bool:
-    """A completed, measured run of ``task`` scored on the test set that evaluated against a target."""
+    """A completed, measured run of ``task`` scored on the test set that evaluated against a target; not a run
+    sized to a time budget (``tuning.budget_s``: its schedule ends at the budget and it is evaluated once, at its
+    end, so its steps say nothing of the steps to the target)."""
+    config = rec.get("config") or {}
     ttt = rec.get("time_to_target") or {}
-    eval_set = ((rec.get("config") or {}).get("data") or {}).get("eval_set") or "test"
+    eval_set = (config.get("data") or {}).get("eval_set") or "test"
     return (
         rec.get("status") == "completed"
         and rec.get("task") == task
         and bool(ttt.get("metric"))
         and eval_set != "val"
         and ttt.get("evaluations") != 0  # train.eval=false: a profile run, no time to target
+        and (config.get("tuning") or {}).get("budget_s") is None
     )
 
 
