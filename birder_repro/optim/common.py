@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -118,3 +118,27 @@ def synchronised_parameters(params: list[torch.Tensor], outer: list[torch.Tensor
         with torch.no_grad():
             for p, s in zip(params, saved):
                 p.copy_(s)
+
+
+def outer_state(outer, momentum, params) -> dict[str, Any]:
+    """What a local-step optimizer keeps beside AdamW's state, for a checkpoint: theta_{t-1} and the outer
+    momentum (None before the first step), and this worker's own parameters (between syncs the workers differ,
+    and the model file holds rank 0's only). Shared by DiLoCo and Streaming DiLoCo."""
+    return {
+        "outer": [t.clone() for t in outer] if outer is not None else None,
+        "momentum": [t.clone() for t in momentum] if momentum is not None else None,
+        "local": [p.detach().clone() for p in params],
+    }
+
+
+def restore_outer_state(own: Mapping[str, Any], params: list[torch.Tensor]):
+    """:func:`outer_state`'s inverse: the worker's own parameters copied back in place, and (theta_{t-1}, the
+    outer momentum) returned on the parameters' devices."""
+
+    def on_devices(saved):
+        return None if saved is None else [t.to(p.device).clone() for t, p in zip(saved, params)]
+
+    with torch.no_grad():
+        for p, local in zip(params, own["local"]):
+            p.copy_(local)
+    return on_devices(own["outer"]), on_devices(own["momentum"])

@@ -35,6 +35,8 @@ from typing import Any, Protocol
 
 import torch
 
+from birder_repro.optim.common import outer_state, restore_outer_state
+
 __all__ = ["DiLoCo", "build_diloco"]
 
 
@@ -157,9 +159,7 @@ class DiLoCo(torch.optim.AdamW):
             "since_sync": self.since_sync,
             "outer_steps": self.outer_steps,
             "outer_seconds": self.outer_seconds,
-            "outer": [t.clone() for t in self._outer] if self._outer is not None else None,
-            "momentum": [t.clone() for t in self._momentum] if self._momentum is not None else None,
-            "local": [p.detach().clone() for p in self._params()],
+            **outer_state(self._outer, self._momentum, self._params()),
         }
         return sd
 
@@ -173,13 +173,7 @@ class DiLoCo(torch.optim.AdamW):
         self.inner_steps, self.outer_steps = int(own["inner_steps"]), int(own["outer_steps"])
         self.since_sync = int(own.get("since_sync", self.inner_steps % self.local_steps))
         self.outer_seconds = float(own.get("outer_seconds", 0.0))
-        self._outer = None if own["outer"] is None else [t.to(p.device).clone() for t, p in zip(own["outer"], params)]
-        self._momentum = (
-            None if own["momentum"] is None else [t.to(p.device).clone() for t, p in zip(own["momentum"], params)]
-        )
-        with torch.no_grad():
-            for p, local in zip(params, own["local"]):
-                p.copy_(local)
+        self._outer, self._momentum = restore_outer_state(own, params)
 
 
 def diloco_arguments(cfg: Mapping[str, Any]) -> dict[str, Any]:

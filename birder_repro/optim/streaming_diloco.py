@@ -40,7 +40,7 @@ from typing import Any, Protocol
 
 import torch
 
-from birder_repro.optim.common import synchronised_parameters
+from birder_repro.optim.common import outer_state, restore_outer_state, synchronised_parameters
 from birder_repro.optim.diloco import diloco_arguments
 
 __all__ = ["StreamingDiLoCo", "build_streaming_diloco", "split_fragments", "sync_offsets", "mix_", "QUANTIZE"]
@@ -235,9 +235,7 @@ class StreamingDiLoCo(torch.optim.AdamW):
             "inner_steps": self.inner_steps,
             "outer_steps": self.outer_steps,
             "outer_seconds": self.outer_seconds,
-            "outer": [t.clone() for t in self._outer] if self._outer is not None else None,
-            "momentum": [t.clone() for t in self._momentum] if self._momentum is not None else None,
-            "local": [p.detach().clone() for p in self._params()],
+            **outer_state(self._outer, self._momentum, self._params()),
             "pending": pending,
         }
         return sd
@@ -251,15 +249,9 @@ class StreamingDiLoCo(torch.optim.AdamW):
         params = self._params()
         self.inner_steps, self.outer_steps = int(own["inner_steps"]), int(own["outer_steps"])
         self.outer_seconds = float(own.get("outer_seconds", 0.0))
-        self._outer = None if own["outer"] is None else [t.to(p.device).clone() for t, p in zip(own["outer"], params)]
-        self._momentum = (
-            None if own["momentum"] is None else [t.to(p.device).clone() for t, p in zip(own["momentum"], params)]
-        )
+        self._outer, self._momentum = restore_outer_state(own, params)
         device = params[0].device if params else None
         self._pending = [(int(f), int(due), _Done([t.to(device) for t in ts])) for f, due, ts in own["pending"]]
-        with torch.no_grad():
-            for p, local in zip(params, own["local"]):
-                p.copy_(local)
 
 
 def build_streaming_diloco(params: Iterable, cfg: Mapping[str, Any]) -> StreamingDiLoCo:
