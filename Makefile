@@ -126,8 +126,10 @@ TTA_CELLS = $(BIN)/python -m birder_repro.report.protocol --protocol $(TTA_PROTO
 TTA_TUNING = $(BIN)/python -m birder_repro.report.tuning --protocol $(TTA_PROTOCOL)
 tune-fashion: $(STAMP)  ## tune the Fashion-MNIST field by conf/tuning/fashion_mnist.yaml (about 2.9 h), then write its plan
 	@mkdir -p $(TTA_RUNS)/tuning
-	BIRDER_RUNS=$(TTA_RUNS)/profiles $(BIN)/birder-repro -m experiment=fashion_time_to_accuracy optim=$(TTA_OPTIMS) \
-	  nodes=1 cluster.cores_per_node=1 train.steps=60 train.eval=false seed=$(TTA_PROFILE_SEEDS) $(ARGS)
+	@if [ -f $(TTA_RUNS)/profiles/done.txt ]; then echo "[birder-repro] the 1-node profiles were taken before ($(TTA_RUNS)/profiles/done.txt): kept"; else \
+	  BIRDER_RUNS=$(TTA_RUNS)/profiles $(BIN)/birder-repro -m experiment=fashion_time_to_accuracy optim=$(TTA_OPTIMS) \
+	  nodes=1 cluster.cores_per_node=1 train.steps=60 train.eval=false seed=$(TTA_PROFILE_SEEDS) $(ARGS) \
+	  && date > $(TTA_RUNS)/profiles/done.txt; fi
 	$(TTA_CELLS) grid > $(TTA_RUNS)/tuning/cells-grid.txt
 	-$(TTA_SWEEP) --runs $(TTA_RUNS)/tuning --name grid $(TTA_RUNS)/tuning/cells-grid.txt
 	$(TTA_TUNING) --rerun $(TTA_RUNS) > $(TTA_RUNS)/tuning/cells-confirm.txt

@@ -16,7 +16,9 @@ runs in an order shuffled by a recorded seed (:func:`interleaved`), so that a me
 row and the host's load over the hours is not confounded with the method. The order is written before the
 first cell (``RUNS/order-<name>.txt``); before each cell it prints ``cell k of N, about T left`` (T: the mean
 time of the cells done so far times the cells left). A line ``# order-seed: N`` in the input gives the seed
-where ``--seed`` does not.
+where ``--seed`` does not. Each cell that ends with exit code 0 is appended to ``RUNS/done-<name>.txt``; a sweep
+started again (after Ctrl-C, a reboot, a session's end) skips the cells listed there, saying so, and runs the
+rest in the same order: hours of tuning are never run twice. ``--fresh`` forgets the list.
 """
 
 from __future__ import annotations
@@ -230,21 +232,48 @@ def with_extra(cell: str, extra: str) -> str:
     return " ".join(shlex.quote(a) for a in [*kept, *added])
 
 
-def run_cells(order: Sequence[str], cli: Sequence[str], runs: Path, dry_run: bool = False, out=None) -> int:
-    """Run each cell as ``cli <cell>`` with BIRDER_RUNS=runs; the failed ones listed at the end (exit 1)."""
+def done_cells(path: Path | None) -> set[str]:
+    """The cells a sweep of this name finished before (exit code 0), one a line in ``RUNS/done-<name>.txt``."""
+    if path is None or not path.is_file():
+        return set()
+    return {line.strip() for line in path.read_text().splitlines() if line.strip()}
+
+
+def run_cells(
+    order: Sequence[str],
+    cli: Sequence[str],
+    runs: Path,
+    dry_run: bool = False,
+    out=None,
+    done_path: Path | None = None,
+) -> int:
+    """Run each cell as ``cli <cell>`` with BIRDER_RUNS=runs; the failed ones listed at the end (exit 1).
+    With ``done_path``: a cell listed there is skipped, and each cell that succeeds is appended to it."""
     out = out or sys.stdout
     env = {**os.environ, "BIRDER_RUNS": str(runs)}
+    done_before = done_cells(done_path)
+    todo = sum(cell not in done_before for cell in order)
+    if done_before:
+        print(f"{PREFIX}sweep: {len(order) - todo} of {len(order)} cells done before ({done_path}): skipped", file=out)
     done_s: list[float] = []
     failed: list[str] = []
-    for k, cell in enumerate(order, 1):
-        print(f"{PREFIX}{progress_line(k, len(order), done_s)} (load {_load()}): {cell}", file=out, flush=True)
+    k = 0
+    for number, cell in enumerate(order, 1):
+        if cell in done_before:
+            continue
+        k += 1
+        said = progress_line(k, todo, done_s)
+        print(f"{PREFIX}{said} (load {_load()}): #{number} {cell}", file=out, flush=True)
         if dry_run:
             continue
         start = time.monotonic()
         code = subprocess.run([*cli, *shlex.split(cell)], env=env, check=False).returncode
         done_s.append(time.monotonic() - start)
         if code != 0:
-            failed.append(f"{PREFIX}  #{k} {cell} (exit code {code})")
+            failed.append(f"{PREFIX}  #{number} {cell} (exit code {code})")
+        elif done_path is not None:
+            with done_path.open("a") as done:
+                done.write(cell + "\n")
     if failed:
         print(f"{PREFIX}sweep: {len(failed)} of {len(order)} cells failed or were refused:", file=out)
         print("\n".join(failed), file=out, flush=True)
@@ -269,6 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="the order's seed (else the input's '# order-seed: N')")
     parser.add_argument("--cli", default=None, help="the birder-repro command (default: the one on PATH)")
     parser.add_argument("--dry-run", action="store_true", help="write the order and print it; run nothing")
+    parser.add_argument("--fresh", action="store_true", help="run every cell, forgetting RUNS/done-<name>.txt")
     parser.add_argument("--extra", default="", help="overrides added to every cell, replacing its own of a key")
     parser.add_argument("cells", nargs="?", default="-", help="a file of cells, one a line ('-': standard input)")
     args = parser.parse_args(argv)
@@ -292,8 +322,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if not cli:
         cli = [sys.executable, "-m", "birder_repro.cli"]
+    done_path = args.runs / f"done-{args.name}.txt"
+    if args.fresh and not args.dry_run:
+        done_path.unlink(missing_ok=True)
     try:
-        return run_cells(order, cli, args.runs, args.dry_run)
+        return run_cells(order, cli, args.runs, args.dry_run, done_path=done_path)
     except KeyboardInterrupt:
         print(f"{PREFIX}sweep: interrupted; the order is in {path}", file=sys.stderr)
         return 130

@@ -279,6 +279,27 @@ def test_the_sweep_runs_each_cell_and_lists_the_failed_ones(tmp_path, capsys):
     assert "sweep: 1 of 6 cells failed or were refused" in out and "optim=birder seed=0 (exit code 3)" in out
 
 
+def test_a_sweep_started_again_skips_the_cells_it_finished_and_reruns_the_failed(tmp_path, capsys):
+    fake = tmp_path / "fake-cli"
+    fake.write_text('#!/bin/sh\necho "$@" >> "$BIRDER_RUNS/ran.txt"\ncase "$*" in *birder*) exit 3;; esac\n')
+    fake.chmod(0o755)
+    cells = tmp_path / "cells.txt"
+    cells.write_text("# order-seed: 7\n" + "\n".join(CELLS[:6]) + "\n")
+    runs = tmp_path / "runs"
+    argv = ["--runs", str(runs), "--name", "grid", "--cli", str(fake), str(cells)]
+    assert sweep.main(argv) == sweep.FAILED_SWEEP
+    assert len((runs / "ran.txt").read_text().splitlines()) == 6
+    assert sorted((runs / "done-grid.txt").read_text().splitlines()) == sorted(CELLS[:5])  # birder's failed
+    capsys.readouterr()
+    assert sweep.main(argv) == sweep.FAILED_SWEEP  # again: only the failed cell runs
+    ran = (runs / "ran.txt").read_text().splitlines()
+    assert ran[6:] == ["optim=birder seed=0"]
+    out = capsys.readouterr().out
+    assert "5 of 6 cells done before" in out and "cell 1 of 1" in out
+    assert sweep.main([*argv[:-1], "--fresh", str(cells)]) == sweep.FAILED_SWEEP  # --fresh: all six again
+    assert len((runs / "ran.txt").read_text().splitlines()) == 13
+
+
 def test_a_sweep_without_an_order_seed_is_refused(tmp_path):
     cells = tmp_path / "cells.txt"
     cells.write_text("optim=sgdm seed=0\n")
