@@ -19,8 +19,10 @@ the node's gradients every step)::
     Step IV    Birder's Step IV unchanged: the node's processes all-gather the packed shards and unpack
     result     S u_bar: the outer gradient every rank then hands to the outer Nesterov step
 
-``optim.comm.rounding=nearest`` replaces Q by the deterministic sign (+1 for a positive argument, else -1) at the
-worker and the server: the same bytes, no draws (on digits it ended 2 points of top-1 higher: docs/optimizers.md).
+``optim.comm.rounding=nearest`` (the run's default, conf/optim/diloco_1bit.yaml) replaces Q by the deterministic
+sign (+1 for a positive argument, else -1) at the worker and the server, EF-SignSGD's compressor: the same bytes,
+no draws (it ended higher on digits and on Fashion-MNIST: docs/optimizers.md); the class's own default stays the
+paper's stochastic Q.
 Q is Birder's quantizer (Eq. (5): +1 with probability clip((x+1)/2, 0, 1)) with Birder's counter-based draws:
 element j of the outer step t draws ``uniform(derive_seed(seed, t, "worker", node), position_j)`` as a worker
 and ``uniform(derive_seed(seed, t, "server", 0), position_j)`` as the server, position_j being j's place among
