@@ -155,7 +155,7 @@ time-to-accuracy-check: $(STAMP)  ## a quick look (about 11 min): SGDM, two-leve
 # The local-step methods where they should win (docs/time-to-accuracy.md, "Local steps over slow links";
 # cluster=emulated): DiLoCo, Streaming DiLoCo, the 1-bit DiLoCo, Birder and the two-level bf16 all-reduce at the
 # field's 2 x 2, whole runs with tune-fashion's picks (the recipes' values without a plan, said), the field's 5
-# seeds, over the protocol's local_steps.links_mbit (50 and 100 Mbit/s: about 80 minutes estimated; 10 and 25
+# seeds, over the protocol's local_steps.links_mbit (25 and 100 Mbit/s: about 1.8 hours estimated; 10 and 50
 # were dropped to stay under 2 hours, LOCAL_LINKS=10,25,50,100 runs them too, about 4.3 hours), in a recorded
 # random order; then per link and target each method against DiLoCo and Birder, 95 % t intervals, "tie" where
 # they overlap ($(LOCAL_RUNS)/tables/local_steps.md). LOCAL_METHODS, LOCAL_SEEDS narrow it (a smoke run).
@@ -164,7 +164,7 @@ LOCAL_LINKS ?=
 LOCAL_METHODS ?=
 LOCAL_SEEDS ?=
 LOCAL_NARROW = $(if $(LOCAL_METHODS),--methods $(LOCAL_METHODS)) $(if $(LOCAL_SEEDS),--seeds $(LOCAL_SEEDS))
-local-steps: $(STAMP)  ## DiLoCo, Streaming and 1-bit DiLoCo, Birder, two-level bf16 at 50 and 100 Mbit/s, 5 seeds (about 80 min), then their table
+local-steps: $(STAMP)  ## DiLoCo, Streaming and 1-bit DiLoCo, Birder, two-level bf16 at 25 and 100 Mbit/s, 5 seeds (about 1.8 h), then their table
 	@mkdir -p $(LOCAL_RUNS)
 	$(TTA_CELLS) local-steps --runs $(TTA_RUNS) $(if $(LOCAL_LINKS),--links $(LOCAL_LINKS)) $(LOCAL_NARROW) \
 	  > $(LOCAL_RUNS)/cells-local-steps.txt
