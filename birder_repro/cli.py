@@ -11,10 +11,10 @@
 The Hydra app runs once per run, in this one process; the workers read the resolved ``config.yaml`` it writes
 and never compose a config again. :func:`run` is what the decorated entry point calls, and what tests call.
 
-One run, one directory (birder_repro.rundir): a torchrun run's is named after its rendezvous id, the same on
+One run, one directory (birder_repro.run.rundir): a torchrun run's is named after its rendezvous id, the same on
 every node; a directory that holds an interrupted or failed run with a checkpoint is resumed in place, one that
 holds a completed run is never run again. Ctrl-C or SIGTERM stops the workers after their current step, with a
-checkpoint; the CLI waits for them and ends with the command that resumes the run (birder_repro.finish).
+checkpoint; the CLI waits for them and ends with the command that resumes the run (birder_repro.run.finish).
 """
 
 from __future__ import annotations
@@ -35,12 +35,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from birder_repro import (
-    checks,  # noqa: F401 - installs the checks of the sections higher layers own
-    record,
-)
-from birder_repro import config as layout
-from birder_repro.digest import LAUNCH_ENV
+from birder_repro.config import checks  # noqa: F401 - installs the checks of the sections higher layers own
+from birder_repro.config import settings as layout
+from birder_repro.run import record
+from birder_repro.run.digest import LAUNCH_ENV
 
 __all__ = ["CONF_DIR", "run", "main"]
 
@@ -190,10 +188,10 @@ def _check_gpus_per_node_knowable(cfg: DictConfig) -> None:
 
 
 def reference_configs(cfg: DictConfig) -> list[DictConfig]:
-    """What the YAML files say each key holds, for :func:`birder_repro.config.check_types` and which keys exist,
-    for :func:`birder_repro.config.check_known_keys`: the config of the same group choices without the command
-    line's ``key=value`` overrides, and of the task alone (so that a top-level default an experiment replaces,
-    such as ``gpus_per_node: auto``, still counts)."""
+    """What the YAML files say each key holds, for :func:`birder_repro.config.settings.check_types`, and which keys
+    exist, for :func:`birder_repro.config.settings.check_known_keys`: the config of the same group choices without
+    the command line's ``key=value`` overrides, and of the task alone (so that a top-level default an experiment
+    replaces, such as ``gpus_per_node: auto``, still counts)."""
     choices = _group_choices(cfg)
     picked = [f"{group}={choices[group]}" for group in GROUPS if choices.get(group)]
     task = [f"task={choices['task']}"] if choices.get("task") else []
@@ -297,7 +295,7 @@ def _submitted(cfg: DictConfig) -> bool:
 
 
 def _job_dir(cfg: DictConfig, resolved: DictConfig | None = None) -> Path:
-    """The run directory (birder_repro.rundir): ``hydra.run.dir`` where given (the same on every node); else,
+    """The run directory (birder_repro.run.rundir): ``hydra.run.dir`` where given (the same on every node); else,
     once the config is resolved, the run ``train.resume=auto`` continues, or a torchrun run's directory named
     after its rendezvous id (every node derives the same one, in a sweep too: each cell has its own id); else
     Hydra's (run.dir, or sweep.dir/subdir in a sweep); a fresh one outside Hydra. Hydra's own directory is removed
@@ -325,8 +323,8 @@ def _run_dir_given() -> bool:
 def _chosen_dir(cfg: DictConfig) -> Path | None:
     """``train.resume=auto``'s run (saying in one line when there is none), else a torchrun run's directory
     under the runs root named by its rendezvous id; None: the caller's (Hydra's) directory."""
-    from birder_repro import rundir
     from birder_repro.launch import choose_launcher, torchrun
+    from birder_repro.run import rundir
 
     if OmegaConf.select(cfg, "train.resume", default=None) == "auto" and not cfg.get("dry_run"):
         cell = rundir.cell_digest(cfg)
@@ -363,11 +361,11 @@ def _remove_if_unused(path: Path) -> None:
 
 
 def _prepare_in_place(cfg: DictConfig, run_dir: Path) -> bool:
-    """What the run directory already holds decides (birder_repro.rundir.decide): a completed or diverged run
+    """What the run directory already holds decides (birder_repro.run.rundir.decide): a completed or diverged run
     stops here in one line (False); an interrupted or failed one with a checkpoint is resumed in place, as its
     next attempt. A torchrun run's rendezvous id is pinned into the config the workers read."""
-    from birder_repro import rundir
     from birder_repro.launch import choose_launcher, torchrun
+    from birder_repro.run import rundir
 
     if choose_launcher(cfg) == "torchrun" and not cfg.launcher.get("rdzv_id"):
         cfg.launcher.rdzv_id = torchrun.rdzv_id(cfg)
@@ -377,11 +375,11 @@ def _prepare_in_place(cfg: DictConfig, run_dir: Path) -> bool:
     if decision.action == "stop":
         print(f"[birder-repro] {decision.line}", file=sys.stderr, flush=True)
         return False
-    if decision.record is not None and _writes_record(cfg):  # this launch's failures only (birder_repro.failures)
+    if decision.record is not None and _writes_record(cfg):  # this launch's failures only (birder_repro.run.failures)
         import shutil
 
         shutil.rmtree(run_dir / "failures", ignore_errors=True)
-    if not _writes_record(cfg):  # this node's CLI says it is done afresh (birder_repro.finish)
+    if not _writes_record(cfg):  # this node's CLI says it is done afresh (birder_repro.run.finish)
         (run_dir / rundir.NODES_DIR / f"cli-node{torchrun.node_rank(cfg)}.done").unlink(missing_ok=True)
     status = (decision.record or {}).get("status")
     held = f"{run_dir} holds {'an' if status == 'interrupted' else 'a'} {status} run"
@@ -428,8 +426,8 @@ def _fail(cfg: DictConfig, run_dir: Path, error: str, started: str, code: int, *
 
 
 def _finish(cfg: DictConfig, run_dir: Path, code: int, started: str) -> int:
-    """After the workers: how the run ended, told once (birder_repro.finish.finish_run)."""
-    from birder_repro import finish
+    """After the workers: how the run ended, told once (birder_repro.run.finish.finish_run)."""
+    from birder_repro.run import finish
 
     return finish.finish_run(
         cfg, run_dir, code, started, writes_record=_writes_record(cfg), command_line=_command_line(cfg)
@@ -540,7 +538,7 @@ def override_error_line(exc: BaseException) -> str | None:
     """The one line for Hydra's refusal of a command-line override (None for anything else): ``key=value`` where
     the config has no ``key`` (the key, the closest setting, the ``+key=`` form's verdict), or ``group=choice``
     where the group has no such option (Hydra's :class:`~hydra.errors.MissingConfigException` names the file
-    it looked for and the group's options: :func:`birder_repro.config.no_such_choice`)."""
+    it looked for and the group's options: :func:`birder_repro.config.settings.no_such_choice`)."""
     from hydra.errors import ConfigCompositionException, MissingConfigException
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 

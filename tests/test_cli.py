@@ -18,8 +18,10 @@ import pytest
 import torch.distributed as dist
 import yaml
 
-from birder_repro import cli, record, worker
+from birder_repro import cli
 from birder_repro.launch import choose_launcher, local, slurm_env, torchrun
+from birder_repro.run import record
+from birder_repro.train import worker
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = [
@@ -236,8 +238,8 @@ def test_a_stop_whose_workers_wrote_no_record_names_the_signal_the_cli_passed_on
 def test_a_node_of_an_emulated_cluster_leaves_the_summary_to_the_users_cli(compose, monkeypatch, tmp_path, capsys):
     """The user's CLI relays each node's lines prefixed ("[node 0] ...") and then tells the run's end itself: the
     summary is said once, by it."""
-    from birder_repro import finish, schema
     from birder_repro.launch import emulated
+    from birder_repro.run import finish, schema
 
     cfg = cli.layout.resolve(compose(TINY), gpu_count=0)
     rec = {**schema.empty_record(), "status": "completed", "task": "resnet20", "optim": "birder", "steps": 3}

@@ -146,9 +146,10 @@ def test_the_cycle_finder_finds_one(tmp_path, monkeypatch):
 
 
 def test_config_runs_the_section_checks_the_app_hands_it(compose):
-    """config imports no owner of a section: the table in birder_repro.checks is handed to it, and it runs
+    """config imports no owner of a section: the table in birder_repro.config.checks is handed to it, and it runs
     exactly what it was handed."""
-    from birder_repro import checks, config
+    from birder_repro.config import checks
+    from birder_repro.config import settings as config
 
     assert config.section_checks() == [name for name, _ in checks.SECTION_CHECKS]
     cfg = compose(["task=digits", "task.target.direction=up"])

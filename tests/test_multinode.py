@@ -21,8 +21,9 @@ import pytest
 import torch
 from torch import nn
 
-from birder_repro import cli, record, rundir
+from birder_repro import cli
 from birder_repro.launch import torchrun
+from birder_repro.run import record, rundir
 from birder_repro.train.checkpoint import COMPLETE, MANIFEST, step_dir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -269,7 +270,7 @@ REPORT = """Root Cause (first observed failure):
 def test_a_rank_killed_on_another_node_reaches_node_0s_failure_line(tmp_path):
     """Node 1's CLI hands the death its torchrun saw to node 0's CLI, whose own report shows only rank 0's
     consequence (a closed connection)."""
-    from birder_repro.failures import final_line, signal_deaths, write_signal_deaths
+    from birder_repro.run.failures import final_line, signal_deaths, write_signal_deaths
 
     write_signal_deaths(tmp_path, REPORT, node=1)
     line, _ = final_line(tmp_path, 1, "")

@@ -12,8 +12,9 @@ import pytest
 import yaml
 from conftest import compose_config
 
-from birder_repro import record, sweep
+from birder_repro import sweep
 from birder_repro.report import protocol, stats
+from birder_repro.run import record
 
 
 # ------------------------------------------------------------------------------------------- intervals

@@ -1,4 +1,4 @@
-"""What a run directory decides on its own (birder_repro.rundir): which statuses are finished, which run
+"""What a run directory decides on its own (birder_repro.run.rundir): which statuses are finished, which run
 ``train.resume=auto`` continues, and what makes two runs the same cell. Pure functions over files written as runs
 write them: no process is started."""
 
@@ -8,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from birder_repro import rundir
+from birder_repro.run import rundir
 from birder_repro.train.checkpoint import CHECKPOINTS, COMPLETE, MANIFEST
 
 

@@ -81,7 +81,7 @@ def environment() -> dict:
     return env
 
 
-# the full check's kernel sizes (birder_repro.bench.SIZES, which imports torch: the dry run must not)
+# the full check's kernel sizes (birder_repro.bench.kernels.SIZES, which imports torch: the dry run must not)
 FULL_SIZES = (25_557_032, 109_482_240)
 
 

@@ -74,7 +74,7 @@ def has_precision_setting() -> bool:
 
 def _conf() -> Path:
     """The config tree, from a checkout or an installed wheel (which has no conf/ beside the package)."""
-    from birder_repro.resources import conf_dir
+    from birder_repro.config.resources import conf_dir
 
     found = conf_dir()
     if found is None:

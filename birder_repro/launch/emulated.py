@@ -19,7 +19,7 @@ machine's host name, which every namespace shares) and, with the c10d rendezvous
 with their own launcher settings; the user's are put back when the nodes end (and into the record).
 
 Real bytes: the launcher sets ``BIRDER_LINK_IFACE`` for each node; the worker on each node's local rank 0 reads
-that interface's kernel counters at the start and the end of the timed steps (``birder_repro.probes``, a probe
+that interface's kernel counters at the start and the end of the timed steps (``birder_repro.train.probes``, a probe
 of the training loop), and the record gets ``link_bytes_per_step``: one figure per node.
 
 Cores: with ``cluster.pin_cores`` (the default) node k runs under ``taskset`` on its own block of this machine's
@@ -54,13 +54,14 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from birder_repro import config as layout
-from birder_repro import netns, record
-from birder_repro.failures import TerminalEcho
+from birder_repro import netns
+from birder_repro.config import settings as layout
 from birder_repro.launch import local
 from birder_repro.launch.process import Command
 from birder_repro.launch.torchrun import stop_timeout
-from birder_repro.probes import LINK_IFACE_ENV  # the interface whose counters a node's local rank 0 reads
+from birder_repro.run import record
+from birder_repro.run.failures import TerminalEcho
+from birder_repro.train.probes import LINK_IFACE_ENV  # the interface whose counters a node's local rank 0 reads
 
 __all__ = [
     "CLUSTER",
@@ -102,7 +103,7 @@ def check_launcher(cfg: DictConfig) -> None:
 
 def check_config(cfg: DictConfig) -> None:
     """Values the emulated cluster cannot use, refused before anything is made; each names its key (the link's
-    rate is every cluster's: birder_repro.config.check_link)."""
+    rate is every cluster's: birder_repro.config.settings.check_link)."""
     cl = cfg.cluster
     if cl.get("latency_ms") is not None:
         raise layout.ConfigError(

@@ -108,7 +108,7 @@ def protocol_value(key: str, default: float) -> float:
 
 def _per_run(runs: pd.DataFrame, load_limit: float) -> pd.DataFrame:
     """Each run's curve, levels, budget and load flag, read once."""
-    from birder_repro.record import read_record
+    from birder_repro.run.record import read_record
 
     from .protocol import load_flag
 

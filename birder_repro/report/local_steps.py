@@ -226,7 +226,7 @@ def with_final(curve: Any, lines: Sequence[Mapping[str, Any]], metric: str, comp
 
 def load_results(root: Path) -> list[RunResult]:
     """Every completed whole run under ``root`` (no time budget), its times and steps to its ladder's targets."""
-    from birder_repro.record import find_records, read_record
+    from birder_repro.run.record import find_records, read_record
 
     from .clock import read_log
     from .ladder import levels_of, run_curve, time_to_level

@@ -15,7 +15,7 @@ in the directory (:func:`previous_attempts`) and adds its own when it writes the
 Fault injection (tests only): ``BIRDER_TEST_FAULT=kill:<rank>:<step>`` makes that rank SIGKILL itself before
 step ``<step>`` (1-based) on the first attempt only; ``hang:<rank>:<step>`` makes it sleep instead (a hung
 peer, for ``train.timeout_s``); ``raise:<rank>:<step>`` makes it raise :class:`InjectedFault` (any exception
-inside training, for the one-line failure report of birder_repro.failures); ``wait:<rank>:<step>`` makes it
+inside training, for the one-line failure report of birder_repro.run.failures); ``wait:<rank>:<step>`` makes it
 wait before that step until a stop signal comes (at most two minutes), so that a test stops the run there;
 ``slow:<rank>:<step>`` makes it sleep :data:`SLOW_S` there once (a straggler, for the training clock).
 """
@@ -29,7 +29,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from birder_repro.digest import LAUNCH_ENV
+from birder_repro.run.digest import LAUNCH_ENV
 
 __all__ = [
     "RESTART_ENV",

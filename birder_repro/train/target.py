@@ -40,7 +40,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from birder_repro.config import ConfigError
+from birder_repro.config.settings import ConfigError
 
 __all__ = ["CLOCK", "DIRECTIONS", "Target", "target_from_config", "check_target", "TimeToTarget", "process_age_s"]
 

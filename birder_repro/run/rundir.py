@@ -1,7 +1,7 @@
 """One run, one directory, however it is launched: the run's identity, what a directory already holds, the check
 that every node sees it, and the run that ``train.resume=auto`` continues.
 
-- Two digests of the resolved config (birder_repro.digest): :func:`run_digest` leaves out only what differs between
+- Two digests of the resolved config (birder_repro.run.digest): :func:`run_digest` leaves out only what differs between
   the nodes of one run (``launcher.node_rank``) or starts nothing (``dry_run``); it names the default rendezvous
   id, hence the run directory every node of a torchrun run derives alike (birder_repro.launch.torchrun).
   :func:`cell_digest` also leaves out what cannot change a result (:data:`NO_RESULT`): runs with the same cell
@@ -39,7 +39,7 @@ __all__ = [
 
 # The run's identity (digests) and the shared names live one layer down, where the record and the launchers
 # can import them too; re-exported here for the callers that decide about a directory.
-from birder_repro.digest import LAUNCH_ENV, NO_RESULT, NODES_DIR, PER_NODE, cell_digest, digest, run_digest
+from birder_repro.run.digest import LAUNCH_ENV, NO_RESULT, NODES_DIR, PER_NODE, cell_digest, digest, run_digest
 
 RESUMABLE = ("interrupted", "failed")  # statuses a run directory can be continued from (with a checkpoint)
 FINISHED = ("completed", "diverged")  # ... and those it cannot: running it again would redo the same run
@@ -69,7 +69,7 @@ def decide(run_dir: Path, cell: str | None = None) -> Decision:
     (module docstring). A directory with config files but no record is a run another node's CLI has just
     started: join it. A finished run, or one with a checkpoint, of another configuration is never continued
     or overwritten."""
-    from birder_repro import record
+    from birder_repro.run import record
 
     rec = record.read_record(run_dir)
     if rec is None:
@@ -99,7 +99,7 @@ def decide(run_dir: Path, cell: str | None = None) -> Decision:
 def find_resumable(root: Path, cell: str) -> Path | None:
     """The newest run directory under ``root`` whose record is interrupted or failed, of cell digest ``cell``,
     and that has a complete checkpoint; None if there is none. Newest: the record's ``ended`` time."""
-    from birder_repro import record
+    from birder_repro.run import record
 
     found = []
     for path in record.find_records(Path(root)):

@@ -2,7 +2,7 @@
 
 A run directory holds ``config.yaml`` (the resolved config the workers read), ``command.txt`` (the command
 that reproduces the run), ``output.log`` (what the processes printed) and ``record.json``. The record's keys
-are documented once, in :mod:`birder_repro.schema`, and a record is checked against them when written; a
+are documented once, in :mod:`birder_repro.run.schema`, and a record is checked against them when written; a
 failed run has the same keys, with ``status: failed``, the ``error`` and null measurements. This module is
 also the one place that knows where runs go (:func:`runs_root`) and reads a record back (:func:`read_record`).
 """
@@ -24,9 +24,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from birder_repro import schema
-from birder_repro.digest import cell_digest
-from birder_repro.plain import plain_config
+from birder_repro.config.plain import plain_config
+from birder_repro.run import schema
+from birder_repro.run.digest import cell_digest
 
 __all__ = [
     "CONFIG_FILE",
@@ -187,7 +187,7 @@ def base_record(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     The run's own figures (global batch, steps) replace these in a completed record; a failed run keeps what
     the config says.
     """
-    from birder_repro import config as layout
+    from birder_repro.config import settings as layout
 
     record = schema.empty_record()
     record.update(
@@ -217,14 +217,14 @@ def base_record(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 def effective_lr(cfg: DictConfig) -> float:
     """The learning rate the optimizer gets: ``optim.effective_lr`` as ``config.resolve`` recorded it in the
     run's config; for a config that did not go through it, ``config.effective_lr`` (the one formula)."""
-    from birder_repro import config as layout
+    from birder_repro.config import settings as layout
 
     recorded = OmegaConf.select(cfg, "optim.effective_lr", default=None)
     return float(recorded) if recorded is not None else layout.effective_lr(cfg)
 
 
 def _cluster(cfg: DictConfig) -> dict[str, Any]:
-    from birder_repro import config as layout
+    from birder_repro.config import settings as layout
 
     return {
         "name": cfg.cluster.name,
@@ -290,8 +290,8 @@ def interrupted_record(
 
 def resume_command(run_dir: Path, command: str | None = None) -> str:
     """The command that continues the run in its own directory: its command line and ``hydra.run.dir`` (a run
-    directory holding an interrupted or failed run with a checkpoint resumes; birder_repro.rundir.decide).
-    ``command``: another command line than the run's recorded one (a node's own CLI, birder_repro.finish)."""
+    directory holding an interrupted or failed run with a checkpoint resumes; birder_repro.run.rundir.decide).
+    ``command``: another command line than the run's recorded one (a node's own CLI, birder_repro.run.finish)."""
     command = command or read_command(run_dir) or "birder-repro"
     return f"{command} {shlex.quote(f'hydra.run.dir={Path(run_dir).resolve()}')}"
 
@@ -307,7 +307,7 @@ def write_failed_record(run_dir: Path, cfg: DictConfig, error: str, **fields: An
 def write_record(run_dir: Path, record: Mapping[str, Any]) -> Path:
     """Write ``record.json`` atomically: a reader sees the old record or the new one, never half of one.
 
-    Every key must be documented in :mod:`birder_repro.schema` (a ValueError names any that is not).
+    Every key must be documented in :mod:`birder_repro.run.schema` (a ValueError names any that is not).
     """
     schema.check(record)
     Path(run_dir).mkdir(parents=True, exist_ok=True)  # a run refused before its files were written has none yet

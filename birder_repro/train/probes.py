@@ -1,7 +1,7 @@
 """Probes of the timed steps: measurements that start right before the first timed step and stop right after
 the last one, whose figures go into the run record.
 
-A probe has ``start()`` and ``stop(timed_steps) -> dict`` (record keys, :mod:`birder_repro.schema`); ``stop``
+A probe has ``start()`` and ``stop(timed_steps) -> dict`` (record keys, :mod:`birder_repro.run.schema`); ``stop``
 may be collective, so every rank calls it at the same point. The training loop starts them after the timing
 warm-up and the compute calibration (which sends nothing) and stops them before evaluation.
 

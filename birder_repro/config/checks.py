@@ -1,4 +1,4 @@
-"""The checks of the config sections that layers above :mod:`birder_repro.config` own, written out in one table.
+"""The checks of the config sections that layers above :mod:`birder_repro.config.settings` own, in one table.
 
 ``config.validate`` checks the keys of its own layer (the layout, the batch, the learning rate, the choices)
 and imports nothing above it. The sections below belong to higher layers, whose functions check them; this
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from birder_repro import config
-from birder_repro.config import ConfigError
+from birder_repro.config import settings as config
+from birder_repro.config.settings import ConfigError
 
 __all__ = ["SECTION_CHECKS", "install"]
 

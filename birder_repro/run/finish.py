@@ -6,7 +6,7 @@ One record per run: rank 0's worker writes it, whichever node it runs on. Node 0
 0) writes it only where the workers could not (killed before rank 0 wrote, a SIGKILL after the stop grace), and
 improves a failed record's line from every rank's failure files. The CLIs of the other nodes never write the
 record: they print where it is, and hand node 0's CLI what only they saw, the ranks their torchrun reports dead
-by a signal, as failure files (birder_repro.failures), then say they are done (``nodes/cli-node<k>.done``), which
+by a signal, as failure files (birder_repro.run.failures), then say they are done (``nodes/cli-node<k>.done``), which
 node 0's CLI waits for a few seconds before it names the failing rank.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from birder_repro import record
+from birder_repro.run import record
 
 __all__ = [
     "SIGNALLED",
@@ -81,7 +81,7 @@ def print_summary(rec: dict) -> None:
     """The run's summary (mode=probe: the collectives' table and the cluster spec)."""
     import traceback
 
-    from birder_repro.summary import format_summary
+    from birder_repro.run.summary import format_summary
 
     if rec.get("probe"):
         from birder_repro.perf.probe import format_probe as format_summary
@@ -151,7 +151,7 @@ def interrupted(cfg: DictConfig, run_dir: Path, code: int, started: str, rec: di
 
 def failed(cfg: DictConfig, run_dir: Path, code: int, started: str, rec: dict | None, log_text: str) -> int:
     """A failed run: the first failing rank (every node's failure files), the record, one line last."""
-    from birder_repro.failures import final_line
+    from birder_repro.run.failures import final_line
 
     if _multi_node(cfg):
         _wait_for_other_nodes(cfg, run_dir)
@@ -172,7 +172,7 @@ def failed(cfg: DictConfig, run_dir: Path, code: int, started: str, rec: dict | 
 
 
 def _done_marker(run_dir: Path, node: int) -> Path:
-    from birder_repro.digest import NODES_DIR
+    from birder_repro.run.digest import NODES_DIR
 
     return Path(run_dir) / NODES_DIR / f"cli-node{node}.done"
 
@@ -188,8 +188,8 @@ def _wait_for_other_nodes(cfg: DictConfig, run_dir: Path) -> None:
 def other_node(cfg: DictConfig, run_dir: Path, code: int, rec: dict | None, command: str) -> int:
     """A node other than 0 (``launcher.node_rank`` > 0): never a record of its own; where the run's is, and
     what its own torchrun saw, for node 0's CLI to name."""
-    from birder_repro.failures import final_line, write_signal_deaths
     from birder_repro.launch import log_tail, torchrun
+    from birder_repro.run.failures import final_line, write_signal_deaths
 
     node = torchrun.node_rank(cfg)
     where = Path(run_dir) / record.RECORD_FILE

@@ -1,7 +1,7 @@
-"""One worker process of a run: ``python -m birder_repro.worker --run-dir DIR``, started by torchrun.
+"""One worker process of a run: ``python -m birder_repro.train.worker --run-dir DIR``, started by torchrun.
 
 It reads the resolved config the CLI wrote into the run directory (it never composes one: Hydra runs once, in
-the CLI), joins the process group, checks that every node sees the run directory (birder_repro.rundir), builds
+the CLI), joins the process group, checks that every node sees the run directory (birder_repro.run.rundir), builds
 the topology, task, DDP model, optimizer and communication hook, trains, and on rank 0 writes ``record.json``:
 completed, failed, diverged, or interrupted (a stop signal, birder_repro.train.stop). Only rank 0 prints and
 writes the record, the one record of the run, whichever node rank 0 runs on.
@@ -26,9 +26,9 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.distributed.elastic.multiprocessing.errors import record as elastic_record
 
-from birder_repro import config as layout
-from birder_repro import failures, record
-from birder_repro.rundir import cell_digest, check_shared
+from birder_repro.config import settings as layout
+from birder_repro.run import failures, record
+from birder_repro.run.rundir import cell_digest, check_shared
 
 __all__ = [
     "DistEnv",
@@ -156,7 +156,8 @@ def build_and_train(cfg: DictConfig, env: DistEnv, device: torch.device, run_dir
 
         return probe_worker(cfg, env.rank, device, run_dir)
     # Imported here: a worker whose layout check fails reports it without loading models and hooks.
-    from birder_repro import comm, probes, tasks, train
+    from birder_repro import comm, tasks, train
+    from birder_repro.train import probes
 
     topology = comm.build_topology(int(cfg.gpus_per_node))
     task = tasks.get_task(cfg.task.name)
@@ -171,7 +172,7 @@ def build_and_train(cfg: DictConfig, env: DistEnv, device: torch.device, run_dir
     # (birder_repro.train.parallel)
     ddp, opt, hook = train.build_parallel(cfg, task, model, device, topology, ocfg, is_main=env.is_main)
     _warn_short_onebit_warmup(opt, env)
-    # Emulated clusters: each node's kernel link counters over the timed steps (birder_repro.probes).
+    # Emulated clusters: each node's kernel link counters over the timed steps (birder_repro.train.probes).
     result = train.train(
         cfg,
         task=task,
@@ -232,7 +233,7 @@ def run_worker(run_dir: Path, env: DistEnv | None = None) -> int:
     attempt = _Attempt(run_dir, cfg, env)
     fields: dict[str, Any] = {"started": attempt.first_started, "config_digest": cell_digest(cfg)}
     joined = False
-    if restart_count() and env.is_main:  # the launchers' terminal copy resumes here (birder_repro.failures)
+    if restart_count() and env.is_main:  # the launchers' terminal copy resumes here (birder_repro.run.failures)
         print(f"{failures.RESTART_MARK}attempt {restart_count() + 1} (train.max_restarts)", flush=True)
     if env.rendezvous:  # started by torchrun: a signal stops the run at a step boundary (train/stop.py)
         stop.install(grace_s=float(cfg.train.get("stop_timeout_s") or TrainSettings.stop_timeout_s))
@@ -318,7 +319,7 @@ class _Attempt:
         return [*self.earlier, attempt_entry(status, self.started, record.now(), from_step, to_step, restart_count())]
 
     def interrupted(self, halt, fields: dict) -> None:
-        """Write the interrupted record and say so, last, in the workers' output (birder_repro.failures)."""
+        """Write the interrupted record and say so, last, in the workers' output (birder_repro.run.failures)."""
         from birder_repro.train.checkpoint import CHECKPOINTS, complete_checkpoints
         from birder_repro.train.restarts import restart_count
         from birder_repro.train.stop import signal_name
@@ -364,11 +365,12 @@ def explain_collective_failure(exc: BaseException, rank: int, cfg: DictConfig) -
 
 
 # An exception that escapes run_worker (one before its run began, which writes no failure file) is written by
-# torch elastic to the worker's TORCHELASTIC_ERROR_FILE; the CLI reads it from there (birder_repro.failures).
+# torch elastic to the worker's TORCHELASTIC_ERROR_FILE; the CLI reads it from there (birder_repro.run.failures).
 @elastic_record
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m birder_repro.worker", description="One worker of a birder-repro run (started by torchrun)."
+        prog="python -m birder_repro.train.worker",
+        description="One worker of a birder-repro run (started by torchrun).",
     )
     parser.add_argument("--run-dir", required=True, type=Path, help="run directory holding config.yaml")
     args = parser.parse_args(argv)
