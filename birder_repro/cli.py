@@ -11,7 +11,7 @@
 The Hydra app runs once per run, in this one process; the workers read the resolved ``config.yaml`` it writes
 and never compose a config again. :func:`run` is what the decorated entry point calls, and what tests call.
 
-One run, one directory (birder_repro.run.rundir): a torchrun run's is named after its rendezvous id, the same on
+One run, one directory (birder_repro.run.directory): a torchrun run's is named after its rendezvous id, the same on
 every node; a directory that holds an interrupted or failed run with a checkpoint is resumed in place, one that
 holds a completed run is never run again. Ctrl-C or SIGTERM stops the workers after their current step, with a
 checkpoint; the CLI waits for them and ends with the command that resumes the run (birder_repro.run.finish).
@@ -35,10 +35,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from birder_repro.config import checks  # noqa: F401 - installs the checks of the sections higher layers own
 from birder_repro.config import settings as layout
-from birder_repro.run import record
+from birder_repro.run import directory, finish, record
 from birder_repro.run.digest import LAUNCH_ENV
+from birder_repro.train import checks  # noqa: F401 - installs the checks of the sections higher layers own
 
 __all__ = ["CONF_DIR", "run", "main"]
 
@@ -164,7 +164,7 @@ def _advice_dir(cfg: DictConfig, name: str) -> Path:
     path = record.runs_root() / f"{stamp:%Y-%m-%d}" / f"{stamp:%H-%M-%S-%f}_{name}"
     path.mkdir(parents=True, exist_ok=False)
     if HydraConfig.initialized():
-        _remove_if_unused(Path(HydraConfig.get().runtime.output_dir))
+        directory.remove_if_unused(Path(HydraConfig.get().runtime.output_dir))
     return path
 
 
@@ -295,21 +295,17 @@ def _submitted(cfg: DictConfig) -> bool:
 
 
 def _job_dir(cfg: DictConfig, resolved: DictConfig | None = None) -> Path:
-    """The run directory (birder_repro.run.rundir): ``hydra.run.dir`` where given (the same on every node); else,
-    once the config is resolved, the run ``train.resume=auto`` continues, or a torchrun run's directory named
-    after its rendezvous id (every node derives the same one, in a sweep too: each cell has its own id); else
-    Hydra's (run.dir, or sweep.dir/subdir in a sweep); a fresh one outside Hydra. Hydra's own directory is removed
-    where another is chosen and it holds
-    nothing but Hydra's files."""
+    """The run directory (birder_repro.run.directory.job_dir), from Hydra's job directory and this launcher's
+    rendezvous id."""
     hydra_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
-    if resolved is None or (hydra_dir is not None and _run_dir_given()):
-        return hydra_dir or record.new_run_dir(cfg)
-    chosen = _chosen_dir(resolved)
-    if chosen is None:
-        return hydra_dir or record.new_run_dir(cfg)
-    if hydra_dir is not None and hydra_dir.resolve() != chosen.resolve():
-        _remove_if_unused(hydra_dir)
-    return chosen
+    return directory.job_dir(cfg, resolved, hydra_dir, hydra_dir is not None and _run_dir_given(), _torchrun_id)
+
+
+def _torchrun_id(cfg: DictConfig) -> str | None:
+    """A torchrun run's rendezvous id, which names its directory on every node; None for the other launchers."""
+    from birder_repro.launch import choose_launcher, torchrun
+
+    return torchrun.rdzv_id(cfg) if choose_launcher(cfg) == "torchrun" else None
 
 
 def _run_dir_given() -> bool:
@@ -320,86 +316,25 @@ def _run_dir_given() -> bool:
     )
 
 
-def _chosen_dir(cfg: DictConfig) -> Path | None:
-    """``train.resume=auto``'s run (saying in one line when there is none), else a torchrun run's directory
-    under the runs root named by its rendezvous id; None: the caller's (Hydra's) directory."""
-    from birder_repro.launch import choose_launcher, torchrun
-    from birder_repro.run import rundir
-
-    if OmegaConf.select(cfg, "train.resume", default=None) == "auto" and not cfg.get("dry_run"):
-        cell = rundir.cell_digest(cfg)
-        found = rundir.find_resumable(record.runs_root(), cell)
-        if found is not None:
-            print(f"[birder-repro] train.resume=auto: continuing {found}", flush=True)
-            return found
-        print(
-            f"[birder-repro] train.resume=auto: no interrupted or failed run of this configuration (config digest "
-            f"{cell}) with a complete checkpoint under {record.runs_root()}: starting afresh",
-            flush=True,
-        )
-    if choose_launcher(cfg) == "torchrun":
-        return record.runs_root() / torchrun.rdzv_id(cfg)
-    return None
-
-
-def _remove_if_unused(path: Path) -> None:
-    """Remove Hydra's directory for this job where it holds only Hydra's own files (.hydra/, an empty log)."""
-    import shutil
-
-    if not path.is_dir():
-        return
-    if any(
-        p.name != ".hydra" and not (p.suffix == ".log" and p.is_file() and p.stat().st_size == 0)
-        for p in path.iterdir()
-    ):
-        return
-    shutil.rmtree(path, ignore_errors=True)
-    try:
-        path.parent.rmdir()  # the day's directory, if this was its only run
-    except OSError:
-        pass
-
-
 def _prepare_in_place(cfg: DictConfig, run_dir: Path) -> bool:
-    """What the run directory already holds decides (birder_repro.run.rundir.decide): a completed or diverged run
-    stops here in one line (False); an interrupted or failed one with a checkpoint is resumed in place, as its
-    next attempt. A torchrun run's rendezvous id is pinned into the config the workers read."""
-    from birder_repro.launch import choose_launcher, torchrun
-    from birder_repro.run import rundir
+    """A torchrun run's rendezvous id pinned into the config the workers read; then what the run directory
+    already holds decides (birder_repro.run.directory.prepare_in_place)."""
+    rdzv = _torchrun_id(cfg)
+    if rdzv is not None and not cfg.launcher.get("rdzv_id"):
+        cfg.launcher.rdzv_id = rdzv
+    return directory.prepare_in_place(cfg, run_dir, _node(cfg))
 
-    if choose_launcher(cfg) == "torchrun" and not cfg.launcher.get("rdzv_id"):
-        cfg.launcher.rdzv_id = torchrun.rdzv_id(cfg)
-    if cfg.get("dry_run"):
-        return True
-    decision = rundir.decide(run_dir, rundir.cell_digest(cfg))
-    if decision.action == "stop":
-        print(f"[birder-repro] {decision.line}", file=sys.stderr, flush=True)
-        return False
-    if decision.record is not None and _writes_record(cfg):  # this launch's failures only (birder_repro.run.failures)
-        import shutil
 
-        shutil.rmtree(run_dir / "failures", ignore_errors=True)
-    if not _writes_record(cfg):  # this node's CLI says it is done afresh (birder_repro.run.finish)
-        (run_dir / rundir.NODES_DIR / f"cli-node{torchrun.node_rank(cfg)}.done").unlink(missing_ok=True)
-    status = (decision.record or {}).get("status")
-    held = f"{run_dir} holds {'an' if status == 'interrupted' else 'a'} {status} run"
-    if decision.action == "resume":
-        cfg.train.resume = "auto"  # the workers take the directory's newest complete checkpoint
-        print(f"[birder-repro] {held}: resuming it from {decision.checkpoint.name}", flush=True)
-    elif decision.record is not None:
-        print(f"[birder-repro] {held} without a complete checkpoint: running it again from step 0", flush=True)
-    return True
+def _node(cfg: DictConfig) -> int:
+    """This CLI's node (birder_repro.launch.ending.node_of): node 0's CLI writes the run's record where the
+    workers could not; the CLIs of the other nodes of a torchrun run never do (rank 0's worker writes it)."""
+    from birder_repro.launch.ending import node_of
+
+    return node_of(cfg)
 
 
 def _writes_record(cfg: DictConfig) -> bool:
-    """Whether this CLI may write the run's record: all but the CLIs of nodes other than 0 of a torchrun run
-    (rank 0's worker writes it; node 0's CLI where the workers could not)."""
-    from birder_repro.launch import choose_launcher, torchrun
-
-    try:
-        return choose_launcher(cfg) != "torchrun" or torchrun.node_rank(cfg) == 0
-    except Exception:  # noqa: BLE001 - a config the launcher refuses: that failure is this CLI's to report
-        return True
+    return _node(cfg) == 0
 
 
 def _command_line(cfg: DictConfig) -> str:
@@ -417,21 +352,18 @@ def _fail(cfg: DictConfig, run_dir: Path, error: str, started: str, code: int, *
     """Report a run that could not be launched in one line, its only one; its record (in the run directory the
     line names where it can, else under runs/) says the same (a dry run writes none, nor a node other than 0)."""
     if not cfg.get("dry_run") and _writes_record(cfg):
-        from birder_repro.train.restarts import previous_attempts  # a resumed run's earlier attempts stay listed
-
-        fields.setdefault("attempts", previous_attempts(record.read_record(run_dir)))
-        record.write_failed_record(run_dir, cfg, error, started=started, **fields)
+        run = directory.RunDir(run_dir)
+        fields.setdefault("attempts", run.previous_attempts())  # a resumed run's earlier attempts stay listed
+        run.write_failed(cfg, error, started=started, **fields)
     print(f"[birder-repro] {error.rstrip()}", file=sys.stderr, flush=True)
     return code
 
 
 def _finish(cfg: DictConfig, run_dir: Path, code: int, started: str) -> int:
     """After the workers: how the run ended, told once (birder_repro.run.finish.finish_run)."""
-    from birder_repro.run import finish
+    from birder_repro.launch.ending import teller
 
-    return finish.finish_run(
-        cfg, run_dir, code, started, writes_record=_writes_record(cfg), command_line=_command_line(cfg)
-    )
+    return finish.finish_run(cfg, run_dir, code, started, teller(cfg), command_line=_command_line(cfg))
 
 
 @hydra.main(config_path=config_path() or str(CONF_DIR), config_name="config", version_base="1.3")

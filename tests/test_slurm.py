@@ -233,7 +233,7 @@ def test_requeue_directives_and_the_shells_traps(compose, tmp_path):
         "trap 'stop_workers TERM' TERM",
         'scontrol requeue "$SLURM_JOB_ID"',
         "--shutdown-timeout=30",
-        "-m birder_repro.run.job_end",
+        "-m birder_repro.launch.job_end",
     ):
         assert line in script, line
     off = slurm.batch_script(slurm_cfg(compose, "launcher.requeue=false"), tmp_path)

@@ -52,7 +52,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from birder_repro import netns
 from birder_repro.config import settings as layout
@@ -60,6 +60,7 @@ from birder_repro.launch import local
 from birder_repro.launch.process import Command
 from birder_repro.launch.torchrun import stop_timeout
 from birder_repro.run import record
+from birder_repro.run.directory import RunDir
 from birder_repro.run.failures import TerminalEcho
 from birder_repro.train.probes import LINK_IFACE_ENV  # the interface whose counters a node's local rank 0 reads
 
@@ -335,16 +336,7 @@ def _restore_run_files(run_dir: Path, files: dict[str, str], cfg: DictConfig) ->
     described (and can be run again) by what the user typed, not by one node's share of it."""
     for name, text in files.items():
         (run_dir / name).write_text(text)
-    rec = record.read_record(run_dir)
-    if rec is None or not isinstance(rec.get("config"), dict):
-        return
-    rec["command"] = files.get(record.COMMAND_FILE, "").strip() or rec.get("command")
-    rec["config"]["launcher"] = OmegaConf.to_container(cfg.launcher, resolve=True)
-    if rec.get("resume_command"):  # an interrupted run: resumed by the user's command, not node 0's
-        users = record.resume_command(run_dir)
-        rec["error"] = str(rec.get("error") or "").replace(rec["resume_command"], users)
-        rec["resume_command"] = users
-    record.write_record(run_dir, rec)
+    RunDir(run_dir).relay_user_command(cfg, files)
 
 
 class _Interrupted(BaseException):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from birder_repro.run.failures import TerminalEcho
 
-__all__ = ["Command", "run_streaming", "ForwardSignals", "signals_deferred", "log_tail"]
+__all__ = ["Command", "run_streaming", "ForwardSignals", "signals_deferred"]
 
 
 @dataclass(frozen=True)
@@ -147,12 +147,3 @@ def _pump(fd: int, log, echo: TerminalEcho) -> None:
         log.flush()
         echo.write(chunk)
     echo.close()
-
-
-def log_tail(log_path: Path, max_chars: int = 4000) -> str:
-    """The end of what the processes printed (empty when nothing was)."""
-    if not log_path.is_file():
-        return ""
-    with open(log_path, "rb") as f:
-        f.seek(max(0, f.seek(0, os.SEEK_END) - max_chars))
-        return f.read().decode("utf-8", errors="replace")

@@ -27,7 +27,7 @@ What an HPC user expects of a long job, each checked against ``man sbatch`` / ``
   (birder_repro.train.checkpoint.choose_resume). ``--open-mode=append`` keeps every attempt's output in the one
   ``slurm-<job id>.out``. SIGTERM to the shell (``scancel``; preemption) stops the workers the same way but
   does not requeue: a preempted job is requeued by SLURM itself where the cluster's PreemptMode says so.
-- The summary: after srun the script runs ``python -m birder_repro.run.job_end``, which prints what the
+- The summary: after srun the script runs ``python -m birder_repro.launch.job_end``, which prints what the
   CLI prints at the end of a local run, into the job's output file.
 - Warnings at submit time (:func:`warnings`): a time limit the run is predicted to outlast with no checkpoint
   saved before it, and ``cluster=local``, whose record would say the nodes talk over loopback.
@@ -83,7 +83,7 @@ OPTIONAL_DIRECTIVES = {
 # data.num_workers=auto: the loader processes per training process that cpus_per_task=auto asks cores for
 # (the default of pytorch/examples' ImageNet training, --workers 4); inside the job, auto then finds them.
 AUTO_LOADERS = 4
-SUMMARY = "birder_repro.run.job_end"
+SUMMARY = "birder_repro.launch.job_end"
 
 
 # ------------------------------------------------------------------------------------------ the config

@@ -159,11 +159,12 @@ def write_predicted_record(cfg: Any, run_dir: Any, started: str) -> dict[str, An
     from pathlib import Path
 
     from birder_repro.run import record as records
+    from birder_repro.run.directory import RunDir
 
     rec = records.base_record(cfg, Path(run_dir))
     rec.update(predict_record(cfg))
     rec.update(started=started, ended=records.now(), device=f"predicted for: {rec['profile']['device']}")
-    records.write_record(Path(run_dir), rec)
+    RunDir(run_dir).write(rec)
     return rec
 
 

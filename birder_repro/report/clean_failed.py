@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from birder_repro.run.checkpoint_dirs import CHECKPOINTS, complete_checkpoints
 from birder_repro.run.record import find_records, read_record, runs_root
-from birder_repro.train.checkpoint import CHECKPOINTS, complete_checkpoints
 
 __all__ = ["FailedRun", "failed_runs", "remove", "main"]
 

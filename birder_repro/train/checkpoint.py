@@ -45,7 +45,6 @@ import hashlib
 import itertools
 import json
 import os
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +53,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from birder_repro.run.checkpoint_dirs import (
+    CHECKPOINTS,
+    COMPLETE,
+    MANIFEST,
+    complete_checkpoints,
+    step_dir,
+)
+from birder_repro.run.checkpoint_dirs import STEP_DIR as _STEP_DIR
+from birder_repro.run.checkpoint_dirs import is_complete as _is_complete
 from birder_repro.train.checkpoint_files import CheckpointError, load_file, shard_name
 from birder_repro.train.collectives import allreduce_sum, barrier
 from birder_repro.train.rng import rng_state, set_rng_state
@@ -78,11 +86,7 @@ __all__ = [
     "settle_ddp_buckets",
 ]
 
-CHECKPOINTS = "checkpoints"
-COMPLETE = "COMPLETE"
-MANIFEST = "manifest.json"
-MODEL = "model.pt"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
+MODEL = "model.pt"  # rank 0's copy of the model (CHECKPOINTS, COMPLETE, MANIFEST: birder_repro.run.checkpoint_dirs)
 
 
 @dataclass(frozen=True)
@@ -121,28 +125,6 @@ class RunIdentity:
             world_size=world_size,
             config_digest=hashlib.sha256(text.encode()).hexdigest()[:16],
         )
-
-
-# ------------------------------------------------------------------------------------------------ names
-def step_dir(run_dir, step: int) -> Path:
-    return Path(run_dir) / CHECKPOINTS / f"step-{step:06d}"
-
-
-def _is_complete(path: Path) -> bool:
-    return (path / COMPLETE).is_file() and (path / MANIFEST).is_file()
-
-
-def complete_checkpoints(root) -> list[tuple[int, Path]]:
-    """(step, directory) of every complete checkpoint under ``root`` (a ``checkpoints/`` dir), oldest first."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    found = []
-    for child in root.iterdir():
-        match = _STEP_DIR.match(child.name)
-        if match and _is_complete(child):
-            found.append((int(match.group(1)), child))
-    return sorted(found)
 
 
 # ----------------------------------------------------------------------------------------------- saving

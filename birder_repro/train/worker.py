@@ -1,7 +1,7 @@
 """One worker process of a run: ``python -m birder_repro.train.worker --run-dir DIR``, started by torchrun.
 
 It reads the resolved config the CLI wrote into the run directory (it never composes one: Hydra runs once, in
-the CLI), joins the process group, checks that every node sees the run directory (birder_repro.run.rundir), builds
+the CLI), joins the process group, checks that every node sees the run directory (birder_repro.train.shared_dir), builds
 the topology, task, DDP model, optimizer and communication hook, trains, and on rank 0 writes ``record.json``:
 completed, failed, diverged, or interrupted (a stop signal, birder_repro.train.stop). Only rank 0 prints and
 writes the record, the one record of the run, whichever node rank 0 runs on.
@@ -28,7 +28,9 @@ from torch.distributed.elastic.multiprocessing.errors import record as elastic_r
 
 from birder_repro.config import settings as layout
 from birder_repro.run import failures, record
-from birder_repro.run.rundir import cell_digest, check_shared
+from birder_repro.run.digest import cell_digest
+from birder_repro.run.directory import RunDir, attempt_entry
+from birder_repro.train.shared_dir import check_shared
 
 __all__ = [
     "DistEnv",
@@ -257,12 +259,11 @@ def run_worker(run_dir: Path, env: DistEnv | None = None) -> int:
         if env.is_main:
             attempts = attempt.history("completed", result.get("resumed_from_step") or 0, result.get("steps"))
             done = record.completed_record(cfg, run_dir, result, ended=record.now(), attempts=attempts, **fields)
-            record.write_record(run_dir, done)
+            RunDir(run_dir).write(done)
         return 0
     except Diverged as halt:  # every rank stops at the same step (train/divergence.py): not a failure to restart
         if env.is_main:
-            record.write_record(
-                run_dir,
+            RunDir(run_dir).write(
                 record.diverged_record(
                     cfg,
                     run_dir,
@@ -285,8 +286,7 @@ def run_worker(run_dir: Path, env: DistEnv | None = None) -> int:
         # One line, then the traceback: output.log keeps both, the terminal stops at the line (failures.py).
         print(f"{failures.MARK}{failure.line}\n{failure.traceback}", file=sys.stderr, flush=True)
         if env.is_main:
-            record.write_failed_record(
-                run_dir,
+            RunDir(run_dir).write_failed(
                 cfg,
                 failure.line,
                 traceback=failure.traceback,
@@ -305,30 +305,26 @@ class _Attempt:
     directory keeps one record), read before anything of this attempt is written, and this one's entry."""
 
     def __init__(self, run_dir: Path, cfg: DictConfig, env: DistEnv):
-        from birder_repro.train.restarts import previous_attempts
-
-        self.run_dir, self.cfg, self.started = Path(run_dir), cfg, record.now()
-        self.earlier = previous_attempts(record.read_record(run_dir)) if env.is_main else []
+        self.run, self.cfg, self.started = RunDir(run_dir), cfg, record.now()
+        self.earlier = self.run.previous_attempts() if env.is_main else []
         self.first_started = (self.earlier[0].get("started") if self.earlier else None) or self.started
 
     def history(self, status: str, from_step: int | None, to_step: int | None = None) -> list[dict]:
         """The record's ``attempts``: the earlier ones, then this one ending with ``status``."""
-        from birder_repro.train.restarts import attempt_entry, reached_step, restart_count
+        from birder_repro.train.restarts import restart_count
 
-        to_step = to_step if to_step is not None else reached_step(self.run_dir)
+        to_step = to_step if to_step is not None else self.run.reached_step()
         return [*self.earlier, attempt_entry(status, self.started, record.now(), from_step, to_step, restart_count())]
 
     def interrupted(self, halt, fields: dict) -> None:
         """Write the interrupted record and say so, last, in the workers' output (birder_repro.run.failures)."""
-        from birder_repro.train.checkpoint import CHECKPOINTS, complete_checkpoints
         from birder_repro.train.restarts import restart_count
         from birder_repro.train.stop import signal_name
 
-        found = complete_checkpoints(self.run_dir / CHECKPOINTS)
-        checkpoint = halt.checkpoint or (found[-1][1] if found else None)
+        checkpoint = halt.checkpoint or self.run.newest_checkpoint()
         rec = record.interrupted_record(
             self.cfg,
-            self.run_dir,
+            self.run.path,
             halt.step,
             signal_name(halt.signum),
             checkpoint,
@@ -336,7 +332,7 @@ class _Attempt:
             attempts=self.history("interrupted", halt.from_step, halt.step),
             **fields,
         )
-        record.write_record(self.run_dir, rec)
+        self.run.write(rec)
         print(f"{failures.STOP_MARK}{rec['error'].split('; resume: ')[0]}", flush=True)
 
 
