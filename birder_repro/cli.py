@@ -35,9 +35,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from birder_repro import launch
 from birder_repro.config import settings as layout
+from birder_repro.launch.ending import node_of, teller
+from birder_repro.launch.process import signals_deferred
 from birder_repro.run import directory, finish, record
 from birder_repro.run.digest import LAUNCH_ENV
+from birder_repro.tasks import DatasetNotFound, check_data
 from birder_repro.train import checks  # noqa: F401 - installs the checks of the sections higher layers own
 
 __all__ = ["CONF_DIR", "run", "main"]
@@ -85,14 +89,13 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> int:
             return 2
         os.environ[LAUNCH_ENV] = f"{started} {socket.gethostname()} {os.getpid()}"  # this attempt's id
         record.write_run_files(run_dir, resolved, _command_line(cfg) if _writes_record(resolved) else None)
-        from birder_repro.launch import check, launch  # after resolving: a config error needs no launcher
 
-        check(resolved)  # the launcher's refusals, then the data: nothing has started yet
+        launch.check(resolved)  # the launcher's refusals, then the data: nothing has started yet
         # a probe reads no data
         missing = None if cfg.get("mode") == "probe" else (_missing_data(resolved) or _missing_resume(resolved))
         if missing is not None:
             return _fail(cfg, run_dir, missing, started, code=2)
-        code = launch(resolved, run_dir)
+        code = launch.launch(resolved, run_dir)
     except layout.ConfigError as err:
         return _fail(cfg, run_dir or _job_dir(cfg), f"config error: {err}", started, code=2)
     except Exception as err:  # noqa: BLE001 - a bug must not stop the other cells of a sweep either
@@ -106,7 +109,6 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> int:
         )
     if cfg.dry_run or (code == 0 and _submitted(resolved)):
         return code
-    from birder_repro.launch.process import signals_deferred
 
     with signals_deferred():  # a second Ctrl-C must not cut the record and the resume command short
         return _finish(resolved, run_dir, code, started)
@@ -118,7 +120,7 @@ def _predict(cfg: DictConfig, run_dir: Path, started: str) -> int:
         _check_gpus_per_node_knowable(cfg)
         resolved = layout.resolve(cfg, references=reference_configs(cfg))
         record.write_run_files(run_dir, resolved, _command_line(cfg))
-        from birder_repro.perf.predict import format_prediction, write_predicted_record
+        from birder_repro.perf.predict import format_prediction, write_predicted_record  # imports torch: here
 
         rec = write_predicted_record(resolved, run_dir, started)
     except layout.ConfigError as err:
@@ -139,7 +141,7 @@ def _advise(cfg: DictConfig, run_dir: Path | None) -> int:
     try:
         _check_gpus_per_node_knowable(cfg)
         resolved = layout.resolve(cfg, references=reference_configs(cfg))
-        from birder_repro.perf.advisor import advice_dir_name, run_advice
+        from birder_repro.perf.advisor import advice_dir_name, run_advice  # imports torch: here, not in every run
 
         run_dir = run_dir or _advice_dir(
             cfg, advice_dir_name(resolved.task.name, resolved.nodes, resolved.gpus_per_node)
@@ -174,10 +176,9 @@ def _check_gpus_per_node_knowable(cfg: DictConfig) -> None:
     that may have none (it would quietly become one process per node)."""
     if str(cfg.get("gpus_per_node")) != "auto":
         return
-    from birder_repro.launch import choose_launcher
 
     try:
-        launcher = choose_launcher(cfg)
+        launcher = launch.choose_launcher(cfg)
     except layout.ConfigError:  # a refused launcher is reported by the launcher's own check, after this one
         return
     if launcher == "slurm":
@@ -257,8 +258,6 @@ def _missing_data(cfg: DictConfig) -> str | None:
     A dry run and a SLURM job only warn: a dry run starts nothing, and the job's nodes may see files that this
     (login) machine does not.
     """
-    from birder_repro.tasks import DatasetNotFound, check_data
-
     try:
         check_data(cfg)
     except DatasetNotFound as err:
@@ -276,7 +275,7 @@ def _missing_resume(cfg: DictConfig) -> str | None:
     spec = OmegaConf.select(cfg, "train.resume", default=None)
     if spec in (None, "", "null", "auto"):
         return None
-    from birder_repro.train.checkpoint import CheckpointError, resolve_path
+    from birder_repro.train.checkpoint import CheckpointError, resolve_path  # imports torch: only for a path
 
     try:
         resolve_path(str(spec))
@@ -289,9 +288,7 @@ def _missing_resume(cfg: DictConfig) -> str | None:
 
 def _submitted(cfg: DictConfig) -> bool:
     """launcher=slurm returns once the job is queued: its workers write the record when the job runs."""
-    from birder_repro.launch import choose_launcher
-
-    return choose_launcher(cfg) == "slurm"
+    return launch.choose_launcher(cfg) == "slurm"
 
 
 def _job_dir(cfg: DictConfig, resolved: DictConfig | None = None) -> Path:
@@ -303,9 +300,7 @@ def _job_dir(cfg: DictConfig, resolved: DictConfig | None = None) -> Path:
 
 def _torchrun_id(cfg: DictConfig) -> str | None:
     """A torchrun run's rendezvous id, which names its directory on every node; None for the other launchers."""
-    from birder_repro.launch import choose_launcher, torchrun
-
-    return torchrun.rdzv_id(cfg) if choose_launcher(cfg) == "torchrun" else None
+    return launch.torchrun.rdzv_id(cfg) if launch.choose_launcher(cfg) == "torchrun" else None
 
 
 def _run_dir_given() -> bool:
@@ -322,19 +317,13 @@ def _prepare_in_place(cfg: DictConfig, run_dir: Path) -> bool:
     rdzv = _torchrun_id(cfg)
     if rdzv is not None and not cfg.launcher.get("rdzv_id"):
         cfg.launcher.rdzv_id = rdzv
-    return directory.prepare_in_place(cfg, run_dir, _node(cfg))
-
-
-def _node(cfg: DictConfig) -> int:
-    """This CLI's node (birder_repro.launch.ending.node_of): node 0's CLI writes the run's record where the
-    workers could not; the CLIs of the other nodes of a torchrun run never do (rank 0's worker writes it)."""
-    from birder_repro.launch.ending import node_of
-
-    return node_of(cfg)
+    return directory.prepare_in_place(cfg, run_dir, node_of(cfg))
 
 
 def _writes_record(cfg: DictConfig) -> bool:
-    return _node(cfg) == 0
+    """Whether this CLI may write the run's record: node 0's (birder_repro.launch.ending.node_of), where the
+    workers could not; the CLIs of the other nodes of a torchrun run never do (rank 0's worker writes it)."""
+    return node_of(cfg) == 0
 
 
 def _command_line(cfg: DictConfig) -> str:
@@ -361,8 +350,6 @@ def _fail(cfg: DictConfig, run_dir: Path, error: str, started: str, code: int, *
 
 def _finish(cfg: DictConfig, run_dir: Path, code: int, started: str) -> int:
     """After the workers: how the run ended, told once (birder_repro.run.finish.finish_run)."""
-    from birder_repro.launch.ending import teller
-
     return finish.finish_run(cfg, run_dir, code, started, teller(cfg), command_line=_command_line(cfg))
 
 

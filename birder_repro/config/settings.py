@@ -25,6 +25,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from birder_repro import cuda_env
 from birder_repro.config.plain import plain_config
 
 __all__ = [
@@ -103,8 +104,6 @@ def data_workers(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> int:
 
 
 def _cuda_count() -> int:
-    from birder_repro import cuda_env
-
     if cuda_env.no_gpu_here():  # a CPU machine: 0, without importing torch (cuda_env.no_gpu_here)
         return 0
     import torch  # imported here: composing and validating a config should not need torch
@@ -164,8 +163,6 @@ def resolve_device(
     gpus = _cuda_count() if gpu_count is None else gpu_count
     if gpus == 0:
         if why_no_cuda is None and gpu_count is None:
-            from birder_repro import cuda_env
-
             why_no_cuda = cuda_env.why_no_cuda
         unusable = why_no_cuda() if why_no_cuda is not None else None
         if unusable:

@@ -352,7 +352,7 @@ def predicted_run(cfg: DictConfig) -> tuple[float, float, str] | None:
     steps = _planned_steps(cfg)
     if steps is None:
         return None
-    from birder_repro.perf.predict import predict_record
+    from birder_repro.perf.predict import predict_record  # imports torch: here, not in the submitting CLI
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     plain["predict"] = {**(plain.get("predict") or {})}

@@ -33,6 +33,7 @@ from omegaconf import DictConfig
 from birder_repro.config import settings as layout
 from birder_repro.launch import slurm_env
 from birder_repro.launch.process import Command
+from birder_repro.run.digest import run_digest
 
 __all__ = [
     "Rendezvous",
@@ -192,7 +193,6 @@ def rdzv_id(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> str:
     if slurm_env.in_allocation(env):
         step = env.get("SLURM_STEP_ID")
         return f"slurm-{env['SLURM_JOB_ID']}" + (f".{step}" if step else "")
-    from birder_repro.run.digest import run_digest
 
     return f"birder-{cfg.task.name}-{cfg.optim.name}-{cfg.nodes}x{cfg.gpus_per_node}-{run_digest(cfg)[:8]}"
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from birder_repro.config import settings as layout
 from birder_repro.config.plain import plain_config
 from birder_repro.run import schema
 from birder_repro.run.digest import cell_digest
@@ -188,8 +189,6 @@ def base_record(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     The run's own figures (global batch, steps) replace these in a completed record; a failed run keeps what
     the config says.
     """
-    from birder_repro.config import settings as layout
-
     record = schema.empty_record()
     record.update(
         {
@@ -218,15 +217,11 @@ def base_record(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 def effective_lr(cfg: DictConfig) -> float:
     """The learning rate the optimizer gets: ``optim.effective_lr`` as ``config.resolve`` recorded it in the
     run's config; for a config that did not go through it, ``config.effective_lr`` (the one formula)."""
-    from birder_repro.config import settings as layout
-
     recorded = OmegaConf.select(cfg, "optim.effective_lr", default=None)
     return float(recorded) if recorded is not None else layout.effective_lr(cfg)
 
 
 def _cluster(cfg: DictConfig) -> dict[str, Any]:
-    from birder_repro.config import settings as layout
-
     return {
         "name": cfg.cluster.name,
         "nodes": cfg.nodes,

@@ -9,6 +9,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from birder_repro.optim import get_optim_info
 from birder_repro.run import schema
 from birder_repro.run.schema import get
 
@@ -213,7 +214,6 @@ def _parallel(parallel: str, optim: str) -> str:
     """ddp, or fsdp with how the nodes communicate."""
     if parallel != "fsdp":
         return "ddp"
-    from birder_repro.optim import get_optim_info
 
     try:
         scheme = get_optim_info(optim).comm

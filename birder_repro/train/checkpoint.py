@@ -53,6 +53,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from birder_repro.optim import get_optim_info
+from birder_repro.run import record
 from birder_repro.run.checkpoint_dirs import (
     CHECKPOINTS,
     COMPLETE,
@@ -62,6 +64,7 @@ from birder_repro.run.checkpoint_dirs import (
 )
 from birder_repro.run.checkpoint_dirs import STEP_DIR as _STEP_DIR
 from birder_repro.run.checkpoint_dirs import is_complete as _is_complete
+from birder_repro.train import fsdp_checkpoint, relayout
 from birder_repro.train.checkpoint_files import CheckpointError, load_file, shard_name
 from birder_repro.train.collectives import allreduce_sum, barrier
 from birder_repro.train.rng import rng_state, set_rng_state
@@ -104,8 +107,6 @@ class RunIdentity:
     @classmethod
     def from_config(cls, cfg, comm, world_size: int) -> RunIdentity:
         from omegaconf import OmegaConf
-
-        from birder_repro.optim import get_optim_info
 
         comm_cfg = cfg.optim.get("comm") or {}
         try:
@@ -172,7 +173,6 @@ def save_checkpoint(
         where.mkdir(parents=True, exist_ok=True)
     barrier()
     error = ""
-    from birder_repro.train import fsdp_checkpoint
 
     sharded = fsdp_checkpoint.is_fsdp(comm)  # parallel=fsdp: model, optimizer and hook state through DCP
     try:
@@ -255,8 +255,6 @@ def _identity_dict(identity: RunIdentity) -> dict:
 
 
 def _versions() -> dict:
-    from birder_repro.run import record
-
     try:
         return record.versions()
     except Exception:  # noqa: BLE001 - the versions are informative; a checkpoint must not fail for them
@@ -402,8 +400,6 @@ def load_checkpoint(
     Rank 0 reads the model and broadcasts it. ``carry``, if given, is filled with what the shard carries on
     (empty for a checkpoint written before it did).
     """
-    from birder_repro.train import relayout
-
     where = Path(where)
     manifest = read_manifest(where)
     change = (
@@ -411,7 +407,6 @@ def load_checkpoint(
         if identity
         else ("same" if manifest.get("world_size") == world_size else "nodes")
     )
-    from birder_repro.train import fsdp_checkpoint
 
     if fsdp_checkpoint.is_fsdp(comm) or manifest.get("sharded"):
         return _load_sharded(where, manifest, change, model, optimizer, comm, rank, device, carry)
@@ -466,8 +461,6 @@ def _load_sharded(
 ) -> tuple[int, float]:
     """A ``parallel=fsdp`` checkpoint (birder_repro.train.fsdp_checkpoint): DCP reshards it to this run's
     gpus_per_node; another node count is refused (the nodes are Algorithm 1's workers)."""
-    from birder_repro.train import fsdp_checkpoint
-
     if not (fsdp_checkpoint.is_fsdp(comm) and manifest.get("sharded")):
         saved, now = ("fsdp", "ddp") if manifest.get("sharded") else ("ddp", "fsdp")
         raise CheckpointError(

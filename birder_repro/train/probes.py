@@ -16,6 +16,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from birder_repro import netns
+
 __all__ = ["LINK_IFACE_ENV", "LinkCounters", "link_probe", "probes_for", "start_probes", "stop_probes"]
 
 LINK_IFACE_ENV = "BIRDER_LINK_IFACE"  # set by the launcher: the interface whose counters a node's local rank 0 reads
@@ -35,15 +37,10 @@ def stop_probes(probes: Sequence, timed_steps: int) -> dict[str, Any]:
 
 
 def _read_counters(iface: str) -> dict[str, int]:
-    # The reader lives with the fabric whose interfaces it reads; imported only where a link is counted.
-    from birder_repro import netns
-
-    return netns.read_counters(iface)
+    return netns.read_counters(iface)  # the reader lives with the fabric whose interfaces it reads
 
 
 def _header_bytes() -> int:
-    from birder_repro import netns
-
     return netns.FRAME_HEADER_BYTES
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from birder_repro.run.digest import LAUNCH_ENV
 from birder_repro.run.directory import PROGRESS, RunDir
+from birder_repro.train.stop import requested
 
 __all__ = [
     "RESTART_ENV",
@@ -128,8 +129,6 @@ def inject_fault(rank: int, next_step: int, env: Mapping[str, str] = os.environ)
     elif kind == "slow":  # a straggler: this rank's loop falls SLOW_S behind the others once
         time.sleep(SLOW_S)
     elif kind == "wait":
-        from birder_repro.train.stop import requested
-
         for _ in range(2400):
             if requested():
                 return

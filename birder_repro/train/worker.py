@@ -26,11 +26,19 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.distributed.elastic.multiprocessing.errors import record as elastic_record
 
+from birder_repro import comm, tasks, train
 from birder_repro.config import settings as layout
+from birder_repro.optim.onebit_adam import OneBitOptimizer, short_warmup_warning
+from birder_repro.perf.probe import probe_worker
 from birder_repro.run import failures, record
 from birder_repro.run.digest import cell_digest
 from birder_repro.run.directory import RunDir, attempt_entry
+from birder_repro.train import probes, stop
+from birder_repro.train.divergence import Diverged
+from birder_repro.train.restarts import restart_count
+from birder_repro.train.settings import TrainSettings
 from birder_repro.train.shared_dir import check_shared
+from birder_repro.train.stop import signal_name
 
 __all__ = [
     "DistEnv",
@@ -107,7 +115,6 @@ def init_process_group(
     if env.rendezvous:
         # The agent's store outlives a restart (train.max_restarts) and keeps the keys of the failed attempt's
         # group (each process's address): a fresh prefix per attempt, or the new ranks read the dead ones'.
-        from birder_repro.train.restarts import restart_count
 
         store, _, _ = next(
             dist.rendezvous(
@@ -154,12 +161,8 @@ def optim_config(cfg: DictConfig, total_steps: int | None = None) -> DictConfig:
 def build_and_train(cfg: DictConfig, env: DistEnv, device: torch.device, run_dir: Path) -> dict:
     """Topology, task, data, DDP model, optimizer and hook, then the training loop; returns its figures."""
     if cfg.get("mode") == "probe":  # birder-repro mode=probe: collectives timed instead (birder_repro.perf.probe)
-        from birder_repro.perf.probe import probe_worker
-
         return probe_worker(cfg, env.rank, device, run_dir)
     # Imported here: a worker whose layout check fails reports it without loading models and hooks.
-    from birder_repro import comm, tasks, train
-    from birder_repro.train import probes
 
     topology = comm.build_topology(int(cfg.gpus_per_node))
     task = tasks.get_task(cfg.task.name)
@@ -211,8 +214,6 @@ def start_line(env: DistEnv, fields: dict) -> str:
 
 def _warn_short_onebit_warmup(opt, env: DistEnv) -> None:
     """Before training: 1-bit Adam / LAMB with a warmup too short for their frozen variance (one line)."""
-    from birder_repro.optim.onebit_adam import OneBitOptimizer, short_warmup_warning
-
     if env.is_main and isinstance(opt, OneBitOptimizer) and opt.momentum_by_hook:
         line = short_warmup_warning(opt, getattr(opt, "precondition_compression", False))
         if line:
@@ -225,11 +226,6 @@ def describe_device(device: torch.device) -> str:
 
 def run_worker(run_dir: Path, env: DistEnv | None = None) -> int:
     """The whole life of one worker; rank 0 writes the record. Returns the process's exit code."""
-    from birder_repro.train import stop
-    from birder_repro.train.divergence import Diverged
-    from birder_repro.train.restarts import restart_count
-    from birder_repro.train.settings import TrainSettings
-
     env = env or read_dist_env()
     cfg = record.load_run_config(run_dir)
     attempt = _Attempt(run_dir, cfg, env)
@@ -311,16 +307,11 @@ class _Attempt:
 
     def history(self, status: str, from_step: int | None, to_step: int | None = None) -> list[dict]:
         """The record's ``attempts``: the earlier ones, then this one ending with ``status``."""
-        from birder_repro.train.restarts import restart_count
-
         to_step = to_step if to_step is not None else self.run.reached_step()
         return [*self.earlier, attempt_entry(status, self.started, record.now(), from_step, to_step, restart_count())]
 
     def interrupted(self, halt, fields: dict) -> None:
         """Write the interrupted record and say so, last, in the workers' output (birder_repro.run.failures)."""
-        from birder_repro.train.restarts import restart_count
-        from birder_repro.train.stop import signal_name
-
         checkpoint = halt.checkpoint or self.run.newest_checkpoint()
         rec = record.interrupted_record(
             self.cfg,
