@@ -3,7 +3,8 @@
 Every node runs ``torchrun --nnodes=N --nproc-per-node=M`` with the same rendezvous (endpoint and id), and
 its workers write into the same run directory, ``$BIRDER_RUNS/<rendezvous id>`` (or the ``hydra.run.dir`` given
 on every node), which must be on a file system every node shares (the workers check it at start:
-birder_repro.run.rundir). Each node's CLI keeps its torchrun's output in its own log file there (:func:`log_name`).
+birder_repro.train.shared_dir). Each node's CLI keeps its torchrun's output in its own log file there
+(:func:`log_name`).
 
 How ranks come out (torch/distributed/run.py and elastic/agent/server/api.py, torch 2.14): with the ``c10d``
 rendezvous, ``--node-rank`` is ignored (torchrun warns so); the rendezvous numbers the nodes ("group rank")
@@ -183,7 +184,7 @@ def rdzv_id(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> str:
     """The rendezvous id, which must be the same on every node, and which names the run directory.
 
     ``launcher.rdzv_id``, else the SLURM job (and step), which every node of the job shares, else a name made
-    of the layout and a digest of the config less the per-node settings (birder_repro.run.rundir.run_digest): every
+    of the layout and a digest of the config less the per-node settings (birder_repro.run.digest.run_digest): every
     node composes the same config, so every node derives the same id and run directory, and two different
     configs never share one. Two jobs cannot meet by mistake: each rendezvous lives in the store its own
     node 0 serves on the endpoint's port.

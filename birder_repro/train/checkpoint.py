@@ -15,7 +15,7 @@ One directory per checkpointed step, marked complete only once everything in it 
 A crash (or a full disk) while writing leaves a directory without ``COMPLETE``, which resume ignores; the
 earlier complete checkpoints are untouched: older ones are removed only after a newer one is complete, keeping
 ``train.keep_checkpoints``. Every file goes to a temporary name first and is renamed into place. The run
-directory is one directory every node shares (the worker checks it at start, birder_repro.run.rundir), so a
+directory is one directory every node shares (the worker checks it at start, birder_repro.train.shared_dir), so a
 checkpoint whose files rank 0 does not all see is refused rather than marked complete.
 
 The rank files and ``model.pt`` hold tensors and plain values only and load with
