@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from birder_repro.run.digest import cell_digest
-from birder_repro.run.directory import RunDir, find_resumable
+from birder_repro.run.digest import LAUNCH_ENV, cell_digest
+from birder_repro.run.directory import RunDir, attempt_entry, find_resumable
 from birder_repro.train.checkpoint import CHECKPOINTS, COMPLETE, MANIFEST
 
 
@@ -156,3 +156,49 @@ def test_the_run_directory_writes_a_checked_record_atomically(tmp_path):
     assert (
         run.fresh_record("2026-01-01T09:00:00+00:00") == rec and run.fresh_record("2026-01-01T11:00:00+00:00") is None
     )
+
+
+def test_a_stopped_run_resumes_from_its_newest_complete_checkpoint_and_without_one_starts_afresh(tmp_path):
+    stopped = _run(tmp_path / "stopped", "interrupted")
+    newer = stopped / CHECKPOINTS / "step-000007"
+    newer.mkdir()
+    (newer / MANIFEST).write_text("{}")  # no COMPLETE: its writing was cut short
+    decision = RunDir(stopped).decide(cell="cell")
+    assert decision.action == "resume" and decision.checkpoint.name == "step-000002"
+    assert RunDir(stopped).newest_step() == 2
+    for status in ("interrupted", "failed"):
+        bare = RunDir(_run(tmp_path / f"bare-{status}", status, checkpoint=False))
+        assert bare.decide(cell="another cell").action == "start", status  # nothing to lose: run it again
+        assert bare.newest_checkpoint() is None and bare.newest_step() == 0
+
+
+def test_the_attempts_before_this_launch_leave_out_this_launchs_own(tmp_path):
+    """A run resumed in place lists every earlier launch once; rank 0 and the CLI of the same launch (the same
+    BIRDER_LAUNCH) must not count it twice."""
+    run = RunDir(tmp_path)
+    assert run.previous_attempts({}) == []
+    run.write(
+        {
+            "status": "interrupted",
+            "attempts": [attempt_entry("interrupted", "t0", "t1", 0, 4, env={LAUNCH_ENV: "first"})],
+        }
+    )
+    assert [a["launch"] for a in run.previous_attempts({LAUNCH_ENV: "second"})] == ["first"]
+    assert run.previous_attempts({LAUNCH_ENV: "first"}) == []
+    run.write({"status": "failed", "started": "t0", "ended": "t1", "stopped_at_step": 3})  # before attempts were kept
+    assert [(a["status"], a["to_step"]) for a in run.previous_attempts({LAUNCH_ENV: "x"})] == [("failed", 3)]
+
+
+def test_the_launchers_tell_finish_which_node_it_is_on(compose, monkeypatch):
+    """run.finish asks no launcher: launch.ending hands it the node, whether the run spans nodes, this node's own
+    log, whether the user's CLI relays it (cluster=emulated) and the summary."""
+    from birder_repro.launch import emulated
+    from birder_repro.launch.ending import summarize, teller
+    from birder_repro.run.finish import Teller
+
+    monkeypatch.delenv(emulated.NODE_ENV, raising=False)
+    assert teller(compose(["nodes=2", "gpus_per_node=1"])) == Teller(summarize=summarize)
+    node1 = teller(compose(["nodes=2", "gpus_per_node=1", "launcher=torchrun", "launcher.node_rank=1"]))
+    assert (node1.node, node1.multi_node, node1.log_name, node1.relayed) == (1, True, "output.node1.log", False)
+    monkeypatch.setenv(emulated.NODE_ENV, "0")
+    assert teller(compose(["nodes=1", "gpus_per_node=1", "launcher=torchrun"])).relayed
