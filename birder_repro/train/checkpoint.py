@@ -64,6 +64,7 @@ from birder_repro.run.checkpoint_dirs import (
 )
 from birder_repro.run.checkpoint_dirs import STEP_DIR as _STEP_DIR
 from birder_repro.run.checkpoint_dirs import is_complete as _is_complete
+from birder_repro.run.directory import RunDir
 from birder_repro.train import fsdp_checkpoint, relayout
 from birder_repro.train.checkpoint_files import CheckpointError, load_file, shard_name
 from birder_repro.train.collectives import allreduce_sum, barrier
@@ -306,7 +307,7 @@ def resolve_path(spec: str) -> Path:
 
 def _agreed_newest(run_dir, device: torch.device) -> Path | None:
     """The newest complete checkpoint of this run directory that every rank has (each may have its own disk)."""
-    found = complete_checkpoints(Path(run_dir) / CHECKPOINTS)
+    found = RunDir(run_dir).complete_checkpoints()
     mine = found[-1][0] if found else -1
     step = mine
     if dist.is_initialized() and dist.get_world_size() > 1:
