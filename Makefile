@@ -46,7 +46,7 @@ clean-failed: $(STAMP)  ## list the failed runs under runs/ that make tables lea
 	$(BIN)/python -m birder_repro.report.clean_failed $(ARGS)
 
 bench: $(STAMP)  ## compression / decompression time of the hooks against a copy of the same buffer
-	$(BIN)/python -m birder_repro.bench $(ARGS)
+	$(BIN)/python -m birder_repro.bench.kernels $(ARGS)
 
 gpu-check: $(STAMP)  ## on a GPU node: kernels, 1-GPU runs of every task, hooks across ranks (DDP/FSDP, fp32/bf16/fp16; NCCL, or 2 ranks on 1 GPU); one table, non-zero on a failure or unusable CUDA
 	$(BIN)/python -m birder_repro.gpucheck $(ARGS)

@@ -11,10 +11,10 @@
 The Hydra app runs once per run, in this one process; the workers read the resolved ``config.yaml`` it writes
 and never compose a config again. :func:`run` is what the decorated entry point calls, and what tests call.
 
-One run, one directory (birder_repro.rundir): a torchrun run's is named after its rendezvous id, the same on
+One run, one directory (birder_repro.run.directory): a torchrun run's is named after its rendezvous id, the same on
 every node; a directory that holds an interrupted or failed run with a checkpoint is resumed in place, one that
 holds a completed run is never run again. Ctrl-C or SIGTERM stops the workers after their current step, with a
-checkpoint; the CLI waits for them and ends with the command that resumes the run (birder_repro.finish).
+checkpoint; the CLI waits for them and ends with the command that resumes the run (birder_repro.run.finish).
 """
 
 from __future__ import annotations
@@ -35,12 +35,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from birder_repro import (
-    checks,  # noqa: F401 - installs the checks of the sections higher layers own
-    record,
-)
-from birder_repro import config as layout
-from birder_repro.digest import LAUNCH_ENV
+from birder_repro import launch
+from birder_repro.config import settings as layout
+from birder_repro.launch.ending import node_of, teller
+from birder_repro.launch.process import signals_deferred
+from birder_repro.run import directory, finish, record
+from birder_repro.run.digest import LAUNCH_ENV
+from birder_repro.tasks import DatasetNotFound, check_data
+from birder_repro.train import checks  # noqa: F401 - installs the checks of the sections higher layers own
 
 __all__ = ["CONF_DIR", "run", "main"]
 
@@ -87,14 +89,13 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> int:
             return 2
         os.environ[LAUNCH_ENV] = f"{started} {socket.gethostname()} {os.getpid()}"  # this attempt's id
         record.write_run_files(run_dir, resolved, _command_line(cfg) if _writes_record(resolved) else None)
-        from birder_repro.launch import check, launch  # after resolving: a config error needs no launcher
 
-        check(resolved)  # the launcher's refusals, then the data: nothing has started yet
+        launch.check(resolved)  # the launcher's refusals, then the data: nothing has started yet
         # a probe reads no data
         missing = None if cfg.get("mode") == "probe" else (_missing_data(resolved) or _missing_resume(resolved))
         if missing is not None:
             return _fail(cfg, run_dir, missing, started, code=2)
-        code = launch(resolved, run_dir)
+        code = launch.launch(resolved, run_dir)
     except layout.ConfigError as err:
         return _fail(cfg, run_dir or _job_dir(cfg), f"config error: {err}", started, code=2)
     except Exception as err:  # noqa: BLE001 - a bug must not stop the other cells of a sweep either
@@ -108,7 +109,6 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> int:
         )
     if cfg.dry_run or (code == 0 and _submitted(resolved)):
         return code
-    from birder_repro.launch.process import signals_deferred
 
     with signals_deferred():  # a second Ctrl-C must not cut the record and the resume command short
         return _finish(resolved, run_dir, code, started)
@@ -120,7 +120,7 @@ def _predict(cfg: DictConfig, run_dir: Path, started: str) -> int:
         _check_gpus_per_node_knowable(cfg)
         resolved = layout.resolve(cfg, references=reference_configs(cfg))
         record.write_run_files(run_dir, resolved, _command_line(cfg))
-        from birder_repro.perf.predict import format_prediction, write_predicted_record
+        from birder_repro.perf.predict import format_prediction, write_predicted_record  # imports torch: here
 
         rec = write_predicted_record(resolved, run_dir, started)
     except layout.ConfigError as err:
@@ -141,7 +141,7 @@ def _advise(cfg: DictConfig, run_dir: Path | None) -> int:
     try:
         _check_gpus_per_node_knowable(cfg)
         resolved = layout.resolve(cfg, references=reference_configs(cfg))
-        from birder_repro.perf.advisor import advice_dir_name, run_advice
+        from birder_repro.perf.advisor import advice_dir_name, run_advice  # imports torch: here, not in every run
 
         run_dir = run_dir or _advice_dir(
             cfg, advice_dir_name(resolved.task.name, resolved.nodes, resolved.gpus_per_node)
@@ -166,7 +166,7 @@ def _advice_dir(cfg: DictConfig, name: str) -> Path:
     path = record.runs_root() / f"{stamp:%Y-%m-%d}" / f"{stamp:%H-%M-%S-%f}_{name}"
     path.mkdir(parents=True, exist_ok=False)
     if HydraConfig.initialized():
-        _remove_if_unused(Path(HydraConfig.get().runtime.output_dir))
+        directory.remove_if_unused(Path(HydraConfig.get().runtime.output_dir))
     return path
 
 
@@ -176,10 +176,9 @@ def _check_gpus_per_node_knowable(cfg: DictConfig) -> None:
     that may have none (it would quietly become one process per node)."""
     if str(cfg.get("gpus_per_node")) != "auto":
         return
-    from birder_repro.launch import choose_launcher
 
     try:
-        launcher = choose_launcher(cfg)
+        launcher = launch.choose_launcher(cfg)
     except layout.ConfigError:  # a refused launcher is reported by the launcher's own check, after this one
         return
     if launcher == "slurm":
@@ -190,10 +189,10 @@ def _check_gpus_per_node_knowable(cfg: DictConfig) -> None:
 
 
 def reference_configs(cfg: DictConfig) -> list[DictConfig]:
-    """What the YAML files say each key holds, for :func:`birder_repro.config.check_types` and which keys exist,
-    for :func:`birder_repro.config.check_known_keys`: the config of the same group choices without the command
-    line's ``key=value`` overrides, and of the task alone (so that a top-level default an experiment replaces,
-    such as ``gpus_per_node: auto``, still counts)."""
+    """What the YAML files say each key holds, for :func:`birder_repro.config.settings.check_types`, and which keys
+    exist, for :func:`birder_repro.config.settings.check_known_keys`: the config of the same group choices without
+    the command line's ``key=value`` overrides, and of the task alone (so that a top-level default an experiment
+    replaces, such as ``gpus_per_node: auto``, still counts)."""
     choices = _group_choices(cfg)
     picked = [f"{group}={choices[group]}" for group in GROUPS if choices.get(group)]
     task = [f"task={choices['task']}"] if choices.get("task") else []
@@ -259,8 +258,6 @@ def _missing_data(cfg: DictConfig) -> str | None:
     A dry run and a SLURM job only warn: a dry run starts nothing, and the job's nodes may see files that this
     (login) machine does not.
     """
-    from birder_repro.tasks import DatasetNotFound, check_data
-
     try:
         check_data(cfg)
     except DatasetNotFound as err:
@@ -278,7 +275,7 @@ def _missing_resume(cfg: DictConfig) -> str | None:
     spec = OmegaConf.select(cfg, "train.resume", default=None)
     if spec in (None, "", "null", "auto"):
         return None
-    from birder_repro.train.checkpoint import CheckpointError, resolve_path
+    from birder_repro.train.checkpoint import CheckpointError, resolve_path  # imports torch: only for a path
 
     try:
         resolve_path(str(spec))
@@ -291,27 +288,19 @@ def _missing_resume(cfg: DictConfig) -> str | None:
 
 def _submitted(cfg: DictConfig) -> bool:
     """launcher=slurm returns once the job is queued: its workers write the record when the job runs."""
-    from birder_repro.launch import choose_launcher
-
-    return choose_launcher(cfg) == "slurm"
+    return launch.choose_launcher(cfg) == "slurm"
 
 
 def _job_dir(cfg: DictConfig, resolved: DictConfig | None = None) -> Path:
-    """The run directory (birder_repro.rundir): ``hydra.run.dir`` where given (the same on every node); else,
-    once the config is resolved, the run ``train.resume=auto`` continues, or a torchrun run's directory named
-    after its rendezvous id (every node derives the same one, in a sweep too: each cell has its own id); else
-    Hydra's (run.dir, or sweep.dir/subdir in a sweep); a fresh one outside Hydra. Hydra's own directory is removed
-    where another is chosen and it holds
-    nothing but Hydra's files."""
+    """The run directory (birder_repro.run.directory.job_dir), from Hydra's job directory and this launcher's
+    rendezvous id."""
     hydra_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
-    if resolved is None or (hydra_dir is not None and _run_dir_given()):
-        return hydra_dir or record.new_run_dir(cfg)
-    chosen = _chosen_dir(resolved)
-    if chosen is None:
-        return hydra_dir or record.new_run_dir(cfg)
-    if hydra_dir is not None and hydra_dir.resolve() != chosen.resolve():
-        _remove_if_unused(hydra_dir)
-    return chosen
+    return directory.job_dir(cfg, resolved, hydra_dir, hydra_dir is not None and _run_dir_given(), _torchrun_id)
+
+
+def _torchrun_id(cfg: DictConfig) -> str | None:
+    """A torchrun run's rendezvous id, which names its directory on every node; None for the other launchers."""
+    return launch.torchrun.rdzv_id(cfg) if launch.choose_launcher(cfg) == "torchrun" else None
 
 
 def _run_dir_given() -> bool:
@@ -322,86 +311,19 @@ def _run_dir_given() -> bool:
     )
 
 
-def _chosen_dir(cfg: DictConfig) -> Path | None:
-    """``train.resume=auto``'s run (saying in one line when there is none), else a torchrun run's directory
-    under the runs root named by its rendezvous id; None: the caller's (Hydra's) directory."""
-    from birder_repro import rundir
-    from birder_repro.launch import choose_launcher, torchrun
-
-    if OmegaConf.select(cfg, "train.resume", default=None) == "auto" and not cfg.get("dry_run"):
-        cell = rundir.cell_digest(cfg)
-        found = rundir.find_resumable(record.runs_root(), cell)
-        if found is not None:
-            print(f"[birder-repro] train.resume=auto: continuing {found}", flush=True)
-            return found
-        print(
-            f"[birder-repro] train.resume=auto: no interrupted or failed run of this configuration (config digest "
-            f"{cell}) with a complete checkpoint under {record.runs_root()}: starting afresh",
-            flush=True,
-        )
-    if choose_launcher(cfg) == "torchrun":
-        return record.runs_root() / torchrun.rdzv_id(cfg)
-    return None
-
-
-def _remove_if_unused(path: Path) -> None:
-    """Remove Hydra's directory for this job where it holds only Hydra's own files (.hydra/, an empty log)."""
-    import shutil
-
-    if not path.is_dir():
-        return
-    if any(
-        p.name != ".hydra" and not (p.suffix == ".log" and p.is_file() and p.stat().st_size == 0)
-        for p in path.iterdir()
-    ):
-        return
-    shutil.rmtree(path, ignore_errors=True)
-    try:
-        path.parent.rmdir()  # the day's directory, if this was its only run
-    except OSError:
-        pass
-
-
 def _prepare_in_place(cfg: DictConfig, run_dir: Path) -> bool:
-    """What the run directory already holds decides (birder_repro.rundir.decide): a completed or diverged run
-    stops here in one line (False); an interrupted or failed one with a checkpoint is resumed in place, as its
-    next attempt. A torchrun run's rendezvous id is pinned into the config the workers read."""
-    from birder_repro import rundir
-    from birder_repro.launch import choose_launcher, torchrun
-
-    if choose_launcher(cfg) == "torchrun" and not cfg.launcher.get("rdzv_id"):
-        cfg.launcher.rdzv_id = torchrun.rdzv_id(cfg)
-    if cfg.get("dry_run"):
-        return True
-    decision = rundir.decide(run_dir, rundir.cell_digest(cfg))
-    if decision.action == "stop":
-        print(f"[birder-repro] {decision.line}", file=sys.stderr, flush=True)
-        return False
-    if decision.record is not None and _writes_record(cfg):  # this launch's failures only (birder_repro.failures)
-        import shutil
-
-        shutil.rmtree(run_dir / "failures", ignore_errors=True)
-    if not _writes_record(cfg):  # this node's CLI says it is done afresh (birder_repro.finish)
-        (run_dir / rundir.NODES_DIR / f"cli-node{torchrun.node_rank(cfg)}.done").unlink(missing_ok=True)
-    status = (decision.record or {}).get("status")
-    held = f"{run_dir} holds {'an' if status == 'interrupted' else 'a'} {status} run"
-    if decision.action == "resume":
-        cfg.train.resume = "auto"  # the workers take the directory's newest complete checkpoint
-        print(f"[birder-repro] {held}: resuming it from {decision.checkpoint.name}", flush=True)
-    elif decision.record is not None:
-        print(f"[birder-repro] {held} without a complete checkpoint: running it again from step 0", flush=True)
-    return True
+    """A torchrun run's rendezvous id pinned into the config the workers read; then what the run directory
+    already holds decides (birder_repro.run.directory.prepare_in_place)."""
+    rdzv = _torchrun_id(cfg)
+    if rdzv is not None and not cfg.launcher.get("rdzv_id"):
+        cfg.launcher.rdzv_id = rdzv
+    return directory.prepare_in_place(cfg, run_dir, node_of(cfg))
 
 
 def _writes_record(cfg: DictConfig) -> bool:
-    """Whether this CLI may write the run's record: all but the CLIs of nodes other than 0 of a torchrun run
-    (rank 0's worker writes it; node 0's CLI where the workers could not)."""
-    from birder_repro.launch import choose_launcher, torchrun
-
-    try:
-        return choose_launcher(cfg) != "torchrun" or torchrun.node_rank(cfg) == 0
-    except Exception:  # noqa: BLE001 - a config the launcher refuses: that failure is this CLI's to report
-        return True
+    """Whether this CLI may write the run's record: node 0's (birder_repro.launch.ending.node_of), where the
+    workers could not; the CLIs of the other nodes of a torchrun run never do (rank 0's worker writes it)."""
+    return node_of(cfg) == 0
 
 
 def _command_line(cfg: DictConfig) -> str:
@@ -419,21 +341,16 @@ def _fail(cfg: DictConfig, run_dir: Path, error: str, started: str, code: int, *
     """Report a run that could not be launched in one line, its only one; its record (in the run directory the
     line names where it can, else under runs/) says the same (a dry run writes none, nor a node other than 0)."""
     if not cfg.get("dry_run") and _writes_record(cfg):
-        from birder_repro.train.restarts import previous_attempts  # a resumed run's earlier attempts stay listed
-
-        fields.setdefault("attempts", previous_attempts(record.read_record(run_dir)))
-        record.write_failed_record(run_dir, cfg, error, started=started, **fields)
+        run = directory.RunDir(run_dir)
+        fields.setdefault("attempts", run.previous_attempts())  # a resumed run's earlier attempts stay listed
+        run.write_failed(cfg, error, started=started, **fields)
     print(f"[birder-repro] {error.rstrip()}", file=sys.stderr, flush=True)
     return code
 
 
 def _finish(cfg: DictConfig, run_dir: Path, code: int, started: str) -> int:
-    """After the workers: how the run ended, told once (birder_repro.finish.finish_run)."""
-    from birder_repro import finish
-
-    return finish.finish_run(
-        cfg, run_dir, code, started, writes_record=_writes_record(cfg), command_line=_command_line(cfg)
-    )
+    """After the workers: how the run ended, told once (birder_repro.run.finish.finish_run)."""
+    return finish.finish_run(cfg, run_dir, code, started, teller(cfg), command_line=_command_line(cfg))
 
 
 @hydra.main(config_path=config_path() or str(CONF_DIR), config_name="config", version_base="1.3")
@@ -540,7 +457,7 @@ def override_error_line(exc: BaseException) -> str | None:
     """The one line for Hydra's refusal of a command-line override (None for anything else): ``key=value`` where
     the config has no ``key`` (the key, the closest setting, the ``+key=`` form's verdict), or ``group=choice``
     where the group has no such option (Hydra's :class:`~hydra.errors.MissingConfigException` names the file
-    it looked for and the group's options: :func:`birder_repro.config.no_such_choice`)."""
+    it looked for and the group's options: :func:`birder_repro.config.settings.no_such_choice`)."""
     from hydra.errors import ConfigCompositionException, MissingConfigException
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 

@@ -2,7 +2,7 @@
 
 It sits below every layer that needs it (docs/architecture.md), and imports nothing of the project: the
 emulated launcher (birder_repro.launch.emulated) builds a run's fabric with it, the link probe
-(birder_repro.perf.linkprobe) builds its own, and the training loop's link-byte probe (birder_repro.probes)
+(birder_repro.perf.linkprobe) builds its own, and the training loop's link-byte probe (birder_repro.train.probes)
 reads a node's kernel counters with it. ``from birder_repro.launch import netns`` still finds it.
 
 One run's fabric (``<id>``: 6 hex digits, new for every run)::

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from birder_repro.registry import import_from, lazy_attributes
+from birder_repro.tasks.data_files import CHECKS, DatasetNotFound  # torch-free; below this registry
 
 if TYPE_CHECKING:  # imported on first use (__getattr__ below): tasks.base imports torch
     from birder_repro.tasks.base import Task, TaskData
@@ -56,17 +57,6 @@ TASKS: dict[str, TaskEntry] = {
 }
 
 
-class DatasetNotFound(FileNotFoundError):
-    """A real dataset is missing: the message names the path and the setting to change."""
-
-    def __init__(self, what: str, path: str, hint: str = ""):
-        msg = (
-            f"{what} not found at {path!r}. Point data.root=<dir> at a copy"
-            f"{' (' + hint + ')' if hint else ''}, or run on synthetic data with data.source=synthetic."
-        )
-        super().__init__(msg)
-
-
 __getattr__ = lazy_attributes(__name__, {"Task": "base", "TaskData": "base"})
 
 
@@ -100,6 +90,4 @@ def check_data(cfg) -> None:
     made, never missing). No task module is imported: the checks are in :mod:`birder_repro.tasks.data_files`,
     which imports no torch (every node's CLI runs this before it launches its workers)."""
     if cfg.data.get("source") == "real" and TASKS[cfg.task.name].checks_data:
-        from birder_repro.tasks.data_files import CHECKS
-
         CHECKS[cfg.task.name](cfg)

@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
-from birder_repro import config as layout
+from birder_repro.config import settings as layout
 from birder_repro.tasks.base import Task, TaskData, small_eval_note
 from birder_repro.tasks.data_files import check_imagenet, imagenet_split
 

@@ -16,9 +16,8 @@ import glob
 import os
 from collections.abc import Callable
 
-from birder_repro.tasks import DatasetNotFound
-
 __all__ = [
+    "DatasetNotFound",
     "CHECKS",
     "FASHION_FILES",
     "FASHION_DEBIAN_ROOT",
@@ -41,6 +40,17 @@ __all__ = [
     "pretrain_text_files",
     "check_pretrain_text",
 ]
+
+
+class DatasetNotFound(FileNotFoundError):
+    """A real dataset is missing: the message names the path and the setting to change."""
+
+    def __init__(self, what: str, path: str, hint: str = ""):
+        msg = (
+            f"{what} not found at {path!r}. Point data.root=<dir> at a copy"
+            f"{' (' + hint + ')' if hint else ''}, or run on synthetic data with data.source=synthetic."
+        )
+        super().__init__(msg)
 
 
 # ------------------------------------------------------------------------------------------- Fashion-MNIST

@@ -21,7 +21,7 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from birder_repro.config import ConfigError, global_batch
+from birder_repro.config.settings import ConfigError, global_batch
 from birder_repro.train import RunPlan, TrainSettings
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -75,7 +75,7 @@ def _linear_model() -> nn.Module:
 def _worker(rank: int, world: int, runs: list[tuple[str, str]]):
     from birder_repro.comm import build_topology
     from birder_repro.train import build_parallel, train
-    from birder_repro.worker import optim_config
+    from birder_repro.train.worker import optim_config
 
     results = []
     for cfg_yaml, run_dir in runs:

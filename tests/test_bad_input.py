@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from birder_repro import failures, record
+from birder_repro.run import failures, record
 from birder_repro.train import checkpoint as ckpt
 from birder_repro.train.checkpoint import CheckpointError, RunIdentity, load_checkpoint, save_checkpoint, step_dir
 

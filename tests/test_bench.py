@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from birder_repro import bench
+from birder_repro.bench import kernels as bench
 from birder_repro.comm import kernels
 
 

@@ -18,8 +18,11 @@ import pytest
 import torch.distributed as dist
 import yaml
 
-from birder_repro import cli, record, worker
+from birder_repro import cli
 from birder_repro.launch import choose_launcher, local, slurm_env, torchrun
+from birder_repro.run import record
+from birder_repro.run.directory import RunDir
+from birder_repro.train import worker
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = [
@@ -236,25 +239,26 @@ def test_a_stop_whose_workers_wrote_no_record_names_the_signal_the_cli_passed_on
 def test_a_node_of_an_emulated_cluster_leaves_the_summary_to_the_users_cli(compose, monkeypatch, tmp_path, capsys):
     """The user's CLI relays each node's lines prefixed ("[node 0] ...") and then tells the run's end itself: the
     summary is said once, by it."""
-    from birder_repro import finish, schema
     from birder_repro.launch import emulated
+    from birder_repro.launch.ending import teller
+    from birder_repro.run import finish, schema
 
     cfg = cli.layout.resolve(compose(TINY), gpu_count=0)
     rec = {**schema.empty_record(), "status": "completed", "task": "resnet20", "optim": "birder", "steps": 3}
     rec["ended"] = "2099-01-01T00:00:00+00:00"
-    record.write_record(tmp_path, rec)
+    RunDir(tmp_path).write(rec)
     started = "2026-01-01T00:00:00+00:00"
     monkeypatch.setenv(emulated.NODE_ENV, "0")
-    assert finish.finish_run(cfg, tmp_path, 0, started) == 0
+    assert finish.finish_run(cfg, tmp_path, 0, started, teller(cfg)) == 0
     assert "run:        resnet20 with birder" not in capsys.readouterr().out
     monkeypatch.delenv(emulated.NODE_ENV)
-    assert finish.finish_run(cfg, tmp_path, 0, started) == 0
+    assert finish.finish_run(cfg, tmp_path, 0, started, teller(cfg)) == 0
     assert capsys.readouterr().out.count("run:        resnet20 with birder") == 1
 
 
 def test_write_failed_record_has_every_key_and_is_atomic(compose, tmp_path):
     cfg = compose(["nodes=2", "gpus_per_node=1"])
-    rec = record.write_failed_record(tmp_path, cfg, "Traceback: boom")
+    rec = RunDir(tmp_path).write_failed(cfg, "Traceback: boom")
     on_disk = json.loads((tmp_path / record.RECORD_FILE).read_text())
     assert on_disk == json.loads(json.dumps(rec))
     for key in (

@@ -9,8 +9,8 @@ from conftest import CONF_DIR, compose_config
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from birder_repro import checks  # noqa: F401 - validate runs the higher layers' section checks too
-from birder_repro import config as layout
+from birder_repro.config import settings as layout
+from birder_repro.train import checks  # noqa: F401 - validate runs the higher layers' section checks too
 
 # Groups whose options are chosen on the command line (recipe/ is chosen by the task x optim pair; tuning/ holds
 # the protocols report.protocol reads, no group a run composes).

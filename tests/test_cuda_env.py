@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from birder_repro import config as layout
 from birder_repro import cuda_env
+from birder_repro.config import settings as layout
 
 REPO = Path(__file__).resolve().parent.parent
 H100 = "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0f5c)"

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from birder_repro import record
-from birder_repro.logger import METRICS_FILE
+from birder_repro.run import record
 from birder_repro.train.checkpoint import MODEL, step_dir
+from birder_repro.train.logger import METRICS_FILE
 
 REPO = Path(__file__).resolve().parent.parent
 H, EVERY, STEPS = 10, 5, 45

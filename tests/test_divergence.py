@@ -12,10 +12,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from birder_repro import record
-from birder_repro.config import ConfigError
+from birder_repro.config.settings import ConfigError
 from birder_repro.report import records as report_records
 from birder_repro.report import tables
+from birder_repro.run import record
 from birder_repro.train.divergence import Diverged, DivergenceWatch
 from birder_repro.train.settings import TrainSettings
 

@@ -23,10 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from birder_repro import cli, record
-from birder_repro import config as layout
+from birder_repro import cli
+from birder_repro.config import settings as layout
 from birder_repro.launch import choose_launcher, emulated, netns
 from birder_repro.launch.process import Command
+from birder_repro.run import record
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
@@ -196,7 +197,7 @@ def test_emulated_is_chosen_by_auto_and_refuses_other_launchers_and_netem(compos
         with pytest.raises(layout.ConfigError, match=re.escape(key)):
             emulated.check_config(cfg)
     with pytest.raises(layout.ConfigError, match=re.escape("cluster.link_mbit=0: give a rate > 0")):
-        resolved(compose, ["cluster.link_mbit=0"])  # every cluster's check (birder_repro.config.check_link)
+        resolved(compose, ["cluster.link_mbit=0"])  # every cluster's check (birder_repro.config.settings.check_link)
     with pytest.raises(layout.ConfigError, match="cluster.subnet"):
         emulated.fabric_for(resolved(compose, ["nodes=8", "cluster.subnet=10.77.0.0/30"]))
 
@@ -285,7 +286,7 @@ LAUNCHER = textwrap.dedent("""
     import sys
     sys.path.insert(0, {tests!r})
     from conftest import compose_config
-    from birder_repro import config
+    from birder_repro.config import settings as config
     from birder_repro.launch import emulated
     from birder_repro.launch.process import Command
 

@@ -82,7 +82,7 @@ def test_every_rank_scores_rank_0s_buffers_and_keeps_its_own(wrap):
 def _built(rank: int, world: int, configs: list[str]) -> list[bool]:
     from birder_repro.comm import build_topology
     from birder_repro.train import build_parallel
-    from birder_repro.worker import optim_config
+    from birder_repro.train.worker import optim_config
 
     out = []
     for cfg_yaml in configs:

@@ -12,8 +12,8 @@ import pytest
 from conftest import CONF_DIR, compose_config
 from omegaconf import OmegaConf
 
-from birder_repro import checks  # noqa: F401 - validate runs the higher layers' section checks too
-from birder_repro import config as layout
+from birder_repro.config import settings as layout
+from birder_repro.train import checks  # noqa: F401 - validate runs the higher layers' section checks too
 
 PAPER_EXPERIMENTS = ["table1", "table2", "table3", "table4", "appendix_b1", "appendix_b2", "appendix_b3", "appendix_c"]
 

@@ -1,4 +1,4 @@
-"""Failures in one line (birder_repro.failures): the first failing rank, the terminal spared the tracebacks,
+"""Failures in one line (birder_repro.run.failures): the first failing rank, the terminal spared the tracebacks,
 and through the CLI, an exception raised inside training on one rank."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from birder_repro import failures, record
-from birder_repro.failures import MARK, RESTART_MARK, Failure, TerminalEcho
+from birder_repro.run import failures, record
+from birder_repro.run.failures import MARK, RESTART_MARK, Failure, TerminalEcho
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = [
@@ -30,7 +30,7 @@ TINY = [
 # torch.distributed.elastic.multiprocessing.errors.ChildFailedError)
 REPORT = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
-birder_repro.worker FAILED
+birder_repro.train.worker FAILED
 ------------------------------------------------------------
 Failures:
 [1]:
@@ -182,7 +182,7 @@ def test_torchruns_report_of_a_worker_that_failed_before_its_run_is_read_from_it
     elastic's @record on its main writes the error file, which torchrun's report names."""
     out = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", f"--log-dir={tmp_path / 'elastic'}"]
-        + ["-m", "birder_repro.worker", "--run-dir", str(tmp_path / "no-run")],
+        + ["-m", "birder_repro.train.worker", "--run-dir", str(tmp_path / "no-run")],
         cwd=REPO,
         capture_output=True,
         text=True,

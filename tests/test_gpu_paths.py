@@ -10,9 +10,9 @@ import pytest
 import torch
 from dist_utils import run_distributed
 
-from birder_repro import config as layout
 from birder_repro.comm import buckets
 from birder_repro.comm.buckets import BucketStore, Field
+from birder_repro.config import settings as layout
 
 # -------------------------------------------------------- a lone 1-bit Adam process times on its torch device
 H100 = "cuda (NVIDIA H100 80GB HBM3)"
@@ -138,7 +138,7 @@ def test_pin_memory_follows_the_runs_device_not_the_machine(compose, monkeypatch
 
 
 def test_start_line_names_device_backend_precision_and_versions():
-    from birder_repro.worker import DistEnv, start_line
+    from birder_repro.train.worker import DistEnv, start_line
 
     line = start_line(
         DistEnv(0, 4, 0, 2),

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from birder_repro import config as layout
+from birder_repro.config import settings as layout
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="needs the slurm extra: hydra-submitit-launcher")
 

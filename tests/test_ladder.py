@@ -12,7 +12,7 @@ import pytest
 from conftest import compose_config
 from test_target import target_record
 
-from birder_repro import config as layout
+from birder_repro.config import settings as layout
 from birder_repro.report import ladder
 from birder_repro.report.__main__ import main
 from birder_repro.report.records import load_frame

@@ -1,6 +1,6 @@
 """What an offline W&B run tells the user at start: one line of ours (where the run is, the `wandb sync`
 command), not W&B's "Run `wandb online`", which is the wrong advice here (the mode follows WANDB_API_KEY and
-WANDB_MODE: birder_repro.logger.wandb_mode)."""
+WANDB_MODE: birder_repro.train.logger.wandb_mode)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from birder_repro.logger import RunLogger, offline_hint
+from birder_repro.train.logger import RunLogger, offline_hint
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -21,9 +21,12 @@ import pytest
 import torch
 from torch import nn
 
-from birder_repro import cli, record, rundir
+from birder_repro import cli
 from birder_repro.launch import torchrun
+from birder_repro.run import directory, record
+from birder_repro.run.digest import cell_digest
 from birder_repro.train.checkpoint import COMPLETE, MANIFEST, step_dir
+from birder_repro.train.shared_dir import check_shared
 
 REPO = Path(__file__).resolve().parent.parent
 DIGITS = [
@@ -171,7 +174,7 @@ def test_every_node_derives_the_same_run_directory_and_other_configs_another(com
 def test_the_cell_digest_survives_the_config_file_and_leaves_out_what_cannot_change_results(compose, tmp_path):
     cfg = cli.layout.resolve(compose(DIGITS), gpu_count=0)
     record.write_run_files(tmp_path, cfg, "birder-repro")
-    assert rundir.cell_digest(record.load_run_config(tmp_path)) == rundir.cell_digest(cfg)
+    assert cell_digest(record.load_run_config(tmp_path)) == cell_digest(cfg)
     same = cli.layout.resolve(
         compose(
             [
@@ -185,18 +188,18 @@ def test_the_cell_digest_survives_the_config_file_and_leaves_out_what_cannot_cha
         ),
         gpu_count=0,
     )
-    assert rundir.cell_digest(same) == rundir.cell_digest(cfg)
-    assert rundir.cell_digest(cli.layout.resolve(compose([*DIGITS, "seed=3"]), gpu_count=0)) != rundir.cell_digest(cfg)
+    assert cell_digest(same) == cell_digest(cfg)
+    assert cell_digest(cli.layout.resolve(compose([*DIGITS, "seed=3"]), gpu_count=0)) != cell_digest(cfg)
 
 
 def test_the_shared_file_system_check_fails_in_one_line_when_a_node_marker_is_missing(tmp_path):
     # rank 0 of a 2-node run, alone: node 1's first process never wrote its marker where rank 0 looks
-    with pytest.raises(rundir.RunDirNotShared) as err:
-        rundir.check_shared(tmp_path, rank=0, local_rank=0, local_world=1, world=2, device=torch.device("cpu"))
+    with pytest.raises(directory.RunDirNotShared) as err:
+        check_shared(tmp_path, rank=0, local_rank=0, local_world=1, world=2, device=torch.device("cpu"))
     line = str(err.value)
     assert "\n" not in line and str(tmp_path.resolve()) in line and "node(s) 1" in line
     assert "BIRDER_RUNS or hydra.run.dir must be on a file system every node shares" in line
-    rundir.check_shared(tmp_path, rank=0, local_rank=0, local_world=2, world=2, device=torch.device("cpu"))
+    check_shared(tmp_path, rank=0, local_rank=0, local_world=2, world=2, device=torch.device("cpu"))
 
 
 def _fake_run(root: Path, name: str, status: str, digest: str, ended: str, checkpoint: bool = True) -> Path:
@@ -217,31 +220,31 @@ def test_resume_auto_picks_the_newest_stopped_run_of_the_same_config_with_a_chec
     _fake_run(tmp_path, "c", "interrupted", "cell", "2026-01-01T12:00:00+00:00", checkpoint=False)
     _fake_run(tmp_path, "d", "interrupted", "other", "2026-01-01T13:00:00+00:00")
     _fake_run(tmp_path, "e", "completed", "cell", "2026-01-01T14:00:00+00:00")
-    assert rundir.find_resumable(tmp_path, "cell") == newest
-    assert rundir.find_resumable(tmp_path, "nothing") is None
+    assert directory.find_resumable(tmp_path, "cell") == newest
+    assert directory.find_resumable(tmp_path, "nothing") is None
 
 
 def test_resume_auto_says_in_one_line_when_it_starts_afresh(compose, runs_dir, capsys):
     cfg = cli.layout.resolve(compose([*DIGITS, "train.resume=auto"]), gpu_count=0)
-    assert cli._chosen_dir(cfg) is None  # launcher=local: Hydra's fresh directory
+    assert directory.chosen_dir(cfg, cli._torchrun_id) is None  # launcher=local: Hydra's fresh directory
     line = capsys.readouterr().out.strip()
     assert line.startswith("[birder-repro] train.resume=auto: no interrupted or failed run of this configuration")
     assert line.endswith("starting afresh") and "\n" not in line
-    run = _fake_run(runs_dir, "old", "interrupted", rundir.cell_digest(cfg), "2026-01-01T10:00:00+00:00")
-    assert cli._chosen_dir(cfg) == run
+    run = _fake_run(runs_dir, "old", "interrupted", cell_digest(cfg), "2026-01-01T10:00:00+00:00")
+    assert directory.chosen_dir(cfg, cli._torchrun_id) == run
 
 
 def test_a_directory_holding_a_completed_run_or_another_config_is_never_rerun(tmp_path):
     done = _fake_run(tmp_path, "done", "completed", "cell", "2026-01-01T10:00:00+00:00")
-    decision = rundir.decide(done, "cell")
+    decision = directory.RunDir(done).decide("cell")
     assert decision.action == "stop" and "launcher.rdzv_id" in decision.line
     stopped = _fake_run(tmp_path, "stopped", "interrupted", "cell", "2026-01-01T10:00:00+00:00")
-    assert rundir.decide(stopped, "cell").action == "resume"
-    assert rundir.decide(stopped, "another").action == "stop"
-    assert rundir.decide(tmp_path / "new", "cell").action == "start"
+    assert directory.RunDir(stopped).decide("cell").action == "resume"
+    assert directory.RunDir(stopped).decide("another").action == "stop"
+    assert directory.RunDir(tmp_path / "new").decide("cell").action == "start"
     # a failed run with nothing to continue from (refused before it started) is simply run again
     refused = _fake_run(tmp_path, "refused", "failed", "composed", "2026-01-01T10:00:00+00:00", checkpoint=False)
-    assert rundir.decide(refused, "cell").action == "start"
+    assert directory.RunDir(refused).decide("cell").action == "start"
 
 
 def test_a_checkpoint_missing_a_rank_file_is_never_marked_complete(tmp_path):
@@ -269,7 +272,7 @@ REPORT = """Root Cause (first observed failure):
 def test_a_rank_killed_on_another_node_reaches_node_0s_failure_line(tmp_path):
     """Node 1's CLI hands the death its torchrun saw to node 0's CLI, whose own report shows only rank 0's
     consequence (a closed connection)."""
-    from birder_repro.failures import final_line, signal_deaths, write_signal_deaths
+    from birder_repro.run.failures import final_line, signal_deaths, write_signal_deaths
 
     write_signal_deaths(tmp_path, REPORT, node=1)
     line, _ = final_line(tmp_path, 1, "")

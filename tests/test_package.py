@@ -84,7 +84,7 @@ def _env(runs: Path) -> dict:
 
 def test_the_installed_package_comes_from_the_wheel_with_its_data(installed, tmp_path):
     code = (
-        "import birder_repro, birder_repro.resources as r; from birder_repro.report.paper import "
+        "import birder_repro, birder_repro.config.resources as r; from birder_repro.report.paper import "
         "load_paper_tables; from birder_repro.gpucheck.runs import plan; print(birder_repro.__file__); "
         "print(r.conf_dir()); print(len(load_paper_tables())); print(len(plan(['digits'], ['fp32'])))"
     )

@@ -23,8 +23,8 @@ EPOCHS = 4
 def _train_all(rank, world, root):
     import torch
 
-    from birder_repro import config as layout
-    from birder_repro.worker import DistEnv, build_and_train
+    from birder_repro.config import settings as layout
+    from birder_repro.train.worker import DistEnv, build_and_train
 
     env = DistEnv(rank=rank, world_size=world, local_rank=rank % GPUS, local_world_size=world)
     out = {}

@@ -989,8 +989,8 @@ def test_spec_from_fits_by_hand():
 
 
 def test_probe_settings_are_checked(compose):
-    from birder_repro import checks  # noqa: F401 - the probe section's check is installed by the app's table
-    from birder_repro.config import ConfigError, validate
+    from birder_repro.config.settings import ConfigError, validate
+    from birder_repro.train import checks  # noqa: F401 - the probe section's check is installed by the app's table
 
     with pytest.raises(ConfigError, match="probe.step_factor=1"):
         validate(compose(["mode=probe", "probe.step_factor=1"]))

@@ -1,13 +1,13 @@
-"""A config as plain data (birder_repro.plain): the one conversion of the record, the digests, the config checks,
-W&B's config and a prediction's input; and the one resume command (birder_repro.record.resume_command)."""
+"""A config as plain data (birder_repro.config.plain): the one conversion of the record, the digests, the config checks,
+W&B's config and a prediction's input; and the one resume command (birder_repro.run.record.resume_command)."""
 
 from __future__ import annotations
 
 import pytest
 from omegaconf import OmegaConf
 
-from birder_repro import digest
-from birder_repro.plain import plain_config
+from birder_repro.config.plain import plain_config
+from birder_repro.run import digest
 
 
 def test_a_config_becomes_plain_data_resolved_without_hydras_node():
@@ -47,9 +47,9 @@ def test_a_config_and_its_plain_record_have_one_digest():
 
 
 def test_one_resume_command_the_runs_own_or_a_nodes(tmp_path):
-    """record.resume_command: the run's recorded command line, or a node's own (birder_repro.finish), with the
+    """record.resume_command: the run's recorded command line, or a node's own (birder_repro.run.finish), with the
     run directory; a run without a recorded command resumes with a bare birder-repro."""
-    from birder_repro import record
+    from birder_repro.run import record
 
     where = f"hydra.run.dir={tmp_path.resolve()}"
     assert record.resume_command(tmp_path) == f"birder-repro {where}"

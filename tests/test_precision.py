@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from birder_repro.comm.birder import BirderState
 from birder_repro.comm.topology import Topology
-from birder_repro.config import ConfigError
+from birder_repro.config.settings import ConfigError
 from birder_repro.train.precision import Precision
 from birder_repro.train.settings import TrainSettings
 

@@ -1,4 +1,4 @@
-"""Probes of the timed steps (birder_repro.probes): where the loop starts and stops them, and the link
+"""Probes of the timed steps (birder_repro.train.probes): where the loop starts and stops them, and the link
 counters of an emulated cluster's node (kernel counters stubbed; tests/test_emulated.py reads real ones)."""
 
 from __future__ import annotations
@@ -8,10 +8,9 @@ from pathlib import Path
 
 import torch
 
-from birder_repro import probes
 from birder_repro.comm.topology import Topology
 from birder_repro.launch import netns
-from birder_repro.train import train
+from birder_repro.train import probes, train
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_train import BlobsTask, blobs_data, make_config, tiny_model
@@ -91,6 +90,8 @@ def test_the_worker_gets_a_link_probe_only_where_the_launcher_names_a_link():
 def test_the_worker_does_not_import_the_launchers():
     import subprocess
 
-    code = "import sys, birder_repro.worker, birder_repro.probes; print('birder_repro.launch' in sys.modules)"
+    code = (
+        "import sys, birder_repro.train.worker, birder_repro.train.probes; print('birder_repro.launch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

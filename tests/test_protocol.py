@@ -12,8 +12,10 @@ import pytest
 import yaml
 from conftest import compose_config
 
-from birder_repro import record, sweep
+from birder_repro import sweep
 from birder_repro.report import protocol, stats
+from birder_repro.run import record
+from birder_repro.run.directory import RunDir
 
 
 # ------------------------------------------------------------------------------------------- intervals
@@ -234,7 +236,7 @@ def test_a_record_carries_the_hosts_load_at_start_and_end(tmp_path):
     (tmp_path / record.LOAD_FILE).write_text("[99.0, 1.0, 1.0]")
     record.write_run_files(tmp_path, cfg, "birder-repro task=digits")  # a resumed run keeps its first start's
     assert json.loads((tmp_path / record.LOAD_FILE).read_text())[0] == 99.0
-    record.write_record(tmp_path, rec)  # a documented key
+    RunDir(tmp_path).write(rec)  # a documented key
 
 
 # ------------------------------------------------------------------------------------------- the run order

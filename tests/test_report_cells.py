@@ -279,9 +279,9 @@ def test_the_ddp_fsdp_table_leaves_out_a_smoke_run_of_another_optimizer():
 
 @pytest.mark.parametrize("key", ["stop_timeout_s", "resume_policy"])
 def test_a_run_differing_only_in_a_setting_that_cannot_change_a_result_is_in_the_same_row(tmp_path, key):
-    """birder_repro.digest.NO_RESULT is the one list of such settings: the cell digest and a table's rows both
+    """birder_repro.run.digest.NO_RESULT is the one list of such settings: the cell digest and a table's rows both
     leave them out (train.stop_timeout_s made a row of its own when the two lists disagreed)."""
-    from birder_repro import digest
+    from birder_repro.run import digest
 
     first = run_record("birder", 3600.0, seed=0, started="2026-01-01T10:00:00")
     second = run_record("birder", 3800.0, seed=1, started="2026-01-01T11:00:00", **{key: "other"})

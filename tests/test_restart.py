@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from birder_repro import record
 from birder_repro.launch import torchrun
 from birder_repro.launch.torchrun import torchrun_argv
+from birder_repro.run import record
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = [

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from birder_repro.schedule import lr_factor, steps_of
+from birder_repro.optim.schedule import lr_factor, steps_of
 
 
 def test_constant_is_one_everywhere():
@@ -76,7 +76,7 @@ def test_unknown_schedule_and_negative_length_fail_loudly():
 
 
 def test_steps_of_is_the_one_reading_of_fractions_or_steps():
-    # birder_repro.schedule.steps_of reads train.schedule.warmup / milestones, optim.freeze and
+    # birder_repro.optim.schedule.steps_of reads train.schedule.warmup / milestones, optim.freeze and
     # optim.comm.start_iter alike: a fraction of the run below 1, a whole number of steps from 1 on.
     assert steps_of(0.15, 1000, "optim.freeze") == 150
     assert steps_of(500, None, "optim.freeze") == 500  # steps need no run length

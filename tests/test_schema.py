@@ -1,10 +1,10 @@
-"""The run record's schema (birder_repro.schema): one documented key set for the writer and the readers."""
+"""The run record's schema (birder_repro.run.schema): one documented key set for the writer and the readers."""
 
 from __future__ import annotations
 
 import pytest
 
-from birder_repro import schema
+from birder_repro.run import schema
 
 
 def test_every_key_is_documented_once_and_design_keys_are_there():

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from birder_repro.config import ConfigError
+from birder_repro.config.settings import ConfigError
 from birder_repro.train import RunPlan, TrainSettings
 
 ROOT = Path(__file__).resolve().parents[1]

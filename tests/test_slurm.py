@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from birder_repro import cli, record
-from birder_repro import config as layout
+from birder_repro import cli
+from birder_repro.config import settings as layout
 from birder_repro.launch import slurm
+from birder_repro.run import record
 
 REPO = Path(__file__).resolve().parent.parent
 LAYOUT_8x8 = ["task=resnet50", "optim=birder", "nodes=8", "gpus_per_node=8", "launcher=slurm"]
@@ -114,7 +115,7 @@ def test_dry_run_writes_and_prints_the_batch_script_for_8_nodes_of_8_gpus(runs_d
         '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"',
         '--rdzv-id="$SLURM_JOB_ID"',
         "--ntasks-per-node=1",
-        f"-m birder_repro.worker --run-dir {run_dir.resolve()}",
+        f"-m birder_repro.train.worker --run-dir {run_dir.resolve()}",
     ):
         assert arg in command, arg
     assert subprocess.run(["bash", "-n", str(run_dir / slurm.SCRIPT_FILE)]).returncode == 0
@@ -232,7 +233,7 @@ def test_requeue_directives_and_the_shells_traps(compose, tmp_path):
         "trap 'stop_workers TERM' TERM",
         'scontrol requeue "$SLURM_JOB_ID"',
         "--shutdown-timeout=30",
-        "-m birder_repro.job_end",
+        "-m birder_repro.launch.job_end",
     ):
         assert line in script, line
     off = slurm.batch_script(slurm_cfg(compose, "launcher.requeue=false"), tmp_path)

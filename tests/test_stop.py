@@ -39,9 +39,9 @@ def test_a_run_stopped_by_sigterm_has_a_record_and_a_last_line_that_say_sigterm(
     and rank 0's last line name SIGTERM, not Ctrl-C's SIGINT."""
     from conftest import compose_config
 
-    from birder_repro import record
+    from birder_repro.run import record
     from birder_repro.train.stop import Stopped
-    from birder_repro.worker import DistEnv, _Attempt
+    from birder_repro.train.worker import DistEnv, _Attempt
 
     cfg = compose_config(["logger=none"])
     attempt = _Attempt(tmp_path, cfg, DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1))

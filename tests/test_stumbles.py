@@ -13,11 +13,11 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from birder_repro import summary
 from birder_repro.comm.kernels import compile_note
 from birder_repro.launch import torchrun
 from birder_repro.report import clean_failed, display
 from birder_repro.report.figstyle import device_unit
+from birder_repro.run import summary
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -13,12 +13,13 @@ import pytest
 from conftest import CONF_DIR, compose_config, write_records
 from omegaconf import OmegaConf
 
-from birder_repro import config as layout
-from birder_repro import schema, tasks
+from birder_repro import tasks
+from birder_repro.config import settings as layout
 from birder_repro.report import figures, tables
 from birder_repro.report import target as report_target
 from birder_repro.report.__main__ import main
 from birder_repro.report.records import load_frame
+from birder_repro.run import schema
 from birder_repro.train import target as target_mod
 from birder_repro.train.target import Target, TimeToTarget, target_from_config
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from birder_repro.schema import declared_metrics
+from birder_repro.run.schema import declared_metrics
 from birder_repro.tasks import TASKS, Task, UnknownTask, declared_metrics_of, get_task, list_tasks
 
 

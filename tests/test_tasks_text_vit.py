@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torchvision.models.vision_transformer import VisionTransformer
 
-from birder_repro import record
+from birder_repro.run import record
 from birder_repro.tasks import DatasetNotFound, get_task, list_tasks
 from birder_repro.tasks.common import num_parameters
 from birder_repro.tasks.lstm_ptb import (

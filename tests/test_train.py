@@ -27,11 +27,11 @@ from birder_repro.comm.accounting import CommStats, allreduce_bytes
 from birder_repro.comm.kernels import process_cores
 from birder_repro.comm.readiness import clocked_registration
 from birder_repro.comm.topology import Topology, build_topology
-from birder_repro.logger import METRICS_FILE, RunLogger, wandb_mode
 from birder_repro.perf.profile import load_profile
-from birder_repro.summary import format_summary, human_bytes
+from birder_repro.run.summary import format_summary, human_bytes
 from birder_repro.tasks.base import Task, TaskData
 from birder_repro.train import split_step_time, stage_of, total_steps, train
+from birder_repro.train.logger import METRICS_FILE, RunLogger, wandb_mode
 
 sys.path.insert(0, str(Path(__file__).parent))
 from dist_utils import run_distributed
@@ -603,7 +603,7 @@ def test_grad_clip_applies_only_where_grad_holds_gradients():
 
 
 def test_summary_shows_the_kernel_counted_link_bytes_of_emulated_runs():
-    from birder_repro.summary import format_summary
+    from birder_repro.run.summary import format_summary
 
     text = format_summary(
         {

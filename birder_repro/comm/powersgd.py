@@ -52,7 +52,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDSt
 from birder_repro.comm.accounting import flat_allreduce_split
 from birder_repro.comm.state import CommState
 from birder_repro.comm.topology import Topology, flat_topology, group_or_world
-from birder_repro.schedule import steps_of
+from birder_repro.optim.schedule import steps_of
 
 __all__ = ["PowerSGDCommState", "attach_powersgd", "attach_from_config", "start_iter_from_config"]
 
@@ -291,7 +291,7 @@ def attach_powersgd(
 
 
 def start_iter_from_config(cfg: Mapping[str, Any]) -> int:
-    """``optim.comm.start_iter`` in steps (:func:`birder_repro.schedule.steps_of`: a value below 1 is a fraction
+    """``optim.comm.start_iter`` in steps (:func:`birder_repro.optim.schedule.steps_of`: a value below 1 is a fraction
     of the run, which needs ``optim.total_steps``). At least 2, as torch requires with warm start or error
     feedback (DDP rebuilds its buckets after the first iteration)."""
     return max(2, steps_of(cfg["comm"]["start_iter"], cfg.get("total_steps"), "optim.comm.start_iter"))

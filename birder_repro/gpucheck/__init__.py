@@ -35,7 +35,10 @@ import os
 import time
 from pathlib import Path
 
+from birder_repro.cuda_env import why_no_cuda
+from birder_repro.gpucheck import procs, quick, runs
 from birder_repro.gpucheck.table import FAIL, Check, exit_code, markdown, write
+from birder_repro.tasks import list_tasks
 
 __all__ = ["main", "no_cuda_line", "unusable_cuda_line", "WHAT"]
 
@@ -81,13 +84,11 @@ def environment() -> dict:
     return env
 
 
-# the full check's kernel sizes (birder_repro.bench.SIZES, which imports torch: the dry run must not)
+# the full check's kernel sizes (birder_repro.bench.kernels.SIZES, which imports torch: the dry run must not)
 FULL_SIZES = (25_557_032, 109_482_240)
 
 
 def _parser() -> argparse.ArgumentParser:
-    from birder_repro.tasks import list_tasks
-
     p = argparse.ArgumentParser(prog="python -m birder_repro.gpucheck", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=None, help="where the table goes (default runs/gpu-check/<time>)")
     p.add_argument("--only", nargs="*", choices=SECTIONS, default=None, help="sections to run")
@@ -137,7 +138,7 @@ def _section(name: str, fn) -> list[Check]:
 def _kernels(args) -> list[Check]:
     import torch
 
-    from birder_repro.comm import kernels as k
+    from birder_repro.comm import kernels as k  # these import torch: here, so that --dry-run imports none
     from birder_repro.gpucheck.kernels import compare_kernels, time_kernels
 
     try:
@@ -157,8 +158,7 @@ def _kernels(args) -> list[Check]:
 def _runs(args, out: Path, gpus: int, on_row=None) -> list[Check]:
     """The 1-process runs of every task; then, with 2+ GPUs, the 2-process runs (:func:`.runs.pair_specs`),
     which a 1-GPU machine lists as skipped. Quick: :func:`.quick.quick_runs` alone, 2 minutes each at most."""
-    from birder_repro.gpucheck import quick, runs
-    from birder_repro.gpucheck.plan import NEEDS_2, skipped
+    from birder_repro.gpucheck.plan import NEEDS_2, skipped  # imports torch: here, so that --dry-run imports none
 
     on_row = on_row or (lambda row: None)
 
@@ -181,7 +181,7 @@ def _hooks(gpus: int, on_row=None, quick: bool = False) -> list[Check]:
     """Across ranks, each spawn of :func:`.plan.hook_runs` (NCCL in 2x1 and 1x2 with 2+ GPUs; the staged
     backend on 1 GPU, where the NCCL rows are skipped; once under CSAN), its rows named by its layout. Quick:
     the first spawn alone, with the stress checks (:mod:`.stress`) in it."""
-    from birder_repro.gpucheck.hooks import check_hooks
+    from birder_repro.gpucheck.hooks import check_hooks  # these import torch: here, so that --dry-run imports none
     from birder_repro.gpucheck.plan import hook_runs, skipped
 
     on_row = on_row or (lambda row: None)
@@ -203,8 +203,6 @@ def _hooks(gpus: int, on_row=None, quick: bool = False) -> list[Check]:
 
 def _dry_run(args) -> int:
     """The plan and its predicted time: no torch imported, nothing started."""
-    from birder_repro.gpucheck import quick
-
     cores = os.cpu_count() or 1
     if args.quick:
         items = quick.plan(gpus=1, cores=cores, only=tuple(args.only or quick.SECTIONS))
@@ -226,17 +224,12 @@ def main(argv: list[str] | None = None) -> int:
         return _dry_run(args)
     import torch
 
-    from birder_repro.gpucheck import quick
-
     args.only = args.only or list(quick.SECTIONS if args.quick else SECTIONS)
     args.sizes = args.sizes or ([quick.KERNEL_SIZE] if args.quick else list(FULL_SIZES))
     if not torch.cuda.is_available():
-        from birder_repro.cuda_env import why_no_cuda
-
         why = why_no_cuda()
         print(unusable_cuda_line(why) if why else no_cuda_line(), flush=True)
         return 1 if why else 0
-    from birder_repro.gpucheck import procs
 
     saved = procs.install_stop_handler()  # a SIGTERM to gpu-check (an outer limit) ends the runs it started first
     try:

@@ -9,7 +9,7 @@ b_hat on both sides of b, a segment past 2^32.
 
 :func:`time_kernels` times each kernel, called as the hook calls it, against a device-to-device copy of a float32
 buffer of the bucket's
-size (the HBM floor: 8 bytes moved per element) with CUDA events (``birder_repro.bench.time_op``), and reports
+size (the HBM floor: 8 bytes moved per element) with CUDA events (``birder_repro.bench.kernels.time_op``), and reports
 the ratio beside the ratio of the bytes each kernel must move: a kernel far above its byte ratio is not
 memory-bound (or stalls the host inside it).
 """
@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from birder_repro.bench import time_op
+from birder_repro.bench.kernels import time_op
 from birder_repro.comm import kernels
 from birder_repro.gpucheck.table import FAIL, Check, verdict
 

@@ -24,6 +24,8 @@ import math
 import os
 from dataclasses import dataclass
 
+from birder_repro.gpucheck.runs import RunSpec
+
 __all__ = ["BUDGET_S", "RUN_TIMEOUT_S", "KERNEL_SIZE", "TASK", "Item", "jobs_for", "quick_runs", "plan", "describe"]
 
 BUDGET_S = 360
@@ -53,8 +55,6 @@ def jobs_for(runs: int, cores: int | None = None) -> int:
 
 def quick_runs():
     """The reduced set of runs (:class:`birder_repro.gpucheck.runs.RunSpec`, omegaconf-only: no torch)."""
-    from birder_repro.gpucheck.runs import RunSpec
-
     return [
         RunSpec(TASK, "birder", "fp32"),
         RunSpec(TASK, "onebit_adam", "bf16"),

@@ -32,8 +32,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from birder_repro.gpucheck import procs
+from birder_repro.config.resources import conf_dir
+from birder_repro.gpucheck import overflow, procs
 from birder_repro.gpucheck.table import FAIL, Check, verdict
+from birder_repro.train.restarts import FAULT_ENV
 
 COMPRESSED = ("birder", "onebit_adam")
 STEPS, TIMING_WARMUP = 12, 4  # STEPS a multiple of TIMING_WARMUP: both ends of the timed steps are logged
@@ -74,8 +76,6 @@ def has_precision_setting() -> bool:
 
 def _conf() -> Path:
     """The config tree, from a checkout or an installed wheel (which has no conf/ beside the package)."""
-    from birder_repro.resources import conf_dir
-
     found = conf_dir()
     if found is None:
         raise FileNotFoundError("birder_repro's config tree: neither a checkout's conf/ nor birder_repro.conf")
@@ -122,8 +122,6 @@ def overrides(
 
 def overflow_env(env: dict, runs_root: Path, spec: str) -> dict:
     """``env`` with the overflow ``spec`` (rank:call) installed in the run's workers (gpucheck/overflow.py)."""
-    from birder_repro.gpucheck import overflow
-
     site = overflow.site_dir(runs_root / "overflow-site")
     path = os.pathsep.join(filter(None, (str(site), env.get("PYTHONPATH"))))
     return {**env, overflow.ENV: spec, "PYTHONPATH": path}
@@ -345,8 +343,6 @@ def _progress(run_dir: Path) -> int:
 def launch_pair(spec: PairSpec, runs_root: Path, device: str = "cuda", timeout_s: float = 300) -> tuple[Path, list]:
     """Run ``spec`` through the CLI; returns its run directory and the CLI's exit codes (two for a stop and a
     resume: the SIGTERM'd one, 143, then the resumed one). Output goes to ``gpu-check.log`` there."""
-    from birder_repro.train.restarts import FAULT_ENV
-
     run_dir = runs_root / spec.name.replace(" ", "_").replace(",", "").replace("=", "")
     run_dir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "birder_repro.cli", *pair_overrides(spec, run_dir, device)]

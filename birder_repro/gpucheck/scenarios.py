@@ -21,7 +21,16 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from birder_repro.comm import attach_allreduce
+from birder_repro.comm.birder import BirderState, attach_birder
+from birder_repro.comm.onebit import attach_onebit, compressed_allreduce
 from birder_repro.comm.pack import padded_size
+from birder_repro.comm.state import CommState
+from birder_repro.comm.topology import build_topology
+from birder_repro.gpucheck import staged
+from birder_repro.gpucheck.training import TRAINING
+from birder_repro.optim import OneBitAdam, OneBitLamb
+from birder_repro.optim.birder import Birder
 
 __all__ = [
     "BIRDER_SIZES",
@@ -97,8 +106,6 @@ def _host(t: torch.Tensor) -> torch.Tensor:
 
 
 def _birder(topology, device) -> dict:
-    from birder_repro.comm.birder import BirderState
-
     out = {}
     for variant in BIRDER_VARIANTS:
         state = BirderState(
@@ -120,9 +127,6 @@ def _birder(topology, device) -> dict:
 
 
 def _onebit(topology, device) -> dict:
-    from birder_repro.comm.onebit import compressed_allreduce
-    from birder_repro.comm.state import CommState
-
     world, out = topology.world_size, {}
     for numel in ONEBIT_SIZES:
         padded = padded_size(numel, 8 * world)
@@ -153,8 +157,6 @@ def allreduce_model(device) -> torch.nn.Module:
 
 
 def _allreduce(topology, device) -> dict:
-    from birder_repro.comm import attach_allreduce
-
     out = {}
     for name, dtype in (("ddp", None), ("fp32", torch.float32), ("fp16", torch.float16)):
         ddp = torch.nn.parallel.DistributedDataParallel(
@@ -193,9 +195,6 @@ class _BirderNet(torch.nn.Module):
 
 def _birder_ddp(topology, device) -> dict:
     """The README's three lines on DDP; every bucket call (signature, local gradient, result) recorded."""
-    from birder_repro.comm.birder import BirderState, attach_birder
-    from birder_repro.optim.birder import Birder
-
     calls, original = [], BirderState.allreduce_bucket
 
     def recording(self, index, buffer, signature):
@@ -255,9 +254,6 @@ def _onebit_ddp(topology, device) -> dict:
     bucket layout and the parameters after every step."""
     import copy
 
-    from birder_repro.comm.onebit import attach_onebit
-    from birder_repro.optim import OneBitAdam, OneBitLamb
-
     out = {}
     for name, cls, kwargs in (("adam", OneBitAdam, ONEBIT_ADAM), ("lamb", OneBitLamb, ONEBIT_LAMB)):
         torch.manual_seed(0)
@@ -310,8 +306,6 @@ def _device_and_backend(rank: int, backend: str) -> tuple[torch.device, str]:
     device tensors' collectives staged through gloo (:mod:`.staged`); ``staged:cpu``: the same code on CPUs."""
     kind, _, where = backend.partition(":")
     if kind == "staged":
-        from birder_repro.gpucheck import staged
-
         staged.register()
         return torch.device("cuda", 0) if where == "cuda" else torch.device("cpu"), staged.backend_string(where)
     return (torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")), backend
@@ -327,8 +321,6 @@ SCENARIOS = {
 
 
 def _scenarios() -> dict:
-    from birder_repro.gpucheck.training import TRAINING
-
     return {**SCENARIOS, **TRAINING}
 
 
@@ -356,7 +348,6 @@ def _process(
         timeout=timedelta(seconds=timeout_s),
         **({"device_id": device} if backend == "nccl" else {}),
     )
-    from birder_repro.comm.topology import build_topology
 
     topology = build_topology(gpus_per_node)
     results, table = {}, _scenarios()

@@ -22,7 +22,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from birder_repro.comm import attach_birder
 from birder_repro.gpucheck.table import FAIL, PASS, SKIP, Check, verdict
+from birder_repro.gpucheck.training import Layers, _batch, _kernels
+from birder_repro.optim import Birder
 
 __all__ = ["STRESS", "check_stress", "STEPS", "WARMUP", "SLEEP_CYCLES"]
 
@@ -31,10 +34,6 @@ SLEEP_CYCLES = 20_000_000  # about 10-20 ms at a GPU's clock: longer than a tiny
 
 
 def _slowed_run(topology, device: torch.device, overlap: bool) -> list[torch.Tensor]:
-    from birder_repro.comm import attach_birder
-    from birder_repro.gpucheck.training import Layers, _batch, _kernels
-    from birder_repro.optim import Birder
-
     torch.manual_seed(0)
     model = Layers().to(device)
     ids = [device] if device.type == "cuda" else None
@@ -93,10 +92,6 @@ def stress_ordering(topology, device: torch.device) -> dict:
 
 def host_syncs(topology, device: torch.device) -> dict:
     import torch.distributed as dist
-
-    from birder_repro.comm import attach_birder
-    from birder_repro.gpucheck.training import Layers, _batch, _kernels
-    from birder_repro.optim import Birder
 
     if device.type != "cuda" or dist.get_backend() != "nccl":
         return {"skip": "needs NCCL (2+ GPUs): the staged backend's collectives copy through the host by design"}

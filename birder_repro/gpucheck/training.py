@@ -25,6 +25,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from birder_repro.comm import attach_birder_fsdp, attach_onebit, attach_onebit_fsdp
+from birder_repro.comm.birder import BirderState, attach_birder
+from birder_repro.comm.topology import set_mesh_timeout
+from birder_repro.optim import OneBitAdam
+from birder_repro.optim.birder import Birder
+from birder_repro.train.precision import Precision
+
 __all__ = ["PRECISIONS", "FSDP_PRECISIONS", "TRAIN_STEPS", "LR", "ONEBIT", "FREEZE", "Layers", "TRAINING"]
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -59,8 +66,6 @@ def _batch(rank: int, step: int, device: torch.device):
 
 
 def _precision(name: str, device: torch.device, comm):
-    from birder_repro.train.precision import Precision
-
     precision = Precision(name, device, comm)
     if precision.scaler is not None:
         precision.scaler = torch.amp.GradScaler(device.type, init_scale=INIT_SCALE)
@@ -119,8 +124,6 @@ def _sharded(device: torch.device, topology, per_layer: bool, precision: str):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from birder_repro.comm.topology import set_mesh_timeout
-
     torch.manual_seed(0)
     model = Layers().to(device)
     shape = (device.type, topology.nodes, topology.gpus_per_node)
@@ -138,9 +141,6 @@ def _sharded(device: torch.device, topology, per_layer: bool, precision: str):
 
 
 def _birder_ddp(topology, device) -> dict:
-    from birder_repro.comm.birder import BirderState, attach_birder
-    from birder_repro.optim.birder import Birder
-
     out, original = {}, BirderState.allreduce_bucket
     for name in PRECISIONS:
         calls = []
@@ -179,10 +179,6 @@ def _recorder(original, calls: list, grad_of):
 
 
 def _birder_fsdp(topology, device) -> dict:
-    from birder_repro.comm import attach_birder_fsdp
-    from birder_repro.comm.birder import BirderState
-    from birder_repro.optim.birder import Birder
-
     out, original = {}, BirderState.reduce_node_shard
     for name in FSDP_PRECISIONS:
         model, mesh = _sharded(device, topology, per_layer=True, precision=name)
@@ -198,9 +194,6 @@ def _birder_fsdp(topology, device) -> dict:
 
 
 def _onebit(topology, device, sharded: bool) -> dict:
-    from birder_repro.comm import attach_onebit, attach_onebit_fsdp
-    from birder_repro.optim import OneBitAdam
-
     out = {}
     for name in FSDP_PRECISIONS if sharded else PRECISIONS:
         if sharded:

@@ -16,14 +16,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from birder_repro import (
-    netns,  # noqa: F401 - moved below launch/; this keeps `from birder_repro.launch import netns`
-    record,
-)
+from birder_repro import netns  # noqa: F401 - moved below launch/; this keeps `from birder_repro.launch import netns`
 from birder_repro.launch import emulated, local, slurm, slurm_env, torchrun
-from birder_repro.launch.process import Command, log_tail, run_streaming
+from birder_repro.launch.process import Command, run_streaming
+from birder_repro.run import record
 
-__all__ = ["choose_launcher", "check", "plan", "launch", "format_dry_run", "Command", "log_tail"]
+__all__ = ["choose_launcher", "check", "plan", "launch", "format_dry_run", "Command"]
 
 
 def choose_launcher(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> str:

@@ -19,7 +19,7 @@ machine's host name, which every namespace shares) and, with the c10d rendezvous
 with their own launcher settings; the user's are put back when the nodes end (and into the record).
 
 Real bytes: the launcher sets ``BIRDER_LINK_IFACE`` for each node; the worker on each node's local rank 0 reads
-that interface's kernel counters at the start and the end of the timed steps (``birder_repro.probes``, a probe
+that interface's kernel counters at the start and the end of the timed steps (``birder_repro.train.probes``, a probe
 of the training loop), and the record gets ``link_bytes_per_step``: one figure per node.
 
 Cores: with ``cluster.pin_cores`` (the default) node k runs under ``taskset`` on its own block of this machine's
@@ -52,15 +52,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from birder_repro import config as layout
-from birder_repro import netns, record
-from birder_repro.failures import TerminalEcho
+from birder_repro import netns
+from birder_repro.config import settings as layout
 from birder_repro.launch import local
 from birder_repro.launch.process import Command
 from birder_repro.launch.torchrun import stop_timeout
-from birder_repro.probes import LINK_IFACE_ENV  # the interface whose counters a node's local rank 0 reads
+from birder_repro.run import record
+from birder_repro.run.directory import RunDir
+from birder_repro.run.failures import TerminalEcho
+from birder_repro.train.probes import LINK_IFACE_ENV  # the interface whose counters a node's local rank 0 reads
 
 __all__ = [
     "CLUSTER",
@@ -102,7 +104,7 @@ def check_launcher(cfg: DictConfig) -> None:
 
 def check_config(cfg: DictConfig) -> None:
     """Values the emulated cluster cannot use, refused before anything is made; each names its key (the link's
-    rate is every cluster's: birder_repro.config.check_link)."""
+    rate is every cluster's: birder_repro.config.settings.check_link)."""
     cl = cfg.cluster
     if cl.get("latency_ms") is not None:
         raise layout.ConfigError(
@@ -334,16 +336,7 @@ def _restore_run_files(run_dir: Path, files: dict[str, str], cfg: DictConfig) ->
     described (and can be run again) by what the user typed, not by one node's share of it."""
     for name, text in files.items():
         (run_dir / name).write_text(text)
-    rec = record.read_record(run_dir)
-    if rec is None or not isinstance(rec.get("config"), dict):
-        return
-    rec["command"] = files.get(record.COMMAND_FILE, "").strip() or rec.get("command")
-    rec["config"]["launcher"] = OmegaConf.to_container(cfg.launcher, resolve=True)
-    if rec.get("resume_command"):  # an interrupted run: resumed by the user's command, not node 0's
-        users = record.resume_command(run_dir)
-        rec["error"] = str(rec.get("error") or "").replace(rec["resume_command"], users)
-        rec["resume_command"] = users
-    record.write_record(run_dir, rec)
+    RunDir(run_dir).relay_user_command(cfg, files)
 
 
 class _Interrupted(BaseException):

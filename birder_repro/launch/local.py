@@ -13,7 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from birder_repro import config as layout
+from birder_repro.config import settings as layout
 from birder_repro.launch.process import Command
 from birder_repro.launch.torchrun import max_restarts, stop_timeout, torchrun_argv
 

@@ -2,7 +2,7 @@
 Ctrl-C and SIGTERM passed on to it once (:class:`ForwardSignals`).
 
 The output of the processes goes into the run directory's ``output.log`` in full, and to the terminal as it
-comes until a worker fails: from there the terminal is spared the tracebacks (birder_repro.failures), and the
+comes until a worker fails: from there the terminal is spared the tracebacks (birder_repro.run.failures), and the
 CLI ends with one line.
 """
 
@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from birder_repro.failures import TerminalEcho
+from birder_repro.run.failures import TerminalEcho
 
-__all__ = ["Command", "run_streaming", "ForwardSignals", "signals_deferred", "log_tail"]
+__all__ = ["Command", "run_streaming", "ForwardSignals", "signals_deferred"]
 
 
 @dataclass(frozen=True)
@@ -141,18 +141,9 @@ def signals_deferred():
 
 
 def _pump(fd: int, log, echo: TerminalEcho) -> None:
-    # Raw chunks to the log; the terminal gets whole lines up to a worker's failure (birder_repro.failures).
+    # Raw chunks to the log; the terminal gets whole lines up to a worker's failure (birder_repro.run.failures).
     while chunk := os.read(fd, 65536):
         log.write(chunk)
         log.flush()
         echo.write(chunk)
     echo.close()
-
-
-def log_tail(log_path: Path, max_chars: int = 4000) -> str:
-    """The end of what the processes printed (empty when nothing was)."""
-    if not log_path.is_file():
-        return ""
-    with open(log_path, "rb") as f:
-        f.seek(max(0, f.seek(0, os.SEEK_END) - max_chars))
-        return f.read().decode("utf-8", errors="replace")

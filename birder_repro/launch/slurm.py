@@ -27,7 +27,7 @@ What an HPC user expects of a long job, each checked against ``man sbatch`` / ``
   (birder_repro.train.checkpoint.choose_resume). ``--open-mode=append`` keeps every attempt's output in the one
   ``slurm-<job id>.out``. SIGTERM to the shell (``scancel``; preemption) stops the workers the same way but
   does not requeue: a preempted job is requeued by SLURM itself where the cluster's PreemptMode says so.
-- The summary: after srun the script runs ``python -m birder_repro.job_end``, which prints what the
+- The summary: after srun the script runs ``python -m birder_repro.launch.job_end``, which prints what the
   CLI prints at the end of a local run, into the job's output file.
 - Warnings at submit time (:func:`warnings`): a time limit the run is predicted to outlast with no checkpoint
   saved before it, and ``cluster=local``, whose record would say the nodes talk over loopback.
@@ -50,11 +50,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from birder_repro import config as layout
-from birder_repro import record
-from birder_repro.digest import LAUNCH_ENV
+from birder_repro.config import settings as layout
 from birder_repro.launch import slurm_env
 from birder_repro.launch.torchrun import WORKER, Rendezvous, max_restarts, stop_timeout, torchrun_argv
+from birder_repro.run import record
+from birder_repro.run.digest import LAUNCH_ENV
 
 __all__ = [
     "SCRIPT_FILE",
@@ -83,7 +83,7 @@ OPTIONAL_DIRECTIVES = {
 # data.num_workers=auto: the loader processes per training process that cpus_per_task=auto asks cores for
 # (the default of pytorch/examples' ImageNet training, --workers 4); inside the job, auto then finds them.
 AUTO_LOADERS = 4
-SUMMARY = "birder_repro.job_end"
+SUMMARY = "birder_repro.launch.job_end"
 
 
 # ------------------------------------------------------------------------------------------ the config
@@ -352,7 +352,7 @@ def predicted_run(cfg: DictConfig) -> tuple[float, float, str] | None:
     steps = _planned_steps(cfg)
     if steps is None:
         return None
-    from birder_repro.perf.predict import predict_record
+    from birder_repro.perf.predict import predict_record  # imports torch: here, not in the submitting CLI
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     plain["predict"] = {**(plain.get("predict") or {})}

@@ -3,7 +3,8 @@
 Every node runs ``torchrun --nnodes=N --nproc-per-node=M`` with the same rendezvous (endpoint and id), and
 its workers write into the same run directory, ``$BIRDER_RUNS/<rendezvous id>`` (or the ``hydra.run.dir`` given
 on every node), which must be on a file system every node shares (the workers check it at start:
-birder_repro.rundir). Each node's CLI keeps its torchrun's output in its own log file there (:func:`log_name`).
+birder_repro.train.shared_dir). Each node's CLI keeps its torchrun's output in its own log file there
+(:func:`log_name`).
 
 How ranks come out (torch/distributed/run.py and elastic/agent/server/api.py, torch 2.14): with the ``c10d``
 rendezvous, ``--node-rank`` is ignored (torchrun warns so); the rendezvous numbers the nodes ("group rank")
@@ -30,9 +31,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from birder_repro import config as layout
+from birder_repro.config import settings as layout
 from birder_repro.launch import slurm_env
 from birder_repro.launch.process import Command
+from birder_repro.run.digest import run_digest
 
 __all__ = [
     "Rendezvous",
@@ -49,7 +51,7 @@ __all__ = [
     "commands",
 ]
 
-WORKER = ["-m", "birder_repro.worker"]
+WORKER = ["-m", "birder_repro.train.worker"]
 DEFAULT_ADDR = "127.0.0.1"
 TORCHRUN_STOP_GRACE_S = 30  # torch elastic's grace for workers after a signal (elastic/multiprocessing/api.py)
 
@@ -134,7 +136,7 @@ def torchrun_argv(
     restarts: int = 0,
     shutdown_timeout: int | None = None,
 ) -> list[str]:
-    """``python -m torch.distributed.run ... -m birder_repro.worker --run-dir RUN_DIR``.
+    """``python -m torch.distributed.run ... -m birder_repro.train.worker --run-dir RUN_DIR``.
 
     Without ``rendezvous`` the command runs the whole layout on one machine (``--standalone``); with it, it is
     one of ``nnodes`` nodes meeting there. ``extra`` holds the torchrun options a launcher adds (``--node-rank``,
@@ -182,7 +184,7 @@ def rdzv_id(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> str:
     """The rendezvous id, which must be the same on every node, and which names the run directory.
 
     ``launcher.rdzv_id``, else the SLURM job (and step), which every node of the job shares, else a name made
-    of the layout and a digest of the config less the per-node settings (birder_repro.rundir.run_digest): every
+    of the layout and a digest of the config less the per-node settings (birder_repro.run.digest.run_digest): every
     node composes the same config, so every node derives the same id and run directory, and two different
     configs never share one. Two jobs cannot meet by mistake: each rendezvous lives in the store its own
     node 0 serves on the endpoint's port.
@@ -192,7 +194,6 @@ def rdzv_id(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> str:
     if slurm_env.in_allocation(env):
         step = env.get("SLURM_STEP_ID")
         return f"slurm-{env['SLURM_JOB_ID']}" + (f".{step}" if step else "")
-    from birder_repro.digest import run_digest
 
     return f"birder-{cfg.task.name}-{cfg.optim.name}-{cfg.nodes}x{cfg.gpus_per_node}-{run_digest(cfg)[:8]}"
 

@@ -15,7 +15,7 @@ Hugging Face's BertAdam clips each parameter's gradient separately (``clip_grad_
 we follow Google's global clipping, which is what BERT's results were produced with.
 
 The warmup-linear learning-rate schedule is not in the optimizer: the training loop sets every group's ``lr``
-before each step from :mod:`birder_repro.schedule` (``warmup_linear``: linear warmup, then linear decay to 0,
+before each step from :mod:`birder_repro.optim.schedule` (``warmup_linear``: linear warmup, then linear decay to 0,
 BERT's ``polynomial_decay(power=1.0)`` after warmup). ``step`` uses the group's ``lr`` as it finds it.
 """
 

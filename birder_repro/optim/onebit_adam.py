@@ -51,7 +51,7 @@ from typing import Any, NamedTuple
 import torch
 
 from birder_repro.optim.common import ScaledStepGate, closure_loss, grad_of, scaled_step_skips
-from birder_repro.schedule import steps_of
+from birder_repro.optim.schedule import steps_of
 
 WARMUP, COMPRESSION = "warmup", "compression"
 
@@ -98,7 +98,7 @@ def freeze_step_from_config(cfg: Mapping[str, Any]) -> int:
 
     ``freeze`` >= 1 is a number of steps; 0 < ``freeze`` < 1 a fraction of the run, which needs
     ``total_steps`` (the optimizer steps of the whole run; the worker fills it in), read by
-    :func:`birder_repro.schedule.steps_of`. The result is at least 2: the hook's per-bucket state needs DDP's
+    :func:`birder_repro.optim.schedule.steps_of`. The result is at least 2: the hook's per-bucket state needs DDP's
     bucket layout, which DDP rebuilds after the first iteration (torch's PowerSGD asks start_powerSGD_iter >= 2
     for the same reason).
     """

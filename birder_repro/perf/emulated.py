@@ -64,7 +64,7 @@ def _spec(link_mbit, spec_file: Path | None = None) -> ClusterSpec:
 
 
 def _records(root: Path) -> list[dict[str, Any]]:
-    from birder_repro.record import find_records, read_record
+    from birder_repro.run.record import find_records, read_record
 
     out = []
     for path in find_records(Path(root)):

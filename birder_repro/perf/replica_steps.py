@@ -98,7 +98,7 @@ def replica_multiples(
 
 def load_replica_runs(root: Path) -> list[dict[str, Any]]:
     """Every readable record under ``root`` (make diloco-replicas' runs folder); [] where it does not exist."""
-    from birder_repro.record import find_records, read_record
+    from birder_repro.run.record import find_records, read_record
 
     if not Path(root).is_dir():
         return []

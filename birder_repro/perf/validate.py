@@ -69,7 +69,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from birder_repro.resources import paper_tables_dir
+from birder_repro.config.resources import paper_tables_dir
 
 from .cluster import CLUSTER_DIR, ClusterSpec
 from .implementations import IMPLEMENTATIONS, ImplementationLike, with_overlap

@@ -25,7 +25,7 @@ import pandas as pd
 
 from . import records
 
-DIVERGED = "diverged"  # a record's status (birder_repro.schema)
+DIVERGED = "diverged"  # a record's status (birder_repro.run.schema)
 SHOWN_STATUSES = ("completed", "predicted", DIVERGED)
 DONE_STATUSES = ("completed", "predicted")
 

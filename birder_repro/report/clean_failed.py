@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from birder_repro.record import find_records, read_record, runs_root
-from birder_repro.train.checkpoint import CHECKPOINTS, complete_checkpoints
+from birder_repro.run.directory import RunDir
+from birder_repro.run.record import find_records, read_record, runs_root
 
 __all__ = ["FailedRun", "failed_runs", "remove", "main"]
 
@@ -42,7 +42,7 @@ def failed_runs(root: Path) -> list[FailedRun]:
         if not rec or rec.get("status") != "failed" or run_dir == root or root not in run_dir.parents:
             continue
         error = " ".join(str(rec.get("error") or "no error recorded").split())
-        found.append(FailedRun(run_dir, error, bool(complete_checkpoints(run_dir / CHECKPOINTS))))
+        found.append(FailedRun(run_dir, error, RunDir(run_dir).newest_checkpoint() is not None))
     return found
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from birder_repro.record import read_record
+from birder_repro.run.record import read_record
 
 from .cells import SETTING
 from .clock import read_log, steps_clock
@@ -29,7 +29,7 @@ STEP_LABEL = "step (optimizer steps)"
 
 
 def read_metrics(run_dir: str | Path) -> pd.DataFrame:
-    """A run's ``metrics.jsonl`` (birder_repro.logger) as a frame; empty where it has none."""
+    """A run's ``metrics.jsonl`` (birder_repro.train.logger) as a frame; empty where it has none."""
     return pd.DataFrame(read_log(run_dir))
 
 

@@ -154,7 +154,7 @@ class StepModel:
 
 
 def _record(run_dir: str) -> dict | None:
-    from birder_repro.record import read_record
+    from birder_repro.run.record import read_record
 
     return read_record(Path(run_dir))
 

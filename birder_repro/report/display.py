@@ -9,7 +9,7 @@ import math
 
 import pandas as pd
 
-from birder_repro.summary import fmt_number  # throughputs, metrics and sizes: one format for every report
+from birder_repro.run.summary import fmt_number  # throughputs, metrics and sizes: one format for every report
 
 from . import records
 from .cells import DIVERGED, short_run
@@ -186,7 +186,7 @@ def fmt_stages(row) -> str:
 
 
 def metric_columns(cells: pd.DataFrame) -> list[str]:
-    """The metrics any of these runs reported, in the records' order (birder_repro.schema.metric_names)."""
+    """The metrics any of these runs reported, in the records' order (birder_repro.run.schema.metric_names)."""
     return [m for m in records.metric_columns(cells) if cells[m].notna().any()]
 
 

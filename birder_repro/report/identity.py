@@ -7,7 +7,7 @@ too), not read from the record: the checkpoint manifest's ``config_digest`` (bir
 hashes the whole config, seed included, which is what resuming needs and not what a table needs.
 
 :data:`IGNORED_KEYS` is the list of the config keys left out, each with why: the seed, ``probe`` (mode=probe's
-records are not runs) and :data:`birder_repro.digest.NO_RESULT`, the one list of the settings that cannot change
+records are not runs) and :data:`birder_repro.run.digest.NO_RESULT`, the one list of the settings that cannot change
 a result, which the cell digest (``train.resume=auto``) leaves out too.
 """
 
@@ -18,12 +18,12 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from birder_repro.digest import NO_RESULT
+from birder_repro.run.digest import NO_RESULT
 
 __all__ = ["IGNORED_KEYS", "MEASURED_ONLY_KEYS", "config_items", "config_key", "is_ignored"]
 
 # Config keys (and every key under them) that are not part of a cell, and why: the seed, and the settings that
-# cannot change a result (birder_repro.digest.NO_RESULT, the one list, which the cell digest leaves out too).
+# cannot change a result (birder_repro.run.digest.NO_RESULT, the one list, which the cell digest leaves out too).
 # Everything else is: a run that differs in any other key (steps, learning rate, eval cadence, precision, ...) is
 # another row.
 IGNORED_KEYS: dict[str, str] = {

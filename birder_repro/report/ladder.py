@@ -25,6 +25,8 @@ from typing import Any
 
 import pandas as pd
 
+from birder_repro.run.record import read_record
+
 from .cells import CELL
 from .clock import read_log, steps_clock
 from .display import (
@@ -108,8 +110,6 @@ def protocol_value(key: str, default: float) -> float:
 
 def _per_run(runs: pd.DataFrame, load_limit: float) -> pd.DataFrame:
     """Each run's curve, levels, budget and load flag, read once."""
-    from birder_repro.record import read_record
-
     from .protocol import load_flag
 
     out = runs.copy()

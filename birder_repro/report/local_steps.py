@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from birder_repro.run.record import find_records, read_record
+
 from .stats import Interval, compare, t_interval
 
 __all__ = [
@@ -226,8 +228,6 @@ def with_final(curve: Any, lines: Sequence[Mapping[str, Any]], metric: str, comp
 
 def load_results(root: Path) -> list[RunResult]:
     """Every completed whole run under ``root`` (no time budget), its times and steps to its ladder's targets."""
-    from birder_repro.record import find_records, read_record
-
     from .clock import read_log
     from .ladder import levels_of, run_curve, time_to_level
 

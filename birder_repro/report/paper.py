@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from birder_repro.config.resources import paper_tables_dir
+from birder_repro.run.record import read_record
+
 from .display import fmt_layout, fmt_number, fmt_percent, is_missing, optim_label, optim_rank, to_markdown
 
 PAPER_METRICS = ("top1", "f1", "exact_match")
@@ -18,8 +21,6 @@ MATCH = ("task", "optimizer", "nodes", "gpus_per_node", "batch_per_gpu")
 
 def default_paper_dir() -> Path:
     """tables/paper of this checkout, else the installed package's copy, else of the working directory."""
-    from birder_repro.resources import paper_tables_dir
-
     return paper_tables_dir()
 
 
@@ -94,8 +95,6 @@ FIT_ROLES = {
 def _fitted_on(run_dir) -> dict | None:
     """The paper rows the links of a predicted record were fitted on (its ``prediction.fitted_on``, from the
     cluster config's ``perf.fitted_on``); None where they were fitted on none (a measured cluster spec)."""
-    from birder_repro.record import read_record
-
     rec = read_record(Path(str(run_dir))) or {}
     return (rec.get("prediction") or {}).get("fitted_on")
 

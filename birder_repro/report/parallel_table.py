@@ -22,7 +22,7 @@ from tabulate import tabulate
 from birder_repro.report.cells import SMOKE_FRACTION
 from birder_repro.report.identity import config_key
 from birder_repro.report.records import load_records
-from birder_repro.schema import get
+from birder_repro.run.schema import get
 
 __all__ = ["rows", "markdown", "main"]
 

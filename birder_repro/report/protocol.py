@@ -35,6 +35,8 @@ from typing import Any
 
 import yaml
 
+from birder_repro.config.resources import conf_dir
+
 __all__ = [
     "PLAN_FILE",
     "protocol_path",
@@ -64,11 +66,9 @@ class ProtocolError(ValueError):
 
 
 def protocol_path(task: str = "fashion_mnist") -> Path:
-    from birder_repro.resources import conf_dir
-
     root = conf_dir()
     if root is None:
-        raise ProtocolError("no conf/ directory found (birder_repro.resources.conf_dir)")
+        raise ProtocolError("no conf/ directory found (birder_repro.config.resources.conf_dir)")
     return root / "tuning" / f"{task}.yaml"
 
 

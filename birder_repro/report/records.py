@@ -1,10 +1,10 @@
 """Run records (``record.json``, one per run) read back into one pandas DataFrame, one row per run.
 
-The keys a record holds are documented in :mod:`birder_repro.schema` (read here through ``schema.get``); this
+The keys a record holds are documented in :mod:`birder_repro.run.schema` (read here through ``schema.get``); this
 module is the only place in the report that knows their nesting, so the tables work on flat, named columns.
 Bytes become MB (10^6 bytes) and seconds become milliseconds here, once. ``source`` tells measured runs
 from predicted records (``status: predicted``, ``birder-repro mode=predict``). Every metric any record has becomes a
-column (each task's own, in the order :func:`birder_repro.schema.metric_names` gives), after :data:`COLUMNS`.
+column (each task's own, in the order :func:`birder_repro.run.schema.metric_names` gives), after :data:`COLUMNS`.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Any
 
 import pandas as pd
 
-from birder_repro import schema
 from birder_repro.comm.accounting import allreduce_bytes, flat_allreduce_split
-from birder_repro.record import RECORD_FILE, find_records, read_record, runs_root
-from birder_repro.schema import get
+from birder_repro.run import schema
+from birder_repro.run.record import RECORD_FILE, find_records, read_record, runs_root
+from birder_repro.run.schema import get
 
 from .clock import loop_seconds
 from .identity import config_items, config_key

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from birder_repro import schema
+from birder_repro.run import schema
 from birder_repro.train.collectives import allreduce_sum
 from birder_repro.train.timing import StepResult
 

@@ -15,7 +15,7 @@ One directory per checkpointed step, marked complete only once everything in it 
 A crash (or a full disk) while writing leaves a directory without ``COMPLETE``, which resume ignores; the
 earlier complete checkpoints are untouched: older ones are removed only after a newer one is complete, keeping
 ``train.keep_checkpoints``. Every file goes to a temporary name first and is renamed into place. The run
-directory is one directory every node shares (the worker checks it at start, birder_repro.rundir), so a
+directory is one directory every node shares (the worker checks it at start, birder_repro.train.shared_dir), so a
 checkpoint whose files rank 0 does not all see is refused rather than marked complete.
 
 The rank files and ``model.pt`` hold tensors and plain values only and load with
@@ -45,7 +45,6 @@ import hashlib
 import itertools
 import json
 import os
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +53,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from birder_repro.optim import get_optim_info
+from birder_repro.run import record
+from birder_repro.run.checkpoint_dirs import (
+    CHECKPOINTS,
+    COMPLETE,
+    MANIFEST,
+    complete_checkpoints,
+    step_dir,
+)
+from birder_repro.run.checkpoint_dirs import STEP_DIR as _STEP_DIR
+from birder_repro.run.checkpoint_dirs import is_complete as _is_complete
+from birder_repro.run.directory import RunDir
+from birder_repro.train import fsdp_checkpoint, relayout
 from birder_repro.train.checkpoint_files import CheckpointError, load_file, shard_name
 from birder_repro.train.collectives import allreduce_sum, barrier
 from birder_repro.train.rng import rng_state, set_rng_state
@@ -78,11 +90,7 @@ __all__ = [
     "settle_ddp_buckets",
 ]
 
-CHECKPOINTS = "checkpoints"
-COMPLETE = "COMPLETE"
-MANIFEST = "manifest.json"
-MODEL = "model.pt"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
+MODEL = "model.pt"  # rank 0's copy of the model (CHECKPOINTS, COMPLETE, MANIFEST: birder_repro.run.checkpoint_dirs)
 
 
 @dataclass(frozen=True)
@@ -100,8 +108,6 @@ class RunIdentity:
     @classmethod
     def from_config(cls, cfg, comm, world_size: int) -> RunIdentity:
         from omegaconf import OmegaConf
-
-        from birder_repro.optim import get_optim_info
 
         comm_cfg = cfg.optim.get("comm") or {}
         try:
@@ -121,28 +127,6 @@ class RunIdentity:
             world_size=world_size,
             config_digest=hashlib.sha256(text.encode()).hexdigest()[:16],
         )
-
-
-# ------------------------------------------------------------------------------------------------ names
-def step_dir(run_dir, step: int) -> Path:
-    return Path(run_dir) / CHECKPOINTS / f"step-{step:06d}"
-
-
-def _is_complete(path: Path) -> bool:
-    return (path / COMPLETE).is_file() and (path / MANIFEST).is_file()
-
-
-def complete_checkpoints(root) -> list[tuple[int, Path]]:
-    """(step, directory) of every complete checkpoint under ``root`` (a ``checkpoints/`` dir), oldest first."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    found = []
-    for child in root.iterdir():
-        match = _STEP_DIR.match(child.name)
-        if match and _is_complete(child):
-            found.append((int(match.group(1)), child))
-    return sorted(found)
 
 
 # ----------------------------------------------------------------------------------------------- saving
@@ -190,7 +174,6 @@ def save_checkpoint(
         where.mkdir(parents=True, exist_ok=True)
     barrier()
     error = ""
-    from birder_repro.train import fsdp_checkpoint
 
     sharded = fsdp_checkpoint.is_fsdp(comm)  # parallel=fsdp: model, optimizer and hook state through DCP
     try:
@@ -273,8 +256,6 @@ def _identity_dict(identity: RunIdentity) -> dict:
 
 
 def _versions() -> dict:
-    from birder_repro import record
-
     try:
         return record.versions()
     except Exception:  # noqa: BLE001 - the versions are informative; a checkpoint must not fail for them
@@ -326,7 +307,7 @@ def resolve_path(spec: str) -> Path:
 
 def _agreed_newest(run_dir, device: torch.device) -> Path | None:
     """The newest complete checkpoint of this run directory that every rank has (each may have its own disk)."""
-    found = complete_checkpoints(Path(run_dir) / CHECKPOINTS)
+    found = RunDir(run_dir).complete_checkpoints()
     mine = found[-1][0] if found else -1
     step = mine
     if dist.is_initialized() and dist.get_world_size() > 1:
@@ -420,8 +401,6 @@ def load_checkpoint(
     Rank 0 reads the model and broadcasts it. ``carry``, if given, is filled with what the shard carries on
     (empty for a checkpoint written before it did).
     """
-    from birder_repro.train import relayout
-
     where = Path(where)
     manifest = read_manifest(where)
     change = (
@@ -429,7 +408,6 @@ def load_checkpoint(
         if identity
         else ("same" if manifest.get("world_size") == world_size else "nodes")
     )
-    from birder_repro.train import fsdp_checkpoint
 
     if fsdp_checkpoint.is_fsdp(comm) or manifest.get("sharded"):
         return _load_sharded(where, manifest, change, model, optimizer, comm, rank, device, carry)
@@ -484,8 +462,6 @@ def _load_sharded(
 ) -> tuple[int, float]:
     """A ``parallel=fsdp`` checkpoint (birder_repro.train.fsdp_checkpoint): DCP reshards it to this run's
     gpus_per_node; another node count is refused (the nodes are Algorithm 1's workers)."""
-    from birder_repro.train import fsdp_checkpoint
-
     if not (fsdp_checkpoint.is_fsdp(comm) and manifest.get("sharded")):
         saved, now = ("fsdp", "ddp") if manifest.get("sharded") else ("ddp", "fsdp")
         raise CheckpointError(

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from birder_repro.comm.collectives import all_gather_flat
+
 __all__ = ["DCP_DIR", "is_fsdp", "save_sharded", "load_sharded", "hook_meta"]
 
 DCP_DIR = "dcp"
@@ -98,7 +100,6 @@ def _gather_server(part: torch.Tensor, comm, n: int) -> torch.Tensor:
     """A server field's chunks of every node (the whole padded shard). Collective over the replicate group."""
     if n == 1:
         return part
-    from birder_repro.comm.collectives import all_gather_flat
 
     full = torch.empty(part.numel() * n, device=part.device, dtype=part.dtype)
     all_gather_flat(full, part.contiguous(), group=_server_group(comm))

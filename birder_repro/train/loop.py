@@ -25,11 +25,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from birder_repro import schema
 from birder_repro.comm.accounting import CommStats, flat_allreduce_split
-from birder_repro.logger import RunLogger
-from birder_repro.probes import start_probes, stop_probes
-from birder_repro.schedule import lr_factor
+from birder_repro.optim.schedule import lr_factor
+from birder_repro.run import schema
 from birder_repro.train import breakdown, stop
 from birder_repro.train.checkpoint import (
     COMPLETE,
@@ -45,7 +43,9 @@ from birder_repro.train.collectives import allreduce_sum
 from birder_repro.train.data import batches, steps_per_epoch
 from birder_repro.train.divergence import DivergenceWatch
 from birder_repro.train.evaluate import evaluate
+from birder_repro.train.logger import RunLogger
 from birder_repro.train.precision import Precision, agrees_overflow
+from birder_repro.train.probes import start_probes, stop_probes
 from birder_repro.train.profile import measured_profile, parameter_matrices
 from birder_repro.train.progress import LogInterval, Progress, log_interval
 from birder_repro.train.restarts import Attempts, inject_fault, restart_count
@@ -126,11 +126,11 @@ def train(
     probes: Sequence = (),
     plan: RunPlan | None = None,
 ) -> dict:
-    """Train ``model`` for the configured steps and return the run's figures (record keys, birder_repro.schema).
+    """Train ``model`` for the configured steps and return the run's figures (record keys, birder_repro.run.schema).
 
     Collective: every process calls it with the same config. Only rank 0 prints, logs and writes the model.
     ``plan``: the settings and derived numbers the worker computed (built here from ``cfg`` when not given).
-    ``probes`` measure over exactly the timed steps (birder_repro.probes).
+    ``probes`` measure over exactly the timed steps (birder_repro.train.probes).
     """
     plan = plan or RunPlan.build(cfg, topology.world_size, int(data.train_size))
     settings, steps = plan.settings, plan.steps

@@ -30,6 +30,11 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from birder_repro import comm, optim
+from birder_repro.comm import fsdp
+from birder_repro.comm.fsdp import FSDP_SCHEMES, _param_group
+from birder_repro.comm.topology import set_mesh_timeout
+
 __all__ = ["PARALLEL", "parallel_of", "check_parallel", "build_parallel", "no_buffer_broadcast"]
 
 PARALLEL = ("ddp", "fsdp")
@@ -47,8 +52,6 @@ def precision_of(cfg) -> str:
 
 def check_parallel(cfg, scheme: str) -> None:
     """Raise ValueError (one line naming the setting) where ``parallel`` cannot run with this config."""
-    from birder_repro.comm.fsdp import FSDP_SCHEMES
-
     mode = parallel_of(cfg)
     if mode not in PARALLEL:
         raise ValueError(f"parallel={mode!r}: use one of {', '.join(PARALLEL)}")
@@ -77,8 +80,6 @@ def build_parallel(
     cfg: DictConfig, task, model: torch.nn.Module, device: torch.device, topology, ocfg, is_main: bool = False
 ) -> tuple[torch.nn.Module, Any, Any]:
     """(the model the loop trains, its optimizer, the communication state) for the run's ``parallel``."""
-    from birder_repro import comm, optim
-
     scheme = optim.get_optim_info(cfg.optim.name).comm
     check_parallel(cfg, scheme)
     if parallel_of(cfg) == "ddp":
@@ -109,10 +110,6 @@ def no_buffer_broadcast() -> dict[str, bool]:
 def _build_fsdp(cfg, task, model, device, topology, ocfg, scheme: str, is_main: bool):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    from birder_repro import optim
-    from birder_repro.comm import fsdp
-    from birder_repro.comm.topology import set_mesh_timeout
 
     nodes, per_node = topology.nodes, topology.gpus_per_node
     if is_main and per_node == 1:
@@ -167,7 +164,6 @@ def _no_sync(model):
         yield
     finally:
         model.set_requires_gradient_sync(True)
-        from birder_repro.comm.fsdp import _param_group
 
         for module in model.modules():
             group = _param_group(module) if hasattr(module, "_get_fsdp_state") else None

@@ -32,6 +32,15 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from birder_repro.comm.kernels import process_cores
+from birder_repro.comm.onebit import compressed_allreduce
+from birder_repro.comm.state import CommState
+from birder_repro.perf.advisor import comm_rank
+from birder_repro.perf.cluster import ClusterSpec
+from birder_repro.perf.model import loop_collectives_s, predict_step
+from birder_repro.perf.profile import Profile, bucket_matrices
+from birder_repro.perf.schemes import COMPRESSION_BACKEND, compressed_elements, scheme_for_optim
+
 __all__ = ["bucket_timings", "measured_profile"]
 
 
@@ -51,8 +60,6 @@ def bucket_timings(steps: Sequence[Sequence[tuple[int, int, float]]]) -> tuple[l
 
 
 def _scheme(cfg) -> str:
-    from birder_repro.perf.schemes import scheme_for_optim
-
     comm = cfg.optim.get("comm") if hasattr(cfg.optim, "get") else None
     quantize = cfg.optim.get("quantize") if hasattr(cfg.optim, "get") else None  # Streaming DiLoCo's stream width
     return scheme_for_optim(
@@ -66,8 +73,6 @@ def _per_element(
     """The hook's compression seconds a step over the elements the model counts for them, at the run's own
     PowerSGD ``rank`` and over its ``matrices`` (a bucket's each, or None), as perf.model.predict_step counts
     them: counted at rank 1 over square buckets, a rank-4 run's cost came out 3.3x its measured seconds."""
-    from birder_repro.perf.schemes import COMPRESSION_BACKEND, compressed_elements
-
     backend = COMPRESSION_BACKEND.get(scheme)
     if not backend or not buckets or not compress_s > 0:
         return {}
@@ -97,10 +102,6 @@ def _lone_onebit(buckets: list[int], device, repeats: int = 3) -> dict[str, floa
     name, which the profile records)."""
     import torch
     import torch.distributed as dist
-
-    from birder_repro.comm.onebit import compressed_allreduce
-    from birder_repro.comm.state import CommState
-    from birder_repro.perf.schemes import compressed_elements
 
     if not buckets or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() != 1:
         return {}
@@ -146,10 +147,6 @@ def measured_profile(
     measured no compute. ``device`` is the display name the profile records ("cuda (NVIDIA H100 ...)"),
     ``torch_device`` the device the run computed on (default: the CPU), ``matrices`` its trainable
     parameters' shapes (:func:`parameter_matrices`)."""
-    from birder_repro.comm.kernels import process_cores
-    from birder_repro.perf.advisor import comm_rank
-    from birder_repro.perf.profile import Profile, bucket_matrices
-
     fb = record.get("forward_backward_s")
     params = record.get("parameters")
     if not fb or not fb > 0 or not params:
@@ -199,9 +196,6 @@ def _add_overhead(profile, cfg, record: dict[str, Any], scheme: str, gpus_per_no
     hook's work on one process that the model does not count) goes into ``scheme_overhead_s``, as the paper
     profiles derive it from the paper's 1-node rows (birder_repro.perf.paper_profiles, step 4). The prediction
     is of the run as it ran: PowerSGD at its ``rank``."""
-    from birder_repro.perf.cluster import ClusterSpec
-    from birder_repro.perf.model import loop_collectives_s, predict_step
-
     measured = (record.get("step_time_s") or {}).get("total")
     cluster = cfg.get("cluster") if hasattr(cfg, "get") else None
     try:

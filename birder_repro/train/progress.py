@@ -15,8 +15,8 @@ from typing import IO
 import torch
 from tqdm import tqdm
 
-from birder_repro.logger import RunLogger
 from birder_repro.train.collectives import allreduce_sum
+from birder_repro.train.logger import RunLogger
 from birder_repro.train.timing import StepResult
 
 __all__ = ["LogInterval", "Progress", "log_interval"]

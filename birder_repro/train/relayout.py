@@ -23,6 +23,11 @@ from typing import Any
 
 import torch
 
+from birder_repro.comm.allreduce import AllReduceState
+from birder_repro.comm.birder import BirderState
+from birder_repro.comm.two_level import TwoLevelState
+from birder_repro.train.checkpoint_files import CheckpointError, load_file, shard_name
+
 __all__ = ["POLICIES", "adapt", "per_node_state", "rebuild_canonical"]
 
 POLICIES = ("strict", "reset_errors")
@@ -30,16 +35,11 @@ POLICIES = ("strict", "reset_errors")
 
 def per_node_state(comm) -> bool:
     """The hook's state belongs to nodes, not processes: Birder's hierarchical scheme."""
-    from birder_repro.comm.birder import BirderState
-
     return isinstance(comm, BirderState) and comm.scheme == "hierarchical"
 
 
 def _stateless(comm) -> bool:
     """Hooks without error feedback (fp32 / fp16 all-reduce, flat or in two levels: the counters only)."""
-    from birder_repro.comm.allreduce import AllReduceState
-    from birder_repro.comm.two_level import TwoLevelState
-
     return comm is None or isinstance(comm, (AllReduceState, TwoLevelState)) or not hasattr(comm, "state_dict")
 
 
@@ -55,8 +55,6 @@ def adapt(
     identity,
 ) -> tuple[dict, dict | None]:
     """(this rank's shard, the hook state to load or None) for a checkpoint of another layout."""
-    from birder_repro.train.checkpoint_files import CheckpointError, load_file, shard_name
-
     old = manifest.get("layout") or {}
     old_world, old_nodes, old_m = int(old.get("world_size", 0)), old.get("nodes"), old.get("gpus_per_node")
     saved = f"nodes={old_nodes} x gpus_per_node={old_m}" if old_nodes else f"{old_world} processes"
@@ -96,8 +94,6 @@ def adapt(
 def comm_of_shard(path, device):
     """An old rank's hook state (its shard's ``"comm"``) on ``device``: the shard is read on the CPU,
     memory-mapped, so that its parameters and optimizer state are never copied, onto this GPU or at all."""
-    from birder_repro.train.checkpoint_files import load_file
-
     return _to(load_file(path, torch.device("cpu"), mmap=True)["comm"], device)
 
 

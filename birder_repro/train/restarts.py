@@ -10,12 +10,13 @@ attempt to ``run_dir/restarts.json``.
 
 Attempts: every launch of a run directory (the CLI's, ``BIRDER_LAUNCH``; torchrun's restarts within it are
 one attempt) is one entry of the record's ``attempts``. Rank 0 takes the earlier entries from the record already
-in the directory (:func:`previous_attempts`) and adds its own when it writes the record (:func:`attempt_entry`).
+in the directory and adds its own when it writes the record (birder_repro.run.directory: ``previous_attempts``,
+``attempt_entry``).
 
 Fault injection (tests only): ``BIRDER_TEST_FAULT=kill:<rank>:<step>`` makes that rank SIGKILL itself before
 step ``<step>`` (1-based) on the first attempt only; ``hang:<rank>:<step>`` makes it sleep instead (a hung
 peer, for ``train.timeout_s``); ``raise:<rank>:<step>`` makes it raise :class:`InjectedFault` (any exception
-inside training, for the one-line failure report of birder_repro.failures); ``wait:<rank>:<step>`` makes it
+inside training, for the one-line failure report of birder_repro.run.failures); ``wait:<rank>:<step>`` makes it
 wait before that step until a stop signal comes (at most two minutes), so that a test stops the run there;
 ``slow:<rank>:<step>`` makes it sleep :data:`SLOW_S` there once (a straggler, for the training clock).
 """
@@ -29,7 +30,9 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from birder_repro.digest import LAUNCH_ENV
+from birder_repro.run.digest import LAUNCH_ENV
+from birder_repro.run.directory import PROGRESS, RunDir
+from birder_repro.train.stop import requested
 
 __all__ = [
     "RESTART_ENV",
@@ -37,9 +40,6 @@ __all__ = [
     "LAUNCH_ENV",
     "restart_count",
     "Attempts",
-    "previous_attempts",
-    "attempt_entry",
-    "reached_step",
     "inject_fault",
     "InjectedFault",
 ]
@@ -47,7 +47,6 @@ __all__ = [
 RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
 
 FAULT_ENV = "BIRDER_TEST_FAULT"
-PROGRESS = "progress.json"
 RESTARTS = "restarts.json"
 
 
@@ -87,7 +86,7 @@ class Attempts:
         os.replace(tmp, self.run_dir / RESTARTS)
 
     def _reached(self) -> int:
-        return reached_step(self.run_dir) or 0
+        return RunDir(self.run_dir).reached_step() or 0
 
     def reached(self, step: int) -> None:
         """After every step (rank 0): the step reached, written in place (fixed width, no new file)."""
@@ -105,57 +104,6 @@ class Attempts:
     def figures(self) -> dict:
         """The record's ``restarts`` and ``steps_redone``."""
         return {"restarts": self.attempt, "steps_redone": sum(a["steps_redone"] for a in self.history)}
-
-
-def reached_step(run_dir) -> int | None:
-    """The last step rank 0 completed in this run directory (its ``progress.json``), None where unknown."""
-    try:
-        return int(json.loads((Path(run_dir) / PROGRESS).read_text())["step"])
-    except (OSError, ValueError, KeyError):
-        return None
-
-
-def previous_attempts(record: Mapping | None, env: Mapping[str, str] = os.environ) -> list[dict]:
-    """The attempts before this launch, from the record already in the run directory (None: a new run). A record
-    from before attempts were kept counts as one attempt."""
-    if not record:
-        return []
-    launch = env.get(LAUNCH_ENV)
-    attempts = list(record.get("attempts") or [])
-    if not attempts and record.get("status") in ("interrupted", "failed"):
-        attempts = [
-            {
-                "launch": None,
-                "started": record.get("started"),
-                "ended": record.get("ended"),
-                "status": record["status"],
-                "from_step": record.get("resumed_from_step"),
-                "to_step": record.get("stopped_at_step"),
-                "restarts": record.get("restarts"),
-            }
-        ]
-    return [a for a in attempts if launch is None or a.get("launch") != launch]
-
-
-def attempt_entry(
-    status: str,
-    started: str | None,
-    ended: str | None,
-    from_step: int | None,
-    to_step: int | None,
-    restarts: int = 0,
-    env: Mapping[str, str] = os.environ,
-) -> dict:
-    """This launch's entry of the record's ``attempts``."""
-    return {
-        "launch": env.get(LAUNCH_ENV),
-        "started": started,
-        "ended": ended,
-        "status": status,
-        "from_step": from_step,
-        "to_step": to_step,
-        "restarts": restarts,
-    }
 
 
 SLOW_S = 1.0  # BIRDER_TEST_FAULT=slow:<rank>:<step>: how long that rank sleeps before that step
@@ -181,8 +129,6 @@ def inject_fault(rank: int, next_step: int, env: Mapping[str, str] = os.environ)
     elif kind == "slow":  # a straggler: this rank's loop falls SLOW_S behind the others once
         time.sleep(SLOW_S)
     elif kind == "wait":
-        from birder_repro.train.stop import requested
-
         for _ in range(2400):
             if requested():
                 return

@@ -14,8 +14,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from birder_repro.config import ConfigError
-from birder_repro.schedule import SCHEDULES
+from birder_repro.config.settings import ConfigError
+from birder_repro.optim.schedule import SCHEDULES
 
 PRECISIONS = ("fp32", "bf16", "fp16")  # train.precision (birder_repro.train.precision)
 
@@ -50,7 +50,7 @@ class TrainSettings:
     accumulate: int = 1  # micro-batches per optimizer step (gradient accumulation; the hooks run once a step)
     steps: int | None = None  # None: ``epochs`` passes over the training set
     epochs: float = 1.0
-    schedule: Mapping[str, Any] = field(default_factory=lambda: {"name": "constant"})  # birder_repro.schedule
+    schedule: Mapping[str, Any] = field(default_factory=lambda: {"name": "constant"})  # birder_repro.optim.schedule
     grad_clip: float | None = None  # global norm the averaged gradients are clipped to (None: no clipping)
     timing_warmup_steps: int = 5  # left out of throughput, step time and bytes per step
     log_every: int = 10  # steps between log lines (metrics.jsonl, W&B, the progress line)

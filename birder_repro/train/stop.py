@@ -95,7 +95,7 @@ def in_loop() -> None:
 def agreed(device) -> int:
     """The stop signal every rank agrees on (SIGINT before SIGTERM where ranks got different ones), or 0 to go on.
     Collective: every rank calls it before the same step."""
-    from birder_repro.train.collectives import allreduce_sum
+    from birder_repro.train.collectives import allreduce_sum  # imports torch; stop and restarts stay without
 
     got_int, got_term = allreduce_sum(
         [float(_State.signum == signal.SIGINT), float(_State.signum not in (0, signal.SIGINT))], device

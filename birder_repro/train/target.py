@@ -40,7 +40,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from birder_repro.config import ConfigError
+from birder_repro.config.settings import ConfigError
+from birder_repro.tasks import declared_metrics_of
 
 __all__ = ["CLOCK", "DIRECTIONS", "Target", "target_from_config", "check_target", "TimeToTarget", "process_age_s"]
 
@@ -100,8 +101,6 @@ def target_from_config(cfg, task_metrics: tuple[str, ...] = ()) -> Target | None
 
 def check_target(cfg) -> None:
     """Refuse a target the run could never meet, before anything starts (the CLI's config checks)."""
-    from birder_repro.tasks import declared_metrics_of
-
     target_from_config(cfg, declared_metrics_of(cfg.task.name))
 
 

@@ -1,4 +1,4 @@
-"""``python -m birder_repro.bench_onebit``: the 1-bit Adam hook's compression time per DDP bucket with one scale
+"""``python -m birder_repro.bench.onebit``: the 1-bit Adam hook's compression time per DDP bucket with one scale
 per bucket against one per tensor (``optim.comm.scale``), side by side in one run.
 
 ResNet-50's parameters (torchvision, 161 tensors, 25.6M elements) are cut into DDP's buckets as DDP cuts them

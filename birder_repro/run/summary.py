@@ -1,4 +1,4 @@
-"""The short human summary printed at the end of a run, from its record (keys: :mod:`birder_repro.schema`).
+"""The short human summary printed at the end of a run, from its record (keys: :mod:`birder_repro.run.schema`).
 
 Every line tolerates missing keys: a failed run has a status and an error and little else.
 """
@@ -9,8 +9,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from birder_repro import schema
-from birder_repro.schema import get
+from birder_repro.optim import get_optim_info
+from birder_repro.run import schema
+from birder_repro.run.schema import get
 
 
 def fmt_number(x: Any, digits: int = 4, missing: str = "—") -> str:
@@ -213,7 +214,6 @@ def _parallel(parallel: str, optim: str) -> str:
     """ddp, or fsdp with how the nodes communicate."""
     if parallel != "fsdp":
         return "ddp"
-    from birder_repro.optim import get_optim_info
 
     try:
         scheme = get_optim_info(optim).comm

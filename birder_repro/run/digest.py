@@ -5,10 +5,10 @@ nothing (``dry_run``): it names the default rendezvous id, hence the run directo
 derives alike (birder_repro.launch.torchrun). :func:`cell_digest` also leaves out what cannot change a result
 (:data:`NO_RESULT`, each with why; a table's rows leave the same out): runs with the same cell digest are the same
 experiment, seed included; the record carries it as ``config_digest`` and ``train.resume=auto`` continues only
-such a run (birder_repro.rundir).
+such a run (birder_repro.run.directory).
 
-Plain data in (birder_repro.plain), hex out: this module sits near the bottom of the layers (docs/architecture.md),
-so that the record, the launchers and the training loop can all name a run the same way.
+Plain data in (birder_repro.config.plain), hex out: this module sits near the bottom of the layers
+(docs/architecture.md), so that the record, the launchers and the training loop can all name a run the same way.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from birder_repro.plain import plain_config
+from birder_repro.config.plain import plain_config
 
 __all__ = ["PER_NODE", "NO_RESULT", "NODES_DIR", "LAUNCH_ENV", "digest", "run_digest", "cell_digest"]
 

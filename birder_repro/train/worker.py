@@ -1,7 +1,7 @@
-"""One worker process of a run: ``python -m birder_repro.worker --run-dir DIR``, started by torchrun.
+"""One worker process of a run: ``python -m birder_repro.train.worker --run-dir DIR``, started by torchrun.
 
 It reads the resolved config the CLI wrote into the run directory (it never composes one: Hydra runs once, in
-the CLI), joins the process group, checks that every node sees the run directory (birder_repro.rundir), builds
+the CLI), joins the process group, checks that every node sees the run directory (birder_repro.train.shared_dir), builds
 the topology, task, DDP model, optimizer and communication hook, trains, and on rank 0 writes ``record.json``:
 completed, failed, diverged, or interrupted (a stop signal, birder_repro.train.stop). Only rank 0 prints and
 writes the record, the one record of the run, whichever node rank 0 runs on.
@@ -26,9 +26,19 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.distributed.elastic.multiprocessing.errors import record as elastic_record
 
-from birder_repro import config as layout
-from birder_repro import failures, record
-from birder_repro.rundir import cell_digest, check_shared
+from birder_repro import comm, tasks, train
+from birder_repro.config import settings as layout
+from birder_repro.optim.onebit_adam import OneBitOptimizer, short_warmup_warning
+from birder_repro.perf.probe import probe_worker
+from birder_repro.run import failures, record
+from birder_repro.run.digest import cell_digest
+from birder_repro.run.directory import RunDir, attempt_entry
+from birder_repro.train import probes, stop
+from birder_repro.train.divergence import Diverged
+from birder_repro.train.restarts import restart_count
+from birder_repro.train.settings import TrainSettings
+from birder_repro.train.shared_dir import check_shared
+from birder_repro.train.stop import signal_name
 
 __all__ = [
     "DistEnv",
@@ -105,7 +115,6 @@ def init_process_group(
     if env.rendezvous:
         # The agent's store outlives a restart (train.max_restarts) and keeps the keys of the failed attempt's
         # group (each process's address): a fresh prefix per attempt, or the new ranks read the dead ones'.
-        from birder_repro.train.restarts import restart_count
 
         store, _, _ = next(
             dist.rendezvous(
@@ -152,11 +161,8 @@ def optim_config(cfg: DictConfig, total_steps: int | None = None) -> DictConfig:
 def build_and_train(cfg: DictConfig, env: DistEnv, device: torch.device, run_dir: Path) -> dict:
     """Topology, task, data, DDP model, optimizer and hook, then the training loop; returns its figures."""
     if cfg.get("mode") == "probe":  # birder-repro mode=probe: collectives timed instead (birder_repro.perf.probe)
-        from birder_repro.perf.probe import probe_worker
-
         return probe_worker(cfg, env.rank, device, run_dir)
     # Imported here: a worker whose layout check fails reports it without loading models and hooks.
-    from birder_repro import comm, probes, tasks, train
 
     topology = comm.build_topology(int(cfg.gpus_per_node))
     task = tasks.get_task(cfg.task.name)
@@ -171,7 +177,7 @@ def build_and_train(cfg: DictConfig, env: DistEnv, device: torch.device, run_dir
     # (birder_repro.train.parallel)
     ddp, opt, hook = train.build_parallel(cfg, task, model, device, topology, ocfg, is_main=env.is_main)
     _warn_short_onebit_warmup(opt, env)
-    # Emulated clusters: each node's kernel link counters over the timed steps (birder_repro.probes).
+    # Emulated clusters: each node's kernel link counters over the timed steps (birder_repro.train.probes).
     result = train.train(
         cfg,
         task=task,
@@ -208,8 +214,6 @@ def start_line(env: DistEnv, fields: dict) -> str:
 
 def _warn_short_onebit_warmup(opt, env: DistEnv) -> None:
     """Before training: 1-bit Adam / LAMB with a warmup too short for their frozen variance (one line)."""
-    from birder_repro.optim.onebit_adam import OneBitOptimizer, short_warmup_warning
-
     if env.is_main and isinstance(opt, OneBitOptimizer) and opt.momentum_by_hook:
         line = short_warmup_warning(opt, getattr(opt, "precondition_compression", False))
         if line:
@@ -222,17 +226,12 @@ def describe_device(device: torch.device) -> str:
 
 def run_worker(run_dir: Path, env: DistEnv | None = None) -> int:
     """The whole life of one worker; rank 0 writes the record. Returns the process's exit code."""
-    from birder_repro.train import stop
-    from birder_repro.train.divergence import Diverged
-    from birder_repro.train.restarts import restart_count
-    from birder_repro.train.settings import TrainSettings
-
     env = env or read_dist_env()
     cfg = record.load_run_config(run_dir)
     attempt = _Attempt(run_dir, cfg, env)
     fields: dict[str, Any] = {"started": attempt.first_started, "config_digest": cell_digest(cfg)}
     joined = False
-    if restart_count() and env.is_main:  # the launchers' terminal copy resumes here (birder_repro.failures)
+    if restart_count() and env.is_main:  # the launchers' terminal copy resumes here (birder_repro.run.failures)
         print(f"{failures.RESTART_MARK}attempt {restart_count() + 1} (train.max_restarts)", flush=True)
     if env.rendezvous:  # started by torchrun: a signal stops the run at a step boundary (train/stop.py)
         stop.install(grace_s=float(cfg.train.get("stop_timeout_s") or TrainSettings.stop_timeout_s))
@@ -256,12 +255,11 @@ def run_worker(run_dir: Path, env: DistEnv | None = None) -> int:
         if env.is_main:
             attempts = attempt.history("completed", result.get("resumed_from_step") or 0, result.get("steps"))
             done = record.completed_record(cfg, run_dir, result, ended=record.now(), attempts=attempts, **fields)
-            record.write_record(run_dir, done)
+            RunDir(run_dir).write(done)
         return 0
     except Diverged as halt:  # every rank stops at the same step (train/divergence.py): not a failure to restart
         if env.is_main:
-            record.write_record(
-                run_dir,
+            RunDir(run_dir).write(
                 record.diverged_record(
                     cfg,
                     run_dir,
@@ -284,8 +282,7 @@ def run_worker(run_dir: Path, env: DistEnv | None = None) -> int:
         # One line, then the traceback: output.log keeps both, the terminal stops at the line (failures.py).
         print(f"{failures.MARK}{failure.line}\n{failure.traceback}", file=sys.stderr, flush=True)
         if env.is_main:
-            record.write_failed_record(
-                run_dir,
+            RunDir(run_dir).write_failed(
                 cfg,
                 failure.line,
                 traceback=failure.traceback,
@@ -304,30 +301,21 @@ class _Attempt:
     directory keeps one record), read before anything of this attempt is written, and this one's entry."""
 
     def __init__(self, run_dir: Path, cfg: DictConfig, env: DistEnv):
-        from birder_repro.train.restarts import previous_attempts
-
-        self.run_dir, self.cfg, self.started = Path(run_dir), cfg, record.now()
-        self.earlier = previous_attempts(record.read_record(run_dir)) if env.is_main else []
+        self.run, self.cfg, self.started = RunDir(run_dir), cfg, record.now()
+        self.earlier = self.run.previous_attempts() if env.is_main else []
         self.first_started = (self.earlier[0].get("started") if self.earlier else None) or self.started
 
     def history(self, status: str, from_step: int | None, to_step: int | None = None) -> list[dict]:
         """The record's ``attempts``: the earlier ones, then this one ending with ``status``."""
-        from birder_repro.train.restarts import attempt_entry, reached_step, restart_count
-
-        to_step = to_step if to_step is not None else reached_step(self.run_dir)
+        to_step = to_step if to_step is not None else self.run.reached_step()
         return [*self.earlier, attempt_entry(status, self.started, record.now(), from_step, to_step, restart_count())]
 
     def interrupted(self, halt, fields: dict) -> None:
-        """Write the interrupted record and say so, last, in the workers' output (birder_repro.failures)."""
-        from birder_repro.train.checkpoint import CHECKPOINTS, complete_checkpoints
-        from birder_repro.train.restarts import restart_count
-        from birder_repro.train.stop import signal_name
-
-        found = complete_checkpoints(self.run_dir / CHECKPOINTS)
-        checkpoint = halt.checkpoint or (found[-1][1] if found else None)
+        """Write the interrupted record and say so, last, in the workers' output (birder_repro.run.failures)."""
+        checkpoint = halt.checkpoint or self.run.newest_checkpoint()
         rec = record.interrupted_record(
             self.cfg,
-            self.run_dir,
+            self.run.path,
             halt.step,
             signal_name(halt.signum),
             checkpoint,
@@ -335,7 +323,7 @@ class _Attempt:
             attempts=self.history("interrupted", halt.from_step, halt.step),
             **fields,
         )
-        record.write_record(self.run_dir, rec)
+        self.run.write(rec)
         print(f"{failures.STOP_MARK}{rec['error'].split('; resume: ')[0]}", flush=True)
 
 
@@ -364,11 +352,12 @@ def explain_collective_failure(exc: BaseException, rank: int, cfg: DictConfig) -
 
 
 # An exception that escapes run_worker (one before its run began, which writes no failure file) is written by
-# torch elastic to the worker's TORCHELASTIC_ERROR_FILE; the CLI reads it from there (birder_repro.failures).
+# torch elastic to the worker's TORCHELASTIC_ERROR_FILE; the CLI reads it from there (birder_repro.run.failures).
 @elastic_record
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m birder_repro.worker", description="One worker of a birder-repro run (started by torchrun)."
+        prog="python -m birder_repro.train.worker",
+        description="One worker of a birder-repro run (started by torchrun).",
     )
     parser.add_argument("--run-dir", required=True, type=Path, help="run directory holding config.yaml")
     args = parser.parse_args(argv)

@@ -1,8 +1,8 @@
 """The run record (``record.json``, one per run): every key, documented once, for its writer and its readers.
 
-The writer (:mod:`birder_repro.record`, with the training loop's figures and the probes') builds a record from
+The writer (:mod:`birder_repro.run.record`, with the training loop's figures and the probes') builds a record from
 :data:`KEYS` and refuses a key that is not documented here; the readers (:mod:`birder_repro.report.records`,
-:mod:`birder_repro.summary`) read values through :func:`get`, which refuses an undocumented key, so that a
+:mod:`birder_repro.run.summary`) read values through :func:`get`, which refuses an undocumented key, so that a
 misspelt name fails loudly instead of reading as missing. Outside scripts can rely on these names
 (DESIGN.md, "Run records and tables"). A failed run's record has the same keys, with ``status: failed``, the
 one-line ``error``, the ``traceback`` and null measurements; a diverged run's, ``status: diverged``, the
@@ -120,7 +120,7 @@ KEYS: tuple[Key, ...] = (
     Key(
         "config_digest",
         "16 hex digits of the resolved config less the settings that cannot change a result "
-        "(birder_repro.digest.NO_RESULT, each with why: logger, launcher, dry_run, checkpointing, resume and stop "
+        "(birder_repro.run.digest.NO_RESULT, each with why: logger, launcher, dry_run, checkpointing, resume and stop "
         "settings, the target's ladder; a table's rows leave the same out): runs of "
         "one digest are the same experiment, seed included; train.resume=auto continues only such a run",
     ),
@@ -341,7 +341,7 @@ def check(record: Mapping[str, Any]) -> None:
     """Refuse keys that are not documented here (a writer adding one documents it in :data:`KEYS` first)."""
     unknown = sorted(set(record) - NAMES)
     if unknown:
-        raise ValueError(f"run record keys not documented in birder_repro.schema.KEYS: {', '.join(unknown)}")
+        raise ValueError(f"run record keys not documented in birder_repro.run.schema.KEYS: {', '.join(unknown)}")
     for key in ("cluster", "step_time_s", "overlap_s", "time_to_target"):
         value = record.get(key)
         if isinstance(value, Mapping) and set(value) - set(_BY_NAME[key].parts):
@@ -357,7 +357,7 @@ def get(record: Mapping[str, Any], key: str, *parts: str, default: Any = None) -
     ``key`` must be documented; so must ``parts`` where the key's parts are fixed (cluster, step_time_s).
     """
     if key not in NAMES:
-        raise KeyError(f"{key!r} is not a run record key (birder_repro.schema.KEYS)")
+        raise KeyError(f"{key!r} is not a run record key (birder_repro.run.schema.KEYS)")
     fixed = _BY_NAME[key].parts
     if parts and fixed and parts[0] not in fixed:
         raise KeyError(f"{key}.{parts[0]} is not a run record key; {key} has {', '.join(fixed)}")

@@ -1,12 +1,12 @@
 """The ends of a SLURM job's attempt: the run's summary into the job's output file, and whether to requeue.
 
-    python -m birder_repro.job_end RUN_DIR --attempt-start
-    python -m birder_repro.job_end RUN_DIR --exit-code N --since-step S --started T [--stopped USR1|TERM]
+    python -m birder_repro.launch.job_end RUN_DIR --attempt-start
+    python -m birder_repro.launch.job_end RUN_DIR --exit-code N --since-step S --started T [--stopped USR1|TERM]
 
 The batch script of ``launcher=slurm`` (birder_repro.launch.slurm) runs the first form before srun: it prints
 the step of the run directory's newest complete checkpoint (0: none) and the time, which the second form gets
 back after srun with srun's exit code and the signal that stopped the batch shell, if any. The second form ends
-the attempt as the CLI ends a local run (birder_repro.finish.finish_run): a completed run's summary; an
+the attempt as the CLI ends a local run (birder_repro.run.finish.finish_run): a completed run's summary; an
 interrupted one's record and the command that resumes it; a failed one's line, written into its record. It exits
 with :data:`REQUEUE` where the shell was stopped, the run is interrupted, and a complete checkpoint newer than
 the attempt's start exists: a requeued attempt would go on from there, not start where this one did.
@@ -19,7 +19,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from birder_repro import record
+from birder_repro.launch.ending import teller
+from birder_repro.run import record
+from birder_repro.run.directory import RunDir
+from birder_repro.run.finish import finish_run
 
 __all__ = ["REQUEUE", "newest_step", "end_of_attempt", "main"]
 
@@ -29,26 +32,21 @@ STOPPED_CODE = 143  # what the CLI reports for workers it stopped with SIGTERM (
 
 def newest_step(run_dir: Path) -> int:
     """The step of the run directory's newest complete checkpoint (0: none)."""
-    from birder_repro.train.checkpoint import CHECKPOINTS, complete_checkpoints
-
-    found = complete_checkpoints(Path(run_dir) / CHECKPOINTS)
-    return found[-1][0] if found else 0
+    return RunDir(run_dir).newest_step()
 
 
 def end_of_attempt(run_dir: Path, code: int, started: str, stopped: str = "", since: int = 0) -> int:
     """Print the attempt's end as the CLI does; return :data:`REQUEUE`, or the CLI's exit code."""
-    from birder_repro.finish import finish_run  # the one place a run's end is told, the CLI's too
-
     cfg = record.load_run_config(run_dir)
-    code = finish_run(
+    code = finish_run(  # the one place a run's end is told, the CLI's too
         cfg,
         run_dir,
         STOPPED_CODE if stopped else code,
         started,
-        writes_record=True,
+        teller(cfg),
         command_line=record.read_command(run_dir) or "",
     )
-    if not stopped or (record.read_record(run_dir) or {}).get("status") != "interrupted":
+    if not stopped or (RunDir(run_dir).read() or {}).get("status") != "interrupted":
         return code  # it ended (completed, failed) before the stop reached it
     newest = newest_step(run_dir)
     if newest > since:
@@ -64,7 +62,7 @@ def end_of_attempt(run_dir: Path, code: int, started: str, stopped: str = "", si
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m birder_repro.job_end", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m birder_repro.launch.job_end", description=__doc__.split("\n")[0])
     parser.add_argument("run_dir", type=Path)
     parser.add_argument(
         "--attempt-start", action="store_true", help="print the newest complete checkpoint's step and the time"

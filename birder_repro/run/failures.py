@@ -8,7 +8,7 @@ followed by its traceback, to its stderr. That output reaches ``output.log`` in 
 the terminal (:class:`TerminalEcho`) stops at the first :data:`MARK` and resumes when restarted workers
 announce themselves (:data:`RESTART_MARK`, ``train.max_restarts``), so that neither the other ranks' tracebacks
 nor torchrun's error report reach it; it also stops at rank 0's line of a run a signal stopped
-(:data:`STOP_MARK`): the CLI says the same, then how to resume (birder_repro.finish). A failed run's CLI then
+(:data:`STOP_MARK`): the CLI says the same, then how to resume (birder_repro.run.finish). A failed run's CLI then
 ends with :func:`final_line`: the first failing rank, the cause (exception type and message) and where the full
 output is; the record's ``error`` is that line and its ``traceback`` the rank's traceback.
 
@@ -168,7 +168,7 @@ def read_elastic_error(path: Path, rank: int, attempt: int = 0) -> Failure | Non
 
 def elastic_failures(log_text: str, attempt: int = 0) -> list[Failure]:
     """The failures of the workers that torchrun's report in ``log_text`` lists with an error file (a worker whose
-    exception torch elastic's ``@record`` caught: birder_repro.worker's ``main``), read from those files."""
+    exception torch elastic's ``@record`` caught: birder_repro.train.worker's ``main``), read from those files."""
     found = {}
     for rank, _code, error_file, _what in _REPORT_BLOCK.findall(log_text):
         error_file = error_file.strip()
@@ -196,7 +196,7 @@ def signal_deaths(log_text: str) -> dict[int, str]:
 
 def write_signal_deaths(run_dir: Path, log_text: str, node: int) -> None:
     """A node other than 0 (multi-node torchrun): the ranks its torchrun reports dead by a signal, as failure
-    files, so that node 0's CLI, which sees only its own torchrun's report, can name them (birder_repro.finish)."""
+    files, so that node 0's CLI, which sees only its own torchrun's report, can name them (birder_repro.run.finish)."""
     known = {f.rank for f in read_failures(run_dir)}
     attempt = max((f.attempt for f in read_failures(run_dir)), default=0)
     for rank, what in signal_deaths(log_text).items():

@@ -2,9 +2,10 @@
 
 A run directory holds ``config.yaml`` (the resolved config the workers read), ``command.txt`` (the command
 that reproduces the run), ``output.log`` (what the processes printed) and ``record.json``. The record's keys
-are documented once, in :mod:`birder_repro.schema`, and a record is checked against them when written; a
+are documented once, in :mod:`birder_repro.run.schema`, and a record is checked against them when written; a
 failed run has the same keys, with ``status: failed``, the ``error`` and null measurements. This module is
-also the one place that knows where runs go (:func:`runs_root`) and reads a record back (:func:`read_record`).
+also the one place that knows where runs go (:func:`runs_root`) and reads a record back (:func:`read_record`);
+writing one is the run directory's (birder_repro.run.directory.RunDir.write), which alone writes ``record.json``.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from birder_repro import schema
-from birder_repro.digest import cell_digest
-from birder_repro.plain import plain_config
+from birder_repro.config import settings as layout
+from birder_repro.config.plain import plain_config
+from birder_repro.run import schema
+from birder_repro.run.digest import cell_digest
 
 __all__ = [
     "CONFIG_FILE",
@@ -49,12 +51,12 @@ __all__ = [
     "diverged_record",
     "interrupted_record",
     "resume_command",
-    "write_record",
     "read_record",
-    "write_failed_record",
     "find_records",
     "effective_lr",
     "host_load",
+    "atomic_write",
+    "json_default",
 ]
 
 CONFIG_FILE = "config.yaml"
@@ -85,11 +87,11 @@ def write_run_files(run_dir: Path, cfg: DictConfig, command: str | None) -> None
     a multi-node run writes the config (its workers may start before node 0's CLI has written it; the copies
     differ only in ``launcher.node_rank``); ``command=None`` (nodes other than 0) leaves node 0's command."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    _atomic_write(run_dir / CONFIG_FILE, OmegaConf.to_yaml(cfg))
+    atomic_write(run_dir / CONFIG_FILE, OmegaConf.to_yaml(cfg))
     if command is not None:
-        _atomic_write(run_dir / COMMAND_FILE, command + "\n")
+        atomic_write(run_dir / COMMAND_FILE, command + "\n")
         if not (run_dir / LOAD_FILE).exists():  # a resumed run keeps its first start's load
-            _atomic_write(run_dir / LOAD_FILE, json.dumps(host_load()))
+            atomic_write(run_dir / LOAD_FILE, json.dumps(host_load()))
 
 
 def host_load() -> list[float] | None:
@@ -187,8 +189,6 @@ def base_record(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     The run's own figures (global batch, steps) replace these in a completed record; a failed run keeps what
     the config says.
     """
-    from birder_repro import config as layout
-
     record = schema.empty_record()
     record.update(
         {
@@ -217,15 +217,11 @@ def base_record(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 def effective_lr(cfg: DictConfig) -> float:
     """The learning rate the optimizer gets: ``optim.effective_lr`` as ``config.resolve`` recorded it in the
     run's config; for a config that did not go through it, ``config.effective_lr`` (the one formula)."""
-    from birder_repro import config as layout
-
     recorded = OmegaConf.select(cfg, "optim.effective_lr", default=None)
     return float(recorded) if recorded is not None else layout.effective_lr(cfg)
 
 
 def _cluster(cfg: DictConfig) -> dict[str, Any]:
-    from birder_repro import config as layout
-
     return {
         "name": cfg.cluster.name,
         "nodes": cfg.nodes,
@@ -290,30 +286,10 @@ def interrupted_record(
 
 def resume_command(run_dir: Path, command: str | None = None) -> str:
     """The command that continues the run in its own directory: its command line and ``hydra.run.dir`` (a run
-    directory holding an interrupted or failed run with a checkpoint resumes; birder_repro.rundir.decide).
-    ``command``: another command line than the run's recorded one (a node's own CLI, birder_repro.finish)."""
+    directory holding an interrupted or failed run with a checkpoint resumes; birder_repro.run.directory).
+    ``command``: another command line than the run's recorded one (a node's own CLI, birder_repro.run.finish)."""
     command = command or read_command(run_dir) or "birder-repro"
     return f"{command} {shlex.quote(f'hydra.run.dir={Path(run_dir).resolve()}')}"
-
-
-def write_failed_record(run_dir: Path, cfg: DictConfig, error: str, **fields: Any) -> dict[str, Any]:
-    """Write ``record.json`` for a run that failed (``error``: one line, the reason; ``fields`` may add the
-    ``traceback``) and return it."""
-    record = failed_record(cfg, Path(run_dir), error, **fields)
-    write_record(Path(run_dir), record)
-    return record
-
-
-def write_record(run_dir: Path, record: Mapping[str, Any]) -> Path:
-    """Write ``record.json`` atomically: a reader sees the old record or the new one, never half of one.
-
-    Every key must be documented in :mod:`birder_repro.schema` (a ValueError names any that is not).
-    """
-    schema.check(record)
-    Path(run_dir).mkdir(parents=True, exist_ok=True)  # a run refused before its files were written has none yet
-    path = Path(run_dir) / RECORD_FILE
-    _atomic_write(path, json.dumps(record, indent=2, default=_json_default) + "\n")
-    return path
 
 
 def read_record(run_dir: Path) -> dict[str, Any] | None:
@@ -340,7 +316,7 @@ def find_records(root: Path) -> list[Path]:
     return sorted(root.rglob(RECORD_FILE)) if root.is_dir() else []
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
     # A temporary file in the same directory, then rename: os.replace is atomic within one file system.
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -367,7 +343,7 @@ def _try(compute) -> Any:
         return None
 
 
-def _json_default(value: Any) -> Any:
+def json_default(value: Any) -> Any:
     if hasattr(value, "item"):  # numpy and torch scalars
         return value.item()
     if isinstance(value, Path):

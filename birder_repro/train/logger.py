@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from birder_repro.plain import plain_config
+from birder_repro.config.plain import plain_config
 
 METRICS_FILE = "metrics.jsonl"
 

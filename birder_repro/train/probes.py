@@ -1,7 +1,7 @@
 """Probes of the timed steps: measurements that start right before the first timed step and stop right after
 the last one, whose figures go into the run record.
 
-A probe has ``start()`` and ``stop(timed_steps) -> dict`` (record keys, :mod:`birder_repro.schema`); ``stop``
+A probe has ``start()`` and ``stop(timed_steps) -> dict`` (record keys, :mod:`birder_repro.run.schema`); ``stop``
 may be collective, so every rank calls it at the same point. The training loop starts them after the timing
 warm-up and the compute calibration (which sends nothing) and stops them before evaluation.
 
@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from birder_repro import netns
 
 __all__ = ["LINK_IFACE_ENV", "LinkCounters", "link_probe", "probes_for", "start_probes", "stop_probes"]
 
@@ -35,15 +37,10 @@ def stop_probes(probes: Sequence, timed_steps: int) -> dict[str, Any]:
 
 
 def _read_counters(iface: str) -> dict[str, int]:
-    # The reader lives with the fabric whose interfaces it reads; imported only where a link is counted.
-    from birder_repro import netns
-
-    return netns.read_counters(iface)
+    return netns.read_counters(iface)  # the reader lives with the fabric whose interfaces it reads
 
 
 def _header_bytes() -> int:
-    from birder_repro import netns
-
     return netns.FRAME_HEADER_BYTES
 
 

@@ -1,4 +1,4 @@
-"""The checks of the config sections that layers above :mod:`birder_repro.config` own, written out in one table.
+"""The checks of the config sections that layers above :mod:`birder_repro.config.settings` own, in one table.
 
 ``config.validate`` checks the keys of its own layer (the layout, the batch, the learning rate, the choices)
 and imports nothing above it. The sections below belong to higher layers, whose functions check them; this
@@ -12,22 +12,25 @@ before it resolves a config, so every run is checked by all of them, in this ord
     train         every ``train.*`` value the loop reads (birder_repro.train.settings), before any worker starts
     probe         ``mode=probe``'s sizes and layout (birder_repro.perf.probe)
 
-Each owner is imported when its check runs, so that importing this module stays as light as the config's.
+The owners that import torch (train.parallel, perf.probe) are imported when their check runs, so that the CLI,
+which imports this module, stays without torch. It sits in ``train``, above every owner it lists.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from birder_repro import config
-from birder_repro.config import ConfigError
+from birder_repro.config import settings as config
+from birder_repro.config.settings import ConfigError
+from birder_repro.optim import get_optim_info, list_optimizers
+from birder_repro.tasks import list_tasks
+from birder_repro.train.settings import TrainSettings
+from birder_repro.train.target import check_target as owner
 
 __all__ = ["SECTION_CHECKS", "install"]
 
 
 def check_task_name(cfg: Any) -> None:
-    from birder_repro.tasks import list_tasks
-
     if cfg.task.name not in list_tasks():
         raise ConfigError(
             f"task={cfg.task.name!r} has a config but no registered task; registered: {', '.join(list_tasks())}"
@@ -35,8 +38,6 @@ def check_task_name(cfg: Any) -> None:
 
 
 def check_optim_name(cfg: Any) -> None:
-    from birder_repro.optim import list_optimizers
-
     if cfg.optim.name not in list_optimizers():
         raise ConfigError(
             f"optim={cfg.optim.name!r} has a config but no registered optimizer; "
@@ -45,16 +46,13 @@ def check_optim_name(cfg: Any) -> None:
 
 
 def check_target(cfg: Any) -> None:
-    from birder_repro.train.target import check_target as owner
-
     owner(cfg)
 
 
 def check_parallel(cfg: Any) -> None:
     if cfg.get("parallel", "ddp") == "ddp":  # nothing to check (the owner returns at once): no torch import
         return
-    from birder_repro.optim import get_optim_info
-    from birder_repro.train.parallel import check_parallel as owner
+    from birder_repro.train.parallel import check_parallel as owner  # imports torch: only for parallel=fsdp
 
     try:
         owner(cfg, get_optim_info(cfg.optim.name).comm)
@@ -63,14 +61,12 @@ def check_parallel(cfg: Any) -> None:
 
 
 def check_train(cfg: Any) -> None:
-    from birder_repro.train.settings import TrainSettings
-
     TrainSettings.from_config(cfg)  # the loop's own reading of train.*: a bad value fails here, not in every worker
 
 
 def check_probe(cfg: Any) -> None:
     if cfg.get("mode") == "probe":
-        from birder_repro.perf.probe import check_settings
+        from birder_repro.perf.probe import check_settings  # imports torch: only for mode=probe
 
         check_settings(cfg)
 

@@ -1,0 +1,1 @@
+"""The run's settings: the config's own keys and checks, where the configs live, a config as plain data."""

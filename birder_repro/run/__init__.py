@@ -1,0 +1,1 @@
+"""A run's directory and its record: one run, one directory, one record."""
