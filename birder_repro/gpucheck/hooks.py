@@ -6,7 +6,7 @@ The processes form ``nodes`` x ``gpus_per_node`` as the runner does (rank groupi
   hierarchical with ``b_hat`` (Algorithm 1, line 6), 4 steps of two buckets whose sizes need padding; the
   gradients are multiples of 1/8, so the node averages are exact in any order and every rank's result must
   equal :class:`birder_repro.references.birder.ReferenceBirder` bit for bit;
-- 1-bit Adam's compressed all-reduce (``comm.onebit.compressed_allreduce``), 3 steps, against
+- 1-bit Adam's compressed all-reduce (``comm.onebit_exchange.compressed_allreduce``), 3 steps, against
   :class:`birder_repro.references.onebit.CompressedAllReduceReference`: signs bit for bit, scales, errors and the
   average within 1e-5 (the norms are sums in another order on the GPU);
 - the counted fp32 all-reduce hook against DDP's own all-reduce (bit for bit: the same collective), and the fp16

@@ -120,7 +120,7 @@ def _birder(topology, device) -> dict:
 
 
 def _onebit(topology, device) -> dict:
-    from birder_repro.comm.onebit import compressed_allreduce
+    from birder_repro.comm.onebit_exchange import compressed_allreduce
     from birder_repro.comm.state import CommState
 
     world, out = topology.world_size, {}

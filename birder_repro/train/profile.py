@@ -98,7 +98,7 @@ def _lone_onebit(buckets: list[int], device, repeats: int = 3) -> dict[str, floa
     import torch
     import torch.distributed as dist
 
-    from birder_repro.comm.onebit import compressed_allreduce
+    from birder_repro.comm.onebit_exchange import compressed_allreduce
     from birder_repro.comm.state import CommState
     from birder_repro.perf.schemes import compressed_elements
 
