@@ -167,10 +167,10 @@ def _no_sync(model):
         yield
     finally:
         model.set_requires_gradient_sync(True)
-        from birder_repro.comm.fsdp import _param_group
+        from birder_repro.comm.fsdp_units import param_group
 
         for module in model.modules():
-            group = _param_group(module) if hasattr(module, "_get_fsdp_state") else None
+            group = param_group(module) if hasattr(module, "_get_fsdp_state") else None
             for fp in group.fsdp_params if group is not None else ():
                 fp.unsharded_accumulated_grad = None
                 if hasattr(fp, "_unsharded_param"):
