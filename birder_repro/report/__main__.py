@@ -16,7 +16,18 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import crossover, documents, figures, ladder, model_error, paper, tables, tuning
+from . import (
+    crossover,
+    crossover_figure,
+    crossover_render,
+    documents,
+    figures,
+    ladder,
+    model_error,
+    paper,
+    tables,
+    tuning,
+)
 from . import target as time_to_target
 from .cells import select_runs
 from .display import to_latex
@@ -119,9 +130,9 @@ def write_overview(
         _write(out / "tuning.csv", tuning.csv_text(trials), written)
     points, per_run = crossover.crossover_tables(frame)  # time to target against the link rate
     if not points.empty:
-        _write(out / "crossover.md", crossover.crossover_markdown(points, per_run), written)
-        _write(out / "crossover.csv", crossover.csv_text(points), written)
-        written += figure_files(lambda d: crossover.crossover_figures(points, d), figures_dir)
+        _write(out / "crossover.md", crossover_render.crossover_markdown(points, per_run), written)
+        _write(out / "crossover.csv", crossover_render.csv_text(points), written)
+        written += figure_files(lambda d: crossover_figure.crossover_figures(points, d), figures_dir)
     errors = model_error.model_error_rows(frame)  # the model against every multi-node run it can predict
     if not errors.empty:
         summary = model_error.model_error_summary(errors)
