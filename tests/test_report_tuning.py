@@ -13,7 +13,15 @@ from conftest import write_records
 
 from birder_repro.perf.model import loop_collectives_s, predict_step
 from birder_repro.perf.profile import Profile
-from birder_repro.report import crossover, crossover_figure, crossover_find, crossover_render, tuning
+from birder_repro.report import (
+    crossover,
+    crossover_figure,
+    crossover_find,
+    crossover_render,
+    tuning,
+    tuning_render,
+    tuning_trials,
+)
 from birder_repro.report import target as report_target
 from birder_repro.report.__main__ import main
 from birder_repro.report.records import load_frame
@@ -115,14 +123,14 @@ def test_each_optimizer_chooses_its_fewest_steps_and_val_runs_stay_out_of_time_t
     ]  # lr 0.1 again, newer: one
     records[-1]["config"]["seed"] = 0  # the same trial (values and seed) run again later counts once
     frame = load_frame(write(tmp_path / "runs", records))
-    rows = tuning.tuning_rows(frame)
+    rows = tuning_trials.tuning_rows(frame)
     chosen = rows[rows["chosen"]].set_index("optim")
     assert set(rows["trials"]) == {3, 2} and len(chosen) == 2
     assert chosen.loc["sgdm", "tuned"] == {"lr": 0.05}  # reached in the fewest steps
     assert chosen.loc["birder", "tuned"] == {"lr": 2e-3, "beta": 0.95}  # neither reached: the higher final
     assert rows[rows["status"] == "diverged"]["score"].iloc[0][0] is True  # failed and diverged: last
     assert list(rows[rows["tuned"] == {"lr": 0.1}]["target_step"]) == [210]  # the newer run of the trial
-    text = tuning.tuning_markdown(rows)
+    text = tuning_render.tuning_markdown(rows)
     assert "### SGDM: 3 trials" in text and "lr 0.05" in text and "**chosen**" in text
     in_tta = report_target.target_rows(frame)
     assert list(in_tta["runs"]) == [1]  # the one test-set run; the trials are in tuning.md only
@@ -134,7 +142,7 @@ def test_trial_score_orders_reached_then_steps_then_final_metric():
     b = {**base, "target_reached": True, "target_step": 120, "final_metric_value": 90.0}
     c = {**base, "target_reached": False, "target_step": None, "final_metric_value": 86.9}
     d = {"status": "failed", "target_reached": None, "final_metric_value": None}
-    assert sorted([d, c, b, a], key=tuning.trial_score) == [a, b, c, d]
+    assert sorted([d, c, b, a], key=tuning_trials.trial_score) == [a, b, c, d]
 
 
 # ---------------------------------------------------------------------------------------------- crossover
@@ -340,11 +348,11 @@ def test_trials_differing_in_freeze_are_one_study_and_equal_steps_go_to_the_high
     two trials reaching the target at the same step are told apart by the final metric."""
     config = {"optim.name": "onebit_adam", "optim.lr": 2.5e-4, "optim.freeze": 0.15, "task.name": "fashion_mnist"}
     other = {**config, "optim.freeze": 0.3}
-    assert tuning.study_key(config) == tuning.study_key(other)
-    assert tuning.tuned_values(other) == {"lr": 2.5e-4, "freeze": 0.3}
+    assert tuning_trials.study_key(config) == tuning_trials.study_key(other)
+    assert tuning_trials.tuned_values(other) == {"lr": 2.5e-4, "freeze": 0.3}
     base = {"status": "completed", "target_direction": "higher", "target_reached": True, "target_step": 200}
     low, high = {**base, "final_metric_value": 87.1}, {**base, "final_metric_value": 87.9}
-    assert sorted([low, high], key=tuning.trial_score) == [high, low]
+    assert sorted([low, high], key=tuning_trials.trial_score) == [high, low]
 
 
 def test_the_crossover_figure_draws_each_optimizers_measured_times_at_their_links(tmp_path, monkeypatch):
@@ -395,9 +403,9 @@ def test_trials_are_scored_by_predicted_time_with_the_warmup_at_the_fp32_steps_c
         record("onebit_adam", lr=1e-3, step=None, nodes=1, link=None, profile=profile("onebit_adam")),
     ]
     frame = load_frame(write(tmp_path / "runs", records))
-    by_steps = tuning.tuning_rows(frame)  # without profiles: by steps
+    by_steps = tuning_trials.tuning_rows(frame)  # without profiles: by steps
     assert by_steps[by_steps["chosen"]]["tuned"].iloc[0]["freeze"] == 0.3
-    rows = tuning.tuning_rows(frame, crossover.one_node_profiles(frame["run_dir"]))
+    rows = tuning_trials.tuning_rows(frame, crossover.one_node_profiles(frame["run_dir"]))
     chosen = rows[rows["chosen"]]
     assert chosen["tuned"].iloc[0]["freeze"] == 0.15
     assert rows[rows["tuned"].map(lambda t: t["freeze"] == 0.05)]["predicted_s"].isna().all()
@@ -405,7 +413,7 @@ def test_trials_are_scored_by_predicted_time_with_the_warmup_at_the_fp32_steps_c
     warm, main_s, _ = model.step_s(200.0)
     assert warm > 2 * main_s  # the premise: an fp32 step costs more than two compressed ones there
     assert chosen["predicted_s"].iloc[0] == pytest.approx(64 * warm + 106 * main_s)
-    assert "predicted s to target at 200 Mbit/s" in tuning.tuning_markdown(rows)
+    assert "predicted s to target at 200 Mbit/s" in tuning_render.tuning_markdown(rows)
 
 
 def test_a_candidate_is_chosen_over_its_seeds_and_a_choice_at_the_grids_edge_is_flagged(tmp_path):
@@ -419,10 +427,10 @@ def test_a_candidate_is_chosen_over_its_seeds_and_a_choice_at_the_grids_edge_is_
     records = [trial(1e-3, 100, 0), trial(1e-3, 200, 1), trial(1e-3, 210, 2)]
     records += [trial(2e-3, 150, 0), trial(2e-3, 150, 1), trial(2e-3, 160, 2), trial(5e-4, 300, 0)]
     frame = load_frame(write(tmp_path / "runs", records))
-    rows = tuning.tuning_rows(frame)
+    rows = tuning_trials.tuning_rows(frame)
     chosen = rows[rows["chosen"]]
     assert set(chosen["seed"]) == {0, 1, 2} and {t["lr"] for t in chosen["tuned"]} == {2e-3}
-    assert chosen["edge"].iloc[0] == ["lr"] and "edge of the grid: lr" in tuning.tuning_markdown(rows)
+    assert chosen["edge"].iloc[0] == ["lr"] and "edge of the grid: lr" in tuning_render.tuning_markdown(rows)
     # the sweep that gives the best candidates of one seed more seeds: here only lr 5e-4 lacks them, and it is
     # not among the best two
     assert tuning.rerun_overrides(rows) == []

@@ -26,7 +26,8 @@ from . import (
     model_error,
     paper,
     tables,
-    tuning,
+    tuning_render,
+    tuning_trials,
 )
 from . import target as time_to_target
 from .cells import select_runs
@@ -124,10 +125,10 @@ def write_overview(
             _write(out / "targets.md", ladder.ladder_markdown(levels, budgets), written)
             _write(out / "targets.csv", ladder.csv_text(levels, budgets), written)
     # tuning on the validation split, scored by predicted time where 1-node profiles exist (report.tuning)
-    trials = tuning.tuning_rows(frame, crossover.one_node_profiles(frame["run_dir"]))
+    trials = tuning_trials.tuning_rows(frame, crossover.one_node_profiles(frame["run_dir"]))
     if not trials.empty:
-        _write(out / "tuning.md", tuning.tuning_markdown(trials), written)
-        _write(out / "tuning.csv", tuning.csv_text(trials), written)
+        _write(out / "tuning.md", tuning_render.tuning_markdown(trials), written)
+        _write(out / "tuning.csv", tuning_render.csv_text(trials), written)
     points, per_run = crossover.crossover_tables(frame)  # time to target against the link rate
     if not points.empty:
         _write(out / "crossover.md", crossover_render.crossover_markdown(points, per_run), written)
