@@ -54,11 +54,11 @@ from birder_repro.train.target import TimeToTarget, target_from_config
 from birder_repro.train.timing import (
     StepPlan,
     StepResult,
-    _counters,
-    _now,
     calibrate_forward_backward,
+    comm_counters,
     run_step,
     stage_of,
+    synced_now,
 )
 
 __all__ = ["train", "fp32_allreduce_bytes"]
@@ -320,9 +320,9 @@ def _end_on_sync(p: _Parts, run: _Run, timing: StepPlan, stage: str | None) -> N
     step's do (inside ``optimizer.step()``), where that step was timed."""
     if not hasattr(p.optimizer, "synchronised"):
         return
-    before, t0 = _counters(p.comm), _now(p.device)
+    before, t0 = comm_counters(p.comm), synced_now(p.device)
     p.optimizer.finish()
-    seconds, after = _now(p.device) - t0, _counters(p.comm)
+    seconds, after = synced_now(p.device) - t0, comm_counters(p.comm)
     totals = run.stages.get(stage or "") if timing.timed(run.step - 1) else None
     if totals is None:
         return
