@@ -2,7 +2,8 @@
 
 A tuning trial is a measured run scored on the validation split (``data.eval_set=val``; the test set is never
 seen). A *study* is one optimizer's trials of one setting: runs whose configs differ only in the tuned keys
-(:data:`TUNED_KEYS`) and the seed. A *candidate* is one set of tuned values, run with one or more seeds.
+(:data:`~birder_repro.report.tuning_trials.TUNED_KEYS`) and the seed. A *candidate* is one set of tuned values,
+run with one or more seeds.
 
 What a trial costs the user is time, not steps: 1-bit Adam's warmup steps (``optim.freeze``, a tuned key) are
 full fp32 steps, several times a compressed one's time on a slow link. So where the trial's config names the
@@ -10,11 +11,12 @@ link it is tuned for (``tuning.score_link_mbit``) and a 1-node profile of its op
 scored by its predicted time to the target there: its steps, the first ``freeze`` of them at the fp32 step's
 time, the rest at its own scheme's (:class:`~birder_repro.report.crossover.StepModel`, the performance model
 the crossover uses); otherwise by its steps (the table says which). Candidates are ranked by
-:func:`trial_score` over their seeds: every seed completed and reached the target beats any that did not, then
-the mean score over the seeds, then the higher mean final metric. The first is the study's choice. A choice
-at the smallest or largest of the values tried around it is on an edge (:func:`birder_repro.report.protocol.edges`):
-the table gives the next value or why the grid cannot extend. ``trials`` says how many runs each optimizer had:
-a fair comparison gives every optimizer the same budget (AlgoPerf's and MLPerf's rule).
+:func:`~birder_repro.report.tuning_trials.trial_score` over their seeds: every seed completed and reached the
+target beats any that did not, then the mean score over the seeds, then the higher mean final metric. The
+first is the study's choice. A choice at the smallest or largest of the values tried around it is on an edge
+(:func:`birder_repro.report.protocol.edges`): the table gives the next value or why the grid cannot extend.
+``trials`` says how many runs each optimizer had: a fair comparison gives every optimizer the same budget
+(AlgoPerf's and MLPerf's rule).
 
 ``python -m birder_repro.report.tuning`` with ``--rerun RUNS`` prints the cells that run each study's best
 candidates at the other tuning seeds, ``--extend RUNS`` the cells one step past each edge, and ``--plan RUNS``
