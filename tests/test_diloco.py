@@ -355,7 +355,7 @@ def test_diloco_settings_are_checked():
 
 def test_the_record_has_the_outer_steps_and_their_time():
     from birder_repro.optim import DiLoCo
-    from birder_repro.train.loop import _outer_steps
+    from birder_repro.train.run_figures import outer_steps
 
     model = _net()
     opt = DiLoCo(model.parameters(), local_steps=H, **INNER)
@@ -363,6 +363,6 @@ def test_the_record_has_the_outer_steps_and_their_time():
         _loss(model, _batch(0, step)).backward()
         opt.step()
         opt.zero_grad()
-    got = _outer_steps(opt)
+    got = outer_steps(opt)
     assert got["outer_steps"] == STEPS // H and got["outer_step_s"] > 0
-    assert _outer_steps(torch.optim.AdamW(model.parameters())) == {"outer_steps": None, "outer_step_s": None}
+    assert outer_steps(torch.optim.AdamW(model.parameters())) == {"outer_steps": None, "outer_step_s": None}

@@ -1,4 +1,4 @@
-"""The FSDP hooks' collectives, streams and attach checks (birder_repro.comm.fsdp, module doc "Streams and order").
+"""The FSDP hooks' collectives, streams and attach checks (comm.fsdp_hooks, module doc "Streams and order").
 
 Every collective a process issues during training is recorded (thread, group, operation) by wrapping the
 ProcessGroup's methods, on 4 gloo processes (2 nodes x 2) running Birder and 1-bit Adam (warmup, then
@@ -68,10 +68,10 @@ class _Log(list):
 
 def _flags_made_where_read():
     """Wrap local_flag and the hooks' work: (thread that made each flag, thread that read it)."""
-    from birder_repro.comm import fsdp
+    from birder_repro.comm import fsdp_hooks
 
     made, pairs = {}, []
-    orig_flag, orig_init = fsdp.local_flag, fsdp._UnitHooks.__init__
+    orig_flag, orig_init = fsdp_hooks.local_flag, fsdp_hooks.UnitHooks.__init__
 
     def local_flag(x):
         flag = orig_flag(x)
@@ -85,7 +85,7 @@ def _flags_made_where_read():
 
         orig_init(self, state, units, topology, traffic, reading)
 
-    fsdp.local_flag, fsdp._UnitHooks.__init__ = local_flag, init
+    fsdp_hooks.local_flag, fsdp_hooks.UnitHooks.__init__ = local_flag, init
     return pairs
 
 
@@ -215,7 +215,7 @@ def test_the_thread_refuses_a_unit_that_already_has_gradients(runs):
 
 
 def test_on_cuda_the_work_always_runs_inside_the_hook():
-    from birder_repro.comm.fsdp import runs_in_hook
+    from birder_repro.comm.fsdp_hooks import runs_in_hook
 
     # CUDA: inside the hook whatever overlap says (one thread, one stream); CPU: the thread where asked.
     assert runs_in_hook(torch.device("cuda", 1), True) and runs_in_hook("cuda", False)
@@ -234,7 +234,8 @@ def test_a_cuda_shard_is_worked_on_inside_the_hook_and_never_queued_to_the_threa
     """The real hook with stand-ins around it: a CUDA shard's flag is made and its work done in the hook call
     (on CUDA: on FSDP's all-reduce stream, the stream the flag is made on), even with overlap on; nothing is
     handed to the communication thread, whose side stream would read the flag."""
-    from birder_repro.comm.fsdp import Unit, _UnitHooks
+    from birder_repro.comm.fsdp_hooks import UnitHooks
+    from birder_repro.comm.fsdp_units import Unit
 
     calls = []
 
@@ -253,7 +254,7 @@ def test_a_cuda_shard_is_worked_on_inside_the_hook_and_never_queued_to_the_threa
     unit = Unit(0, module, (), ((0, 0, 4, 0),), 4, 16)
     topology = types.SimpleNamespace(intra_group=None, gpus_per_node=1)
     traffic = types.SimpleNamespace(reduced=lambda *a: None)
-    hooks = _UnitHooks(
+    hooks = UnitHooks(
         state,
         [unit],
         topology,

@@ -29,9 +29,9 @@ def _lone_onebit_run(rank: int, world: int, run_dir: str):
     from birder_repro.comm.readiness import clocked_registration
     from birder_repro.comm.topology import Topology
     from birder_repro.optim import OneBitAdam
-    from birder_repro.train import loop, train
+    from birder_repro.train import run_figures, train
 
-    loop._device_name = lambda device: H100  # the name a GPU run shows; the tensors stay on the CPU
+    run_figures.device_name = lambda device: H100  # the name a GPU run shows; the tensors stay on the CPU
     torch.manual_seed(0)
     model = nn.parallel.DistributedDataParallel(tiny.tiny_model())
     optimizer = OneBitAdam(model.parameters(), lr=1e-3, freeze_step=2)

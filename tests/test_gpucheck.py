@@ -18,7 +18,7 @@ import torch
 
 from birder_repro import cuda_env, gpucheck
 from birder_repro.comm.pack import padded_size
-from birder_repro.gpucheck import hooks, plan, runs, scenarios, training
+from birder_repro.gpucheck import hooks, plan, runs, scenarios, training, training_checks
 from birder_repro.gpucheck.kernels import _differences, compare_kernels, segments_of
 from birder_repro.gpucheck.table import FAIL, PASS, SKIP, Check, exit_code, markdown, write
 
@@ -423,7 +423,7 @@ def test_onebit_under_fsdp_with_two_processes_a_node_is_a_skip_not_a_failure():
     """With 4+ GPUs (2 a node) 1-bit Adam's FSDP2 shards are laid out per local rank, which the reference of this
     section is not given: a skip row, so that a correct hook does not fail there (tests/test_fsdp.py covers it)."""
     per_rank = [{"onebit_ddp_precisions": {"error": "Traceback\nRuntimeError: boom"}, "onebit_fsdp_precisions": {}}] * 4
-    rows = hooks.check_onebit_precisions(per_rank, m=2)
+    rows = training_checks.check_onebit_precisions(per_rank, m=2)
     assert [r.status for r in rows] == [FAIL, SKIP, SKIP] and "boom" in rows[0].detail
 
 

@@ -24,7 +24,8 @@ from dist_utils import run_distributed
 from onebit_reference import CompressedAllReduceReference, OneBitAdamReference, OneBitLambReference
 from torch import nn
 
-from birder_repro.comm.onebit import SCALE_BYTES, attach_onebit, compressed_allreduce
+from birder_repro.comm.onebit import attach_onebit
+from birder_repro.comm.onebit_exchange import SCALE_BYTES, compressed_allreduce
 from birder_repro.comm.pack import padded_size, unpack_signs
 from birder_repro.comm.state import CommState
 from birder_repro.comm.topology import build_topology

@@ -26,8 +26,8 @@ from test_onebit import ADAM, _batch, _buckets, _checkpoint, _loss, _net, _resto
 from torch import nn
 
 from birder_repro.comm.onebit import attach_onebit
+from birder_repro.comm.onebit_exchange import SCALE_BYTES
 from birder_repro.comm.onebit_scales import (
-    SCALE_BYTES,
     compress_segments_,
     compressed_allreduce_per_tensor,
     scale_counts,

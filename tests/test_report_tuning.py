@@ -13,7 +13,15 @@ from conftest import write_records
 
 from birder_repro.perf.model import loop_collectives_s, predict_step
 from birder_repro.perf.profile import Profile
-from birder_repro.report import crossover, tuning
+from birder_repro.report import (
+    crossover,
+    crossover_figure,
+    crossover_find,
+    crossover_render,
+    tuning,
+    tuning_render,
+    tuning_trials,
+)
 from birder_repro.report import target as report_target
 from birder_repro.report.__main__ import main
 from birder_repro.report.records import load_frame
@@ -115,14 +123,14 @@ def test_each_optimizer_chooses_its_fewest_steps_and_val_runs_stay_out_of_time_t
     ]  # lr 0.1 again, newer: one
     records[-1]["config"]["seed"] = 0  # the same trial (values and seed) run again later counts once
     frame = load_frame(write(tmp_path / "runs", records))
-    rows = tuning.tuning_rows(frame)
+    rows = tuning_trials.tuning_rows(frame)
     chosen = rows[rows["chosen"]].set_index("optim")
     assert set(rows["trials"]) == {3, 2} and len(chosen) == 2
     assert chosen.loc["sgdm", "tuned"] == {"lr": 0.05}  # reached in the fewest steps
     assert chosen.loc["birder", "tuned"] == {"lr": 2e-3, "beta": 0.95}  # neither reached: the higher final
     assert rows[rows["status"] == "diverged"]["score"].iloc[0][0] is True  # failed and diverged: last
     assert list(rows[rows["tuned"] == {"lr": 0.1}]["target_step"]) == [210]  # the newer run of the trial
-    text = tuning.tuning_markdown(rows)
+    text = tuning_render.tuning_markdown(rows)
     assert "### SGDM: 3 trials" in text and "lr 0.05" in text and "**chosen**" in text
     in_tta = report_target.target_rows(frame)
     assert list(in_tta["runs"]) == [1]  # the one test-set run; the trials are in tuning.md only
@@ -134,14 +142,14 @@ def test_trial_score_orders_reached_then_steps_then_final_metric():
     b = {**base, "target_reached": True, "target_step": 120, "final_metric_value": 90.0}
     c = {**base, "target_reached": False, "target_step": None, "final_metric_value": 86.9}
     d = {"status": "failed", "target_reached": None, "final_metric_value": None}
-    assert sorted([d, c, b, a], key=tuning.trial_score) == [a, b, c, d]
+    assert sorted([d, c, b, a], key=tuning_trials.trial_score) == [a, b, c, d]
 
 
 # ---------------------------------------------------------------------------------------------- crossover
 def test_crossing_is_interpolated_in_log_link_rate():
     # ratio 0.5 at 50 Mbit/s, 2 at 200: 1 is a third of the way in ratio, so at 50 x 4^(1/3)
-    assert crossover._crossing(np.array([50.0, 200.0]), np.array([0.5, 2.0])) == pytest.approx(50 * 4 ** (1 / 3))
-    assert crossover._crossing(np.array([50.0, 200.0]), np.array([0.5, 0.9])) is None
+    assert crossover_find.crossing(np.array([50.0, 200.0]), np.array([0.5, 2.0])) == pytest.approx(50 * 4 ** (1 / 3))
+    assert crossover_find.crossing(np.array([50.0, 200.0]), np.array([0.5, 0.9])) is None
 
 
 def profile(name: str) -> dict:
@@ -183,10 +191,10 @@ def test_crossover_table_predicts_each_run_from_its_steps_and_a_one_node_profile
     step = predict_step(prof, spec, 2, 2, "fp32", 64).total_s + loop_collectives_s(spec, 2, 2)  # training clock
     assert measured.loc[("sgdm", 50.0), "predicted_s"] == pytest.approx(100 * step)
     assert set(points[points["source"] == "predicted"]["link"]) == set(crossover.PREDICTED_LINKS)
-    found = {c["optim"]: c for c in crossover.crossovers(points)}
+    found = {c["optim"]: c for c in crossover_find.crossovers(points)}
     assert 50 < found["birder"]["measured"] < 200
     assert found["birder"]["measured_ratios"][50.0] == pytest.approx(0.3)
-    text = crossover.crossover_markdown(points, per_run)
+    text = crossover_render.crossover_markdown(points, per_run)
     assert "faster below about" in text and "median |predicted / measured - 1|" in text
     assert len(per_run) == 5 and per_run["predicted_s"].notna().all()
 
@@ -209,9 +217,11 @@ def test_a_link_one_optimizer_did_not_run_shows_the_models_time_marked_and_moves
     assert gap[["optim", "link"]].values.tolist() == [["sgdm", 100.0]]
     model = crossover.StepModel(records[0], Profile.from_dict(profile("sgdm")))
     assert gap["predicted_s"].iloc[0] == pytest.approx(model.time_to_target(110, 100.0))  # mean of 100 and 120
-    found = {c["optim"]: c for c in crossover.crossovers(points)}
+    found = {c["optim"]: c for c in crossover_find.crossovers(points)}
     assert set(found["birder"]["measured_ratios"]) == {50.0, 200.0}
-    rows = [line for line in crossover.crossover_markdown(points, per_run).splitlines() if line.startswith("| 100 ")]
+    rows = [
+        line for line in crossover_render.crossover_markdown(points, per_run).splitlines() if line.startswith("| 100 ")
+    ]
     assert len(rows) == 1 and "not run (" in rows[0]
 
 
@@ -245,8 +255,8 @@ def test_a_sweep_over_links_where_no_run_reached_its_target_sets_no_crossover_an
     root = write(tmp_path / "runs", never)
     points, _ = crossover.crossover_tables(load_frame(root))
     assert not points.empty and points["measured_s"].isna().all()
-    assert all(c["measured"] is None for c in crossover.crossovers(points))
-    assert crossover.crossover_figures(points, tmp_path / "f") == []
+    assert all(c["measured"] is None for c in crossover_find.crossovers(points))
+    assert crossover_figure.crossover_figures(points, tmp_path / "f") == []
     assert main(["--runs", str(root), "--out", str(tmp_path / "out"), "--figures", str(tmp_path / "f")]) == 0
 
 
@@ -284,32 +294,32 @@ def test_the_crossover_is_taken_against_the_fastest_baseline_at_each_link():
     rows = [("sgdm", x, 100.0) for x in (50.0, 200.0, 500.0)]
     rows += [("sgdm_fp16", 50.0, 60.0), ("sgdm_fp16", 200.0, 40.0), ("sgdm_fp16", 500.0, 20.0)]
     rows += [("birder", x, 30.0) for x in (50.0, 200.0, 500.0)]
-    [found] = crossover.crossovers(_measured(rows))
+    [found] = crossover_find.crossovers(_measured(rows))
     assert found["measured_ratios"] == pytest.approx({50.0: 0.5, 200.0: 0.75, 500.0: 1.5})
     assert 200 < found["measured"] < 500 and not found["faster_everywhere_measured"]
-    assert "measured: faster below about" in crossover._crossover_text(found)
+    assert "measured: faster below about" in crossover_render.crossover_text(found)
 
 
 def test_the_measured_crossover_has_a_seed_band_from_the_two_means_standard_errors():
     """Birder 0.9x SGDM at 100 Mbit/s and 1.1x at 400, each mean of 4 seeds with a sample sd of 10 % of it: the
     ratio's relative standard error is hypot(0.05, 0.05) at each link, and the band is where the ratio that far
     up and that far down crosses 1, around the crossover itself."""
-    from birder_repro.report.crossover import band_text
+    from birder_repro.report.crossover_find import band_text
     from birder_repro.report.model_error import in_band
 
     table = _measured([("sgdm", 100.0, 10.0), ("sgdm", 400.0, 10.0), ("birder", 100.0, 9.0), ("birder", 400.0, 11.0)])
     table["measured_sd"], table["reached"] = 0.1 * table["measured_s"], 4
-    (found,) = crossover.crossovers(table)
+    (found,) = crossover_find.crossovers(table)
     spread = math.hypot(0.05, 0.05)
     links, ratio = np.array([100.0, 400.0]), np.array([0.9, 1.1])
     low, high = found["measured_band"]
-    assert low == pytest.approx(crossover._crossing(links, ratio * (1 + spread)))
-    assert high == pytest.approx(crossover._crossing(links, ratio * (1 - spread)))
+    assert low == pytest.approx(crossover_find.crossing(links, ratio * (1 + spread)))
+    assert high == pytest.approx(crossover_find.crossing(links, ratio * (1 - spread)))
     assert low < found["measured"] < high
     assert in_band(found["measured"] * 1.3, (low, high)) != in_band(high * 1.01, (low, high))
     assert band_text((low, None)).endswith("and above") and band_text(None) == "—"
     table["measured_sd"] = float("nan")  # one seed each: no spread, the band is the crossover itself
-    (single,) = crossover.crossovers(table)
+    (single,) = crossover_find.crossovers(table)
     assert single["measured_band"] == (pytest.approx(single["measured"]), pytest.approx(single["measured"]))
 
 
@@ -317,8 +327,8 @@ def test_a_ratio_falling_through_1_says_where_the_optimizer_is_faster():
     """Slower on slow links and faster on fast ones (a compressor whose own work dominates there): neither
     'slower at every link' nor 'faster below'."""
     rows = [("sgdm", 50.0, 10.0), ("sgdm", 500.0, 40.0), ("birder", 50.0, 20.0), ("birder", 500.0, 20.0)]
-    [found] = crossover.crossovers(_measured(rows))
-    text = crossover._crossover_text(found)
+    [found] = crossover_find.crossovers(_measured(rows))
+    text = crossover_render.crossover_text(found)
     assert found["measured"] is not None and "measured: faster above about" in text, text
     assert "slower at every link" not in text
 
@@ -338,11 +348,11 @@ def test_trials_differing_in_freeze_are_one_study_and_equal_steps_go_to_the_high
     two trials reaching the target at the same step are told apart by the final metric."""
     config = {"optim.name": "onebit_adam", "optim.lr": 2.5e-4, "optim.freeze": 0.15, "task.name": "fashion_mnist"}
     other = {**config, "optim.freeze": 0.3}
-    assert tuning.study_key(config) == tuning.study_key(other)
-    assert tuning.tuned_values(other) == {"lr": 2.5e-4, "freeze": 0.3}
+    assert tuning_trials.study_key(config) == tuning_trials.study_key(other)
+    assert tuning_trials.tuned_values(other) == {"lr": 2.5e-4, "freeze": 0.3}
     base = {"status": "completed", "target_direction": "higher", "target_reached": True, "target_step": 200}
     low, high = {**base, "final_metric_value": 87.1}, {**base, "final_metric_value": 87.9}
-    assert sorted([low, high], key=tuning.trial_score) == [high, low]
+    assert sorted([low, high], key=tuning_trials.trial_score) == [high, low]
 
 
 def test_the_crossover_figure_draws_each_optimizers_measured_times_at_their_links(tmp_path, monkeypatch):
@@ -359,11 +369,11 @@ def test_the_crossover_figure_draws_each_optimizers_measured_times_at_their_link
         record("birder", lr=1e-3, step=150, link=None, seconds=2.0),
     ]
     points, _ = crossover.crossover_tables(load_frame(write(tmp_path / "runs", records)))
-    [path] = crossover.crossover_figures(points, tmp_path / "f")
+    [path] = crossover_figure.crossover_figures(points, tmp_path / "f")
     [fig] = drawn
     ax = fig.axes[0]
     assert path.name == "crossover_fashion_mnist.png" and ax.get_xscale() == ax.get_yscale() == "log"
-    unshaped = crossover._unshaped_link()
+    unshaped = crossover.unshaped_link()
     series = {}
     for container in ax.containers:  # one errorbar per series: its data line holds the points
         label = container.get_label().removesuffix(", measured")
@@ -393,9 +403,9 @@ def test_trials_are_scored_by_predicted_time_with_the_warmup_at_the_fp32_steps_c
         record("onebit_adam", lr=1e-3, step=None, nodes=1, link=None, profile=profile("onebit_adam")),
     ]
     frame = load_frame(write(tmp_path / "runs", records))
-    by_steps = tuning.tuning_rows(frame)  # without profiles: by steps
+    by_steps = tuning_trials.tuning_rows(frame)  # without profiles: by steps
     assert by_steps[by_steps["chosen"]]["tuned"].iloc[0]["freeze"] == 0.3
-    rows = tuning.tuning_rows(frame, crossover.one_node_profiles(frame["run_dir"]))
+    rows = tuning_trials.tuning_rows(frame, crossover.one_node_profiles(frame["run_dir"]))
     chosen = rows[rows["chosen"]]
     assert chosen["tuned"].iloc[0]["freeze"] == 0.15
     assert rows[rows["tuned"].map(lambda t: t["freeze"] == 0.05)]["predicted_s"].isna().all()
@@ -403,7 +413,7 @@ def test_trials_are_scored_by_predicted_time_with_the_warmup_at_the_fp32_steps_c
     warm, main_s, _ = model.step_s(200.0)
     assert warm > 2 * main_s  # the premise: an fp32 step costs more than two compressed ones there
     assert chosen["predicted_s"].iloc[0] == pytest.approx(64 * warm + 106 * main_s)
-    assert "predicted s to target at 200 Mbit/s" in tuning.tuning_markdown(rows)
+    assert "predicted s to target at 200 Mbit/s" in tuning_render.tuning_markdown(rows)
 
 
 def test_a_candidate_is_chosen_over_its_seeds_and_a_choice_at_the_grids_edge_is_flagged(tmp_path):
@@ -417,10 +427,10 @@ def test_a_candidate_is_chosen_over_its_seeds_and_a_choice_at_the_grids_edge_is_
     records = [trial(1e-3, 100, 0), trial(1e-3, 200, 1), trial(1e-3, 210, 2)]
     records += [trial(2e-3, 150, 0), trial(2e-3, 150, 1), trial(2e-3, 160, 2), trial(5e-4, 300, 0)]
     frame = load_frame(write(tmp_path / "runs", records))
-    rows = tuning.tuning_rows(frame)
+    rows = tuning_trials.tuning_rows(frame)
     chosen = rows[rows["chosen"]]
     assert set(chosen["seed"]) == {0, 1, 2} and {t["lr"] for t in chosen["tuned"]} == {2e-3}
-    assert chosen["edge"].iloc[0] == ["lr"] and "edge of the grid: lr" in tuning.tuning_markdown(rows)
+    assert chosen["edge"].iloc[0] == ["lr"] and "edge of the grid: lr" in tuning_render.tuning_markdown(rows)
     # the sweep that gives the best candidates of one seed more seeds: here only lr 5e-4 lacks them, and it is
     # not among the best two
     assert tuning.rerun_overrides(rows) == []

@@ -12,7 +12,7 @@ import pytest
 from test_report_tuning import profile, record, write
 
 from birder_repro.perf.profile import Profile
-from birder_repro.report import crossover, protocol, tuning
+from birder_repro.report import crossover, protocol, tuning, tuning_render, tuning_trials
 from birder_repro.report.records import load_frame
 
 
@@ -26,16 +26,16 @@ def test_an_edge_choice_is_reported_with_the_cell_that_extends_its_grid(tmp_path
     """lr 2e-3 reaches the target first and is the largest tried: its next value is 4e-3, one grid step up;
     lr 1e-3 would be interior and extend nothing."""
     records = [trial("sgdm", 5e-4, 300), trial("sgdm", 1e-3, 200), trial("sgdm", 2e-3, 150)]
-    rows = tuning.tuning_rows(load_frame(write(tmp_path / "runs", records)))
+    rows = tuning_trials.tuning_rows(load_frame(write(tmp_path / "runs", records)))
     assert tuning.extension_overrides(rows, 100, "fashion_tuning") == [
         "experiment=fashion_tuning optim=sgdm optim.lr=0.004 seed=100"
     ]
-    text = tuning.tuning_markdown(rows)
+    text = tuning_render.tuning_markdown(rows)
     assert "lr 0.002: high edge, next 0.004" in text and "lr 0.0005, 0.001, 0.002" in text
     # once the extension has run (and lost), the choice is interior and nothing more is due
     records.append(trial("sgdm", 4e-3, 260))
-    rows = tuning.tuning_rows(load_frame(write(tmp_path / "runs2", records)))
-    assert tuning.extension_overrides(rows, 100) == [] and "| interior " in tuning.tuning_markdown(rows)
+    rows = tuning_trials.tuning_rows(load_frame(write(tmp_path / "runs2", records)))
+    assert tuning.extension_overrides(rows, 100) == [] and "| interior " in tuning_render.tuning_markdown(rows)
 
 
 def _curve(run_dir, points) -> None:
@@ -60,7 +60,7 @@ def test_the_plan_sets_targets_and_budgets_by_the_rules_before_the_field(tmp_pat
         _curve(d, points)
     frame = load_frame(root)
     profs = crossover.one_node_profiles(frame["run_dir"])
-    rows = tuning.tuning_rows(frame, profs)
+    rows = tuning_trials.tuning_rows(frame, profs)
     plan = tuning.field_plan(rows, profs, protocol.load_protocol())
     assert plan["targets"] == [85.36, 86.24, 87.12] and plan["best_final"] == {"optim": "sgdm", "value": 88.0}
     assert plan["picks"]["birder"] == {"lr": 5e-4, "beta": 0.9} and plan["picks"]["sgdm"] == {"lr": 0.025}

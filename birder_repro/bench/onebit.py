@@ -19,7 +19,7 @@ import statistics
 import torch
 import torch.distributed as dist
 
-from birder_repro.comm.onebit import compressed_allreduce
+from birder_repro.comm.onebit_exchange import compressed_allreduce
 from birder_repro.comm.onebit_scales import compressed_allreduce_per_tensor, tensor_layout
 from birder_repro.comm.pack import padded_size
 from birder_repro.comm.state import CommState

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch.distributed as dist
+
 from birder_repro.comm.state import CommState
-from birder_repro.comm.topology import Topology
+from birder_repro.comm.topology import Topology, group_peers
 
 
 def allreduce_bytes(nbytes: int, group_size: int) -> float:
@@ -52,6 +54,15 @@ def peer_bytes(topology: Topology, peers: Sequence[int], nbytes_each: float) -> 
     peer is on this process's node: how the 1-bit schemes count their all-to-alls and all-gathers."""
     same = sum(1 for peer in peers if topology.same_node(peer))
     return same * nbytes_each, (len(peers) - same) * nbytes_each
+
+
+def count_peer_bytes(
+    stats: CommState | None, topology: Topology | None, group: dist.ProcessGroup, nbytes_each: int
+) -> None:
+    """Add ``nbytes_each`` sent to every other process of ``group`` to ``stats``, split by whether it is on this
+    node (:func:`peer_bytes`); nothing without ``stats`` or ``topology``."""
+    if stats is not None and topology is not None:
+        stats.add_bytes(*peer_bytes(topology, group_peers(group, topology.rank), nbytes_each))
 
 
 # The counters' class under its former name (scripts and the training loop import it from here).

@@ -10,28 +10,17 @@ Compression (every later step), for a bucket of P elements padded to P' (a multi
     Step I    local momentum m_i = beta1 * m + (1-beta1) * g_i (Algorithm 1, line 6), where m is the averaged
               momentum of the last step, read from the optimizer's ``exp_avg`` (line 13 makes it every
               worker's momentum); 1-bit LAMB multiplies each tensor by its fixed momentum scale (A.5.2);
-    Step II   worker compression (lines 7-8): c = (m_i + e_worker) * mask; s_i = ||c|| / sqrt(#mask);
-              bits = c > 0; e_worker = (c - s_i sign(c)) * mask; one scale for the whole bucket (or, with
-              ``scale='tensor'``, one per tensor and per piece of a server's chunk, as DeepSpeed's OnebitAdam:
-              :mod:`birder_repro.comm.onebit_scales`);
-    Step III  all-to-all of the packed bits (chunk k to process k) and all-gather of the N worker scales;
-    Step IV   server k (lines 10-11) on chunk k: c = (mean_i s_i sign_i + e_server) * mask; its own scale
-              s_k = ||c|| / sqrt(#mask) over the chunk; bits; e_server = (c - s_k sign(c)) * mask;
-    Step V    all-gather of the packed chunks and of the N server scales;
-    Step VI   unpack: the bucket's averaged momentum s_k sign * mask, trimmed to P (divided by LAMB's scales),
-              returned as the "gradient"; the optimizer stores it as its momentum and steps.
+    Steps II-VI  the error-compensated compressed all-reduce of m_i (lines 7-11): one scale per bucket
+              (:mod:`birder_repro.comm.onebit_exchange`) or, with ``scale='tensor'``, one per tensor and per
+              piece of a server's chunk, as DeepSpeed's OnebitAdam (:mod:`birder_repro.comm.onebit_scales`);
+              its result, the bucket's averaged momentum trimmed to P (divided by LAMB's scales), is returned
+              as the "gradient"; the optimizer stores it as its momentum and steps.
 
 The mask is the paper's Sign(0) = 0, which one bit cannot say, put back where the zeros are known: the
 padding, and elements whose frozen variance is 0 (the optimizer's ``compression_inputs``; DeepSpeed's
-``exp_avg_mask``). Scales are norms over the unmasked elements only, so that C[x] = ||x|| / ||Sign(x)|| Sign(x)
-(1-bit LAMB paper, Algorithm 1, line 1) holds with Sign(0) = 0. Bits: LSB first, bit 1 = +1
-(:mod:`birder_repro.comm.pack`); a masked element's bit is 0 and means nothing.
-
-Bytes per process per bucket: 2 (N-1)/N * P'/8 for the bits plus 2 (N-1) * 4 for the scales (more with a
-scale per tensor: :mod:`birder_repro.comm.onebit_scales`), each peer's
-share counted intra- or inter-node by whether the peer is on this process's node (the compressed all-reduce
-itself is flat over all processes, as in the paper's comparison). With one process nothing is sent and the
-momentum is used as it is (DeepSpeed's OnebitAdam skips compression at world size 1 too).
+``exp_avg_mask``). The bytes each exchange sends are counted by it, split intra- and inter-node by
+``topology``. With one process nothing is sent and the momentum is used as it is (DeepSpeed's OnebitAdam
+skips compression at world size 1 too).
 
 The compression stage runs its work on a communication thread beside the backward pass
 (:mod:`birder_repro.comm.overlap`; ``overlap=False`` runs it inside the hook, with the same results bit for
@@ -47,14 +36,13 @@ lost; only the scales of the step after the change see the new grouping. The opt
 
 # No ``from __future__ import annotations`` here: DDP's register_comm_hook checks the hook's annotations
 # against dist.GradBucket and torch.futures.Future[torch.Tensor] as objects, not strings.
-import contextlib
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from birder_repro.comm.accounting import flat_allreduce_split, peer_bytes
+from birder_repro.comm.accounting import flat_allreduce_split
 from birder_repro.comm.buckets import (
     Bucket,
     BucketStore,
@@ -64,141 +52,20 @@ from birder_repro.comm.buckets import (
     parameter_index,
     require_buckets,
 )
-from birder_repro.comm.collectives import all_gather_flat as _all_gather
-from birder_repro.comm.collectives import wait_all
 from birder_repro.comm.nonfinite import NonFiniteGuard, local_flag
+from birder_repro.comm.onebit_exchange import compressed_allreduce
 from birder_repro.comm.onebit_scales import SCALES, compressed_allreduce_per_tensor, tensor_layout
 from birder_repro.comm.overlap import HookRunner
-from birder_repro.comm.pack import pack_bits, unpack_signs
-from birder_repro.comm.state import GRADIENT, MOMENTUM, CommState, CompressedCommState
-from birder_repro.comm.topology import Topology, announce_layout, flat_topology, group_or_world, group_peers
+from birder_repro.comm.state import GRADIENT, MOMENTUM, CompressedCommState
+from birder_repro.comm.topology import Topology, announce_layout, flat_topology, group_or_world
 from birder_repro.optim.onebit_adam import COMPRESSION, WARMUP, OneBitOptimizer
 
 __all__ = [
     "OneBitState",
-    "Exchange",
     "attach_onebit",
     "attach_from_config",
     "onebit_hook",
-    "compress_",
-    "compressed_allreduce",
-    "SCALE_BYTES",
 ]
-
-SCALE_BYTES = 4  # one fp32 scale per worker (per bucket) and per server chunk
-
-
-# ------------------------------------------------------------------------------------------- the formulas
-def masked_scale(c: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """||c|| / sqrt(#mask) for a ``c`` already zero outside ``mask``: the scale of C[x] with Sign(0) = 0.
-
-    A tensor (no host synchronisation); 0 where the mask is empty.
-    """
-    count = torch.count_nonzero(mask).clamp_(min=1).to(c.dtype)
-    return torch.linalg.vector_norm(c) / count.sqrt()
-
-
-def compress_(x: torch.Tensor, error: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Error-compensated 1-bit compression (Algorithm 1, lines 7-8 and 10-11), in place on ``error``.
-
-    c = (x + error) * mask; scale = ||c|| / sqrt(#mask); error = (c - scale * sign(c)) * mask, where
-    sign(c) = +1 for c > 0 and -1 otherwise. Returns the packed bits of c > 0 and the scale (a 1-element tensor).
-    ``mask`` may be bool or 0/1 floats; floats are several times faster here (no conversion per product).
-    """
-    c = torch.add(x, error, out=error).mul_(mask)  # c lives in the error's buffer until it becomes the error
-    scale = masked_scale(c, mask)
-    bits = c > 0
-    c.sub_(torch.where(bits, scale, -scale)).mul_(mask)
-    return pack_bits(bits), scale.reshape(1)
-
-
-def decompress(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """(k, B) packed rows with one scale each -> (k, 8B) values scale_r * (+-1)."""
-    return unpack_signs(packed).mul_(scales.reshape(-1, 1))
-
-
-class Exchange(NamedTuple):
-    """What one compressed all-reduce produced on this process (the tests compare every field)."""
-
-    result: torch.Tensor  # (P',) the averaged momentum, zero where masked
-    worker_bits: torch.Tensor  # (P'/8,) this process's packed signs
-    worker_scales: torch.Tensor  # (N,) every worker's scale
-    server_bits: torch.Tensor  # (N, P'/(8N)) every server's packed chunk
-    server_scales: torch.Tensor  # (N,) every server's scale
-
-
-def compressed_allreduce(
-    x: torch.Tensor,
-    worker_error: torch.Tensor,
-    server_error: torch.Tensor,
-    mask: torch.Tensor,
-    group: dist.ProcessGroup | None = None,
-    stats: CommState | None = None,
-    topology: Topology | None = None,
-    nonfinite: torch.Tensor | None = None,
-) -> Exchange:
-    """Steps II-VI of the module doc on one padded buffer: the error-compensated 1-bit average over ``group``.
-
-    ``x``, ``worker_error``, ``mask``: (P',) with P' a multiple of 8 N; ``server_error``: (P'/N,), the chunk
-    this process serves (its rank in ``group``). Updates both errors in place. With ``stats`` the seconds are
-    timed into it and, with ``topology`` as well, the bytes sent to each peer are counted intra- or inter-node.
-    ``nonfinite`` (> 0: this process's gradient held a NaN or Inf) makes this worker's scale NaN, so that the
-    scales every process gathers anyway carry the flag (:mod:`birder_repro.comm.nonfinite`): no extra message.
-    """
-    group = group_or_world(group)
-    n, me = dist.get_world_size(group), dist.get_rank(group)
-    if x.numel() % (8 * n):
-        raise ValueError(f"compressed_allreduce needs a multiple of 8 x {n} elements, got {x.numel()}: pad first")
-    chunk = x.numel() // n
-    device = x.device
-
-    def timing(what: str):
-        return stats.timing(what, device) if stats is not None else contextlib.nullcontext()
-
-    # Step II: worker compression over the whole buffer: one scale per worker.
-    with timing("compress"):
-        worker_bits, worker_scale = compress_(x, worker_error, mask)
-        if nonfinite is not None:
-            worker_scale = torch.where(nonfinite > 0, torch.full_like(worker_scale, float("nan")), worker_scale)
-
-    # Step III: chunk k of every worker's bits to process k; every worker's scale to everyone.
-    received = torch.empty_like(worker_bits)
-    worker_scales = torch.empty(n, device=x.device, dtype=worker_scale.dtype)
-    with timing("comm"):
-        works = [
-            dist.all_to_all_single(received, worker_bits, group=group, async_op=True),
-            _all_gather(worker_scales, worker_scale, group=group, async_op=True),
-        ]
-        wait_all(works)
-    _count(stats, topology, group, chunk // 8 + SCALE_BYTES)
-
-    # Step IV: the server's average of its chunk, error-compensated and compressed again with its own scale.
-    chunk_mask = mask[me * chunk : (me + 1) * chunk]
-    with timing("compress"):
-        mean = decompress(received.view(n, chunk // 8), worker_scales).mean(dim=0)
-        server_chunk_bits, server_scale = compress_(mean, server_error, chunk_mask)
-
-    # Step V: every server's chunk and scale to everyone.
-    server_bits = torch.empty(n, chunk // 8, device=x.device, dtype=torch.uint8)
-    server_scales = torch.empty(n, device=x.device, dtype=server_scale.dtype)
-    with timing("comm"):
-        works = [
-            _all_gather(server_bits.view(-1), server_chunk_bits, group=group, async_op=True),
-            _all_gather(server_scales, server_scale, group=group, async_op=True),
-        ]
-        wait_all(works)
-    _count(stats, topology, group, chunk // 8 + SCALE_BYTES)
-
-    # Step VI: unpack every chunk with its server's scale.
-    with timing("compress"):
-        result = decompress(server_bits, server_scales).view(-1).mul_(mask)
-    return Exchange(result, worker_bits, worker_scales, server_bits, server_scales)
-
-
-def _count(stats: CommState | None, topology: Topology | None, group: dist.ProcessGroup, nbytes_each: int) -> None:
-    """Add ``nbytes_each`` sent to every other process of ``group``, split by whether it is on this node."""
-    if stats is not None and topology is not None:
-        stats.add_bytes(*peer_bytes(topology, group_peers(group, topology.rank), nbytes_each))
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

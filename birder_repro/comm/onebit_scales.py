@@ -1,8 +1,9 @@
 """1-bit Adam's compressed all-reduce with a scale per tensor (``optim.comm.scale=tensor``), as DeepSpeed's
 OnebitAdam compresses: each tensor with its own worker scale, and each server chunk of a tensor with its own
 server scale (its ``runtime/fp16/onebit/adam.py`` calls the compressed all-reduce of ``runtime/comm/nccl.py``
-once per tensor). :mod:`birder_repro.comm.onebit` holds the hook; this module only the arithmetic and the
-collectives of one bucket.
+once per tensor). :mod:`birder_repro.comm.onebit` holds the hook,
+:mod:`birder_repro.comm.onebit_exchange` the exchange with one scale per bucket; this module only the
+arithmetic and the collectives of one bucket with a scale per tensor.
 
 The bucket keeps DDP's layout (its elements in bucket order, padded at the end to a multiple of 8 N) and its
 chunking: server k serves elements [k C, (k+1) C) of the padded bucket, C = P'/N, so the per-element errors and
@@ -31,15 +32,15 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from birder_repro.comm.accounting import peer_bytes
+from birder_repro.comm.accounting import count_peer_bytes
 from birder_repro.comm.collectives import all_gather_flat, wait_all
+from birder_repro.comm.onebit_exchange import SCALE_BYTES
 from birder_repro.comm.pack import pack_bits, unpack_signs
 from birder_repro.comm.state import CommState
-from birder_repro.comm.topology import Topology, group_or_world, group_peers
+from birder_repro.comm.topology import Topology, group_or_world
 
 __all__ = [
     "SCALES",
-    "SCALE_BYTES",
     "TensorLayout",
     "tensor_layout",
     "scale_counts",
@@ -48,7 +49,6 @@ __all__ = [
 ]
 
 SCALES = ("bucket", "tensor")  # optim.comm.scale
-SCALE_BYTES = 4  # one fp32 scale
 
 
 # ------------------------------------------------------------------------------------------------ layout
@@ -188,7 +188,7 @@ def compressed_allreduce_per_tensor(
     nonfinite: torch.Tensor | None = None,
     vectorised: bool | None = None,
 ) -> TensorExchange:
-    """The compressed all-reduce of :func:`birder_repro.comm.onebit.compressed_allreduce` with the scales of
+    """The compressed all-reduce of :func:`birder_repro.comm.onebit_exchange.compressed_allreduce` with the scales of
     ``layout`` (module doc); the same arguments, the same steps, the same errors updated in place.
     ``vectorised``: a fixed number of kernels per step (:func:`compress_segments_`); None: on CUDA only."""
     group = group_or_world(group)
@@ -215,7 +215,7 @@ def compressed_allreduce_per_tensor(
             all_gather_flat(worker_scales, worker_scale, group=group, async_op=True),
         ]
         wait_all(works)
-    _count(stats, topology, group, chunk // 8 + SCALE_BYTES * layout.tensors)
+    count_peer_bytes(stats, topology, group, chunk // 8 + SCALE_BYTES * layout.tensors)
     worker_scales = worker_scales.view(n, layout.tensors)
 
     with timing("compress"):  # Step IV: every worker's scale of the tensor each piece belongs to
@@ -245,7 +245,7 @@ def compressed_allreduce_per_tensor(
             all_gather_flat(server_scales, sent_scales, group=group, async_op=True),
         ]
         wait_all(works)
-    _count(stats, topology, group, chunk // 8 + SCALE_BYTES * layout.per_server)
+    count_peer_bytes(stats, topology, group, chunk // 8 + SCALE_BYTES * layout.per_server)
 
     with timing("compress"):  # Step VI: every piece of every chunk with its server's scale
         server_scales = server_scales.view(n, layout.per_server)
@@ -258,9 +258,3 @@ def compressed_allreduce_per_tensor(
                     signs[k, a:b].mul_(s)
         result = signs.view(-1).mul_(mask)
     return TensorExchange(result, worker_bits, worker_scales, server_bits, server_scales)
-
-
-def _count(stats: CommState | None, topology: Topology | None, group: dist.ProcessGroup, nbytes_each: int) -> None:
-    """Add ``nbytes_each`` sent to every other process of ``group``, split by whether it is on this node."""
-    if stats is not None and topology is not None:
-        stats.add_bytes(*peer_bytes(topology, group_peers(group, topology.rank), nbytes_each))

@@ -6,7 +6,7 @@ The processes form ``nodes`` x ``gpus_per_node`` as the runner does (rank groupi
   hierarchical with ``b_hat`` (Algorithm 1, line 6), 4 steps of two buckets whose sizes need padding; the
   gradients are multiples of 1/8, so the node averages are exact in any order and every rank's result must
   equal :class:`birder_repro.references.birder.ReferenceBirder` bit for bit;
-- 1-bit Adam's compressed all-reduce (``comm.onebit.compressed_allreduce``), 3 steps, against
+- 1-bit Adam's compressed all-reduce (``comm.onebit_exchange.compressed_allreduce``), 3 steps, against
   :class:`birder_repro.references.onebit.CompressedAllReduceReference`: signs bit for bit, scales, errors and the
   average within 1e-5 (the norms are sums in another order on the GPU);
 - the counted fp32 all-reduce hook against DDP's own all-reduce (bit for bit: the same collective), and the fp16
@@ -17,9 +17,8 @@ The processes form ``nodes`` x ``gpus_per_node`` as the runner does (rank groupi
   and LAMB's parameters after every step against :class:`~birder_repro.references.onebit.OneBitAdamReference`
   (:class:`~birder_repro.references.onebit.OneBitLambReference`) within 1e-5.
 
-- Birder and 1-bit Adam as training runs them (:mod:`birder_repro.gpucheck.training`): under DDP in fp32, bf16
-  and fp16 with GradScaler and under FSDP2 in fp32 and bf16, every Birder call against the reference bit for
-  bit, 1-bit Adam's parameters against its reference within 1e-5 (:func:`check_training`).
+- Birder and 1-bit Adam as training runs them (:mod:`birder_repro.gpucheck.training`), compared by
+  :mod:`birder_repro.gpucheck.training_checks` (:func:`check_training`).
 
 Byte counts are checked against the formulas of :mod:`birder_repro.comm.accounting`. The same code runs with CPU
 processes (the tests do): only the backend and the device differ. What each process runs is
@@ -49,7 +48,8 @@ from birder_repro.gpucheck.scenarios import (
     onebit_inputs,
     run_processes,
 )
-from birder_repro.gpucheck.table import FAIL, SKIP, Check, verdict
+from birder_repro.gpucheck.table import FAIL, Check, failed_scenario, verdict
+from birder_repro.gpucheck.training_checks import bucket_order, check_training
 
 __all__ = [
     "birder_expected_bytes",
@@ -67,13 +67,6 @@ SCALE_BYTES = 4  # 1-bit Adam's fp32 scale per worker and per server chunk
 
 
 # ------------------------------------------------------------------------------------- the comparisons
-def _failed_scenario(per_rank: list[dict], name: str):
-    for rank, r in enumerate(per_rank):
-        if "error" in r[name]:
-            return Check("hooks", name, FAIL, detail=f"rank {rank}: {r[name]['error'].strip().splitlines()[-1]}")
-    return None
-
-
 def birder_expected_bytes(numel: int, nodes: int, m: int) -> tuple[float, float]:
     """(intra, inter) bytes one process sends for one hierarchical bucket (Birder paper, section 4): the fp32
     reduce-scatter in the node (with one fp32 flag a shard), the all-to-all of packed chunks (one flag byte
@@ -88,7 +81,7 @@ def birder_expected_bytes(numel: int, nodes: int, m: int) -> tuple[float, float]
 def check_birder(per_rank: list[dict], nodes: int, m: int) -> list[Check]:
     from birder_repro.references.birder import ReferenceBirder
 
-    failed = _failed_scenario(per_rank, "birder")
+    failed = failed_scenario(per_rank, "birder")
     if failed:
         return [failed]
     rows, world = [], nodes * m
@@ -144,7 +137,7 @@ def check_birder(per_rank: list[dict], nodes: int, m: int) -> list[Check]:
 def check_onebit(per_rank: list[dict]) -> list[Check]:
     from birder_repro.references.onebit import CompressedAllReduceReference
 
-    failed = _failed_scenario(per_rank, "onebit")
+    failed = failed_scenario(per_rank, "onebit")
     if failed:
         return [failed]
     rows, world = [], len(per_rank)
@@ -200,7 +193,7 @@ def check_onebit(per_rank: list[dict]) -> list[Check]:
 
 
 def check_allreduce(per_rank: list[dict], gpus_per_node: int) -> list[Check]:
-    failed = _failed_scenario(per_rank, "allreduce")
+    failed = failed_scenario(per_rank, "allreduce")
     if failed:
         return [failed]
     world = len(per_rank)
@@ -245,7 +238,7 @@ def check_birder_ddp(per_rank: list[dict], nodes: int, m: int) -> list[Check]:
     """Every bucket call of every rank through the reference, in the order the ranks made them."""
     from birder_repro.references.birder import ReferenceBirder
 
-    failed = _failed_scenario(per_rank, "birder_ddp")
+    failed = failed_scenario(per_rank, "birder_ddp")
     if failed:
         return [failed]
     runs = [r["birder_ddp"] for r in per_rank]
@@ -275,15 +268,10 @@ def check_birder_ddp(per_rank: list[dict], nodes: int, m: int) -> list[Check]:
     ]
 
 
-def _bucket_order(layout: dict) -> list[list[int]]:
-    """Parameter indices of each bucket in buffer order (the reference's layout of a step)."""
-    return [[i for i, _, _ in sig] for _, sig in sorted(layout.items())]
-
-
 def check_onebit_ddp(per_rank: list[dict]) -> list[Check]:
     from birder_repro.references.onebit import OneBitAdamReference, OneBitLambReference
 
-    failed = _failed_scenario(per_rank, "onebit_ddp")
+    failed = failed_scenario(per_rank, "onebit_ddp")
     if failed:
         return [failed]
     rows, world = [], len(per_rank)
@@ -292,7 +280,7 @@ def check_onebit_ddp(per_rank: list[dict]) -> list[Check]:
         ref = cls(runs[0]["initial"], [], world, freeze_step=ONEBIT_FREEZE, **kwargs)
         problems = []
         for step in range(ONEBIT_DDP_STEPS):
-            ref.step([r["steps"][step]["grads"] for r in runs], _bucket_order(runs[0]["steps"][step]["layout"]))
+            ref.step([r["steps"][step]["grads"] for r in runs], bucket_order(runs[0]["steps"][step]["layout"]))
             want = torch.cat([x.reshape(-1) for x in ref.x])
             if not torch.allclose(runs[0]["steps"][step]["params"], want, rtol=1e-5, atol=1e-6):
                 diff = float((runs[0]["steps"][step]["params"] - want).abs().max())
@@ -308,134 +296,6 @@ def check_onebit_ddp(per_rank: list[dict]) -> list[Check]:
             )
         )
     return rows
-
-
-def _bucket_order_of(layout: dict) -> list[list[int]]:
-    return [[i for i, _, _ in sig] for _, sig in sorted(layout.items())]
-
-
-def _birder_calls_rows(runs: list[dict], label: str, nodes: int, m: int) -> list[str]:
-    """What is wrong with one precision's Birder run: each call against the reference, +-lr updates, ranks."""
-    from birder_repro.gpucheck.training import LR
-    from birder_repro.references.birder import ReferenceBirder
-
-    ref = ReferenceBirder(nodes, m, "hierarchical", beta=0.9, eps=1e-8, seed=0, param_numels=runs[0]["numels"])
-    problems = [f"rank {k}: {r['skipped']} steps skipped" for k, r in enumerate(runs) if r["skipped"]]
-    if len({len(r["calls"]) for r in runs}) != 1 or not runs[0]["calls"]:
-        problems.append(f"the ranks made {sorted({len(r['calls']) for r in runs})} calls")
-    for i in range(min(len(r["calls"]) for r in runs)):
-        signature, grad, _ = runs[0]["calls"][i]
-        if signature is None:  # FSDP with 2+ processes a node: shards start inside parameters (see training.py)
-            continue
-        want = ref.bucket(signature, grad.numel(), [r["calls"][i][1] for r in runs])
-        problems += [f"call {i}, rank {k}" for k, r in enumerate(runs) if not torch.equal(r["calls"][i][2], want)]
-    params = runs[0]["params"]
-    problems += [
-        f"step {t + 2}: an update not +-lr"
-        for t in range(len(params) - 1)
-        if not torch.allclose((params[t + 1] - params[t]).abs(), torch.full_like(params[t], LR), atol=1e-6)
-    ]
-    problems += [f"rank {k}: ranks differ" for k, r in enumerate(runs) if not all(r["identical"])]
-    return problems
-
-
-def check_birder_precisions(per_rank: list[dict], nodes: int, m: int) -> list[Check]:
-    """Birder under DDP and FSDP2 in each precision: every bucket (unit) call = the reference bit for bit, updates
-    +-lr, ranks identical; in fp32 FSDP2's parameters = DDP's after every step, bit for bit."""
-    from birder_repro.gpucheck.training import FSDP_PRECISIONS, PRECISIONS
-
-    rows = []
-    for key, label, precisions in (
-        ("birder_ddp_precisions", "DDP", PRECISIONS),
-        ("birder_fsdp_precisions", "FSDP2", FSDP_PRECISIONS),
-    ):
-        failed = _failed_scenario(per_rank, key)
-        if failed:
-            rows.append(failed)
-            continue
-        for name in precisions:
-            runs = [r[key][name] for r in per_rank]
-            problems = _birder_calls_rows(runs, label, nodes, m)
-            if label == "FSDP2" and name == "fp32" and "error" not in per_rank[0]["birder_ddp_precisions"]:
-                ddp = [r["birder_ddp_precisions"]["fp32"]["params"] for r in per_rank]
-                problems += [
-                    f"rank {k} step {t + 1}: parameters differ from DDP's"
-                    for k, r in enumerate(runs)
-                    for t, (a, b) in enumerate(zip(r["params"], ddp[k]))
-                    if not torch.equal(a, b)
-                ]
-            rows.append(
-                Check(
-                    "hooks",
-                    f"birder {label}, {name}, {nodes}x{m} = reference",
-                    verdict(not problems),
-                    measured=f"{len(runs[0]['calls'])} calls bit-identical"
-                    if not problems
-                    else "; ".join(problems[:3]),
-                    expected="every call = reference; +-lr; ranks identical"
-                    + ("; = DDP bit for bit" if label == "FSDP2" and name == "fp32" else ""),
-                )
-            )
-    return rows + [_fsdp_fp16_skip("birder")]
-
-
-def _fsdp_fp16_skip(what: str) -> Check:
-    return Check(
-        "hooks",
-        f"{what} FSDP2, fp16",
-        SKIP,
-        detail="train.precision=fp16 is refused under parallel=fsdp "
-        "(birder_repro.train.parallel): the FSDP hooks do not take GradScaler's scale",
-    )
-
-
-def check_onebit_precisions(per_rank: list[dict], m: int = 1) -> list[Check]:
-    """1-bit Adam under DDP and FSDP2 (the root its one unit) in each precision against the reference. Under
-    FSDP2 with 2+ processes a node each exchanges its shard of every parameter, a layout this reference is not
-    given here (tests/test_fsdp.py checks it on gloo): a skip row."""
-    from birder_repro.gpucheck.training import FREEZE, FSDP_PRECISIONS, ONEBIT, PRECISIONS, TRAIN_STEPS
-    from birder_repro.references.onebit import OneBitAdamReference
-
-    rows, world = [], len(per_rank)
-    for key, label in (("onebit_ddp_precisions", "DDP"), ("onebit_fsdp_precisions", "FSDP2")):
-        if label == "FSDP2" and m > 1:
-            rows.append(
-                Check(
-                    "hooks",
-                    f"1-bit Adam FSDP2, {m} processes a node",
-                    SKIP,
-                    detail="shards inside a node: tests/test_fsdp.py compares that layout on gloo",
-                )
-            )
-            continue
-        failed = _failed_scenario(per_rank, key)
-        if failed:
-            rows.append(failed)
-            continue
-        for name in FSDP_PRECISIONS if label == "FSDP2" else PRECISIONS:
-            runs = [r[key][name] for r in per_rank]
-            ref = OneBitAdamReference(
-                runs[0]["initial"], [list(range(len(runs[0]["initial"])))], world, freeze_step=FREEZE, **ONEBIT
-            )
-            problems = [f"rank {k}: {r['skipped']} steps skipped" for k, r in enumerate(runs) if r["skipped"]]
-            for step in range(TRAIN_STEPS):
-                layout = _bucket_order_of(runs[0]["layouts"][step]) if runs[0]["layouts"] else None
-                ref.step([r["grads"][step] for r in runs], layout)
-                want = torch.cat([x.reshape(-1) for x in ref.x])
-                if not torch.allclose(runs[0]["params"][step], want, rtol=1e-5, atol=1e-6):
-                    diff = float((runs[0]["params"][step] - want).abs().max())
-                    problems.append(f"step {step + 1}: max difference {diff:.2e}")
-            problems += [f"rank {k}: ranks differ" for k, r in enumerate(runs) if not all(r["identical"])]
-            rows.append(
-                Check(
-                    "hooks",
-                    f"1-bit Adam {label}, {name}, {world} processes = reference",
-                    verdict(not problems),
-                    measured=f"{TRAIN_STEPS} steps equal" if not problems else "; ".join(problems[:3]),
-                    expected=f"parameters within 1e-5 every step (freeze after {FREEZE}); ranks identical",
-                )
-            )
-    return rows + [_fsdp_fp16_skip("1-bit Adam")]
 
 
 def check_hooks(
@@ -472,7 +332,3 @@ def check_hooks(
     )
     rows += check_training(per_rank, nodes, m) if training else []
     return rows + (check_stress(per_rank) if stress else [])
-
-
-def check_training(per_rank: list[dict], nodes: int, m: int) -> list[Check]:
-    return check_birder_precisions(per_rank, nodes, m) + check_onebit_precisions(per_rank, m)

@@ -23,7 +23,8 @@ import torch.multiprocessing as mp
 
 from birder_repro.comm import attach_allreduce
 from birder_repro.comm.birder import BirderState, attach_birder
-from birder_repro.comm.onebit import attach_onebit, compressed_allreduce
+from birder_repro.comm.onebit import attach_onebit
+from birder_repro.comm.onebit_exchange import compressed_allreduce
 from birder_repro.comm.pack import padded_size
 from birder_repro.comm.state import CommState
 from birder_repro.comm.topology import build_topology

@@ -38,6 +38,15 @@ def verdict(ok: bool) -> str:
     return PASS if ok else FAIL
 
 
+def failed_scenario(per_rank: list[dict], name: str) -> Check | None:
+    """The hook check's one FAIL row for scenario ``name`` where a rank's run of it raised (its last line); None
+    where every rank ran it."""
+    for rank, r in enumerate(per_rank):
+        if "error" in r[name]:
+            return Check("hooks", name, FAIL, detail=f"rank {rank}: {r[name]['error'].strip().splitlines()[-1]}")
+    return None
+
+
 def failed(checks: Iterable[Check]) -> list[Check]:
     return [c for c in checks if c.status == FAIL]
 

@@ -16,7 +16,19 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import crossover, documents, figures, ladder, model_error, paper, tables, tuning
+from . import (
+    crossover,
+    crossover_figure,
+    crossover_render,
+    documents,
+    figures,
+    ladder,
+    model_error,
+    paper,
+    tables,
+    tuning_render,
+    tuning_trials,
+)
 from . import target as time_to_target
 from .cells import select_runs
 from .display import to_latex
@@ -113,15 +125,15 @@ def write_overview(
             _write(out / "targets.md", ladder.ladder_markdown(levels, budgets), written)
             _write(out / "targets.csv", ladder.csv_text(levels, budgets), written)
     # tuning on the validation split, scored by predicted time where 1-node profiles exist (report.tuning)
-    trials = tuning.tuning_rows(frame, crossover.one_node_profiles(frame["run_dir"]))
+    trials = tuning_trials.tuning_rows(frame, crossover.one_node_profiles(frame["run_dir"]))
     if not trials.empty:
-        _write(out / "tuning.md", tuning.tuning_markdown(trials), written)
-        _write(out / "tuning.csv", tuning.csv_text(trials), written)
+        _write(out / "tuning.md", tuning_render.tuning_markdown(trials), written)
+        _write(out / "tuning.csv", tuning_render.csv_text(trials), written)
     points, per_run = crossover.crossover_tables(frame)  # time to target against the link rate
     if not points.empty:
-        _write(out / "crossover.md", crossover.crossover_markdown(points, per_run), written)
-        _write(out / "crossover.csv", crossover.csv_text(points), written)
-        written += figure_files(lambda d: crossover.crossover_figures(points, d), figures_dir)
+        _write(out / "crossover.md", crossover_render.crossover_markdown(points, per_run), written)
+        _write(out / "crossover.csv", crossover_render.csv_text(points), written)
+        written += figure_files(lambda d: crossover_figure.crossover_figures(points, d), figures_dir)
     errors = model_error.model_error_rows(frame)  # the model against every multi-node run it can predict
     if not errors.empty:
         summary = model_error.model_error_summary(errors)

@@ -32,16 +32,8 @@ from typing import Any
 import pandas as pd
 
 from .cells import fill_keys
-from .crossover import (
-    _items,
-    _models,
-    _unshaped_link,
-    band_text,
-    crossover_tables,
-    crossovers,
-    one_node_profiles,
-    series_key,
-)
+from .crossover import _items, _models, crossover_tables, one_node_profiles, series_key, unshaped_link
+from .crossover_find import band_text, crossovers
 from .display import fmt_layout, fmt_number, fmt_percent, is_missing, optim_label, optim_rank, to_markdown
 
 __all__ = [
@@ -217,7 +209,7 @@ def _crossover_verdict(r) -> str:
 
 
 def in_band(link: float | None, band) -> bool:
-    """Whether ``link`` lies in a measured crossover's seed band (report.crossover._band; None: open end)."""
+    """Whether ``link`` lies in a measured crossover's seed band (report.crossover_find.seed_band; None: open end)."""
     if link is None or is_missing(link) or not band:
         return False
     low, high = band
@@ -246,7 +238,7 @@ def crossover_error_markdown(rows: pd.DataFrame) -> str:
 
 
 def _link(x: float) -> str:
-    return "unshaped" if x == _unshaped_link() else fmt_number(x)
+    return "unshaped" if x == unshaped_link() else fmt_number(x)
 
 
 def _signed(x: float) -> str:

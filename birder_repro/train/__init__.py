@@ -44,8 +44,9 @@ from birder_repro.registry import lazy_attributes
 if TYPE_CHECKING:
     from birder_repro.train.breakdown import split_step_time
     from birder_repro.train.checkpoint import CHECKPOINTS
-    from birder_repro.train.loop import fp32_allreduce_bytes, train
+    from birder_repro.train.loop import train
     from birder_repro.train.parallel import build_parallel
+    from birder_repro.train.run_figures import fp32_allreduce_bytes
     from birder_repro.train.settings import RunPlan, TrainSettings, total_steps
     from birder_repro.train.timing import grads_are_gradients, run_step, stage_of
 
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "split_step_time": "breakdown",
     "CHECKPOINTS": "checkpoint",
-    "fp32_allreduce_bytes": "loop",
+    "fp32_allreduce_bytes": "run_figures",
     "train": "loop",
     "build_parallel": "parallel",
     "RunPlan": "settings",

@@ -70,3 +70,9 @@ def rank0_buffers(module: torch.nn.Module) -> Iterator[None]:
         with torch.no_grad():
             for b, mine in zip(buffers, own):
                 b.copy_(mine)
+
+
+def deployed(optimizer) -> contextlib.AbstractContextManager:
+    """Where the model holds what a user would deploy: a local-step optimizer's last synchronised model
+    (``optimizer.synchronised()``, birder_repro.optim.common.LocalSteps); the model as it is for the others."""
+    return optimizer.synchronised() if hasattr(optimizer, "synchronised") else contextlib.nullcontext()

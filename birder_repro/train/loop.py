@@ -1,4 +1,5 @@
-"""The loop: steps with the lr schedule, logging, evaluation and checkpoints between them, the record's figures.
+"""The loop: steps with the lr schedule, logging, evaluation and checkpoints between them, then the record's figures
+(:mod:`birder_repro.train.run_figures`).
 
 The worker builds the task, data, DDP model, optimizer and communication hook, then calls :func:`train`.
 Before every step the ranks agree whether a stop signal came (birder_repro.train.stop); if one did, they save a
@@ -13,19 +14,15 @@ last step (in that step's time), before the final evaluation and the final check
 
 from __future__ import annotations
 
-import contextlib
 import math
-import statistics
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from birder_repro.comm.accounting import CommStats, flat_allreduce_split
+from birder_repro.comm.accounting import CommStats
 from birder_repro.optim.schedule import lr_factor
 from birder_repro.run import schema
 from birder_repro.train import breakdown, stop
@@ -39,77 +36,32 @@ from birder_repro.train.checkpoint import (
     settle_ddp_buckets,
     step_dir,
 )
-from birder_repro.train.collectives import allreduce_sum
 from birder_repro.train.data import batches, steps_per_epoch
 from birder_repro.train.divergence import DivergenceWatch
-from birder_repro.train.evaluate import evaluate
+from birder_repro.train.evaluate import deployed, evaluate
 from birder_repro.train.logger import RunLogger
+from birder_repro.train.loop_state import LoopParts, LoopState
 from birder_repro.train.precision import Precision, agrees_overflow
 from birder_repro.train.probes import start_probes, stop_probes
-from birder_repro.train.profile import measured_profile, parameter_matrices
+from birder_repro.train.profile import measured_profile
 from birder_repro.train.progress import LogInterval, Progress, log_interval
 from birder_repro.train.restarts import Attempts, inject_fault, restart_count
-from birder_repro.train.settings import RunPlan, TrainSettings
+from birder_repro.train.run_figures import nonfinite_steps, outer_steps, run_figures
+from birder_repro.train.settings import RunPlan
 from birder_repro.train.target import TimeToTarget, target_from_config
 from birder_repro.train.timing import (
     StepPlan,
     StepResult,
-    _counters,
-    _now,
     calibrate_forward_backward,
+    comm_counters,
     run_step,
     stage_of,
+    synced_now,
 )
 
-__all__ = ["train", "fp32_allreduce_bytes"]
+__all__ = ["train"]
 
 LOSS_TAIL = 0.10  # final_loss: the mean training loss over this fraction of the last steps
-FP32_BYTES = 4
-
-
-def fp32_allreduce_bytes(num_params: int, world_size: int, gpus_per_node: int) -> tuple[float, float, float]:
-    """(total, intra-node, inter-node) bytes one process sends per step in DDP's fp32 ring all-reduce of
-    ``num_params`` parameters: 2(N-1)/N x 4 bytes x P (birder_repro.comm.accounting, Thakur et al. 2005)."""
-    intra, inter = flat_allreduce_split(FP32_BYTES * num_params, world_size, gpus_per_node)
-    return intra + inter, intra, inter
-
-
-@dataclass
-class _Run:
-    """The loop's running state on this process."""
-
-    step: int = 0
-    samples: float = 0.0  # this process's samples since the start of training (resumes included)
-    calibration: list = field(default_factory=list)  # (forward + backward, backward) of every calibration pass
-    buckets: list = field(default_factory=list)  # the hook calls of every timed step (StepResult.buckets)
-    stages: dict[str, breakdown.Totals] = field(default_factory=dict)
-    tail: deque = field(default_factory=deque)  # (loss_sum, samples) of the last steps
-    interval: LogInterval = field(default_factory=LogInterval)  # since the last log line
-    epoch: int = 0
-    target: TimeToTarget = field(default_factory=lambda: TimeToTarget(None, 1))  # birder_repro.train.target
-    start: int = 0  # the step this attempt started from (a resumed run's checkpoint)
-    loop_s: float = 0.0  # the training clock's seconds over this attempt's timed steps (loop_step_s)
-    loop_steps: int = 0
-
-
-@dataclass
-class _Parts:
-    """What the worker hands :func:`train`, and the loop's outputs, passed around together."""
-
-    cfg: Any
-    task: Any
-    data: Any
-    model: Any
-    optimizer: Any
-    comm: Any
-    topology: Any
-    device: torch.device
-    run_dir: Any
-    settings: TrainSettings
-    precision: Precision
-    logger: RunLogger
-    progress: Progress
-    identity: RunIdentity
 
 
 def train(
@@ -139,7 +91,7 @@ def train(
     is_main = topology.rank == 0
     base_lrs = [g["lr"] for g in optimizer.param_groups]  # the peak lr, before a checkpoint's lr replaces it
 
-    run = _Run()
+    run = LoopState()
     # a local-step method on 2+ nodes: GradScaler's verdict agreed over the world (train/precision.py)
     agree = dist.group.WORLD if agrees_overflow(cfg.optim, topology.nodes) else None
     precision = Precision(settings.precision, device, comm, agree_over=agree)
@@ -182,7 +134,7 @@ def train(
         )
     logger = RunLogger(cfg, run_dir, enabled=is_main, clock=run.target.training_seconds)
     progress = Progress(steps, run.step, enabled=is_main)
-    parts = _Parts(
+    parts = LoopParts(
         cfg,
         task,
         data,
@@ -263,12 +215,12 @@ def train(
         if hasattr(optimizer, "synchronised"):  # a no-op where the last step did it (every way out of the loop
             optimizer.finish()  # but a run resumed at its last step, from a checkpoint saved before finish() was)
         probed = stop_probes(probes, timed_steps=int(sum(t.steps for t in run.stages.values())))
-        record, profile_inputs = _finish(parts, run, timing, plan)
+        record, profile_inputs = run_figures(parts, run, timing, plan)
         record.update(probed)
         record.update(
             attempts.figures(),
-            nonfinite_steps=_nonfinite_steps(comm, precision),
-            **_outer_steps(optimizer),
+            nonfinite_steps=nonfinite_steps(comm, precision),
+            **outer_steps(optimizer),
             precision=precision.name,
             loss_scale=precision.loss_scale,
         )
@@ -290,7 +242,7 @@ def _set_lr(optimizer, base_lrs: list[float], step: int, steps: int, schedule) -
     return optimizer.param_groups[0]["lr"]
 
 
-def _record_step(run: _Run, timing: StepPlan, result: StepResult, stage: str | None, data_wait: float) -> None:
+def _record_step(run: LoopState, timing: StepPlan, result: StepResult, stage: str | None, data_wait: float) -> None:
     if timing.timed(run.step):  # before counting the step: it is the index of the step just taken
         run.stages.setdefault(stage or "", breakdown.Totals()).add(result, data_wait)
         run.buckets.append(result.buckets)
@@ -301,28 +253,22 @@ def _record_step(run: _Run, timing: StepPlan, result: StepResult, stage: str | N
     run.interval.add(result)
 
 
-def _log_if_due(p: _Parts, run: _Run, timing: StepPlan, lr: float, stage: str | None) -> None:
+def _log_if_due(p: LoopParts, run: LoopState, timing: StepPlan, lr: float, stage: str | None) -> None:
     """The interval's log line when it comes round (collective on every rank)."""
     if run.step % p.settings.log_every == 0 or run.step == timing.steps:
         log_interval(run.step, run.epoch, run.interval, p.logger, p.progress, lr, stage, p.device)
         run.interval = LogInterval()
 
 
-def deployed(optimizer) -> contextlib.AbstractContextManager:
-    """Where the model holds what a user would deploy: a local-step optimizer's last synchronised model
-    (``optimizer.synchronised()``, birder_repro.optim.common.LocalSteps); the model as it is for the others."""
-    return optimizer.synchronised() if hasattr(optimizer, "synchronised") else contextlib.nullcontext()
-
-
-def _end_on_sync(p: _Parts, run: _Run, timing: StepPlan, stage: str | None) -> None:
+def _end_on_sync(p: LoopParts, run: LoopState, timing: StepPlan, stage: str | None) -> None:
     """A local-step optimizer's ``finish()``: an outer step over the inner steps since its last one, if any
     (collective); nothing for the others. Its bytes and seconds count as the last step's, as a regular outer
     step's do (inside ``optimizer.step()``), where that step was timed."""
     if not hasattr(p.optimizer, "synchronised"):
         return
-    before, t0 = _counters(p.comm), _now(p.device)
+    before, t0 = comm_counters(p.comm), synced_now(p.device)
     p.optimizer.finish()
-    seconds, after = _now(p.device) - t0, _counters(p.comm)
+    seconds, after = synced_now(p.device) - t0, comm_counters(p.comm)
     totals = run.stages.get(stage or "") if timing.timed(run.step - 1) else None
     if totals is None:
         return
@@ -335,7 +281,7 @@ def _end_on_sync(p: _Parts, run: _Run, timing: StepPlan, stage: str | None) -> N
     totals.inter_bytes += inter
 
 
-def _evaluate_if_due(p: _Parts, run: _Run, timing: StepPlan) -> None:
+def _evaluate_if_due(p: LoopParts, run: LoopState, timing: StepPlan) -> None:
     """Evaluate the deployable model when the interval comes round (collective on every rank)."""
     s = p.settings
     # train.eval=false turns off every evaluation, those during training too (a throughput run measures steps)
@@ -346,13 +292,13 @@ def _evaluate_if_due(p: _Parts, run: _Run, timing: StepPlan) -> None:
         run.target.evaluated(run.step, metrics)
 
 
-def _checkpoint_if_due(p: _Parts, run: _Run) -> None:
+def _checkpoint_if_due(p: LoopParts, run: LoopState) -> None:
     """Checkpoint when the interval comes round (collective on every rank)."""
     if p.settings.checkpoint_every and run.step % p.settings.checkpoint_every == 0:
         _save(p, run)
 
 
-def _save(p: _Parts, run: _Run):
+def _save(p: LoopParts, run: LoopState):
     """This step's checkpoint, with what a resumed run carries on (collective)."""
     carry = {"target": run.target.state_dict(), "tail": [list(t) for t in run.tail]}
     return save_checkpoint(
@@ -372,7 +318,7 @@ def _save(p: _Parts, run: _Run):
     )
 
 
-def _stop_if_signalled(p: _Parts, run: _Run) -> None:
+def _stop_if_signalled(p: LoopParts, run: LoopState) -> None:
     """Where the ranks agree a stop signal came: save this step's checkpoint (``train.checkpoint_on_stop``, or
     with ``train.checkpoint_every`` > 0; unless it exists or no step was trained) and raise ``Stopped``."""
     signum = stop.agreed(p.device)
@@ -384,106 +330,3 @@ def _stop_if_signalled(p: _Parts, run: _Run) -> None:
         _save(p, run)
     found = complete_checkpoints(where.parent)
     raise stop.Stopped(signum, run.step, found[-1][1] if found else None, run.start)
-
-
-def _final_metrics(p: _Parts, final_loss: float) -> dict[str, float]:
-    """The task's metrics at the end (its own ``loss`` kept as ``eval_loss``) and the training loss."""
-    metrics: dict[str, float] = {}
-    if p.settings.eval and p.data.eval is not None:
-        with deployed(p.optimizer):  # after the loop's finish(): a local-step optimizer's final sync
-            metrics = evaluate(p.task, p.model, p.data, p.device, p.settings.eval_max_batches)
-        if "loss" in metrics:
-            metrics["eval_loss"] = metrics.pop("loss")
-    metrics["loss"] = final_loss
-    return schema.ordered_metrics(metrics, schema.declared_metrics(p.task))
-
-
-def _finish(p: _Parts, run: _Run, timing: StepPlan, plan: RunPlan) -> tuple[dict, dict]:
-    """Evaluation, cross-process sums and the record's figures (collective); and what the run's profile is
-    measured from besides them (birder_repro.train.profile)."""
-    world = p.topology.world_size
-    tail_loss, tail_samples, samples, forward_backward, backward = allreduce_sum(
-        [
-            sum(loss for loss, _ in run.tail),
-            float(sum(n for _, n in run.tail)),
-            run.samples,
-            statistics.median(t for t, _ in run.calibration),
-            statistics.median(b for _, b in run.calibration),
-        ],
-        p.device,
-    )
-    forward_backward /= world  # the mean over processes of each one's median
-    backward /= world
-    final_loss = tail_loss / tail_samples if tail_samples else float("nan")
-    metrics = _final_metrics(p, final_loss)
-    if p.settings.eval and p.data.eval is not None:  # the final evaluation counts for time to target too
-        run.target.evaluated(run.step, metrics)
-    num_params = sum(q.numel() for q in getattr(p.model, "module", p.model).parameters() if q.requires_grad)
-    fp32_total, fp32_intra, fp32_inter = fp32_allreduce_bytes(num_params, world, p.topology.gpus_per_node)
-    figures = breakdown.stage_figures(run.stages, world, p.device)
-    main = figures.get("compression") or _summed(figures)  # 1-bit Adam / LAMB: the compression stage's
-    profile_inputs = {
-        "bucket_steps": run.buckets,
-        "backward_s": backward,
-        "optimizer_s": _per_step(_summed(figures), "optimizer"),
-        "compress_s": _per_step(main, "compression"),
-        "nodes": p.topology.world_size // p.topology.gpus_per_node,
-        "gpus_per_node": p.topology.gpus_per_node,
-        "device": _device_name(p.device),
-        "torch_device": p.device,
-        "threads": torch.get_num_threads(),
-        "matrices": parameter_matrices(getattr(p.model, "module", p.model).parameters()),
-    }
-    return {
-        "steps": run.step,
-        "planned_steps": timing.steps,  # the run's length; less than that with train.stop_at_target
-        "stopped_at_target": run.step < timing.steps,
-        "resumed_from_step": timing.start_step or None,
-        "samples": round(samples),
-        "epochs_trained": samples / p.data.train_size if p.data.train_size else None,
-        "batch_size": p.settings.batch_size,
-        "accumulate": p.settings.accumulate,
-        "global_batch_size": plan.global_batch,
-        "data": p.data.description,
-        "timing_warmup_steps": timing.warmup_steps,
-        "loop_step_s": run.loop_s / run.loop_steps if run.loop_steps else None,
-        "forward_backward_s": forward_backward,
-        "compute_calibration_passes": len(run.calibration),
-        **breakdown.summarize_timing(figures, forward_backward, bool(getattr(p.comm, "overlaps", lambda: False)())),
-        "parameters": num_params,
-        "fp32_allreduce_bytes_per_step": fp32_total,
-        "fp32_allreduce_intra_node_bytes_per_step": fp32_intra,
-        "fp32_allreduce_inter_node_bytes_per_step": fp32_inter,
-        "final_loss": final_loss,
-        "loss_definition": f"mean training loss over the last {len(run.tail)} steps, all processes",
-        "headline_metric": schema.headline_metric(p.task),
-        "metrics": metrics,
-        **run.target.figures(),
-    }, profile_inputs
-
-
-def _outer_steps(optimizer) -> dict:
-    """DiLoCo's outer steps and their mean seconds (birder_repro.optim.DiLoCo); null for the others."""
-    steps = getattr(optimizer, "outer_steps", None)
-    seconds = getattr(optimizer, "outer_seconds", None)
-    return {"outer_steps": steps, "outer_step_s": seconds / steps if steps and seconds is not None else None}
-
-
-def _nonfinite_steps(comm, precision: Precision) -> int:
-    """Steps skipped for a NaN or Inf gradient: the compressed hooks count their own (fp16's GradScaler skips the
-    same steps: train/precision.py), the baselines' only skips are GradScaler's."""
-    if hasattr(comm, "nonfinite_steps"):
-        return int(comm.nonfinite_steps)
-    return precision.skipped_steps
-
-
-def _summed(figures: dict[str, dict[str, float]]) -> dict[str, float]:
-    return {k: sum(f[k] for f in figures.values()) for k in breakdown.Totals.FIELDS}
-
-
-def _per_step(f: dict[str, float], key: str) -> float:
-    return f[key] / f["steps"] if f.get("steps") else 0.0
-
-
-def _device_name(device: torch.device) -> str:
-    return f"cuda ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "cpu"

@@ -32,7 +32,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from birder_repro import comm, optim
 from birder_repro.comm import fsdp
-from birder_repro.comm.fsdp import FSDP_SCHEMES, _param_group
+from birder_repro.comm.fsdp import FSDP_SCHEMES
+from birder_repro.comm.fsdp_units import param_group
 from birder_repro.comm.topology import set_mesh_timeout
 
 __all__ = ["PARALLEL", "parallel_of", "check_parallel", "build_parallel", "no_buffer_broadcast"]
@@ -166,7 +167,7 @@ def _no_sync(model):
         model.set_requires_gradient_sync(True)
 
         for module in model.modules():
-            group = _param_group(module) if hasattr(module, "_get_fsdp_state") else None
+            group = param_group(module) if hasattr(module, "_get_fsdp_state") else None
             for fp in group.fsdp_params if group is not None else ():
                 fp.unsharded_accumulated_grad = None
                 if hasattr(fp, "_unsharded_param"):

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from birder_repro.comm.kernels import process_cores
-from birder_repro.comm.onebit import compressed_allreduce
+from birder_repro.comm.onebit_exchange import compressed_allreduce
 from birder_repro.comm.state import CommState
 from birder_repro.perf.advisor import comm_rank
 from birder_repro.perf.cluster import ClusterSpec

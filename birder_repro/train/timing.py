@@ -30,6 +30,8 @@ __all__ = [
     "calibrate_forward_backward",
     "stage_of",
     "grads_are_gradients",
+    "comm_counters",
+    "synced_now",
 ]
 
 
@@ -38,7 +40,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _now(device: torch.device) -> float:
+def synced_now(device: torch.device) -> float:
     """Wall time after the device's queued work: CUDA kernels are asynchronous."""
     _sync(device)
     return time.perf_counter()
@@ -51,7 +53,8 @@ def stage_of(comm: CommState, step: int) -> str | None:
     return None if stage is None else str(stage)
 
 
-def _counters(comm) -> tuple[float, float, float, float]:
+def comm_counters(comm) -> tuple[float, float, float, float]:
+    """The hook state's cumulative (intra-node bytes, inter-node bytes, compression s, collective s)."""
     return (
         float(comm.intra_node_bytes),
         float(comm.inter_node_bytes),
@@ -132,8 +135,8 @@ def run_step(
     """
     precision = precision or Precision("fp32", device)
     share = 1.0 / (len(accumulated) + 1)
-    before = _counters(comm)
-    t0 = _now(device)
+    before = comm_counters(comm)
+    t0 = synced_now(device)
     early_loss, early_samples = _accumulate(task, model, accumulated, device, precision, share)
     with precision.autocast():
         loss, n = task.loss(model, batch, device)
@@ -146,12 +149,12 @@ def run_step(
     precision.unscale_(optimizer)  # fp16: true gradients before their norm is clipped
     if grad_clip and grads_are_gradients(comm):
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    t1 = _now(device)
-    mid = _counters(comm)
+    t1 = synced_now(device)
+    mid = comm_counters(comm)
     precision.step(optimizer)
     optimizer.zero_grad(set_to_none=True)
-    t2 = _now(device)
-    after = _counters(comm)
+    t2 = synced_now(device)
+    after = comm_counters(comm)
     # Compression or communication that the scheme counts inside optimizer.step() is not computation.
     in_optimizer = (after[2] - mid[2]) + (after[3] - mid[3])
     return StepResult(
@@ -225,12 +228,12 @@ def calibrate_forward_backward(
         for _ in range(passes):
             total = backward = 0.0
             for micro in (*accumulated, batch):
-                t0 = _now(device)
+                t0 = synced_now(device)
                 with (precision or Precision("fp32", device)).autocast():  # as the training step computes
                     loss, _ = task.loss(model, micro, device)
-                t1 = _now(device)
+                t1 = synced_now(device)
                 loss.backward()
-                t2 = _now(device)
+                t2 = synced_now(device)
                 total, backward = total + (t2 - t0), backward + (t2 - t1)
             times.append((total, backward))
     for p in module.parameters():
