@@ -50,6 +50,7 @@ from typing import Any
 from birder_repro.resources import conf_dir
 
 from .collectives import Link, collective_time, ring_allreduce_with_waits
+from .exchange_shape import ExchangeFit, exchange_fits
 from .schemes import ELEMENT_BYTES, Collective, counted_bytes
 from .shape import ShapeFit, interpolate_size, latency_steps
 
@@ -112,10 +113,16 @@ class ClusterSpec:
     # MEASURED: the probe's world all-reduce times per node count, {nodes: [[bytes, seconds], ...]}: used as
     # measured at those node counts between the measured sizes (perf.shape.interpolate_size), the shape elsewhere
     allreduce_table: Any = None  # kept as sorted (nodes, ((bytes, seconds), ...)) pairs, hashable
+    # MEASURED: the pairwise exchanges across nodes (all-to-all, all-gather: the 1-bit exchanges) as mode=probe
+    # found them at two node counts or more, per group ("world": 1-bit Adam's; "inter": every local rank's group
+    # at once, Birder's), {group: (shape, alpha_us, bytes_per_s)} (perf.exchange_shape): priced by that shape
+    # and rate in place of the links' formula, never at the all-reduce's rate
+    exchange_shape: Any = None  # kept as sorted (group, ExchangeFit) pairs
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allreduce_shape", _shape_fit(self.allreduce_shape))
         object.__setattr__(self, "allreduce_table", _table(self.allreduce_table))
+        object.__setattr__(self, "exchange_shape", exchange_fits(self.exchange_shape))
         object.__setattr__(self, "world_latency_us", _latencies(self.world_latency_us))
         object.__setattr__(self, "inter_all_latency_us", _latencies(self.inter_all_latency_us))
         object.__setattr__(self, "reduce_ns_per_element", _reduce_costs(self.reduce_ns_per_element))
@@ -184,6 +191,7 @@ class ClusterSpec:
             inter_all_latency_us=perf.get("inter_all_latency_us"),
             allreduce_shape=perf.get("allreduce_shape"),
             allreduce_table=perf.get("allreduce_table"),
+            exchange_shape=perf.get("exchange_shape"),
         )
 
     def measured_allreduce_s(self, nbytes: float, nodes: int) -> float | None:
@@ -191,6 +199,10 @@ class ClusterSpec:
         between its measured sizes; None elsewhere."""
         points = dict(self.allreduce_table or ()).get(int(nodes))
         return None if points is None else interpolate_size(points, nbytes)
+
+    def measured_exchange(self, group: str) -> ExchangeFit | None:
+        """The probe's fit of the pairwise exchanges over ``group`` (world, inter); None where not measured."""
+        return dict(self.exchange_shape or ()).get(group)
 
     def route(self, nodes: int) -> str:
         """How a prediction on ``nodes`` nodes prices the all-reduce across nodes: ``one node`` (it does not),
@@ -310,6 +322,9 @@ def _transfer_time(op: Collective, nodes: int, gpus_per_node: int, cluster: Clus
     n, m = nodes, gpus_per_node
     if op.group == "intra" or (op.group == "world" and n == 1):
         return collective_time(op.kind, op.nbytes, m, cluster.intra)
+    fitted = cluster.measured_exchange(op.group) if op.kind in PAIRWISE else None
+    if fitted is not None:  # measured by a probe: its own shape and rate, not the all-reduce's
+        return fitted.seconds(op.group, op.nbytes, n, m)
     nic = cluster.inter.shared(m)
     exchange = cluster.exchange.shared(m)
     if op.group == "inter":
