@@ -256,8 +256,9 @@ def test_no_emulator_term_reaches_a_real_clusters_prediction(config):
 
 @pytest.mark.slow
 def test_a_three_node_probe_writes_the_all_reduces_table_and_shape(compose, tmp_path):
-    """mode=probe on 3 loopback nodes of 1 process (torchrun, gloo): the world all-reduce timed over the first 2
-    and all 3 nodes, the spec's measured table and shape, read back by ClusterSpec. Loopback rates mean nothing."""
+    """mode=probe on 3 loopback nodes of 1 process (torchrun, gloo): the world all-reduce, all-gather and
+    all-to-all timed over the first 2 and all 3 nodes, the spec's measured table and shapes, read back by
+    ClusterSpec. Loopback rates mean nothing."""
     import json
     from pathlib import Path
 
@@ -278,3 +279,6 @@ def test_a_three_node_probe_writes_the_all_reduces_table_and_shape(compose, tmp_
     spec = ClusterSpec.from_config(yaml.safe_load(Path(got["cluster_spec_file"]).read_text()))
     assert spec.allreduce_shape is not None and {k for k, _ in spec.allreduce_table} == {2, 3}
     assert spec.route(8) == "probed"
+    # the 1-bit exchanges' own shape over every process (one process a node: no inter group of its own)
+    assert spec.measured_exchange("world") is not None and got["exchange_shapes"]["world"]["found"]
+    assert "inter" not in got["exchange_shapes"]

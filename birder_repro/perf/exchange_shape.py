@@ -147,9 +147,11 @@ def _features(shape: str, s: ExchangeSample) -> tuple[float, float]:
 
 
 def fit_exchange(shape: str, samples: Sequence[ExchangeSample]) -> ExchangeFit:
-    """``shape``'s alpha and rate that fit ``samples`` (least squares on the times, alpha >= 0; alpha 0 where the
-    samples leave it undetermined), with the sum of squared log errors; an infinite residual where no positive
-    rate fits. Needs samples at two node counts or more."""
+    """``shape``'s alpha and rate that fit ``samples`` (least squares on the times, both >= 0), with the sum of
+    squared log errors; an infinite residual where nothing positive fits. With one vector size measured (the same
+    collectives in every sample) alpha is 0 and the rate carries the whole time, as perf.shape.fit_shape does:
+    two node counts would fit any shape's two numbers exactly, and only the growth of the bytes' term can tell
+    the shapes apart. Needs samples at two node counts or more."""
     _check(shape)
     pts = [s for s in samples if s.nodes > 1]
     if len({s.nodes for s in pts}) < 2:
@@ -161,7 +163,10 @@ def fit_exchange(shape: str, samples: Sequence[ExchangeSample]) -> ExchangeFit:
         if not (s.seconds > 0 and s.ops):
             raise ValueError(f"a measured exchange needs collectives and seconds > 0, got {s}")
     rows = [(*_features(shape, s), s.seconds) for s in pts]
-    alpha, beta = _nonnegative_least_squares(rows)
+    if len({tuple(sorted(nbytes for _, nbytes in s.ops)) for s in pts}) > 1:
+        alpha, beta = _nonnegative_least_squares(rows)
+    else:  # one size: two node counts fit any shape's alpha and rate exactly; the growth decides on the rate alone
+        alpha, beta = 0.0, max(0.0, sum(b * y for _, b, y in rows) / sum(b * b for _, b, _ in rows))
     if not beta > 0 and not alpha > 0:
         return ExchangeFit(shape, 0.0, math.inf, math.inf, len(pts))
     residual = sum((math.log(alpha * a + beta * b) - math.log(y)) ** 2 for a, b, y in rows)
