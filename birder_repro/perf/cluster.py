@@ -71,7 +71,7 @@ __all__ = [
 # (the uncalibrated route on the clusters its settings were not fitted on): median and worst |error| of the step
 # time and of the all-reduce. mode=predict prints the band of the route a prediction took (ClusterSpec.route).
 ROUTE_ERROR_BANDS = {
-    "probed": {"step_median": 0.09, "step_worst": 0.55, "allreduce_median": 0.10, "allreduce_worst": 0.23},
+    "probed": {"step_median": 0.09, "step_worst": 0.33, "allreduce_median": 0.10, "allreduce_worst": 0.23},
     "uncalibrated": {"step_median": 0.18, "step_worst": 0.58, "allreduce_median": 0.37, "allreduce_worst": 0.92},
 }
 PAIRWISE = ("all_to_all", "all_gather")  # the exchanges that only move data: every send posted at once

@@ -80,6 +80,7 @@ __all__ = [
     "birder_frame",
     "claims_frame",
     "cluster_table",
+    "exchange_table",
     "route_bands",
     "Summary",
     "summarize",
@@ -157,6 +158,30 @@ def cluster_table(rows: pd.DataFrame, fits: dict[str, dict], route: str = "probe
     return pd.DataFrame(out)
 
 
+def exchange_table(fits: dict[str, dict]) -> pd.DataFrame:
+    """A row per cluster and exchange group whose exchange was measured: the shape found, the runner-up and how
+    many times the best's residual it left, a step's latency and the rate."""
+    out = []
+    for cluster, f in fits.items():
+        for group, ranked in (f.get("link") or {}).get("exchange_ranked", {}).items():
+            best, runner_up = ranked[0], ranked[1]
+            margin = runner_up.residual / best.residual if best.residual > 0 else math.inf
+            out.append(
+                {
+                    "cluster": cluster,
+                    "exchange": group,
+                    "shape (runner-up x)": f"{best.shape} ({runner_up.shape} {margin:.3g}x)",
+                    "alpha us": f"{1e6 * best.alpha_s:.1f}",
+                    # an infinite rate: the times grew with the latency steps alone (latency-bound)
+                    "rate Gbit/s": f"{8 * best.bytes_per_s / 1e9:.2f}"
+                    if math.isfinite(best.bytes_per_s)
+                    else "latency only",
+                    "samples": best.points,
+                }
+            )
+    return pd.DataFrame(out)
+
+
 def route_bands(rows: pd.DataFrame) -> dict[str, dict[str, float]]:
     """Per route, over every cluster's predicted rows: the median and worst |error| of the step time and of the
     all-reduce (perf.cluster.ROUTE_ERROR_BANDS holds them for mode=predict to print). The uncalibrated route on
@@ -205,8 +230,12 @@ def published_report(paper_dir: Path = PAPER_DIR, show_rows: bool = False) -> tu
         "uncalibrated route (the shipped cluster settings at the user's link rate, no probe):",
         cluster_table(rows, fits, "uncalibrated").to_string(index=False),
         "",
-        "claims (probed route; the 1-bit exchange at the all-reduce's measured rate, its compression free: "
-        "an upper bound):",
+        "the compressed exchanges on the Birder paper's clusters, each measured on its own method's probe rows "
+        "(perf.exchange_shape; world: 1-bit Adam's all-to-all + all-gather, inter: Birder's):",
+        exchange_table(birder_fits).to_string(index=False),
+        "",
+        "claims (probed route; the V100 papers publish no 1-bit row, so no exchange of theirs is measured: it is "
+        "priced at the all-reduce's measured rate through a node's link, its compression free):",
     ]
     for _, c in claims.iterrows():
         pred = "-" if math.isnan(c["predicted"]) else f"{c['predicted']:.2f}x"

@@ -72,7 +72,12 @@ def claims_frame(v100_fits: dict[str, dict], paper_dir: Path = PAPER_DIR) -> pd.
                     f"all-reduce's measured {measured_rate:.2f}"
                 )
             else:
-                need = "not reachable even with a free exchange"
+                free = baseline["step_s"] / rest
+                bound = free if c["kind"] == "compression_stage" else _end_to_end(free, float(c["warmup_ratio"]))
+                need = (
+                    f"not reachable even with a free exchange: the rest of the 1-bit step ({1e3 * rest:.0f} ms: "
+                    f"compute, optimizer, its collectives) bounds it at {bound:.2f}x"
+                )
         out.append({**base, "predicted": predicted, "error": error, "status": "predicted", "need": need})
     return pd.DataFrame(out)
 
