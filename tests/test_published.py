@@ -176,3 +176,37 @@ def test_the_route_bands_mode_predict_prints_are_what_the_report_finds():
     for route, band in ROUTE_ERROR_BANDS.items():
         for key, value in band.items():
             assert round(bands[route][key], 2) == pytest.approx(value), (route, key)
+
+
+def test_the_compressed_methods_probe_rows_give_back_a_known_exchange():
+    """Rows made by the model itself with a known exchange (1-bit Adam's world one, shared fabric; Birder's inter
+    one, pairwise), 1-bit Adam's averaged with its fp32 warmup as the paper's rows are: the probe's samples
+    (published_birder.exchange_samples) recover each exchange's shape and rate from the 2- and 4-node rows."""
+    from dataclasses import replace
+
+    from birder_repro.perf.exchange_shape import ExchangeFit, rank_exchange_shapes
+    from birder_repro.perf.model import predict_run
+    from birder_repro.perf.published_birder import exchange_samples
+    from birder_repro.perf.validate import _paper_profile, _warmup, cluster_spec
+
+    cluster = "ethernet_10g"
+    spec = cluster_spec(cluster)
+    truth = {"world": ExchangeFit("shared_fabric", 20e-6, 3e9), "inter": ExchangeFit("pairwise", 300e-6, 0.4e9)}
+    made = replace(spec, exchange_shape=truth)
+    rows = []
+    for task, batch in (("resnet50", 32), ("bert_squad", 3)):
+        profile = _paper_profile(task, batch, spec, "paper")
+        for optimizer, scheme in (("sgdm", "fp32"), ("onebit_adam", "onebit"), ("birder", "hierarchical")):
+            for n in (1, 2, 4):
+                f = _warmup(scheme, task, batch)
+                run = predict_run(profile, made, n, 8, scheme, batch, warmup_fraction=f, implementation="paper")
+                rows.append(
+                    {"task": task, "batch_per_gpu": batch, "optimizer": optimizer, "nodes": n, "gpus_per_node": 8,
+                     "role": "profile" if n == 1 else "probe", "step_ms": 1e3 * run["run"]["total_s"]}
+                )  # fmt: skip
+    samples = exchange_samples(pd.DataFrame(rows), cluster, spec)
+    for group, fit in truth.items():
+        found = rank_exchange_shapes(samples[group])[0]
+        assert found.shape == fit.shape, group
+        assert found.bytes_per_s == pytest.approx(fit.bytes_per_s, rel=1e-3), group
+        assert found.alpha_s == pytest.approx(fit.alpha_s, rel=1e-2), group
