@@ -178,21 +178,24 @@ def test_the_probes_exchange_calls_become_a_shape_per_group():
 def _time_scaling(rank, world, nodes, m):
     from birder_repro.perf.exchange_probe import time_scaling
 
-    scaling, exchanges = time_scaling(nodes, m, [4096, 65536], {"warmup": 0, "repeats": 2})
-    return (scaling, exchanges) if rank == 0 else None
+    got = time_scaling(nodes, m, [4100, 65536], {"warmup": 0, "repeats": 2})
+    return got if rank == 0 else None
 
 
 def test_the_probe_times_the_exchanges_over_the_first_k_nodes_on_real_gloo_processes():
     """mode=probe's scaling step on 3 "nodes" of 2 gloo processes (loopback: the rates mean nothing): the world
-    all-reduce, and the all-gather and all-to-all over every process and among the nodes (every local rank's
-    group at once) at 2 and 3 nodes, each checked on known values first (perf.measure.measure); what it times
-    becomes the spec's exchange shapes, which ClusterSpec reads back."""
+    all-reduce in fp32 and in fp16, and the all-gather and all-to-all over every process and among the nodes
+    (every local rank's group at once) at 2 and 3 nodes, each checked on known values first
+    (perf.measure.measure); what it times becomes the spec's exchange shapes, which ClusterSpec reads back."""
     from dist_utils import run_distributed
 
     from birder_repro.perf.exchange_shape import EXCHANGE_SHAPES
 
-    scaling, exchanges = run_distributed(_time_scaling, 6, 3, 2)[0]
-    assert set(scaling) == {2, 3}
+    scaling, scaling16, exchanges = run_distributed(_time_scaling, 6, 3, 2)[0]
+    assert set(scaling) == {2, 3} and set(scaling16) == {2, 3}
+    assert all(len(ts) == 2 and min(ts) > 0 for ts in scaling16[3].values())
+    # sizes rounded to whole elements on each of the 4 processes of 2 nodes: 2-byte ones in fp16, 4-byte in fp32
+    assert min(scaling16[2]) == 4104 and min(scaling[2]) == 4112
     for group in ("world", "inter"):
         assert set(exchanges[group]) == {2, 3}
         for calls in exchanges[group].values():
@@ -204,3 +207,27 @@ def test_the_probe_times_the_exchanges_over_the_first_k_nodes_on_real_gloo_proce
     for group in ("world", "inter"):
         assert spec.measured_exchange(group).shape in EXCHANGE_SHAPES
         assert record[group]["found"]["shape"] == spec.measured_exchange(group).shape
+
+
+def test_a_16bit_all_reduce_is_priced_as_the_probe_timed_it_in_fp16():
+    """A 16-bit world all-reduce across nodes takes the fp16 table (at a measured node count, between its sizes)
+    or shape, its sums included (no reduce_time on top); an fp32 one keeps the fp32 measurement."""
+    fp32 = {"shape": "two_level", "alpha_us": 0.0, "bytes_per_s": 1e9}
+    spec = ClusterSpec(
+        **BASE,
+        reduce_ns_per_element={"float16": 5.0},
+        allreduce_shape=fp32,
+        allreduce16_shape={"shape": "flat_ring", "alpha_us": 10.0, "bytes_per_s": 0.25e9},
+        allreduce16_table={2: [[1e6, 0.010], [16e6, 0.100]]},
+    )
+    half = Collective("allreduce", "world", 8e6, "float16")
+    assert op_time(half, 2, 4, spec) == pytest.approx(0.010 + 0.090 * 7 / 15)
+    node_s = op_time(Collective("allreduce", "intra", 8e6, "float16"), 1, 4, ClusterSpec(**BASE))
+    assert op_time(half, 8, 4, spec) == pytest.approx(spec.allreduce16_shape.seconds(8e6, 8, 4, node_s))
+    bf16 = Collective("allreduce", "world", 8e6, "bfloat16")
+    assert op_time(bf16, 8, 4, spec) == pytest.approx(op_time(half, 8, 4, spec))
+    full = Collective("allreduce", "world", 8e6)
+    assert op_time(full, 8, 4, spec) == pytest.approx(op_time(full, 8, 4, ClusterSpec(**BASE, allreduce_shape=fp32)))
+    # not measured in fp16: the fp32 measurement and the sums' extra cost, as before
+    plain = ClusterSpec(**BASE, reduce_ns_per_element={"float16": 5.0}, allreduce_shape=fp32)
+    assert op_time(half, 8, 4, plain) > plain.allreduce_shape.seconds(8e6, 8, 4, node_s)

@@ -282,3 +282,4 @@ def test_a_three_node_probe_writes_the_all_reduces_table_and_shape(compose, tmp_
     # the 1-bit exchanges' own shape over every process (one process a node: no inter group of its own)
     assert spec.measured_exchange("world") is not None and got["exchange_shapes"]["world"]["found"]
     assert "inter" not in got["exchange_shapes"]
+    assert spec.allreduce16_shape is not None and {k for k, _ in spec.allreduce16_table} == {2, 3}

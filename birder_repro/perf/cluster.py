@@ -118,11 +118,17 @@ class ClusterSpec:
     # at once, Birder's), {group: (shape, alpha_us, bytes_per_s)} (perf.exchange_shape): priced by that shape
     # and rate in place of the links' formula, never at the all-reduce's rate
     exchange_shape: Any = None  # kept as sorted (group, ExchangeFit) pairs
+    # MEASURED: the world all-reduce timed in fp16 as the above (its sums included: 16-bit runs' all-reduces, bf16
+    # priced the same); where given, a 16-bit all-reduce across nodes is priced by them, not by the fp32 one's
+    allreduce16_shape: Any = None
+    allreduce16_table: Any = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allreduce_shape", _shape_fit(self.allreduce_shape))
         object.__setattr__(self, "allreduce_table", _table(self.allreduce_table))
         object.__setattr__(self, "exchange_shape", exchange_fits(self.exchange_shape))
+        object.__setattr__(self, "allreduce16_shape", _shape_fit(self.allreduce16_shape))
+        object.__setattr__(self, "allreduce16_table", _table(self.allreduce16_table))
         object.__setattr__(self, "world_latency_us", _latencies(self.world_latency_us))
         object.__setattr__(self, "inter_all_latency_us", _latencies(self.inter_all_latency_us))
         object.__setattr__(self, "reduce_ns_per_element", _reduce_costs(self.reduce_ns_per_element))
@@ -192,6 +198,8 @@ class ClusterSpec:
             allreduce_shape=perf.get("allreduce_shape"),
             allreduce_table=perf.get("allreduce_table"),
             exchange_shape=perf.get("exchange_shape"),
+            allreduce16_shape=perf.get("allreduce16_shape"),
+            allreduce16_table=perf.get("allreduce16_table"),
         )
 
     def measured_allreduce_s(self, nbytes: float, nodes: int) -> float | None:
@@ -199,6 +207,18 @@ class ClusterSpec:
         between its measured sizes; None elsewhere."""
         points = dict(self.allreduce_table or ()).get(int(nodes))
         return None if points is None else interpolate_size(points, nbytes)
+
+    def measured_allreduce16_s(self, op: Collective, nodes: int, gpus_per_node: int) -> float | None:
+        """A 16-bit world all-reduce across nodes as the probe timed it in fp16: at a measured node count between
+        its sizes, else carried by its shape; None where not measured (or not such an all-reduce)."""
+        if op.kind != "allreduce" or op.group != "world" or op.dtype not in ("float16", "bfloat16") or nodes <= 1:
+            return None
+        points = dict(self.allreduce16_table or ()).get(int(nodes))
+        got = None if points is None else interpolate_size(points, op.nbytes)
+        if got is None and self.allreduce16_shape is not None:
+            node_s = collective_time("allreduce", op.nbytes, gpus_per_node, self.intra)
+            got = self.allreduce16_shape.seconds(op.nbytes, nodes, gpus_per_node, node_s)
+        return got
 
     def measured_exchange(self, group: str) -> ExchangeFit | None:
         """The probe's fit of the pairwise exchanges over ``group`` (world, inter); None where not measured."""
@@ -314,7 +334,11 @@ def reduce_time(op: Collective, nodes: int, gpus_per_node: int, cluster: Cluster
 
 def op_time(op: Collective, nodes: int, gpus_per_node: int, cluster: ClusterSpec) -> float:
     """Seconds ``op`` takes on ``nodes`` nodes of ``gpus_per_node`` processes (the rules of the module doc),
-    with its 16-bit sums' extra cost (:func:`reduce_time`)."""
+    with its 16-bit sums' extra cost (:func:`reduce_time`); a 16-bit world all-reduce the probe timed in fp16 as
+    timed (its sums included)."""
+    sixteen = cluster.measured_allreduce16_s(op, nodes, gpus_per_node)
+    if sixteen is not None:
+        return sixteen
     return _transfer_time(op, nodes, gpus_per_node, cluster) + reduce_time(op, nodes, gpus_per_node, cluster)
 
 

@@ -67,16 +67,18 @@ def scaling_counts(nodes: int) -> list[int]:
     return [*counts, nodes] if nodes >= 2 else []
 
 
-def time_scaling(nodes: int, m: int, sizes: Sequence[int], timing: Mapping[str, Any]) -> tuple[dict, dict]:
+def time_scaling(nodes: int, m: int, sizes: Sequence[int], timing: Mapping[str, Any]) -> tuple[dict, dict, dict]:
     """On every process of the job: the world all-reduce over the first k nodes' processes, k = 2, 4, ..., n
     (:func:`scaling_counts`): how it grows with the node count; the exchanges (all-gather, all-to-all) over the
     same world, and among the first k nodes with every local rank's group at once (perf.exchange_probe).
-    Returns this process's calls: ({k: {bytes: [s]}}, {"world"|"inter": {k: {kind: {bytes: [s]}}}}); rank 0's
-    hold every group it is in (local rank 0's inter-node ones)."""
+    Returns this process's calls: the all-reduce's {k: {bytes: [s]}} in fp32 and in fp16 (sums included), and the
+    exchanges' {"world"|"inter": {k: {kind: {bytes: [s]}}}}; rank 0's hold every group it is in (local rank 0's
+    inter-node ones)."""
     import torch.distributed as dist
 
     rank = dist.get_rank()
     scaling: dict[int, Any] = {}
+    scaling16: dict[int, Any] = {}
     exchanges: dict[str, dict[int, Any]] = {"world": {}, "inter": {}}
     for k in scaling_counts(nodes):
         group = dist.new_group(list(range(k * m)))  # every rank creates every group
@@ -84,9 +86,11 @@ def time_scaling(nodes: int, m: int, sizes: Sequence[int], timing: Mapping[str, 
             calls = measure(("allreduce", *EXCHANGE_KINDS), sizes, group, **timing)
             scaling[k] = calls.pop("allreduce")
             exchanges["world"][k] = calls
+            # a 16-bit run's all-reduce (fp16 DDP hook, DeepSpeed's fp16 buffer, a 1-bit run's warmup), sums included
+            scaling16[k] = measure(("allreduce",), sizes, group, **{**timing, "dtype": "float16"})["allreduce"]
         dist.barrier()
         inter_k = [dist.new_group([j + i * m for i in range(k)]) for j in range(m)] if m > 1 else []
         if inter_k and rank < k * m:
             exchanges["inter"][k] = measure(EXCHANGE_KINDS, sizes, inter_k[rank % m], **timing)
         dist.barrier()
-    return scaling, exchanges
+    return scaling, scaling16, exchanges

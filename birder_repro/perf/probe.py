@@ -67,6 +67,9 @@ its own. :func:`scaling_spec` writes what it measured into the spec as measured 
                           nodes (``world``: 1-bit Adam's exchange) and among them with every local rank's group
                           at once (``inter``: Birder's), each group's shape and rate (perf.exchange_probe): the
                           model prices the 1-bit exchanges by them, not at the all-reduce's rate.
+    allreduce16_table, allreduce16_shape   the world all-reduce timed the same way in fp16 (its sums included): a
+                          16-bit run's all-reduce across nodes (the fp16 hook, DeepSpeed's fp16 buffer, a 1-bit
+                          run's warmup) is priced by them, not by the fp32 one's.
 
 Keys the probe cannot measure (``shared_host``: whether the nodes share one machine's cores) come from the
 cluster config. Rank 0 writes the spec, and the worker the record (``status: completed``, the table and the fits
@@ -277,7 +280,7 @@ def probe_worker(cfg: Any, rank: int, device: Any, run_dir: Path) -> dict[str, A
     # every process at once, as a training step's 16-bit all-reduces run
     reduce = measure_reduce_cost(int(p.reduce_elements), None, **timing) if p.reduce_elements else None
     dist.barrier()
-    scaling, exchanges = time_scaling(n, m, sizes, timing)
+    scaling, scaling16, exchanges = time_scaling(n, m, sizes, timing)
     if rank != 0:
         return {}
     fits = {
@@ -290,6 +293,10 @@ def probe_worker(cfg: Any, rank: int, device: Any, run_dir: Path) -> dict[str, A
     spec = spec_from_fits(cluster, fits["inter"], fits["intra"], fits["world"], reduce, fits["inter_all"])
     measured, shape = scaling_spec(scaling, m, (fits["intra"] or {}).get("allreduce"))
     spec["perf"].update(measured)
+    measured16, shape16 = scaling_spec(scaling16, m, (fits["intra"] or {}).get("allreduce"))
+    spec["perf"].update(
+        {k.replace("allreduce_", "allreduce16_"): v for k, v in measured16.items() if k != "shape_note"}
+    )
     measured_exchanges, exchange_shapes = exchange_spec({g: c for g, c in exchanges.items() if c}, m)
     spec["perf"].update(measured_exchanges)
     spec["probe"] = {
@@ -324,6 +331,7 @@ def probe_worker(cfg: Any, rank: int, device: Any, run_dir: Path) -> dict[str, A
             "scaling": {str(k): table_rows({"allreduce": v}, k * m) for k, v in scaling.items()},
             "shape": shape,
             "exchange_shapes": exchange_shapes,
+            "shape16": shape16,
         }
     }
 
@@ -391,7 +399,7 @@ def format_probe(rec: Mapping[str, Any]) -> str:
             )
         else:
             lines.append(f"{group} exchange: {got['note']}")
-    skip = ("allreduce_table", "allreduce_shape", "exchange_shape")
+    skip = ("allreduce_table", "allreduce_shape", "exchange_shape", "allreduce16_table", "allreduce16_shape")
     perf = {k: v for k, v in probe["cluster_spec"].items() if k not in skip}
     lines += [
         "",
