@@ -1,4 +1,5 @@
-"""The performance model against every published real-cluster measurement: ``make validate-published``.
+"""The performance model against every published real-cluster measurement: ``make validate-published``; the report
+(the clusters' rows: perf.published_v100 and perf.published_birder; the claims: perf.published_claims).
 
     python -m birder_repro.perf.published [--rows]
 
@@ -14,7 +15,7 @@ The rows (tables/paper/, transcribed, each citing its paper, table and row):
     the speedups those two papers claim for their compression stage and end to end, and APMSqueeze's speedups
         against bandwidth (published_claims.csv).
 
-THE PROTOCOL, one for every cluster, fixed in code (:func:`split`) before any prediction:
+THE PROTOCOL, one for every cluster, fixed in code (perf.published_protocol.split) before any prediction:
 
     profile    a cluster's 1-node rows: what a user's 1-node profile measures;
     probe      its rows at its two smallest multi-node counts: what a user's probe (mode=probe) at those node
@@ -29,15 +30,18 @@ each paper's rows are a cluster of their own, with a probe of their own.
 
 What the published rows do not hold, and the model is therefore given (ASSUMPTIONS, each printed):
 
-- the 1-bit exchange (DeepSpeed's compressed all-reduce: an all-to-all of the signs and an all-gather over every
-  GPU) is priced at the rate the probe's all-reduce reached through a node's link, per byte that crosses it
-  (no all-to-all was measured) and its compression at 0 (no V100 figure is published): a predicted claim is an
-  upper bound in that; where a claim is missed, what the exchange would have had to reach is printed;
+- on the V100 clusters the 1-bit exchange (DeepSpeed's compressed all-reduce: an all-to-all of the signs and an
+  all-gather over every GPU) is priced at the rate the probe's all-reduce reached through a node's link, per byte
+  that crosses it (the papers publish no 1-bit row, so no exchange of theirs is measured) and its compression at 0
+  (no V100 figure is published): a predicted claim is an upper bound in that; where a claim is missed, what the
+  exchange would have had to reach is printed;
 - the V100 rows' compute has one micro-batch size at one node: linear in the batch from there (rows at another
   micro-batch are marked);
 - on the Birder paper's clusters the probe's all-reduce is the baseline's step growth over its 1-node step (its
-  DDP did not overlap, perf.implementations "paper"), and the exchange's link (efficiency, latency) is fitted on
-  the probe rows' compressed methods (perf.validate.fit_link), the measured all-reduce held fixed.
+  DDP did not overlap, perf.implementations "paper"), and each compressed exchange (1-bit Adam's over every GPU,
+  Birder's among the nodes) is measured on its own method's probe rows, what a user's probe of that method would
+  time (perf.published_birder.exchange_samples): its shape and rate found as the probe finds them
+  (perf.exchange_shape), never the all-reduce's.
 
 Routes: ``probed`` (the protocol) and ``uncalibrated`` (the shipped cluster configs, conf/cluster/ethernet_10g.yaml
 and infiniband_200g.yaml, with the user's link rate: 4100 Mbit/s and 100 Gbit/s on the V100 clusters; on the
