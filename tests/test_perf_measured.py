@@ -191,6 +191,24 @@ def test_a_prediction_names_its_route_and_its_error_band():
     assert f"{100 * ROUTE_ERROR_BANDS['uncalibrated']['step_median']:.0f} % (median)" in out
     del rec["prediction"]["route"]  # an older record: no route line
     assert "route:" not in format_prediction(rec)
+    rec["prediction"]["exchange_routes"] = {"world": "probed", "inter": "uncalibrated"}
+    out = format_prediction(rec)
+    assert "exchange:   world probed (its own shape" in out and "exchange:   inter uncalibrated" in out
+
+
+def test_a_prediction_says_whether_its_exchanges_were_measured():
+    from birder_repro.perf.exchange_shape import ExchangeFit
+    from birder_repro.perf.predict import exchange_routes
+
+    plain = ClusterSpec(**BASE)
+    probed = ClusterSpec(**BASE, exchange_shape={"world": ExchangeFit("pairwise", 1e-5, 1e9)})
+    assert exchange_routes(probed, "onebit", 1_000_000, 4, 4) == {"world": "probed"}
+    assert exchange_routes(plain, "onebit", 1_000_000, 4, 4) == {"world": "uncalibrated"}
+    assert exchange_routes(probed, "hierarchical", 1_000_000, 4, 4) == {"inter": "uncalibrated"}
+    assert (
+        exchange_routes(probed, "fp32", 1_000_000, 4, 4) == {}
+        and exchange_routes(probed, "onebit", 1_000_000, 1, 4) == {}
+    )
 
 
 def test_profiles_at_two_batch_sizes_combine_into_an_affine_compute():
