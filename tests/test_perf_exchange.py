@@ -104,6 +104,11 @@ def test_a_measured_exchange_is_priced_at_its_own_rate_not_the_all_reduces():
     inter = Collective("all_to_all", "inter", 8e6)
     assert op_time(inter, 8, 4, spec) == pytest.approx(op_time(inter, 8, 4, ClusterSpec(**BASE)))
     assert op_time(a2a, 1, 4, spec) == pytest.approx(op_time(a2a, 1, 4, ClusterSpec(**BASE)))  # inside one node
+    # the emulated cluster keeps its validated wait model
+    emulated = dict(BASE, shared_host=True)
+    assert op_time(a2a, 8, 4, ClusterSpec(**emulated, exchange_shape={"world": fit})) == pytest.approx(
+        op_time(a2a, 8, 4, ClusterSpec(**emulated))
+    )
 
 
 def test_the_spec_reads_its_exchange_shapes_and_refuses_bad_ones():

@@ -209,6 +209,8 @@ def test_a_prediction_says_whether_its_exchanges_were_measured():
         exchange_routes(probed, "fp32", 1_000_000, 4, 4) == {}
         and exchange_routes(probed, "onebit", 1_000_000, 1, 4) == {}
     )
+    emulated = ClusterSpec(**BASE, shared_host=True, exchange_shape={"world": ExchangeFit("pairwise", 1e-5, 1e9)})
+    assert exchange_routes(emulated, "onebit", 1_000_000, 4, 4) == {"world": "emulated"}
 
 
 def test_profiles_at_two_batch_sizes_combine_into_an_affine_compute():

@@ -158,11 +158,14 @@ def predict_record(cfg: Any) -> dict[str, Any]:
 def exchange_routes(cluster: ClusterSpec, scheme: str, elements: int, nodes: int, gpus: int) -> dict[str, str]:
     """Per group of the pairwise exchanges ``scheme`` sends across nodes (world: 1-bit Adam's; inter: Birder's):
     ``probed`` where the spec holds that exchange's own measured shape (mode=probe's exchange_shape), else
-    ``uncalibrated`` (the links' formula); empty on one node or for a scheme without such exchanges."""
+    ``uncalibrated`` (the links' formula), ``emulated`` on the emulated cluster; empty on one node or for a scheme
+    without such exchanges."""
     if nodes <= 1:
         return {}
     ops = bucket_collectives(scheme, elements, nodes, gpus)
     groups = sorted({op.group for op in ops if op.kind in PAIRWISE and op.group != "intra"})
+    if cluster.shared_host:  # the emulated cluster's exchanges: its wait model (make validate-emulated)
+        return {g: "emulated" for g in groups}
     return {g: "probed" if cluster.measured_exchange(g) is not None else "uncalibrated" for g in groups}
 
 
@@ -212,6 +215,8 @@ def format_prediction(rec: Mapping[str, Any]) -> str:
             + (
                 "(its own shape and rate, as a probe measured it)"
                 if how == "probed"
+                else "(the emulated cluster's validated wait model)"
+                if how == "emulated"
                 else "(the links' formula: run mode=probe at 3 nodes or more, which times the all-to-all and "
                 "all-gather, and pass predict.cluster_spec)"
             )
