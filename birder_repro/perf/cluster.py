@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from birder_repro.resources import conf_dir
+from birder_repro.config.resources import conf_dir
 
 from .collectives import Link, collective_time, ring_allreduce_with_waits
 from .exchange_shape import ExchangeFit, exchange_fits

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from birder_repro.plain import plain_config
+from birder_repro.config.plain import plain_config
 
 from .cluster import PAIRWISE, ROUTE_ERROR_BANDS, ClusterSpec
 from .model import predict_run
@@ -63,7 +63,7 @@ def predict_record(cfg: Any) -> dict[str, Any]:
     task, optim, train = c["task"]["name"], c["optim"], c.get("train") or {}
     gpus = c.get("gpus_per_node", 1)
     if gpus == "auto":
-        from birder_repro.config import resolve_gpus_per_node
+        from birder_repro.config.settings import resolve_gpus_per_node
 
         gpus = resolve_gpus_per_node(gpus)
     nodes, gpus, batch = int(c["nodes"]), int(gpus), int(train["batch_size"])
@@ -174,7 +174,7 @@ def write_predicted_record(cfg: Any, run_dir: Any, started: str) -> dict[str, An
     command, versions), written to ``run_dir/record.json``; returned."""
     from pathlib import Path
 
-    from birder_repro import record as records
+    from birder_repro.run import record as records
 
     rec = records.base_record(cfg, Path(run_dir))
     rec.update(predict_record(cfg))

@@ -133,7 +133,7 @@ def probe_sizes(min_bytes: int, max_bytes: int, step_factor: int) -> list[int]:
 
 def check_settings(cfg: Any) -> None:
     """The ``probe.*`` values and the layout a probe needs; a ConfigError names the key and what to do."""
-    from birder_repro.config import ConfigError
+    from birder_repro.config.settings import ConfigError
 
     probe = cfg.probe
     for key in ("min_bytes", "max_bytes", "step_factor", "iters", "warmup_iters", "reduce_elements"):
@@ -258,7 +258,7 @@ def probe_worker(cfg: Any, rank: int, device: Any, run_dir: Path) -> dict[str, A
     import torch.distributed as dist
     from omegaconf import OmegaConf
 
-    from birder_repro import record
+    from birder_repro.run import record
 
     n, m = int(cfg.nodes), int(cfg.gpus_per_node)
     p = cfg.probe
