@@ -191,6 +191,26 @@ def test_a_prediction_names_its_route_and_its_error_band():
     assert f"{100 * ROUTE_ERROR_BANDS['uncalibrated']['step_median']:.0f} % (median)" in out
     del rec["prediction"]["route"]  # an older record: no route line
     assert "route:" not in format_prediction(rec)
+    rec["prediction"]["exchange_routes"] = {"world": "probed", "inter": "uncalibrated"}
+    out = format_prediction(rec)
+    assert "exchange:   world probed (its own shape" in out and "exchange:   inter uncalibrated" in out
+
+
+def test_a_prediction_says_whether_its_exchanges_were_measured():
+    from birder_repro.perf.exchange_shape import ExchangeFit
+    from birder_repro.perf.predict import exchange_routes
+
+    plain = ClusterSpec(**BASE)
+    probed = ClusterSpec(**BASE, exchange_shape={"world": ExchangeFit("pairwise", 1e-5, 1e9)})
+    assert exchange_routes(probed, "onebit", 1_000_000, 4, 4) == {"world": "probed"}
+    assert exchange_routes(plain, "onebit", 1_000_000, 4, 4) == {"world": "uncalibrated"}
+    assert exchange_routes(probed, "hierarchical", 1_000_000, 4, 4) == {"inter": "uncalibrated"}
+    assert (
+        exchange_routes(probed, "fp32", 1_000_000, 4, 4) == {}
+        and exchange_routes(probed, "onebit", 1_000_000, 1, 4) == {}
+    )
+    emulated = ClusterSpec(**BASE, shared_host=True, exchange_shape={"world": ExchangeFit("pairwise", 1e-5, 1e9)})
+    assert exchange_routes(emulated, "onebit", 1_000_000, 4, 4) == {"world": "emulated"}
 
 
 def test_profiles_at_two_batch_sizes_combine_into_an_affine_compute():
@@ -256,8 +276,9 @@ def test_no_emulator_term_reaches_a_real_clusters_prediction(config):
 
 @pytest.mark.slow
 def test_a_three_node_probe_writes_the_all_reduces_table_and_shape(compose, tmp_path):
-    """mode=probe on 3 loopback nodes of 1 process (torchrun, gloo): the world all-reduce timed over the first 2
-    and all 3 nodes, the spec's measured table and shape, read back by ClusterSpec. Loopback rates mean nothing."""
+    """mode=probe on 3 loopback nodes of 1 process (torchrun, gloo): the world all-reduce, all-gather and
+    all-to-all timed over the first 2 and all 3 nodes, the spec's measured table and shapes, read back by
+    ClusterSpec. Loopback rates mean nothing."""
     import json
     from pathlib import Path
 
@@ -278,3 +299,7 @@ def test_a_three_node_probe_writes_the_all_reduces_table_and_shape(compose, tmp_
     spec = ClusterSpec.from_config(yaml.safe_load(Path(got["cluster_spec_file"]).read_text()))
     assert spec.allreduce_shape is not None and {k for k, _ in spec.allreduce_table} == {2, 3}
     assert spec.route(8) == "probed"
+    # the 1-bit exchanges' own shape over every process (one process a node: no inter group of its own)
+    assert spec.measured_exchange("world") is not None and got["exchange_shapes"]["world"]["found"]
+    assert "inter" not in got["exchange_shapes"]
+    assert spec.allreduce16_shape is not None and {k for k, _ in spec.allreduce16_table} == {2, 3}

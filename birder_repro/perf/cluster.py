@@ -50,6 +50,7 @@ from typing import Any
 from birder_repro.config.resources import conf_dir
 
 from .collectives import Link, collective_time, ring_allreduce_with_waits
+from .exchange_shape import ExchangeFit, exchange_fits
 from .schemes import ELEMENT_BYTES, Collective, counted_bytes
 from .shape import ShapeFit, interpolate_size, latency_steps
 
@@ -70,7 +71,7 @@ __all__ = [
 # (the uncalibrated route on the clusters its settings were not fitted on): median and worst |error| of the step
 # time and of the all-reduce. mode=predict prints the band of the route a prediction took (ClusterSpec.route).
 ROUTE_ERROR_BANDS = {
-    "probed": {"step_median": 0.09, "step_worst": 0.55, "allreduce_median": 0.10, "allreduce_worst": 0.23},
+    "probed": {"step_median": 0.09, "step_worst": 0.33, "allreduce_median": 0.10, "allreduce_worst": 0.23},
     "uncalibrated": {"step_median": 0.18, "step_worst": 0.58, "allreduce_median": 0.37, "allreduce_worst": 0.92},
 }
 PAIRWISE = ("all_to_all", "all_gather")  # the exchanges that only move data: every send posted at once
@@ -112,10 +113,22 @@ class ClusterSpec:
     # MEASURED: the probe's world all-reduce times per node count, {nodes: [[bytes, seconds], ...]}: used as
     # measured at those node counts between the measured sizes (perf.shape.interpolate_size), the shape elsewhere
     allreduce_table: Any = None  # kept as sorted (nodes, ((bytes, seconds), ...)) pairs, hashable
+    # MEASURED: the pairwise exchanges across nodes (all-to-all, all-gather: the 1-bit exchanges) as mode=probe
+    # found them at two node counts or more, per group ("world": 1-bit Adam's; "inter": every local rank's group
+    # at once, Birder's), {group: (shape, alpha_us, bytes_per_s)} (perf.exchange_shape): priced by that shape
+    # and rate in place of the links' formula, never at the all-reduce's rate
+    exchange_shape: Any = None  # kept as sorted (group, ExchangeFit) pairs
+    # MEASURED: the world all-reduce timed in fp16 as the above (its sums included: 16-bit runs' all-reduces, bf16
+    # priced the same); where given, a 16-bit all-reduce across nodes is priced by them, not by the fp32 one's
+    allreduce16_shape: Any = None
+    allreduce16_table: Any = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allreduce_shape", _shape_fit(self.allreduce_shape))
         object.__setattr__(self, "allreduce_table", _table(self.allreduce_table))
+        object.__setattr__(self, "exchange_shape", exchange_fits(self.exchange_shape))
+        object.__setattr__(self, "allreduce16_shape", _shape_fit(self.allreduce16_shape))
+        object.__setattr__(self, "allreduce16_table", _table(self.allreduce16_table))
         object.__setattr__(self, "world_latency_us", _latencies(self.world_latency_us))
         object.__setattr__(self, "inter_all_latency_us", _latencies(self.inter_all_latency_us))
         object.__setattr__(self, "reduce_ns_per_element", _reduce_costs(self.reduce_ns_per_element))
@@ -184,6 +197,9 @@ class ClusterSpec:
             inter_all_latency_us=perf.get("inter_all_latency_us"),
             allreduce_shape=perf.get("allreduce_shape"),
             allreduce_table=perf.get("allreduce_table"),
+            exchange_shape=perf.get("exchange_shape"),
+            allreduce16_shape=perf.get("allreduce16_shape"),
+            allreduce16_table=perf.get("allreduce16_table"),
         )
 
     def measured_allreduce_s(self, nbytes: float, nodes: int) -> float | None:
@@ -191,6 +207,24 @@ class ClusterSpec:
         between its measured sizes; None elsewhere."""
         points = dict(self.allreduce_table or ()).get(int(nodes))
         return None if points is None else interpolate_size(points, nbytes)
+
+    def measured_allreduce16_s(self, op: Collective, nodes: int, gpus_per_node: int) -> float | None:
+        """A 16-bit world all-reduce across nodes as the probe timed it in fp16: at a measured node count between
+        its sizes, else carried by its shape; None where not measured (or not such an all-reduce)."""
+        if op.kind != "allreduce" or op.group != "world" or op.dtype not in ("float16", "bfloat16") or nodes <= 1:
+            return None
+        points = dict(self.allreduce16_table or ()).get(int(nodes))
+        got = None if points is None else interpolate_size(points, op.nbytes)
+        if got is None and self.allreduce16_shape is not None:
+            node_s = collective_time("allreduce", op.nbytes, gpus_per_node, self.intra)
+            got = self.allreduce16_shape.seconds(op.nbytes, nodes, gpus_per_node, node_s)
+        return got
+
+    def measured_exchange(self, group: str) -> ExchangeFit | None:
+        """The probe's fit of the pairwise exchanges over ``group`` (world, inter); None where not measured, and on
+        an emulated cluster (shared_host), whose exchanges keep the wait model make validate-emulated validated
+        (world_latency_us, perf.model.waits_overlap_wire): there the probe's shapes are recorded, not used."""
+        return None if self.shared_host else dict(self.exchange_shape or ()).get(group)
 
     def route(self, nodes: int) -> str:
         """How a prediction on ``nodes`` nodes prices the all-reduce across nodes: ``one node`` (it does not),
@@ -302,7 +336,11 @@ def reduce_time(op: Collective, nodes: int, gpus_per_node: int, cluster: Cluster
 
 def op_time(op: Collective, nodes: int, gpus_per_node: int, cluster: ClusterSpec) -> float:
     """Seconds ``op`` takes on ``nodes`` nodes of ``gpus_per_node`` processes (the rules of the module doc),
-    with its 16-bit sums' extra cost (:func:`reduce_time`)."""
+    with its 16-bit sums' extra cost (:func:`reduce_time`); a 16-bit world all-reduce the probe timed in fp16 as
+    timed (its sums included)."""
+    sixteen = cluster.measured_allreduce16_s(op, nodes, gpus_per_node)
+    if sixteen is not None:
+        return sixteen
     return _transfer_time(op, nodes, gpus_per_node, cluster) + reduce_time(op, nodes, gpus_per_node, cluster)
 
 
@@ -310,6 +348,9 @@ def _transfer_time(op: Collective, nodes: int, gpus_per_node: int, cluster: Clus
     n, m = nodes, gpus_per_node
     if op.group == "intra" or (op.group == "world" and n == 1):
         return collective_time(op.kind, op.nbytes, m, cluster.intra)
+    fitted = cluster.measured_exchange(op.group) if op.kind in PAIRWISE else None
+    if fitted is not None:  # measured by a probe: its own shape and rate, not the all-reduce's
+        return fitted.seconds(op.group, op.nbytes, n, m)
     nic = cluster.inter.shared(m)
     exchange = cluster.exchange.shared(m)
     if op.group == "inter":

@@ -165,10 +165,17 @@ def known_values(kind: str, p: int, rank: int, device=None, numel: int = 16):
 
 
 def measure(
-    kinds: Sequence[str], sizes: Sequence[int], group=None, device=None, warmup: int = WARMUP, repeats: int = REPEATS
+    kinds: Sequence[str],
+    sizes: Sequence[int],
+    group=None,
+    device=None,
+    warmup: int = WARMUP,
+    repeats: int = REPEATS,
+    dtype: str = "float32",
 ) -> dict[str, dict[int, list[float]]]:
     """The seconds of each of ``repeats`` calls (after ``warmup``) of each collective of ``kinds`` at each size
-    in bytes (rounded up to whole float32 elements on every process of ``group``); each call after a barrier
+    in bytes (rounded up to whole ``dtype`` elements on every process of ``group``: float32, or float16 as a 16-bit
+    run's all-reduce sends them, its sums included); each call after a barrier
     and taken at its slowest rank. Every call is kept, not only a median: between emulated nodes an exchange
     runs for several calls in a row at twice its usual rate, so a size's median can land on either mode, and
     a fit over all the calls of several sizes is steadier than one over their medians. Collective over
@@ -178,8 +185,10 @@ def measure(
     import torch.distributed as dist
 
     p = dist.get_world_size(group)
+    element = {"float32": 4, "float16": 2}[dtype]
+    torch_dtype = getattr(torch, dtype)
     for kind in kinds:
-        send, expected = known_values(kind, p, dist.get_rank(group), device)
+        send, expected = (t.to(torch_dtype) for t in known_values(kind, p, dist.get_rank(group), device))
         recv = torch.empty_like(send)
         _call(kind, send, recv, p, group)
         got = send if kind == "allreduce" else recv[: expected.numel()]
@@ -190,8 +199,8 @@ def measure(
             )
     results: dict[str, dict[int, list[float]]] = {k: {} for k in kinds}
     for size in sizes:
-        size = -(-int(size) // (4 * p)) * 4 * p
-        send = torch.zeros(size // 4, dtype=torch.float32, device=device)
+        size = -(-int(size) // (element * p)) * element * p
+        send = torch.zeros(size // element, dtype=torch_dtype, device=device)
         recv = torch.empty_like(send)
         for kind in kinds:
             times = [_timed(lambda: _call(kind, send, recv, p, group), send, group) for _ in range(warmup + repeats)]

@@ -31,11 +31,11 @@ from birder_repro.config.settings import resolve_gpus_per_node
 from birder_repro.run import record as records
 from birder_repro.run.directory import RunDir
 
-from .cluster import ROUTE_ERROR_BANDS, ClusterSpec
+from .cluster import PAIRWISE, ROUTE_ERROR_BANDS, ClusterSpec
 from .model import predict_run
 from .paper_profiles import paper_profile
 from .profile import LEFTOVER_WARN, combine_batches, load_profile
-from .schemes import scheme_for_optim
+from .schemes import bucket_collectives, scheme_for_optim
 
 __all__ = ["predict_record", "write_predicted_record", "format_prediction"]
 
@@ -148,10 +148,26 @@ def predict_record(cfg: Any) -> dict[str, Any]:
             # how the all-reduce across nodes was priced (ClusterSpec.route) and that route's validated error
             "route": cluster.route(nodes),
             "error_band": ROUTE_ERROR_BANDS.get(cluster.route(nodes)),
+            # how each exchange across nodes of the scheme (all-to-all, all-gather) was priced
+            "exchange_routes": exchange_routes(cluster, scheme, profile.parameter_count, nodes, gpus),
         },
         "profile": profile.to_dict(),
         "cluster_spec": cluster.to_dict(),
     }
+
+
+def exchange_routes(cluster: ClusterSpec, scheme: str, elements: int, nodes: int, gpus: int) -> dict[str, str]:
+    """Per group of the pairwise exchanges ``scheme`` sends across nodes (world: 1-bit Adam's; inter: Birder's):
+    ``probed`` where the spec holds that exchange's own measured shape (mode=probe's exchange_shape), else
+    ``uncalibrated`` (the links' formula), ``emulated`` on the emulated cluster; empty on one node or for a scheme
+    without such exchanges."""
+    if nodes <= 1:
+        return {}
+    ops = bucket_collectives(scheme, elements, nodes, gpus)
+    groups = sorted({op.group for op in ops if op.kind in PAIRWISE and op.group != "intra"})
+    if cluster.shared_host:  # the emulated cluster's exchanges: its wait model (make validate-emulated)
+        return {g: "emulated" for g in groups}
+    return {g: "probed" if cluster.measured_exchange(g) is not None else "uncalibrated" for g in groups}
 
 
 def write_predicted_record(cfg: Any, run_dir: Any, started: str) -> dict[str, Any]:
@@ -191,6 +207,18 @@ def format_prediction(rec: Mapping[str, Any]) -> str:
         lines.append(
             f"route:      {route} ({how}); make validate-published found this route's step time within "
             f"{100 * band['step_median']:.0f} % (median), {100 * band['step_worst']:.0f} % (worst) on real clusters"
+        )
+    for group, how in (pred.get("exchange_routes") or {}).items():
+        lines.append(
+            f"exchange:   {group} {how} "
+            + (
+                "(its own shape and rate, as a probe measured it)"
+                if how == "probed"
+                else "(the emulated cluster's validated wait model)"
+                if how == "emulated"
+                else "(the links' formula: run mode=probe at 3 nodes or more, which times the all-to-all and "
+                "all-gather, and pass predict.cluster_spec)"
+            )
         )
     share = (rec["profile"].get("unexplained_share") or {}).get(pred["scheme"])
     if share is not None and share > LEFTOVER_WARN:

@@ -63,6 +63,13 @@ its own. :func:`scaling_spec` writes what it measured into the spec as measured 
                           from the intra group's all-reduce fit), which carries them to other node counts. With
                           one node count there is no shape, and the spec says so (``shape_note``): a prediction
                           at other node counts is then uncalibrated.
+    exchange_shape        the all-gather and all-to-all timed the same way, over every process of the first k
+                          nodes (``world``: 1-bit Adam's exchange) and among them with every local rank's group
+                          at once (``inter``: Birder's), each group's shape and rate (perf.exchange_probe): the
+                          model prices the 1-bit exchanges by them, not at the all-reduce's rate.
+    allreduce16_table, allreduce16_shape   the world all-reduce timed the same way in fp16 (its sums included): a
+                          16-bit run's all-reduce across nodes (the fp16 hook, DeepSpeed's fp16 buffer, a 1-bit
+                          run's warmup) is priced by them, not by the fp32 one's.
 
 Keys the probe cannot measure (``shared_host``: whether the nodes share one machine's cores) come from the
 cluster config. Rank 0 writes the spec, and the worker the record (``status: completed``, the table and the fits
@@ -77,6 +84,7 @@ from pathlib import Path
 from typing import Any
 
 from .cluster import MBIT
+from .exchange_probe import exchange_spec, scaling_counts, time_scaling
 from .measure import COLLECTIVES, bus_factor, fit_level, latency_steps, measure, measure_reduce_cost, table_rows
 from .shape import Measured, rank_shapes
 
@@ -91,6 +99,7 @@ __all__ = [
     "load_cluster_spec",
     "scaling_counts",
     "scaling_spec",
+    "time_scaling",
 ]
 
 SPEC_FILE = "cluster_spec.yaml"
@@ -183,15 +192,6 @@ def spec_from_fits(
     return {**{k: v for k, v in cluster.items() if k != "perf"}, "perf": perf}
 
 
-def scaling_counts(nodes: int) -> list[int]:
-    """The node counts the all-reduce's growth is timed at: 2, 4, 8, ... below ``nodes``, and ``nodes``."""
-    counts, k = [], 2
-    while k < nodes:
-        counts.append(k)
-        k *= 2
-    return [*counts, nodes] if nodes >= 2 else []
-
-
 def scaling_spec(
     scaling: Mapping[int, Mapping[int, Sequence[float]]],
     gpus_per_node: int,
@@ -280,13 +280,7 @@ def probe_worker(cfg: Any, rank: int, device: Any, run_dir: Path) -> dict[str, A
     # every process at once, as a training step's 16-bit all-reduces run
     reduce = measure_reduce_cost(int(p.reduce_elements), None, **timing) if p.reduce_elements else None
     dist.barrier()
-    # the world all-reduce over the first k nodes' processes, k = 2, 4, ..., n: how it grows with the node count
-    scaling = {}
-    for k in scaling_counts(n):
-        group = dist.new_group(list(range(k * m)))  # every rank creates every group
-        if rank < k * m:
-            scaling[k] = measure(("allreduce",), sizes, group, **timing)["allreduce"]
-        dist.barrier()
+    scaling, scaling16, exchanges = time_scaling(n, m, sizes, timing)
     if rank != 0:
         return {}
     fits = {
@@ -299,6 +293,12 @@ def probe_worker(cfg: Any, rank: int, device: Any, run_dir: Path) -> dict[str, A
     spec = spec_from_fits(cluster, fits["inter"], fits["intra"], fits["world"], reduce, fits["inter_all"])
     measured, shape = scaling_spec(scaling, m, (fits["intra"] or {}).get("allreduce"))
     spec["perf"].update(measured)
+    measured16, shape16 = scaling_spec(scaling16, m, (fits["intra"] or {}).get("allreduce"))
+    spec["perf"].update(
+        {k.replace("allreduce_", "allreduce16_"): v for k, v in measured16.items() if k != "shape_note"}
+    )
+    measured_exchanges, exchange_shapes = exchange_spec({g: c for g, c in exchanges.items() if c}, m)
+    spec["perf"].update(measured_exchanges)
     spec["probe"] = {
         "measured": record.now(),
         "command": record.read_command(run_dir),
@@ -330,6 +330,8 @@ def probe_worker(cfg: Any, rank: int, device: Any, run_dir: Path) -> dict[str, A
             "sizes": sizes,
             "scaling": {str(k): table_rows({"allreduce": v}, k * m) for k, v in scaling.items()},
             "shape": shape,
+            "exchange_shapes": exchange_shapes,
+            "shape16": shape16,
         }
     }
 
@@ -387,7 +389,18 @@ def format_probe(rec: Mapping[str, Any]) -> str:
             f"{8 * found['bytes_per_s'] / 1e6:.1f} Mbit/s through a node's link); runner-up {runner['shape']}, "
             f"residual {runner['residual']:.3g} against {found['residual']:.3g}"
         )
-    perf = {k: v for k, v in probe["cluster_spec"].items() if k not in ("allreduce_table", "allreduce_shape")}
+    for group, got in (probe.get("exchange_shapes") or {}).items():
+        if "found" in got:
+            found, runner = got["found"], got["runner_up"]
+            lines.append(
+                f"{group} exchange shape (all-gather, all-to-all): {found['shape']} (alpha {found['alpha_us']:.0f} us "
+                f"a step, {8 * found['bytes_per_s'] / 1e6:.1f} Mbit/s); runner-up {runner['shape']}, residual "
+                f"{runner['residual']:.3g} against {found['residual']:.3g}"
+            )
+        else:
+            lines.append(f"{group} exchange: {got['note']}")
+    skip = ("allreduce_table", "allreduce_shape", "exchange_shape", "allreduce16_table", "allreduce16_shape")
+    perf = {k: v for k, v in probe["cluster_spec"].items() if k not in skip}
     lines += [
         "",
         "cluster spec (perf): "
