@@ -254,6 +254,10 @@ def test_large_size_is_bert_large(compose):
     # + MLM head 1,082,170 (transform and LayerNorm, a bias per token; its decoder tied to the embeddings)
     # + NSP 2,050: the papers' "340M" (1-bit Adam paper, section 7.1) as built
     assert num_parameters(model) == 336_226_108
+    # what mode=advise's BERT-Large profiles (perf/profiles/paper.yaml) price the exchange of
+    from birder_repro.perf.paper_profiles import v100_rows
+
+    assert {int(r["parameter_count"]) for r in v100_rows().values()} == {num_parameters(model)}
 
 
 # ------------------------------------------------------------------------------------------- SQuAD pieces
