@@ -73,6 +73,26 @@ def test_the_v100_profile_is_table_1s_one_node_row(gpus):
     assert p.compression_s_per_element == a100.compression_s_per_element and "lower bound" in p.notes
 
 
+def test_the_lamb_papers_one_node_rows_as_the_docs_state_them():
+    """docs/performance-model.md: the 1-bit LAMB paper's 1-node rows (Table 5) cost 12 % (Ethernet, micro-batch 16)
+    and 26 % (InfiniBand, micro-batch 64) less a sample than the profile's Table 1 rows."""
+    import csv
+
+    from birder_repro.resources import paper_tables_dir
+
+    def one_node(name: str, cluster: str) -> dict:
+        with open(paper_tables_dir() / name, newline="") as f:
+            return next(r for r in csv.DictReader(f) if r["cluster"] == cluster and r["nodes"] == "1")
+
+    def per_sample(r: dict) -> float:
+        samples = int(r["batch_per_gpu"]) * int(r["accumulation"])
+        return (float(r["forward_ms"]) + float(r["backward_else_ms"])) / samples
+
+    for cluster, less in (("ethernet", 0.12), ("infiniband", 0.26)):
+        adam, lamb = one_node("onebit_adam_table1.csv", cluster), one_node("onebit_lamb_table5.csv", cluster)
+        assert 1 - per_sample(lamb) / per_sample(adam) == pytest.approx(less, abs=0.005)
+
+
 def test_a_v100_profile_is_only_the_run_its_row_measured():
     assert v100_profile("bert_pretrain", {"size": "full"}, 128, 8, "fp16") is None  # BERT-Base
     assert v100_profile("bert_pretrain", LARGE, 512, 8, "fp16") is None  # sequence 512
