@@ -12,7 +12,7 @@ overrides, composed by the CLI), so that ``optim.lr=abc`` is one error line nami
 
 Sections that higher layers own (the task and optimizer names, ``task.target``, ``parallel``, ``probe.*``) are
 checked by their owners' functions, which :func:`validate` runs from a table it is handed
-(:func:`install_section_checks`; birder_repro.checks writes the table out and the CLI loads it): this module
+(:func:`install_section_checks`; birder_repro.config.checks writes the table out and the CLI loads it): this module
 sits below them all and imports none of them (docs/architecture.md).
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from birder_repro.plain import plain_config
+from birder_repro.config.plain import plain_config
 
 __all__ = [
     "ConfigError",
@@ -341,7 +341,7 @@ def validate(cfg: DictConfig, references: Sequence[Any] = ()) -> None:
     ``references``: configs that give each key's type (see :func:`check_types`), the first one of this run's
     group choices, which gives the keys that exist (see :func:`check_known_keys`); without them only the keys
     checked one by one below are. Then the checks of the sections higher layers own, where their table is
-    installed (:func:`install_section_checks`; ``import birder_repro.checks`` installs it, as the CLI does).
+    installed (:func:`install_section_checks`; ``import birder_repro.config.checks`` installs it, as the CLI does).
     """
     if references:
         # The first reference has this run's group choices; the others (the task alone) would let keys of
@@ -382,14 +382,14 @@ def validate(cfg: DictConfig, references: Sequence[Any] = ()) -> None:
         check(cfg)
 
 
-# (section, check) of the sections that higher layers own; empty until birder_repro.checks installs its table.
+# (section, check) of the sections that higher layers own; empty until birder_repro.config.checks installs its table.
 _SECTION_CHECKS: list[tuple[str, Callable[[DictConfig], None]]] = []
 
 
 def install_section_checks(checks: Iterable[tuple[str, Callable[[DictConfig], None]]]) -> None:
     """Have :func:`validate` run ``check(cfg)`` for each ``(section, check)``, in this order, after its own
     checks (each raises :class:`ConfigError` naming its key). Replaces any table installed before. The table is
-    handed in, not imported, because its checks belong to layers above this one (birder_repro.checks)."""
+    handed in, not imported, because its checks belong to layers above this one (birder_repro.config.checks)."""
     _SECTION_CHECKS[:] = list(checks)
 
 

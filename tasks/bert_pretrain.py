@@ -53,7 +53,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from transformers import BertForMaskedLM, BertForPreTraining
 
-from birder_repro import config as layout
+from birder_repro.config import settings as layout
 from birder_repro.tasks.base import Task, TaskData, small_eval_note
 from birder_repro.tasks.bert_common import (
     SYNTHETIC_SPECIALS,

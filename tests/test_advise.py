@@ -512,7 +512,7 @@ def test_a_query_evaluated_only_at_the_end_gets_a_command_that_evaluates_along_t
 
 
 def test_the_proxy_command_keeps_the_global_batch_on_two_nodes(compose, tmp_path, capsys):
-    from birder_repro.config import global_batch
+    from birder_repro.config.settings import global_batch
     from birder_repro.perf.advice_commands import STEPS_PROXY
 
     _, _, advice = cli_advice(

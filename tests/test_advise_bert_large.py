@@ -78,7 +78,7 @@ def test_the_lamb_papers_one_node_rows_as_the_docs_state_them():
     and 26 % (InfiniBand, micro-batch 64) less a sample than the profile's Table 1 rows."""
     import csv
 
-    from birder_repro.resources import paper_tables_dir
+    from birder_repro.config.resources import paper_tables_dir
 
     def one_node(name: str, cluster: str) -> dict:
         with open(paper_tables_dir() / name, newline="") as f:

@@ -43,7 +43,7 @@ def freeze_step(cfg: dict, planned_steps: int) -> int:
     """The steps a method runs the fp32 exchange before its own: 1-bit Adam's freeze step (``optim.freeze``),
     PowerSGD's start iteration (``optim.comm.start_iter``, at least 2 as its hook reads it:
     birder_repro.comm.powersgd.start_iter_from_config); 0 for other optimizers."""
-    from birder_repro.schedule import steps_of
+    from birder_repro.optim.schedule import steps_of
 
     optim = cfg.get("optim") or {}
     freeze, start = optim.get("freeze"), (optim.get("comm") or {}).get("start_iter")
@@ -117,7 +117,7 @@ def optim_settings(task: str, optim: str) -> dict[str, Any]:
     (conf/recipe/<task>/<optim>.yaml) over it; empty where neither exists."""
     import yaml
 
-    from birder_repro.resources import conf_dir
+    from birder_repro.config.resources import conf_dir
 
     root = conf_dir()
     out: dict[str, Any] = {}

@@ -62,7 +62,7 @@ def layout_of(cfg: Any, query: Sequence[str] = ()) -> Layout:
     the target, the evaluation cadence, the run's length; ``query``: its command-line overrides."""
     from omegaconf import OmegaConf
 
-    from birder_repro.config import global_batch, resolve_gpus_per_node
+    from birder_repro.config.settings import global_batch, resolve_gpus_per_node
 
     c: dict[str, Any] = cfg if isinstance(cfg, dict) else OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     predict, adv = c.get("predict") or {}, c.get("advise") or {}

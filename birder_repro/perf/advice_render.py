@@ -12,7 +12,7 @@ from typing import Any
 from tabulate import tabulate
 
 from birder_repro.styles import optim_style
-from birder_repro.summary import fmt_number  # the one number format (link rates, times, steps)
+from birder_repro.run.summary import fmt_number  # the one number format (link rates, times, steps)
 
 __all__ = ["ADVICE_FILE", "fmt_number", "format_advice", "write_advice", "advice_figure"]
 

@@ -109,7 +109,7 @@ def profile_key(rec: dict) -> tuple:
 def one_node_profiles(run_dirs) -> dict[tuple, Any]:
     """Per (task, optim, scheme, model, batch, precision, cluster): the profile of the median one of its
     completed 1-node runs made by the newest one's code (:func:`median_profile_record`)."""
-    from birder_repro.record import read_record
+    from birder_repro.run.record import read_record
 
     from .profile import load_profile
 
@@ -211,7 +211,7 @@ def _scored_on_target(rec: Mapping[str, Any], task: str) -> bool:
 
 def load_runs(root: Path) -> list[tuple[Path, dict[str, Any]]]:
     """(run directory, record) of every readable record under ``root``, at any depth."""
-    from birder_repro.record import find_records, read_record
+    from birder_repro.run.record import find_records, read_record
 
     found = [(path.parent, read_record(path.parent)) for path in find_records(Path(root))]
     return [(d, rec) for d, rec in found if rec]
@@ -524,7 +524,7 @@ def run_advice(cfg: Any, out_dir: Path, query: Sequence[str] = ()) -> int:
     first" included; bad input raises before anything is printed."""
     from omegaconf import OmegaConf
 
-    from birder_repro.record import runs_root
+    from birder_repro.run.record import runs_root
 
     lay = layout_of(cfg, query)
     adv = OmegaConf.select(cfg, "advise", default=None) or {}

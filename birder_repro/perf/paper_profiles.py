@@ -123,7 +123,7 @@ def v100_rows() -> dict[str, dict[str, Any]]:
     """paper.yaml's ``v100_profiles``: each with its Table 1 row (tables/paper/onebit_adam_table1.csv) as ``ms``."""
     import csv
 
-    from birder_repro.resources import paper_tables_dir
+    from birder_repro.config.resources import paper_tables_dir
 
     out = {}
     for name, entry in _yaml()["v100_profiles"].items():
