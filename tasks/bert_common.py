@@ -41,9 +41,12 @@ __all__ = [
 
 # model.size -> (layers, hidden size, attention heads, feed-forward size). full is BERT-Base (Devlin et al. 2019,
 # "BERT: Pre-training of Deep Bidirectional Transformers", section 3: L=12, H=768, A=12, 4H feed-forward), the
-# model of Birder paper, Table 2 and appendix C; tiny is for CPU smoke runs, only ever chosen explicitly.
+# model of Birder paper, Table 2 and appendix C; large is BERT-Large (the same section: L=24, H=1024, A=16, 4H
+# feed-forward), the model of the 1-bit Adam and 1-bit LAMB papers' pre-training; tiny is for CPU smoke runs,
+# only ever chosen explicitly.
 SIZES = {
     "full": (12, 768, 12, 3072),
+    "large": (24, 1024, 16, 4096),
     "tiny": (2, 32, 2, 128),
 }
 

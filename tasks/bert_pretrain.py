@@ -2,8 +2,9 @@
 
 Model: ``transformers.BertForPreTraining`` (Devlin et al. 2019, section 3.1: a masked-LM head tied to the input
 embeddings and a next-sentence head on [CLS]), built from a BertConfig, randomly initialised; ``model.nsp=false``
-drops the next-sentence task (``BertForMaskedLM``, single-segment sequences). ``model.size=tiny`` is a 2-layer,
-32-wide BERT for CPU smoke runs.
+drops the next-sentence task (``BertForMaskedLM``, single-segment sequences). ``model.size=large`` is BERT-Large
+(24 layers, 1024 wide: the 1-bit Adam and 1-bit LAMB papers' model), ``model.size=tiny`` a 2-layer, 32-wide BERT
+for CPU smoke runs.
 
 Data, real: text in the input format of Google's ``create_pretraining_data.py`` (github.com/google-research/bert):
 UTF-8 files ``<data.root>/*.txt`` with one sentence per line and a blank line between documents; or, with

@@ -239,6 +239,27 @@ def test_full_size_is_bert_base(compose):
     assert num_parameters(pretrain) == 110_106_428  # BERT-Base with its MLM (tied) and NSP heads
 
 
+@needs_transformers
+def test_large_size_is_bert_large(compose):
+    """model.size=large: BERT-Large (Devlin et al. 2019, section 3: L=24, H=1024, A=16, 4H feed-forward), the
+    same code path as full, built on the meta device (shapes only: no 1.3 GB of weights)."""
+    from birder_repro.tasks.common import num_parameters
+
+    cfg = compose(["task=bert_pretrain", "data.source=synthetic", "model.size=large"])
+    with torch.device("meta"):
+        model = get_task("bert_pretrain").build_model(cfg)
+    c = model.config
+    assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.intermediate_size) == (24, 1024, 16, 4096)
+    # embeddings 31,782,912 (30522 + 512 + 2 rows of 1024, LayerNorm) + 24 layers x 12,596,224 + pooler 1,049,600
+    # + MLM head 1,082,170 (transform and LayerNorm, a bias per token; its decoder tied to the embeddings)
+    # + NSP 2,050: the papers' "340M" (1-bit Adam paper, section 7.1) as built
+    assert num_parameters(model) == 336_226_108
+    # what mode=advise's BERT-Large profiles (perf/profiles/paper.yaml) price the exchange of
+    from birder_repro.perf.paper_profiles import v100_rows
+
+    assert {int(r["parameter_count"]) for r in v100_rows().values()} == {num_parameters(model)}
+
+
 # ------------------------------------------------------------------------------------------- SQuAD pieces
 
 

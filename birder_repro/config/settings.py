@@ -63,7 +63,7 @@ CHOICES = {
     "launcher.name": ("auto", "local", "torchrun", "slurm"),
     "launcher.rdzv_backend": ("c10d", "static"),
     "data.source": ("real", "synthetic"),
-    "model.size": ("full", "tiny"),
+    "model.size": ("full", "large", "tiny"),  # large: the BERT tasks' only (tasks/bert_common.py SIZES)
     # Birder's variants (DESIGN.md "Birder inside DDP"): they share one implementation in birder_repro.comm.
     "optim.comm.scheme": ("hierarchical", "flat", "allgather"),
     # 1-bit Adam's compression scale: one per tensor (DeepSpeed's) or one per DDP bucket (docs/optimizers.md).

@@ -6,7 +6,8 @@ cluster          the two link levels of a cluster config, and what one collectiv
 timeline         the backward pass with the buckets' communication overlapped (wait-free backprop), or not
 implementations  per scheme, overlapped or not and per bucket or whole: ``this`` project's hooks, the ``paper``'s
 profile          what one node's profile holds; loading it from a run, a record or a file
-paper_profiles   the paper's 8 x A100 nodes, from its 1-node rows (data: profiles/paper.yaml)
+paper_profiles   the paper's 8 x A100 nodes, from its 1-node rows; BERT-Large on the 1-bit Adam paper's V100
+                 nodes, from its Table 1's 1-node rows (data: profiles/paper.yaml)
 model            predict_step / predict_run
 predict          predict_record(cfg): a run record with status "predicted"
 validate         the paper's multi-node rows predicted from its 1-node rows (python -m ...validate)

@@ -135,7 +135,7 @@ def unmeasured(name: str, lay: Layout) -> Method:
     """A method with no run of the query's: its steps from the paper where it covers the task, else to measure."""
     settings = optim_settings(lay.task, name)
     inputs = method_inputs(name, settings, int(lay.planned_steps or 0))
-    paper = paper_steps(lay.task, name, lay.global_batch, lay.batch_size, lay.target)
+    paper = paper_steps(lay.task, name, lay.global_batch, lay.batch_size, lay.target, lay.model, lay.seq_length)
     common = {"label": optim_label(name), "optim": name, "variant": "", "settings": settings}
     if paper is None:
         return Method(
@@ -169,10 +169,15 @@ def prices(profile: Any, scheme: str) -> bool:
 
 def paper_node_profile(lay: Layout) -> Any:
     """The paper's 1-node profile of the task (its nodes of 8 A100s), where the query's cluster is the paper's
-    and the paper has the task; else None."""
-    from .paper_profiles import paper_profile
+    and the paper has the task; BERT-Large's from the 1-bit Adam paper's V100 nodes (perf.paper_profiles
+    .v100_profile: at its sequence length and precision only, the device named as not the user's); else None."""
+    from .paper_profiles import paper_profile, v100_profile
 
     if lay.cluster not in PAPER_CLUSTERS:
+        return None
+    if (v100 := v100_profile(lay.task, lay.model, lay.seq_length, lay.gpus_per_node, lay.precision)) is not None:
+        return v100
+    if (lay.model or {}).get("size") == "large":  # the Birder paper trains no BERT-Large: none of its profiles
         return None
     try:
         return paper_profile(

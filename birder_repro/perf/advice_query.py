@@ -38,6 +38,8 @@ class Layout:
     eval_every: int = 0  # the query's train.eval_every (0 where train.eval=false)
     planned_steps: int | None = None  # the query's run length in steps, where the config says it
     query: list[str] = field(default_factory=list)  # the query's command-line overrides
+    seq_length: int | None = None  # the query's data.max_seq_length (a sequence task's), where it has one
+    precision: str = "fp32"  # the query's train.precision
 
     def spec(self, link: float) -> ClusterSpec:
         return ClusterSpec.from_config({**self.cluster_config, "link_mbit": float(link)})
@@ -75,6 +77,7 @@ def layout_of(cfg: Any, query: Sequence[str] = ()) -> Layout:
     task = c.get("task") or {}
     target = task.get("target") or {}
     gb = global_batch(cfg)
+    data = c.get("data") or {}
     return Layout(
         task=task["name"],
         nodes=int(c["nodes"]),
@@ -93,8 +96,10 @@ def layout_of(cfg: Any, query: Sequence[str] = ()) -> Layout:
         baseline=task.get("baseline"),
         accumulate=accumulate,
         eval_every=int(train.get("eval_every") or 0) if train.get("eval", True) else 0,
-        planned_steps=planned_steps(train, c.get("data") or {}, gb),
+        planned_steps=planned_steps(train, data, gb),
         query=list(query),
+        seq_length=int(data["max_seq_length"]) if data.get("max_seq_length") else None,
+        precision=str(train.get("precision") or "fp32"),
     )
 
 

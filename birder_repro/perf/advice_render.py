@@ -45,7 +45,8 @@ def format_advice(advice: Mapping[str, Any]) -> str:
         if any(r["ranked_after_reliable"] for r in advice["ranked"]):
             lines.append(
                 "  (a method some of whose runs did not reach the target ranks after those all of whose did; "
-                "from the paper: its run ended short of the target, its time is to the end of the paper's schedule)"
+                "from the paper: its run ended short of the target, or the paper reports no score on your target's "
+                "metric, its time is to the end of the paper's schedule)"
             )
         lines += ["", *_bands_text(advice)]
     unranked = [m for m in advice.get("methods", []) if not m["ranked"]]
@@ -61,12 +62,14 @@ def format_advice(advice: Mapping[str, Any]) -> str:
 
 
 def _profile_text(p: Mapping[str, Any]) -> str:
-    mine = "" if p["source"] in ("yours", "given") else ", no 1-node profile of yours"
+    mine = "" if p["source"] in ("yours", "given") else f" ({p['device']}), no 1-node profile of yours"
     return f"profile {p['source']}: {p['name']}{mine}"
 
 
 def _steps_cell(s: Mapping[str, Any]) -> str:
     if s["source"] == "from the paper":
+        if s.get("ended_at") is None:  # the paper reports no score on the target's metric: its schedule's length
+            return f"{fmt_number(s['value'])} (from the paper, {s['table']}: its schedule; target not reported there)"
         verdict = "reached by its end" if s["reached"] else "target not reached there"
         return f"<= {fmt_number(s['value'])} (from the paper, {s['table']}: {verdict})"
     return (

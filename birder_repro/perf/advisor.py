@@ -405,7 +405,7 @@ def advise(
     order = ranking({k: v["time_to_target_s"] for k, v in here.items()}, after)
     best = here[order[0]]["time_to_target_s"] if order else math.nan
     by_label = {m.label: m for m in ranked}
-    if any(m.source == "from the paper" and not m.reached for m in ranked):
+    if any(m.source == "from the paper" and not m.reached and m.paper.value is not None for m in ranked):
         notes.append(
             "the paper's run nearest your global batch ended short of your target: such a method's time is to the "
             "end of the paper's schedule (task.target.value sets another target)"

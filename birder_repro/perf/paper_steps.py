@@ -13,17 +13,30 @@ From the paper, then, the steps to a target are the schedule's steps at the user
 where the paper's run at (or nearest to) that global batch ended at or beyond the target it reached it within
 them; where it ended short, the paper says the target was not reached in that schedule. The 1-bit Adam paper
 (Tang et al. 2021, "1-bit Adam: Communication Efficient Large-Scale Training with Adam's Convergence Speed",
-section 7.1, Figure 4a and Table 2) adds that 1-bit Adam's sample-wise convergence is Adam's; its runs are of
-other tasks and schedules, so no steps are taken from it. Nothing here is measured and nothing is made up: a
-method or task the papers do not cover returns None (the advice prints the command that measures it).
+section 7.1, Figure 4a and Table 2) adds that 1-bit Adam's sample-wise convergence is Adam's.
+
+BERT-Large pre-training (``task=bert_pretrain model.size=large data.max_seq_length=128``), which the Birder paper
+does not train, has the 1-bit Adam paper's schedule (section 7.1, Table 2): 152K steps at global batch 4K for
+BertAdam and 1-bit Adam alike, 1-bit Adam's first 23K uncompressed. That paper reports no masked-LM accuracy (its
+runs are shown as loss curves, Figure 4a, and judged by GLUE after fine-tuning, Table 3), so whether the task's
+target is reached within them is not given: the advice says so and times them to the schedule's end; no
+conversion of a loss or a GLUE score into a masked-LM accuracy is made. At another global batch the same
+sequences are taken (an ASSUMPTION, printed: the paper trained at 4K only). Its sequence-512 phase (10K steps)
+continues from the sequence-128 checkpoint, which this task does not: it is not counted. No paper gives Birder's
+steps on BERT-Large.
+
+Nothing here is measured and nothing is made up: a method or task the papers do not cover returns None (the
+advice prints the command that measures it).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["PaperRow", "PaperMethod", "PaperSteps", "PAPER_METHODS", "PAPER_NOTES", "paper_steps"]
+__all__ = ["PaperRow", "PaperMethod", "PaperSteps", "PAPER_METHODS", "PAPER_NOTES", "covers", "paper_steps"]
 
 BIRDER = "Birder paper"
 ONEBIT = "1-bit Adam paper (Tang et al. 2021), section 7.1"
@@ -59,6 +72,13 @@ class PaperMethod:
     schedule_source: str
     rows: tuple[PaperRow, ...]
     also: str = ""  # further support from another paper
+    model: tuple[tuple[str, Any], ...] = ()  # what the query's model must hold (model.size=large); (): any
+    seq_length: int | None = None  # the query's data.max_seq_length must be this; None: any
+    # a schedule the paper gives in steps at a global batch (in place of epochs of a training set)
+    schedule_steps: int = 0
+    schedule_batch: int = 0
+    freeze_steps: int = 0  # of them, run uncompressed first (1-bit Adam's warmup)
+    reports: str = ""  # what the paper reports of its runs where it does not report the target's metric
 
 
 IMAGENET = 1_281_167  # ILSVRC2012's training images
@@ -67,6 +87,16 @@ SQUAD = 88_641  # conf/task/bert_squad.yaml: SQuAD 1.1's training windows at 384
 SQUAD_SOURCE = "SQuAD 1.1's 88,641 training windows at 384 / 128 (conf/task/bert_squad.yaml)"
 RESNET_SCHEDULE = f"{BIRDER}, section 5.1: 100 epochs for every method"
 SQUAD_SCHEDULE = f"{BIRDER}, section 5.1: 2 epochs for every method"
+BERT_LARGE_SCHEDULE = (
+    f"{ONEBIT} and Table 2: BERT-Large pre-training at sequence 128, the same 152K steps for BertAdam (its baseline) "
+    "and 1-bit Adam, the learning rate warmed up to 4e-4 over 12.5K steps, then x0.99 every 520 steps; its "
+    "sequence-512 phase (10K steps) not counted"
+)
+BERT_LARGE_RUN = PaperRow(64, 64, (), "1-bit Adam paper, Table 2 (BERT-Large, sequence 128, global batch 4K, 64 GPUs)")
+BERT_LARGE_REPORTS = (
+    "its pre-training is shown as training-loss curves only (Figure 4a) and judged by GLUE dev scores after "
+    "fine-tuning (Table 3, MNLI-m/mm: BertAdam 86.1/86.2, 1-bit Adam 85.7/85.4)"
+)
 
 
 def _resnet50(top1_32: tuple[float, ...], top1_128: tuple[float, ...]) -> tuple[PaperRow, ...]:
@@ -152,12 +182,46 @@ PAPER_METHODS: dict[tuple[str, str], PaperMethod] = {
     ),
 }
 
+PAPER_METHODS.update(
+    {
+        ("bert_pretrain", optim): PaperMethod(
+            task="bert_pretrain",
+            optim=optim,
+            epochs=0,
+            train_size=0,
+            train_size_source="",
+            freeze_fraction=0.0,
+            schedule_source=BERT_LARGE_SCHEDULE,
+            rows=(BERT_LARGE_RUN,),
+            also=also,
+            model=(("size", "large"),),
+            seq_length=128,
+            schedule_steps=152_000,
+            schedule_batch=4096,
+            freeze_steps=freeze,
+            reports=BERT_LARGE_REPORTS,
+        )
+        for optim, freeze, also in (
+            ("bertadam", 0, ""),
+            (
+                "onebit_adam",
+                23_000,
+                f"{ONEBIT}: 1-bit Adam's sample-wise convergence the same as BertAdam's (Figure 4a); its 23K "
+                "uncompressed steps tuned by hand (the variance's norm stable after about 23K, section 3.3)",
+            ),
+        )
+    }
+)
+
 # What the papers say of a task without giving steps to its target (printed with the advice).
 PAPER_NOTES: dict[str, str] = {
     "bert_pretrain": (
-        f"the {BIRDER}, appendix C (Figure 8, loss curves only): Birder's iteration-wise convergence comparable to "
-        f"BertAdam's over 37,000 iterations; the {ONEBIT} (Table 2, Figure 4a): 1-bit Adam's sample-wise "
-        "convergence the same as Adam's on BERT pre-training; neither gives the steps to a masked-LM accuracy"
+        f"BERT-Base (model.size=full): the {BIRDER}, appendix C (Figure 8, loss curves only): Birder's iteration-wise "
+        "convergence comparable to BertAdam's over 37,000 iterations, no steps to a masked-LM accuracy; BERT-Large "
+        f"(model.size=large): the {ONEBIT} gives BertAdam's and 1-bit Adam's schedule (Table 2) and 1-node V100 "
+        "profiles (section 3.1, Table 1) at sequence 128 only (data.max_seq_length=128; the profiles in fp16: "
+        "train.precision=fp16), no masked-LM accuracy; "
+        "no paper gives Birder's steps on BERT-Large"
     ),
 }
 
@@ -171,7 +235,7 @@ class PaperSteps:
     freeze: int  # of them, run uncompressed first
     reached: bool  # the paper's run at (or nearest to) that global batch ended at or beyond the target
     row: PaperRow
-    value: float  # the metric that run ended at
+    value: float | None  # the metric that run ended at; None: the paper does not report the target's metric
     text: str
 
 
@@ -180,18 +244,31 @@ def _nearest(rows: tuple[PaperRow, ...], global_batch: int, batch_per_gpu: int) 
     return min(rows, key=lambda r: (abs(math.log(r.global_batch / global_batch)), r.batch_per_gpu != batch_per_gpu))
 
 
+def covers(method: PaperMethod, model: Mapping[str, Any] | None, seq_length: int | None) -> bool:
+    """The paper's runs are of the query's model (every key the method names, e.g. ``size=large``) and sequence
+    length, where the method names them."""
+    if method.model and not all((model or {}).get(k) == v for k, v in method.model):
+        return False
+    return method.seq_length is None or seq_length == method.seq_length
+
+
 def paper_steps(
     task: str,
     optim: str,
     global_batch: int,
     batch_per_gpu: int,
     target: tuple[str, float, str] | None,
+    model: Mapping[str, Any] | None = None,
+    seq_length: int | None = None,
 ) -> PaperSteps | None:
     """``optim``'s steps to ``target`` (metric, value, ``higher`` or ``lower``) on ``task`` at ``global_batch``
-    from the paper's runs; None where the paper has no run of that method and task reporting that metric."""
+    from the paper's runs; None where the paper has no run of that method, task, ``model`` and ``seq_length``
+    (data.max_seq_length), or none reporting that metric where the paper's steps are epochs of runs scored on it."""
     method = PAPER_METHODS.get((task, optim))
-    if method is None or target is None or global_batch <= 0:
+    if method is None or target is None or global_batch <= 0 or not covers(method, model, seq_length):
         return None
+    if method.schedule_steps:
+        return _from_schedule(method, global_batch, target)
     metric, value, direction = target
     rows = tuple(r for r in method.rows if r.metric(metric) is not None)
     if not rows:
@@ -214,3 +291,34 @@ def paper_steps(
         + (f"; {method.also}" if method.also else "")
     )
     return PaperSteps(optim, steps, freeze, reached, row, ended, text)
+
+
+def _from_schedule(method: PaperMethod, global_batch: int, target: tuple[str, float, str]) -> PaperSteps:
+    """A schedule the paper gives in steps at one global batch (BERT-Large): the same sequences at the user's
+    global batch; reached only where the paper's run reports the target's metric at or beyond it."""
+    metric, value, direction = target
+    op = "<=" if direction == "lower" else ">="
+    samples = method.schedule_steps * method.schedule_batch
+    steps = math.ceil(samples / global_batch)
+    freeze = math.ceil(method.freeze_steps * method.schedule_batch / global_batch)
+    row = method.rows[0]
+    ended = row.metric(metric)
+    reached = ended is not None and (ended <= value if direction == "lower" else ended >= value)
+    uncompressed = f", the first {method.freeze_steps:,} uncompressed" if method.freeze_steps else ""
+    here = f"{steps} steps at your global batch {global_batch}{f', the first {freeze} uncompressed' if freeze else ''}"
+    if global_batch != method.schedule_batch:
+        here += f" (the same {samples:,} sequences: ASSUMPTION, the paper trained at {method.schedule_batch} only)"
+    if ended is None:
+        verdict = (
+            f"the paper reports no {metric} ({method.reports}): whether {metric} {op} {value:g} is reached within "
+            "them is not given, the time is to the schedule's end"
+        )
+    elif reached:
+        verdict = f"its run ({row.table}) ended at {metric} {ended:g}, {op} {value:g}: at most these steps"
+    else:
+        verdict = f"its run ({row.table}) ended at {metric} {ended:g}, short of the target {value:g}"
+    text = (
+        f"from the paper: {method.schedule_steps:,} steps at global batch {method.schedule_batch}{uncompressed} "
+        f"({method.schedule_source}) = {here}; {verdict}" + (f"; {method.also}" if method.also else "")
+    )
+    return PaperSteps(method.optim, steps, freeze, reached, row, ended, text)
