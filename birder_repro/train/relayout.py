@@ -26,7 +26,8 @@ import torch
 from birder_repro.comm.allreduce import AllReduceState
 from birder_repro.comm.birder import BirderState
 from birder_repro.comm.two_level import TwoLevelState
-from birder_repro.train.checkpoint_files import CheckpointError, load_file, shard_name
+from birder_repro.train import checkpoint_files  # the module, not its function: tests replace load_file there
+from birder_repro.train.checkpoint_files import CheckpointError, shard_name
 
 __all__ = ["POLICIES", "adapt", "per_node_state", "rebuild_canonical"]
 
@@ -61,7 +62,7 @@ def adapt(
     now = f"nodes={identity.nodes} x gpus_per_node={identity.gpus_per_node}"
     if policy not in POLICIES:
         raise CheckpointError(f"train.resume_policy={policy!r} is not one of: {', '.join(POLICIES)}")
-    shard = load_file(where / shard_name(rank % old_world), device)
+    shard = checkpoint_files.load_file(where / shard_name(rank % old_world), device)
     shard = {**shard, "samples": float(shard["samples"]) * old_world / world_size}  # per process, same total
     if change == "gpus_per_node" and per_node_state(comm):
         shards = [comm_of_shard(where / shard_name(r), device) for r in range(old_world)]
@@ -94,7 +95,7 @@ def adapt(
 def comm_of_shard(path, device):
     """An old rank's hook state (its shard's ``"comm"``) on ``device``: the shard is read on the CPU,
     memory-mapped, so that its parameters and optimizer state are never copied, onto this GPU or at all."""
-    return _to(load_file(path, torch.device("cpu"), mmap=True)["comm"], device)
+    return _to(checkpoint_files.load_file(path, torch.device("cpu"), mmap=True)["comm"], device)
 
 
 def _to(obj, device):
