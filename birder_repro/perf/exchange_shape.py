@@ -42,6 +42,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .shape import least_squares_two
+
 __all__ = [
     "EXCHANGE_SHAPES",
     "EXCHANGE_GROUPS",
@@ -176,16 +178,11 @@ def fit_exchange(shape: str, samples: Sequence[ExchangeSample]) -> ExchangeFit:
 def _nonnegative_least_squares(rows: Sequence[tuple[float, float, float]]) -> tuple[float, float]:
     """(alpha, beta) >= 0 minimising sum (alpha a + beta b - y)^2 over ``rows`` of (a, b, y): the unconstrained
     solution where both are >= 0 (and determined), else the better of alpha alone and beta alone."""
-    saa = sum(a * a for a, _, _ in rows)
-    sab = sum(a * b for a, b, _ in rows)
-    sbb = sum(b * b for _, b, _ in rows)
-    say = sum(a * y for a, _, y in rows)
-    sby = sum(b * y for _, b, y in rows)
-    det = saa * sbb - sab * sab
-    if det > 1e-9 * saa * sbb:
-        alpha, beta = (say * sbb - sab * sby) / det, (saa * sby - sab * say) / det
-        if alpha >= 0 and beta >= 0:
-            return alpha, beta
+    solved = least_squares_two(rows, min_det=1e-9)
+    if solved is not None and solved[0] >= 0 and solved[1] >= 0:
+        return solved
+    saa, sbb = sum(a * a for a, _, _ in rows), sum(b * b for _, b, _ in rows)
+    say, sby = sum(a * y for a, _, y in rows), sum(b * y for _, b, y in rows)
     candidates = [(0.0, max(0.0, sby / sbb) if sbb else 0.0), (max(0.0, say / saa) if saa else 0.0, 0.0)]
     return min(candidates, key=lambda ab: sum((ab[0] * a + ab[1] * b - y) ** 2 for a, b, y in rows))
 

@@ -141,6 +141,20 @@ def _usable(points: Sequence[Measured]) -> list[Measured]:
     return multi
 
 
+def least_squares_two(rows: Sequence[tuple[float, float, float]], min_det: float = 0.0) -> tuple[float, float] | None:
+    """(alpha, beta) minimising sum (alpha a + beta b - y)^2 over ``rows`` of (a, b, y), unconstrained (the normal
+    equations); None where they do not determine both (det <= ``min_det`` x saa x sbb)."""
+    saa = sum(a * a for a, _, _ in rows)
+    sab = sum(a * b for a, b, _ in rows)
+    sbb = sum(b * b for _, b, _ in rows)
+    say = sum(a * y for a, _, y in rows)
+    sby = sum(b * y for _, b, y in rows)
+    det = saa * sbb - sab * sab
+    if not det > min_det * saa * sbb:
+        return None
+    return (say * sbb - sab * sby) / det, (saa * sby - sab * say) / det
+
+
 def fit_shape(
     shape: str, points: Sequence[Measured], gpus_per_node: int, node_time: NodeTime | None = None
 ) -> ShapeFit:
@@ -158,16 +172,9 @@ def fit_shape(
         rows.append((latency_steps(shape, p.nodes, m), p.nbytes * link_multiple(shape, p.nodes, m), y))
     alpha, beta = 0.0, None
     if len({p.nbytes for p in pts}) > 1:
-        saa = sum(a * a for a, _, _ in rows)
-        sab = sum(a * b for a, b, _ in rows)
-        sbb = sum(b * b for _, b, _ in rows)
-        say = sum(a * y for a, _, y in rows)
-        sby = sum(b * y for _, b, y in rows)
-        det = saa * sbb - sab * sab
-        if det > 0:
-            alpha, beta = (say * sbb - sab * sby) / det, (saa * sby - sab * say) / det
-        if beta is None or alpha < 0:
-            alpha, beta = 0.0, None
+        solved = least_squares_two(rows)
+        if solved is not None and solved[0] >= 0:
+            alpha, beta = solved
     if beta is None:
         beta = sum(b * y for _, b, y in rows) / sum(b * b for _, b, _ in rows)
     if not beta > 0:
