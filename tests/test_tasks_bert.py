@@ -389,7 +389,7 @@ def test_squad_synthetic_marks_the_answer_and_scores_it(compose):
 
 @needs_transformers
 def test_truncate_pair_matches_the_one_token_loop():
-    from birder_repro.tasks.bert_pretrain import truncate_pair
+    from birder_repro.tasks.bert_masking import truncate_pair
 
     def loop(a, b, m):  # create_pretraining_data.py's truncate_seq_pair, always from the end
         while a + b > m:
@@ -406,7 +406,7 @@ def test_truncate_pair_matches_the_one_token_loop():
 
 @needs_transformers
 def test_mask_tokens_counts_and_80_10_10():
-    from birder_repro.tasks.bert_pretrain import mask_tokens
+    from birder_repro.tasks.bert_masking import mask_tokens
 
     g = torch.Generator().manual_seed(0)
     ids = torch.arange(10, 110)
@@ -427,7 +427,7 @@ def test_mask_tokens_counts_and_80_10_10():
 
 @needs_transformers
 def test_create_instances_pairs_and_single_segments():
-    from birder_repro.tasks.bert_pretrain import Corpus, create_instances
+    from birder_repro.tasks.bert_corpus import Corpus, create_instances
 
     # 3 documents of 6, 4 and 5 sentences of 3..7 tokens; token ids = positions, so ranges are checkable.
     rng = np.random.default_rng(1)
