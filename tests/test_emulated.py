@@ -25,7 +25,7 @@ import pytest
 
 from birder_repro import cli
 from birder_repro.config import settings as layout
-from birder_repro.launch import choose_launcher, emulated, netns
+from birder_repro.launch import choose_launcher, emulated, emulated_nodes, netns, node_processes
 from birder_repro.launch.process import Command
 from birder_repro.run import record
 
@@ -106,7 +106,7 @@ def test_each_node_runs_the_cli_with_the_users_overrides_as_one_node_in_its_name
     cmds = emulated.commands(cfg, run_dir, fabric, env={})
     for k, cmd in enumerate(cmds):
         assert cmd.argv[:4] == ["ip", "netns", "exec", f"bdrp-a1b2c3-{k}"]
-        pin = emulated.pin_prefix(cfg, k)  # taskset where this machine has a core per node
+        pin = emulated_nodes.pin_prefix(cfg, k)  # taskset where this machine has a core per node
         assert cmd.argv[4 : 4 + len(pin)] == pin
         cli_args = cmd.argv[4 + len(pin) :]
         assert cli_args[1:3] == ["-m", "birder_repro.cli"]
@@ -120,7 +120,7 @@ def test_each_node_runs_the_cli_with_the_users_overrides_as_one_node_in_its_name
             f"hydra.run.dir={run_dir.resolve()}",
             "hydra.output_subdir=null",
         ]
-        assert cmd.env[emulated.NODE_ENV] == str(k)  # the node's CLI builds no fabric
+        assert cmd.env[emulated_nodes.NODE_ENV] == str(k)  # the node's CLI builds no fabric
         assert cmd.env["PET_LOCAL_ADDR"] == f"10.77.0.{k + 1}"  # torchrun --local-addr
         assert cmd.env["PET_RDZV_CONF"] == f"is_host={int(k == 0)}"  # torchrun --rdzv-conf
         assert cmd.env["GLOO_SOCKET_IFNAME"] == cmd.env[emulated.LINK_IFACE_ENV] == f"bdrpa1b2c3n{k}"
@@ -138,7 +138,7 @@ def test_a_nodes_cli_starts_that_nodes_torchrun_at_node_0(compose, tmp_path):
     cmd = emulated.commands(cfg, run_dir, emulated.fabric_for(cfg, run_id="a1b2c3"), env={})[1]
     cli_args = cmd.argv[cmd.argv.index(sys.executable) :]
     node_cli = compose(["cluster=emulated", "launcher=torchrun"])
-    assert choose_launcher(node_cli, env={emulated.NODE_ENV: "1"}) == "torchrun"
+    assert choose_launcher(node_cli, env={emulated_nodes.NODE_ENV: "1"}) == "torchrun"
     out = subprocess.run(
         [*cli_args, "dry_run=true"],
         cwd=REPO,
@@ -170,17 +170,18 @@ def test_a_run_whose_overrides_are_unknown_is_refused(compose, tmp_path):
 
 
 def test_each_node_gets_its_own_block_of_cores(compose, monkeypatch):
-    assert emulated.node_cores(2, [0, 1, 2, 3, 4]) == [[0, 1], [2, 3]]
-    assert emulated.node_cores(3, [0, 1]) == [[], [], []]  # fewer cores than nodes: no pinning
+    assert emulated_nodes.node_cores(2, [0, 1, 2, 3, 4]) == [[0, 1], [2, 3]]
+    assert emulated_nodes.node_cores(3, [0, 1]) == [[], [], []]  # fewer cores than nodes: no pinning
     monkeypatch.setattr(emulated.os, "sched_getaffinity", lambda pid: {4, 5, 6, 7})
     cfg = resolved(compose, ["nodes=2"])
-    assert [emulated.pin_prefix(cfg, k) for k in range(2)] == [["taskset", "-c", "4,5"], ["taskset", "-c", "6,7"]]
-    assert emulated.pin_prefix(resolved(compose, ["nodes=2", "cluster.pin_cores=false"]), 0) == []
+    assert [emulated_nodes.pin_prefix(cfg, k) for k in range(2)] == [["taskset", "-c", "4,5"], ["taskset", "-c", "6,7"]]
+    assert emulated_nodes.pin_prefix(resolved(compose, ["nodes=2", "cluster.pin_cores=false"]), 0) == []
     # cluster.cores_per_node: a 1-node profile on the cores one node of a 2 x 2 run has
-    assert emulated.pin_prefix(resolved(compose, ["nodes=1", "cluster.cores_per_node=1"]), 0) == ["taskset", "-c", "4"]
-    assert emulated.node_cores(2, [0, 1, 2, 3, 4], per=1) == [[0], [1]]
+    one_core = resolved(compose, ["nodes=1", "cluster.cores_per_node=1"])
+    assert emulated_nodes.pin_prefix(one_core, 0) == ["taskset", "-c", "4"]
+    assert emulated_nodes.node_cores(2, [0, 1, 2, 3, 4], per=1) == [[0], [1]]
     with pytest.raises(layout.ConfigError, match="cluster.cores_per_node=3 on 2 node"):
-        emulated.node_cores(2, [0, 1, 2, 3, 4], per=3)
+        emulated_nodes.node_cores(2, [0, 1, 2, 3, 4], per=3)
 
 
 def test_emulated_is_chosen_by_auto_and_refuses_other_launchers_and_netem(compose):
@@ -229,7 +230,7 @@ def test_dry_run_prints_the_fabric_and_one_cli_per_namespace_and_makes_nothing(r
     assert out.returncode == 0, out.stderr
     nodes = [line for line in out.stdout.splitlines() if "-m birder_repro.cli" in line]
     assert len(nodes) == 4 and all(
-        line.startswith(f"{emulated.NODE_ENV}=")
+        line.startswith(f"{emulated_nodes.NODE_ENV}=")
         and " &  # node " in line
         and "cluster=emulated nodes=4 cluster.link_mbit=100 launcher=torchrun" in line
         for line in nodes
@@ -274,7 +275,7 @@ def test_a_failed_node_stops_the_others_and_its_code_is_returned(tmp_path, capsy
         f"print('boom', flush=True); sys.exit(3)"
     )
     cmds = [Command([py, "-c", waiting]), Command([py, "-c", failing])]
-    assert emulated.run_nodes(cmds, tmp_path / "output.log", grace_s=1.0) == 3
+    assert node_processes.run_nodes(cmds, tmp_path / "output.log", grace_s=1.0) == 3
     log = (tmp_path / "output.log").read_text()
     assert "[node 0] waiting\n" in log and "[node 1] boom\n" in log
     assert "[node 0] stopped by SIGTERM\n" in log, log
