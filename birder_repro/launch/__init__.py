@@ -16,7 +16,6 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from birder_repro import netns  # noqa: F401 - moved below launch/; this keeps `from birder_repro.launch import netns`
 from birder_repro.launch import emulated, emulated_nodes, local, slurm, slurm_env, torchrun
 from birder_repro.launch.process import Command, run_streaming
 from birder_repro.run import record

@@ -31,7 +31,7 @@ terminal and to ``emulated.log``.
 
 The fabric is removed when the run ends, fails, or is stopped with SIGINT or SIGTERM (each node's CLI gets
 SIGTERM and passes it on: its workers stop after their step and checkpoint); one left by a run killed with
-SIGKILL is removed by the next emulated run (netns.clean_stale).
+SIGKILL is removed by the next emulated run (birder_repro.netns.build.clean_stale).
 
 Its parts: ``emulated_nodes`` (the command each node runs, the dry run's lines), ``node_processes`` (the nodes
 run at once, their output prefixed, stopped together, signals turned into an unwinding); this module checks the
@@ -50,12 +50,12 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from birder_repro import netns
 from birder_repro.config import settings as layout
 from birder_repro.launch import local
 from birder_repro.launch.emulated_nodes import commands, format_dry_run
 from birder_repro.launch.node_processes import SIGNAL_CODES, STOP_TIMEOUT_S, Interrupted, run_nodes, signals_raise
 from birder_repro.launch.torchrun import stop_timeout
+from birder_repro.netns import build, counters, plan
 from birder_repro.run import record
 from birder_repro.run.directory import RunDir
 from birder_repro.train.probes import LINK_IFACE_ENV  # the interface whose counters a node's local rank 0 reads
@@ -111,18 +111,18 @@ def check_config(cfg: DictConfig) -> None:
             "is what its links carry (NCCL would bypass them through shared memory): set "
             "device=cpu (or auto) and cluster.backend=gloo"
         )
-    if not 1 <= int(cfg.nodes) <= netns.MAX_NODES:
-        raise layout.ConfigError(f"nodes={cfg.nodes}: an emulated cluster has 1 to {netns.MAX_NODES} nodes")
+    if not 1 <= int(cfg.nodes) <= plan.MAX_NODES:
+        raise layout.ConfigError(f"nodes={cfg.nodes}: an emulated cluster has 1 to {plan.MAX_NODES} nodes")
     local.check_fits_this_machine(cfg)  # every process of every node runs on this machine
 
 
-def shaping(cfg: DictConfig) -> netns.Shaping:
-    return netns.cluster_shaping(cfg.cluster)
+def shaping(cfg: DictConfig) -> plan.Shaping:
+    return plan.cluster_shaping(cfg.cluster)
 
 
-def fabric_for(cfg: DictConfig, run_id: str | None = None) -> netns.Fabric:
+def fabric_for(cfg: DictConfig, run_id: str | None = None) -> plan.Fabric:
     try:
-        return netns.plan_fabric(int(cfg.nodes), str(cfg.cluster.subnet), shaping(cfg), run_id)
+        return plan.plan_fabric(int(cfg.nodes), str(cfg.cluster.subnet), shaping(cfg), run_id)
     except ValueError as err:  # a malformed or too small subnet
         raise layout.ConfigError(
             f"cluster.subnet={cfg.cluster.subnet}: {err}; use a private IPv4 subnet with "
@@ -140,8 +140,8 @@ def launch(cfg: DictConfig, run_dir: Path, env: Mapping[str, str] = os.environ) 
     if cfg.dry_run:
         print(format_dry_run(cfg, run_dir, fabric, cmds), flush=True)
         return 0
-    netns.require_tools()
-    stale = netns.clean_stale()
+    build.require_tools()
+    stale = build.clean_stale()
     if stale:
         print(
             f"[birder-repro] removed the emulated cluster(s) {', '.join(stale)} left by runs that were killed",
@@ -149,14 +149,14 @@ def launch(cfg: DictConfig, run_dir: Path, env: Mapping[str, str] = os.environ) 
         )
     info: dict[str, Any] = {
         **fabric.describe(),
-        "setup": [" ".join(c) for c in netns.setup_commands(fabric)],
+        "setup": [" ".join(c) for c in plan.setup_commands(fabric)],
         "nodes_commands": [c.shell() for c in cmds],
     }
     users = _run_files(run_dir)
     code = 1
     with signals_raise() as signals:
         try:
-            netns.create(fabric)
+            build.create(fabric)
             print(
                 f"[birder-repro] emulated cluster {fabric.run_id}: {len(fabric.nodes)} namespaces on "
                 f"{cfg.cluster.subnet}, links {' '.join(fabric.shaping.tbf()) or 'unshaped'}",
@@ -175,7 +175,7 @@ def launch(cfg: DictConfig, run_dir: Path, env: Mapping[str, str] = os.environ) 
             )
         finally:
             signals.disarm()  # a second Ctrl-C must not cut the removal short
-            info["left_after_removal"] = netns.destroy(fabric)
+            info["left_after_removal"] = build.destroy(fabric)
             _write_info(run_dir, info)
             _restore_run_files(run_dir, users, cfg)
     if info["left_after_removal"]:
@@ -205,9 +205,9 @@ def _restore_run_files(run_dir: Path, files: dict[str, str], cfg: DictConfig) ->
     RunDir(run_dir).relay_user_command(cfg, files)
 
 
-def _whole_run_bytes(fabric: netns.Fabric) -> list[int | None]:
+def _whole_run_bytes(fabric: plan.Fabric) -> list[int | None]:
     # The bridge end of node k's veth receives exactly what node k sends: read from the root namespace.
-    return [netns.rx_bytes(n.host_veth) for n in fabric.nodes]
+    return [counters.rx_bytes(n.host_veth) for n in fabric.nodes]
 
 
 def _difference(after: list[int | None], before: list[int | None]) -> list[int | None]:

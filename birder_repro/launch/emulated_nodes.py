@@ -16,10 +16,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from birder_repro import netns
 from birder_repro.config import settings as layout
 from birder_repro.launch import local
 from birder_repro.launch.process import Command
+from birder_repro.netns import plan
 from birder_repro.run import record
 from birder_repro.train.probes import LINK_IFACE_ENV  # the interface whose counters a node's local rank 0 reads
 
@@ -69,7 +69,7 @@ def node_overrides(run_dir: Path) -> list[str]:
 
 
 def node_command(
-    cfg: DictConfig, run_dir: Path, fabric: netns.Fabric, k: int, env: Mapping[str, str] = os.environ
+    cfg: DictConfig, run_dir: Path, fabric: plan.Fabric, k: int, env: Mapping[str, str] = os.environ
 ) -> Command:
     """What node ``k`` runs, inside its namespace: the birder-repro CLI with the run's overrides, as one node's
     share (``launcher=torchrun``, its node rank, node 0's address, the one run directory), bound to its veth.
@@ -127,13 +127,11 @@ def _hydra_value(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def commands(
-    cfg: DictConfig, run_dir: Path, fabric: netns.Fabric, env: Mapping[str, str] = os.environ
-) -> list[Command]:
+def commands(cfg: DictConfig, run_dir: Path, fabric: plan.Fabric, env: Mapping[str, str] = os.environ) -> list[Command]:
     return [node_command(cfg, run_dir, fabric, k, env) for k in range(int(cfg.nodes))]
 
 
-def format_dry_run(cfg: DictConfig, run_dir: Path, fabric: netns.Fabric, cmds: Sequence[Command]) -> str:
+def format_dry_run(cfg: DictConfig, run_dir: Path, fabric: plan.Fabric, cmds: Sequence[Command]) -> str:
     """The fabric's setup, one line per node (all run at once), and the teardown, as a root shell would."""
     tbf = " ".join(fabric.shaping.tbf()) or "unshaped"
     lines = [
@@ -142,10 +140,10 @@ def format_dry_run(cfg: DictConfig, run_dir: Path, fabric: netns.Fabric, cmds: S
         f"# Run directory with the resolved config: {Path(run_dir).resolve()}",
         "# 1. the fabric (as root), and /etc/netns/<namespace>/hosts naming every node in each namespace:",
     ]
-    lines += [" ".join(c) for c in netns.setup_commands(fabric)]
+    lines += [" ".join(c) for c in plan.setup_commands(fabric)]
     lines.append("# 2. one birder-repro CLI per node (it starts the node's torchrun), all at once:")
     lines += [f"{Command(c.argv, c.env).shell()} &  # {c.note}" for c in cmds]
     lines.append("wait")
     lines.append("# 3. removal (also on failure or interruption):")
-    lines += [" ".join(c) for c in netns.teardown_commands(fabric)]
+    lines += [" ".join(c) for c in plan.teardown_commands(fabric)]
     return "\n".join(lines)
