@@ -275,7 +275,9 @@ def _missing_resume(cfg: DictConfig) -> str | None:
     spec = OmegaConf.select(cfg, "train.resume", default=None)
     if spec in (None, "", "null", "auto"):
         return None
-    from birder_repro.train.checkpoint import CheckpointError, resolve_path  # imports torch: only for a path
+    # these import torch: only for a path
+    from birder_repro.train.checkpoint_files import CheckpointError
+    from birder_repro.train.resume_point import resolve_path
 
     try:
         resolve_path(str(spec))
