@@ -16,6 +16,7 @@ from birder_repro.config import settings as layout
 from birder_repro.report import ladder
 from birder_repro.report.__main__ import main
 from birder_repro.report.records import load_frame
+from birder_repro.train import checks  # noqa: F401 - validate runs the higher layers' section checks too
 
 
 def curve_run(

@@ -20,6 +20,7 @@ from birder_repro.report import target as report_target
 from birder_repro.report.__main__ import main
 from birder_repro.report.records import load_frame
 from birder_repro.run import schema
+from birder_repro.train import checks  # noqa: F401 - validate runs the higher layers' section checks too
 from birder_repro.train import target as target_mod
 from birder_repro.train.target import Target, TimeToTarget, target_from_config
 
