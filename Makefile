@@ -117,7 +117,7 @@ validate-emulated: $(STAMP)  ## run the emulated sweep (about 12 minutes), then 
 TTA_RUNS ?= runs/time-to-accuracy
 TTA_PROTOCOL ?= conf/tuning/fashion_mnist.yaml
 TTA_OPTIMS ?= sgdm,adamw,sgdm_fp16,sgdm_2level,sgdm_bf16_2level,sgdm_powersgd,diloco,diloco_1bit,streaming_diloco,onebit_adam,onebit_adam_precond,birder
-# Three 1-node profiles a method; the model takes the one with the median step (perf.advisor.median_profile_record):
+# Three 1-node profiles a method; the model takes the one with the median step (perf.advice_profiles.median_profile_record):
 # one 60-step DiLoCo profile came out 14-24 % under three more of the same command. About 2 minutes a seed here.
 TTA_PROFILE_SEEDS ?= 0,1,2
 TTA_CHECK_RUNS ?= runs/time-to-accuracy-check

@@ -20,7 +20,6 @@ checkpoint; the CLI waits for them and ends with the command that resumes the ru
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import socket
 import sys
@@ -37,6 +36,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from birder_repro import launch
 from birder_repro.config import settings as layout
+from birder_repro.config.compose import (
+    CONF_DIR,
+    CONF_PACKAGE,
+    _group_choices,
+    _hydra_initialized,
+    _task_overrides,
+    config_path,
+    reference_configs,
+)
 from birder_repro.launch.ending import node_of, teller
 from birder_repro.launch.process import signals_deferred
 from birder_repro.run import directory, finish, record
@@ -46,25 +54,8 @@ from birder_repro.train import checks  # noqa: F401 - installs the checks of the
 
 __all__ = ["CONF_DIR", "run", "main"]
 
-# conf/ sits beside the package in the repository (installed editable, or run from a checkout); a wheel ships it
-# as the package birder_repro.conf (pyproject.toml's package-dir and package-data), read as pkg://.
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-CONF_PACKAGE = "birder_repro.conf"
 INTERRUPTED = 130  # the shell's exit code for a command stopped by Ctrl-C
 TERMINATED = 143  # ... and by SIGTERM (the emulated launcher returns it after removing its namespaces)
-GROUPS = ("task", "optim", "cluster", "launcher", "logger", "experiment")  # conf/'s groups a user picks
-
-
-def config_path() -> str | None:
-    """Where Hydra finds the config tree: the checkout's conf/, else a packaged copy, else None."""
-    if (CONF_DIR / "config.yaml").is_file():
-        return str(CONF_DIR)
-    try:
-        if importlib.util.find_spec(CONF_PACKAGE) is not None:
-            return f"pkg://{CONF_PACKAGE}"
-    except ModuleNotFoundError:
-        pass
-    return None
 
 
 def run(cfg: DictConfig, run_dir: Path | None = None) -> int:
@@ -188,70 +179,6 @@ def _check_gpus_per_node_knowable(cfg: DictConfig) -> None:
         )
 
 
-def reference_configs(cfg: DictConfig) -> list[DictConfig]:
-    """What the YAML files say each key holds, for :func:`birder_repro.config.settings.check_types`, and which keys
-    exist, for :func:`birder_repro.config.settings.check_known_keys`: the config of the same group choices without
-    the command line's ``key=value`` overrides, and of the task alone (so that a top-level default an experiment
-    replaces, such as ``gpus_per_node: auto``, still counts)."""
-    choices = _group_choices(cfg)
-    picked = [f"{group}={choices[group]}" for group in GROUPS if choices.get(group)]
-    task = [f"task={choices['task']}"] if choices.get("task") else []
-    return [_compose(picked + _added_groups(cfg, choices)), _compose(task)]
-
-
-def _added_groups(cfg: DictConfig, choices: dict) -> list[str]:
-    """The command line's picks of other config groups (``+mygroup=x`` from a ``--config-dir`` of the user's),
-    as written: the keys they add are known keys too."""
-    picks = []
-    for override in _task_overrides(cfg):
-        group = override.split("=", 1)[0].lstrip("+~")
-        if group in choices and group not in (*GROUPS, "recipe") and not group.startswith("hydra"):
-            picks.append(override)
-    return picks
-
-
-def _task_overrides(cfg: DictConfig) -> list[str]:
-    """This job's command-line overrides (a sweep's cell alone); none for a config composed elsewhere."""
-    if HydraConfig.initialized():
-        return list(HydraConfig.get().overrides.task)
-    if "hydra" in cfg:  # composed with return_hydra_config=True (tests)
-        return list(cfg.hydra.overrides.task)
-    return []
-
-
-def _group_choices(cfg: DictConfig) -> dict:
-    """The option of every config group this run was composed with."""
-    if HydraConfig.initialized():
-        return dict(HydraConfig.get().runtime.choices)
-    if "hydra" in cfg:  # composed with return_hydra_config=True (tests)
-        return dict(cfg.hydra.runtime.choices)
-    # Composed elsewhere: every option file is named after its name: key (tests check it); the experiment,
-    # which has none, is unknown.
-    return {group: cfg[group].name for group in GROUPS if group in cfg and "name" in cfg[group]}
-
-
-def _compose(overrides: list[str]) -> DictConfig:
-    """Compose conf/ with ``overrides``, inside the Hydra app (which has initialised Hydra) or outside it."""
-    with _hydra_initialized():
-        return hydra.compose(config_name="config", overrides=overrides)
-
-
-@contextlib.contextmanager
-def _hydra_initialized() -> Iterator[None]:
-    """Hydra as the app initialised it (its search path: conf/ and any --config-dir), or on conf/ alone."""
-    if GlobalHydra.instance().is_initialized():
-        yield
-        return
-    path = config_path()
-    init = (
-        hydra.initialize_config_module(config_module=path.removeprefix("pkg://"), version_base="1.3")
-        if path.startswith("pkg://")
-        else hydra.initialize_config_dir(config_dir=path, version_base="1.3")
-    )
-    with init:
-        yield
-
-
 def _missing_data(cfg: DictConfig) -> str | None:
     """The one line that says the run's real dataset is missing, or None; checked before anything starts.
 
@@ -275,7 +202,9 @@ def _missing_resume(cfg: DictConfig) -> str | None:
     spec = OmegaConf.select(cfg, "train.resume", default=None)
     if spec in (None, "", "null", "auto"):
         return None
-    from birder_repro.train.checkpoint import CheckpointError, resolve_path  # imports torch: only for a path
+    # these import torch: only for a path
+    from birder_repro.train.checkpoint_files import CheckpointError
+    from birder_repro.train.resume_point import resolve_path
 
     try:
         resolve_path(str(spec))

@@ -27,13 +27,15 @@ tokens around it, scored by the same post-processing and metric (on the marked s
 Hyperparameters: conf/task/bert_squad.yaml (3 per GPU, 2 epochs, warm up to the peak lr over 500 steps, then
 linear to 0) and conf/recipe/bert_squad/ (BertAdam betas (0.9, 0.999), Birder beta 0.9, 1-bit Adam's warmup
 stage 0.2 of the steps, peak lr 1e-4 for all).
+
+Its parts: ``tasks.squad_examples`` (the questions read), ``tasks.squad_features`` (the windows and the
+answers' positions), ``tasks.squad_answers`` (the post-processing); this module holds the model, the data sets
+(real and synthetic) and the task.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -56,36 +58,19 @@ from birder_repro.tasks.bert_common import (
     vocab_size_for,
 )
 from birder_repro.tasks.common import ShardSampler, build_by_source, train_loader
-from birder_repro.tasks.data_files import SQUAD_DEV_FILE, SQUAD_TRAIN_FILE, check_squad, squad_file
+from birder_repro.tasks.data_files import SQUAD_DEV_FILE, SQUAD_TRAIN_FILE, check_squad
+from birder_repro.tasks.squad_answers import predict_answers
+from birder_repro.tasks.squad_examples import squad_examples
+from birder_repro.tasks.squad_features import (
+    MODEL_INPUTS,
+    CollateEval,
+    EvalExamples,
+    Settings,
+    TrainFeatures,
+    train_features,
+)
 
-MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 TRAIN_FILE, DEV_FILE = SQUAD_TRAIN_FILE, SQUAD_DEV_FILE
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Feature and post-processing lengths (conf/task/bert_squad.yaml, ``data.*``)."""
-
-    max_seq_length: int = 384
-    doc_stride: int = 128
-    max_query_length: int = 64
-    n_best_size: int = 20
-    max_answer_length: int = 30
-
-    @classmethod
-    def of(cls, cfg) -> Settings:
-        return cls(**{f.name: int(cfg.data[f.name]) for f in fields(cls)})
-
-
-@dataclass
-class Example:
-    """One question: its context, gold answers (texts) and the first answer's character offset."""
-
-    id: str
-    question: str
-    context: str
-    answers: list[str]
-    answer_start: int
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -100,192 +85,6 @@ def build_model(cfg) -> nn.Module:
     pad = tokenizer.pad_token_id if tokenizer is not None else SYNTHETIC_SPECIALS.pad
     config = bert_config(cfg.model.size, vocab_size_for(cfg, tokenizer), int(cfg.data.max_seq_length), pad)
     return BertForQuestionAnswering(config)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# SQuAD 1.1 examples: the official JSON files or `datasets`
-
-
-def read_squad_json(path: str) -> list[Example]:
-    """Every question of an official SQuAD 1.1 file (``{"data": [{"paragraphs": [{"context", "qas"}]}]}``)."""
-    with open(path, encoding="utf-8") as f:
-        articles = json.load(f)["data"]
-    examples = []
-    for article in articles:
-        for paragraph in article["paragraphs"]:
-            for qa in paragraph["qas"]:
-                answers = qa["answers"]
-                if not answers:
-                    raise ValueError(
-                        f"{path}: question {qa['id']} has no answer (SQuAD 2.0 data? this task is SQuAD 1.1)"
-                    )
-                examples.append(
-                    Example(
-                        qa["id"],
-                        qa["question"],
-                        paragraph["context"],
-                        [a["text"] for a in answers],
-                        int(answers[0]["answer_start"]),
-                    )
-                )
-    return examples
-
-
-def read_squad_hf(name: str, split: str) -> list[Example]:
-    """The same examples through ``datasets.load_dataset(name)`` (columns of the hub's ``squad``)."""
-    try:
-        import datasets  # optional: only this path needs it
-    except ImportError as err:
-        raise ImportError(
-            f"data.hf_name={name!r} needs the datasets library (pip install datasets); or unset "
-            f"it and read the official JSON files from data.root"
-        ) from err
-    rows = datasets.load_dataset(name, split=split)
-    return [
-        Example(r["id"], r["question"], r["context"], list(r["answers"]["text"]), int(r["answers"]["answer_start"][0]))
-        for r in rows
-    ]
-
-
-def squad_examples(cfg, train: bool) -> tuple[list[Example], str]:
-    """The training or development questions and where they came from."""
-    if cfg.data.get("hf_name"):
-        split = "train" if train else "validation"
-        return read_squad_hf(str(cfg.data.hf_name), split), f"datasets {cfg.data.hf_name!r} ({split})"
-    path = squad_file(cfg, train)
-    return read_squad_json(path), path
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Features: question + context windows
-
-
-def truncate_questions(tokenizer, questions: Sequence[str], max_query_length: int) -> list[str]:
-    """Questions cut after their ``max_query_length``-th token (run_squad's max_query_length), left-stripped.
-
-    Cutting the text at the token's character offset keeps the tokenizer's own word pieces.
-    """
-    questions = [q.lstrip() for q in questions]  # run_qa: leading blanks would only eat window space
-    enc = tokenizer(questions, add_special_tokens=False, return_offsets_mapping=True)
-    return [
-        q if len(offsets) <= max_query_length else q[: offsets[max_query_length - 1][1]]
-        for q, offsets in zip(questions, enc["offset_mapping"])
-    ]
-
-
-def tokenize_windows(tokenizer, examples: Sequence[Example], s: Settings):
-    """The windows of each example as run_qa builds them (fast tokenizer: offsets and sequence ids)."""
-    questions = truncate_questions(tokenizer, [e.question for e in examples], s.max_query_length)
-    return tokenizer(
-        questions,
-        [e.context for e in examples],
-        truncation="only_second",
-        max_length=s.max_seq_length,
-        stride=s.doc_stride,
-        return_overflowing_tokens=True,
-        return_offsets_mapping=True,
-        padding="max_length",
-    )
-
-
-def context_span(sequence_ids: Sequence[int | None]) -> tuple[int, int]:
-    """First and last token index of the context (sequence 1) in a window."""
-    tokens = [i for i, s in enumerate(sequence_ids) if s == 1]
-    if not tokens:
-        raise ValueError("a window holds no context token: max_seq_length is too small for max_query_length")
-    return tokens[0], tokens[-1]
-
-
-def answer_positions(offsets, sequence_ids, start_char: int, end_char: int) -> tuple[int, int]:
-    """Token positions of the answer characters [start_char, end_char) in a window; (0, 0) ([CLS]) if outside.
-
-    run_qa's ``prepare_train_features`` rule, searched only among context tokens (its loop can run past the
-    context into [SEP] and padding when the answer starts at the last context token).
-    """
-    first, last = context_span(sequence_ids)
-    if offsets[first][0] > start_char or offsets[last][1] < end_char:
-        return 0, 0
-    start = first
-    while start < last and offsets[start + 1][0] <= start_char:
-        start += 1
-    end = last
-    while end > first and offsets[end - 1][1] >= end_char:
-        end -= 1
-    return start, end
-
-
-def train_features(tokenizer, examples: Sequence[Example], s: Settings, chunk: int = 1000) -> dict[str, np.ndarray]:
-    """All training windows as compact arrays (int32 ids, uint8 types and masks), labelled with positions.
-
-    Tokenized ``chunk`` examples at a time: the Python lists of one call over all of SQuAD would take gigabytes.
-    """
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in (*MODEL_INPUTS, "start_positions", "end_positions")}
-    for lo in range(0, len(examples), chunk):
-        batch = examples[lo : lo + chunk]
-        enc = tokenize_windows(tokenizer, batch, s)
-        positions = []
-        for i, offsets in enumerate(enc["offset_mapping"]):
-            ex = batch[enc["overflow_to_sample_mapping"][i]]
-            start_char = ex.answer_start
-            positions.append(
-                answer_positions(offsets, enc.sequence_ids(i), start_char, start_char + len(ex.answers[0]))
-            )
-        parts["input_ids"].append(np.asarray(enc["input_ids"], dtype=np.int32))
-        parts["token_type_ids"].append(np.asarray(enc["token_type_ids"], dtype=np.uint8))
-        parts["attention_mask"].append(np.asarray(enc["attention_mask"], dtype=np.uint8))
-        positions = np.asarray(positions, dtype=np.int64).reshape(-1, 2)
-        parts["start_positions"].append(positions[:, 0])
-        parts["end_positions"].append(positions[:, 1])
-    return {k: np.concatenate(v) for k, v in parts.items()}
-
-
-class TrainFeatures(Dataset):
-    """Training windows: each item a dict of model inputs and answer positions (int64 tensors)."""
-
-    def __init__(self, arrays: dict[str, np.ndarray]):
-        self.arrays = arrays
-
-    def __len__(self) -> int:
-        return len(self.arrays["input_ids"])
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {k: torch.as_tensor(v[index], dtype=torch.long) for k, v in self.arrays.items()}
-
-
-class EvalExamples(Dataset):
-    """Development questions, tokenized on demand into all their windows (with the context's offsets)."""
-
-    def __init__(self, examples: Sequence[Example], tokenizer, settings: Settings):
-        self.examples, self.tokenizer, self.settings = examples, tokenizer, settings
-
-    def __len__(self) -> int:
-        return len(self.examples)
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        ex = self.examples[index]
-        enc = tokenize_windows(self.tokenizer, [ex], self.settings)
-        item = {k: torch.as_tensor(enc[k], dtype=torch.long) for k in MODEL_INPUTS}
-        # Offsets of context tokens only: the post-processing must never answer with question text.
-        offsets = [
-            [o if s == 1 else None for o, s in zip(enc["offset_mapping"][w], enc.sequence_ids(w))]
-            for w in range(len(enc["input_ids"]))
-        ]
-        item["meta"] = {"id": ex.id, "context": ex.context, "answers": ex.answers, "offsets": offsets}
-        return item
-
-
-class CollateEval:
-    """Windows of several questions stacked; ``meta`` keeps each question's context, answers and offsets, and
-    ``settings`` the post-processing lengths of the run (a batch says how to score itself)."""
-
-    def __init__(self, settings: Settings):
-        self.settings = settings
-
-    def __call__(self, items: list[dict[str, Any]]) -> dict[str, Any]:
-        batch: dict[str, Any] = {k: torch.cat([it[k] for it in items]) for k in MODEL_INPUTS}
-        batch["meta"] = [it["meta"] for it in items]
-        batch["settings"] = self.settings
-        return batch
 
 
 def eval_loader(dataset: Dataset, cfg, rank: int, world_size: int) -> DataLoader:
@@ -410,55 +209,6 @@ def build_synthetic(cfg, rank: int, world_size: int) -> TaskData:
         f"nothing to compare with the paper's numbers"
     )
     return TaskData(loader, eval_loader(eval_set, cfg, rank, world_size), len(train_set), description, sampler)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Post-processing and metric
-
-
-def best_span(
-    start_logits: np.ndarray,
-    end_logits: np.ndarray,
-    offsets: Sequence[Sequence[tuple | None]],
-    n_best_size: int,
-    max_answer_length: int,
-) -> tuple[int, int] | None:
-    """Character span of the best answer over all windows of one question (run_qa's n-best search).
-
-    In each window the ``n_best_size`` highest start and end logits are paired; a pair counts when both tokens
-    are context tokens (offset not None), end >= start, and the span is at most ``max_answer_length`` tokens.
-    The pair with the highest start + end logit over all windows wins; None if no pair counts.
-    """
-    best_score, best = -np.inf, None
-    for w, window_offsets in enumerate(offsets):
-        starts = np.argsort(start_logits[w])[::-1][:n_best_size]
-        ends = np.argsort(end_logits[w])[::-1][:n_best_size]
-        for i in starts:
-            if window_offsets[i] is None:
-                continue
-            for j in ends:
-                if window_offsets[j] is None or j < i or j - i + 1 > max_answer_length:
-                    continue
-                score = start_logits[w][i] + end_logits[w][j]
-                if score > best_score:
-                    best_score, best = score, (window_offsets[i][0], window_offsets[j][1])
-    return best
-
-
-def predict_answers(
-    start_logits: torch.Tensor, end_logits: torch.Tensor, metas: Sequence[dict], s: Settings
-) -> list[str]:
-    """The predicted text of each question of a batch (its windows are consecutive rows of the logits)."""
-    start_logits, end_logits = start_logits.float().cpu().numpy(), end_logits.float().cpu().numpy()
-    answers, row = [], 0
-    for meta in metas:
-        n = len(meta["offsets"])
-        span = best_span(
-            start_logits[row : row + n], end_logits[row : row + n], meta["offsets"], s.n_best_size, s.max_answer_length
-        )
-        answers.append("" if span is None else meta["context"][span[0] : span[1]])
-        row += n
-    return answers
 
 
 # --------------------------------------------------------------------------------------------------------------

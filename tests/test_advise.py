@@ -18,8 +18,10 @@ from test_report_tuning import profile  # the same made-up 1-node profile of the
 
 from birder_repro.perf import advise as arithmetic
 from birder_repro.perf import advisor as advise
+from birder_repro.perf.advice_query import Layout
+from birder_repro.perf.advice_render import advice_figure, format_advice
+from birder_repro.perf.advice_steps import load_runs, measured_steps
 from birder_repro.perf.advise import LINK_GRID as GRID
-from birder_repro.perf.advisor import load_runs
 from birder_repro.perf.cluster import CLUSTER_DIR
 from birder_repro.perf.profile import Profile
 
@@ -84,10 +86,10 @@ def runs(root: Path, optims=tuple(STEPS), seeds=(0, 1), profiles=tuple(STEPS), e
 MODEL = {"size": "full", "width": 512, "num_classes": 10}  # the query's (the records name size and width)
 
 
-def layout(link: float, **more) -> advise.Layout:
+def layout(link: float, **more) -> Layout:
     """A query of fashion_mnist on 2 x 2 at batch 64, the width 512 MLP, to top-1 87 %, evaluated every 10 steps."""
     cluster = yaml.safe_load((CLUSTER_DIR / "ethernet_10g.yaml").read_text())
-    return advise.Layout(
+    return Layout(
         **{
             "task": "fashion_mnist",
             "nodes": 2,
@@ -196,7 +198,7 @@ def test_a_method_whose_seeds_did_not_all_reach_is_ranked_after_and_says_k_of_n(
     assert order(advice)[-1] == "birder"
     [row] = [r for r in advice["ranked"] if r["optim"] == "birder"]
     assert (row["steps"]["reached"], row["steps"]["runs"]) == (2, 3) and row["ranked_after_reliable"]
-    assert "2 of 3 reached" in advise.format_advice(advice)
+    assert "2 of 3 reached" in format_advice(advice)
 
 
 def test_runs_at_another_global_batch_are_used_only_where_none_match_and_said(tmp_path):
@@ -228,7 +230,7 @@ def test_missing_inputs_are_listed_with_the_command_that_makes_them(tmp_path):
         "gpus_per_node=2 train.eval=true "
         "train.eval_every=10 train.stop_at_target=true"
     )
-    text = advise.format_advice(advice)
+    text = format_advice(advice)
     assert "cannot rank adamw: no 1-node profile" in text
     assert missing["sgdm_fp16", "no measured run reaching the target"] in text
     # its expected time: the 430 steps of the run, twice, at sgdm_fp16's step predicted from its profile
@@ -384,7 +386,7 @@ def test_the_figure_draws_each_method_in_its_style_of_every_figure(tmp_path, mon
         "task": "fashion_mnist",
         "target": "top1 >= 87",
     }
-    advise.advice_figure(advice, tmp_path / "advice.png")
+    advice_figure(advice, tmp_path / "advice.png")
     lines = [ln for ln in kept[0].axes[0].get_lines() if ln.get_label() in methods]
     assert len({(ln.get_color(), ln.get_linestyle()) for ln in lines}) == len(methods)
     for line in lines:
@@ -397,7 +399,7 @@ def test_of_several_profiles_the_model_takes_the_median_one_made_by_the_newest_o
     """One 60-step profile can land 15-24 % off the next three of the same command (DiLoCo's did): of a setting's
     1-node runs, the one with the median step, among those made by the newest one's code (profiles made before a
     fix are made again, not pooled); of an even count the newer middle one."""
-    from birder_repro.perf.advisor import median_profile_record
+    from birder_repro.perf.advice_profiles import median_profile_record
 
     def rec(ms: float, started: str, sha: str = "b") -> dict:
         return {"step_time_s": {"total": ms / 1e3}, "started": started, "git_sha": sha, "id": ms}
@@ -530,7 +532,7 @@ def test_a_profile_of_another_width_is_not_this_widths(tmp_path):
     reasons = {(c["method"], c["reason"]) for c in advice["cannot_rank"]}
     assert ("sgdm", "no 1-node profile") in reasons
     none_ran = "no measured run reaching the target (none ran; the papers give no steps for it)"
-    assert f"cannot rank sgdm: {none_ran}; no 1-node profile" in advise.format_advice(advice)
+    assert f"cannot rank sgdm: {none_ran}; no 1-node profile" in format_advice(advice)
 
 
 def test_runs_of_another_width_or_target_are_not_counted_and_said(tmp_path):
@@ -561,14 +563,14 @@ def test_every_method_stays_in_the_answer_with_what_it_lacks(tmp_path):
         "no measured run reaching the target (none ran; the papers give no steps for it)",
         "no 1-node profile",
     ]
-    text = advise.format_advice(advice)
+    text = format_advice(advice)
     assert all(f"cannot rank {name}:" in text for name in set(advise.FIELD) - {"sgdm", "birder"})
 
 
 def test_with_one_method_ranked_no_claim_about_every_link_rate(tmp_path):
     advice = advise.advise(layout(20.0), load_runs(runs(tmp_path / "runs", optims=("birder",))))
     assert order(advice) == ["birder"]
-    text = advise.format_advice(advice)
+    text = format_advice(advice)
     assert "same at every link rate" not in text and "one method ranked: no comparison over link rates" in text
 
 
@@ -648,6 +650,6 @@ def test_a_run_sized_to_a_time_budget_gives_no_steps_to_the_target():
     budget = record("birder", 548, seed=1)
     budget["config"]["tuning"] = {"budget_s": 28.5}
     runs = [(Path(f"r{i}"), rec) for i, rec in enumerate([record("sgdm", 100), record("birder", 150), budget])]
-    found = advise.measured_steps(runs, "fashion_mnist", 256, (2, 2))
+    found = measured_steps(runs, "fashion_mnist", 256, (2, 2))
     birder = [s for s in found if s.optim == "birder"]
     assert len(birder) == 1 and birder[0].steps == 150

@@ -17,6 +17,7 @@ from torch import nn
 
 from birder_repro.run import failures, record
 from birder_repro.train import checkpoint as ckpt
+from birder_repro.train import resume_point
 from birder_repro.train.checkpoint import CheckpointError, RunIdentity, load_checkpoint, save_checkpoint, step_dir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -297,7 +298,7 @@ def test_incomplete_checkpoint(tmp_path):
     where = _saved(tmp_path)
     (where / ckpt.COMPLETE).unlink()
     with pytest.raises(CheckpointError, match="is not a complete checkpoint"):
-        ckpt.choose_resume(str(where), tmp_path, restarted=False, device=CPU)
+        resume_point.choose_resume(str(where), tmp_path, restarted=False, device=CPU)
 
 
 class _RunsCode:
@@ -360,5 +361,5 @@ def test_running_out_of_disk_while_checkpointing_keeps_the_earlier_checkpoint(tm
     with pytest.raises(CheckpointError, match="step 4 could not be written.*No space left on device.*earlier"):
         _saved(tmp_path, step=4)
     monkeypatch.undo()
-    assert ckpt.choose_resume("auto", tmp_path, restarted=False, device=CPU) == step_dir(tmp_path, 2)
+    assert resume_point.choose_resume("auto", tmp_path, restarted=False, device=CPU) == step_dir(tmp_path, 2)
     assert _load(step_dir(tmp_path, 2))[0] == 2

@@ -13,12 +13,12 @@ from birder_repro.train.checkpoint import (
     MANIFEST,
     CheckpointError,
     RunIdentity,
-    choose_resume,
     complete_checkpoints,
     load_checkpoint,
     save_checkpoint,
     step_dir,
 )
+from birder_repro.train.resume_point import choose_resume
 
 CPU = torch.device("cpu")
 IDENTITY = RunIdentity(task="blobs", optim="sgdm", scheme="allreduce", nodes=1, gpus_per_node=1, world_size=1)

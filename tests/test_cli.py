@@ -239,7 +239,7 @@ def test_a_stop_whose_workers_wrote_no_record_names_the_signal_the_cli_passed_on
 def test_a_node_of_an_emulated_cluster_leaves_the_summary_to_the_users_cli(compose, monkeypatch, tmp_path, capsys):
     """The user's CLI relays each node's lines prefixed ("[node 0] ...") and then tells the run's end itself: the
     summary is said once, by it."""
-    from birder_repro.launch import emulated
+    from birder_repro.launch import emulated_nodes
     from birder_repro.launch.ending import teller
     from birder_repro.run import finish, schema
 
@@ -248,10 +248,10 @@ def test_a_node_of_an_emulated_cluster_leaves_the_summary_to_the_users_cli(compo
     rec["ended"] = "2099-01-01T00:00:00+00:00"
     RunDir(tmp_path).write(rec)
     started = "2026-01-01T00:00:00+00:00"
-    monkeypatch.setenv(emulated.NODE_ENV, "0")
+    monkeypatch.setenv(emulated_nodes.NODE_ENV, "0")
     assert finish.finish_run(cfg, tmp_path, 0, started, teller(cfg)) == 0
     assert "run:        resnet20 with birder" not in capsys.readouterr().out
-    monkeypatch.delenv(emulated.NODE_ENV)
+    monkeypatch.delenv(emulated_nodes.NODE_ENV)
     assert finish.finish_run(cfg, tmp_path, 0, started, teller(cfg)) == 0
     assert capsys.readouterr().out.count("run:        resnet20 with birder") == 1
 

@@ -220,11 +220,11 @@ def test_the_readme_overrides_work_for_every_task(task):
     ],
 )
 def test_a_value_of_the_wrong_type_is_one_error_naming_the_key(override, message):
-    from birder_repro import cli
+    from birder_repro.config.compose import reference_configs
 
     cfg = compose_config([override], hydra_config=True)
     with pytest.raises(layout.ConfigError) as err:
-        layout.validate(cfg, cli.reference_configs(cfg))
+        layout.validate(cfg, reference_configs(cfg))
     assert str(err.value).startswith(message)
 
 
@@ -241,22 +241,22 @@ def test_a_value_of_the_wrong_type_is_one_error_naming_the_key(override, message
 def test_values_of_the_right_kind_pass_the_type_check(overrides, wrong):
     """Each passes; the same config with one value of the wrong kind beside it is refused, naming that key, so
     the pass is the check's verdict and not a check that looked at nothing."""
-    from birder_repro import cli
+    from birder_repro.config.compose import reference_configs
 
     cfg = compose_config(overrides, hydra_config=True)
-    assert layout.validate(cfg, cli.reference_configs(cfg)) is None
+    assert layout.validate(cfg, reference_configs(cfg)) is None
     bad = compose_config([*overrides, wrong], hydra_config=True)
     with pytest.raises(layout.ConfigError, match=re.escape(wrong.split("=")[0])):
-        layout.validate(bad, cli.reference_configs(bad))
+        layout.validate(bad, reference_configs(bad))
 
 
 def test_the_type_check_needs_no_hydra_node():
     """A config composed elsewhere (no hydra node) is checked against its group options' names."""
-    from birder_repro import cli
+    from birder_repro.config.compose import reference_configs
 
     cfg = compose_config(["task=lstm_ptb", "data.bptt=long"])
     with pytest.raises(layout.ConfigError, match=r"data\.bptt='long': use a number"):
-        layout.validate(cfg, cli.reference_configs(cfg))
+        layout.validate(cfg, reference_configs(cfg))
 
 
 # ------------------------------------------------------------------------------- data loader processes
@@ -290,11 +290,11 @@ def test_data_workers_must_be_auto_or_a_whole_number(compose, value):
     ],
 )
 def test_an_added_key_no_config_declares_is_refused_with_the_closest_one(override, named, closest):
-    from birder_repro import cli
+    from birder_repro.config.compose import reference_configs
 
     cfg = compose_config(["optim=adamw", override], hydra_config=True)
     with pytest.raises(layout.ConfigError) as err:
-        layout.validate(cfg, cli.reference_configs(cfg))
+        layout.validate(cfg, reference_configs(cfg))
     assert str(err.value).startswith(f"{named}: no such setting; did you mean {closest}?")
 
 
@@ -309,10 +309,10 @@ def test_an_added_key_no_config_declares_is_refused_with_the_closest_one(overrid
     ],
 )
 def test_the_keys_the_chosen_groups_add_are_known(overrides):
-    from birder_repro import cli
+    from birder_repro.config.compose import reference_configs
 
     cfg = compose_config(overrides, hydra_config=True)
-    reference = cli.reference_configs(cfg)[0]
+    reference = reference_configs(cfg)[0]
     layout.check_known_keys(cfg, reference)
     with pytest.raises(layout.ConfigError, match=r"^data\.rooot: no such setting; did you mean data\.root\?"):
         layout.check_known_keys(compose_config([*overrides, "+data.rooot=x"]), reference)
@@ -321,11 +321,11 @@ def test_the_keys_the_chosen_groups_add_are_known(overrides):
 def test_another_optimizers_key_is_not_known():
     """optim=adamw has no ``beta`` (Birder's, the default optimizer's): the task-alone reference must not let it
     through."""
-    from birder_repro import cli
+    from birder_repro.config.compose import reference_configs
 
     cfg = compose_config(["optim=adamw", "+optim.beta=0.9"], hydra_config=True)
     with pytest.raises(layout.ConfigError, match=r"^optim\.beta: no such setting; did you mean optim\.betas\?"):
-        layout.validate(cfg, cli.reference_configs(cfg))
+        layout.validate(cfg, reference_configs(cfg))
 
 
 def test_a_section_every_reference_leaves_empty_takes_any_key():

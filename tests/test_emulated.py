@@ -25,8 +25,9 @@ import pytest
 
 from birder_repro import cli
 from birder_repro.config import settings as layout
-from birder_repro.launch import choose_launcher, emulated, netns
+from birder_repro.launch import choose_launcher, emulated, emulated_nodes, node_processes
 from birder_repro.launch.process import Command
+from birder_repro.netns import build, counters, plan
 from birder_repro.run import record
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,43 +53,43 @@ def resolved(compose, overrides):
 
 def ours(run_id: str) -> set[str]:
     """Every namespace, link, hosts directory and state file of one run that is still there."""
-    left = set(netns.list_ours().get(run_id, set()))
-    left |= {str(p) for p in netns.NETNS_ETC.glob(f"{netns.PREFIX}-{run_id}-*")} if netns.NETNS_ETC.is_dir() else set()
-    state = netns.STATE_DIR / f"{run_id}.json"
+    left = set(build.list_ours().get(run_id, set()))
+    left |= {str(p) for p in build.NETNS_ETC.glob(f"{plan.PREFIX}-{run_id}-*")} if build.NETNS_ETC.is_dir() else set()
+    state = build.STATE_DIR / f"{run_id}.json"
     return left | ({str(state)} if state.exists() else set())
 
 
 # ------------------------------------------------------------------------------------------- the plan
 def test_plan_names_fit_interfaces_and_carry_the_run_id():
-    fabric = netns.plan_fabric(12, "10.77.0.0/24", netns.Shaping(200.0, 25000), run_id="a1b2c3")
+    fabric = plan.plan_fabric(12, "10.77.0.0/24", plan.Shaping(200.0, 25000), run_id="a1b2c3")
     names = [fabric.bridge] + [n for node in fabric.nodes for n in (node.host_veth, node.node_veth)]
     assert all(len(n) <= 15 for n in names), names  # Linux's IFNAMSIZ
     assert [n.address for n in fabric.nodes[:3]] == ["10.77.0.1", "10.77.0.2", "10.77.0.3"]
     assert fabric.nodes[11].netns == "bdrp-a1b2c3-11"
-    assert {netns._run_id_of(n) for n in names + fabric.namespaces} == {"a1b2c3"}
-    assert netns._run_id_of("eth0") is None and netns._run_id_of("bdrpXYZ") is None
+    assert {plan._run_id_of(n) for n in names + fabric.namespaces} == {"a1b2c3"}
+    assert plan._run_id_of("eth0") is None and plan._run_id_of("bdrpXYZ") is None
     with pytest.raises(ValueError, match="no room"):
-        netns.plan_fabric(4, "10.77.0.0/30", netns.Shaping(None))
+        plan.plan_fabric(4, "10.77.0.0/30", plan.Shaping(None))
 
 
 def test_burst_is_a_millisecond_of_traffic_and_at_least_two_frames():
-    assert netns.burst_bytes(200, 1.0) == 25_000  # 200e6 / 8 bytes/s x 1 ms
-    assert netns.burst_bytes(10_000, 1.0) == 1_250_000
-    assert netns.burst_bytes(1, 1.0) == 2 * 1514
+    assert plan.burst_bytes(200, 1.0) == 25_000  # 200e6 / 8 bytes/s x 1 ms
+    assert plan.burst_bytes(10_000, 1.0) == 1_250_000
+    assert plan.burst_bytes(1, 1.0) == 2 * 1514
 
 
 def test_setup_shapes_both_directions_and_teardown_removes_everything():
-    fabric = netns.plan_fabric(2, "10.77.0.0/24", netns.Shaping(200.0, 25000, 100.0), run_id="a1b2c3")
-    setup = [" ".join(c) for c in netns.setup_commands(fabric)]
+    fabric = plan.plan_fabric(2, "10.77.0.0/24", plan.Shaping(200.0, 25000, 100.0), run_id="a1b2c3")
+    setup = [" ".join(c) for c in plan.setup_commands(fabric)]
     tbf = "root tbf rate 200mbit burst 25000 latency 100ms"
     assert f"tc -n bdrp-a1b2c3-0 qdisc add dev bdrpa1b2c3n0 {tbf}" in setup  # node 0's uplink
     assert f"tc qdisc add dev bdrpa1b2c3h1 {tbf}" in setup  # node 1's downlink
     assert "ip -n bdrp-a1b2c3-1 addr add 10.77.0.2/24 dev bdrpa1b2c3n1" in setup
     assert "ip -n bdrp-a1b2c3-0 link set lo up" in setup
-    teardown = [" ".join(c) for c in netns.teardown_commands(fabric)]
+    teardown = [" ".join(c) for c in plan.teardown_commands(fabric)]
     assert teardown[-1] == "ip link delete bdrpa1b2c3br" and "ip netns delete bdrp-a1b2c3-1" in teardown
-    unshaped = netns.plan_fabric(2, "10.77.0.0/24", netns.Shaping(None), run_id="a1b2c3")
-    assert not any(c[0] == "tc" for c in netns.setup_commands(unshaped))
+    unshaped = plan.plan_fabric(2, "10.77.0.0/24", plan.Shaping(None), run_id="a1b2c3")
+    assert not any(c[0] == "tc" for c in plan.setup_commands(unshaped))
 
 
 def node_run_dir(compose, tmp_path: Path, overrides: list[str]) -> tuple:
@@ -106,7 +107,7 @@ def test_each_node_runs_the_cli_with_the_users_overrides_as_one_node_in_its_name
     cmds = emulated.commands(cfg, run_dir, fabric, env={})
     for k, cmd in enumerate(cmds):
         assert cmd.argv[:4] == ["ip", "netns", "exec", f"bdrp-a1b2c3-{k}"]
-        pin = emulated.pin_prefix(cfg, k)  # taskset where this machine has a core per node
+        pin = emulated_nodes.pin_prefix(cfg, k)  # taskset where this machine has a core per node
         assert cmd.argv[4 : 4 + len(pin)] == pin
         cli_args = cmd.argv[4 + len(pin) :]
         assert cli_args[1:3] == ["-m", "birder_repro.cli"]
@@ -120,7 +121,7 @@ def test_each_node_runs_the_cli_with_the_users_overrides_as_one_node_in_its_name
             f"hydra.run.dir={run_dir.resolve()}",
             "hydra.output_subdir=null",
         ]
-        assert cmd.env[emulated.NODE_ENV] == str(k)  # the node's CLI builds no fabric
+        assert cmd.env[emulated_nodes.NODE_ENV] == str(k)  # the node's CLI builds no fabric
         assert cmd.env["PET_LOCAL_ADDR"] == f"10.77.0.{k + 1}"  # torchrun --local-addr
         assert cmd.env["PET_RDZV_CONF"] == f"is_host={int(k == 0)}"  # torchrun --rdzv-conf
         assert cmd.env["GLOO_SOCKET_IFNAME"] == cmd.env[emulated.LINK_IFACE_ENV] == f"bdrpa1b2c3n{k}"
@@ -138,7 +139,7 @@ def test_a_nodes_cli_starts_that_nodes_torchrun_at_node_0(compose, tmp_path):
     cmd = emulated.commands(cfg, run_dir, emulated.fabric_for(cfg, run_id="a1b2c3"), env={})[1]
     cli_args = cmd.argv[cmd.argv.index(sys.executable) :]
     node_cli = compose(["cluster=emulated", "launcher=torchrun"])
-    assert choose_launcher(node_cli, env={emulated.NODE_ENV: "1"}) == "torchrun"
+    assert choose_launcher(node_cli, env={emulated_nodes.NODE_ENV: "1"}) == "torchrun"
     out = subprocess.run(
         [*cli_args, "dry_run=true"],
         cwd=REPO,
@@ -170,17 +171,18 @@ def test_a_run_whose_overrides_are_unknown_is_refused(compose, tmp_path):
 
 
 def test_each_node_gets_its_own_block_of_cores(compose, monkeypatch):
-    assert emulated.node_cores(2, [0, 1, 2, 3, 4]) == [[0, 1], [2, 3]]
-    assert emulated.node_cores(3, [0, 1]) == [[], [], []]  # fewer cores than nodes: no pinning
+    assert emulated_nodes.node_cores(2, [0, 1, 2, 3, 4]) == [[0, 1], [2, 3]]
+    assert emulated_nodes.node_cores(3, [0, 1]) == [[], [], []]  # fewer cores than nodes: no pinning
     monkeypatch.setattr(emulated.os, "sched_getaffinity", lambda pid: {4, 5, 6, 7})
     cfg = resolved(compose, ["nodes=2"])
-    assert [emulated.pin_prefix(cfg, k) for k in range(2)] == [["taskset", "-c", "4,5"], ["taskset", "-c", "6,7"]]
-    assert emulated.pin_prefix(resolved(compose, ["nodes=2", "cluster.pin_cores=false"]), 0) == []
+    assert [emulated_nodes.pin_prefix(cfg, k) for k in range(2)] == [["taskset", "-c", "4,5"], ["taskset", "-c", "6,7"]]
+    assert emulated_nodes.pin_prefix(resolved(compose, ["nodes=2", "cluster.pin_cores=false"]), 0) == []
     # cluster.cores_per_node: a 1-node profile on the cores one node of a 2 x 2 run has
-    assert emulated.pin_prefix(resolved(compose, ["nodes=1", "cluster.cores_per_node=1"]), 0) == ["taskset", "-c", "4"]
-    assert emulated.node_cores(2, [0, 1, 2, 3, 4], per=1) == [[0], [1]]
+    one_core = resolved(compose, ["nodes=1", "cluster.cores_per_node=1"])
+    assert emulated_nodes.pin_prefix(one_core, 0) == ["taskset", "-c", "4"]
+    assert emulated_nodes.node_cores(2, [0, 1, 2, 3, 4], per=1) == [[0], [1]]
     with pytest.raises(layout.ConfigError, match="cluster.cores_per_node=3 on 2 node"):
-        emulated.node_cores(2, [0, 1, 2, 3, 4], per=3)
+        emulated_nodes.node_cores(2, [0, 1, 2, 3, 4], per=3)
 
 
 def test_emulated_is_chosen_by_auto_and_refuses_other_launchers_and_netem(compose):
@@ -205,8 +207,8 @@ def test_emulated_is_chosen_by_auto_and_refuses_other_launchers_and_netem(compos
 def test_require_tools_says_what_to_do(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     monkeypatch.setattr(shutil, "which", lambda tool, path=None: None)
-    with pytest.raises(netns.EmulationUnavailable) as err:
-        netns.require_tools()
+    with pytest.raises(build.EmulationUnavailable) as err:
+        build.require_tools()
     assert "root" in str(err.value) and "apt-get install -y iproute2" in str(err.value)
 
 
@@ -229,7 +231,7 @@ def test_dry_run_prints_the_fabric_and_one_cli_per_namespace_and_makes_nothing(r
     assert out.returncode == 0, out.stderr
     nodes = [line for line in out.stdout.splitlines() if "-m birder_repro.cli" in line]
     assert len(nodes) == 4 and all(
-        line.startswith(f"{emulated.NODE_ENV}=")
+        line.startswith(f"{emulated_nodes.NODE_ENV}=")
         and " &  # node " in line
         and "cluster=emulated nodes=4 cluster.link_mbit=100 launcher=torchrun" in line
         for line in nodes
@@ -238,8 +240,8 @@ def test_dry_run_prints_the_fabric_and_one_cli_per_namespace_and_makes_nothing(r
     assert "ip netns delete" in out.stdout
     assert not list(runs_dir.rglob(record.RECORD_FILE))
     if CAN_NETNS:  # the fabric it printed was not made (others' runs may make theirs meanwhile: the machine is shared)
-        (run_id,) = set(re.findall(rf"ip netns add {netns.PREFIX}-(\w+)-0\b", out.stdout))
-        assert run_id not in netns.list_ours() and ours(run_id) == set()
+        (run_id,) = set(re.findall(rf"ip netns add {plan.PREFIX}-(\w+)-0\b", out.stdout))
+        assert run_id not in build.list_ours() and ours(run_id) == set()
 
 
 # ------------------------------------------------------------------------------- the link counters
@@ -250,7 +252,7 @@ def test_read_counters_from_sysfs_and_snmp(tmp_path):
     (stats / "tx_packets").write_text("100\n")
     snmp = tmp_path / "snmp"
     snmp.write_text("Ip: Forwarding\nIp: 1\nTcp: RtoAlgorithm RetransSegs InErrs\nTcp: 1 7 0\n")
-    assert netns.read_counters("veth0", tmp_path / "net", snmp) == {
+    assert counters.read_counters("veth0", tmp_path / "net", snmp) == {
         "tx_bytes": 123456,
         "tx_packets": 100,
         "retrans_segs": 7,
@@ -274,7 +276,7 @@ def test_a_failed_node_stops_the_others_and_its_code_is_returned(tmp_path, capsy
         f"print('boom', flush=True); sys.exit(3)"
     )
     cmds = [Command([py, "-c", waiting]), Command([py, "-c", failing])]
-    assert emulated.run_nodes(cmds, tmp_path / "output.log", grace_s=1.0) == 3
+    assert node_processes.run_nodes(cmds, tmp_path / "output.log", grace_s=1.0) == 3
     log = (tmp_path / "output.log").read_text()
     assert "[node 0] waiting\n" in log and "[node 1] boom\n" in log
     assert "[node 0] stopped by SIGTERM\n" in log, log
@@ -300,8 +302,8 @@ LAUNCHER = textwrap.dedent("""
 """)
 WAIT = "import time; print('up', flush=True); time.sleep(600)"
 CHECK_LINK = (
-    "import os; from birder_repro.launch import netns; "
-    "print('counters', netns.read_counters(os.environ['BIRDER_LINK_IFACE']), flush=True)"
+    "import os; from birder_repro.netns import counters; "
+    "print('counters', counters.read_counters(os.environ['BIRDER_LINK_IFACE']), flush=True)"
 )
 
 
@@ -332,8 +334,8 @@ def wait_for_fabric(before: set[str], launcher: subprocess.Popen) -> str:
     children: other engineers' runs make fabrics on this machine too). No deadline (the machine is shared;
     pytest's timeout ends a hang): it fails only if the launcher ends before."""
     while launcher.poll() is None:
-        for run_id in set(netns.list_ours()) - before:
-            pids = [netns._pids_in(netns.netns_name(run_id, k)) for k in range(2)]
+        for run_id in set(build.list_ours()) - before:
+            pids = [build._pids_in(plan.netns_name(run_id, k)) for k in range(2)]
             if all(pids) and any(_descends_from(pid, launcher.pid) for node in pids for pid in node):
                 return run_id
         time.sleep(0.2)
@@ -343,8 +345,8 @@ def wait_for_fabric(before: set[str], launcher: subprocess.Popen) -> str:
 
 
 def test_hosts_file_names_every_node_in_ipv4_and_ipv4_mapped_ipv6_form():
-    fabric = netns.plan_fabric(2, "10.77.0.0/24", netns.Shaping(None), run_id="a1b2c3")
-    lines = set(netns.hosts_file(fabric, fabric.nodes[1], "vm").splitlines())
+    fabric = plan.plan_fabric(2, "10.77.0.0/24", plan.Shaping(None), run_id="a1b2c3")
+    lines = set(build.hosts_file(fabric, fabric.nodes[1], "vm").splitlines())
     for address, name in [
         ("127.0.0.1", "localhost"),
         ("10.77.0.2", "vm"),
@@ -360,9 +362,9 @@ def test_namespaces_name_their_nodes_without_dns():
     """c10d names the clients of its dual-stack store with getnameinfo (IPv4-mapped IPv6 addresses): each
     namespace's hosts file answers, so nothing asks a DNS server the namespace cannot reach (EAI_AGAIN, and
     c10d's "hostname of the client socket cannot be retrieved" warning)."""
-    fabric = netns.plan_fabric(2, "10.77.0.0/24", netns.Shaping(None))
-    netns.clean_stale()
-    netns.create(fabric)
+    fabric = plan.plan_fabric(2, "10.77.0.0/24", plan.Shaping(None))
+    build.clean_stale()
+    build.create(fabric)
     try:
         for node in fabric.nodes:
             out = subprocess.run(
@@ -388,17 +390,17 @@ def test_namespaces_name_their_nodes_without_dns():
             names[node.index] = socket.gethostname()  # each node's own address is this machine's name there
             assert out.stdout.split() == [n for n in names for _ in (0, 1)] + ["localhost"] * 3
     finally:
-        assert netns.destroy(fabric) == []
+        assert build.destroy(fabric) == []
     assert ours(fabric.run_id) == set()
-    assert not any((netns.NETNS_ETC / ns).exists() for ns in fabric.namespaces)
+    assert not any((build.NETNS_ETC / ns).exists() for ns in fabric.namespaces)
 
 
 @needs_netns
 def test_links_are_shaped_and_counted_by_the_kernel():
     """200 Mbit/s both ways; the payload of a TCP transfer is tx_bytes - 66 x tx_packets exactly."""
-    fabric = netns.plan_fabric(2, "10.77.0.0/24", netns.Shaping(200.0, netns.burst_bytes(200, 1.0), 100.0))
-    netns.clean_stale()
-    netns.create(fabric)
+    fabric = plan.plan_fabric(2, "10.77.0.0/24", plan.Shaping(200.0, plan.burst_bytes(200, 1.0), 100.0))
+    build.clean_stale()
+    build.create(fabric)
     try:
         a, b = fabric.nodes
         server = subprocess.Popen(
@@ -426,13 +428,13 @@ def test_links_are_shaped_and_counted_by_the_kernel():
                 "-c",
                 textwrap.dedent(f"""
             import json, socket, time
-            from birder_repro.launch import netns
+            from birder_repro.netns import counters
             for _ in range(100):
                 try: s = socket.create_connection(("{b.address}", 5001)); break
                 except OSError: time.sleep(0.05)
-            c0 = netns.read_counters("{a.node_veth}"); t = time.perf_counter()
+            c0 = counters.read_counters("{a.node_veth}"); t = time.perf_counter()
             s.sendall(b"x" * 5_000_000); s.recv(1); dt = time.perf_counter() - t
-            c1 = netns.read_counters("{a.node_veth}")
+            c1 = counters.read_counters("{a.node_veth}")
             print(json.dumps({{"mbit": 5_000_000 * 8 / dt / 1e6, "bytes": c1["tx_bytes"] - c0["tx_bytes"],
                               "packets": c1["tx_packets"] - c0["tx_packets"]}}))"""),
             ],
@@ -446,9 +448,9 @@ def test_links_are_shaped_and_counted_by_the_kernel():
         # TCP goodput under a 200 Mbit/s bucket (1448 of 1514 bytes): never above it (unshaped veths carry Gbit/s);
         # no lower bound, which a busy shared machine could break.
         assert got["mbit"] < 200 * 1.05
-        assert got["bytes"] - netns.FRAME_HEADER_BYTES * got["packets"] == pytest.approx(5_000_000, rel=1e-3)
+        assert got["bytes"] - counters.FRAME_HEADER_BYTES * got["packets"] == pytest.approx(5_000_000, rel=1e-3)
     finally:
-        assert netns.destroy(fabric) == []
+        assert build.destroy(fabric) == []
     assert ours(fabric.run_id) == set()
 
 
@@ -474,7 +476,7 @@ def test_a_run_that_fails_leaves_nothing(tmp_path):
 @needs_netns
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_run_stopped_by_a_signal_leaves_nothing(tmp_path, sig, code):
-    before = set(netns.list_ours())
+    before = set(build.list_ours())
     proc, _run_dir = start_launcher(tmp_path, WAIT)
     run_id = wait_for_fabric(before, proc)
     proc.send_signal(sig)
@@ -485,10 +487,10 @@ def test_a_run_stopped_by_a_signal_leaves_nothing(tmp_path, sig, code):
 
 @needs_netns
 def test_a_run_killed_with_sigkill_is_cleaned_by_the_next_run(tmp_path):
-    before = set(netns.list_ours())
+    before = set(build.list_ours())
     proc, _ = start_launcher(tmp_path, WAIT)
     run_id = wait_for_fabric(before, proc)
-    node_pids = [pid for k in range(2) for pid in netns._pids_in(netns.netns_name(run_id, k))]
+    node_pids = [pid for k in range(2) for pid in build._pids_in(plan.netns_name(run_id, k))]
     proc.kill()
     proc.wait(timeout=30)
     assert ours(run_id), "SIGKILL leaves the fabric behind: nothing could remove it"
@@ -501,24 +503,24 @@ def test_a_run_killed_with_sigkill_is_cleaned_by_the_next_run(tmp_path):
     # The next run on this machine removes it: ours, which says so, or another engineer's that started first
     # (the machine is shared), which then leaves ours nothing to remove. Either way it is gone.
     assert nxt.returncode == 0, out
-    assert f"removed the emulated cluster(s) {run_id}" in out or run_id not in netns.list_ours(), out
+    assert f"removed the emulated cluster(s) {run_id}" in out or run_id not in build.list_ours(), out
     assert ours(run_id) == set()
     assert ours(json.loads((next_dir / emulated.INFO_FILE).read_text())["run_id"]) == set()
     assert not [
         n
         for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-        if n.startswith(f"{netns.PREFIX}-{run_id}")
+        if n.startswith(f"{plan.PREFIX}-{run_id}")
     ]
 
 
 @needs_netns
 def test_a_live_run_is_not_taken_for_a_stale_one(tmp_path):
-    before = set(netns.list_ours())
+    before = set(build.list_ours())
     proc, _ = start_launcher(tmp_path, WAIT)
     try:
         run_id = wait_for_fabric(before, proc)
-        assert run_id not in netns.clean_stale()
-        assert netns.netns_name(run_id, 0) in netns.list_ours()[run_id]
+        assert run_id not in build.clean_stale()
+        assert plan.netns_name(run_id, 0) in build.list_ours()[run_id]
     finally:
         proc.terminate()
         proc.communicate(timeout=120)
@@ -551,7 +553,7 @@ def check_link_bytes_match_the_hook(compose, runs_dir, overrides: list[str]) -> 
     assert rec["status"] == "completed" and len(rec["link_bytes_per_step"]) == 2
     hook = rec["inter_node_bytes_per_step"]  # per process = per node (1 process a node)
     for node, (sent, packets) in enumerate(zip(rec["link_bytes_per_step"], rec["link_packets_per_step"])):
-        payload = sent - netns.FRAME_HEADER_BYTES * packets
+        payload = sent - counters.FRAME_HEADER_BYTES * packets
         assert payload == pytest.approx(hook, rel=0.10), (node, payload, hook)
     info = json.loads((Path(rec["run_dir"]) / emulated.INFO_FILE).read_text())
     assert ours(info["run_id"]) == set()

@@ -16,6 +16,7 @@ from birder_repro.config import settings as layout
 from birder_repro.report import ladder
 from birder_repro.report.__main__ import main
 from birder_repro.report.records import load_frame
+from birder_repro.train import checks  # noqa: F401 - validate runs the higher layers' section checks too
 
 
 def curve_run(
@@ -169,11 +170,11 @@ def test_make_tables_writes_targets_md(tmp_path):
 
 
 def test_a_bad_ladder_is_one_error_naming_the_key():
-    from birder_repro import cli
+    from birder_repro.config.compose import reference_configs
 
     cfg = compose_config(["task=fashion_mnist", "task.target.ladder=[86,x]"], hydra_config=True)
     with pytest.raises(layout.ConfigError, match=r"task.target.ladder=\[86, 'x'\]: give a list of numbers"):
-        layout.validate(cfg, cli.reference_configs(cfg))
+        layout.validate(cfg, reference_configs(cfg))
 
 
 def test_the_ladder_and_mode_advise_settings_are_not_part_of_a_measured_cell():

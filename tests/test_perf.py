@@ -16,7 +16,8 @@ import yaml
 from dist_utils import run_distributed
 
 from birder_repro.perf import collectives as C
-from birder_repro.perf import validate as V
+from birder_repro.perf import held_out, link_fit, validate_report
+from birder_repro.perf import validate_rows as V
 from birder_repro.perf.cluster import ClusterSpec, host_contention, no_spare_core, node_contention, op_time
 from birder_repro.perf.collectives import Link
 from birder_repro.perf.implementations import (
@@ -515,16 +516,16 @@ def test_held_out_rows_never_reach_the_fit(tmp_path):
         rows.loc[rows["nodes"] > 2, "throughput"] *= 3  # held-out rows three times faster
         rows.to_csv(paper / name, index=False)
     eth = "ethernet_10g"
-    assert V.fit_link(eth, nodes=(2,), paper_dir=paper) == V.fit_link(eth, nodes=(2,))
-    assert V.fit_link(eth, paper_dir=paper) != V.fit_link(eth)
+    assert link_fit.fit_link(eth, nodes=(2,), paper_dir=paper) == link_fit.fit_link(eth, nodes=(2,))
+    assert link_fit.fit_link(eth, paper_dir=paper) != link_fit.fit_link(eth)
 
 
 def test_out_of_sample_headline_as_the_readme_states_it():
     """The headline of docs/performance-model.md (fitted on the 2-node rows, 4 and 8 nodes predicted): 21.9 %,
     worst +98 %; it misses the 15 % target, and make validate says so."""
-    frame = V.two_node_fit()
+    frame = held_out.two_node_fit()
     assert sorted(frame["nodes"].unique()) == [4, 8] and set(frame["fitted_on"]) == {"2 nodes"}
-    summary = V.error_summary(frame)
+    summary = validate_report.error_summary(frame)
     assert (summary["rows"], summary["throughput_rows"]) == (16, 24)
     assert summary["median"] == pytest.approx(0.219, abs=5e-4) and summary["worst"] == pytest.approx(0.98, abs=5e-3)
     assert summary["median"] > V.TARGET
@@ -536,7 +537,7 @@ def test_out_of_sample_headline_as_the_readme_states_it():
             "throughput_error": [0.05, -0.2, 0.1],
         }
     )
-    assert V.error_summary(toy) == {
+    assert validate_report.error_summary(toy) == {
         "rows": 2,
         "median": pytest.approx(0.2),
         "worst": 0.3,
@@ -549,7 +550,7 @@ def test_out_of_sample_headline_as_the_readme_states_it():
 @pytest.mark.slow  # 16 s of fitting: the shipped numbers change only when the paper's rows or the fit do
 def test_shipped_links_and_overlap_are_the_fit():
     """conf/cluster's fitted numbers and PAPER_DDP_OVERLAP are what the fit gives (the loss, not the target)."""
-    sweep = V.overlap_sweep((0.0, 1.0)).set_index("ddp_overlap")
+    sweep = link_fit.overlap_sweep((0.0, 1.0)).set_index("ddp_overlap")
     assert PAPER_DDP_OVERLAP == sweep["loss"].idxmin()
     for cluster in V.CLUSTERS:
         spec = V.cluster_spec(cluster)

@@ -261,7 +261,7 @@ def test_no_emulator_term_reaches_a_real_clusters_prediction(config):
     """A shared core's wait for a turn (host contention, no spare core for the hook's thread, waits against the
     wire) belongs to the emulated cluster (shared_host) only: a profile that says it ran on 2 cores for 4
     processes of 4 threads predicts the same step on a real cluster as one that says nothing."""
-    from birder_repro.perf.validate import cluster_spec
+    from birder_repro.perf.validate_rows import cluster_spec
 
     spec = cluster_spec(config)
     assert not spec.shared_host

@@ -250,7 +250,7 @@ class _MatmulDtypes(TorchDispatchMode):
 def test_every_task_trains_a_step_in_bf16_and_fp16(compose, task_name):
     """Each task's own forward, loss and backward under autocast (tiny model, synthetic data, one process): the
     model's matrix products and convolutions computed in the low precision (fp16's LSTM stays fp32 on the CPU:
-    tasks/lstm_ptb.py), a finite loss, fp32 gradients, and fp16's scaled backward unscaled exactly.
+    tasks/awd_lstm.py), a finite loss, fp32 gradients, and fp16's scaled backward unscaled exactly.
     (Whole runs, 2 nodes with Birder and with the baseline: test_every_task_runs_in_mixed_precision.)"""
     from birder_repro.tasks import get_task
     from birder_repro.train.data import batches

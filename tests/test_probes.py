@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from birder_repro.comm.topology import Topology
-from birder_repro.launch import netns
+from birder_repro.netns import counters
 from birder_repro.train import probes, train
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -71,7 +71,7 @@ def test_link_counters_per_step_in_node_order(monkeypatch):
             {"tx_bytes": 5000, "tx_packets": 30, "retrans_segs": 2},
         ]
     )
-    monkeypatch.setattr(netns, "read_counters", lambda iface: next(readings))
+    monkeypatch.setattr(counters, "read_counters", lambda iface: next(readings))
     probe = probes.link_probe(Topology(rank=0, world_size=1, gpus_per_node=1), {probes.LINK_IFACE_ENV: "v0"})
     probe.start()
     out = probe.stop(timed_steps=4)

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from birder_repro.perf import published as P
-from birder_repro.perf.validate import PAPER_DIR
+from birder_repro.perf.validate_rows import PAPER_DIR
 
 
 def test_transcribed_rows_count_and_agree_with_their_own_columns():
@@ -187,7 +187,7 @@ def test_the_compressed_methods_probe_rows_give_back_a_known_exchange():
     from birder_repro.perf.exchange_shape import ExchangeFit, rank_exchange_shapes
     from birder_repro.perf.model import predict_run
     from birder_repro.perf.published_birder import exchange_samples
-    from birder_repro.perf.validate import _paper_profile, _warmup, cluster_spec
+    from birder_repro.perf.validate_rows import _paper_profile, _warmup, cluster_spec
 
     cluster = "ethernet_10g"
     spec = cluster_spec(cluster)

@@ -192,13 +192,13 @@ def test_the_attempts_before_this_launch_leave_out_this_launchs_own(tmp_path):
 def test_the_launchers_tell_finish_which_node_it_is_on(compose, monkeypatch):
     """run.finish asks no launcher: launch.ending hands it the node, whether the run spans nodes, this node's own
     log, whether the user's CLI relays it (cluster=emulated) and the summary."""
-    from birder_repro.launch import emulated
+    from birder_repro.launch import emulated_nodes
     from birder_repro.launch.ending import summarize, teller
     from birder_repro.run.finish import Teller
 
-    monkeypatch.delenv(emulated.NODE_ENV, raising=False)
+    monkeypatch.delenv(emulated_nodes.NODE_ENV, raising=False)
     assert teller(compose(["nodes=2", "gpus_per_node=1"])) == Teller(summarize=summarize)
     node1 = teller(compose(["nodes=2", "gpus_per_node=1", "launcher=torchrun", "launcher.node_rank=1"]))
     assert (node1.node, node1.multi_node, node1.log_name, node1.relayed) == (1, True, "output.node1.log", False)
-    monkeypatch.setenv(emulated.NODE_ENV, "0")
+    monkeypatch.setenv(emulated_nodes.NODE_ENV, "0")
     assert teller(compose(["nodes=1", "gpus_per_node=1", "launcher=torchrun"])).relayed

@@ -24,9 +24,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 # ------------------------------------------------------------------------------------------ numbers
 def test_one_number_format_without_exponents_for_the_summary_the_tables_and_the_advice():
-    from birder_repro.perf import advisor
+    from birder_repro.perf import advice_rows
 
-    assert display.fmt_number is summary.fmt_number and advisor.fmt_number is summary.fmt_number
+    assert display.fmt_number is summary.fmt_number and advice_rows.fmt_number is summary.fmt_number
     assert summary.human_bytes(1010 * 2**20) == "1010 MiB"  # was 1.01e+03 MiB
     assert summary.human_bytes(300 * 2**20) == "300 MiB" and summary.human_bytes(1.5 * 2**30) == "1.5 GiB"
     assert [summary.fmt_number(x) for x in (3261.4, 12345.6, 98.523, 0.01927)] == ["3261", "12346", "98.52", "0.01927"]

@@ -20,6 +20,7 @@ from birder_repro.report import target as report_target
 from birder_repro.report.__main__ import main
 from birder_repro.report.records import load_frame
 from birder_repro.run import schema
+from birder_repro.train import checks  # noqa: F401 - validate runs the higher layers' section checks too
 from birder_repro.train import target as target_mod
 from birder_repro.train.target import Target, TimeToTarget, target_from_config
 
@@ -53,11 +54,11 @@ def test_every_task_names_a_target_on_one_of_its_metrics(task):
     ],
 )
 def test_a_bad_target_is_one_error_naming_the_key_before_anything_starts(override, message):
-    from birder_repro import cli
+    from birder_repro.config.compose import reference_configs
 
     cfg = compose_config(["task=digits", override], hydra_config=True)
     with pytest.raises(layout.ConfigError) as err:
-        layout.validate(cfg, cli.reference_configs(cfg))
+        layout.validate(cfg, reference_configs(cfg))
     assert str(err.value).startswith(message), str(err.value)
 
 

@@ -265,7 +265,7 @@ def test_large_size_is_bert_large(compose):
 
 @needs_transformers
 def test_answer_positions_inside_outside_and_at_the_window_end():
-    from birder_repro.tasks.bert_squad import answer_positions
+    from birder_repro.tasks.squad_features import answer_positions
 
     # [CLS] q q [SEP] c0 c1 c2 [SEP] [PAD]; context words at characters 0-3, 4-7, 8-11.
     offsets = [(0, 0), (0, 3), (4, 6), (0, 0), (0, 3), (4, 7), (8, 11), (0, 0), (0, 0)]
@@ -278,7 +278,7 @@ def test_answer_positions_inside_outside_and_at_the_window_end():
 
 @needs_transformers
 def test_best_span_keeps_context_length_and_order_over_windows():
-    from birder_repro.tasks.bert_squad import best_span
+    from birder_repro.tasks.squad_answers import best_span
 
     offsets = [[None, (0, 3), (4, 7), (8, 11), None]]
     start = np.array([[9.0, 1.0, 0.0, 5.0, 0.0]])  # [CLS] scores highest but is no context token
@@ -296,7 +296,8 @@ def test_best_span_keeps_context_length_and_order_over_windows():
 
 @needs_transformers
 def test_squad_real_json_train_windows_and_evaluation(compose, vocab_dir, squad_root):
-    from birder_repro.tasks.bert_squad import Settings, answer_positions, load_tokenizer, tokenize_windows
+    from birder_repro.tasks.bert_common import load_tokenizer
+    from birder_repro.tasks.squad_features import Settings, answer_positions, tokenize_windows
 
     task = get_task("bert_squad")
     cfg = squad_cfg(compose, f"model.tokenizer={vocab_dir}", f"data.root={squad_root}")
@@ -389,7 +390,7 @@ def test_squad_synthetic_marks_the_answer_and_scores_it(compose):
 
 @needs_transformers
 def test_truncate_pair_matches_the_one_token_loop():
-    from birder_repro.tasks.bert_pretrain import truncate_pair
+    from birder_repro.tasks.bert_masking import truncate_pair
 
     def loop(a, b, m):  # create_pretraining_data.py's truncate_seq_pair, always from the end
         while a + b > m:
@@ -406,7 +407,7 @@ def test_truncate_pair_matches_the_one_token_loop():
 
 @needs_transformers
 def test_mask_tokens_counts_and_80_10_10():
-    from birder_repro.tasks.bert_pretrain import mask_tokens
+    from birder_repro.tasks.bert_masking import mask_tokens
 
     g = torch.Generator().manual_seed(0)
     ids = torch.arange(10, 110)
@@ -427,7 +428,7 @@ def test_mask_tokens_counts_and_80_10_10():
 
 @needs_transformers
 def test_create_instances_pairs_and_single_segments():
-    from birder_repro.tasks.bert_pretrain import Corpus, create_instances
+    from birder_repro.tasks.bert_corpus import Corpus, create_instances
 
     # 3 documents of 6, 4 and 5 sentences of 3..7 tokens; token ids = positions, so ranges are checkable.
     rng = np.random.default_rng(1)

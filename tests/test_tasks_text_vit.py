@@ -22,15 +22,14 @@ from torchvision.models.vision_transformer import VisionTransformer
 
 from birder_repro.run import record
 from birder_repro.tasks import DatasetNotFound, get_task, list_tasks
+from birder_repro.tasks.awd_lstm import HiddenCarry, lstm_lm
 from birder_repro.tasks.common import num_parameters
-from birder_repro.tasks.lstm_ptb import (
+from birder_repro.tasks.ptb_data import (
     EOS,
     UNK,
     BPTTWindows,
-    HiddenCarry,
     batchify,
     load_ptb,
-    lstm_lm,
     markov_chain,
     markov_stream,
     shard,

@@ -16,8 +16,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from birder_repro import netns  # noqa: F401 - moved below launch/; this keeps `from birder_repro.launch import netns`
-from birder_repro.launch import emulated, local, slurm, slurm_env, torchrun
+from birder_repro.launch import emulated, emulated_nodes, local, slurm, slurm_env, torchrun
 from birder_repro.launch.process import Command, run_streaming
 from birder_repro.run import record
 
@@ -29,7 +28,7 @@ def choose_launcher(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> str
     one node, local otherwise (on a single SLURM node the whole layout fits as local processes)."""
     name = cfg.launcher.name
     if emulated.is_emulated(cfg):
-        if emulated.node_index(env) is not None:  # one node's CLI, which the emulated cluster started in its namespace
+        if emulated_nodes.node_index(env) is not None:  # one node's CLI, which the emulated cluster started in it
             return "torchrun"
         emulated.check_launcher(cfg)  # the emulated cluster starts its own nodes; it needs launcher=auto
         return "emulated"

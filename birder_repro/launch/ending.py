@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from birder_repro.launch import choose_launcher, emulated, torchrun
+from birder_repro.launch import choose_launcher, emulated_nodes, torchrun
 from birder_repro.run.finish import Teller
 from birder_repro.run.record import LOG_FILE
 from birder_repro.run.summary import format_summary
@@ -36,7 +36,7 @@ def teller(cfg: DictConfig) -> Teller:
     return Teller(
         node=node,
         multi_node=per_node and int(cfg.nodes) > 1,
-        relayed=emulated.node_index() is not None,
+        relayed=emulated_nodes.node_index() is not None,
         log_name=torchrun.log_name(cfg) if per_node else LOG_FILE,
         summarize=summarize,
     )

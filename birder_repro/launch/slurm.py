@@ -24,7 +24,7 @@ What an HPC user expects of a long job, each checked against ``man sbatch`` / ``
   then prints the run's summary and, when a complete checkpoint newer than the attempt's start exists,
   ``scontrol requeue``: with ``--requeue`` the script starts again from its beginning with the same job id and
   ``SLURM_RESTART_COUNT`` > 0, and the workers resume from the run directory's newest complete checkpoint
-  (birder_repro.train.checkpoint.choose_resume). ``--open-mode=append`` keeps every attempt's output in the one
+  (birder_repro.train.resume_point.choose_resume). ``--open-mode=append`` keeps every attempt's output in the one
   ``slurm-<job id>.out``. SIGTERM to the shell (``scancel``; preemption) stops the workers the same way but
   does not requeue: a preempted job is requeued by SLURM itself where the cluster's PreemptMode says so.
 - The summary: after srun the script runs ``python -m birder_repro.launch.job_end``, which prints what the

@@ -1,6 +1,6 @@
 """The methods of ``mode=advise``'s answer and where each one's inputs come from.
 
-A method's steps to the target are measured (the user's runs: birder_repro.perf.advisor), else from the paper
+A method's steps to the target are measured (the user's runs: birder_repro.perf.advice_steps), else from the paper
 (birder_repro.perf.paper_steps), else to measure; its 1-node profile is given (``predict.profile``), the
 user's, else the paper's where the query's cluster is the paper's nodes and the paper prices its scheme
 (birder_repro.perf.paper_profiles), else to measure. A method with both is priced by the model
@@ -77,7 +77,7 @@ class Method:
     settings: dict[str, Any]  # its optim config (a run's, or conf/optim + the task's recipe)
     runs: int = 0
     reached: int = 0
-    measured: Any = None  # advisor.MeasuredSteps: the user's runs
+    measured: Any = None  # advice_steps.MeasuredSteps: the user's runs
     paper: PaperSteps | None = None
     profile: Any = None
     profile_source: str = ""  # yours | given | from the paper

@@ -51,14 +51,14 @@ def probe(nodes: int, link_mbit: float | None, port: int = 29533) -> dict[str, d
     """Build the fabric, run a worker per node, remove the fabric; rank 0's medians per kind and size."""
     import yaml
 
-    from birder_repro import netns
+    from birder_repro.netns import build, plan
 
     cluster = {**yaml.safe_load((CLUSTER_DIR / "emulated.yaml").read_text()), "link_mbit": link_mbit}
-    fabric = netns.plan_fabric(nodes, str(cluster["subnet"]), netns.cluster_shaping(cluster))
-    netns.require_tools()
+    fabric = plan.plan_fabric(nodes, str(cluster["subnet"]), plan.cluster_shaping(cluster))
+    build.require_tools()
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "probe.json")
-        netns.create(fabric)
+        build.create(fabric)
         try:
             procs = [
                 subprocess.Popen(
@@ -83,7 +83,7 @@ def probe(nodes: int, link_mbit: float | None, port: int = 29533) -> dict[str, d
             ]
             codes = [p.wait(timeout=600) for p in procs]
         finally:
-            netns.destroy(fabric)
+            build.destroy(fabric)
         if any(codes):
             raise RuntimeError(f"link probe workers exited with {codes}")
         return {k: {int(s): t for s, t in v.items()} for k, v in json.loads(Path(out).read_text()).items()}

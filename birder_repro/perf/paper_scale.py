@@ -111,7 +111,7 @@ def relative_times(
 
 def fashion_methods(runs: Path, layout: tuple[int, int]) -> list[Method]:
     """The Fashion-MNIST field's methods at ``layout``: steps to the target over SGDM's, from the measured runs."""
-    from .advisor import _method_inputs, _on_layout, load_runs, measured_steps
+    from .advice_steps import _method_inputs, _on_layout, load_runs, measured_steps
 
     records = load_runs(runs)
     batches = Counter(

@@ -67,7 +67,7 @@ from .published_birder import _birder_probed as _birder_probed
 from .published_claims import _end_to_end, _stage_speedup, claims_frame, load_claims
 from .published_protocol import TARGETS, split
 from .published_v100 import BERT_LARGE_PARAMS, V100_FILES, load_v100_rows, v100_frame, v100_probe, v100_profile
-from .validate import PAPER_DIR
+from .validate_rows import PAPER_DIR
 
 __all__ = [
     "TARGETS",

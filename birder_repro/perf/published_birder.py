@@ -21,7 +21,7 @@ from .published_protocol import relative_error as _err
 from .published_protocol import split
 from .schemes import bucket_collectives, scheme_for_optim
 from .shape import Measured, ShapeFit, rank_shapes
-from .validate import PAPER_DIR, _paper_profile, _warmup, cluster_spec, validate
+from .validate_rows import PAPER_DIR, _paper_profile, _warmup, cluster_spec, validate
 
 __all__ = ["BIRDER_GROUPS", "BASELINES", "load_birder_rows", "birder_frame"]
 

@@ -12,7 +12,7 @@ from .published_protocol import TARGETS
 from .published_protocol import relative_error as _err
 from .published_v100 import BERT_LARGE_PARAMS, load_v100_rows, v100_predict
 from .schemes import bucket_collectives, counted_bytes
-from .validate import PAPER_DIR
+from .validate_rows import PAPER_DIR
 
 __all__ = ["load_claims", "claims_frame", "stage_speedup", "end_to_end"]
 

@@ -20,7 +20,7 @@ from .published_protocol import relative_error as _err
 from .published_protocol import split
 from .schemes import Collective
 from .shape import Measured, ShapeFit, detect_shape, latency_steps, rank_shapes
-from .validate import PAPER_DIR, cluster_spec
+from .validate_rows import PAPER_DIR, cluster_spec
 
 __all__ = [
     "BERT_LARGE_PARAMS",

@@ -32,9 +32,10 @@ from typing import Any
 
 import pandas as pd
 
+from birder_repro.perf.advice_methods import comm_rank, freeze_step
+from birder_repro.perf.advice_profiles import one_node_profiles
+from birder_repro.perf.advice_profiles import profile_key as _profile_key
 from birder_repro.perf.advise import LINK_GRID
-from birder_repro.perf.advisor import comm_rank, freeze_step, one_node_profiles
-from birder_repro.perf.advisor import profile_key as _profile_key
 
 from .cells import fill_keys
 

@@ -29,7 +29,6 @@ from birder_repro.train import breakdown, stop
 from birder_repro.train.checkpoint import (
     COMPLETE,
     RunIdentity,
-    choose_resume,
     complete_checkpoints,
     load_checkpoint,
     save_checkpoint,
@@ -46,6 +45,7 @@ from birder_repro.train.probes import start_probes, stop_probes
 from birder_repro.train.profile import measured_profile
 from birder_repro.train.progress import LogInterval, Progress, log_interval
 from birder_repro.train.restarts import Attempts, inject_fault, restart_count
+from birder_repro.train.resume_point import choose_resume
 from birder_repro.train.run_figures import nonfinite_steps, outer_steps, run_figures
 from birder_repro.train.settings import RunPlan
 from birder_repro.train.target import TimeToTarget, target_from_config

@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from birder_repro import netns
+from birder_repro.netns import counters
 
 __all__ = ["LINK_IFACE_ENV", "LinkCounters", "link_probe", "probes_for", "start_probes", "stop_probes"]
 
@@ -37,11 +37,11 @@ def stop_probes(probes: Sequence, timed_steps: int) -> dict[str, Any]:
 
 
 def _read_counters(iface: str) -> dict[str, int]:
-    return netns.read_counters(iface)  # the reader lives with the fabric whose interfaces it reads
+    return counters.read_counters(iface)  # the reader lives with the fabric whose interfaces it reads
 
 
 def _header_bytes() -> int:
-    return netns.FRAME_HEADER_BYTES
+    return counters.FRAME_HEADER_BYTES
 
 
 class LinkCounters:

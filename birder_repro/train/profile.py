@@ -35,7 +35,7 @@ from typing import Any
 from birder_repro.comm.kernels import process_cores
 from birder_repro.comm.onebit_exchange import compressed_allreduce
 from birder_repro.comm.state import CommState
-from birder_repro.perf.advisor import comm_rank
+from birder_repro.perf.advice_methods import comm_rank
 from birder_repro.perf.cluster import ClusterSpec
 from birder_repro.perf.model import loop_collectives_s, predict_step
 from birder_repro.perf.profile import Profile, bucket_matrices

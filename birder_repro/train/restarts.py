@@ -3,7 +3,7 @@ test-only fault injection that provokes them.
 
 With ``train.max_restarts=N`` torchrun (``--max-restarts``) starts every worker again after one fails, at most
 N times; it tells the new workers their attempt in ``TORCHELASTIC_RESTART_COUNT``. A restarted run resumes from
-the newest complete checkpoint of its run directory (:func:`birder_repro.train.checkpoint.choose_resume`), so
+the newest complete checkpoint of its run directory (:func:`birder_repro.train.resume_point.choose_resume`), so
 the steps after that checkpoint are trained again: ``steps_redone`` in the record. Rank 0 keeps the step it has
 reached in ``run_dir/progress.json`` (rewritten after every step, a few bytes) and, on a restart, appends the
 attempt to ``run_dir/restarts.json``.
