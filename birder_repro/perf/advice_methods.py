@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from birder_repro.config.resources import conf_dir
+
 from .advice_query import Layout
 from .advise import step_times, time_to_target
 from .paper_steps import PaperSteps, paper_steps
@@ -116,8 +118,6 @@ def optim_settings(task: str, optim: str) -> dict[str, Any]:
     """An optimizer's config as a run of ``task`` would get it: conf/optim/<optim>.yaml, then the task's recipe
     (conf/recipe/<task>/<optim>.yaml) over it; empty where neither exists."""
     import yaml
-
-    from birder_repro.config.resources import conf_dir
 
     root = conf_dir()
     out: dict[str, Any] = {}

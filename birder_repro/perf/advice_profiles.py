@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from birder_repro.run.record import read_record
+
 from .advice_methods import Method
 from .advice_query import Layout
 from .advice_steps import MeasuredSteps
@@ -36,8 +38,6 @@ def profile_key(rec: dict) -> tuple:
 def one_node_profiles(run_dirs) -> dict[tuple, Any]:
     """Per (task, optim, scheme, model, batch, precision, cluster): the profile of the median one of its
     completed 1-node runs made by the newest one's code (:func:`median_profile_record`)."""
-    from birder_repro.run.record import read_record
-
     from .profile import load_profile
 
     found: dict[tuple, list[dict]] = {}

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from birder_repro.config.settings import global_batch, resolve_gpus_per_node
+
 from .advise import LINK_GRID
 from .cluster import ClusterSpec
 
@@ -61,8 +63,6 @@ def layout_of(cfg: Any, query: Sequence[str] = ()) -> Layout:
     a probed link, in place of the cluster config's perf block where given, as mode=predict reads it), the model,
     the target, the evaluation cadence, the run's length; ``query``: its command-line overrides."""
     from omegaconf import OmegaConf
-
-    from birder_repro.config.settings import global_batch, resolve_gpus_per_node
 
     c: dict[str, Any] = cfg if isinstance(cfg, dict) else OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     predict, adv = c.get("predict") or {}, c.get("advise") or {}

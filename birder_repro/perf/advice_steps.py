@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from birder_repro.run.record import find_records, read_record
+
 from .advice_methods import Method, method_inputs, optim_label
 
 __all__ = ["MeasuredSteps", "load_runs", "measured_steps"]
@@ -83,8 +85,6 @@ def _scored_on_target(rec: Mapping[str, Any], task: str) -> bool:
 
 def load_runs(root: Path) -> list[tuple[Path, dict[str, Any]]]:
     """(run directory, record) of every readable record under ``root``, at any depth."""
-    from birder_repro.run.record import find_records, read_record
-
     found = [(path.parent, read_record(path.parent)) for path in find_records(Path(root))]
     return [(d, rec) for d, rec in found if rec]
 

@@ -34,6 +34,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from birder_repro.run.record import runs_root
+
 from .advice_commands import measuring_commands
 from .advice_methods import Method, optim_settings, paper_node_profile, price, prices, unmeasured
 from .advice_profiles import _given_profile, _user_profile, one_node_profiles
@@ -151,8 +153,6 @@ def run_advice(cfg: Any, out_dir: Path, query: Sequence[str] = ()) -> int:
     commands carry): print the advice and write it to ``out_dir``. 0 whenever advice is printed, "measure these
     first" included; bad input raises before anything is printed."""
     from omegaconf import OmegaConf
-
-    from birder_repro.run.record import runs_root
 
     lay = layout_of(cfg, query)
     adv = OmegaConf.select(cfg, "advise", default=None) or {}

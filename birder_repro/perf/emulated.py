@@ -21,6 +21,8 @@ from typing import Any
 
 import pandas as pd
 
+from birder_repro.run.record import find_records, read_record
+
 from .cluster import CLUSTER_DIR, ClusterSpec
 from .model import predict_run
 from .profile import load_profile
@@ -64,8 +66,6 @@ def _spec(link_mbit, spec_file: Path | None = None) -> ClusterSpec:
 
 
 def _records(root: Path) -> list[dict[str, Any]]:
-    from birder_repro.run.record import find_records, read_record
-
     out = []
     for path in find_records(Path(root)):
         rec = read_record(path.parent)

@@ -28,6 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from birder_repro.netns import build, plan
+
 from .cluster import CLUSTER_DIR
 from .measure import call_points, fit_alpha_beta, measure
 
@@ -50,8 +52,6 @@ def _worker(rank: int, world: int, master: str, port: int, out: str) -> None:
 def probe(nodes: int, link_mbit: float | None, port: int = 29533) -> dict[str, dict[int, float]]:
     """Build the fabric, run a worker per node, remove the fabric; rank 0's medians per kind and size."""
     import yaml
-
-    from birder_repro.netns import build, plan
 
     cluster = {**yaml.safe_load((CLUSTER_DIR / "emulated.yaml").read_text()), "link_mbit": link_mbit}
     fabric = plan.plan_fabric(nodes, str(cluster["subnet"]), plan.cluster_shaping(cluster))

@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from birder_repro.config.resources import paper_tables_dir
+
 from .cluster import ClusterSpec
 from .implementations import ImplementationLike
 from .model import predict_step
@@ -122,8 +124,6 @@ V100_SOURCE = "1-bit Adam paper (Tang et al. 2021), section 3.1, Table 1"
 def v100_rows() -> dict[str, dict[str, Any]]:
     """paper.yaml's ``v100_profiles``: each with its Table 1 row (tables/paper/onebit_adam_table1.csv) as ``ms``."""
     import csv
-
-    from birder_repro.config.resources import paper_tables_dir
 
     out = {}
     for name, entry in _yaml()["v100_profiles"].items():

@@ -83,6 +83,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from birder_repro.config.settings import ConfigError
+from birder_repro.run import record
+
 from .cluster import MBIT
 from .exchange_probe import exchange_spec, scaling_counts, time_scaling
 from .measure import COLLECTIVES, bus_factor, fit_level, latency_steps, measure, measure_reduce_cost, table_rows
@@ -133,8 +136,6 @@ def probe_sizes(min_bytes: int, max_bytes: int, step_factor: int) -> list[int]:
 
 def check_settings(cfg: Any) -> None:
     """The ``probe.*`` values and the layout a probe needs; a ConfigError names the key and what to do."""
-    from birder_repro.config.settings import ConfigError
-
     probe = cfg.probe
     for key in ("min_bytes", "max_bytes", "step_factor", "iters", "warmup_iters", "reduce_elements"):
         value = probe.get(key)
@@ -257,8 +258,6 @@ def probe_worker(cfg: Any, rank: int, device: Any, run_dir: Path) -> dict[str, A
     what the record holds (``probe``); an empty result elsewhere."""
     import torch.distributed as dist
     from omegaconf import OmegaConf
-
-    from birder_repro.run import record
 
     n, m = int(cfg.nodes), int(cfg.gpus_per_node)
     p = cfg.probe

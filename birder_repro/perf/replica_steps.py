@@ -26,6 +26,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from birder_repro.run.record import find_records, read_record
+
 __all__ = ["log2_fit", "extrapolate_multiple", "replica_multiples", "load_replica_runs", "RULE"]
 
 RULE = (
@@ -98,8 +100,6 @@ def replica_multiples(
 
 def load_replica_runs(root: Path) -> list[dict[str, Any]]:
     """Every readable record under ``root`` (make diloco-replicas' runs folder); [] where it does not exist."""
-    from birder_repro.run.record import find_records, read_record
-
     if not Path(root).is_dir():
         return []
     return [rec for rec in (read_record(p.parent) for p in find_records(Path(root))) if rec]

@@ -36,6 +36,7 @@ from birder_repro.perf.advice_methods import comm_rank, freeze_step
 from birder_repro.perf.advice_profiles import one_node_profiles
 from birder_repro.perf.advice_profiles import profile_key as _profile_key
 from birder_repro.perf.advise import LINK_GRID
+from birder_repro.run.record import read_record
 
 from .cells import fill_keys
 
@@ -153,8 +154,6 @@ class StepModel:
 
 
 def _record(run_dir: str) -> dict | None:
-    from birder_repro.run.record import read_record
-
     return read_record(Path(run_dir))
 
 
