@@ -194,7 +194,7 @@ def attach_diloco(
     broadcast of rank 0's buffers before every forward would cross the nodes between syncs, uncounted); a DDP
     model that broadcasts them is refused.
     Collective: call it on every rank."""
-    from birder_repro.optim.diloco import DiLoCo
+    from birder_repro.optim.diloco import DiLoCo  # at call time: optim.diloco imports this module
 
     require_buckets(ddp_model, "attach_diloco")
     if not isinstance(optimizer, DiLoCo):

@@ -291,7 +291,7 @@ def attach_diloco_1bit(
     :class:`birder_repro.optim.diloco_1bit.DiLoCo1bit`) average its outer step over the nodes through the
     1-bit exchange. ``rounding``: ``stochastic`` (Birder's quantizer Q, the default) or ``nearest`` (the sign,
     deterministic, at the worker and the server). Collective: call it on every rank."""
-    from birder_repro.optim.diloco_1bit import DiLoCo1bit
+    from birder_repro.optim.diloco_1bit import DiLoCo1bit  # at call time: optim.diloco_1bit imports this module
 
     require_buckets(ddp_model, "attach_diloco_1bit")
     if not isinstance(optimizer, DiLoCo1bit):

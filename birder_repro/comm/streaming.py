@@ -204,6 +204,7 @@ def attach_streaming(
     """Make ``ddp_model`` average inside the node only (DiLoCo's hook) and have ``optimizer`` (a
     :class:`~birder_repro.optim.streaming_diloco.StreamingDiLoCo`) sync its fragments over the nodes at its
     ``quantize``. Collective: call it on every rank."""
+    # at call time: optim.streaming_diloco imports this module
     from birder_repro.optim.streaming_diloco import StreamingDiLoCo
 
     require_buckets(ddp_model, "attach_streaming")
